@@ -1,0 +1,216 @@
+"""MoE layer cost relative to a dense FFN with the same active parameters per token.
+
+Every case times two callables in one process, interleaved round by round, and reports the median over the rounds
+of each and their ratio (the order alternates between rounds). Baseline: ``Linear(D, k*H) -> GELU -> Linear(k*H, D)`` (the dense FFN whose FLOPs equal
+the MoE's active FLOPs). fwd+bwd in fp32 on CPU unless the case says otherwise; the routing is X-MoE (d_e = 16),
+dropless unless noted.
+
+Output: one JSON line per case ``{"case", "moe_s", "baseline_s", "ratio", "target", "ok", ...}`` and a final
+``{"summary": ...}`` line. ``--cuda`` adds the GPU cases (bf16, 16K tokens, and a sync-free forward+backward check).
+
+Run: ``.venv/bin/python benchmarks/moe_layer.py [--rounds 9] [--cuda]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from mmoe.moe import MoEConfig, MoELayer
+
+
+class DenseFFN(nn.Module):
+    def __init__(self, dim: int, hidden: int, projections: bool = False) -> None:
+        super().__init__()
+        self.pre = nn.Linear(dim, dim) if projections else nn.Identity()
+        self.fc1, self.fc2 = nn.Linear(dim, hidden), nn.Linear(hidden, dim)
+        self.post = nn.Linear(dim, dim) if projections else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.post(self.fc2(nn.functional.gelu(self.fc1(self.pre(x)))))
+
+
+@dataclass
+class Case:
+    name: str
+    target: float
+    moe: Callable[[], None]
+    baseline: Callable[[], None]
+    info: dict
+
+
+def step(module: nn.Module, x: torch.Tensor, grad: torch.Tensor | None, is_moe: bool) -> Callable[[], None]:
+    def run() -> None:
+        if grad is None:
+            with torch.no_grad():
+                module(x)
+            return
+        out = module(x)
+        y = out[0] if is_moe else out
+        loss = (y * grad).sum() + (out[1].balance_loss if is_moe else 0.0)
+        loss.backward()
+        module.zero_grad(set_to_none=True)
+        x.grad = None
+
+    return run
+
+
+def make_case(
+    name: str,
+    target: float,
+    dim: int,
+    hidden: int,
+    experts: int,
+    tokens: int,
+    top_k: int = 1,
+    heads: int = 1,
+    capacity_factor: float | None = None,
+    backward: bool = True,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    versus_experts: int | None = None,
+) -> Case:
+    torch.manual_seed(0)
+    config = MoEConfig(dim, hidden, experts, top_k=top_k, heads=heads, capacity_factor=capacity_factor)
+    moe = MoELayer(config).to(device, dtype)
+    x = torch.randn(1, tokens, dim, device=device, dtype=dtype, requires_grad=backward)
+    grad = torch.randn(1, tokens, dim, device=device, dtype=dtype) if backward else None
+    if versus_experts is not None:
+        other = MoELayer(MoEConfig(dim, hidden, versus_experts, top_k=top_k)).to(device, dtype)
+        baseline, baseline_is_moe = other, True
+    else:
+        baseline, baseline_is_moe = DenseFFN(dim, top_k * hidden, projections=heads > 1).to(device, dtype), False
+    info = dict(
+        dim=dim,
+        hidden=hidden,
+        experts=experts,
+        tokens=tokens,
+        top_k=top_k,
+        heads=heads,
+        capacity_factor=capacity_factor,
+        backward=backward,
+        device=device,
+        dtype=str(dtype).split(".")[-1],
+    )
+    if versus_experts is not None:
+        info["baseline_experts"] = versus_experts
+    return Case(name, target, step(moe, x, grad, True), step(baseline, x, grad, baseline_is_moe), info)
+
+
+def time_once(fn: Callable[[], None], device: str) -> float:
+    if device == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def measure(case: Case, rounds: int, warmup: int = 2) -> dict:
+    device = case.info["device"]
+    for _ in range(warmup):
+        case.moe()
+        case.baseline()
+    moe_times, base_times = [], []
+    for round_index in range(rounds):
+        # Alternate which side goes first so that drift in the machine's speed hits both alike.
+        if round_index % 2:
+            base_times.append(time_once(case.baseline, device))
+            moe_times.append(time_once(case.moe, device))
+        else:
+            moe_times.append(time_once(case.moe, device))
+            base_times.append(time_once(case.baseline, device))
+    moe_s, base_s = statistics.median(moe_times), statistics.median(base_times)
+    ratio = moe_s / base_s
+    return {
+        "case": case.name,
+        "moe_s": round(moe_s, 5),
+        "baseline_s": round(base_s, 5),
+        "ratio": round(ratio, 3),
+        "target": case.target,
+        "ok": ratio <= case.target,
+        **case.info,
+    }
+
+
+def cpu_cases() -> list[Case]:
+    d, h = 384, 1536
+    return [
+        make_case("top1_4096", 1.25, d, h, 8, 4096),
+        make_case("top2_4096", 1.15, d, h, 8, 4096, top_k=2),
+        make_case("top1_4096_forward", 1.15, d, h, 8, 4096, backward=False),
+        make_case("top1_1024", 1.8, d, h, 8, 1024),
+        make_case("e32_vs_e8_4096", 1.6, d, h, 32, 4096, versus_experts=8),
+        make_case("mhmoe_h4_vs_dense_plus_proj", 2.0, d, h, 8, 4096, heads=4),
+        make_case("capacity1_4096", 1.25, d, h, 8, 4096, capacity_factor=1.0),
+    ]
+
+
+def cuda_cases() -> list[Case]:
+    bf16 = dict(device="cuda", dtype=torch.bfloat16)
+    return [
+        make_case("cuda_bf16_top1_16k", 1.3, 768, 3072, 8, 16384, **bf16),
+        make_case("cuda_bf16_top2_16k", 1.3, 768, 3072, 8, 16384, top_k=2, **bf16),
+    ]
+
+
+def check_no_sync() -> dict:
+    """Forward+backward under ``set_sync_debug_mode("error")``: any host-device sync raises."""
+    layer = MoELayer(MoEConfig(768, 3072, 8, top_k=2)).to("cuda", torch.bfloat16)
+    x = torch.randn(4, 1024, 768, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    padding = torch.zeros(4, 1024, dtype=torch.bool, device="cuda")
+    padding[:, 900:] = True
+    layer(x, padding)  # warm up lazy initialisation outside the check
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        y, routing = layer(x, padding)
+        (y.float().square().mean() + routing.balance_loss).backward()
+        error = None
+    except RuntimeError as exc:
+        error = str(exc).splitlines()[0]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return {"case": "cuda_no_host_sync", "ok": error is None, "error": error}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=9, help="timed rounds per case (median reported)")
+    parser.add_argument("--cuda", action="store_true", help="also run the CUDA bf16 cases")
+    parser.add_argument("--only", nargs="*", help="case names to run")
+    args = parser.parse_args()
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    cases = cpu_cases()
+    if args.cuda:
+        cases += cuda_cases()
+    if args.only:
+        cases = [case for case in cases if case.name in args.only]
+    results = []
+    for case in cases:
+        result = measure(case, args.rounds)
+        results.append(result)
+        print(json.dumps(result), flush=True)
+    if args.cuda:
+        result = check_no_sync()
+        results.append(result)
+        print(json.dumps(result), flush=True)
+    summary = {
+        "summary": {r["case"]: r.get("ratio", r["ok"]) for r in results},
+        "all_ok": all(r["ok"] for r in results),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+    }
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""mmoe: multiway Transformers with sparse Mixture-of-Experts FFNs."""

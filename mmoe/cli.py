@@ -1,0 +1,60 @@
+"""The ``mmoe`` command.
+
+Subcommands:
+
+* ``mmoe moe-info --moe.dim 768 --moe.ffn_dim 3072 --moe.num_experts 8 [--moe.heads 4 ...]`` — parameters, active
+  parameters and forward FLOPs per token of one MoE layer against the dense FFN it replaces (JSON on stdout). Every
+  :class:`mmoe.moe.MoEConfig` field is an option; ``--moe config.yaml`` reads them from a file.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Sequence
+
+from jsonargparse import ArgumentParser
+
+from mmoe.moe import MoEConfig, MoELayer
+from mmoe.moe.cost import active_parameters_per_token, flops_per_token, moe_parameter_count
+
+
+def moe_info(argv: Sequence[str]) -> int:
+    parser = ArgumentParser(prog="mmoe moe-info", description="Parameter and FLOP counts of one MoE layer.")
+    parser.add_class_arguments(MoEConfig, "moe")
+    args = parser.parse_args(list(argv))
+    try:
+        config = parser.instantiate(args).moe
+    except ValueError as error:
+        parser.error(str(error))
+    dense_parameters = 2 * config.dim * config.ffn_dim + config.ffn_dim + config.dim
+    report = {
+        "config": {name: getattr(config, name) for name in MoEConfig.__dataclass_fields__},
+        "parameters": moe_parameter_count(config),
+        "parameters_counted": sum(p.numel() for p in MoELayer(config).parameters()),
+        "active_parameters_per_token": active_parameters_per_token(config),
+        "flops_per_token": flops_per_token(config),
+        "dense_ffn_parameters": dense_parameters,
+        "dense_ffn_flops_per_token": 4 * config.dim * config.ffn_dim,
+    }
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {"moe-info": moe_info}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        known = ", ".join(COMMANDS)
+        print(f"usage: mmoe {{{known}}} [options]\n\n{__doc__.strip()}", file=sys.stderr if argv else sys.stdout)
+        if argv and argv[0] not in ("-h", "--help"):
+            print(f"mmoe: unknown command {argv[0]!r}; expected one of: {known}", file=sys.stderr)
+            return 2
+        return 0
+    return COMMANDS[argv[0]](argv[1:])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

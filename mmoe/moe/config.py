@@ -1,0 +1,129 @@
+"""Typed configuration of one Mixture-of-Experts layer.
+
+Every MoE variant mmoe implements is a value of this one dataclass:
+
+* Switch / GShard SMoE: ``router="linear"``, ``gate="softmax"``, ``top_k`` 1 or 2.
+* X-MoE (Chi et al., 2022, §3.1, Eq. 7-9): ``router="xmoe"`` — low-dimensional projection (``routing_dim``),
+  L2-normalised token and expert embeddings, learnable temperature, balance loss at a fixed temperature.
+* MH-MoE (Wu et al., 2024, §3, Eq. 3-9, App. D-E): ``heads > 1`` splits each token into sub-tokens.
+* Stratified MoE (Xu et al., 2023, §3, Eq. 4-11): ``strata=[n_1, ..., n_L]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+ROUTERS = ("linear", "xmoe")
+GATES = ("softmax", "sigmoid")
+
+#: X-MoE App. A: the gating temperature starts at 0.3 for softmax gates and 0.07 for sigmoid gates; the balance loss
+#: (Eq. 9) uses the same values as its fixed temperature tau_0.
+INITIAL_TEMPERATURE = {"softmax": 0.3, "sigmoid": 0.07}
+
+#: X-MoE §3.1 "Implementation Tips": expert embeddings start at, and are kept at, this L2 norm.
+EXPERT_EMBEDDING_NORM = 0.1
+
+#: X-MoE §4.1 / MH-MoE Table 9: routing dimension d_e for one head; MH-MoE uses d_e = 16 / h.
+DEFAULT_ROUTING_DIM = 16
+
+
+@dataclass
+class MoEConfig:
+    """One MoE layer replacing an FFN ``dim -> ffn_dim -> dim``.
+
+    Args:
+        dim: token width D.
+        ffn_dim: inner width of the dense FFN this layer replaces; each expert's inner width is ``ffn_dim * beta``.
+        num_experts: number of experts N (for Stratified MoE, the sum over strata).
+        top_k: experts per (sub-)token, 1 or 2. With 2, the two gate weights are renormalised to sum to 1
+            (GShard), before any capacity drop.
+        router: ``"linear"`` scores s_i = h·e_i (Switch / GShard); ``"xmoe"`` scores s_i = cos(W h, e_i) with W a
+            bias-free ``routing_dim x D'`` projection (X-MoE Eq. 7) and a learnable temperature (Eq. 8).
+        gate: ``"softmax"`` over experts or element-wise ``"sigmoid"`` (X-MoE Eq. 8).
+        heads: MH-MoE heads h: each token is split into h sub-tokens of width D/h that are routed independently
+            (MH-MoE Eq. 4); 1 means plain MoE with no extra layers.
+        strata: Stratified MoE: number of experts in each stratum (Xu et al., §3). None for a plain MoE layer.
+        capacity_factor: None = dropless (default). Otherwise each expert takes at most
+            ``ceil(capacity_factor * top_k * T / N)`` choices, T the non-padding (sub-)tokens; first choices win
+            over second choices, then earlier tokens over later ones (GShard); overflow is dropped.
+        eval_capacity_factor: capacity factor in eval mode; None = same as ``capacity_factor``.
+        frozen: X-MoE §3.3 frozen routing for fine-tuning: router and experts get no gradient, the balance loss is
+            still returned (and still trains the layers below through the token representations).
+        routing_dim: X-MoE routing dimension d_e. None = 16 for one head (X-MoE §4.1, its N = 32 setting; the
+            paper's rule of thumb is d_e = N/2) and ``16 // heads`` with heads (MH-MoE Table 9).
+        beta: MH-MoE expert width multiplier (App. D). 1.0 keeps the FLOPs per token of a plain MoE, as the public
+            MH-MoE code does (App. D.1); beta ~ h matches the parameter count of a plain MoE instead (Table 11).
+        subln: apply a LayerNorm to each expert's hidden activation before its second linear (BEiT-3's Sub-LN FFN),
+            so that a one-expert layer equals the backbone's dense FFN.
+    """
+
+    dim: int
+    ffn_dim: int
+    num_experts: int
+    top_k: int = 1
+    router: Literal["linear", "xmoe"] = "xmoe"
+    gate: Literal["softmax", "sigmoid"] = "softmax"
+    heads: int = 1
+    strata: list[int] | None = None
+    capacity_factor: float | None = None
+    eval_capacity_factor: float | None = None
+    frozen: bool = False
+    routing_dim: int | None = None
+    beta: float = 1.0
+    subln: bool = False
+    # Derived in __post_init__.
+    head_dim: int = field(init=False, repr=False)
+    expert_dim: int = field(init=False, repr=False)
+    initial_temperature: float = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for name in ("dim", "ffn_dim", "num_experts", "heads"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"MoEConfig.{name} must be a positive integer, got {value!r}")
+        if self.dim % self.heads:
+            raise ValueError(f"MoEConfig.dim={self.dim} is not divisible by MoEConfig.heads={self.heads}")
+        if self.top_k not in (1, 2):
+            raise ValueError(f"MoEConfig.top_k must be 1 or 2, got {self.top_k!r}")
+        if self.top_k > self.num_experts:
+            raise ValueError(f"MoEConfig.top_k={self.top_k} exceeds MoEConfig.num_experts={self.num_experts}")
+        if self.router not in ROUTERS:
+            raise ValueError(f"MoEConfig.router must be one of {ROUTERS}, got {self.router!r}")
+        if self.gate not in GATES:
+            raise ValueError(f"MoEConfig.gate must be one of {GATES}, got {self.gate!r}")
+        for name in ("capacity_factor", "eval_capacity_factor"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"MoEConfig.{name} must be positive or None, got {value!r}")
+        if not self.beta > 0:
+            raise ValueError(f"MoEConfig.beta must be positive, got {self.beta!r}")
+        if self.routing_dim is None:
+            self.routing_dim = max(1, DEFAULT_ROUTING_DIM // self.heads)
+        elif not isinstance(self.routing_dim, int) or self.routing_dim <= 0:
+            raise ValueError(f"MoEConfig.routing_dim must be a positive integer or None, got {self.routing_dim!r}")
+        if self.strata is not None:
+            self._validate_strata()
+        self.head_dim = self.dim // self.heads
+        self.expert_dim = max(1, round(self.ffn_dim * self.beta))
+        self.initial_temperature = INITIAL_TEMPERATURE[self.gate]
+
+    def _validate_strata(self) -> None:
+        strata = list(self.strata)
+        if not strata or any(not isinstance(n, int) or isinstance(n, bool) or n <= 0 for n in strata):
+            raise ValueError(f"MoEConfig.strata must be a non-empty list of positive integers, got {self.strata!r}")
+        if sum(strata) != self.num_experts:
+            raise ValueError(
+                f"MoEConfig.strata={strata} sums to {sum(strata)}, but MoEConfig.num_experts={self.num_experts}"
+            )
+        if self.top_k != 2:
+            raise ValueError(f"MoEConfig.top_k must be 2 with strata (Stratified MoE routes top-2), got {self.top_k}")
+        if self.heads != 1:
+            raise ValueError(f"MoEConfig.heads must be 1 with strata, got {self.heads}")
+        self.strata = strata
+
+    def active_capacity_factor(self, training: bool) -> float | None:
+        """The capacity factor in force: ``capacity_factor`` in training, else ``eval_capacity_factor`` if set."""
+        if training or self.eval_capacity_factor is None:
+            return self.capacity_factor
+        return self.eval_capacity_factor

@@ -1,0 +1,96 @@
+"""Sort-based token dispatch: group routed choices by expert, optionally enforce a capacity, combine back.
+
+Dropless by default: every choice of every (sub-)token is sorted by expert so that each expert runs on one
+contiguous slice; outputs are gathered back through the inverse permutation and summed with the gate weights. No
+``S x E x C`` one-hot tensor is ever built, and nothing here reads a tensor back to the host, so the path has no
+host-device sync.
+
+Shapes stay static: padding rows and choices dropped by the capacity remain in their expert's slice with a zero
+combine weight (they add nothing and get no gradient), so the row count is always ``K * S``.
+
+Capacity (GShard): expert e keeps at most ``C = ceil(cf * K * T / E)`` choices, T the non-padding (sub-)tokens;
+first choices come before second choices, then earlier tokens before later ones.
+
+Shape legend: S (sub-)tokens, K choices per token, C = K*S choices, E experts, D width.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class DispatchPlan:
+    """Where each routed choice goes.
+
+    Attributes:
+        order_C: choice indices (rank-major: ``k * S + s``) sorted by expert, stable.
+        token_C: the (sub-)token of each sorted row.
+        expert_C: the expert of each sorted row (non-decreasing).
+        offsets_E: int32 cumulative row counts per expert (slice ends), for grouped GEMMs.
+        kept_SK: bool, True where a choice is computed and combined (not padding, not dropped).
+        expert_counts_E: long, kept choices per expert.
+        dropped_fraction: share of non-padding choices dropped by the capacity (0 when dropless).
+    """
+
+    order_C: torch.Tensor
+    token_C: torch.Tensor
+    expert_C: torch.Tensor
+    offsets_E: torch.Tensor
+    kept_SK: torch.Tensor
+    expert_counts_E: torch.Tensor
+    dropped_fraction: torch.Tensor
+
+
+def plan_dispatch(
+    expert_SK: torch.Tensor, valid_S: torch.Tensor | None, num_experts: int, capacity_factor: float | None
+) -> DispatchPlan:
+    """Sort the choices ``expert_SK`` by expert and decide which are kept."""
+    num_tokens, top_k = expert_SK.shape
+    device = expert_SK.device
+    expert_flat_C = expert_SK.t().reshape(-1)  # rank-major: all first choices, then all second choices
+    expert_C, order_C = torch.sort(expert_flat_C, stable=True)
+    token_C = order_C % num_tokens
+    rows_E = torch.zeros(num_experts, dtype=torch.long, device=device).index_add_(
+        0, expert_C, torch.ones_like(expert_C)
+    )
+    offsets_E = rows_E.cumsum(0).to(torch.int32)
+
+    valid_SK = torch.ones_like(expert_SK, dtype=torch.bool) if valid_S is None else valid_S[:, None].expand(-1, top_k)
+    if capacity_factor is None:
+        kept_SK = valid_SK
+    else:
+        valid_sorted_C = valid_SK.t().reshape(-1).index_select(0, order_C).long()
+        # Position of each valid choice within its expert's slice, counting valid choices only.
+        valid_before_C = valid_sorted_C.cumsum(0) - valid_sorted_C
+        valid_per_expert_E = torch.zeros_like(rows_E).index_add_(0, expert_C, valid_sorted_C)
+        slice_start_E = valid_per_expert_E.cumsum(0) - valid_per_expert_E
+        position_C = valid_before_C - slice_start_E.index_select(0, expert_C)
+        num_valid = valid_S.sum() if valid_S is not None else torch.tensor(num_tokens, device=device)
+        capacity = torch.ceil(num_valid.double() * (capacity_factor * top_k / num_experts))
+        kept_sorted_C = (position_C < capacity) & valid_sorted_C.bool()
+        kept_flat_C = torch.empty_like(kept_sorted_C).scatter_(0, order_C, kept_sorted_C)
+        kept_SK = kept_flat_C.view(top_k, num_tokens).t()
+
+    kept_flat_C = kept_SK.t().reshape(-1)
+    expert_counts_E = torch.zeros_like(rows_E).index_add_(0, expert_flat_C, kept_flat_C.long())
+    num_valid_choices = valid_SK.sum()
+    dropped = (num_valid_choices - kept_flat_C.sum()).float()
+    dropped_fraction = dropped / num_valid_choices.clamp_min(1).float()
+    return DispatchPlan(order_C, token_C, expert_C, offsets_E, kept_SK, expert_counts_E, dropped_fraction)
+
+
+def combine(y_CD: torch.Tensor, plan: DispatchPlan, weight_SK: torch.Tensor) -> torch.Tensor:
+    """Undo the sort and sum each (sub-)token's expert outputs weighted by its gate weights (zero where not kept)."""
+    top_k = weight_SK.shape[1]
+    num_tokens = weight_SK.shape[0]
+    inverse_C = torch.empty_like(plan.order_C)
+    inverse_C[plan.order_C] = torch.arange(plan.order_C.numel(), device=plan.order_C.device)
+    y_KSD = y_CD.index_select(0, inverse_C).view(top_k, num_tokens, y_CD.shape[-1])
+    weight_KS1 = torch.where(plan.kept_SK, weight_SK, torch.zeros_like(weight_SK)).t().to(y_CD.dtype)[..., None]
+    out_SD = y_KSD[0] * weight_KS1[0]
+    for k in range(1, top_k):
+        out_SD = out_SD + y_KSD[k] * weight_KS1[k]
+    return out_SD

@@ -1,0 +1,144 @@
+"""The MoE layer that replaces an FFN, and the routing record every forward returns.
+
+Forward of :class:`MoELayer` (one dispatch path for every variant; they differ in scoring and shape only):
+
+1. MH-MoE (Wu et al., 2024, §3.1, Eq. 3-4): multi-head linear D -> D, then a contiguous reshape of each token into
+   h sub-tokens of width D/h; the padding mask is repeated per head. Skipped for h = 1.
+2. Route every (sub-)token (:mod:`mmoe.moe.router`: X-MoE Eq. 7-9 or a linear scorer).
+3. Sort the choices by expert and run each expert on its contiguous slice (:mod:`mmoe.moe.dispatch`,
+   :mod:`mmoe.moe.experts`), then combine with the gate weights (MH-MoE Eq. 6 without its residual: Algorithm 1 and
+   the public code have none, the block's residual is outside the layer).
+4. MH-MoE: merge the sub-tokens back in head order and apply the merge linear D -> D (Eq. 7-9).
+
+Shape legend: B batch, L sequence, D width, S (sub-)tokens = B*L*h, K top-k, E experts.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from mmoe.moe.config import MoEConfig
+from mmoe.moe.dispatch import combine, plan_dispatch
+from mmoe.moe.experts import GroupedExperts
+from mmoe.moe.router import Router, XMoEScorer
+
+
+@dataclass
+class RoutingRecord:
+    """What one MoE layer did in one forward.
+
+    Attributes:
+        balance_loss: differentiable scalar (X-MoE Eq. 9 over non-padding (sub-)tokens; 0 with no token).
+        expert_counts: (E,) long, (sub-)token choices each expert processed; padding and drops excluded.
+        expert_index: (B, L, heads, top_k) long, the expert of every sub-token choice; -1 at padding and drops.
+        dropped_fraction: scalar, share of non-padding choices dropped by the capacity (0 when dropless).
+        requested_capacity: scalar, mean FFN passes per token (Stratified MoE RC); 1 for a plain MoE layer.
+        router_entropy: scalar, mean entropy of the routing distribution (detached; for logging).
+        layer: index of the backbone layer that produced the record (set by the backbone).
+        modality: "vision", "language" or "shared" (set by the backbone).
+        stratum_path: (B, L, n_strata) long, each gate's first choice, -1 where skipped (Stratified MoE only).
+    """
+
+    balance_loss: torch.Tensor
+    expert_counts: torch.Tensor
+    expert_index: torch.Tensor
+    dropped_fraction: torch.Tensor
+    requested_capacity: torch.Tensor
+    router_entropy: torch.Tensor
+    layer: int | None = None
+    modality: str | None = None
+    stratum_path: torch.Tensor | None = None
+
+
+class MoELayer(nn.Module):
+    """Sparse Mixture-of-Experts FFN: ``y, routing = layer(x, padding_mask)``.
+
+    Args:
+        config: the layer's :class:`MoEConfig`.
+    """
+
+    def __init__(self, config: MoEConfig) -> None:
+        super().__init__()
+        if config.strata is not None:
+            raise ValueError("MoELayer implements plain and multi-head MoE; build a Stratified MoE for strata")
+        self.config = config
+        if config.heads > 1:
+            # MH-MoE App. E: multi-head layer xavier-uniform with gain 1/sqrt(2) and default bias; merge layer
+            # xavier-uniform with zero bias.
+            self.multi_head = nn.Linear(config.dim, config.dim)
+            self.merge = nn.Linear(config.dim, config.dim)
+            nn.init.xavier_uniform_(self.multi_head.weight, gain=1 / math.sqrt(2))
+            nn.init.xavier_uniform_(self.merge.weight)
+            nn.init.zeros_(self.merge.bias)
+        else:
+            self.multi_head = self.merge = None
+        self.router = Router(config)
+        self.experts = GroupedExperts(config.num_experts, config.head_dim, config.expert_dim, config.subln)
+        if config.frozen:
+            self.router.requires_grad_(False)
+            self.experts.requires_grad_(False)
+
+    def forward(self, x: torch.Tensor, padding_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, RoutingRecord]:
+        """Args:
+            x: (B, L, D) tokens.
+            padding_mask: (B, L) bool, True = padding; padding neither counts nor changes other tokens.
+
+        Returns:
+            ``(y, routing)`` with y of x's shape and dtype (the autocast dtype under autocast).
+        """
+        config = self.config
+        batch, length, dim = x.shape
+        heads, top_k = config.heads, config.top_k
+        if self.multi_head is not None:
+            x = self.multi_head(x)  # Eq. 3
+        x_SD = x.reshape(batch * length * heads, config.head_dim)  # Eq. 4: contiguous split into sub-tokens
+        valid_S = None
+        if padding_mask is not None:
+            valid_S = (~padding_mask).reshape(batch * length, 1).expand(-1, heads).reshape(-1)
+
+        routed = self.router(x_SD, valid_S)
+        plan = plan_dispatch(
+            routed.expert_SK, valid_S, config.num_experts, config.active_capacity_factor(self.training)
+        )
+        compute_dtype = _compute_dtype(x_SD)
+        rows_CD = x_SD.to(compute_dtype).index_select(0, plan.token_C)
+        y_CD = self.experts(rows_CD, plan.expert_C, plan.offsets_E)
+        y_SD = combine(y_CD, plan, routed.weight_SK)
+
+        y = y_SD.reshape(batch, length, dim)  # Eq. 7-8: sub-tokens merged back in head order
+        if self.merge is not None:
+            y = self.merge(y)  # Eq. 9
+        expert_index = torch.where(plan.kept_SK, routed.expert_SK, torch.full_like(routed.expert_SK, -1))
+        routing = RoutingRecord(
+            balance_loss=routed.balance_loss,
+            expert_counts=plan.expert_counts_E,
+            expert_index=expert_index.view(batch, length, heads, top_k),
+            dropped_fraction=plan.dropped_fraction,
+            requested_capacity=torch.ones((), device=x.device),
+            router_entropy=routed.entropy,
+        )
+        return y, routing
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype expert GEMMs run in: the autocast dtype when autocast is on for x's device, else x's dtype."""
+    device_type = x.device.type
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return x.dtype
+
+
+@torch.no_grad()
+def restore_expert_embedding_norm(module: nn.Module) -> None:
+    """Rescale every X-MoE expert embedding in ``module`` back to L2 norm 0.1 (X-MoE §3.1, Implementation Tips).
+
+    Training tasks call this after each optimiser step; the cosine scores do not depend on the norm, which only sets
+    how fast the embeddings' angles move.
+    """
+    for submodule in module.modules():
+        if isinstance(submodule, XMoEScorer):
+            submodule.restore_embedding_norm()

@@ -1,0 +1,147 @@
+"""Routers: score (sub-)tokens against experts, pick the top-k, and compute the balance loss.
+
+Scorers:
+
+* :class:`LinearScorer` — s_i = h·e_i (Switch Transformer / GShard).
+* :class:`XMoEScorer` — X-MoE (Chi et al., 2022) §3.1: s_i = cos(W h, e_i) (Eq. 7) with W a bias-free projection to
+  d_e dimensions, gated as softmax(s / tau) or sigmoid(s / tau) with a learnable temperature tau (Eq. 8).
+
+Balance loss (X-MoE Eq. 9, Switch form; MH-MoE Eq. 10 over sub-tokens): ``N * sum_i f_i * P_i``, with f_i the share of
+non-padding (sub-)tokens whose *first* choice is expert i and P_i their mean routing probability. For the X-MoE scorer
+P is a softmax over s / tau_0 with the fixed tau_0 (= tau's initial value), also when the gate is a sigmoid.
+
+Shape legend: S (sub-)tokens, E experts, K top-k choices, R routing dim.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mmoe.moe.config import EXPERT_EMBEDDING_NORM, MoEConfig
+
+
+class LinearScorer(nn.Module):
+    """Dot-product scores s_i = h·e_i of Switch / GShard; the logits are the scores."""
+
+    def __init__(self, in_dim: int, num_experts: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_experts, in_dim))
+        nn.init.normal_(self.weight, std=0.02)
+
+    def forward(self, x_SD: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (gate logits, balance-loss logits), both (S, E) in x's dtype (fp32 or wider)."""
+        logits_SE = x_SD @ self.weight.to(x_SD.dtype).t()
+        return logits_SE, logits_SE
+
+
+class XMoEScorer(nn.Module):
+    """X-MoE routing scores on a low-dimensional hypersphere (Chi et al., 2022, §3.1, Eq. 7-8).
+
+    Expert embeddings start at L2 norm 0.1 ("Implementation Tips"). The cosine score does not depend on that norm;
+    the norm only sets how fast an embedding's angle moves under the optimiser, so it is restored after each
+    optimiser step by :func:`mmoe.moe.restore_expert_embedding_norm`, never inside ``forward``.
+    """
+
+    def __init__(self, in_dim: int, num_experts: int, routing_dim: int, initial_temperature: float) -> None:
+        super().__init__()
+        self.projection = nn.Linear(in_dim, routing_dim, bias=False)  # W in Eq. 7
+        self.expert_embeddings = nn.Parameter(torch.empty(num_experts, routing_dim))  # e_i in Eq. 7
+        # tau is learned through its logarithm so it stays positive.
+        self.log_temperature = nn.Parameter(torch.tensor(math.log(initial_temperature)))
+        self.register_buffer("balance_temperature", torch.tensor(initial_temperature), persistent=False)  # tau_0
+        nn.init.normal_(self.expert_embeddings)
+        self.restore_embedding_norm()
+
+    @property
+    def temperature(self) -> torch.Tensor:
+        return self.log_temperature.exp()
+
+    @torch.no_grad()
+    def restore_embedding_norm(self) -> None:
+        """Rescale every expert embedding to L2 norm 0.1 (X-MoE §3.1, Implementation Tips)."""
+        self.expert_embeddings.mul_(EXPERT_EMBEDDING_NORM / self.expert_embeddings.norm(dim=-1, keepdim=True))
+
+    def forward(self, x_SD: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (s / tau for the gate, s / tau_0 for the balance loss), both (S, E) in x's dtype (fp32 or wider)."""
+        token_SR = F.normalize(x_SD @ self.projection.weight.to(x_SD.dtype).t(), dim=-1)
+        expert_ER = F.normalize(self.expert_embeddings.to(x_SD.dtype), dim=-1)
+        cosine_SE = token_SR @ expert_ER.t()  # Eq. 7, in [-1, 1]
+        return cosine_SE / self.temperature.to(x_SD.dtype), cosine_SE / self.balance_temperature
+
+
+@dataclass
+class RouterOutput:
+    """What a router decided for S (sub-)tokens.
+
+    Attributes:
+        expert_SK: chosen experts, first choice first.
+        weight_SK: gate weight of each choice (top-2 renormalised to sum to one).
+        balance_loss: X-MoE Eq. 9 over the non-padding (sub-)tokens; zero when there are none.
+        entropy: mean entropy of the routing distribution over the non-padding (sub-)tokens (detached, for logs).
+    """
+
+    expert_SK: torch.Tensor
+    weight_SK: torch.Tensor
+    balance_loss: torch.Tensor
+    entropy: torch.Tensor
+
+
+class Router(nn.Module):
+    """Scorer + gate + top-k + balance loss (X-MoE Eq. 7-9; GShard top-2)."""
+
+    def __init__(self, config: MoEConfig, num_experts: int | None = None) -> None:
+        super().__init__()
+        self.gate = config.gate
+        self.top_k = config.top_k
+        num_experts = config.num_experts if num_experts is None else num_experts
+        if config.router == "xmoe":
+            self.scorer = XMoEScorer(config.head_dim, num_experts, config.routing_dim, config.initial_temperature)
+        else:
+            self.scorer = LinearScorer(config.head_dim, num_experts)
+
+    def forward(self, x_SD: torch.Tensor, valid_S: torch.Tensor | None) -> RouterOutput:
+        """Route S (sub-)tokens; ``valid_S`` (bool, True = real token) excludes padding from the statistics."""
+        # Routing runs in fp32 even under autocast: top-k choices and the balance loss are sensitive to the rounding
+        # of near-tied bf16 logits, and the router costs ~0.1% of the expert FLOPs.
+        with torch.autocast(device_type=x_SD.device.type, enabled=False):
+            gate_logits_SE, balance_logits_SE = self.scorer(x_SD.to(torch.promote_types(x_SD.dtype, torch.float32)))
+            if self.gate == "softmax":
+                scores_SE = gate_logits_SE.softmax(dim=-1)
+            else:
+                scores_SE = gate_logits_SE.sigmoid()
+            weight_SK, expert_SK = scores_SE.topk(self.top_k, dim=-1)
+            if self.top_k > 1:
+                weight_SK = weight_SK / weight_SK.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(weight_SK.dtype).tiny)
+            balance_probs_SE = balance_logits_SE.softmax(dim=-1)
+            balance_loss = switch_balance_loss(balance_probs_SE, expert_SK[:, 0], valid_S)
+            entropy = _mean_entropy(balance_probs_SE.detach(), valid_S)
+        return RouterOutput(expert_SK, weight_SK, balance_loss, entropy)
+
+
+def switch_balance_loss(probs_SE: torch.Tensor, first_choice_S: torch.Tensor, valid_S: torch.Tensor | None):
+    """``N * sum_i f_i * P_i`` (X-MoE Eq. 9, Switch form) over the valid rows; 0 when there are none.
+
+    Args:
+        probs_SE: routing probabilities (softmax over experts).
+        first_choice_S: each row's first-choice expert; f_i counts first choices only (GShard, torchscale).
+        valid_S: bool mask of rows that count, or None for all.
+    """
+    num_experts = probs_SE.shape[-1]
+    weights_S = probs_SE.new_ones(probs_SE.shape[0]) if valid_S is None else valid_S.to(probs_SE.dtype)
+    count = weights_S.sum().clamp_min(1.0)
+    mean_prob_E = (probs_SE * weights_S[:, None]).sum(0) / count  # P_i
+    fraction_E = probs_SE.new_zeros(num_experts).index_add_(0, first_choice_S, weights_S) / count  # f_i
+    return num_experts * (fraction_E * mean_prob_E).sum()
+
+
+def _mean_entropy(probs_SE: torch.Tensor, valid_S: torch.Tensor | None) -> torch.Tensor:
+    entropy_S = -(probs_SE * probs_SE.clamp_min(1e-12).log()).sum(-1)
+    if valid_S is None:
+        return entropy_S.mean() if entropy_S.numel() else entropy_S.new_zeros(())
+    weights_S = valid_S.to(entropy_S.dtype)
+    return (entropy_S * weights_S).sum() / weights_S.sum().clamp_min(1.0)
