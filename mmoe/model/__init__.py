@@ -1,0 +1,13 @@
+"""BEiT-3 style multiway Transformer with sparse MoE FFNs (pure torch).
+
+Public API::
+
+    from mmoe.model import MultiwayConfig, MultiwayTransformer
+    backbone = MultiwayTransformer(MultiwayConfig.preset("tiny", moe=MoEPlan(num_experts=8, every=2)))
+    out = backbone(image=None, text=None, text_padding_mask=None, image_mask=None)
+"""
+
+from mmoe.model.backbone import BackboneOutput, MultiwayTransformer
+from mmoe.model.config import MoEPlan, MultiwayConfig
+
+__all__ = ["BackboneOutput", "MoEPlan", "MultiwayConfig", "MultiwayTransformer"]

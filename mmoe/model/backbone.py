@@ -1,0 +1,187 @@
+"""The multiway Transformer backbone (BEiT-3, Wang et al., 2023) with MoE FFNs in chosen layers.
+
+Input order ``[image CLS, patches, text tokens]``; 16-px patch embedding, token embedding, learned per-modality
+position embeddings each starting at ``position_offset``; a learned mask token replaces masked patches (masked image
+modeling). Layer i is a MoE layer per :class:`mmoe.model.MoEPlan`.
+
+Initialisation follows BEiT-3's from-scratch path (unilm ``BEiT3Wrapper._init_weights``): truncated normal
+(std 0.02, cut at ±0.02) for linear layers and expert weights, zero biases, LayerNorm 1/0, zero CLS and mask tokens.
+Text embeddings keep torchscale's N(0, D^-1/2); position tables use the truncated normal 0.02 (torchscale leaves them
+at ``nn.Embedding``'s N(0, 1)). Routers and the MH-MoE split/merge layers keep their papers' initialisation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from mmoe.model.config import MultiwayConfig
+from mmoe.model.layers import FeedForward, MultiwayBlock
+from mmoe.moe import MoELayer, RoutingRecord
+from mmoe.moe.experts import GroupedExperts
+
+
+@dataclass
+class BackboneOutput:
+    """Attributes:
+    hidden: (B, L, D) after the final LayerNorm, ordered [image CLS, patches, text tokens].
+    image_len: number of image tokens (CLS included), 0 without an image.
+    text_len: number of text tokens, 0 without text.
+    routing: routing records of the MoE layers in depth order (vision before language within a layer).
+    """
+
+    hidden: torch.Tensor
+    image_len: int
+    text_len: int
+    routing: list[RoutingRecord]
+
+    @property
+    def image_hidden(self) -> torch.Tensor:
+        return self.hidden[:, : self.image_len]
+
+    @property
+    def text_hidden(self) -> torch.Tensor:
+        return self.hidden[:, self.image_len :]
+
+
+class MultiwayTransformer(nn.Module):
+    """``backbone(image=None, text=None, text_padding_mask=None, image_mask=None) -> BackboneOutput``."""
+
+    def __init__(self, config: MultiwayConfig) -> None:
+        super().__init__()
+        self.config = config
+        dim, eps = config.dim, config.layernorm_eps
+        self.patch_embed = nn.Conv2d(config.in_channels, dim, kernel_size=config.patch_size, stride=config.patch_size)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
+        self.mask_token = nn.Parameter(torch.zeros(1, 1, dim))
+        self.vision_positions = nn.Parameter(torch.empty(config.position_offset + config.num_patches + 1, dim))
+        self.text_embed = nn.Embedding(config.vocab_size, dim)
+        self.text_positions = nn.Parameter(torch.empty(config.max_text_positions, dim))
+
+        moe_layers = set(config.moe_layer_indices())
+        rates = [config.drop_path * i / max(config.depth - 1, 1) for i in range(config.depth)]  # linear, as BEiT-3
+        self.layers = nn.ModuleList()
+        for index in range(config.depth):
+            is_moe = index in moe_layers
+            self.layers.append(
+                MultiwayBlock(
+                    config,
+                    index,
+                    rates[index],
+                    self._ffn_factory(is_moe),
+                    shared_ffn=is_moe and config.moe.mode == "shared",
+                    vision_language_ffn=index >= config.depth - config.vl_layers,
+                )
+            )
+        self.final_norm = nn.ModuleList(nn.LayerNorm(dim, eps=eps) for _ in range(2))
+        self.reset_parameters()
+
+    def _ffn_factory(self, is_moe: bool):
+        config = self.config
+        if is_moe:
+            moe_config = config.moe.layer_config(config.dim, config.ffn_dim, config.subln)
+            return lambda: MoELayer(moe_config)
+        return lambda: FeedForward(config.dim, config.ffn_dim, config.subln, config.layernorm_eps)
+
+    def reset_parameters(self) -> None:
+        std = 0.02
+        # Routers and MH-MoE split/merge layers keep their papers' init; experts are handled below.
+        inside_moe = {id(sub) for moe in self.modules() if isinstance(moe, MoELayer) for sub in moe.modules()}
+        for module in self.modules():
+            if isinstance(module, nn.Linear) and id(module) not in inside_moe:
+                nn.init.trunc_normal_(module.weight, std=std, a=-std, b=std)
+                nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.LayerNorm):
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)
+            elif isinstance(module, GroupedExperts):
+                for weight in (module.fc1_weight, module.fc2_weight):
+                    nn.init.trunc_normal_(weight, std=std, a=-std, b=std)
+                nn.init.zeros_(module.fc1_bias)
+                nn.init.zeros_(module.fc2_bias)
+        nn.init.normal_(self.text_embed.weight, std=self.config.dim**-0.5)
+        for table in (self.vision_positions, self.text_positions):
+            nn.init.trunc_normal_(table, std=std, a=-std, b=std)
+        nn.init.zeros_(self.cls_token)
+        nn.init.zeros_(self.mask_token)
+
+    def embed_image(self, image: torch.Tensor, image_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, C, H, W) -> (B, 1 + num_patches, D): CLS + patches, masked patches replaced, positions added."""
+        config = self.config
+        if image.shape[-2:] != (config.image_size, config.image_size):
+            raise ValueError(
+                f"image of size {tuple(image.shape[-2:])} does not match MultiwayConfig.image_size={config.image_size}"
+            )
+        patches = self.patch_embed(image).flatten(2).transpose(1, 2)  # (B, N, D)
+        if image_mask is not None:
+            patches = torch.where(image_mask[..., None], self.mask_token.to(patches.dtype), patches)
+        x = torch.cat([self.cls_token.expand(patches.shape[0], -1, -1).to(patches.dtype), patches], dim=1)
+        offset = config.position_offset
+        return x + self.vision_positions[offset : offset + x.shape[1]]
+
+    def embed_text(self, text: torch.Tensor) -> torch.Tensor:
+        """(B, T) token ids -> (B, T, D) with positions added."""
+        offset, length = self.config.position_offset, text.shape[1]
+        if offset + length > self.config.max_text_positions:
+            raise ValueError(
+                f"text of {length} tokens (+ position_offset {offset}) exceeds "
+                f"MultiwayConfig.max_text_positions={self.config.max_text_positions}"
+            )
+        return self.text_embed(text) + self.text_positions[offset : offset + length]
+
+    def forward(
+        self,
+        image: torch.Tensor | None = None,
+        text: torch.Tensor | None = None,
+        text_padding_mask: torch.Tensor | None = None,
+        image_mask: torch.Tensor | None = None,
+        attn_mask: torch.Tensor | None = None,
+    ) -> BackboneOutput:
+        """Args:
+        image: (B, C, H, W) pixels, or None for text-only input.
+        text: (B, T) token ids, or None for image-only input.
+        text_padding_mask: (B, T) bool, True = padding.
+        image_mask: (B, num_patches) bool, True = patch replaced by the mask token.
+        attn_mask: optional (B or 1, L, L) bool, True = query may attend to key, combined with the padding
+            mask (e.g. BEiT-3 captioning's image-bidirectional / text-causal mask).
+        """
+        if image is None and text is None:
+            raise ValueError("MultiwayTransformer needs an image, a text, or both")
+        image_x = self.embed_image(image, image_mask) if image is not None else None
+        text_x = self.embed_text(text) if text is not None else None
+        if text is None:
+            text_padding_mask = None
+        mask = _attention_mask(image_x, text_x, text_padding_mask, attn_mask)
+
+        routing: list[RoutingRecord] = []
+        for layer in self.layers:
+            if self.config.checkpoint_activations and self.training:
+                image_x, text_x, records = checkpoint(
+                    layer, image_x, text_x, text_padding_mask, mask, use_reentrant=False
+                )
+            else:
+                image_x, text_x, records = layer(image_x, text_x, text_padding_mask, mask)
+            routing.extend(records)
+
+        parts = [norm(x) for norm, x in zip(self.final_norm, (image_x, text_x), strict=True) if x is not None]
+        hidden = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
+        image_len = 0 if image_x is None else image_x.shape[1]
+        text_len = 0 if text_x is None else text_x.shape[1]
+        return BackboneOutput(hidden, image_len, text_len, routing)
+
+
+def _attention_mask(image_x, text_x, text_padding_mask, attn_mask) -> torch.Tensor | None:
+    """Boolean (B, 1, L or 1, L) mask, True = may attend, from the text padding and an optional extra mask."""
+    mask = None
+    if text_padding_mask is not None and bool(text_padding_mask.any()):
+        keys = ~text_padding_mask
+        if image_x is not None:
+            keys = torch.cat([keys.new_ones(image_x.shape[:2]), keys], dim=1)
+        mask = keys[:, None, None, :]
+    if attn_mask is not None:
+        extra = attn_mask[:, None] if attn_mask.dim() == 3 else attn_mask
+        mask = extra if mask is None else mask & extra
+    return mask

@@ -1,0 +1,163 @@
+"""Typed configuration of the multiway Transformer backbone and of where its MoE layers go.
+
+BEiT-3 (Wang et al., 2023) as released in unilm/beit3 + torchscale: pre-LN with Sub-LN, modality-specific ("multiway")
+attention projections, LayerNorms and FFNs over one joint softmax. Dense, Switch, X-MoE and MH-MoE backbones are all
+this config with different ``moe`` values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Literal
+
+from mmoe.moe import MoEConfig
+
+#: open_clip's BPE tokenizer has 49,408 ids (start/end of text included); mmoe appends pad (49408) and mask (49409).
+DEFAULT_VOCAB_SIZE = 49410
+
+#: MoEConfig fields the backbone sets itself from its own shape.
+_BACKBONE_OWNED = ("dim", "ffn_dim", "subln")
+
+
+@dataclass
+class MoEPlan:
+    """Which FFNs of the backbone are MoE layers, and the MoE settings they share.
+
+    The routing fields mirror :class:`mmoe.moe.MoEConfig` (see there); ``dim``, ``ffn_dim`` and ``subln`` come from
+    the backbone.
+
+    Args:
+        every: layer i (0-based) is a MoE layer iff ``(i + 1) % every == 0`` (torchscale's ``moe_freq`` rule);
+            2 = every other layer.
+        layers: explicit 0-based MoE layer indices; overrides ``every`` when given.
+        mode: ``"per_modality"`` turns the vision FFN and the language FFN each into its own MoE; ``"shared"`` routes
+            all tokens of both modalities through one MoE.
+    """
+
+    num_experts: int = 8
+    top_k: int = 1
+    router: Literal["linear", "xmoe"] = "xmoe"
+    gate: Literal["softmax", "sigmoid"] = "softmax"
+    heads: int = 1
+    strata: list[int] | None = None
+    capacity_factor: float | None = None
+    eval_capacity_factor: float | None = None
+    frozen: bool = False
+    routing_dim: int | None = None
+    beta: float = 1.0
+    every: int = 2
+    layers: list[int] | None = None
+    mode: Literal["per_modality", "shared"] = "per_modality"
+
+    def __post_init__(self) -> None:
+        if self.every <= 0:
+            raise ValueError(f"MoEPlan.every must be a positive integer, got {self.every!r}")
+        if self.mode not in ("per_modality", "shared"):
+            raise ValueError(f"MoEPlan.mode must be 'per_modality' or 'shared', got {self.mode!r}")
+
+    def is_moe_layer(self, index: int, depth: int) -> bool:
+        if self.layers is not None:
+            return index in self.layers
+        return (index + 1) % self.every == 0
+
+    def layer_config(self, dim: int, ffn_dim: int, subln: bool) -> MoEConfig:
+        """The :class:`MoEConfig` of one MoE layer of a backbone of width ``dim`` and FFN width ``ffn_dim``."""
+        routing = {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(MoEConfig)
+            if f.init and f.name not in _BACKBONE_OWNED
+        }
+        return MoEConfig(dim=dim, ffn_dim=ffn_dim, subln=subln, **routing)
+
+
+@dataclass
+class MultiwayConfig:
+    """BEiT-3 style multiway Transformer.
+
+    Args:
+        dim: hidden width D.
+        depth: number of layers.
+        num_heads: attention heads.
+        ffn_dim: dense FFN inner width (4 D in BEiT-3).
+        image_size: input image side in pixels.
+        patch_size: patch side in pixels.
+        in_channels: image channels.
+        vocab_size: text vocabulary (open_clip BPE + pad + mask by default).
+        max_text_positions: rows of the text position table (BEiT-3: 1024).
+        position_offset: first position index of each modality. BEiT-3 starts at 2 ("consistent with Fairseq"), which
+            adds 2 unused rows to the vision table (199 rows at 224 px); mmoe defaults to 0.
+        attention: ``"multiway"`` gives each modality its own q/k/v/out projections and LayerNorms over one joint
+            softmax (the released BEiT-3 code); ``"shared"`` shares them (the paper's description).
+        vl_layers: the top ``vl_layers`` layers get a vision-language FFN used for fused image-text input (BEiT-3
+            paper, VLMo). Default 0: the released BEiT-3 models have none.
+        subln: Sub-LN LayerNorms inside attention (before the output projection) and inside the FFN (before fc2).
+        drop_path: stochastic depth rate, linearly increasing over the layers.
+        layernorm_eps: LayerNorm epsilon.
+        moe: where MoE layers go and how they route; None = dense.
+        checkpoint_activations: recompute each layer's activations in the backward pass to save memory.
+    """
+
+    dim: int = 768
+    depth: int = 12
+    num_heads: int = 12
+    ffn_dim: int = 3072
+    image_size: int = 224
+    patch_size: int = 16
+    in_channels: int = 3
+    vocab_size: int = DEFAULT_VOCAB_SIZE
+    max_text_positions: int = 1024
+    position_offset: int = 0
+    attention: Literal["multiway", "shared"] = "multiway"
+    vl_layers: int = 0
+    subln: bool = True
+    drop_path: float = 0.0
+    layernorm_eps: float = 1e-5
+    moe: MoEPlan | None = None
+    checkpoint_activations: bool = False
+    num_patches: int = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for name in ("dim", "depth", "num_heads", "ffn_dim", "image_size", "patch_size", "in_channels", "vocab_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"MultiwayConfig.{name} must be a positive integer, got {value!r}")
+        if self.dim % self.num_heads:
+            raise ValueError(f"MultiwayConfig.dim={self.dim} is not divisible by num_heads={self.num_heads}")
+        if self.image_size % self.patch_size:
+            raise ValueError(
+                f"MultiwayConfig.image_size={self.image_size} is not divisible by patch_size={self.patch_size}"
+            )
+        if self.attention not in ("multiway", "shared"):
+            raise ValueError(f"MultiwayConfig.attention must be 'multiway' or 'shared', got {self.attention!r}")
+        if not 0 <= self.vl_layers <= self.depth:
+            raise ValueError(f"MultiwayConfig.vl_layers must be in [0, depth={self.depth}], got {self.vl_layers!r}")
+        if self.position_offset < 0:
+            raise ValueError(f"MultiwayConfig.position_offset must be >= 0, got {self.position_offset!r}")
+        if self.moe is not None and self.moe.layers is not None:
+            bad = [i for i in self.moe.layers if not 0 <= i < self.depth]
+            if bad:
+                raise ValueError(f"MoEPlan.layers={self.moe.layers} has indices outside [0, {self.depth}): {bad}")
+        if self.moe is not None:
+            self.moe.layer_config(self.dim, self.ffn_dim, self.subln)  # validate the MoE settings now
+        self.num_patches = (self.image_size // self.patch_size) ** 2
+
+    @classmethod
+    def preset(cls, name: Literal["tiny", "base"], **overrides) -> MultiwayConfig:
+        """``tiny``: 4 layers, 192 wide, 64 px images (CPU minutes). ``base``: BEiT-3 base, 12 x 768, 224 px."""
+        if name not in PRESETS:
+            raise ValueError(f"unknown MultiwayConfig preset {name!r}; expected one of {sorted(PRESETS)}")
+        fields = dict(PRESETS[name])
+        fields.update(overrides)
+        return cls(**fields)
+
+    def moe_layer_indices(self) -> list[int]:
+        if self.moe is None:
+            return []
+        return [i for i in range(self.depth) if self.moe.is_moe_layer(i, self.depth)]
+
+
+PRESETS: dict[str, dict] = {
+    "tiny": dict(dim=192, depth=4, num_heads=3, ffn_dim=768, image_size=64, patch_size=16, max_text_positions=64),
+    "base": dict(dim=768, depth=12, num_heads=12, ffn_dim=3072, image_size=224, patch_size=16, max_text_positions=1024),
+}

@@ -1,0 +1,164 @@
+"""One multiway Transformer layer (BEiT-3, Wang et al., 2023, §2.1; layout of the released unilm/beit3 code).
+
+Pre-LN with Sub-LN (Magneto), per modality m in {vision, language}::
+
+    h_m = x_m + DropPath(Out_m(InnerLN_m(Attention(LN_m(x)))))     # one softmax over the joint image+text sequence
+    y_m = h_m + DropPath(FFN_m(FFNLN_m(h_m)))                      # FFN_m = fc2(SubLN(GELU(fc1(.)))) or a MoE layer
+
+The modality split is positional: the image tokens ([CLS, patches]) come first, the text tokens after them. The two
+modalities are carried as two tensors through the layer, so no split position is ever stored on a module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from timm.layers import DropPath
+from torch import nn
+
+from mmoe.model.config import MultiwayConfig
+from mmoe.moe import RoutingRecord
+
+VISION, LANGUAGE = 0, 1
+MODALITY_NAMES = ("vision", "language")
+
+
+class FeedForward(nn.Module):
+    """Dense FFN ``fc2(SubLN(GELU(fc1(x))))`` with the MoE layer's call signature (returns no routing record)."""
+
+    def __init__(self, dim: int, ffn_dim: int, subln: bool, eps: float) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, ffn_dim)
+        self.norm = nn.LayerNorm(ffn_dim, eps=eps) if subln else nn.Identity()
+        self.fc2 = nn.Linear(ffn_dim, dim)
+
+    def forward(self, x: torch.Tensor, padding_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, None]:
+        return self.fc2(self.norm(F.gelu(self.fc1(x)))), None
+
+
+class MultiwayAttention(nn.Module):
+    """Self-attention over the joint sequence with per-modality (``ways=2``) or shared (``ways=1``) projections.
+
+    Each way has its pre-LN, a fused q/k/v projection (the same parameters as BEiT-3's separate q, k, v), the Sub-LN
+    before the output projection, and the output projection. The softmax runs once over all tokens
+    (``scaled_dot_product_attention``, padding as a boolean key mask).
+    """
+
+    def __init__(self, config: MultiwayConfig, ways: int) -> None:
+        super().__init__()
+        dim, eps = config.dim, config.layernorm_eps
+        self.num_heads = config.num_heads
+        self.norm = nn.ModuleList(nn.LayerNorm(dim, eps=eps) for _ in range(ways))
+        self.qkv = nn.ModuleList(nn.Linear(dim, 3 * dim) for _ in range(ways))
+        self.inner_norm = nn.ModuleList(
+            (nn.LayerNorm(dim, eps=eps) if config.subln else nn.Identity()) for _ in range(ways)
+        )
+        self.out = nn.ModuleList(nn.Linear(dim, dim) for _ in range(ways))
+
+    def forward(self, parts: list[tuple[int, torch.Tensor]], attn_mask: torch.Tensor | None) -> list[torch.Tensor]:
+        """Args:
+            parts: ``(way, x)`` per modality present, in sequence order; x is (B, L_m, D).
+            attn_mask: boolean (B, 1, L or 1, L), True = may attend; None = attend everywhere.
+
+        Returns:
+            The attention branch output for each part (before the residual).
+        """
+        batch = parts[0][1].shape[0]
+        qkv = torch.cat([self.qkv[way](self.norm[way](x)) for way, x in parts], dim=1)  # (B, L, 3D)
+        length = qkv.shape[1]
+        q, k, v = qkv.view(batch, length, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, L, d)
+        attended = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+        attended = attended.transpose(1, 2).reshape(batch, length, -1)  # (B, L, D)
+        outputs, start = [], 0
+        for way, x in parts:
+            chunk = attended[:, start : start + x.shape[1]]
+            outputs.append(self.out[way](self.inner_norm[way](chunk)))
+            start += x.shape[1]
+        return outputs
+
+
+class MultiwayBlock(nn.Module):
+    """One layer: joint attention, then modality FFNs (dense or MoE) built by an injected factory.
+
+    Args:
+        config: backbone config.
+        index: 0-based layer index (written into the routing records).
+        drop_path: stochastic depth rate of this layer.
+        make_ffn: builds one FFN module (``FeedForward`` or ``MoELayer``); called once per FFN the layer needs.
+        shared_ffn: one FFN for all tokens (MoE ``mode="shared"``) instead of one per modality.
+        vision_language_ffn: add a VL-FFN used when both modalities are present (BEiT-3 paper's top layers).
+    """
+
+    def __init__(
+        self,
+        config: MultiwayConfig,
+        index: int,
+        drop_path: float,
+        make_ffn: Callable[[], nn.Module],
+        shared_ffn: bool = False,
+        vision_language_ffn: bool = False,
+    ) -> None:
+        super().__init__()
+        self.index = index
+        dim, eps = config.dim, config.layernorm_eps
+        self.attention_ways = 2 if config.attention == "multiway" else 1
+        self.attention = MultiwayAttention(config, self.attention_ways)
+        self.ffn_norm = nn.ModuleList(nn.LayerNorm(dim, eps=eps) for _ in range(2))
+        self.ffn = nn.ModuleList(make_ffn() for _ in range(1 if shared_ffn else 2))
+        self.vl_norm = nn.LayerNorm(dim, eps=eps) if vision_language_ffn else None
+        self.vl_ffn = make_ffn() if vision_language_ffn else None
+        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+
+    def forward(
+        self,
+        image_x: torch.Tensor | None,
+        text_x: torch.Tensor | None,
+        text_padding_mask: torch.Tensor | None,
+        attn_mask: torch.Tensor | None,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, list[RoutingRecord]]:
+        present = [(m, x) for m, x in ((VISION, image_x), (LANGUAGE, text_x)) if x is not None]
+        padding = {VISION: None, LANGUAGE: text_padding_mask}
+        way = (lambda m: m) if self.attention_ways == 2 else (lambda m: 0)
+        attended = self.attention([(way(m), x) for m, x in present], attn_mask)
+        hidden = [x + self.drop_path(a) for (_, x), a in zip(present, attended, strict=True)]
+
+        records: list[RoutingRecord] = []
+        if self.vl_ffn is not None and len(present) == 2:
+            outputs = self._joint_ffn(self.vl_ffn, [self.vl_norm(h) for h in hidden], padding, present, records)
+        elif len(self.ffn) == 1:
+            normed = [self.ffn_norm[m](h) for (m, _), h in zip(present, hidden, strict=True)]
+            outputs = self._joint_ffn(self.ffn[0], normed, padding, present, records)
+        else:
+            outputs = []
+            for (m, _), h in zip(present, hidden, strict=True):
+                y, record = self.ffn[m](self.ffn_norm[m](h), padding[m])
+                outputs.append(y)
+                if record is not None:
+                    records.append(_tag(record, self.index, MODALITY_NAMES[m]))
+        out = {m: h + self.drop_path(y) for (m, _), h, y in zip(present, hidden, outputs, strict=True)}
+        return out.get(VISION), out.get(LANGUAGE), records
+
+    def _joint_ffn(self, ffn: nn.Module, normed, padding, present, records) -> list[torch.Tensor]:
+        """One FFN over the concatenated modalities; the record's modality is "shared"."""
+        lengths = [x.shape[1] for _, x in present]
+        masks = [padding[m] for m, _ in present]
+        joint_mask = None
+        if any(mask is not None for mask in masks):
+            joint_mask = torch.cat(
+                [
+                    mask if mask is not None else h.new_zeros(h.shape[:2], dtype=torch.bool)
+                    for mask, h in zip(masks, normed, strict=True)
+                ],
+                dim=1,
+            )
+        y, record = ffn(torch.cat(normed, dim=1), joint_mask)
+        if record is not None:
+            records.append(_tag(record, self.index, "shared"))
+        return list(torch.split(y, lengths, dim=1))
+
+
+def _tag(record: RoutingRecord, layer: int, modality: str) -> RoutingRecord:
+    record.layer, record.modality = layer, modality
+    return record
