@@ -1,9 +1,9 @@
 """MoE layer cost relative to a dense FFN with the same active parameters per token.
 
-Every case times two callables in one process, interleaved round by round, and reports the median over the rounds
-of each and their ratio (the order alternates between rounds). Baseline: ``Linear(D, k*H) -> GELU -> Linear(k*H, D)`` (the dense FFN whose FLOPs equal
-the MoE's active FLOPs). fwd+bwd in fp32 on CPU unless the case says otherwise; the routing is X-MoE (d_e = 16),
-dropless unless noted.
+Every case times two callables in one process, interleaved round by round (the order alternating), and reports the
+median over the rounds of each and their ratio. Baseline: ``Linear(D, k*H) -> GELU -> Linear(k*H, D)``, the dense
+FFN whose FLOPs equal the MoE's active FLOPs. fwd+bwd in fp32 on CPU unless the case says otherwise; the routing
+is X-MoE (d_e = 16), dropless unless noted.
 
 Output: one JSON line per case ``{"case", "moe_s", "baseline_s", "ratio", "target", "ok", ...}`` and a final
 ``{"summary": ...}`` line. ``--cuda`` adds the GPU cases (bf16, 16K tokens, and a sync-free forward+backward check).
@@ -15,15 +15,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
 
 from mmoe.moe import MoEConfig, MoELayer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import interleaved_medians  # noqa: E402
 
 
 class DenseFFN(nn.Module):
@@ -104,31 +107,8 @@ def make_case(
     return Case(name, target, step(moe, x, grad, True), step(baseline, x, grad, baseline_is_moe), info)
 
 
-def time_once(fn: Callable[[], None], device: str) -> float:
-    if device == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    fn()
-    if device == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter() - start
-
-
-def measure(case: Case, rounds: int, warmup: int = 2) -> dict:
-    device = case.info["device"]
-    for _ in range(warmup):
-        case.moe()
-        case.baseline()
-    moe_times, base_times = [], []
-    for round_index in range(rounds):
-        # Alternate which side goes first so that drift in the machine's speed hits both alike.
-        if round_index % 2:
-            base_times.append(time_once(case.baseline, device))
-            moe_times.append(time_once(case.moe, device))
-        else:
-            moe_times.append(time_once(case.moe, device))
-            base_times.append(time_once(case.baseline, device))
-    moe_s, base_s = statistics.median(moe_times), statistics.median(base_times)
+def measure(case: Case, rounds: int) -> dict:
+    moe_s, base_s = interleaved_medians([case.moe, case.baseline], rounds, case.info["device"])
     ratio = moe_s / base_s
     return {
         "case": case.name,
