@@ -14,25 +14,49 @@ import torch.nn.functional as F
 from mmoe.moe import MoELayer
 
 
-def reference_scores(layer: MoELayer, x_D: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(gate logits, balance logits) for one (sub-)token."""
-    scorer = layer.router.scorer
-    if layer.config.router == "xmoe":
+def reference_scores(router, config, x_D: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(gate logits, balance logits) of ``router`` for one (sub-)token."""
+    scorer = router.scorer
+    if config.router == "xmoe":
         projected = scorer.projection.weight @ x_D  # W h
         cosines = torch.stack(
             [projected @ e / (projected.norm() * e.norm()) for e in scorer.expert_embeddings]
         )  # X-MoE Eq. 7
-        return cosines / scorer.log_temperature.exp(), cosines / layer.config.initial_temperature
+        return cosines / scorer.log_temperature.exp(), cosines / config.initial_temperature
     logits = torch.stack([x_D @ e for e in scorer.weight])
     return logits, logits
 
 
-def reference_expert(layer: MoELayer, expert: int, x_D: torch.Tensor) -> torch.Tensor:
-    experts = layer.experts
+def reference_expert(experts, expert: int, x_D: torch.Tensor) -> torch.Tensor:
     hidden = F.gelu(x_D @ experts.fc1_weight[expert] + experts.fc1_bias[expert])
     if experts.ln_weight is not None:
         hidden = F.layer_norm(hidden, hidden.shape, experts.ln_weight[expert], experts.ln_bias[expert])
     return hidden @ experts.fc2_weight[expert] + experts.fc2_bias[expert]
+
+
+def reference_top_k(config, gate_logits: torch.Tensor, top_k: int) -> list[tuple[int, torch.Tensor]]:
+    """[(expert, weight)] best first; top-2 weights renormalised to sum to one."""
+    scores = gate_logits.softmax(-1) if config.gate == "softmax" else gate_logits.sigmoid()
+    ranked = sorted(range(scores.numel()), key=lambda e: -float(scores[e].detach()))[:top_k]
+    weights = [scores[e] for e in ranked]
+    if top_k > 1:
+        total = sum(weights)
+        weights = [w / total for w in weights]
+    return list(zip(ranked, weights, strict=True))
+
+
+def reference_keep(choices, padded: list[bool], capacity: float, num_experts: int):
+    """GShard capacity: first choices before second choices, then token order. Returns (kept flags, load)."""
+    top_k = len(choices[0]) if choices else 0
+    kept = [[False] * top_k for _ in choices]
+    load = [0] * num_experts
+    for rank in range(top_k):
+        for index, token_choices in enumerate(choices):
+            expert = token_choices[rank][0]
+            if not padded[index] and load[expert] < capacity:
+                load[expert] += 1
+                kept[index][rank] = True
+    return kept, load
 
 
 def reference_forward(layer: MoELayer, x: torch.Tensor, padding_mask: torch.Tensor | None = None):
@@ -53,37 +77,26 @@ def reference_forward(layer: MoELayer, x: torch.Tensor, padding_mask: torch.Tens
     choices = []  # per sub-token: list of (expert, weight)
     balance_probs, first_choices = [], []
     for _, _, _, vector, padded in sub_tokens:
-        gate_logits, balance_logits = reference_scores(layer, vector)
-        scores = gate_logits.softmax(-1) if config.gate == "softmax" else gate_logits.sigmoid()
-        ranked = sorted(range(num_experts), key=lambda e: -float(scores[e].detach()))[:top_k]
-        weights = [scores[e] for e in ranked]
-        if top_k > 1:
-            total = sum(weights)
-            weights = [w / total for w in weights]
-        choices.append(list(zip(ranked, weights, strict=True)))
+        gate_logits, balance_logits = reference_scores(layer.router, config, vector)
+        choices.append(reference_top_k(config, gate_logits, top_k))
         if not padded:
             balance_probs.append(balance_logits.softmax(-1))
-            first_choices.append(ranked[0])
+            first_choices.append(choices[-1][0][0])
 
     # Capacity: first choices before second choices, then token order (GShard).
     num_valid = sum(1 for *_, padded in sub_tokens if not padded)
     factor = config.active_capacity_factor(layer.training)
     capacity = math.inf if factor is None else math.ceil(factor * top_k * num_valid / num_experts)
-    kept = [[False] * top_k for _ in sub_tokens]
-    load = [0] * num_experts
-    for rank in range(top_k):
-        for index, (*_, padded) in enumerate(sub_tokens):
-            expert = choices[index][rank][0]
-            if not padded and load[expert] < capacity:
-                load[expert] += 1
-                kept[index][rank] = True
+    kept, load = reference_keep(choices, [padded for *_, padded in sub_tokens], capacity, num_experts)
 
     out = torch.zeros(batch, length, heads, config.head_dim, dtype=x.dtype)
     expert_index = torch.full((batch, length, heads, top_k), -1, dtype=torch.long)
     for index, (b, position, head, vector, _) in enumerate(sub_tokens):
         for rank, (expert, weight) in enumerate(choices[index]):
             if kept[index][rank]:
-                out[b, position, head] = out[b, position, head] + weight * reference_expert(layer, expert, vector)
+                out[b, position, head] = out[b, position, head] + weight * reference_expert(
+                    layer.experts, expert, vector
+                )
                 expert_index[b, position, head, rank] = expert
     y = out.reshape(batch, length, dim)
     if layer.merge is not None:
@@ -96,3 +109,55 @@ def reference_forward(layer: MoELayer, x: torch.Tensor, padding_mask: torch.Tens
     else:
         balance_loss = torch.zeros(())
     return y, balance_loss, torch.tensor(load), expert_index
+
+
+def reference_stratified(layer, x: torch.Tensor, padding_mask: torch.Tensor | None = None):
+    """Walk every token through the strata of a Stratified MoE (Xu et al., Eq. 4-11), gate by gate.
+
+    Returns (y, balance_loss, expert_counts, requested_capacity, stratum_path).
+    """
+    config = layer.config
+    batch, length, dim = x.shape
+    strata, num_experts = config.strata, config.num_experts
+    starts = [sum(strata[:i]) for i in range(len(strata))]
+    stratum_of = [s for s, n in enumerate(strata) for _ in range(n)]
+    tokens = [x[b, p] for b in range(batch) for p in range(length)]
+    padded = [padding_mask is not None and bool(padding_mask[b, p]) for b in range(batch) for p in range(length)]
+    gate = [-1 if pad else 0 for pad in padded]
+    path = [[-1] * len(strata) for _ in tokens]
+    counts = [0] * num_experts
+    losses, passes = [], 0
+    factor = config.active_capacity_factor(layer.training)
+    for stratum, start in enumerate(starts):
+        here = [t for t in range(len(tokens)) if gate[t] == stratum]
+        if not here:
+            losses.append(torch.zeros((), dtype=x.dtype))
+            continue
+        visible = num_experts - start
+        normed, choices, probs, firsts = {}, [], [], []
+        for t in here:
+            normed[t] = F.layer_norm(tokens[t], (dim,), layer.norms[stratum].weight, layer.norms[stratum].bias)
+            gate_logits, balance_logits = reference_scores(layer.routers[stratum], config, normed[t])
+            choices.append([(start + e, w) for e, w in reference_top_k(config, gate_logits, 2)])
+            probs.append(balance_logits.softmax(-1))
+            firsts.append(choices[-1][0][0] - start)
+        capacity = math.inf if factor is None else math.ceil(factor * 2 * len(here) / visible)
+        kept, load = reference_keep(choices, [False] * len(here), capacity, num_experts)
+        for e in range(num_experts):
+            counts[e] += load[e]
+        for position, t in enumerate(here):
+            update = sum(
+                (w * reference_expert(layer.experts, e, normed[t]))
+                for rank, (e, w) in enumerate(choices[position])
+                if kept[position][rank]
+            )
+            tokens[t] = tokens[t] + update  # Eq. 7
+            best = choices[position][0][0]
+            path[t][stratum] = best
+            gate[t] = -1 if stratum_of[best] == len(strata) - 1 else stratum_of[best] + 1
+        fractions = torch.tensor([firsts.count(e) / len(here) for e in range(visible)], dtype=x.dtype)
+        losses.append(visible * (fractions * torch.stack(probs).mean(0)).sum())  # Eq. 8-10
+        passes += len(here)
+    entering = sum(1 for pad in padded if not pad)
+    y = torch.stack(tokens).view(batch, length, dim)
+    return y, torch.stack(losses).mean(), torch.tensor(counts), passes / max(entering, 1), torch.tensor(path)

@@ -25,8 +25,13 @@ def layer_parameters(config: MultiwayConfig, index: int) -> int:
     else:
         one_ffn = dense_ffn_parameters(config)
         ffns = 2 * one_ffn
-    vision_language = 2 * dim + one_ffn if index >= config.depth - config.vl_layers else 0
-    return attention + 2 * 2 * dim + ffns + vision_language
+    # A Stratified MoE has its own LayerNorms in place of the block's pre-FFN LayerNorms.
+    stratified = (
+        config.moe is not None and config.moe.strata is not None and config.moe.is_moe_layer(index, config.depth)
+    )
+    norm = 0 if stratified else 2 * dim
+    vision_language = norm + one_ffn if index >= config.depth - config.vl_layers else 0
+    return attention + 2 * norm + ffns + vision_language
 
 
 def backbone_parameters(config: MultiwayConfig) -> int:

@@ -28,6 +28,8 @@ MODALITY_NAMES = ("vision", "language")
 class FeedForward(nn.Module):
     """Dense FFN ``fc2(SubLN(GELU(fc1(x))))`` with the MoE layer's call signature (returns no routing record)."""
 
+    includes_residual = False
+
     def __init__(self, dim: int, ffn_dim: int, subln: bool, eps: float) -> None:
         super().__init__()
         self.fc1 = nn.Linear(dim, ffn_dim)
@@ -105,10 +107,12 @@ class MultiwayBlock(nn.Module):
         dim, eps = config.dim, config.layernorm_eps
         self.attention_ways = 2 if config.attention == "multiway" else 1
         self.attention = MultiwayAttention(config, self.attention_ways)
-        self.ffn_norm = nn.ModuleList(nn.LayerNorm(dim, eps=eps) for _ in range(2))
         self.ffn = nn.ModuleList(make_ffn() for _ in range(1 if shared_ffn else 2))
-        self.vl_norm = nn.LayerNorm(dim, eps=eps) if vision_language_ffn else None
+        # A Stratified MoE carries its own LayerNorms and residual, so it replaces the whole FFN sub-layer.
+        with_norm = not self.ffn[0].includes_residual
+        self.ffn_norm = nn.ModuleList(nn.LayerNorm(dim, eps=eps) for _ in range(2)) if with_norm else None
         self.vl_ffn = make_ffn() if vision_language_ffn else None
+        self.vl_norm = nn.LayerNorm(dim, eps=eps) if vision_language_ffn and with_norm else None
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
     def forward(
@@ -119,44 +123,55 @@ class MultiwayBlock(nn.Module):
         attn_mask: torch.Tensor | None,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None, list[RoutingRecord]]:
         present = [(m, x) for m, x in ((VISION, image_x), (LANGUAGE, text_x)) if x is not None]
-        padding = {VISION: None, LANGUAGE: text_padding_mask}
+        modalities = [m for m, _ in present]
+        padding = [text_padding_mask if m == LANGUAGE else None for m in modalities]
         way = (lambda m: m) if self.attention_ways == 2 else (lambda m: 0)
         attended = self.attention([(way(m), x) for m, x in present], attn_mask)
         hidden = [x + self.drop_path(a) for (_, x), a in zip(present, attended, strict=True)]
 
         records: list[RoutingRecord] = []
         if self.vl_ffn is not None and len(present) == 2:
-            outputs = self._joint_ffn(self.vl_ffn, [self.vl_norm(h) for h in hidden], padding, present, records)
+            norms = [self.vl_norm, self.vl_norm] if self.vl_norm is not None else None
+            updates = self._joint_ffn(self.vl_ffn, norms, hidden, modalities, padding, records)
         elif len(self.ffn) == 1:
-            normed = [self.ffn_norm[m](h) for (m, _), h in zip(present, hidden, strict=True)]
-            outputs = self._joint_ffn(self.ffn[0], normed, padding, present, records)
+            updates = self._joint_ffn(self.ffn[0], self.ffn_norm, hidden, modalities, padding, records)
         else:
-            outputs = []
-            for (m, _), h in zip(present, hidden, strict=True):
-                y, record = self.ffn[m](self.ffn_norm[m](h), padding[m])
-                outputs.append(y)
+            updates = []
+            for m, h, mask in zip(modalities, hidden, padding, strict=True):
+                update, record = self._ffn_update(self.ffn[m], self.ffn_norm[m] if self.ffn_norm else None, h, mask)
+                updates.append(update)
                 if record is not None:
                     records.append(_tag(record, self.index, MODALITY_NAMES[m]))
-        out = {m: h + self.drop_path(y) for (m, _), h, y in zip(present, hidden, outputs, strict=True)}
+        out = {m: h + self.drop_path(u) for m, h, u in zip(modalities, hidden, updates, strict=True)}
         return out.get(VISION), out.get(LANGUAGE), records
 
-    def _joint_ffn(self, ffn: nn.Module, normed, padding, present, records) -> list[torch.Tensor]:
-        """One FFN over the concatenated modalities; the record's modality is "shared"."""
-        lengths = [x.shape[1] for _, x in present]
-        masks = [padding[m] for m, _ in present]
+    @staticmethod
+    def _ffn_update(ffn: nn.Module, norm: nn.Module | None, h: torch.Tensor, mask: torch.Tensor | None):
+        """The FFN branch's addition to the residual stream, and its routing record (None for a dense FFN)."""
+        if ffn.includes_residual:
+            y, record = ffn(h, mask)
+            return y - h, record
+        return ffn(norm(h), mask)
+
+    def _joint_ffn(self, ffn, norms, hidden, modalities, padding, records) -> list[torch.Tensor]:
+        """One FFN over the concatenated modalities (each normed by its own LayerNorm); the record is "shared"."""
         joint_mask = None
-        if any(mask is not None for mask in masks):
+        if any(mask is not None for mask in padding):
             joint_mask = torch.cat(
                 [
                     mask if mask is not None else h.new_zeros(h.shape[:2], dtype=torch.bool)
-                    for mask, h in zip(masks, normed, strict=True)
+                    for mask, h in zip(padding, hidden, strict=True)
                 ],
                 dim=1,
             )
-        y, record = ffn(torch.cat(normed, dim=1), joint_mask)
+        inputs = hidden if norms is None else [norms[m](h) for m, h in zip(modalities, hidden, strict=True)]
+        joint = torch.cat(inputs, dim=1)
+        update, record = ffn(joint, joint_mask)
+        if ffn.includes_residual:
+            update = update - joint
         if record is not None:
             records.append(_tag(record, self.index, "shared"))
-        return list(torch.split(y, lengths, dim=1))
+        return list(torch.split(update, [h.shape[1] for h in hidden], dim=1))
 
 
 def _tag(record: RoutingRecord, layer: int, modality: str) -> RoutingRecord:

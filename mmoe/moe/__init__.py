@@ -9,5 +9,6 @@ Public API::
 
 from mmoe.moe.config import MoEConfig
 from mmoe.moe.layer import MoELayer, RoutingRecord, restore_expert_embedding_norm
+from mmoe.moe.stratified import StratifiedMoELayer
 
-__all__ = ["MoEConfig", "MoELayer", "RoutingRecord", "restore_expert_embedding_norm"]
+__all__ = ["MoEConfig", "MoELayer", "RoutingRecord", "StratifiedMoELayer", "restore_expert_embedding_norm"]

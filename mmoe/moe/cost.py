@@ -25,7 +25,13 @@ def expert_parameters(config: MoEConfig) -> int:
 
 
 def moe_parameter_count(config: MoEConfig) -> int:
-    """All parameters of a plain or multi-head :class:`mmoe.moe.MoELayer`."""
+    """All parameters of a plain, multi-head or Stratified :class:`mmoe.moe.MoELayer`."""
+    if config.strata is not None:
+        # One LayerNorm and one gate over the visible experts per stratum, one shared expert list.
+        gates = sum(
+            2 * config.dim + router_parameters(config, sum(config.strata[i:])) for i in range(len(config.strata))
+        )
+        return gates + config.num_experts * expert_parameters(config)
     split_merge = 2 * (config.dim * config.dim + config.dim) if config.heads > 1 else 0  # Eq. 21 and 24, with biases
     return split_merge + router_parameters(config) + config.num_experts * expert_parameters(config)
 

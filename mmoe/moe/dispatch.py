@@ -45,9 +45,22 @@ class DispatchPlan:
 
 
 def plan_dispatch(
-    expert_SK: torch.Tensor, valid_S: torch.Tensor | None, num_experts: int, capacity_factor: float | None
+    expert_SK: torch.Tensor,
+    valid_S: torch.Tensor | None,
+    num_experts: int,
+    capacity_factor: float | None,
+    capacity_experts: int | None = None,
 ) -> DispatchPlan:
-    """Sort the choices ``expert_SK`` by expert and decide which are kept."""
+    """Sort the choices ``expert_SK`` by expert and decide which are kept.
+
+    Args:
+        expert_SK: chosen expert of every choice, ids in ``[0, num_experts)``.
+        valid_S: bool, True = real (sub-)token; None = all real.
+        num_experts: E, the experts the ids index.
+        capacity_factor: None = dropless; else each expert keeps ``ceil(cf * K * T / capacity_experts)`` choices.
+        capacity_experts: the experts the capacity is spread over (default E; a Stratified MoE gate spreads it over
+            its visible experts only).
+    """
     num_tokens, top_k = expert_SK.shape
     device = expert_SK.device
     expert_flat_C = expert_SK.t().reshape(-1)  # rank-major: all first choices, then all second choices
@@ -69,7 +82,8 @@ def plan_dispatch(
         slice_start_E = valid_per_expert_E.cumsum(0) - valid_per_expert_E
         position_C = valid_before_C - slice_start_E.index_select(0, expert_C)
         num_valid = valid_S.sum() if valid_S is not None else torch.tensor(num_tokens, device=device)
-        capacity = torch.ceil(num_valid.double() * (capacity_factor * top_k / num_experts))
+        spread = num_experts if capacity_experts is None else capacity_experts
+        capacity = torch.ceil(num_valid.double() * (capacity_factor * top_k / spread))
         kept_sorted_C = (position_C < capacity) & valid_sorted_C.bool()
         kept_flat_C = torch.empty_like(kept_sorted_C).scatter_(0, order_C, kept_sorted_C)
         kept_SK = kept_flat_C.view(top_k, num_tokens).t()

@@ -57,14 +57,25 @@ class RoutingRecord:
 class MoELayer(nn.Module):
     """Sparse Mixture-of-Experts FFN: ``y, routing = layer(x, padding_mask)``.
 
+    With ``config.strata`` set, ``MoELayer(config)`` builds a :class:`mmoe.moe.stratified.StratifiedMoELayer`, which
+    carries its own LayerNorms and residual (``includes_residual``) and so replaces a block's whole FFN sub-layer.
+
     Args:
         config: the layer's :class:`MoEConfig`.
     """
 
+    #: Whether the output already includes the pre-LN and the residual of the FFN sub-layer (Stratified MoE only).
+    includes_residual = False
+
+    def __new__(cls, config: MoEConfig | None = None, *args, **kwargs):
+        if cls is MoELayer and config is not None and config.strata is not None:
+            from mmoe.moe.stratified import StratifiedMoELayer  # the subclass imports this module
+
+            cls = StratifiedMoELayer
+        return super().__new__(cls)
+
     def __init__(self, config: MoEConfig) -> None:
         super().__init__()
-        if config.strata is not None:
-            raise ValueError("MoELayer implements plain and multi-head MoE; build a Stratified MoE for strata")
         self.config = config
         if config.heads > 1:
             # MH-MoE App. E: multi-head layer xavier-uniform with gain 1/sqrt(2) and default bias; merge layer
@@ -104,8 +115,7 @@ class MoELayer(nn.Module):
         plan = plan_dispatch(
             routed.expert_SK, valid_S, config.num_experts, config.active_capacity_factor(self.training)
         )
-        compute_dtype = _compute_dtype(x_SD)
-        rows_CD = x_SD.to(compute_dtype).index_select(0, plan.token_C)
+        rows_CD = x_SD.to(compute_dtype(x_SD)).index_select(0, plan.token_C)
         y_CD = self.experts(rows_CD, plan.expert_C, plan.offsets_E)
         y_SD = combine(y_CD, plan, routed.weight_SK)
 
@@ -124,7 +134,7 @@ class MoELayer(nn.Module):
         return y, routing
 
 
-def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
     """The dtype expert GEMMs run in: the autocast dtype when autocast is on for x's device, else x's dtype."""
     device_type = x.device.type
     if torch.is_autocast_enabled(device_type):

@@ -95,10 +95,12 @@ class Router(nn.Module):
     """Scorer + gate + top-k + balance loss (X-MoE Eq. 7-9; GShard top-2)."""
 
     def __init__(self, config: MoEConfig, num_experts: int | None = None) -> None:
+        """``num_experts`` overrides the config's (a Stratified MoE gate scores its visible experts only); top-k is
+        capped at the number of experts scored."""
         super().__init__()
         self.gate = config.gate
-        self.top_k = config.top_k
         num_experts = config.num_experts if num_experts is None else num_experts
+        self.top_k = min(config.top_k, num_experts)
         if config.router == "xmoe":
             self.scorer = XMoEScorer(config.head_dim, num_experts, config.routing_dim, config.initial_temperature)
         else:
