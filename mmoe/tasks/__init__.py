@@ -1,0 +1,1 @@
+"""LightningModules for pre-training and fine-tuning, and checkpoint helpers."""
