@@ -1,0 +1,203 @@
+"""webdataset shards: writing them (atomically, byte-reproducibly), their manifest, and finding them again.
+
+A sample is a dict with ``__key__`` and one entry per file extension: ``jpg`` / ``png`` (image bytes), ``txt`` (str),
+``json`` (a JSON-serialisable dict), or any extension with bytes (NLVR2 samples hold ``left.png`` and ``right.png``).
+Each sample becomes the tar members ``<key>.<extension>``, which webdataset groups back into one sample.
+
+Shards are written as ``.<name>-000000.tar.tmp`` and renamed to ``<name>-000000.tar`` once closed, so a shard with
+its final name is always complete; ``manifest.json`` is written last, the same way.
+"""
+
+from __future__ import annotations
+
+import glob
+import io
+import json
+import os
+import tarfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from webdataset.shardlists import expand_urls
+
+MANIFEST = "manifest.json"
+
+
+def encode_value(extension: str, value: Any) -> bytes:
+    """Bytes stored for one sample entry: bytes as they are, str as UTF-8, dicts / lists for ``json`` as JSON."""
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if extension.endswith("json"):
+        return json.dumps(value, ensure_ascii=False, sort_keys=True).encode("utf-8")
+    raise TypeError(f"cannot store a {type(value).__name__} under extension {extension!r}; give bytes, str or json")
+
+
+def check_key(key: str) -> str:
+    """webdataset splits member names at the first dot of the file name: a key holds no dot and no slash."""
+    if not key or "." in key or "/" in key:
+        raise ValueError(f"sample key {key!r} must be non-empty without '.' or '/'")
+    return key
+
+
+class ShardWriter:
+    """Writes samples into ``<out>/<name>-%06d.tar`` shards of at most ``max_count`` samples / ``max_bytes`` bytes.
+
+    Members carry fixed metadata (mtime 0, mode 0o444, no owner), so the same samples give the same bytes.
+
+    Args:
+        out: output folder (created).
+        name: shard name prefix, e.g. ``vqav2-val2014``.
+        max_count: most samples per shard.
+        max_bytes: a shard is closed once it holds at least this many bytes of member data.
+    """
+
+    def __init__(self, out: str | os.PathLike, name: str, max_count: int = 1000, max_bytes: int = 1 << 30) -> None:
+        if max_count < 1 or max_bytes < 1:
+            raise ValueError(f"ShardWriter needs max_count >= 1 and max_bytes >= 1, got {max_count}, {max_bytes}")
+        self.out = Path(out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.name = name
+        self.max_count = max_count
+        self.max_bytes = max_bytes
+        self.shards: list[str] = []
+        self.samples = 0
+        self._tar: tarfile.TarFile | None = None
+        self._tmp: Path | None = None
+        self._count = 0
+        self._bytes = 0
+
+    def write(self, sample: Mapping[str, Any]) -> None:
+        """Adds one sample (``__key__`` plus extension -> value entries)."""
+        key = check_key(str(sample["__key__"]))
+        members = [(ext, encode_value(ext, value)) for ext, value in sample.items() if not ext.startswith("__")]
+        if not members:
+            raise ValueError(f"sample {key!r} has no data entries")
+        if self._tar is None:
+            self._open()
+        for extension, data in members:
+            info = tarfile.TarInfo(f"{key}.{extension}")
+            info.size, info.mtime, info.mode = len(data), 0, 0o444
+            self._tar.addfile(info, io.BytesIO(data))
+            self._bytes += len(data)
+        self._count += 1
+        self.samples += 1
+        if self._count >= self.max_count or self._bytes >= self.max_bytes:
+            self._close_shard()
+
+    def _open(self) -> None:
+        final = f"{self.name}-{len(self.shards):06d}.tar"
+        self._tmp = self.out / f".{final}.tmp"
+        self._tar = tarfile.open(self._tmp, "w", format=tarfile.USTAR_FORMAT)
+        self._count = self._bytes = 0
+
+    def _close_shard(self) -> None:
+        if self._tar is None:
+            return
+        self._tar.close()
+        final = f"{self.name}-{len(self.shards):06d}.tar"
+        os.replace(self._tmp, self.out / final)
+        self.shards.append(final)
+        self._tar = self._tmp = None
+
+    def close(self) -> list[str]:
+        """Finishes the last shard; returns the shard file names in order."""
+        self._close_shard()
+        return self.shards
+
+    def abort(self) -> None:
+        """Drops the shard being written (its temporary file); closed shards stay."""
+        if self._tar is not None:
+            self._tar.close()
+            self._tmp.unlink(missing_ok=True)
+            self._tar = self._tmp = None
+
+    def __enter__(self) -> ShardWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+@dataclass
+class Manifest:
+    """``manifest.json`` of a converted split.
+
+    Attributes:
+        name: dataset and split, e.g. ``vqav2-val2014``; the shards are ``<name>-000000.tar``, ...
+        samples: samples written.
+        skipped: samples left out (missing or unreadable images).
+        shards: number of shards.
+        shard_files: shard file names, in order.
+        skipped_examples: the first few skipped image paths with the reason.
+        extra: converter-specific facts (source files, answer vocabulary size, ...).
+    """
+
+    name: str
+    samples: int
+    skipped: int
+    shards: int
+    shard_files: list[str]
+    skipped_examples: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "samples": self.samples,
+            "skipped": self.skipped,
+            "shards": self.shards,
+            "shard_files": self.shard_files,
+            "skipped_examples": self.skipped_examples,
+            **self.extra,
+        }
+
+
+def write_json_atomic(path: str | os.PathLike, value: Any) -> None:
+    """Writes JSON to ``path`` through a temporary file and a rename."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(value, indent=2, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+
+
+def read_manifest(folder: str | os.PathLike) -> dict[str, Any]:
+    path = Path(folder) / MANIFEST
+    try:
+        manifest = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: not valid JSON ({error})") from None
+    if not isinstance(manifest, dict) or not {"name", "samples", "skipped", "shards"} <= manifest.keys():
+        raise ValueError(f"{path}: a manifest needs the keys name, samples, skipped, shards")
+    return manifest
+
+
+def resolve_shards(spec: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str]:
+    """Shard paths from a folder (its manifest's shards, else its ``*.tar`` files), a glob, a brace pattern
+    (``data-{000000..000009}.tar``), a single path, or a list of any of these. Raises if nothing matches."""
+    if isinstance(spec, (list, tuple)):
+        return [path for item in spec for path in resolve_shards(item)]
+    text = os.fspath(spec)
+    if os.path.isdir(text):
+        if os.path.exists(os.path.join(text, MANIFEST)):
+            manifest = read_manifest(text)
+            count, name = manifest["shards"], manifest["name"]
+            files = manifest.get("shard_files") or [f"{name}-{i:06d}.tar" for i in range(count)]
+            paths = [os.path.join(text, name) for name in files]
+        else:
+            paths = sorted(glob.glob(os.path.join(text, "*.tar")))
+    elif "{" in text:
+        paths = expand_urls(text)
+    elif any(char in text for char in "*?["):
+        paths = sorted(glob.glob(text))
+    else:
+        paths = [text]
+    if not paths:
+        raise FileNotFoundError(f"no shards found for {text!r}")
+    return paths

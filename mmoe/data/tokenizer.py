@@ -1,0 +1,98 @@
+"""Text tokenizer: open_clip's byte-level BPE (the CLIP vocabulary that ships inside the ``open_clip_torch`` wheel).
+
+Ids 0..49405 are BPE tokens, 49406 / 49407 are open_clip's start / end of text, and mmoe appends ``PAD_ID`` = 49408 and
+``MASK_ID`` = 49409, so the model's vocabulary is :data:`mmoe.model.config.DEFAULT_VOCAB_SIZE` = 49410. A sequence is
+``[start] + tokens + [end]``, truncated to ``max_length`` with the end token kept, right-padded with ``PAD_ID``; the
+padding mask is True at padding.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import torch
+
+#: open_clip's start / end of text ids; its BPE vocabulary holds 49,408 ids (0..49407).
+SOT_ID = 49406
+EOT_ID = 49407
+#: Ids appended after open_clip's vocabulary.
+PAD_ID = 49408
+MASK_ID = 49409
+#: Size of the model's text vocabulary (open_clip's 49,408 ids + pad + mask).
+VOCAB_SIZE = 49410
+#: Plain BPE ids lie in [0, NUM_BPE_TOKENS): what random replacement in masked language modeling draws from.
+NUM_BPE_TOKENS = SOT_ID
+SPECIAL_IDS = frozenset({SOT_ID, EOT_ID, PAD_ID, MASK_ID})
+
+
+@functools.lru_cache(maxsize=1)
+def _open_clip_bpe():
+    """One open_clip ``SimpleTokenizer`` per process (reading the vocabulary takes ~0.3 s)."""
+    from open_clip.tokenizer import SimpleTokenizer
+
+    bpe = SimpleTokenizer()
+    if (bpe.sot_token_id, bpe.eot_token_id, len(bpe.encoder)) != (SOT_ID, EOT_ID, NUM_BPE_TOKENS + 2):
+        raise RuntimeError(
+            f"open_clip's tokenizer changed: start={bpe.sot_token_id}, end={bpe.eot_token_id}, "
+            f"vocabulary={len(bpe.encoder)}; mmoe expects {SOT_ID}, {EOT_ID}, {NUM_BPE_TOKENS + 2}"
+        )
+    return bpe
+
+
+class TextTokenizer:
+    """open_clip BPE with mmoe's pad / mask ids, truncation and padding.
+
+    Picklable and cheap to copy: the BPE tables are loaded lazily once per process, so DataLoader workers do not
+    receive them through pickling.
+
+    Args:
+        max_length: longest sequence in tokens, start and end of text included (BEiT-3: 64; captioning: 32).
+    """
+
+    def __init__(self, max_length: int = 64) -> None:
+        if max_length < 2:
+            raise ValueError(f"TextTokenizer.max_length must be >= 2 (start and end of text), got {max_length!r}")
+        self.max_length = max_length
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of one text: start, BPE tokens (truncated), end; at most ``max_length`` ids."""
+        tokens = _open_clip_bpe().encode(text)[: self.max_length - 2]
+        return [SOT_ID, *tokens, EOT_ID]
+
+    def decode(self, ids: Sequence[int] | torch.Tensor) -> str:
+        """Text of a sequence of ids; stops at the end of text and leaves out start, pad and mask."""
+        if isinstance(ids, torch.Tensor):
+            ids = ids.tolist()
+        kept = []
+        for token in ids:
+            if token == EOT_ID:
+                break
+            if token not in SPECIAL_IDS:
+                kept.append(token)
+        return _open_clip_bpe().decode(kept).strip()
+
+    def pad(self, sequences: Sequence[Sequence[int]], length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Right-pads id lists into a batch.
+
+        Args:
+            sequences: id lists, each at most ``max_length`` long.
+            length: pad to this length; None = the longest sequence of the batch.
+
+        Returns:
+            ``ids`` (B, T) long and ``padding_mask`` (B, T) bool, True = padding.
+        """
+        longest = max((len(s) for s in sequences), default=0)
+        length = longest if length is None else length
+        if longest > length:
+            raise ValueError(f"a sequence of {longest} ids does not fit in length {length}")
+        ids = torch.full((len(sequences), length), PAD_ID, dtype=torch.long)
+        for row, sequence in enumerate(sequences):
+            ids[row, : len(sequence)] = torch.as_tensor(sequence, dtype=torch.long)
+        return ids, ids == PAD_ID
+
+    def __call__(self, texts: str | Sequence[str], length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Encodes and pads texts: ``ids`` (B, T) and ``padding_mask`` (B, T), True = padding."""
+        if isinstance(texts, str):
+            texts = [texts]
+        return self.pad([self.encode(text) for text in texts], length)

@@ -1,0 +1,42 @@
+"""Image transforms (BEiT-3 ``build_transform``): RandomResizedCrop + horizontal flip for training, resize + center
+crop for evaluation, bicubic, normalised with mean = std = 0.5 per channel (BEiT-3's IMAGENET_INCEPTION constants)."""
+
+from __future__ import annotations
+
+import io
+
+from PIL import Image
+from torchvision import transforms as T
+
+IMAGE_MEAN = (0.5, 0.5, 0.5)
+IMAGE_STD = (0.5, 0.5, 0.5)
+
+
+def train_transform(size: int, scale: tuple[float, float] = (0.5, 1.0), hflip: bool = True) -> T.Compose:
+    """RandomResizedCrop to ``size`` (area share in ``scale``, BEiT-3: 0.5..1), optional flip, tensor, normalise."""
+    stages = [T.RandomResizedCrop(size, scale=scale, interpolation=T.InterpolationMode.BICUBIC)]
+    if hflip:
+        stages.append(T.RandomHorizontalFlip())
+    stages += [T.ToTensor(), T.Normalize(IMAGE_MEAN, IMAGE_STD)]
+    return T.Compose(stages)
+
+
+def eval_transform(size: int) -> T.Compose:
+    """Resize the shorter side to ``size``, center crop ``size`` x ``size``, tensor, normalise."""
+    return T.Compose(
+        [
+            T.Resize(size, interpolation=T.InterpolationMode.BICUBIC),
+            T.CenterCrop(size),
+            T.ToTensor(),
+            T.Normalize(IMAGE_MEAN, IMAGE_STD),
+        ]
+    )
+
+
+def decode_image(data: bytes, min_side: int | None = None) -> Image.Image:
+    """Decodes image bytes to RGB. For JPEGs ``min_side`` lets libjpeg decode at a reduced scale (1/2, 1/4, 1/8)
+    that keeps both sides at least ``min_side`` pixels, which is much faster for large photos."""
+    image = Image.open(io.BytesIO(data))
+    if min_side is not None and image.format == "JPEG":
+        image.draft("RGB", (min_side, min_side))
+    return image.convert("RGB")
