@@ -2,6 +2,9 @@
 
 Subcommands:
 
+* ``mmoe fit|validate|test|predict --config configs/....yaml`` — LightningCLI over the mmoe tasks (``--help`` lists
+  every option; ``--print_config`` shows the resolved config).
+* ``mmoe tokenizer fit --data SHARDS --out codebook.pt`` — learn the visual codebook for masked image modeling.
 * ``mmoe moe-info --moe.dim 768 --moe.ffn_dim 3072 --moe.num_experts 8 [--moe.heads 4 ...]`` — parameters, active
   parameters and forward FLOPs per token of one MoE layer against the dense FFN it replaces (JSON on stdout). Every
   :class:`mmoe.moe.MoEConfig` field is an option; ``--moe config.yaml`` reads them from a file.
@@ -17,6 +20,7 @@ from jsonargparse import ArgumentParser
 
 from mmoe.moe import MoEConfig, MoELayer
 from mmoe.moe.cost import active_parameters_per_token, flops_per_token, moe_parameter_count
+from mmoe.tasks.cli import LIGHTNING_SUBCOMMANDS, lightning_command, tokenizer_command
 
 
 def moe_info(argv: Sequence[str]) -> int:
@@ -41,7 +45,11 @@ def moe_info(argv: Sequence[str]) -> int:
     return 0
 
 
-COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {"moe-info": moe_info}
+COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
+    "moe-info": moe_info,
+    **{name: lightning_command for name in LIGHTNING_SUBCOMMANDS},
+    "tokenizer": tokenizer_command,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -53,7 +61,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"mmoe: unknown command {argv[0]!r}; expected one of: {known}", file=sys.stderr)
             return 2
         return 0
-    return COMMANDS[argv[0]](argv[1:])
+    command = argv[0]
+    return COMMANDS[command](argv if command in LIGHTNING_SUBCOMMANDS else argv[1:])
 
 
 if __name__ == "__main__":

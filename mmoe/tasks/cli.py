@@ -1,0 +1,66 @@
+"""``mmoe fit | validate | test | predict`` through LightningCLI, and ``mmoe tokenizer fit``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+import lightning as L
+from lightning.pytorch.cli import LightningCLI
+
+LIGHTNING_SUBCOMMANDS = ("fit", "validate", "test", "predict")
+
+
+class MMoECLI(LightningCLI):
+    """LightningCLI over any mmoe task (``model.class_path``) and DataModule (``data.class_path``).
+
+    Every knob is a typed ``__init__`` argument, so ``mmoe fit --help`` and ``--print_config`` explain the run, and
+    an unknown key in a config is an error.
+    """
+
+
+def lightning_command(argv: Sequence[str]) -> int:
+    MMoECLI(
+        L.LightningModule,
+        L.LightningDataModule,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
+        # From the console script argv is sys.argv[1:] itself; LightningCLI reads that when args is None.
+        args=None if list(argv) == sys.argv[1:] else list(argv),
+        save_config_kwargs={"overwrite": True},
+        auto_configure_optimizers=False,
+    )
+    return 0
+
+
+def tokenizer_command(argv: Sequence[str]) -> int:
+    """``mmoe tokenizer fit --data SHARDS --out codebook.pt``: learn the visual codebook (MIM targets)."""
+    parser = argparse.ArgumentParser(prog="mmoe tokenizer", description=tokenizer_command.__doc__)
+    sub = parser.add_subparsers(dest="action", required=True)
+    fit = sub.add_parser("fit", help="k-means visual codebook over patches of training images")
+    fit.add_argument("--data", required=True, nargs="+", help="shard files, directories or brace patterns with images")
+    fit.add_argument("--out", required=True, help="codebook file to write")
+    fit.add_argument("--size", type=int, default=512, help="number of visual tokens K")
+    fit.add_argument("--image-size", type=int, default=64, help="image side the backbone sees")
+    fit.add_argument("--patch-size", type=int, default=16)
+    fit.add_argument("--pool", type=int, default=4, help="patches are average-pooled to pool x pool")
+    fit.add_argument("--max-patches", type=int, default=200_000)
+    fit.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(list(argv))
+
+    from mmoe.data.pipelines import eval_image_batches
+    from mmoe.tasks.visual_codebook import fit_codebook
+
+    try:
+        batches = eval_image_batches(args.data, image_size=args.image_size, batch_size=64)
+        codebook = fit_codebook(
+            batches, args.size, args.patch_size, args.pool, max_patches=args.max_patches, seed=args.seed
+        )
+    except (FileNotFoundError, ValueError) as error:
+        print(f"mmoe tokenizer fit: {error}", file=sys.stderr)
+        return 2
+    codebook.save(args.out)
+    print(json.dumps({"codebook": args.out, "size": codebook.size, "patch_size": args.patch_size}))
+    return 0

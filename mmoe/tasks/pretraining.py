@@ -1,0 +1,191 @@
+"""Masked data modeling pre-training (BEiT-3, Wang et al., 2023, §2.2) of a multiway MoE backbone.
+
+One objective over three kinds of batches: masked image modeling on images (block-wise masks, predict the visual
+tokens of the masked patches), masked language modeling on texts and masked vision-language modeling on image-text
+pairs (predict the masked text tokens, optionally also masked patches). Total loss (X-MoE Eq. 10) = masked-modeling
+loss + alpha * (sum over MoE layers of the balance losses; ``balance_reduce="mean"`` averages them instead, as
+Stratified MoE does over blocks).
+
+Batch contract (from :mod:`mmoe.data` pre-training loaders): a dict with ``kind`` in {"image", "text", "pair"} and
+
+* ``image`` (B, 3, H, W), ``image_mask`` (B, N) bool (True = masked patch) — image and pair batches;
+* ``text_ids`` (B, T) masked input ids, ``text_targets`` (B, T) original ids, ``text_mask`` (B, T) bool positions to
+  predict, ``text_padding_mask`` (B, T) bool — text and pair batches;
+
+or a dict mapping kinds to such batches (one optimisation step over all of them).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mmoe.model import MultiwayConfig, MultiwayTransformer
+from mmoe.moe import RoutingRecord, restore_expert_embedding_norm
+from mmoe.tasks.visual_codebook import PatchCodebook
+
+KINDS = ("image", "text", "pair")
+#: Parameters kept out of weight decay besides biases and norms (BEiT-3's optimiser factory, plus the X-MoE router's
+#: expert embeddings, whose norm is fixed, and its temperature).
+NO_DECAY = ("cls_token", "mask_token", "vision_positions", "text_positions", "expert_embeddings", "log_temperature")
+
+
+class MaskedPretraining(L.LightningModule):
+    """Pre-train a :class:`MultiwayTransformer` with masked image / language / vision-language modeling.
+
+    Args:
+        backbone: the backbone configuration (a preset's fields; ``moe`` decides dense, Switch, X-MoE, MH-MoE or
+            Stratified).
+        visual_codebook: path of the visual codebook made by ``mmoe tokenizer fit`` (the MIM targets).
+        balance_coefficient: alpha, the weight of the balance losses (X-MoE Eq. 10; 1e-2 in X-MoE and MH-MoE).
+        balance_reduce: ``"sum"`` adds the MoE layers' balance losses (MH-MoE code); ``"mean"`` averages them.
+        learning_rate: peak AdamW learning rate.
+        betas: AdamW betas (BEiT-3 / MH-MoE App. C: 0.9, 0.98).
+        eps: AdamW epsilon (1e-6).
+        weight_decay: AdamW weight decay (0.05); biases, norms, position tables, CLS/mask tokens and X-MoE router
+            embeddings/temperatures get none.
+        warmup_steps: linear warm-up steps, then cosine decay to ``min_lr_ratio * learning_rate`` at ``total_steps``.
+        total_steps: length of the cosine schedule; None = the trainer's estimated stepping batches.
+        min_lr_ratio: final learning rate as a share of the peak.
+    """
+
+    def __init__(
+        self,
+        backbone: MultiwayConfig,
+        visual_codebook: str,
+        balance_coefficient: float = 1e-2,
+        balance_reduce: Literal["sum", "mean"] = "sum",
+        learning_rate: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.98),
+        eps: float = 1e-6,
+        weight_decay: float = 0.05,
+        warmup_steps: int = 100,
+        total_steps: int | None = None,
+        min_lr_ratio: float = 0.01,
+    ) -> None:
+        super().__init__()
+        if balance_reduce not in ("sum", "mean"):
+            raise ValueError(f"model.balance_reduce must be 'sum' or 'mean', got {balance_reduce!r}")
+        self.save_hyperparameters()
+        self.backbone = MultiwayTransformer(backbone)
+        self.codebook = PatchCodebook.load(visual_codebook)
+        if self.codebook.patch_size != backbone.patch_size:
+            raise ValueError(
+                f"visual codebook {visual_codebook} was fitted on {self.codebook.patch_size}-px patches, "
+                f"but backbone.patch_size={backbone.patch_size}"
+            )
+        self.mim_head = nn.Linear(backbone.dim, self.codebook.size)
+        self.mlm_head = nn.Linear(backbone.dim, backbone.vocab_size)
+        for head in (self.mim_head, self.mlm_head):
+            nn.init.trunc_normal_(head.weight, std=0.02, a=-0.02, b=0.02)
+            nn.init.zeros_(head.bias)
+
+    # ----------------------------------------------------------------------------------------------- objective
+    def masked_losses(self, batch: dict) -> tuple[dict[str, torch.Tensor], list[RoutingRecord]]:
+        """Cross-entropy of each masked-modeling target present in one single-kind batch, and the routing."""
+        kind = batch["kind"]
+        if kind not in KINDS:
+            raise ValueError(f"batch kind must be one of {KINDS}, got {kind!r}")
+        image = batch.get("image") if kind != "text" else None
+        text = batch.get("text_ids") if kind != "image" else None
+        image_mask = batch.get("image_mask") if image is not None else None
+        out = self.backbone(
+            image=image, text=text, text_padding_mask=batch.get("text_padding_mask"), image_mask=image_mask
+        )
+        losses = {}
+        if image_mask is not None and bool(image_mask.any()):
+            targets = self.codebook.encode(image)[image_mask]
+            logits = self.mim_head(out.image_hidden[:, 1:][image_mask])
+            losses["image" if kind == "image" else "pair_image"] = F.cross_entropy(logits.float(), targets)
+        if text is not None:
+            text_mask = batch["text_mask"]
+            logits = self.mlm_head(out.text_hidden[text_mask])
+            losses["text" if kind == "text" else "pair"] = F.cross_entropy(
+                logits.float(), batch["text_targets"][text_mask]
+            )
+        return losses, out.routing
+
+    def balance_loss(self, routing: list[RoutingRecord]) -> torch.Tensor:
+        if not routing:
+            return torch.zeros((), device=self.device)
+        losses = torch.stack([record.balance_loss for record in routing])
+        return losses.mean() if self.hparams.balance_reduce == "mean" else losses.sum()
+
+    def _step(self, batch: dict, stage: str) -> tuple[torch.Tensor, list[RoutingRecord]]:
+        batches = [batch] if "kind" in batch else [b for b in batch.values() if b is not None]
+        masked, routing = {}, []
+        for single in batches:
+            losses, records = self.masked_losses(single)
+            masked.update(losses)
+            routing.extend(records)
+        task_loss = torch.stack(list(masked.values())).sum()
+        balance = self.balance_loss(routing)
+        loss = task_loss + self.hparams.balance_coefficient * balance
+        size = len(batches[0].get("image", batches[0].get("text_ids")))
+        log = {f"{stage}/{name}_loss": value.detach() for name, value in masked.items()}
+        log |= {f"{stage}/{name}_ppl": value.detach().exp() for name, value in masked.items()}
+        log[f"{stage}/loss"] = loss.detach()
+        log[f"{stage}/balance_loss"] = balance.detach()
+        if routing:
+            log[f"{stage}/dropped_fraction"] = torch.stack([r.dropped_fraction for r in routing]).mean()
+            log[f"{stage}/requested_capacity"] = torch.stack([r.requested_capacity for r in routing]).float().mean()
+        self.log_dict(log, batch_size=size, prog_bar=False, sync_dist=stage != "train")
+        self.log(
+            f"{stage}_loss", loss.detach(), batch_size=size, prog_bar=True, logger=False, sync_dist=stage != "train"
+        )
+        return loss, routing
+
+    def training_step(self, batch: dict, batch_idx: int) -> dict:
+        loss, routing = self._step(batch, "train")
+        return {"loss": loss, "routing": [_detached(record) for record in routing]}
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        self._step(batch, "val")
+
+    def optimizer_step(self, *args, **kwargs) -> None:
+        super().optimizer_step(*args, **kwargs)
+        # X-MoE keeps the expert embeddings at norm 0.1 (§3.1): restored after every optimiser step (not in a
+        # zero-grad hook, which Lightning runs between the forward and the backward).
+        restore_expert_embedding_norm(self.backbone)
+
+    # ----------------------------------------------------------------------------------------------- optimiser
+    def configure_optimizers(self):
+        hparams = self.hparams
+        decay, no_decay = [], []
+        for name, parameter in self.named_parameters():
+            if not parameter.requires_grad:
+                continue
+            skip = parameter.ndim < 2 or name.endswith(".bias") or name.split(".")[-1] in NO_DECAY
+            (no_decay if skip else decay).append(parameter)
+        optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": hparams.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=hparams.learning_rate,
+            betas=tuple(hparams.betas),
+            eps=hparams.eps,
+        )
+        total = hparams.total_steps or max(1, int(self.trainer.estimated_stepping_batches))
+        schedule = warmup_cosine(hparams.warmup_steps, total, hparams.min_lr_ratio)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def warmup_cosine(warmup_steps: int, total_steps: int, min_ratio: float):
+    """Learning-rate multiplier: linear warm-up to 1 over ``warmup_steps``, cosine decay to ``min_ratio``."""
+
+    def multiplier(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return multiplier
+
+
+def _detached(record: RoutingRecord) -> RoutingRecord:
+    record.balance_loss = record.balance_loss.detach()
+    return record
