@@ -141,3 +141,25 @@ def test_warmup_cosine_schedule():
 def test_codebook_patch_size_must_match(codebook_path):
     with pytest.raises(ValueError, match="backbone.patch_size=8"):
         MaskedPretraining(MultiwayConfig(**(BACKBONE | {"patch_size": 8})), codebook_path)
+
+
+@pytest.mark.slow
+def test_teacher_feature_target_from_open_clip_weights_on_disk(tmp_path):
+    import open_clip
+
+    weights = tmp_path / "teacher.pt"
+    torch.save(open_clip.create_model("ViT-S-32").state_dict(), weights)  # stands in for weights a user has
+    task = MaskedPretraining(MultiwayConfig(**BACKBONE), teacher_checkpoint=str(weights), teacher_model="ViT-S-32")
+    assert not any(name.startswith("_teacher") for name in task.state_dict())
+    assert task.mim_head.out_features == 384
+    losses, _ = task.masked_losses(make_batches(1)[0])
+    assert set(losses) == {"image_cosine"} and 0.0 < losses["image_cosine"].item() < 2.0
+    losses["image_cosine"].backward()
+    assert task.mim_head.weight.grad.abs().sum() > 0
+
+
+def test_exactly_one_image_target(codebook_path, tmp_path):
+    with pytest.raises(ValueError, match="exactly one of model.visual_codebook and model.teacher_checkpoint"):
+        MaskedPretraining(MultiwayConfig(**BACKBONE))
+    with pytest.raises(FileNotFoundError, match="teacher_checkpoint"):
+        MaskedPretraining(MultiwayConfig(**BACKBONE), teacher_checkpoint=str(tmp_path / "missing.pt"))

@@ -18,6 +18,7 @@ or a dict mapping kinds to such batches (one optimisation step over all of them)
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Literal
 
 import lightning as L
@@ -41,7 +42,12 @@ class MaskedPretraining(L.LightningModule):
     Args:
         backbone: the backbone configuration (a preset's fields; ``moe`` decides dense, Switch, X-MoE, MH-MoE or
             Stratified).
-        visual_codebook: path of the visual codebook made by ``mmoe tokenizer fit`` (the MIM targets).
+        visual_codebook: path of the visual codebook made by ``mmoe tokenizer fit``: MIM predicts the visual token of
+            each masked patch (a K-way classification with a perplexity).
+        teacher_checkpoint: path of open_clip weights on disk; when given, MIM instead regresses the teacher's
+            last-block patch features (resampled to the backbone's patch grid) with a cosine loss. Semantic targets,
+            but they need weights a user already has, cost a teacher forward per image batch, and have no perplexity.
+        teacher_model: the open_clip model name the weights belong to (e.g. ``ViT-B-16``).
         balance_coefficient: alpha, the weight of the balance losses (X-MoE Eq. 10; 1e-2 in X-MoE and MH-MoE).
         balance_reduce: ``"sum"`` adds the MoE layers' balance losses (MH-MoE code); ``"mean"`` averages them.
         learning_rate: peak AdamW learning rate.
@@ -57,7 +63,9 @@ class MaskedPretraining(L.LightningModule):
     def __init__(
         self,
         backbone: MultiwayConfig,
-        visual_codebook: str,
+        visual_codebook: str | None = None,
+        teacher_checkpoint: str | None = None,
+        teacher_model: str = "ViT-B-16",
         balance_coefficient: float = 1e-2,
         balance_reduce: Literal["sum", "mean"] = "sum",
         learning_rate: float = 1e-3,
@@ -73,13 +81,22 @@ class MaskedPretraining(L.LightningModule):
             raise ValueError(f"model.balance_reduce must be 'sum' or 'mean', got {balance_reduce!r}")
         self.save_hyperparameters()
         self.backbone = MultiwayTransformer(backbone)
-        self.codebook = PatchCodebook.load(visual_codebook)
-        if self.codebook.patch_size != backbone.patch_size:
-            raise ValueError(
-                f"visual codebook {visual_codebook} was fitted on {self.codebook.patch_size}-px patches, "
-                f"but backbone.patch_size={backbone.patch_size}"
-            )
-        self.mim_head = nn.Linear(backbone.dim, self.codebook.size)
+        if (visual_codebook is None) == (teacher_checkpoint is None):
+            raise ValueError("set exactly one of model.visual_codebook and model.teacher_checkpoint (the MIM target)")
+        self.codebook = None
+        self._teacher: list[nn.Module] = []  # a list keeps the frozen teacher out of state_dict and the optimiser
+        if visual_codebook is not None:
+            self.codebook = PatchCodebook.load(visual_codebook)
+            if self.codebook.patch_size != backbone.patch_size:
+                raise ValueError(
+                    f"visual codebook {visual_codebook} was fitted on {self.codebook.patch_size}-px patches, "
+                    f"but backbone.patch_size={backbone.patch_size}"
+                )
+            self.mim_head = nn.Linear(backbone.dim, self.codebook.size)
+        else:
+            teacher = load_teacher(teacher_model, teacher_checkpoint)
+            self._teacher.append(teacher)
+            self.mim_head = nn.Linear(backbone.dim, teacher_width(teacher))
         self.mlm_head = nn.Linear(backbone.dim, backbone.vocab_size)
         for head in (self.mim_head, self.mlm_head):
             nn.init.trunc_normal_(head.weight, std=0.02, a=-0.02, b=0.02)
@@ -99,9 +116,14 @@ class MaskedPretraining(L.LightningModule):
         )
         losses = {}
         if image_mask is not None and bool(image_mask.any()):
-            targets = self.codebook.encode(image)[image_mask]
-            logits = self.mim_head(out.image_hidden[:, 1:][image_mask])
-            losses["image" if kind == "image" else "pair_image"] = F.cross_entropy(logits.float(), targets)
+            predicted = self.mim_head(out.image_hidden[:, 1:][image_mask]).float()
+            name = "image" if kind == "image" else "pair_image"
+            if self.codebook is not None:
+                losses[name] = F.cross_entropy(predicted, self.codebook.encode(image)[image_mask])
+            else:
+                grid = self.hparams.backbone.image_size // self.hparams.backbone.patch_size
+                targets = teacher_patch_features(self._teacher[0], image, grid)[image_mask]
+                losses[f"{name}_cosine"] = 1 - F.cosine_similarity(predicted, targets, dim=-1).mean()
         if text is not None:
             text_mask = batch["text_mask"]
             logits = self.mlm_head(out.text_hidden[text_mask])
@@ -128,7 +150,7 @@ class MaskedPretraining(L.LightningModule):
         loss = task_loss + self.hparams.balance_coefficient * balance
         size = len(batches[0].get("image", batches[0].get("text_ids")))
         log = {f"{stage}/{name}_loss": value.detach() for name, value in masked.items()}
-        log |= {f"{stage}/{name}_ppl": value.detach().exp() for name, value in masked.items()}
+        log |= {f"{stage}/{name}_ppl": value.detach().exp() for name, value in masked.items() if "cosine" not in name}
         log[f"{stage}/loss"] = loss.detach()
         log[f"{stage}/balance_loss"] = balance.detach()
         if routing:
@@ -172,6 +194,46 @@ class MaskedPretraining(L.LightningModule):
         schedule = warmup_cosine(hparams.warmup_steps, total, hparams.min_lr_ratio)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def load_teacher(model_name: str, checkpoint: str) -> nn.Module:
+    """A frozen open_clip vision tower from weights on disk (nothing is downloaded)."""
+    import open_clip
+
+    if not Path(checkpoint).is_file():
+        raise FileNotFoundError(f"model.teacher_checkpoint {checkpoint} does not exist")
+    if model_name not in open_clip.list_models():
+        raise ValueError(f"model.teacher_model {model_name!r} is not an open_clip model name")
+    visual = open_clip.create_model(model_name, pretrained=checkpoint).visual.eval()
+    visual.requires_grad_(False)
+    return visual
+
+
+def teacher_width(visual: nn.Module) -> int:
+    probe = torch.zeros(1, 3, *visual.image_size)
+    with torch.no_grad():
+        return visual.forward_intermediates(probe, indices=1, output_fmt="NLC", intermediates_only=True)[
+            "image_intermediates"
+        ][0].shape[-1]
+
+
+@torch.no_grad()
+def teacher_patch_features(visual: nn.Module, image: torch.Tensor, grid: int) -> torch.Tensor:
+    """Last-block patch features of the teacher for (B, 3, H, W) images normalised with mean = std = 0.5, average-
+    pooled to the backbone's ``grid x grid`` patches: (B, grid^2, C)."""
+    from open_clip import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
+
+    visual.to(image.device)
+    pixels = image.float() * 0.5 + 0.5
+    mean = torch.tensor(OPENAI_DATASET_MEAN, device=image.device)[:, None, None]
+    std = torch.tensor(OPENAI_DATASET_STD, device=image.device)[:, None, None]
+    pixels = F.interpolate(pixels, size=tuple(visual.image_size), mode="bicubic", align_corners=False)
+    features = visual.forward_intermediates((pixels - mean) / std, indices=1, output_fmt="NLC", intermediates_only=True)
+    tokens = features["image_intermediates"][0]  # (B, prefix + g*g, C)
+    side = int(math.isqrt(tokens.shape[1]))
+    patches = tokens[:, tokens.shape[1] - side * side :]
+    feature_map = patches.transpose(1, 2).reshape(tokens.shape[0], -1, side, side)
+    return F.adaptive_avg_pool2d(feature_map, grid).flatten(2).transpose(1, 2)
 
 
 def warmup_cosine(warmup_steps: int, total_steps: int, min_ratio: float):
