@@ -337,3 +337,16 @@ def test_cuda_bf16_forward_backward():
         out = backbone(image=image, text=text, text_padding_mask=padding)
     (out.hidden.float().square().mean() + sum(r.balance_loss for r in out.routing)).backward()
     assert torch.isfinite(backbone.patch_embed.weight.grad).all()
+
+
+def test_moe_plan_mirrors_every_moe_config_routing_field():
+    import dataclasses
+
+    from mmoe.moe import MoEConfig
+
+    plan_fields = {f.name: f.default for f in dataclasses.fields(MoEPlan)}
+    for field in dataclasses.fields(MoEConfig):
+        if field.init and field.name not in ("dim", "ffn_dim", "subln"):
+            assert field.name in plan_fields, field.name
+            if field.default is not dataclasses.MISSING:
+                assert plan_fields[field.name] == field.default, field.name
