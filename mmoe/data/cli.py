@@ -1,0 +1,141 @@
+"""``mmoe data``: convert datasets to shards, and build the synthetic default corpus.
+
+```
+mmoe data convert vqav2 --questions Q.json [--annotations A.json] --images DIR --out OUT [--answer-vocab answers.json]
+mmoe data convert coco-captions (--annotations captions_*.json | --karpathy dataset_coco.json --split S) --images DIR --out OUT
+mmoe data convert nlvr2 --data dev.json --images DIR --out OUT
+mmoe data convert images --images DIR --out OUT [--name images]
+mmoe data convert tsv --tsv pairs.tsv --images DIR --out OUT [--name pairs]
+mmoe data convert text --text corpus.txt [more.txt ...] --out OUT [--name text]
+mmoe data synth --out DIR [--size tiny|small|medium|large] [--seed 0] [--shards]
+```
+
+Each ``convert`` prints its manifest (JSON) on stdout; skipped images go to stderr.
+"""  # noqa: E501
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from collections.abc import Sequence
+
+from mmoe.data.converters import (
+    ConversionError,
+    convert_coco_captions,
+    convert_images,
+    convert_karpathy,
+    convert_nlvr2,
+    convert_text,
+    convert_tsv,
+    convert_vqav2,
+)
+
+
+def _common(parser: argparse.ArgumentParser, name_default: str | None = None) -> None:
+    parser.add_argument("--out", required=True, help="output folder for this split's shards and manifest.json")
+    parser.add_argument("--shard-size", type=int, default=1000, help="samples per shard (default 1000)")
+    hint = f"(default {name_default})" if name_default else "(default: dataset and split, e.g. vqav2-val2014)"
+    parser.add_argument("--name", default=name_default, help=f"shard name prefix {hint}")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mmoe data", description="Build webdataset shards and the synthetic corpus.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    convert = commands.add_parser("convert", help="convert a dataset's original files to shards")
+    sources = convert.add_subparsers(dest="source", required=True)
+
+    vqa = sources.add_parser("vqav2", help="VQAv2 questions (+ annotations) and COCO images")
+    vqa.add_argument("--questions", required=True, help="v2_OpenEnded_mscoco_<subtype>_questions.json")
+    vqa.add_argument("--annotations", help="v2_mscoco_<subtype>_annotations.json (absent for test splits)")
+    vqa.add_argument("--images", required=True, help="COCO image folder (images in it or in <subtype>/)")
+    vqa.add_argument("--answer-vocab", help="answers.json written by the training split (other annotated splits)")
+    vqa.add_argument("--min-answer-count", type=int, default=9, help="vocabulary threshold when building (9)")
+    _common(vqa)
+
+    coco = sources.add_parser("coco-captions", help="COCO captions (official file or Karpathy split)")
+    which = coco.add_mutually_exclusive_group(required=True)
+    which.add_argument("--annotations", help="captions_<subtype>.json")
+    which.add_argument("--karpathy", help="dataset_coco.json (with --split)")
+    coco.add_argument("--split", help="Karpathy split(s): train, restval, val, test; e.g. train,restval")
+    coco.add_argument("--images", required=True, help="COCO image folder")
+    _common(coco)
+
+    nlvr2 = sources.add_parser("nlvr2", help="NLVR2 JSON lines and images")
+    nlvr2.add_argument("--data", required=True, help="train.json, dev.json or test1.json")
+    nlvr2.add_argument("--images", required=True, help="folder searched recursively for <split>-<set>-<pair>-img*.png")
+    _common(nlvr2)
+
+    images = sources.add_parser("images", help="an image folder (image-only pre-training samples)")
+    images.add_argument("--images", required=True, help="folder, searched recursively")
+    _common(images, "images")
+
+    tsv = sources.add_parser("tsv", help="image<TAB>caption lines (pre-training pairs)")
+    tsv.add_argument("--tsv", required=True, help="the TSV file")
+    tsv.add_argument("--images", required=True, help="folder the image paths are relative to")
+    _common(tsv, "pairs")
+
+    text = sources.add_parser("text", help="text files, one sample per non-empty line")
+    text.add_argument("--text", required=True, nargs="+", help="one or more text files")
+    _common(text, "text")
+
+    synth = commands.add_parser("synth", help="generate the synthetic corpus in the benchmarks' formats")
+    synth.add_argument("--out", required=True, help="corpus root, laid out as data/README.md documents")
+    synth.add_argument("--size", choices=("tiny", "small", "medium", "large"), default="small", help="(small)")
+    synth.add_argument("--seed", type=int, default=0, help="generator seed (0)")
+    for field in ("train_images", "val_images", "test_images", "questions_per_image", "nlvr2_train_sets",
+                  "nlvr2_eval_sets", "texts", "image_size"):  # fmt: skip
+        synth.add_argument(f"--{field.replace('_', '-')}", type=int, help="override the size preset")
+    synth.add_argument("--shards", action="store_true", help="also convert every split into OUT/shards/<name>/")
+    return parser
+
+
+def _convert(args: argparse.Namespace):
+    if args.source == "vqav2":
+        return convert_vqav2(
+            args.questions, args.images, args.out, args.annotations, args.answer_vocab, args.min_answer_count,
+            args.shard_size, args.name,
+        )  # fmt: skip
+    if args.source == "coco-captions":
+        if args.karpathy:
+            if not args.split:
+                raise ConversionError("--karpathy needs --split (train, restval, val, test, or e.g. train,restval)")
+            return convert_karpathy(args.karpathy, args.split, args.images, args.out, args.shard_size, args.name)
+        if args.split:
+            raise ConversionError("--split applies to --karpathy only")
+        return convert_coco_captions(args.annotations, args.images, args.out, args.shard_size, args.name)
+    if args.source == "nlvr2":
+        return convert_nlvr2(args.data, args.images, args.out, args.shard_size, args.name)
+    if args.source == "images":
+        return convert_images(args.images, args.out, args.shard_size, args.name)
+    if args.source == "tsv":
+        return convert_tsv(args.tsv, args.images, args.out, args.shard_size, args.name)
+    return convert_text(args.text, args.out, args.shard_size, args.name)
+
+
+def _synth(args: argparse.Namespace) -> dict:
+    from mmoe.data.synth.convert import convert_layout
+    from mmoe.data.synth.corpus import SIZES, build_corpus
+
+    overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(SIZES[args.size])}
+    sizes = dataclasses.replace(SIZES[args.size], **{k: v for k, v in overrides.items() if v is not None})
+    summary = build_corpus(args.out, args.seed, sizes)
+    if args.shards:
+        manifests = convert_layout(args.out, f"{args.out}/shards")
+        summary["shards"] = {name: m.samples for name, m in manifests.items()}
+    return summary
+
+
+def data_command(argv: Sequence[str]) -> int:
+    """Runs ``mmoe data ...``; returns the exit status (2 for bad input, with the reason on stderr)."""
+    parser = _parser()
+    args = parser.parse_args(list(argv))
+    try:
+        result = _convert(args).to_json() if args.command == "convert" else _synth(args)
+    except ConversionError as error:
+        print(f"mmoe data {args.command}: error: {error}", file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=2))
+    return 0

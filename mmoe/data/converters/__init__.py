@@ -1,0 +1,20 @@
+"""Converters from the benchmarks' original files (VQAv2, COCO captions, NLVR2) and from generic pre-training
+corpora to webdataset shards with a ``manifest.json``."""
+
+from mmoe.data.converters.coco import convert_coco_captions, convert_karpathy
+from mmoe.data.converters.common import ConversionError
+from mmoe.data.converters.corpora import convert_images, convert_text, convert_tsv
+from mmoe.data.converters.nlvr2 import convert_nlvr2, image_names
+from mmoe.data.converters.vqav2 import convert_vqav2
+
+__all__ = [
+    "ConversionError",
+    "convert_coco_captions",
+    "convert_images",
+    "convert_karpathy",
+    "convert_nlvr2",
+    "convert_text",
+    "convert_tsv",
+    "convert_vqav2",
+    "image_names",
+]

@@ -1,0 +1,86 @@
+"""Pre-training corpora -> shards: image folders (image-only), image-caption TSV files (pairs), text files
+(text-only, one text per line)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from mmoe.data.converters.common import IMAGE_SUFFIXES, ConversionError, Skip, with_image, write_split
+from mmoe.data.shards import Manifest
+
+
+def _read_lines(path: Path) -> list[str]:
+    try:
+        return path.read_text(encoding="utf-8").splitlines()
+    except OSError as error:
+        raise ConversionError(f"{path}: cannot read ({error.strerror or error})") from None
+    except UnicodeDecodeError as error:
+        raise ConversionError(f"{path}: not UTF-8 text (byte {error.start})") from None
+
+
+def convert_images(
+    images: str | os.PathLike, out: str | os.PathLike, shard_size: int = 1000, name: str = "images"
+) -> Manifest:
+    """Every image under ``images`` (recursive, sorted; .jpg .jpeg .png .webp) as an image-only sample with
+    ``json`` = ``path`` (relative to ``images``)."""
+    root = Path(images)
+    if not root.is_dir():
+        raise ConversionError(f"--images {root}: not a folder")
+    paths = sorted(p for p in root.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+    if not paths:
+        raise ConversionError(f"--images {root}: no {'/'.join(IMAGE_SUFFIXES)} files under it")
+
+    def samples() -> Iterator[dict[str, Any] | Skip]:
+        for index, path in enumerate(paths):
+            yield with_image({"__key__": f"{index:09d}", "json": {"path": str(path.relative_to(root))}}, path)
+
+    return write_split(out, name, samples(), shard_size, {"source": {"images": str(root)}})
+
+
+def convert_tsv(
+    tsv: str | os.PathLike,
+    images: str | os.PathLike,
+    out: str | os.PathLike,
+    shard_size: int = 1000,
+    name: str = "pairs",
+) -> Manifest:
+    """Image-text pairs from a TSV file of ``image_path<TAB>caption`` lines (paths relative to ``images``); each
+    sample holds the image, ``txt`` and ``json`` = ``path``, ``line``."""
+    tsv, root = Path(tsv), Path(images)
+    rows = []
+    for number, line in enumerate(_read_lines(tsv), start=1):
+        if not line.strip():
+            continue
+        parts = line.split("\t")
+        if len(parts) != 2 or not parts[0].strip() or not parts[1].strip():
+            raise ConversionError(f"{tsv}:{number}: expected 'image_path<TAB>caption', got {line[:80]!r}")
+        rows.append((number, parts[0].strip(), parts[1].strip()))
+
+    def samples() -> Iterator[dict[str, Any] | Skip]:
+        for index, (number, path, caption) in enumerate(rows):
+            sample = {"__key__": f"{index:09d}", "txt": caption, "json": {"path": path, "line": number}}
+            yield with_image(sample, root / path)
+
+    return write_split(out, name, samples(), shard_size, {"source": {"tsv": str(tsv), "images": str(root)}})
+
+
+def convert_text(
+    texts: Sequence[str | os.PathLike], out: str | os.PathLike, shard_size: int = 1000, name: str = "text"
+) -> Manifest:
+    """Text-only samples, one per non-empty line of each file; ``json`` = ``file``, ``line``."""
+    if not texts:
+        raise ConversionError("--text: give at least one file")
+    files = [(Path(path), _read_lines(Path(path))) for path in texts]
+
+    def samples() -> Iterator[dict[str, Any]]:
+        index = 0
+        for path, lines in files:
+            for number, line in enumerate(lines, start=1):
+                if line.strip():
+                    yield {"__key__": f"{index:09d}", "txt": line.strip(), "json": {"file": path.name, "line": number}}
+                    index += 1
+
+    return write_split(out, name, samples(), shard_size, {"source": {"text": [str(path) for path, _ in files]}})

@@ -1,0 +1,134 @@
+"""The synthetic default corpus: deterministic, in the official formats, and readable by the converters."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mmoe.cli import main
+from mmoe.data.answers import normalize_answer
+from mmoe.data.converters import image_names
+from mmoe.data.synth.corpus import SIZES, build_corpus
+from mmoe.data.synth.language import captions, human_answers, majority_answer, questions, statement
+from mmoe.data.synth.scenes import COLORS, render, sample_scene
+
+TINY = SIZES["tiny"]
+
+
+def digest(root: Path) -> dict[str, str]:
+    return {
+        str(path.relative_to(root)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(root.rglob("*"))
+        if path.is_file()
+    }
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("synth")
+    build_corpus(root, seed=0, sizes=TINY)
+    return root
+
+
+def test_same_seed_same_files_other_seed_other_files(corpus, tmp_path):
+    build_corpus(tmp_path / "again", seed=0, sizes=TINY)
+    assert digest(tmp_path / "again") == digest(corpus)
+    build_corpus(tmp_path / "other", seed=1, sizes=TINY)
+    other = digest(tmp_path / "other")
+    assert other.keys() == digest(corpus).keys() and other != digest(corpus)
+
+
+def test_layout_and_official_formats(corpus):
+    coco = json.loads((corpus / "coco/annotations/captions_train2014.json").read_text())
+    assert len(coco["images"]) == TINY.train_images and len(coco["annotations"]) == 5 * TINY.train_images
+    for image in coco["images"]:
+        assert (corpus / "coco/train2014" / image["file_name"]).is_file()
+        assert image["file_name"] == f"COCO_train2014_{image['id']:012d}.jpg"
+    karpathy = json.loads((corpus / "coco/karpathy/dataset_coco.json").read_text())
+    assert {image["split"] for image in karpathy["images"]} == {"train", "val", "test", "restval"}
+    questions_file = json.loads((corpus / "vqav2/v2_OpenEnded_mscoco_val2014_questions.json").read_text())
+    annotations = json.loads((corpus / "vqav2/v2_mscoco_val2014_annotations.json").read_text())["annotations"]
+    assert questions_file["data_subtype"] == "val2014"
+    assert len(annotations) == len(questions_file["questions"]) > 0
+    for annotation in annotations:
+        assert len(annotation["answers"]) == 10
+        assert annotation["answer_type"] in ("yes/no", "number", "other")
+        given = [normalize_answer(a["answer"]) for a in annotation["answers"]]
+        assert given.count(annotation["multiple_choice_answer"]) == max(Counter(given).values())
+    test = json.loads((corpus / "vqav2/v2_OpenEnded_mscoco_test2015_questions.json").read_text())["questions"]
+    dev = json.loads((corpus / "vqav2/v2_OpenEnded_mscoco_test-dev2015_questions.json").read_text())["questions"]
+    assert dev and all(q in test for q in dev)
+    assert not (corpus / "vqav2/v2_mscoco_test2015_annotations.json").exists()
+
+
+def test_nlvr2_sets_are_balanced_and_named_officially(corpus):
+    lines = [json.loads(line) for line in (corpus / "nlvr2/dev.json").read_text().splitlines()]
+    assert len(lines) == 4 * TINY.nlvr2_eval_sets
+    by_set: dict[str, list] = {}
+    for line in lines:
+        split, set_id, pair, sentence = line["identifier"].split("-")
+        by_set.setdefault(set_id, []).append(line)
+        for name in image_names(line["identifier"]):
+            assert (corpus / "nlvr2/images/dev" / name).is_file()
+    for group in by_set.values():
+        assert sorted(line["label"] for line in group) == ["False", "False", "True", "True"]
+        assert len({line["sentence"] for line in group}) == 1
+    train = [json.loads(line) for line in (corpus / "nlvr2/train.json").read_text().splitlines()]
+    for line in train:
+        left, _ = image_names(line["identifier"])
+        assert (corpus / "nlvr2/images/train" / line["directory"] / left).is_file()
+
+
+def test_texts_describe_the_scene():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        scene = sample_scene(rng)
+        for caption in captions(scene, rng):
+            assert all(obj.color in caption and obj.shape in caption for obj in scene.shapes)
+        for question in questions(scene, rng, 5):
+            if question.text == "how many shapes are there?":
+                assert question.answer == str(len(scene.shapes))
+            if question.text.startswith("is there a "):
+                color, shape = question.text[len("is there a ") : -1].split()
+                assert (question.answer == "yes") == (scene.count(color=color, shape=shape) > 0)
+        answers = human_answers(questions(scene, rng, 1)[0], rng)
+        assert len(answers) == 10 and majority_answer(answers)
+
+
+def test_statements_hold_or_not_as_labelled():
+    rng = np.random.default_rng(1)
+    truths = Counter()
+    for _ in range(300):
+        chosen = statement(rng)
+        truths[chosen.holds(sample_scene(rng), sample_scene(rng))] += 1
+    assert truths[True] > 30 and truths[False] > 30  # every template can go both ways
+
+
+def test_rendered_objects_show_their_colour():
+    rng = np.random.default_rng(2)
+    for _ in range(50):
+        scene = sample_scene(rng)
+        pixels = np.asarray(render(scene, 64)).reshape(-1, 3).astype(int)
+        for obj in scene.shapes:
+            distance = np.abs(pixels - np.array(COLORS[obj.color])).sum(1)
+            assert (distance < 10).sum() >= 10, obj
+
+
+def test_synth_cli_builds_and_converts(tmp_path, capsys):
+    assert main(["data", "synth", "--out", str(tmp_path), "--size", "tiny", "--train-images", "10", "--shards"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["sizes"]["train_images"] == 10
+    chance = summary["chance"]
+    assert 0 < chance["vqav2_val_prior_accuracy"]["overall"] < 100 and chance["nlvr2"]["accuracy_random"] == 0.5
+    shards = summary["shards"]
+    assert shards["vqav2-train2014"] > 0 and shards["nlvr2-dev"] == 4 * TINY.nlvr2_eval_sets
+    assert shards["coco-karpathy-test"] > 0 and shards["pretrain-pairs"] == 20 and shards["pretrain-text"] == TINY.texts
+    for name in shards:
+        manifest = json.loads((tmp_path / "shards" / name / "manifest.json").read_text())
+        assert manifest["skipped"] == 0 and manifest["name"] == name
+    assert (tmp_path / "shards/vqav2-train2014/answers.json").exists()
