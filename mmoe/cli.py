@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from jsonargparse import ArgumentParser
 
 from mmoe.data.cli import data_command
+from mmoe.metrics.cli import eval_command
 from mmoe.moe import MoEConfig, MoELayer
 from mmoe.moe.cost import active_parameters_per_token, flops_per_token, moe_parameter_count
 from mmoe.tasks.cli import LIGHTNING_SUBCOMMANDS, lightning_command, tokenizer_command
@@ -50,6 +51,7 @@ COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "moe-info": moe_info,
     **{name: lightning_command for name in LIGHTNING_SUBCOMMANDS},
     "tokenizer": tokenizer_command,
+    "eval": eval_command,
     "data": data_command,
 }
 

@@ -1,0 +1,92 @@
+"""Reading the benchmarks' annotation and prediction files, with errors that name the file, the entry and the field.
+
+The official evaluation scripts fail on bad input with a ``KeyError`` or a bare ``assert``; mmoe raises
+:class:`EvalInputError` instead, whose message says which file, which entry and what was expected.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+
+class EvalInputError(ValueError):
+    """A predictions or annotations file (or in-memory equivalent) that cannot be scored as it is."""
+
+
+def read_json(path: str | Path) -> Any:
+    """Parses a whole JSON file.
+
+    Raises:
+        EvalInputError: the file cannot be read or is not valid JSON (the message gives line and column).
+    """
+    text = read_text(path)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise EvalInputError(
+            f"{path}: malformed JSON at line {error.lineno}, column {error.colno}: {error.msg}"
+        ) from None
+
+
+def read_json_lines(path: str | Path) -> Iterator[tuple[int, Any]]:
+    """Yields ``(line_number, object)`` for every non-blank line of a JSON-lines file (1-based line numbers).
+
+    Raises:
+        EvalInputError: the file cannot be read or a line is not valid JSON.
+    """
+    for number, line in enumerate(read_text(path).splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            yield number, json.loads(line)
+        except json.JSONDecodeError as error:
+            raise EvalInputError(
+                f"{path}, line {number}: malformed JSON ({error.msg}); expected one object per line"
+            ) from None
+
+
+def read_text(path: str | Path) -> str:
+    """Reads a UTF-8 text file, turning a missing or unreadable file into :class:`EvalInputError`."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise EvalInputError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise EvalInputError(f"{path}: cannot be read ({error})") from None
+
+
+def require_list(value: Any, where: str, what: str) -> list[Any]:
+    """Returns ``value`` if it is a JSON array, else raises naming ``where`` and ``what`` it should hold."""
+    if not isinstance(value, list):
+        raise EvalInputError(f"{where}: expected a JSON array of {what}, got {type(value).__name__}")
+    return value
+
+
+def require_field(entry: Any, field: str, kind: type | tuple[type, ...], where: str) -> Any:
+    """Returns ``entry[field]``, checking that ``entry`` is an object and that the field has the expected type.
+
+    Args:
+        entry: one decoded JSON value.
+        field: the key it must have.
+        kind: accepted Python type(s) of the value (``bool`` never passes as ``int``).
+        where: what to name in the error, e.g. ``"results.json, entry 3"``.
+
+    Raises:
+        EvalInputError: ``entry`` is not an object, lacks ``field``, or holds a value of another type.
+    """
+    if not isinstance(entry, Mapping):
+        raise EvalInputError(f"{where}: expected an object, got {type(entry).__name__}")
+    if field not in entry:
+        raise EvalInputError(f"{where}: missing field {field!r}")
+    value = entry[field]
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
+        expected = " or ".join(_JSON_NAMES.get(k, k.__name__) for k in kinds)
+        raise EvalInputError(f"{where}: field {field!r} must be {expected}, got {json.dumps(value)[:80]}")
+    return value
+
+
+_JSON_NAMES = {str: "a string", int: "an integer", list: "an array", dict: "an object", float: "a number"}
