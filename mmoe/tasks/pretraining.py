@@ -21,22 +21,21 @@ import math
 from pathlib import Path
 from typing import Literal
 
-import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from mmoe.model import MultiwayConfig, MultiwayTransformer
-from mmoe.moe import RoutingRecord, restore_expert_embedding_norm
+from mmoe.moe import RoutingRecord
+from mmoe.tasks.common import NO_DECAY, BackboneTask, detached, warmup_cosine
 from mmoe.tasks.visual_codebook import PatchCodebook
 
+__all__ = ["KINDS", "NO_DECAY", "MaskedPretraining", "warmup_cosine"]
+
 KINDS = ("image", "text", "pair")
-#: Parameters kept out of weight decay besides biases and norms (BEiT-3's optimiser factory, plus the X-MoE router's
-#: expert embeddings, whose norm is fixed, and its temperature).
-NO_DECAY = ("cls_token", "mask_token", "vision_positions", "text_positions", "expert_embeddings", "log_temperature")
 
 
-class MaskedPretraining(L.LightningModule):
+class MaskedPretraining(BackboneTask):
     """Pre-train a :class:`MultiwayTransformer` with masked image / language / vision-language modeling.
 
     Args:
@@ -132,12 +131,6 @@ class MaskedPretraining(L.LightningModule):
             )
         return losses, out.routing
 
-    def balance_loss(self, routing: list[RoutingRecord]) -> torch.Tensor:
-        if not routing:
-            return torch.zeros((), device=self.device)
-        losses = torch.stack([record.balance_loss for record in routing])
-        return losses.mean() if self.hparams.balance_reduce == "mean" else losses.sum()
-
     def _step(self, batch: dict, stage: str) -> tuple[torch.Tensor, list[RoutingRecord]]:
         batches = [batch] if "kind" in batch else [b for b in batch.values() if b is not None]
         masked, routing = {}, []
@@ -164,36 +157,10 @@ class MaskedPretraining(L.LightningModule):
 
     def training_step(self, batch: dict, batch_idx: int) -> dict:
         loss, routing = self._step(batch, "train")
-        return {"loss": loss, "routing": [_detached(record) for record in routing]}
+        return {"loss": loss, "routing": [detached(record) for record in routing]}
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         self._step(batch, "val")
-
-    def optimizer_step(self, *args, **kwargs) -> None:
-        super().optimizer_step(*args, **kwargs)
-        # X-MoE keeps the expert embeddings at norm 0.1 (§3.1): restored after every optimiser step (not in a
-        # zero-grad hook, which Lightning runs between the forward and the backward).
-        restore_expert_embedding_norm(self.backbone)
-
-    # ----------------------------------------------------------------------------------------------- optimiser
-    def configure_optimizers(self):
-        hparams = self.hparams
-        decay, no_decay = [], []
-        for name, parameter in self.named_parameters():
-            if not parameter.requires_grad:
-                continue
-            skip = parameter.ndim < 2 or name.endswith(".bias") or name.split(".")[-1] in NO_DECAY
-            (no_decay if skip else decay).append(parameter)
-        optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": hparams.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=hparams.learning_rate,
-            betas=tuple(hparams.betas),
-            eps=hparams.eps,
-        )
-        total = hparams.total_steps or max(1, int(self.trainer.estimated_stepping_batches))
-        schedule = warmup_cosine(hparams.warmup_steps, total, hparams.min_lr_ratio)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
 def load_teacher(model_name: str, checkpoint: str) -> nn.Module:
@@ -234,20 +201,3 @@ def teacher_patch_features(visual: nn.Module, image: torch.Tensor, grid: int) ->
     patches = tokens[:, tokens.shape[1] - side * side :]
     feature_map = patches.transpose(1, 2).reshape(tokens.shape[0], -1, side, side)
     return F.adaptive_avg_pool2d(feature_map, grid).flatten(2).transpose(1, 2)
-
-
-def warmup_cosine(warmup_steps: int, total_steps: int, min_ratio: float):
-    """Learning-rate multiplier: linear warm-up to 1 over ``warmup_steps``, cosine decay to ``min_ratio``."""
-
-    def multiplier(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / warmup_steps
-        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-    return multiplier
-
-
-def _detached(record: RoutingRecord) -> RoutingRecord:
-    record.balance_loss = record.balance_loss.detach()
-    return record

@@ -1,0 +1,219 @@
+"""COCO captioning fine-tuning, BEiT-3 style (Wang et al., 2023, §3.1; unilm ``BEiT3ForCaptioning``).
+
+The backbone sees ``[image tokens, caption tokens]`` under one attention mask: image tokens attend to all image tokens
+and never to text; caption tokens attend to all image tokens and causally to the caption (themselves and earlier
+tokens). Training is masked-token prediction under that mask (BEiT-3's s2s-style recipe): the collator corrupts a share
+of the caption tokens after the start token (``text_mask``, mostly the mask token) and a linear head over the
+vocabulary predicts the original ids (``text_targets``) at those positions with BEiT-3's label-smoothed loss (eps 0.1:
+the target gets 1 - eps, every other id eps / (V - 1)).
+
+Generation feeds ``[start, w_1 .. w_{t-1}, mask]`` and reads the next token at the mask slot, greedily or by beam
+search (:mod:`mmoe.tasks.decoding`), batched over images and beams. The whole prefix is recomputed every step (no
+key/value cache): captions are short (BEiT-3: 32 tokens), and the backbone stays a plain ``forward``. Validation
+decodes every image, writes ``[{"image_id", "caption"}]`` when ``results_dir`` is set, and logs the COCO caption
+metrics of :func:`mmoe.metrics.captions.score_captions` against the references in the batches.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.utilities import rank_zero_warn
+from torch import nn
+
+from mmoe.data.tokenizer import EOT_ID, MASK_ID, PAD_ID, SOT_ID, TextTokenizer
+from mmoe.metrics.captions import ScorerUnavailableError, score_captions
+from mmoe.moe import RoutingRecord
+from mmoe.tasks.common import FineTuningTask, gather_objects, write_text_atomic
+from mmoe.tasks.decoding import Decoded, beam_search, greedy_search
+from mmoe.tasks.vqa import init_head
+
+
+def caption_attention_mask(image_len: int, text_len: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """(1, L, L) bool, True = the query (row) may attend to the key (column), L = image_len + text_len: image rows see
+    the image only; text rows see the image and the caption up to themselves."""
+    length = image_len + text_len
+    mask = torch.zeros(1, length, length, dtype=torch.bool, device=device)
+    mask[:, :, :image_len] = True
+    mask[:, image_len:, image_len:] = torch.ones(text_len, text_len, dtype=torch.bool, device=device).tril()
+    return mask
+
+
+def label_smoothed_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, smoothing: float) -> torch.Tensor:
+    """BEiT-3's ``BertCaptioningLoss`` (without its drop-worst option): cross-entropy against the target
+    distribution ``1 - smoothing`` on the target and ``smoothing / (V - 1)`` on every other id, averaged over tokens.
+    BEiT-3 writes it as a KL divergence, which differs by the target distribution's constant entropy; torch's
+    ``label_smoothing`` spreads s / V over all V ids, so s = smoothing * V / (V - 1) gives the same distribution."""
+    vocab = logits.shape[-1]
+    return F.cross_entropy(logits.float(), targets, label_smoothing=smoothing * vocab / (vocab - 1))
+
+
+class CaptioningFineTuning(FineTuningTask):
+    """Fine-tune a multiway backbone for image captioning (BEiT-3 style masked-token training, beam search).
+
+    Batches (:class:`mmoe.data.collate.CaptionCollator`): training ``image``, ``text_ids`` (corrupted),
+    ``text_padding_mask``, ``text_targets``, ``text_mask``; evaluation ``image``, ``image_id`` and ``captions`` (the
+    references; absent at prediction time).
+
+    Args:
+        label_smoothing: eps of the label-smoothed loss (BEiT-3: 0.1).
+        num_beams: beams for validation and prediction; 1 = greedy decoding (BEiT-3: 3).
+        max_length: most generated tokens, the end token included (BEiT-3: 32-token captions with the start token).
+        min_length: fewest generated tokens before the end token may come.
+        length_penalty: alpha of the beam score ``sum log p / length ** alpha`` (BEiT-3: 0.6).
+        results_dir: directory for ``captions_val_step<N>.json`` at each validation; None = not written.
+        predictions_file: where ``mmoe predict`` writes ``[{"image_id", "caption"}]`` (atomically). None = not
+            written.
+        spice: also compute SPICE at validation (slow; needs its Stanford CoreNLP jars, else reported unavailable).
+        **kwargs: the shared fine-tuning arguments of :class:`mmoe.tasks.common.FineTuningTask` (backbone,
+            pretrained, frozen_routing, balance and optimiser settings).
+    """
+
+    def __init__(
+        self,
+        label_smoothing: float = 0.1,
+        num_beams: int = 3,
+        max_length: int = 31,
+        min_length: int = 0,
+        length_penalty: float = 0.6,
+        results_dir: str | None = None,
+        predictions_file: str | None = None,
+        spice: bool = False,
+        **kwargs,
+    ) -> None:
+        super().__init__(**kwargs)
+        if num_beams < 1:
+            raise ValueError(f"model.num_beams must be >= 1, got {num_beams!r}")
+        if not 1 <= max_length < self.backbone.config.max_text_positions - self.backbone.config.position_offset:
+            raise ValueError(
+                f"model.max_length={max_length} must lie in [1, backbone.max_text_positions - position_offset - 1]"
+            )
+        if self.backbone.config.vocab_size <= max(SOT_ID, EOT_ID, PAD_ID, MASK_ID):
+            raise ValueError(
+                f"backbone.vocab_size={self.backbone.config.vocab_size} does not hold the tokenizer's special ids"
+            )
+        self.head = nn.Linear(self.backbone.config.dim, self.backbone.config.vocab_size)
+        init_head(self.head)
+        self.tokenizer = TextTokenizer(max_length + 1)
+
+    # ---------------------------------------------------------------------------------------------- training
+    def forward(
+        self,
+        image: torch.Tensor,
+        text: torch.Tensor,
+        text_padding_mask: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, list[RoutingRecord]]:
+        """Vocabulary logits of the text tokens under the captioning mask: (B, T, V), or (M, V) at the ``positions``
+        (B, T) bool mask; and the routing records."""
+        image_len = 1 + self.backbone.config.num_patches
+        attn_mask = caption_attention_mask(image_len, text.shape[1], text.device)
+        out = self.backbone(image=image, text=text, text_padding_mask=text_padding_mask, attn_mask=attn_mask)
+        hidden = out.text_hidden if positions is None else out.text_hidden[positions]
+        return self.head(hidden), out.routing
+
+    def forward_batch(self, batch: dict) -> tuple[torch.Tensor, list[RoutingRecord]]:
+        return self(batch["image"], batch["text_ids"], batch.get("text_padding_mask"), batch["text_mask"])
+
+    def task_loss(self, logits: torch.Tensor, batch: dict) -> torch.Tensor:
+        return label_smoothed_cross_entropy(
+            logits, batch["text_targets"][batch["text_mask"]], self.hparams.label_smoothing
+        )
+
+    # ---------------------------------------------------------------------------------------------- generation
+    def next_token_scorer(self, image: torch.Tensor, beams: int = 1):
+        """The decoders' ``step``: (B * beams, t) prefixes (sample-major) -> (B * beams, V) next-token
+        log-probabilities, read at a mask token appended to the prefix (BEiT-3's ``[..., <mask>]`` slot); the whole
+        prefix is recomputed."""
+        expanded = image.repeat_interleave(beams, dim=0) if beams > 1 else image
+
+        def step(prefix: torch.Tensor) -> torch.Tensor:
+            slot = torch.full((prefix.shape[0], 1), MASK_ID, dtype=prefix.dtype, device=prefix.device)
+            logits, _ = self(expanded, torch.cat([prefix, slot], dim=1))
+            return torch.log_softmax(logits[:, -1].float(), dim=-1)
+
+        return step
+
+    def decoding_options(self) -> dict:
+        hparams = self.hparams
+        return dict(
+            bos_id=SOT_ID,
+            eos_id=EOT_ID,
+            pad_id=PAD_ID,
+            max_length=hparams.max_length,
+            min_length=hparams.min_length,
+            length_penalty=hparams.length_penalty,
+            forbidden=(SOT_ID, PAD_ID, MASK_ID),
+        )
+
+    @torch.no_grad()
+    def generate(self, image: torch.Tensor, num_beams: int | None = None) -> Decoded:
+        """Captions of a batch of images: generated ids after the start token (pad after the end token); greedy
+        with one beam."""
+        beams = self.hparams.num_beams if num_beams is None else num_beams
+        step = self.next_token_scorer(image, beams)
+        if beams == 1:
+            return greedy_search(step, image.shape[0], device=image.device, **self.decoding_options())
+        return beam_search(step, image.shape[0], beams, device=image.device, **self.decoding_options())
+
+    def captions(self, image: torch.Tensor) -> list[str]:
+        return [self.tokenizer.decode(ids) for ids in self.generate(image).tokens.cpu()]
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        if "text_mask" in batch:  # a masked (training-style) validation batch also gets a loss
+            self.shared_step(batch, "val")
+        if "image_id" not in batch or "captions" not in batch:
+            return
+        image_ids = _ids(batch["image_id"])
+        for image_id, caption, references in zip(
+            image_ids, self.captions(batch["image"]), batch["captions"], strict=True
+        ):
+            self.validation_outputs.append({"image_id": image_id, "caption": caption, "references": references})
+
+    def on_validation_epoch_end(self) -> None:
+        outputs = {o["image_id"]: o for o in gather_objects(self.validation_outputs)}
+        self.validation_outputs = []
+        if not outputs or self.trainer.sanity_checking:
+            return
+        if self.hparams.results_dir is not None and self.trainer.is_global_zero:
+            path = Path(self.hparams.results_dir) / f"captions_val_step{self.global_step}.json"
+            write_caption_results([{"image_id": i, "caption": o["caption"]} for i, o in outputs.items()], path)
+        references = {i: o["references"] for i, o in outputs.items()}
+        predictions = {i: o["caption"] for i, o in outputs.items()}
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ResourceWarning)
+                scores = score_captions(references, predictions, spice=self.hparams.spice)
+        except ScorerUnavailableError as error:
+            rank_zero_warn(f"caption metrics not computed: {error}")
+            return
+        self.log_dict({f"val/{name}": float(value) for name, value in scores.items() if isinstance(value, float)})
+
+    def predict_step(self, batch: dict, batch_idx: int) -> list[dict]:
+        entries = [
+            {"image_id": image_id, "caption": caption}
+            for image_id, caption in zip(_ids(batch["image_id"]), self.captions(batch["image"]), strict=True)
+        ]
+        self.predictions.extend(entries)
+        return entries
+
+    def on_predict_epoch_end(self) -> None:
+        entries = gather_objects(self.predictions)
+        if self.hparams.predictions_file is not None and self.trainer.is_global_zero:
+            write_caption_results(entries, self.hparams.predictions_file)
+
+
+def _ids(values) -> list:
+    return values.tolist() if isinstance(values, torch.Tensor) else list(values)
+
+
+def write_caption_results(entries: list[dict], path: str | Path) -> None:
+    """Writes ``[{"image_id", "caption"}]`` atomically, one entry per image (the first one kept)."""
+    unique: dict = {}
+    for entry in entries:
+        unique.setdefault(entry["image_id"], entry)
+    write_text_atomic(path, json.dumps(list(unique.values())) + "\n")

@@ -1,0 +1,312 @@
+"""What every mmoe training task shares: the balance term, AdamW with warm-up cosine, X-MoE's norm restore, building a
+fine-tuning backbone from a pre-trained checkpoint, gathering validation outputs and writing prediction files.
+
+* Total loss = task loss + alpha * sum (or mean) of the MoE layers' balance losses (X-MoE Eq. 10).
+* AdamW, linear warm-up then cosine decay, per step; no weight decay on biases, norms, position tables, CLS / mask
+  tokens and the X-MoE router's expert embeddings and temperature. Optional BEiT-3 layer-wise learning-rate decay
+  (unilm ``optim_factory.py``: embeddings are layer 0, ``layers.i`` is i + 1, the rest L + 1) and a task-head
+  learning-rate multiplier (BEiT-3's ``--task_head_lr_weight``).
+* X-MoE §3.1: expert embeddings are put back to L2 norm 0.1 after every optimiser step.
+* X-MoE §3.3 frozen routing: routers and experts of the pre-trained backbone stay fixed during fine-tuning while the
+  balance loss stays in the objective.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Literal
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mmoe.model import MultiwayConfig, MultiwayTransformer
+from mmoe.moe import RoutingRecord, restore_expert_embedding_norm
+from mmoe.tasks.checkpoint import read_backbone_state
+
+#: Parameters kept out of weight decay besides biases and norms (BEiT-3's optimiser factory, plus the X-MoE router's
+#: expert embeddings, whose norm is fixed, and its temperature).
+NO_DECAY = ("cls_token", "mask_token", "vision_positions", "text_positions", "expert_embeddings", "log_temperature")
+#: Backbone parameters that count as BEiT-3's layer 0 for layer-wise learning-rate decay.
+EMBEDDINGS = ("patch_embed", "cls_token", "mask_token", "vision_positions", "text_embed", "text_positions")
+
+
+def warmup_cosine(warmup_steps: int, total_steps: int, min_ratio: float):
+    """Learning-rate multiplier: linear warm-up to 1 over ``warmup_steps``, cosine decay to ``min_ratio``."""
+
+    def multiplier(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return multiplier
+
+
+def detached(record: RoutingRecord) -> RoutingRecord:
+    """The record with its balance loss detached (what ``training_step`` hands to callbacks)."""
+    record.balance_loss = record.balance_loss.detach()
+    return record
+
+
+def layer_id(name: str, depth: int) -> int:
+    """BEiT-3's layer id of a backbone parameter name (without the ``backbone.`` prefix): 0 for embeddings,
+    i + 1 for ``layers.i``, depth + 1 for the rest (final norms)."""
+    first = name.split(".", 1)[0]
+    if first in EMBEDDINGS:
+        return 0
+    if first == "layers":
+        return int(name.split(".")[1]) + 1
+    return depth + 1
+
+
+def parameter_groups(
+    module: nn.Module,
+    weight_decay: float,
+    layer_decay: float = 1.0,
+    head_lr_multiplier: float = 1.0,
+    head_prefixes: tuple[str, ...] = (),
+) -> list[dict]:
+    """AdamW parameter groups of a task module with a ``backbone`` (a :class:`MultiwayTransformer`).
+
+    Each group carries ``lr_scale``: ``layer_decay ** (depth + 1 - layer_id)`` for backbone parameters,
+    ``head_lr_multiplier`` for parameters whose name starts with one of ``head_prefixes``, 1 otherwise. Groups with
+    weight decay come first.
+    """
+    depth = module.backbone.config.depth
+    groups: dict[tuple[float, float], list[nn.Parameter]] = {}
+    for name, parameter in module.named_parameters():
+        if not parameter.requires_grad:
+            continue
+        skip = parameter.ndim < 2 or name.endswith(".bias") or name.split(".")[-1] in NO_DECAY
+        if name.startswith("backbone."):
+            scale = layer_decay ** (depth + 1 - layer_id(name[len("backbone.") :], depth))
+        elif name.startswith(head_prefixes):
+            scale = head_lr_multiplier
+        else:
+            scale = 1.0
+        groups.setdefault((0.0 if skip else weight_decay, scale), []).append(parameter)
+    ordered = sorted(groups.items(), key=lambda item: (item[0][0] == 0.0, item[0][1]))  # decayed groups first
+    return [{"params": params, "weight_decay": decay, "lr_scale": scale} for (decay, scale), params in ordered]
+
+
+class BackboneTask(L.LightningModule):
+    """Base of the mmoe tasks: a ``backbone`` plus heads, trained with AdamW + warm-up cosine and the balance term.
+
+    Subclasses save these hyper-parameters (``self.save_hyperparameters()``): ``balance_coefficient``,
+    ``balance_reduce``, ``learning_rate``, ``betas``, ``eps``, ``weight_decay``, ``warmup_steps``, ``total_steps``,
+    ``min_lr_ratio``, and optionally ``layer_decay`` and ``head_lr_multiplier`` (1.0 when absent).
+    """
+
+    #: Parameter-name prefixes that get ``head_lr_multiplier`` (BEiT-3 scales parameters named ``head*``).
+    head_prefixes: tuple[str, ...] = ("head.",)
+    backbone: MultiwayTransformer
+
+    def balance_loss(self, routing: list[RoutingRecord]) -> torch.Tensor:
+        """Sum (or mean, ``balance_reduce="mean"``) of the MoE layers' balance losses; 0 for a dense backbone."""
+        if not routing:
+            return torch.zeros((), device=self.device)
+        losses = torch.stack([record.balance_loss for record in routing])
+        return losses.mean() if self.hparams.balance_reduce == "mean" else losses.sum()
+
+    def log_routing(self, stage: str, routing: list[RoutingRecord], balance: torch.Tensor, size: int) -> None:
+        log = {f"{stage}/balance_loss": balance.detach()}
+        if routing:
+            log[f"{stage}/dropped_fraction"] = torch.stack([r.dropped_fraction for r in routing]).mean()
+            log[f"{stage}/requested_capacity"] = torch.stack([r.requested_capacity for r in routing]).float().mean()
+        self.log_dict(log, batch_size=size, sync_dist=stage != "train")
+
+    def optimizer_step(self, *args, **kwargs) -> None:
+        super().optimizer_step(*args, **kwargs)
+        # X-MoE keeps the expert embeddings at norm 0.1 (§3.1): restored after every optimiser step (not in a
+        # zero-grad hook, which Lightning runs between the forward and the backward).
+        restore_expert_embedding_norm(self.backbone)
+
+    def configure_optimizers(self):
+        hparams = self.hparams
+        groups = parameter_groups(
+            self,
+            hparams.weight_decay,
+            hparams.get("layer_decay", 1.0),
+            hparams.get("head_lr_multiplier", 1.0),
+            self.head_prefixes,
+        )
+        for group in groups:
+            group["lr"] = hparams.learning_rate * group.pop("lr_scale")
+        optimizer = torch.optim.AdamW(groups, lr=hparams.learning_rate, betas=tuple(hparams.betas), eps=hparams.eps)
+        total = hparams.total_steps or max(1, int(self.trainer.estimated_stepping_batches))
+        schedule = warmup_cosine(hparams.warmup_steps, total, hparams.min_lr_ratio)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+class FineTuningTask(BackboneTask):
+    """A task head over a pre-trained (or fresh) multiway backbone: the arguments every fine-tuning task shares.
+
+    Args:
+        backbone: the backbone's architecture. Without ``pretrained`` the backbone starts from scratch; with it,
+            the weights are loaded into this architecture, which must match the checkpoint's parameter shapes except
+            ``image_size`` (the vision position table is resized bicubically, as BEiT-3 does to fine-tune at 384 or
+            480 px); None = the checkpoint's own architecture.
+        pretrained: an exported backbone (``mmoe.tasks.checkpoint.export_backbone``) or a Lightning checkpoint of
+            any mmoe task to start from.
+        frozen_routing: X-MoE §3.3: freeze the routers and experts of every MoE layer (``MoEPlan.frozen``); the
+            balance loss stays in the objective. No effect on a dense backbone.
+        balance_coefficient: alpha, the weight of the balance losses (X-MoE Eq. 10).
+        balance_reduce: ``"sum"`` adds the MoE layers' balance losses (MH-MoE code); ``"mean"`` averages them.
+        learning_rate: peak AdamW learning rate (of the top backbone layer; see ``layer_decay``).
+        betas: AdamW betas (BEiT-3 fine-tuning: 0.9, 0.98 for VQAv2; 0.9, 0.999 elsewhere).
+        eps: AdamW epsilon.
+        weight_decay: AdamW weight decay; biases, norms, position tables, CLS / mask tokens and X-MoE router
+            embeddings / temperatures get none.
+        warmup_steps: linear warm-up steps, then cosine decay to ``min_lr_ratio * learning_rate`` at ``total_steps``.
+        total_steps: length of the cosine schedule; None = the trainer's estimated stepping batches.
+        min_lr_ratio: final learning rate as a share of the peak.
+        layer_decay: BEiT-3 layer-wise learning-rate decay: layer i's rate is scaled by
+            ``layer_decay ** (depth + 1 - (i + 1))``, the embeddings' by ``layer_decay ** (depth + 1)`` (NLVR2 base:
+            0.65; 1.0 = off).
+        head_lr_multiplier: learning-rate multiplier of the task head (BEiT-3 ``--task_head_lr_weight``: 20 for VQAv2).
+    """
+
+    def __init__(
+        self,
+        backbone: MultiwayConfig | None = None,
+        pretrained: str | None = None,
+        frozen_routing: bool = False,
+        balance_coefficient: float = 1e-2,
+        balance_reduce: Literal["sum", "mean"] = "sum",
+        learning_rate: float = 1e-4,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.05,
+        warmup_steps: int = 100,
+        total_steps: int | None = None,
+        min_lr_ratio: float = 0.0,
+        layer_decay: float = 1.0,
+        head_lr_multiplier: float = 1.0,
+    ) -> None:
+        super().__init__()
+        if balance_reduce not in ("sum", "mean"):
+            raise ValueError(f"model.balance_reduce must be 'sum' or 'mean', got {balance_reduce!r}")
+        if backbone is None and pretrained is None:
+            raise ValueError("give model.backbone (train from scratch) or model.pretrained (a checkpoint), or both")
+        self.save_hyperparameters()  # also collects the init arguments of the subclass calling this
+        self.backbone = build_backbone(backbone, pretrained, frozen_routing)
+        # The checkpoints of this task are self-contained: they rebuild the architecture from the saved config and
+        # take every weight from their own state dict, without the pre-trained file.
+        self.hparams.backbone = self.backbone.config
+        self.hparams.pretrained = None
+        self.validation_outputs: list[dict] = []
+        self.predictions: list[dict] = []
+
+    def on_validation_epoch_start(self) -> None:
+        self.validation_outputs = []
+
+    def on_predict_epoch_start(self) -> None:
+        self.predictions = []
+
+    def training_step(self, batch: dict, batch_idx: int) -> dict:
+        loss, routing, _ = self.shared_step(batch, "train")
+        return {"loss": loss, "routing": [detached(record) for record in routing]}
+
+    def shared_step(self, batch: dict, stage: str) -> tuple[torch.Tensor, list[RoutingRecord], torch.Tensor]:
+        """Task loss + alpha * balance loss of one batch, logged under ``stage``: (loss, routing, logits)."""
+        logits, routing = self.forward_batch(batch)
+        task_loss = self.task_loss(logits, batch)
+        balance = self.balance_loss(routing)
+        loss = task_loss + self.hparams.balance_coefficient * balance
+        size = batch_size(batch)
+        self.log_dict(
+            {f"{stage}/task_loss": task_loss.detach(), f"{stage}/loss": loss.detach()},
+            batch_size=size,
+            sync_dist=stage != "train",
+        )
+        self.log(
+            f"{stage}_loss", loss.detach(), batch_size=size, prog_bar=True, logger=False, sync_dist=stage != "train"
+        )
+        self.log_routing(stage, routing, balance, size)
+        return loss, routing, logits
+
+    def forward_batch(self, batch: dict) -> tuple[torch.Tensor, list[RoutingRecord]]:
+        """(logits, routing records) of one batch; each task defines it."""
+        raise NotImplementedError
+
+    def task_loss(self, logits: torch.Tensor, batch: dict) -> torch.Tensor:
+        """The task's loss of ``forward_batch``'s logits; each task defines it."""
+        raise NotImplementedError
+
+
+def build_backbone(
+    config: MultiwayConfig | None, pretrained: str | None, frozen_routing: bool = False
+) -> MultiwayTransformer:
+    """The backbone of a fine-tuning task (see :class:`FineTuningTask`'s ``backbone`` and ``pretrained``)."""
+    weights = None
+    if pretrained is not None:
+        stored, weights = read_backbone_state(pretrained)
+        if config is None:
+            config = stored
+        elif config.image_size != stored.image_size or config.patch_size != stored.patch_size:
+            weights = dict(weights)
+            weights["vision_positions"] = resize_vision_positions(weights["vision_positions"], stored, config)
+    if frozen_routing and config.moe is not None:
+        config = dataclasses.replace(config, moe=dataclasses.replace(config.moe, frozen=True))
+    backbone = MultiwayTransformer(config)
+    if weights is not None:
+        try:
+            backbone.load_state_dict(weights)
+        except RuntimeError as error:
+            raise ValueError(
+                f"model.backbone does not match the architecture stored in {pretrained}: {error}"
+            ) from None
+    return backbone
+
+
+def resize_vision_positions(table: torch.Tensor, old: MultiwayConfig, new: MultiwayConfig) -> torch.Tensor:
+    """Bicubic resize of the patch rows of a vision position table from ``old``'s patch grid to ``new``'s; the
+    ``position_offset`` rows and the CLS row are kept (BEiT-3 ``load_model_and_may_interpolate``)."""
+    if old.position_offset != new.position_offset:
+        raise ValueError(
+            f"model.backbone.position_offset={new.position_offset} differs from the checkpoint's {old.position_offset}"
+        )
+    keep = old.position_offset + 1
+    side_old, side_new = old.image_size // old.patch_size, new.image_size // new.patch_size
+    grid = table[keep:].reshape(1, side_old, side_old, -1).permute(0, 3, 1, 2).float()
+    grid = F.interpolate(grid, size=(side_new, side_new), mode="bicubic", align_corners=False)
+    patches = grid.permute(0, 2, 3, 1).reshape(side_new * side_new, -1).to(table.dtype)
+    return torch.cat([table[:keep], patches])
+
+
+def batch_size(batch: dict) -> int:
+    for key in ("image", "image_left", "text_ids"):
+        if key in batch:
+            return len(batch[key])
+    raise ValueError(f"cannot tell the batch size of a batch with keys {sorted(batch)}")
+
+
+def gather_objects(items: list) -> list:
+    """Concatenation of ``items`` over all processes (each process's list, in rank order); ``items`` itself when
+    not distributed."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return items
+    gathered: list[list] = [[] for _ in range(torch.distributed.get_world_size())]
+    torch.distributed.all_gather_object(gathered, items)
+    return [item for part in gathered for item in part]
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Writes ``text`` through a temporary file beside ``path`` and a rename: a reader never sees a partial file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as file:
+            file.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise

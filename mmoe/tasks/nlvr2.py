@@ -1,0 +1,132 @@
+"""NLVR2 fine-tuning: is a sentence true of a pair of images? (BEiT-3, Wang et al., 2023, §3.1; unilm
+``BEiT3ForVisualReasoning``).
+
+Each image is paired with the sentence and the two pairs run through the backbone as one doubled batch
+``[left images; right images]``. Each pass gives its vision CLS (the first image token) and its language CLS (the
+first text token, the start-of-text token); the two passes' ``[vision CLS, language CLS]`` are concatenated (4D) and
+classified by BEiT-3's two-layer MLP: LayerNorm(4D) -> Linear(4D, 2D) -> LayerNorm(2D) -> GELU -> Linear(2D, 2),
+with its linear layers' initial weights scaled by 1e-3. Cross-entropy on the label (1 = true).
+
+Validation logs accuracy and consistency (:func:`mmoe.metrics.nlvr2.nlvr2_scores`: a group is the identifier with its
+pair id blanked). ``mmoe predict`` writes ``identifier,prediction`` lines (``True`` / ``False``), the file
+``mmoe eval nlvr2`` reads.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.utilities import rank_zero_warn
+from torch import nn
+
+from mmoe.metrics.files import EvalInputError
+from mmoe.metrics.nlvr2 import nlvr2_scores
+from mmoe.moe import RoutingRecord
+from mmoe.tasks.common import FineTuningTask, gather_objects, write_text_atomic
+from mmoe.tasks.vqa import init_head
+
+#: Scale of the MLP's initial linear weights and biases (BEiT-3 ``TwoLayerMLP`` init for NLVR2).
+HEAD_INIT_SCALE = 1e-3
+
+
+class NLVR2FineTuning(FineTuningTask):
+    """Fine-tune a multiway backbone on NLVR2 (binary classification of a sentence over two images).
+
+    Batches (:class:`mmoe.data.decoders.NLVR2Decoder` + :class:`mmoe.data.collate.PlainCollator`): ``image_left``,
+    ``image_right`` (B, 3, H, W), ``text_ids``, ``text_padding_mask``, ``label`` (B,) long (1 true, 0 false, -1
+    unknown) and ``identifier`` (list of strings).
+
+    Args:
+        predictions_file: where ``mmoe predict`` writes ``identifier,prediction`` lines (atomically). None = not
+            written.
+        **kwargs: the shared fine-tuning arguments of :class:`mmoe.tasks.common.FineTuningTask` (backbone,
+            pretrained, frozen_routing, balance and optimiser settings).
+    """
+
+    def __init__(self, predictions_file: str | None = None, **kwargs) -> None:
+        super().__init__(**kwargs)
+        dim, eps = self.backbone.config.dim, self.backbone.config.layernorm_eps
+        self.head = nn.Sequential(
+            nn.LayerNorm(4 * dim, eps=eps),
+            nn.Linear(4 * dim, 2 * dim),
+            nn.LayerNorm(2 * dim, eps=eps),
+            nn.GELU(),
+            nn.Linear(2 * dim, 2),
+        )
+        init_head(self.head)
+        with torch.no_grad():
+            for layer in self.head:
+                if isinstance(layer, nn.Linear):
+                    layer.weight.mul_(HEAD_INIT_SCALE)
+                    layer.bias.mul_(HEAD_INIT_SCALE)
+
+    def pair_features(
+        self,
+        image_left: torch.Tensor,
+        image_right: torch.Tensor,
+        text: torch.Tensor,
+        text_padding_mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, list[RoutingRecord]]:
+        """(B, 4D) ``[vision CLS, language CLS]`` of the left pass, then of the right pass, from one backbone pass
+        over the doubled batch; and the routing records."""
+        batch = image_left.shape[0]
+        padding = None if text_padding_mask is None else torch.cat([text_padding_mask, text_padding_mask])
+        out = self.backbone(
+            image=torch.cat([image_left, image_right]), text=torch.cat([text, text]), text_padding_mask=padding
+        )
+        cls_2BD = torch.cat([out.hidden[:, 0], out.hidden[:, out.image_len]], dim=-1)  # vision CLS, language CLS
+        return torch.cat([cls_2BD[:batch], cls_2BD[batch:]], dim=-1), out.routing
+
+    def forward(self, image_left, image_right, text, text_padding_mask=None):
+        """(B, 2) logits (index 1 = true) and the routing records."""
+        features, routing = self.pair_features(image_left, image_right, text, text_padding_mask)
+        return self.head(features), routing
+
+    def forward_batch(self, batch: dict) -> tuple[torch.Tensor, list[RoutingRecord]]:
+        return self(batch["image_left"], batch["image_right"], batch["text_ids"], batch.get("text_padding_mask"))
+
+    def task_loss(self, logits: torch.Tensor, batch: dict) -> torch.Tensor:
+        return F.cross_entropy(logits.float(), batch["label"])
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        _, _, logits = self.shared_step(batch, "val")
+        predicted = logits.argmax(dim=-1)
+        for identifier, guess, label in zip(
+            batch["identifier"], predicted.tolist(), batch["label"].tolist(), strict=True
+        ):
+            self.validation_outputs.append({"identifier": identifier, "prediction": bool(guess), "label": bool(label)})
+
+    def on_validation_epoch_end(self) -> None:
+        outputs = {o["identifier"]: o for o in gather_objects(self.validation_outputs)}
+        self.validation_outputs = []
+        if not outputs:
+            return
+        labels = {i: o["label"] for i, o in outputs.items()}
+        predictions = {i: o["prediction"] for i, o in outputs.items()}
+        try:
+            scores = nlvr2_scores(labels, predictions)
+        except EvalInputError as error:  # identifiers not of the official form: no consistency groups
+            rank_zero_warn(f"NLVR2 consistency not computed: {error}")
+            correct = sum(labels[i] == predictions[i] for i in labels)
+            scores = {"accuracy": correct / len(labels)}
+        self.log_dict({f"val/{name}": value for name, value in scores.items()})
+
+    def predict_step(self, batch: dict, batch_idx: int) -> list[tuple[str, bool]]:
+        logits, _ = self.forward_batch(batch)
+        entries = list(zip(batch["identifier"], (logits.argmax(dim=-1) == 1).tolist(), strict=True))
+        self.predictions.extend(entries)
+        return entries
+
+    def on_predict_epoch_end(self) -> None:
+        entries = gather_objects(self.predictions)
+        if self.hparams.predictions_file is not None and self.trainer.is_global_zero:
+            write_nlvr2_predictions(entries, self.hparams.predictions_file)
+
+
+def write_nlvr2_predictions(entries: list[tuple[str, bool]], path: str | Path) -> None:
+    """Writes ``identifier,True|False`` lines atomically, one per identifier (the first one kept)."""
+    unique = dict(reversed(entries))  # the first entry of an identifier wins
+    lines = [f"{identifier},{unique[identifier]}" for identifier in dict.fromkeys(i for i, _ in entries)]
+    write_text_atomic(path, "\n".join(lines) + "\n")

@@ -1,0 +1,169 @@
+"""VQAv2 fine-tuning: answer classification over the training answer vocabulary (BEiT-3, Wang et al., 2023, §3.1;
+unilm ``BEiT3ForVisualQuestionAnswering``).
+
+Image and question go through the backbone as one sequence; the fused representation is the vision CLS token after
+BEiT-3's pooler (LayerNorm -> Linear(D, D) -> tanh), classified by Linear(D, 2D) -> LayerNorm -> GELU ->
+Linear(2D, num_answers). Targets are soft VQA scores (0.3 / 0.6 / 0.9 / 1.0 for 1 / 2 / 3 / >= 4 of the ten
+annotators, computed by :mod:`mmoe.data`); the loss is BEiT-3's ``BCEWithLogitsLoss`` mean times the number of answers
+(a sum over answers, a mean over questions).
+
+Validation reports two numbers: ``val/vqa_accuracy``, the official VQA accuracy (:func:`mmoe.metrics.vqa.vqa_accuracy`)
+of the predicted answer string against the ten human answers, overall and per answer type; and ``val/vqa_score``, the
+soft target of the argmax class (BEiT-3's in-training ``VQAScore``, which is lower when the right answer is outside the
+vocabulary). ``mmoe predict`` writes the test-dev submission ``[{"question_id", "answer"}]``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mmoe.metrics.vqa import vqa_accuracy
+from mmoe.moe import RoutingRecord
+from mmoe.tasks.common import FineTuningTask, gather_objects, write_text_atomic
+
+
+def load_answer_vocab(path: str | Path) -> list[str]:
+    """The answer vocabulary (class label -> answer) from ``answers.json``: a JSON list of answers (index = label) or
+    an object mapping answer -> label."""
+    path = Path(path)
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"answer vocabulary {path} does not exist (mmoe data convert vqav2 writes answers.json)"
+        ) from None
+    except json.JSONDecodeError as error:
+        raise ValueError(f"answer vocabulary {path} is not valid JSON: {error}") from None
+    if isinstance(value, dict):
+        labels = sorted(value.values())
+        if labels != list(range(len(value))):
+            raise ValueError(f"answer vocabulary {path}: labels must be 0..{len(value) - 1}, each once")
+        value = sorted(value, key=value.__getitem__)
+    if not isinstance(value, list) or not value or not all(isinstance(answer, str) for answer in value):
+        raise ValueError(f"answer vocabulary {path}: expected a non-empty JSON list of answer strings")
+    return value
+
+
+class Pooler(nn.Module):
+    """BEiT-3's pooler over one token: LayerNorm -> Linear(D, D) -> tanh."""
+
+    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(dim, eps=eps)
+        self.dense = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.dense(self.norm(x)))
+
+
+def init_head(module: nn.Module) -> None:
+    """BEiT-3 head init: truncated normal (std 0.02) linear weights, zero biases, LayerNorm 1 / 0."""
+    for layer in module.modules():
+        if isinstance(layer, nn.Linear):
+            nn.init.trunc_normal_(layer.weight, std=0.02)
+            nn.init.zeros_(layer.bias)
+        elif isinstance(layer, nn.LayerNorm):
+            nn.init.ones_(layer.weight)
+            nn.init.zeros_(layer.bias)
+
+
+class VQAFineTuning(FineTuningTask):
+    """Fine-tune a multiway backbone on VQAv2 (soft-target answer classification).
+
+    Batches (:class:`mmoe.data.collate.VQACollator`): ``image``, ``text_ids``, ``text_padding_mask``, ``targets``
+    (B, num_answers) soft scores for training; ``answers`` (ten raw human answers) and ``answer_type`` for the
+    validation accuracy; ``question_id`` for predictions.
+
+    Args:
+        answer_vocab: the training answer vocabulary, ``answers.json`` written by ``mmoe data convert vqav2`` (a JSON
+            list; the index is the class label).
+        predictions_file: where ``mmoe predict`` writes the submission ``[{"question_id", "answer"}]`` (atomically;
+            one entry per question id). None = not written.
+        **kwargs: the shared fine-tuning arguments of :class:`mmoe.tasks.common.FineTuningTask` (backbone,
+            pretrained, frozen_routing, balance and optimiser settings).
+    """
+
+    def __init__(self, answer_vocab: str, predictions_file: str | None = None, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.answers = load_answer_vocab(answer_vocab)
+        dim = self.backbone.config.dim
+        self.pooler = Pooler(dim, self.backbone.config.layernorm_eps)
+        self.head = nn.Sequential(
+            nn.Linear(dim, 2 * dim),
+            nn.LayerNorm(2 * dim, eps=self.backbone.config.layernorm_eps),
+            nn.GELU(),
+            nn.Linear(2 * dim, len(self.answers)),
+        )
+        init_head(self.pooler)
+        init_head(self.head)
+
+    def forward(self, image: torch.Tensor, text: torch.Tensor, text_padding_mask: torch.Tensor | None = None):
+        """(B, num_answers) logits and the routing records."""
+        out = self.backbone(image=image, text=text, text_padding_mask=text_padding_mask)
+        return self.head(self.pooler(out.hidden[:, 0])), out.routing  # vision CLS
+
+    def forward_batch(self, batch: dict) -> tuple[torch.Tensor, list[RoutingRecord]]:
+        return self(batch["image"], batch["text_ids"], batch.get("text_padding_mask"))
+
+    def task_loss(self, logits: torch.Tensor, batch: dict) -> torch.Tensor:
+        targets = batch["targets"]
+        return F.binary_cross_entropy_with_logits(logits.float(), targets.float()) * targets.shape[1]
+
+    def predicted_answers(self, logits: torch.Tensor) -> list[str]:
+        return [self.answers[index] for index in logits.argmax(dim=-1).tolist()]
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        if "targets" in batch:
+            _, _, logits = self.shared_step(batch, "val")
+            score = batch["targets"].gather(1, logits.argmax(dim=-1, keepdim=True)).float().mean()
+            self.log("val/vqa_score", 100 * score, batch_size=len(logits), sync_dist=True)
+        else:
+            logits, _ = self.forward_batch(batch)
+        humans = batch.get("answers")
+        if not humans:
+            return
+        types = batch.get("answer_type") or [""] * len(humans)
+        for prediction, answers, answer_type in zip(self.predicted_answers(logits), humans, types, strict=True):
+            if answers:
+                self.validation_outputs.append({"accuracy": vqa_accuracy(prediction, answers), "type": answer_type})
+
+    def on_validation_epoch_end(self) -> None:
+        outputs = gather_objects(self.validation_outputs)
+        self.validation_outputs = []
+        if not outputs:
+            return
+        log = {"val/vqa_accuracy": 100 * sum(o["accuracy"] for o in outputs) / len(outputs)}
+        for answer_type in sorted({o["type"] for o in outputs if o["type"]}):
+            scores = [o["accuracy"] for o in outputs if o["type"] == answer_type]
+            log[f"val/vqa_accuracy_{answer_type.replace('/', '_')}"] = 100 * sum(scores) / len(scores)
+        self.log_dict(log)
+
+    def predict_step(self, batch: dict, batch_idx: int) -> list[dict]:
+        logits, _ = self.forward_batch(batch)
+        question_ids = batch["question_id"]
+        question_ids = question_ids.tolist() if isinstance(question_ids, torch.Tensor) else list(question_ids)
+        entries = [
+            {"question_id": qid, "answer": answer}
+            for qid, answer in zip(question_ids, self.predicted_answers(logits), strict=True)
+        ]
+        self.predictions.extend(entries)
+        return entries
+
+    def on_predict_epoch_end(self) -> None:
+        entries = gather_objects(self.predictions)
+        if self.hparams.predictions_file is not None and self.trainer.is_global_zero:
+            write_vqa_results(entries, self.hparams.predictions_file)
+
+
+def write_vqa_results(entries: list[dict], path: str | Path) -> None:
+    """Writes ``[{"question_id", "answer"}]`` atomically, one entry per question id (the first one kept; a
+    distributed sampler may repeat samples to even out the ranks)."""
+    unique: dict[int, dict] = {}
+    for entry in entries:
+        unique.setdefault(entry["question_id"], entry)
+    write_text_atomic(path, json.dumps(list(unique.values())) + "\n")

@@ -1,0 +1,236 @@
+"""VQA, NLVR2 and captioning heads on hand-made batches: shapes, losses, pairing, the captioning mask, frozen routing,
+loading a pre-trained backbone and the shared optimiser."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mmoe.data.tokenizer import EOT_ID, MASK_ID, PAD_ID, SOT_ID, VOCAB_SIZE
+from mmoe.model import MoEPlan, MultiwayConfig
+from mmoe.tasks.captioning import CaptioningFineTuning, caption_attention_mask, label_smoothed_cross_entropy
+from mmoe.tasks.checkpoint import export_backbone
+from mmoe.tasks.common import build_backbone, layer_id, parameter_groups
+from mmoe.tasks.decoding import beam_search, greedy_search
+from mmoe.tasks.nlvr2 import NLVR2FineTuning
+from mmoe.tasks.vqa import VQAFineTuning, load_answer_vocab
+
+TINY = dict(dim=32, depth=2, num_heads=4, ffn_dim=64, image_size=32, patch_size=16, max_text_positions=16)
+
+
+def config(moe: bool = True, **overrides) -> MultiwayConfig:
+    plan = MoEPlan(num_experts=4, every=1) if moe else None
+    return MultiwayConfig(**(TINY | {"vocab_size": 120, "moe": plan} | overrides))
+
+
+@pytest.fixture()
+def answers(tmp_path):
+    path = tmp_path / "answers.json"
+    path.write_text('["yes", "no", "2", "red"]')
+    return str(path)
+
+
+def images(count: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(count, 3, 32, 32, generator=torch.Generator().manual_seed(seed))
+
+
+def texts(count: int, length: int = 6, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.randint(3, 110, (count, length), generator=torch.Generator().manual_seed(seed))
+    padding = torch.zeros(count, length, dtype=torch.bool)
+    padding[0, length - 2 :] = True
+    return ids, padding
+
+
+def test_answer_vocab_forms_and_errors(tmp_path, answers):
+    assert load_answer_vocab(answers) == ["yes", "no", "2", "red"]
+    (tmp_path / "map.json").write_text('{"no": 1, "yes": 0}')
+    assert load_answer_vocab(tmp_path / "map.json") == ["yes", "no"]
+    (tmp_path / "bad.json").write_text('{"no": 1, "yes": 1}')
+    with pytest.raises(ValueError, match="labels must be"):
+        load_answer_vocab(tmp_path / "bad.json")
+    with pytest.raises(FileNotFoundError, match="mmoe data convert vqav2"):
+        load_answer_vocab(tmp_path / "none.json")
+
+
+def test_vqa_logits_and_soft_target_bce(answers):
+    task = VQAFineTuning(answer_vocab=answers, backbone=config())
+    ids, padding = texts(3)
+    targets = torch.tensor([[1.0, 0, 0, 0], [0, 0.3, 0.9, 0], [0, 0, 0, 0]])
+    batch = {"image": images(3), "text_ids": ids, "text_padding_mask": padding, "targets": targets}
+    logits, routing = task.forward_batch(batch)
+    assert logits.shape == (3, 4) and len(routing) == 4  # 2 MoE layers x 2 modalities
+    loss = task.task_loss(logits, batch)
+    # BEiT-3: mean BCE times the number of answers = sum over answers of the soft-target BCE, mean over questions.
+    p = torch.sigmoid(logits.float())
+    by_hand = -(targets * p.log() + (1 - targets) * (1 - p).log()).sum(dim=1).mean()
+    torch.testing.assert_close(loss, by_hand, rtol=1e-5, atol=1e-5)
+
+    output = task.training_step(batch, 0)
+    balance = torch.stack([r.balance_loss for r in output["routing"]]).sum()
+    torch.testing.assert_close(output["loss"], loss + 1e-2 * balance)
+    assert all(not r.balance_loss.requires_grad for r in output["routing"])
+    output["loss"].backward()
+    assert task.head[0].weight.grad is not None and task.pooler.dense.weight.grad is not None
+
+
+def test_vqa_uses_the_pooled_vision_cls(answers):
+    task = VQAFineTuning(answer_vocab=answers, backbone=config(moe=False)).eval()
+    ids, _ = texts(2)
+    out = task.backbone(image=images(2), text=ids)
+    logits, _ = task(images(2), ids)
+    torch.testing.assert_close(logits, task.head(task.pooler(out.hidden[:, 0])))
+    other, _ = task(images(2), texts(2, seed=1)[0])
+    assert not torch.allclose(logits, other)  # the question reaches the vision CLS through attention
+
+
+def test_nlvr2_pairs_each_image_with_the_sentence_in_one_pass():
+    task = NLVR2FineTuning(backbone=config()).eval()
+    left, right = images(3, 0), images(3, 1)
+    ids, padding = texts(3)
+    features, routing = task.pair_features(left, right, ids, padding)
+    assert features.shape == (3, 4 * 32)
+    assert all(r.expert_index.shape[0] == 6 for r in routing)  # one pass over the doubled batch
+    for part, image in enumerate((left, right)):
+        out = task.backbone(image=image, text=ids, text_padding_mask=padding)
+        single = torch.cat([out.hidden[:, 0], out.hidden[:, out.image_len]], dim=-1)
+        torch.testing.assert_close(features[:, part * 64 : (part + 1) * 64], single, atol=1e-5, rtol=1e-5)
+
+    batch = {
+        "image_left": left,
+        "image_right": right,
+        "text_ids": ids,
+        "text_padding_mask": padding,
+        "label": torch.tensor([1, 0, 1]),
+    }
+    logits, _ = task.forward_batch(batch)
+    assert logits.shape == (3, 2)
+    torch.testing.assert_close(task.task_loss(logits, batch), F.cross_entropy(logits, batch["label"]))
+    # BEiT-3's 1e-3-scaled head init starts near chance.
+    assert logits.abs().max() < 0.05
+
+
+def test_caption_mask_image_never_sees_text_and_text_is_causal():
+    mask = caption_attention_mask(3, 4)[0]
+    assert mask.shape == (7, 7)
+    assert mask[:3, :3].all() and not mask[:3, 3:].any()  # image -> image only
+    assert mask[3:, :3].all()  # text -> every image token
+    assert torch.equal(mask[3:, 3:], torch.ones(4, 4, dtype=torch.bool).tril())  # text -> text causal
+
+
+def captioner(**overrides) -> CaptioningFineTuning:
+    backbone = MultiwayConfig(**(TINY | {"vocab_size": VOCAB_SIZE, "moe": MoEPlan(num_experts=4, every=2)}))
+    return CaptioningFineTuning(backbone=backbone, max_length=8, **overrides).eval()
+
+
+def test_caption_backbone_mask_in_effect():
+    task = captioner()
+    image = images(2)
+    ids = torch.randint(0, 1000, (2, 6), generator=torch.Generator().manual_seed(0))
+    changed = ids.clone()
+    changed[:, 4:] = 7
+    attn = caption_attention_mask(1 + task.backbone.config.num_patches, 6)
+    first = task.backbone(image=image, text=ids, attn_mask=attn)
+    second = task.backbone(image=image, text=changed, attn_mask=attn)
+    # Image tokens never see text: identical image states; text before position 4 cannot see what follows it.
+    torch.testing.assert_close(first.image_hidden, second.image_hidden)
+    torch.testing.assert_close(first.text_hidden[:, :4], second.text_hidden[:, :4])
+    assert not torch.allclose(first.text_hidden[:, 4:], second.text_hidden[:, 4:])
+
+
+def test_caption_masked_token_loss_is_label_smoothed():
+    task = captioner()
+    targets = torch.tensor([[SOT_ID, 11, 12, 13, EOT_ID, PAD_ID], [SOT_ID, 21, 22, EOT_ID, PAD_ID, PAD_ID]])
+    text_mask = torch.tensor([[0, 1, 0, 1, 1, 0], [0, 0, 1, 0, 0, 0]], dtype=torch.bool)
+    batch = {
+        "image": images(2),
+        "text_ids": torch.where(text_mask, MASK_ID, targets),
+        "text_padding_mask": targets == PAD_ID,
+        "text_targets": targets,
+        "text_mask": text_mask,
+    }
+    logits, _ = task.forward_batch(batch)
+    assert logits.shape == (4, VOCAB_SIZE)  # logits only at the 4 masked positions
+    loss = task.task_loss(logits, batch)
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    chosen = targets[text_mask]
+    eps, vocab = 0.1, VOCAB_SIZE
+    smoothed = torch.full_like(logp, eps / (vocab - 1))
+    smoothed[torch.arange(4), chosen] = 1 - eps
+    torch.testing.assert_close(loss, -(smoothed * logp).sum(-1).mean(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(label_smoothed_cross_entropy(logits, chosen, 0.0), F.cross_entropy(logits, chosen))
+
+
+def test_frozen_routing_from_an_exported_backbone_keeps_the_balance_loss(tmp_path, answers):
+    pretrained = build_backbone(config(), None)
+    export_backbone(pretrained, tmp_path / "backbone.pt")
+    task = VQAFineTuning(answer_vocab=answers, pretrained=str(tmp_path / "backbone.pt"), frozen_routing=True)
+    assert task.backbone.config.moe.frozen and task.hparams.backbone.moe.frozen
+    assert task.hparams.pretrained is None  # its checkpoints are self-contained
+    frozen = [name for name, p in task.backbone.named_parameters() if not p.requires_grad]
+    assert frozen and all(".router." in name or ".experts." in name for name in frozen)
+    for name, tensor in pretrained.state_dict().items():
+        torch.testing.assert_close(task.backbone.state_dict()[name], tensor)
+    ids, padding = texts(2)
+    batch = {"image": images(2), "text_ids": ids, "text_padding_mask": padding, "targets": torch.zeros(2, 4)}
+    output = task.training_step(batch, 0)
+    balance = torch.stack([r.balance_loss for r in output["routing"]]).sum()
+    assert balance > 0
+    torch.testing.assert_close(output["loss"], task.task_loss(task.forward_batch(batch)[0], batch) + 1e-2 * balance)
+    optimised = {id(p) for group in parameter_groups(task, 0.05) for p in group["params"]}
+    assert not any(id(p) in optimised for p in task.backbone.parameters() if not p.requires_grad)
+
+
+def test_pretrained_at_another_image_size_resizes_vision_positions(tmp_path):
+    pretrained = build_backbone(config(), None)
+    export_backbone(pretrained, tmp_path / "backbone.pt")
+    larger = dataclasses.replace(config(), image_size=64)
+    backbone = build_backbone(larger, str(tmp_path / "backbone.pt"))
+    assert backbone.vision_positions.shape == (1 + 16, 32)
+    torch.testing.assert_close(backbone.vision_positions[0], pretrained.vision_positions[0])  # CLS row kept
+    # A constant grid stays constant under bicubic resizing.
+    assert backbone(image=torch.randn(1, 3, 64, 64)).hidden.shape == (1, 17, 32)
+    with pytest.raises(ValueError, match="does not match the architecture"):
+        build_backbone(dataclasses.replace(config(), dim=64, num_heads=4), str(tmp_path / "backbone.pt"))
+    with pytest.raises(ValueError, match="model.backbone"):
+        NLVR2FineTuning()
+
+
+def test_layer_decay_and_head_multiplier(answers):
+    task = VQAFineTuning(answer_vocab=answers, backbone=config(moe=False), layer_decay=0.5, head_lr_multiplier=20.0)
+    assert layer_id("patch_embed.weight", 2) == 0 and layer_id("layers.1.attention.qkv.0.weight", 2) == 2
+    assert layer_id("final_norm.0.weight", 2) == 3
+    scales = {}
+    for group in parameter_groups(task, 0.05, 0.5, 20.0, task.head_prefixes):
+        for parameter in group["params"]:
+            scales[id(parameter)] = (group["lr_scale"], group["weight_decay"])
+    named = dict(task.named_parameters())
+    assert scales[id(named["backbone.patch_embed.weight"])] == (0.5**3, 0.05)
+    assert scales[id(named["backbone.text_positions"])] == (0.5**3, 0.0)
+    assert scales[id(named["backbone.layers.1.ffn.0.fc1.weight"])] == (0.5, 0.05)
+    assert scales[id(named["backbone.layers.0.ffn.0.fc1.weight"])] == (0.25, 0.05)
+    assert scales[id(named["backbone.final_norm.0.weight"])] == (1.0, 0.0)
+    assert scales[id(named["head.0.weight"])] == (20.0, 0.05)
+    assert scales[id(named["head.0.bias"])] == (20.0, 0.0)
+    assert scales[id(named["pooler.dense.weight"])] == (1.0, 0.05)  # BEiT-3 scales head* only
+    assert len(scales) == len(named)  # every trainable parameter is in exactly one group
+
+
+def test_caption_generation_beam_one_is_greedy_and_batched():
+    task = captioner(num_beams=3)
+    image = images(3, seed=4)
+    with torch.no_grad():
+        greedy = greedy_search(task.next_token_scorer(image), 3, **task.decoding_options())
+        one_beam = beam_search(task.next_token_scorer(image, 1), 3, 1, **task.decoding_options())
+    torch.testing.assert_close(one_beam.tokens, greedy.tokens)
+    torch.testing.assert_close(one_beam.scores, greedy.scores)
+    three = task.generate(image)
+    assert three.tokens.shape[0] == 3 and three.tokens.shape[1] <= 8
+    assert (three.scores >= greedy.scores - 1e-5).all()  # greedy's sequence is among beam search's candidates
+    for row in range(3):  # every sample decodes as it would alone
+        alone = task.generate(image[row : row + 1])
+        length = alone.tokens.shape[1]
+        assert torch.equal(alone.tokens[0], three.tokens[row, :length])
+    assert all(isinstance(caption, str) for caption in task.captions(image))
