@@ -162,14 +162,14 @@ def test_pretraining_mixture_follows_ratios_and_masks(tmp_path):
     }
     mixture = StreamMixture(streams, {"image": 2.0, "text": 1.0, "pair": 1.0}, seed=0, batches_per_epoch=400)
     batches = list(EpochDataLoader(mixture, batch_size=None, num_workers=0))
-    counts = {name: sum(b["modality"] == name for b in batches) for name in streams}
+    counts = {name: sum(b["kind"] == name for b in batches) for name in streams}
     assert len(batches) == 400 and abs(counts["image"] / 400 - 0.5) < 0.08
-    image = next(b for b in batches if b["modality"] == "image")
+    image = next(b for b in batches if b["kind"] == "image")
     assert image["image"].shape == (4, 3, 32, 32) and image["image_mask"].shape == (4, 4)
     assert (image["image_mask"].sum(1) == 2).all()  # round(0.4 * 4)
-    text = next(b for b in batches if b["modality"] == "text")
+    text = next(b for b in batches if b["kind"] == "text")
     assert {"text_ids", "text_padding_mask", "text_targets", "text_mask"} <= text.keys() and "image" not in text
-    pair = next(b for b in batches if b["modality"] == "pair")
+    pair = next(b for b in batches if b["kind"] == "pair")
     assert not pair["image_mask"].any() and pair["text_mask"].any()
 
 

@@ -241,14 +241,17 @@ class StreamMixture(IterableDataset):
     """Pre-training batches drawn from several batch streams (image / text / pair) with given ratios.
 
     Every batch comes from one stream (BEiT-3 runs images, texts and pairs as separate forward passes). A stream that
-    ends leaves the mixture; the mixture ends when all have ended or after ``batches_per_epoch``.
+    ends leaves the mixture; the mixture ends when all have ended or after ``batches_per_epoch``. With
+    ``joint=True`` every step instead yields one batch of every stream, ``{name: batch}`` (BEiT-3's step over 2048
+    images + 2048 texts + 2048 pairs), until one stream ends.
 
     Args:
-        streams: name -> batch stream; each batch gets ``"modality": name``.
+        streams: name -> batch stream; each batch gets ``"kind": name``.
         ratios: name -> relative frequency (> 0).
         seed: seeds the choice of streams.
-        batches_per_epoch: batches per epoch and process, shared out among the DataLoader workers; None = until
-            the streams end (never, for repeating streams).
+        batches_per_epoch: batches (steps, with ``joint``) per epoch and process, shared out among the DataLoader
+            workers; None = until the streams end (never, for repeating streams).
+        joint: yield ``{name: batch}`` with one batch of every stream instead of mixing.
     """
 
     def __init__(
@@ -257,6 +260,7 @@ class StreamMixture(IterableDataset):
         ratios: dict[str, float],
         seed: int = 0,
         batches_per_epoch: int | None = None,
+        joint: bool = False,
     ) -> None:
         super().__init__()
         if not streams:
@@ -266,6 +270,7 @@ class StreamMixture(IterableDataset):
             raise ValueError(f"StreamMixture ratios must be > 0 for every stream, got {bad}")
         self.streams, self.ratios, self.seed = streams, ratios, seed
         self.batches_per_epoch = batches_per_epoch
+        self.joint = joint
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -284,6 +289,13 @@ class StreamMixture(IterableDataset):
             limit = share + (consumer.worker < extra)
         active = {name: iter(stream) for name, stream in self.streams.items()}
         produced = 0
+        while self.joint and produced < limit:
+            try:
+                step = {name: {**next(iterator), "kind": name} for name, iterator in active.items()}
+            except StopIteration:
+                return
+            produced += 1
+            yield step
         while active and produced < limit:
             names = list(active)
             weights = np.array([self.ratios[name] for name in names], dtype=np.float64)
@@ -293,7 +305,7 @@ class StreamMixture(IterableDataset):
             except StopIteration:
                 del active[name]
                 continue
-            batch["modality"] = name
+            batch["kind"] = name
             produced += 1
             yield batch
 
@@ -311,3 +323,22 @@ class EpochDataLoader(DataLoader):
             self.dataset.set_epoch(self._epochs_started)
         self._epochs_started += 1
         return super().__iter__()
+
+
+def eval_image_batches(
+    spec: str | Sequence[str], image_size: int, batch_size: int = 64, num_workers: int = 0
+) -> Iterator[torch.Tensor]:
+    """Image tensors (B, 3, image_size, image_size) from any shards holding images (image-only, pairs, VQA, captions),
+    with the evaluation transform, in shard order: for fitting a visual codebook or computing statistics."""
+    from mmoe.data.decoders import ImageDecoder
+    from mmoe.data.shards import resolve_shards
+    from mmoe.data.transforms import eval_transform
+
+    stream = ShardStream(
+        resolve_shards(spec),
+        ImageDecoder(eval_transform(image_size), min_side=image_size),
+        collate=lambda items, rng: torch.stack([item["image"] for item in items]),
+        batch_size=batch_size,
+        handler=SkipCorruptSamples("images"),
+    )
+    yield from DataLoader(stream, batch_size=None, num_workers=num_workers)

@@ -1,0 +1,433 @@
+"""Lightning DataModules reading webdataset shards: pre-training (image / text / pair streams with BEiT-3 masks) and
+fine-tuning on VQAv2, NLVR2 and COCO captioning.
+
+Shard arguments accept what :func:`mmoe.data.shards.resolve_shards` accepts: a converter's output folder, a glob, a
+brace pattern, or a list of these. Loaders yield ready batches (``batch_size=None`` DataLoaders over iterable
+datasets); each process and DataLoader worker reads a disjoint part of the shards. Batch keys are listed on each class
+and in :mod:`mmoe.data.collate`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import lightning as L
+import torch
+
+from mmoe.data.collate import CaptionCollator, PlainCollator, PretrainCollator, VQACollator
+from mmoe.data.decoders import (
+    CaptionDecoder,
+    ImageDecoder,
+    NLVR2Decoder,
+    PairDecoder,
+    TextDecoder,
+    VQADecoder,
+)
+from mmoe.data.masking import MaskingConfig
+from mmoe.data.pipelines import Collator, Decoder, EpochDataLoader, ShardStream, SkipCorruptSamples, StreamMixture
+from mmoe.data.shards import resolve_shards
+from mmoe.data.tokenizer import TextTokenizer
+from mmoe.data.transforms import eval_transform, train_transform
+
+ShardSpec = str | list[str] | None
+
+
+def _min_side(image_size: int, crop_scale: tuple[float, float] | None) -> int:
+    """Smallest decoded side that still gives ``image_size`` pixels for the smallest random crop."""
+    return image_size if crop_scale is None else math.ceil(image_size / math.sqrt(crop_scale[0]))
+
+
+def _loader(dataset, num_workers: int) -> EpochDataLoader:
+    return EpochDataLoader(dataset, batch_size=None, num_workers=num_workers, pin_memory=torch.cuda.is_available())
+
+
+class _ShardDataModule(L.LightningDataModule):
+    """What the DataModules share: building shard streams, loaders, and counting skipped samples."""
+
+    def __init__(self, num_workers: int, shuffle_buffer: int, seed: int) -> None:
+        super().__init__()
+        if num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0, got {num_workers!r}")
+        self.num_workers, self.shuffle_buffer, self.seed = num_workers, shuffle_buffer, seed
+        self.handlers: dict[str, SkipCorruptSamples] = {}
+
+    def _stream(
+        self,
+        split: str,
+        shards: ShardSpec,
+        decode: Decoder,
+        collate: Collator,
+        batch_size: int,
+        train: bool,
+        repeat: bool = False,
+    ) -> ShardStream:
+        handler = self.handlers.setdefault(split, SkipCorruptSamples(split))
+        return ShardStream(
+            resolve_shards(shards),
+            decode,
+            collate,
+            batch_size,
+            drop_last=train,
+            shuffle_buffer=self.shuffle_buffer if train else 0,
+            repeat=repeat,
+            seed=self.seed,
+            handler=handler,
+        )
+
+    def skipped_samples(self) -> dict[str, int]:
+        """Corrupt samples skipped so far per split / stream (workers included)."""
+        return {split: handler.skipped for split, handler in self.handlers.items()}
+
+
+class PretrainDataModule(_ShardDataModule):
+    """BEiT-3 masked data modeling batches from image-only, text-only and image-text pair shards.
+
+    Training batches come from one stream at a time, drawn with the given weights (or, with ``joint``, one batch of
+    every stream per step as ``{kind: batch}``); streams repeat without end, and an epoch is ``batches_per_epoch``
+    batches. Every batch has ``kind`` (``"image"``, ``"text"`` or ``"pair"``) and ``key`` (sample keys):
+
+    * image: ``image`` (B, 3, S, S), ``image_mask`` (B, N) bool, block-wise, ``image_ratio`` of the patches;
+    * text: ``text_ids`` (B, T) masked input, ``text_targets`` (B, T) original ids, ``text_mask`` (B, T) bool,
+      ``text_padding_mask`` (B, T) bool;
+    * pair: all of the above; ``image_mask`` is all False unless ``masking.mask_pair_images``.
+
+    Validation (optional val shards) reads each stream once with fixed masks.
+
+    Args:
+        image_shards: image-only shards (``mmoe data convert images``).
+        text_shards: text-only shards (``mmoe data convert text``).
+        pair_shards: image-text shards (``mmoe data convert tsv``, or caption shards).
+        val_image_shards: validation image shards.
+        val_text_shards: validation text shards.
+        val_pair_shards: validation pair shards.
+        image_weight: relative frequency of image batches.
+        text_weight: relative frequency of text batches.
+        pair_weight: relative frequency of pair batches.
+        joint: one batch of every stream per training step instead of a weighted mixture.
+        batch_size: samples per batch (per stream).
+        image_size: image side S in pixels.
+        patch_size: the model's patch side; the mask grid is (S / patch_size)^2.
+        max_text_length: longest text in tokens, start and end included.
+        masking: masking ratios and replacement fractions (BEiT-3 defaults).
+        crop_scale: RandomResizedCrop area range for training images.
+        hflip: random horizontal flips of training images.
+        shuffle_buffer: sample shuffle buffer per worker.
+        batches_per_epoch: training batches (steps, with ``joint``) per epoch and process.
+        num_workers: DataLoader workers (0 = in the main process).
+        seed: seeds shuffling, stream choice and masks.
+    """
+
+    def __init__(
+        self,
+        image_shards: ShardSpec = None,
+        text_shards: ShardSpec = None,
+        pair_shards: ShardSpec = None,
+        val_image_shards: ShardSpec = None,
+        val_text_shards: ShardSpec = None,
+        val_pair_shards: ShardSpec = None,
+        image_weight: float = 1.0,
+        text_weight: float = 1.0,
+        pair_weight: float = 1.0,
+        joint: bool = False,
+        batch_size: int = 32,
+        image_size: int = 224,
+        patch_size: int = 16,
+        max_text_length: int = 64,
+        masking: MaskingConfig | None = None,
+        crop_scale: tuple[float, float] = (0.5, 1.0),
+        hflip: bool = True,
+        shuffle_buffer: int = 1000,
+        batches_per_epoch: int | None = 1000,
+        num_workers: int = 2,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(num_workers, shuffle_buffer, seed)
+        if image_size % patch_size:
+            raise ValueError(f"image_size={image_size} is not divisible by patch_size={patch_size}")
+        if not any((image_shards, text_shards, pair_shards)):
+            raise ValueError("PretrainDataModule needs at least one of image_shards, text_shards, pair_shards")
+        self.save_hyperparameters()
+        self.train_shards = {"image": image_shards, "text": text_shards, "pair": pair_shards}
+        self.val_shards = {"image": val_image_shards, "text": val_text_shards, "pair": val_pair_shards}
+        self.weights = {"image": image_weight, "text": text_weight, "pair": pair_weight}
+        self.joint, self.batch_size, self.image_size = joint, batch_size, image_size
+        self.grid = (image_size // patch_size, image_size // patch_size)
+        self.masking = masking or MaskingConfig()
+        self.tokenizer = TextTokenizer(max_text_length)
+        self.crop_scale, self.hflip = crop_scale, hflip
+        self.batches_per_epoch = batches_per_epoch
+
+    def _decoder(self, kind: str, train: bool) -> Decoder:
+        if train:
+            transform = train_transform(self.image_size, self.crop_scale, self.hflip)
+            min_side = _min_side(self.image_size, self.crop_scale)
+        else:
+            transform, min_side = eval_transform(self.image_size), self.image_size
+        if kind == "image":
+            return ImageDecoder(transform, min_side)
+        if kind == "text":
+            return TextDecoder(self.tokenizer)
+        return PairDecoder(transform, self.tokenizer, min_side)
+
+    def _mixture(self, shards: dict[str, ShardSpec], train: bool) -> StreamMixture:
+        streams = {
+            kind: self._stream(
+                f"{'train' if train else 'val'}/{kind}",
+                spec,
+                self._decoder(kind, train),
+                PretrainCollator(kind, self.grid, self.masking, self.tokenizer),
+                self.batch_size,
+                train=train,
+                repeat=train,
+            )
+            for kind, spec in shards.items()
+            if spec
+        }
+        return StreamMixture(
+            streams,
+            {kind: self.weights[kind] for kind in streams},
+            seed=self.seed,
+            batches_per_epoch=self.batches_per_epoch if train else None,
+            joint=self.joint and train,
+        )
+
+    def train_dataloader(self) -> EpochDataLoader:
+        return _loader(self._mixture(self.train_shards, train=True), self.num_workers)
+
+    def val_dataloader(self) -> EpochDataLoader | list:
+        if not any(self.val_shards.values()):
+            return []
+        return _loader(self._mixture(self.val_shards, train=False), self.num_workers)
+
+
+class _FinetuneDataModule(_ShardDataModule):
+    """Train / val / test loaders over one task's shards (``predict`` reads the test shards)."""
+
+    def __init__(
+        self,
+        train_shards: ShardSpec,
+        val_shards: ShardSpec,
+        test_shards: ShardSpec,
+        image_size: int,
+        max_text_length: int,
+        batch_size: int,
+        eval_batch_size: int | None,
+        crop_scale: tuple[float, float],
+        hflip: bool,
+        shuffle_buffer: int,
+        num_workers: int,
+        seed: int,
+    ) -> None:
+        super().__init__(num_workers, shuffle_buffer, seed)
+        self.shards = {"train": train_shards, "val": val_shards, "test": test_shards}
+        self.image_size, self.batch_size = image_size, batch_size
+        self.eval_batch_size = eval_batch_size or batch_size
+        self.tokenizer = TextTokenizer(max_text_length)
+        self.crop_scale, self.hflip = crop_scale, hflip
+
+    def _transform(self, train: bool):
+        if train:
+            transform = train_transform(self.image_size, self.crop_scale, self.hflip)
+            return transform, _min_side(self.image_size, self.crop_scale)
+        return eval_transform(self.image_size), self.image_size
+
+    def _decoder(self, train: bool) -> Decoder:
+        raise NotImplementedError
+
+    def _collator(self, train: bool) -> Collator:
+        raise NotImplementedError
+
+    def _split_loader(self, split: str) -> EpochDataLoader | list:
+        if not self.shards[split]:
+            if split == "train":
+                raise ValueError(f"{type(self).__name__} has no train_shards")
+            return []
+        train = split == "train"
+        size = self.batch_size if train else self.eval_batch_size
+        stream = self._stream(split, self.shards[split], self._decoder(train), self._collator(train), size, train)
+        return _loader(stream, self.num_workers)
+
+    def train_dataloader(self):
+        return self._split_loader("train")
+
+    def val_dataloader(self):
+        return self._split_loader("val")
+
+    def test_dataloader(self):
+        return self._split_loader("test")
+
+    def predict_dataloader(self):
+        return self._split_loader("test")
+
+
+class VQADataModule(_FinetuneDataModule):
+    """VQAv2 batches from ``mmoe data convert vqav2`` shards.
+
+    Keys: ``image`` (B, 3, S, S), ``text_ids`` / ``text_padding_mask`` (B, T) (the question), ``question_id`` and
+    ``image_id`` (B,) long, ``question`` (list), ``answers`` (list of the 10 human answers, empty for test),
+    ``answer_type`` and ``question_type`` (lists), and, when the split has answers, ``targets`` (B, num_answers)
+    float: the official accuracy of each vocabulary answer (0.3 / 0.6 / 0.9 / 1.0 for 1 / 2 / 3 / >= 4 annotators),
+    computed from the human answers with ``answer_vocab``. Training drops questions with no vocabulary answer
+    (ViLT, BEiT-3).
+
+    Args:
+        answer_vocab: ``answers.json`` of the training split (JSON list; index = class label).
+        train_shards: training shards (e.g. ``data/shards/vqav2-train2014``).
+        val_shards: validation shards.
+        test_shards: test shards (test / predict loaders).
+        image_size: image side S in pixels (BEiT-3 uses 480 for VQA).
+        max_text_length: longest question in tokens.
+        batch_size: training batch size.
+        eval_batch_size: validation / test batch size (default: ``batch_size``).
+        crop_scale: RandomResizedCrop area range for training images.
+        hflip: random horizontal flips of training images.
+        shuffle_buffer: sample shuffle buffer per worker.
+        num_workers: DataLoader workers.
+        seed: seeds shuffling.
+    """
+
+    def __init__(
+        self,
+        answer_vocab: str,
+        train_shards: ShardSpec = None,
+        val_shards: ShardSpec = None,
+        test_shards: ShardSpec = None,
+        image_size: int = 224,
+        max_text_length: int = 64,
+        batch_size: int = 32,
+        eval_batch_size: int | None = None,
+        crop_scale: tuple[float, float] = (0.5, 1.0),
+        hflip: bool = True,
+        shuffle_buffer: int = 1000,
+        num_workers: int = 2,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(
+            train_shards, val_shards, test_shards, image_size, max_text_length, batch_size, eval_batch_size,
+            crop_scale, hflip, shuffle_buffer, num_workers, seed,
+        )  # fmt: skip
+        self.save_hyperparameters()
+        path = Path(answer_vocab)
+        if not path.is_file():
+            raise FileNotFoundError(f"answer_vocab {path} does not exist (mmoe data convert vqav2 writes answers.json)")
+        self.answers: list[str] = json.loads(path.read_text())
+        self.vocab = {answer: label for label, answer in enumerate(self.answers)}
+
+    @property
+    def num_answers(self) -> int:
+        return len(self.answers)
+
+    def _decoder(self, train: bool) -> Decoder:
+        transform, min_side = self._transform(train)
+        return VQADecoder(transform, self.tokenizer, self.vocab, drop_unanswerable=train, min_side=min_side)
+
+    def _collator(self, train: bool) -> Collator:
+        return VQACollator(self.num_answers, self.tokenizer)
+
+
+class NLVR2DataModule(_FinetuneDataModule):
+    """NLVR2 batches from ``mmoe data convert nlvr2`` shards.
+
+    Keys: ``image_left``, ``image_right`` (B, 3, S, S), ``text_ids`` / ``text_padding_mask`` (B, T) (the sentence),
+    ``label`` (B,) long (1 true, 0 false, -1 unlabelled), ``identifier`` and ``sentence`` (lists).
+
+    Args:
+        train_shards: training shards.
+        val_shards: validation shards (dev).
+        test_shards: test shards (test1).
+        image_size: image side S in pixels (BEiT-3: 224).
+        max_text_length: longest sentence in tokens.
+        batch_size: training batch size.
+        eval_batch_size: validation / test batch size (default: ``batch_size``).
+        crop_scale: RandomResizedCrop area range for training images.
+        hflip: random horizontal flips of training images (each image separately; texts are not changed).
+        shuffle_buffer: sample shuffle buffer per worker.
+        num_workers: DataLoader workers.
+        seed: seeds shuffling.
+    """
+
+    def __init__(
+        self,
+        train_shards: ShardSpec = None,
+        val_shards: ShardSpec = None,
+        test_shards: ShardSpec = None,
+        image_size: int = 224,
+        max_text_length: int = 64,
+        batch_size: int = 32,
+        eval_batch_size: int | None = None,
+        crop_scale: tuple[float, float] = (0.5, 1.0),
+        hflip: bool = True,
+        shuffle_buffer: int = 1000,
+        num_workers: int = 2,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(
+            train_shards, val_shards, test_shards, image_size, max_text_length, batch_size, eval_batch_size,
+            crop_scale, hflip, shuffle_buffer, num_workers, seed,
+        )  # fmt: skip
+        self.save_hyperparameters()
+
+    def _decoder(self, train: bool) -> Decoder:
+        transform, min_side = self._transform(train)
+        return NLVR2Decoder(transform, self.tokenizer, min_side)
+
+    def _collator(self, train: bool) -> Collator:
+        return PlainCollator(self.tokenizer)
+
+
+class CaptioningDataModule(_FinetuneDataModule):
+    """COCO captioning batches from ``mmoe data convert coco-captions`` shards (one sample per image).
+
+    Training yields one item per caption, masked the BEiT-3 way: ``image``, ``text_ids`` (masked),
+    ``text_targets``, ``text_mask``, ``text_padding_mask``, ``image_id``. Evaluation yields one item per image:
+    ``image``, ``image_id`` (B,) long and ``captions`` (list of each image's reference captions).
+
+    Args:
+        train_shards: training shards (e.g. ``coco-karpathy-train-restval``).
+        val_shards: validation shards (e.g. ``coco-karpathy-val``).
+        test_shards: test shards (e.g. ``coco-karpathy-test``).
+        image_size: image side S in pixels (BEiT-3 uses 480).
+        max_text_length: longest caption in tokens (BEiT-3 captioning: 32).
+        mask_ratio: share of caption tokens masked for training (BEiT-3 default 0.6, recipes 0.7).
+        batch_size: training batch size.
+        eval_batch_size: validation / test batch size (default: ``batch_size``).
+        crop_scale: RandomResizedCrop area range for training images.
+        hflip: random horizontal flips of training images.
+        shuffle_buffer: sample shuffle buffer per worker.
+        num_workers: DataLoader workers.
+        seed: seeds shuffling and masks.
+    """
+
+    def __init__(
+        self,
+        train_shards: ShardSpec = None,
+        val_shards: ShardSpec = None,
+        test_shards: ShardSpec = None,
+        image_size: int = 224,
+        max_text_length: int = 32,
+        mask_ratio: float = 0.6,
+        batch_size: int = 32,
+        eval_batch_size: int | None = None,
+        crop_scale: tuple[float, float] = (0.5, 1.0),
+        hflip: bool = True,
+        shuffle_buffer: int = 1000,
+        num_workers: int = 2,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(
+            train_shards, val_shards, test_shards, image_size, max_text_length, batch_size, eval_batch_size,
+            crop_scale, hflip, shuffle_buffer, num_workers, seed,
+        )  # fmt: skip
+        if not 0.0 < mask_ratio <= 1.0:
+            raise ValueError(f"mask_ratio must lie in (0, 1], got {mask_ratio!r}")
+        self.save_hyperparameters()
+        self.mask_ratio = mask_ratio
+
+    def _decoder(self, train: bool) -> Decoder:
+        transform, min_side = self._transform(train)
+        return CaptionDecoder(transform, self.tokenizer, "train" if train else "eval", min_side)
+
+    def _collator(self, train: bool) -> Collator:
+        return CaptionCollator(self.mask_ratio if train else 0.0, self.tokenizer)
