@@ -23,6 +23,7 @@ from mmoe.metrics.cli import eval_command
 from mmoe.moe import MoEConfig, MoELayer
 from mmoe.moe.cost import active_parameters_per_token, flops_per_token, moe_parameter_count
 from mmoe.tasks.cli import LIGHTNING_SUBCOMMANDS, lightning_command, tokenizer_command
+from mmoe.viz.cli import analyze_command, viz_command
 
 
 def moe_info(argv: Sequence[str]) -> int:
@@ -53,6 +54,8 @@ COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "tokenizer": tokenizer_command,
     "eval": eval_command,
     "data": data_command,
+    "viz": viz_command,
+    "analyze": analyze_command,
 }
 
 

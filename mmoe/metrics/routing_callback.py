@@ -1,0 +1,187 @@
+"""Lightning callback that logs routing statistics during training without slowing it down.
+
+The training tasks return ``{"loss": loss, "routing": list[RoutingRecord]}`` from ``training_step`` (records
+detached). After every batch the callback adds each record's expert counts and token-weighted entropy, dropped
+fraction and requested capacity into small tensors on the model's device (no host sync). Every ``every_n_steps``
+batches it sums them over the ranks (``trainer.strategy.reduce``), logs per layer and modality, through
+``pl_module.log_dict`` (so TensorBoard, CSV and any other logger get them)::
+
+    routing/layer{i}/{modality}/activation_ratio    MH-MoE Fig. 1a / 5 (threshold: a fraction of 1/E)
+    routing/layer{i}/{modality}/entropy             mean entropy of the routing distribution
+    routing/layer{i}/{modality}/load_min|load_max   smallest / largest expert share over the uniform share 1/E
+    routing/layer{i}/{modality}/load_cv             std / mean of the expert counts
+    routing/layer{i}/{modality}/dropped_fraction    share of choices dropped by the capacity
+    routing/layer{i}/{modality}/requested_capacity  Stratified MoE RC (1 for a plain layer)
+    routing/activation_ratio                        mean over the MoE layers
+
+and, with ``save_dir``, appends the window's loads to ``save_dir/routing_stats.json``
+(:mod:`mmoe.metrics.routing_stats`) for :mod:`mmoe.viz`.
+
+Lightning writes ``on_step`` values at its ``log_every_n_steps``; choose ``every_n_steps`` as a multiple of it (a
+warning says so otherwise), or a window's values are written at the next logging step or overwritten.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+
+import lightning as L
+import torch
+
+from mmoe.metrics.routing import DEFAULT_ACTIVATION_THRESHOLD, RoutingTotals, record_key, sort_keys, valid_tokens
+from mmoe.metrics.routing_collect import moe_layers
+from mmoe.metrics.routing_stats import STATS_FILENAME, STATS_FORMAT, write_json_atomic
+from mmoe.moe import RoutingRecord
+
+
+class RoutingStatsCallback(L.Callback):
+    """Log per-layer routing statistics every ``every_n_steps`` training batches.
+
+    Args:
+        every_n_steps: batches per logging window; statistics cover the window's tokens. X-MoE's inter-run
+            consistency accumulates loads over 100 steps.
+        activation_threshold: activation-ratio threshold as a fraction of the uniform share 1/E
+            (:data:`mmoe.metrics.routing.DEFAULT_ACTIVATION_THRESHOLD`).
+        save_dir: directory for ``routing_stats.json`` (written atomically by global rank 0); None = do not save.
+        prefix: prefix of the logged names.
+    """
+
+    def __init__(
+        self,
+        every_n_steps: int = 100,
+        activation_threshold: float = DEFAULT_ACTIVATION_THRESHOLD,
+        save_dir: str | Path | None = None,
+        prefix: str = "routing",
+    ) -> None:
+        if every_n_steps <= 0:
+            raise ValueError(f"RoutingStatsCallback.every_n_steps must be a positive integer, got {every_n_steps!r}")
+        if activation_threshold < 0:
+            raise ValueError(f"RoutingStatsCallback.activation_threshold must be >= 0, got {activation_threshold!r}")
+        self.every_n_steps = every_n_steps
+        self.activation_threshold = activation_threshold
+        self.save_dir = None if save_dir is None else Path(save_dir)
+        self.prefix = prefix
+        self._keys: dict[str, int] = {}  # key -> row
+        self._num_experts: dict[str, int] = {}
+        self._counts: torch.Tensor | None = None  # (K, max E) long
+        self._sums: torch.Tensor | None = None  # (K, 4): tokens, tokens * entropy, * dropped, * requested capacity
+        self._batches = 0
+        self._windows: list[dict] = []
+        self._total_loads: dict[str, list[int]] = {}
+        self._warned_no_routing = False
+
+    # -- accumulation ------------------------------------------------------------------------------------------------
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Rows are fixed from the model's structure, so every rank reduces tensors of the same shape even when a
+        # modality is absent from some rank's batches.
+        layers = moe_layers(pl_module)
+        self._num_experts = {key: layer.config.num_experts for key, layer in layers.items()}
+        self._keys = {key: row for row, key in enumerate(sort_keys(self._num_experts))}
+        self._allocate(pl_module.device)
+        log_every = getattr(trainer, "log_every_n_steps", 0)
+        if log_every and self.every_n_steps % log_every:
+            warnings.warn(
+                f"RoutingStatsCallback.every_n_steps={self.every_n_steps} is not a multiple of the Trainer's "
+                f"log_every_n_steps={log_every}: windows are written at the next logging step",
+                stacklevel=2,
+            )
+
+    def _allocate(self, device: torch.device) -> None:
+        max_experts = max(self._num_experts.values(), default=1)
+        self._counts = torch.zeros(len(self._keys), max_experts, dtype=torch.long, device=device)
+        self._sums = torch.zeros(len(self._keys), 4, dtype=torch.float64, device=device)
+
+    def _add_key(self, record: RoutingRecord, trainer: L.Trainer) -> None:
+        """A record of a layer not found in the model's structure (single process only: shapes must match)."""
+        key = record_key(record)
+        if trainer.world_size > 1:
+            raise RuntimeError(
+                f"routing record {key} does not match any MoE layer found in the model; "
+                "under DDP every rank must know the MoE layers up front"
+            )
+        num_experts = record.expert_counts.numel()
+        self._num_experts[key], self._keys[key] = num_experts, len(self._keys)
+        old_counts, old_sums = self._counts, self._sums
+        self._allocate(old_counts.device)
+        self._counts[: old_counts.shape[0], : old_counts.shape[1]] = old_counts
+        self._sums[: old_sums.shape[0]] = old_sums
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
+        records = outputs.get("routing") if isinstance(outputs, Mapping) else None
+        if records is None:
+            if not self._warned_no_routing:
+                warnings.warn(
+                    "RoutingStatsCallback: training_step returned no 'routing' list; nothing is logged", stacklevel=2
+                )
+                self._warned_no_routing = True
+        else:
+            self._accumulate(records, trainer)
+        self._batches += 1
+        if self._batches % self.every_n_steps == 0:
+            self._flush(trainer, pl_module, log=True)
+
+    @torch.no_grad()
+    def _accumulate(self, records: list[RoutingRecord], trainer: L.Trainer) -> None:
+        for record in records:
+            if record_key(record) not in self._keys:
+                self._add_key(record, trainer)
+            row = self._keys[record_key(record)]
+            counts = record.expert_counts.detach()
+            self._counts[row, : counts.numel()] += counts.to(self._counts.device)
+            tokens = valid_tokens(record).sum().to(self._sums)
+            values = torch.stack([record.router_entropy, record.dropped_fraction, record.requested_capacity])
+            self._sums[row, 0] += tokens
+            self._sums[row, 1:] += tokens * values.detach().to(self._sums)
+
+    # -- reporting ---------------------------------------------------------------------------------------------------
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._batches % self.every_n_steps:
+            self._flush(trainer, pl_module, log=False)  # save the last partial window; logging is over by now
+
+    def _flush(self, trainer: L.Trainer, pl_module: L.LightningModule, log: bool) -> None:
+        if self._counts is None or not self._keys:
+            return
+        counts = trainer.strategy.reduce(self._counts.clone(), reduce_op="sum")
+        sums = trainer.strategy.reduce(self._sums.clone(), reduce_op="sum")
+        totals = RoutingTotals()
+        for key, row in self._keys.items():
+            if counts[row].sum() > 0 or sums[row, 0] > 0:
+                totals.counts[key] = counts[row, : self._num_experts[key]]
+                totals.sums[key] = sums[row]
+        summary = totals.summary(self.activation_threshold)
+        self._counts.zero_()
+        self._sums.zero_()
+        if not summary:
+            return
+        if log:
+            metrics = {
+                f"{self.prefix}/{key}/{name}": value for key, stats in summary.items() for name, value in stats.items()
+            }
+            ratios = [stats["activation_ratio"] for stats in summary.values()]
+            metrics[f"{self.prefix}/activation_ratio"] = sum(ratios) / len(ratios)
+            pl_module.log_dict(metrics, on_step=True, on_epoch=False, batch_size=1)
+        if self.save_dir is not None and trainer.is_global_zero:
+            loads = {key: totals.counts[key].tolist() for key in summary}
+            for key, values in loads.items():
+                previous = self._total_loads.get(key, [0] * len(values))
+                self._total_loads[key] = [a + b for a, b in zip(previous, values, strict=True)]
+            self._windows.append(
+                {"step": trainer.global_step, "batches": self._batches, "loads": loads, "stats": summary}
+            )
+            self.save(self.save_dir / STATS_FILENAME)
+
+    def save(self, path: str | Path) -> None:
+        """Write the windows logged so far (:mod:`mmoe.metrics.routing_stats` format), atomically."""
+        payload = {
+            "format": STATS_FORMAT,
+            "activation_threshold": self.activation_threshold,
+            "every_n_steps": self.every_n_steps,
+            "num_experts": {key: self._num_experts[key] for key in sort_keys(self._total_loads)},
+            "total_loads": {key: self._total_loads[key] for key in sort_keys(self._total_loads)},
+            "windows": self._windows,
+        }
+        write_json_atomic(payload, path)

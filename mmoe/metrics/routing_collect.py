@@ -1,0 +1,148 @@
+"""Run a backbone over inputs and collect what the routing analyses need: records, loads and router inputs.
+
+The representation-collapse metric (X-MoE Eq. 11) needs the hidden states *fed into* each router (h, not W h), which
+the routing records do not carry. :class:`RouterInputs` reads them with forward hooks on the
+:class:`mmoe.moe.router.Router` modules (the hook sees the router's input ``x_SD`` and ``valid_S`` and its output's
+top-1 experts), so no model code changes. A Stratified MoE layer is analysed at its first gate, which every token
+passes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from mmoe.metrics.routing import RoutingTotals, record_key
+from mmoe.model.layers import MODALITY_NAMES, MultiwayBlock
+from mmoe.moe import MoELayer, RoutingRecord
+from mmoe.moe.router import Router
+
+
+def moe_layers(module: nn.Module) -> dict[str, MoELayer]:
+    """The MoE layers inside ``module`` (a backbone or a task holding one), by :func:`record_key` key."""
+    found: dict[str, MoELayer] = {}
+    for block in module.modules():
+        if not isinstance(block, MultiwayBlock):
+            continue
+        named = [(("shared" if len(block.ffn) == 1 else MODALITY_NAMES[j]), ffn) for j, ffn in enumerate(block.ffn)]
+        if block.vl_ffn is not None:
+            named.append(("shared", block.vl_ffn))
+        for modality, ffn in named:
+            if isinstance(ffn, MoELayer):
+                found.setdefault(f"layer{block.index}/{modality}", ffn)
+    return found
+
+
+def first_router(layer: MoELayer) -> Router:
+    """The router of a plain MoE layer, or the first gate of a Stratified one."""
+    return layer.routers[0] if hasattr(layer, "routers") else layer.router
+
+
+@dataclass
+class RouterCapture:
+    """Router inputs of one MoE layer: rows of h (float32, CPU) and the top-1 expert of each row."""
+
+    hidden: list[torch.Tensor] = field(default_factory=list)
+    top1: list[torch.Tensor] = field(default_factory=list)
+    rows: int = 0
+
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.cat(self.hidden), torch.cat(self.top1)
+
+
+class RouterInputs:
+    """Context manager that records each MoE layer's router inputs while a backbone runs.
+
+    Args:
+        module: the backbone (or a module holding one).
+        max_rows: keep at most this many (sub-)token rows per layer (the first ones), to bound memory.
+    """
+
+    def __init__(self, module: nn.Module, max_rows: int = 10_000) -> None:
+        self.layers = moe_layers(module)
+        self.max_rows = max_rows
+        self.captures: dict[str, RouterCapture] = {key: RouterCapture() for key in self.layers}
+        self._handles: list = []
+
+    def __enter__(self) -> RouterInputs:
+        for key, layer in self.layers.items():
+            self._handles.append(first_router(layer).register_forward_hook(self._hook(key)))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def _hook(self, key: str):
+        capture = self.captures[key]
+
+        def hook(module: Router, args: tuple, output) -> None:
+            room = self.max_rows - capture.rows
+            if room <= 0:
+                return
+            x_SD = args[0].detach()
+            valid_S = args[1] if len(args) > 1 else None
+            top1_S = output.expert_SK[:, 0].detach()
+            if valid_S is not None:
+                x_SD, top1_S = x_SD[valid_S], top1_S[valid_S]
+            x_SD, top1_S = x_SD[:room], top1_S[:room]
+            capture.hidden.append(x_SD.float().cpu())
+            capture.top1.append(top1_S.cpu())
+            capture.rows += x_SD.shape[0]
+
+        return hook
+
+
+@dataclass
+class RoutingRun:
+    """What one backbone did on a sequence of batches.
+
+    Attributes:
+        totals: accumulated loads and statistics per MoE layer.
+        top1: per batch, per key, the (B, L, heads) top-1 experts (int16, -1 at padding / drops) for fluctuation.
+        router_inputs: per key, (h rows, top-1 experts) when captured, for representation collapse.
+    """
+
+    totals: RoutingTotals
+    top1: list[dict[str, torch.Tensor]]
+    router_inputs: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None
+
+
+@torch.no_grad()
+def run_routing(
+    backbone: nn.Module, batches: Iterable[dict], capture_inputs: bool = False, max_rows: int = 10_000
+) -> RoutingRun:
+    """Run ``backbone`` in eval mode over ``batches`` (keyword arguments of its forward) and collect the routing.
+
+    Args:
+        backbone: a :class:`mmoe.model.MultiwayTransformer`.
+        batches: dicts with ``image`` / ``text`` / ``text_padding_mask``.
+        capture_inputs: also record the router inputs (:class:`RouterInputs`) for representation collapse.
+        max_rows: router-input rows kept per layer.
+    """
+    backbone.eval()
+    totals, top1 = RoutingTotals(), []
+    recorder = RouterInputs(backbone, max_rows) if capture_inputs else None
+    with recorder if recorder is not None else contextlib.nullcontext():
+        for batch in batches:
+            records: list[RoutingRecord] = backbone(**batch).routing
+            totals.add(records)
+            top1.append({record_key(r): r.expert_index[..., 0].to(torch.int16).cpu() for r in records})
+    inputs = None
+    if recorder is not None:
+        inputs = {key: capture.tensors() for key, capture in recorder.captures.items() if capture.rows}
+    return RoutingRun(totals, top1, inputs)
+
+
+def iterate_records(backbone: nn.Module, batches: Iterable[dict]) -> Iterator[tuple[dict, list[RoutingRecord], int]]:
+    """Yield ``(batch, records, image_len)`` for each batch, backbone in eval mode and without gradients."""
+    backbone.eval()
+    for batch in batches:
+        with torch.no_grad():
+            out = backbone(**batch)
+        yield batch, out.routing, out.image_len

@@ -1,0 +1,61 @@
+"""The routing-statistics file: expert loads saved during training, drawn later by :mod:`mmoe.viz`.
+
+One JSON object, written atomically (temporary file + rename) so a reader never sees a partial file::
+
+    {"format": "mmoe-routing-stats", "activation_threshold": 0.1,
+     "num_experts": {"layer1/vision": 8, ...},
+     "total_loads": {"layer1/vision": [n_1, ..., n_E], ...},          # all windows summed
+     "windows": [{"step": 100, "loads": {...}, "stats": {"layer1/vision": {"activation_ratio": ..., ...}}}, ...]}
+
+Each window holds the loads accumulated over ``every_n_steps`` training batches (X-MoE §4.5 correlates loads
+accumulated over 100 steps for the inter-run consistency).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+STATS_FORMAT = "mmoe-routing-stats"
+STATS_FILENAME = "routing_stats.json"
+
+
+def write_json_atomic(payload: dict, path: str | Path) -> None:
+    """Write ``payload`` as JSON to a temporary file beside ``path``, then rename it over ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(handle, "w") as stream:
+            json.dump(payload, stream, indent=1)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def read_stats(path: str | Path) -> dict:
+    """Read a routing-statistics file (or the one inside a directory); ValueError naming the file if it is not one."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / STATS_FILENAME
+    if not path.is_file():
+        raise FileNotFoundError(f"routing statistics file {path} does not exist")
+    try:
+        payload = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"routing statistics file {path} could not be read: {error}") from error
+    if not isinstance(payload, dict) or payload.get("format") != STATS_FORMAT:
+        raise ValueError(f'{path} is not a routing statistics file (expected "format": "{STATS_FORMAT}")')
+    if not payload.get("total_loads"):
+        raise ValueError(f"routing statistics file {path} holds no expert loads (no MoE layer was logged)")
+    return payload
+
+
+def total_loads(payload: dict) -> dict[str, torch.Tensor]:
+    """Per key, the (E,) expert loads summed over all windows of a statistics file."""
+    return {key: torch.tensor(loads, dtype=torch.long) for key, loads in payload["total_loads"].items()}

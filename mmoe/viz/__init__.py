@@ -1,0 +1,7 @@
+"""Routing figures drawn from saved or computed routing statistics (matplotlib, Agg; never inside ``forward``).
+
+* :mod:`mmoe.viz.maps` — sub-token assignment-diversity maps per patch / text token (MH-MoE Fig. 1b, 8, 10).
+* :mod:`mmoe.viz.plots` — expert-activation heatmap (MH-MoE Fig. 5), load bars, activation-ratio curve.
+* :mod:`mmoe.viz.inputs` — images, image directories and webdataset shards as batches.
+* :mod:`mmoe.viz.cli` — ``mmoe viz subtoken-map | heatmap`` and ``mmoe analyze routing``.
+"""

@@ -1,0 +1,400 @@
+"""``mmoe viz ...`` (routing figures) and ``mmoe analyze routing`` (routing metrics as JSON).
+
+* ``mmoe viz subtoken-map --ckpt C [--ckpt C2 ...] --images DIR_OR_SHARDS --out DIR`` — per-patch (and per text
+  token) sub-token assignment-diversity maps (MH-MoE Fig. 1b, 8, 10): per checkpoint a grid images × MoE layers,
+  plain and over the image, and with several checkpoints one side-by-side figure per layer.
+* ``mmoe viz heatmap --ckpt C --data SHARDS --out DIR`` (or ``--stats routing_stats.json`` saved by
+  :class:`mmoe.metrics.routing_callback.RoutingStatsCallback`) — expert-activation heatmap layer × expert per modality
+  (MH-MoE Fig. 5), per-layer load bars and the activation-ratio-vs-threshold curve.
+* ``mmoe analyze routing --ckpt A [--compare B] [--runs C1 C2 ...] --data SHARDS [--batches N]`` — one JSON object:
+  ``activation_ratio``, ``representation_collapse`` (X-MoE Eq. 11), ``requested_capacity`` per MoE layer, and, when
+  asked, ``fluctuation`` (A vs B, X-MoE §4.5) and ``inter_run_consistency`` (over the runs, X-MoE §4.5).
+
+Bad input (missing file, unreadable image or checkpoint, a checkpoint without MoE layers, a wrong image size) ends
+with a message naming it and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mmoe.metrics.routing import (
+    DEFAULT_ACTIVATION_THRESHOLD,
+    image_diversity_maps,
+    inter_run_consistency,
+    representation_collapse,
+    routing_fluctuation,
+    sort_keys,
+    text_diversity,
+)
+from mmoe.metrics.routing_stats import read_stats, total_loads
+from mmoe.viz.inputs import TEXT_VOCAB_SIZE, InputError, Sample, TextEncoder, find_samples, make_batches
+
+#: Errors that are the user's input, reported in one line with exit code 2.
+INPUT_ERRORS = (FileNotFoundError, InputError, ValueError)
+
+
+# -- shared helpers --------------------------------------------------------------------------------------------------
+
+
+def _load(path: str, image_size: int | None = None, device: str = "cpu") -> torch.nn.Module:
+    """A backbone with MoE layers from an exported backbone or a task checkpoint; ValueError naming the file."""
+    from mmoe.metrics.routing_collect import moe_layers
+    from mmoe.tasks.checkpoint import load_backbone
+
+    try:
+        backbone = load_backbone(path)
+    except RuntimeError as error:  # e.g. state-dict shape mismatch
+        raise ValueError(f"checkpoint {path} does not match its own config: {error}") from error
+    if not moe_layers(backbone):
+        raise ValueError(f"checkpoint {path} has no MoE layers (MultiwayConfig.moe is None): no routing to analyse")
+    if image_size is not None and image_size != backbone.config.image_size:
+        raise ValueError(
+            f"--image-size {image_size} does not match checkpoint {path}, which takes "
+            f"{backbone.config.image_size} px images (MultiwayConfig.image_size)"
+        )
+    return backbone.to(device).eval()
+
+
+def _text_encoder(backbone, path: str, max_length: int, enabled: bool) -> TextEncoder | None:
+    """open_clip's tokenizer for this checkpoint, or None (with a note) when text cannot be fed to it."""
+    if not enabled:
+        return None
+    config = backbone.config
+    if config.vocab_size < TEXT_VOCAB_SIZE:
+        print(
+            f"note: checkpoint {path} has vocab_size={config.vocab_size} < {TEXT_VOCAB_SIZE}; texts skipped",
+            file=sys.stderr,
+        )
+        return None
+    try:
+        return TextEncoder(min(max_length, config.max_text_positions - config.position_offset))
+    except ImportError as error:
+        print(f"note: open_clip's tokenizer is unavailable ({error}); texts skipped", file=sys.stderr)
+        return None
+
+
+def _labels(paths: Sequence[str]) -> list[str]:
+    """Short unique labels for checkpoints (file stems, with the parent directory when stems repeat)."""
+    stems = [Path(p).stem for p in paths]
+    labels = [f"{Path(p).parent.name}-{Path(p).stem}" if stems.count(Path(p).stem) > 1 else Path(p).stem for p in paths]
+    return [f"{i}-{label}" if labels.count(label) > 1 else label for i, label in enumerate(labels)]
+
+
+def _file_part(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text)
+
+
+def _column(key: str) -> str:
+    layer, _, modality = key.partition("/")
+    return f"layer {layer.removeprefix('layer')} ({modality})"
+
+
+def _device(name: str | None) -> str:
+    return name or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _on(inputs: dict[str, torch.Tensor], device: str) -> dict[str, torch.Tensor]:
+    return {name: value.to(device) for name, value in inputs.items()}
+
+
+def _finite(value: float) -> float | None:
+    return None if value is None or not math.isfinite(value) else value
+
+
+def _run(command: str, action: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    try:
+        return action(args)
+    except INPUT_ERRORS as error:
+        print(f"mmoe {command}: {error}", file=sys.stderr)
+        return 2
+
+
+# -- mmoe viz --------------------------------------------------------------------------------------------------------
+
+
+def viz_command(argv: Sequence[str]) -> int:
+    """``mmoe viz subtoken-map | heatmap``: draw routing figures as PNG files."""
+    parser = argparse.ArgumentParser(prog="mmoe viz", description="Draw routing figures (PNG).")
+    sub = parser.add_subparsers(dest="figure", required=True)
+
+    maps = sub.add_parser("subtoken-map", help="per-patch / per-token sub-token assignment diversity (MH-MoE Fig. 1b)")
+    maps.add_argument("--ckpt", action="append", required=True, help="checkpoint; repeat to compare checkpoints")
+    maps.add_argument("--images", nargs="+", required=True, help="directory of images, image files or .tar shards")
+    maps.add_argument("--out", required=True, help="directory for the PNG files")
+    maps.add_argument("--num-images", type=int, default=4, help="images to draw")
+    maps.add_argument("--num-texts", type=int, default=3, help="texts to draw (from shards' txt entries)")
+    maps.add_argument("--choices", choices=("top1", "all"), default="top1", help="count top-1 or all top-k choices")
+    maps.add_argument("--no-text", action="store_true", help="skip the text-token maps")
+    maps.add_argument("--max-text-length", type=int, default=32, help="tokens per text, start/end included")
+    maps.add_argument("--image-size", type=int, default=None, help="check the checkpoints take this image size")
+    maps.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
+
+    heat = sub.add_parser("heatmap", help="expert-activation heatmap, load bars, activation-ratio curve")
+    source = heat.add_mutually_exclusive_group(required=True)
+    source.add_argument("--ckpt", action="append", help="checkpoint to run over --data; repeat for several")
+    source.add_argument("--stats", action="append", help="routing_stats.json saved by RoutingStatsCallback")
+    heat.add_argument("--data", nargs="+", help="directory of images or .tar shards (with --ckpt)")
+    heat.add_argument("--out", required=True, help="directory for the PNG files")
+    heat.add_argument("--batches", type=int, default=100, help="batches to accumulate loads over")
+    heat.add_argument("--batch-size", type=int, default=16)
+    heat.add_argument("--threshold", type=float, default=DEFAULT_ACTIVATION_THRESHOLD, help="fraction of 1/E")
+    heat.add_argument("--max-text-length", type=int, default=32)
+    heat.add_argument("--no-text", action="store_true", help="feed images only")
+    heat.add_argument("--device", default=None)
+
+    args = parser.parse_args(list(argv))
+    if args.figure == "heatmap" and args.ckpt and not args.data:
+        parser.error("heatmap --ckpt needs --data")
+    action = _subtoken_map if args.figure == "subtoken-map" else _heatmap
+    return _run("viz", action, args)
+
+
+def _subtoken_map(args: argparse.Namespace) -> int:
+    device = _device(args.device)
+    if args.num_images < 1:
+        raise InputError(f"--num-images must be >= 1, got {args.num_images}")
+    backbones = [_load(path, args.image_size, device) for path in args.ckpt]
+    images = find_samples(args.images, limit=args.num_images, wanted=lambda s: s.image is not None)
+    images = [Sample(s.name, image=s.image) for s in images]  # each modality is routed on its own
+    texts = []
+    if not args.no_text and args.num_texts > 0:
+        try:
+            texts = find_samples(args.images, limit=args.num_texts, wanted=lambda s: s.text is not None)
+        except InputError:  # no text in the inputs: image maps only
+            texts = []
+        texts = [Sample(s.name, text=s.text) for s in texts]
+
+    image_maps, text_maps, pixels, tokens, top = {}, {}, None, None, 1
+    for path, label, backbone in zip(args.ckpt, _labels(args.ckpt), backbones, strict=True):
+        moe = backbone.config.moe
+        top = max(top, min(moe.heads * (moe.top_k if args.choices == "all" else 1), moe.num_experts))
+        if moe.heads == 1:
+            print(f"note: checkpoint {path} has heads=1: one expert per token (a constant map)", file=sys.stderr)
+        batch = next(make_batches(images, backbone.config.image_size, len(images), None))
+        image_maps[label] = _diversity(backbone, batch, device, image_diversity_maps, args.choices)
+        pixels = pixels or batch.pixels
+        encoder = _text_encoder(backbone, path, args.max_text_length, bool(texts))
+        if encoder is not None:
+            batch = next(make_batches(texts, backbone.config.image_size, len(texts), encoder))
+            text_maps[label] = _diversity(backbone, batch, device, text_diversity, args.choices)
+            tokens = tokens or batch.tokens
+    written = _draw_image_maps(Path(args.out), image_maps, pixels, [_sample_name(s) for s in images], top)
+    if text_maps and tokens:
+        written += _draw_text_maps(Path(args.out), text_maps, tokens, [_sample_name(s) for s in texts], top)
+    print(json.dumps({"written": [str(p) for p in written]}, indent=1))
+    return 0
+
+
+def _diversity(backbone, batch, device: str, per_key, choices: str) -> dict[str, np.ndarray]:
+    """Diversity maps of one batch, by column title (``layer i (modality)``)."""
+    with torch.no_grad():
+        output = backbone(**_on(batch.inputs, device))
+    maps = per_key(output.routing, output.image_len, choices)
+    return {_column(key): value.cpu().numpy() for key, value in maps.items()}
+
+
+def _draw_image_maps(out: Path, image_maps: dict, pixels: list, names: list[str], top: int) -> list[Path]:
+    """Per checkpoint a grid images x layers (plain and overlaid); with several, one comparison per layer."""
+    from mmoe.viz.maps import draw_patch_grid
+
+    written = []
+    for label, maps in image_maps.items():
+        title = f"Sub-token assignment diversity per patch — {label}"
+        for overlay, stem in ((False, "subtoken_map"), (True, "subtoken_overlay")):
+            path = out / f"{stem}_{_file_part(label)}.png"
+            written.append(draw_patch_grid(pixels, maps, top, title, path, overlay=overlay, row_labels=names))
+    if len(image_maps) > 1:
+        common = [c for c in next(iter(image_maps.values())) if all(c in m for m in image_maps.values())]
+        for column in common:
+            columns = {label: maps[column] for label, maps in image_maps.items()}
+            title = f"Sub-token assignment diversity per patch, {column}, across checkpoints"
+            path = out / f"subtoken_compare_{_file_part(column.replace(' ', '').replace('(', '_').rstrip(')'))}.png"
+            written.append(draw_patch_grid(pixels, columns, top, title, path, overlay=True, row_labels=names))
+    return written
+
+
+def _draw_text_maps(out: Path, text_maps: dict, tokens: list, names: list[str], top: int) -> list[Path]:
+    """Per checkpoint one panel per text (rows = layers); with several, one figure with rows checkpoint · layer."""
+    from mmoe.viz.maps import draw_text_maps
+
+    written = []
+    for label, maps in text_maps.items():
+        title = f"Sub-token assignment diversity per text token — {label}"
+        written.append(draw_text_maps(tokens, maps, top, title, out / f"subtoken_text_{_file_part(label)}.png", names))
+    if len(text_maps) > 1:
+        rows = {f"{label} · {column}": v for label, maps in text_maps.items() for column, v in maps.items()}
+        title = "Sub-token assignment diversity per text token, across checkpoints"
+        written.append(draw_text_maps(tokens, rows, top, title, out / "subtoken_text_compare.png", names))
+    return written
+
+
+def _sample_name(sample: Sample) -> str:
+    """A file name, or ``shard.tar:key`` for a shard member."""
+    shard, colon, key = sample.name.rpartition(":")
+    return f"{Path(shard).name}:{key}" if colon and shard.endswith(".tar") else Path(sample.name).name
+
+
+def _heatmap(args: argparse.Namespace) -> int:
+    from mmoe.viz.plots import draw_activation_curve, draw_activation_heatmap, draw_load_histograms
+
+    out, written = Path(args.out), []
+    if args.stats:
+        sources = [
+            (label, total_loads(read_stats(path))) for label, path in zip(_labels(args.stats), args.stats, strict=True)
+        ]
+    else:
+        sources = []
+        samples = _data_samples(args.data, args.batches, args.batch_size)
+        for label, path in zip(_labels(args.ckpt), args.ckpt, strict=True):
+            backbone = _load(path, device=_device(args.device))
+            run = _run_over(backbone, path, samples, args)
+            sources.append((label, {k: v.cpu() for k, v in run.totals.counts.items()}))
+    for label, loads in sources:
+        if not loads:
+            raise InputError(f"{label}: the data produced no routing (no sample reached a MoE layer)")
+        part = _file_part(label)
+        written.append(
+            draw_activation_heatmap(loads, out / f"heatmap_{part}.png", args.threshold, f"Expert activation — {label}")
+        )
+        written.append(draw_load_histograms(loads, out / f"loads_{part}.png", args.threshold, f"Expert load — {label}"))
+        written.append(
+            draw_activation_curve(
+                loads, out / f"activation_curve_{part}.png", chosen=args.threshold, title=f"Activation ratio — {label}"
+            )
+        )
+    print(json.dumps({"written": [str(p) for p in written]}, indent=1))
+    return 0
+
+
+def _data_samples(paths: Sequence[str], batches: int, batch_size: int) -> list[Sample]:
+    if batches < 1 or batch_size < 1:
+        raise InputError(f"--batches and --batch-size must be >= 1, got {batches} and {batch_size}")
+    return find_samples(paths, limit=batches * batch_size)
+
+
+def _run_over(backbone, path: str, samples: list[Sample], args: argparse.Namespace, capture_rows: int = 0):
+    """Route ``samples`` through ``backbone``; ``capture_rows`` > 0 also keeps that many router-input rows per layer."""
+    from mmoe.metrics.routing_collect import run_routing
+
+    device = _device(args.device)
+    encoder = _text_encoder(backbone, path, args.max_text_length, not args.no_text)
+    batches = make_batches(samples, backbone.config.image_size, args.batch_size, encoder)
+    inputs = (_on(batch.inputs, device) for batch in batches)
+    return run_routing(backbone, inputs, capture_inputs=capture_rows > 0, max_rows=capture_rows)
+
+
+# -- mmoe analyze ----------------------------------------------------------------------------------------------------
+
+
+def analyze_command(argv: Sequence[str]) -> int:
+    """``mmoe analyze routing``: routing metrics of checkpoints on data, as one JSON object on stdout."""
+    parser = argparse.ArgumentParser(prog="mmoe analyze", description="Routing metrics as JSON.")
+    sub = parser.add_subparsers(dest="analysis", required=True)
+    routing = sub.add_parser("routing", help="activation ratio, representation collapse, fluctuation, consistency")
+    routing.add_argument("--ckpt", required=True, help="checkpoint A")
+    routing.add_argument("--compare", help="checkpoint B: routing fluctuation ratio A vs B on the same inputs")
+    routing.add_argument("--runs", nargs="+", help="checkpoints of m >= 2 runs: inter-run consistency of their loads")
+    routing.add_argument("--data", nargs="+", required=True, help="directory of images or .tar shards")
+    routing.add_argument("--batches", type=int, default=100, help="batches (X-MoE accumulates loads over 100 steps)")
+    routing.add_argument("--batch-size", type=int, default=16)
+    routing.add_argument("--threshold", type=float, default=DEFAULT_ACTIVATION_THRESHOLD, help="fraction of 1/E")
+    routing.add_argument(
+        "--max-rows", type=int, default=10_000, help="router-input rows per MoE layer kept for representation collapse"
+    )
+    routing.add_argument("--max-text-length", type=int, default=32)
+    routing.add_argument("--no-text", action="store_true", help="feed images only")
+    routing.add_argument("--device", default=None)
+    args = parser.parse_args(list(argv))
+    if args.runs is not None and len(args.runs) < 2:
+        parser.error(f"--runs needs at least 2 checkpoints, got {len(args.runs)}")
+    if args.threshold < 0:
+        parser.error(f"--threshold must be >= 0, got {args.threshold}")
+    if args.max_rows < 2:
+        parser.error(f"--max-rows must be >= 2, got {args.max_rows}")
+    return _run("analyze", _analyze_routing, args)
+
+
+def _analyze_routing(args: argparse.Namespace) -> int:
+    samples = _data_samples(args.data, args.batches, args.batch_size)
+    backbone = _load(args.ckpt, device=_device(args.device))
+    run = _run_over(backbone, args.ckpt, samples, args, capture_rows=args.max_rows)
+    if not run.totals.counts:
+        raise InputError(f"the data in {', '.join(args.data)} produced no routing for checkpoint {args.ckpt}")
+    summary = run.totals.summary(args.threshold)
+    report: dict = {
+        "checkpoint": args.ckpt,
+        "batches": len(run.top1),
+        "activation_threshold": args.threshold,
+        "activation_ratio": {key: stats["activation_ratio"] for key, stats in summary.items()},
+        "representation_collapse": {
+            key: _finite(representation_collapse(*run.router_inputs[key])) if key in run.router_inputs else None
+            for key in summary
+        },
+        "requested_capacity": {key: stats["requested_capacity"] for key, stats in summary.items()},
+        "entropy": {key: stats["entropy"] for key, stats in summary.items()},
+        "dropped_fraction": {key: stats["dropped_fraction"] for key, stats in summary.items()},
+        "load_cv": {key: stats["load_cv"] for key, stats in summary.items()},
+    }
+    if args.compare:
+        other = _load(args.compare, device=_device(args.device))
+        if other.config.image_size != backbone.config.image_size:
+            raise ValueError(
+                f"--compare {args.compare} takes {other.config.image_size} px images but {args.ckpt} takes "
+                f"{backbone.config.image_size} px: the fluctuation needs the same inputs"
+            )
+        report["fluctuation"] = {"compare": args.compare} | _fluctuation(
+            run, _run_over(other, args.compare, samples, args)
+        )
+    if args.runs:
+        loads = []
+        for path in args.runs:
+            loads.append(_run_over(_load(path, device=_device(args.device)), path, samples, args).totals.counts)
+        report["inter_run_consistency"] = {"runs": list(args.runs)} | _consistency(loads, args.runs)
+    print(json.dumps(report, indent=1))
+    return 0
+
+
+def _fluctuation(run_a, run_b) -> dict:
+    """Per MoE layer and overall: share of (sub-)tokens whose top-1 expert differs between the two runs."""
+    changed, compared = {}, {}
+    for batch_a, batch_b in zip(run_a.top1, run_b.top1, strict=True):
+        for key in batch_a.keys() & batch_b.keys():
+            a, b = batch_a[key], batch_b[key]
+            if a.shape != b.shape:
+                raise ValueError(
+                    f"{key} routes {tuple(a.shape)} (batch, tokens, heads) in one checkpoint and {tuple(b.shape)} in "
+                    "the other: fluctuation needs checkpoints with the same heads"
+                )
+            both = int(((a >= 0) & (b >= 0)).sum())
+            if both:
+                changed[key] = changed.get(key, 0.0) + routing_fluctuation(a, b) * both
+                compared[key] = compared.get(key, 0) + both
+    if not compared:
+        raise ValueError("the two checkpoints share no MoE layer: no fluctuation to measure")
+    per_key = {key: changed[key] / compared[key] for key in sort_keys(compared)}
+    return per_key | {"overall": sum(changed.values()) / sum(compared.values())}
+
+
+def _consistency(loads: list[dict[str, torch.Tensor]], paths: Sequence[str]) -> dict:
+    """IC per MoE layer over the runs' loads, and the mean over layers (NaN-free: undefined IC is null)."""
+    common = set.intersection(*(set(run) for run in loads))
+    if not common:
+        raise ValueError(f"the runs {', '.join(paths)} share no MoE layer")
+    per_key = {}
+    for key in sort_keys(common):
+        sizes = {run[key].numel() for run in loads}
+        if len(sizes) > 1:
+            raise ValueError(f"{key} has different numbers of experts across the runs: {sorted(sizes)}")
+        per_key[key] = _finite(inter_run_consistency(torch.stack([run[key] for run in loads])))
+    defined = [v for v in per_key.values() if v is not None]
+    return per_key | {"mean": float(np.mean(defined)) if defined else None}

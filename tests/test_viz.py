@@ -1,0 +1,242 @@
+"""Routing figures and the ``mmoe viz`` / ``mmoe analyze`` commands: PNGs whose pixels follow the routing, JSON keys,
+and one-line errors for bad input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from mmoe.cli import main
+from mmoe.metrics.routing import image_diversity_maps
+from mmoe.metrics.routing_stats import STATS_FORMAT
+from mmoe.viz.maps import draw_patch_grid, draw_text_maps
+from mmoe.viz.plots import draw_activation_curve, draw_activation_heatmap, draw_load_histograms
+from tests.routing_fixtures import image_dir, make_checkpoint, record, shard
+
+
+def pixels(path) -> np.ndarray:
+    assert path.stat().st_size > 0
+    with Image.open(path) as image:
+        return np.asarray(image.convert("RGB"))
+
+
+def differ(a, b) -> bool:
+    a, b = pixels(a), pixels(b)
+    return a.shape != b.shape or bool(np.any(a != b))
+
+
+# -- drawing functions -----------------------------------------------------------------------------------------------
+
+
+def test_patch_grid_pixels_follow_the_routing(tmp_path):
+    image = np.full((32, 32, 3), 128, dtype=np.uint8)
+    uniform = torch.zeros(1, 17, 4, 1, dtype=torch.long)  # CLS + 16 patches, 4 heads, all to expert 0
+    diverse = uniform.clone()
+    diverse[0, 1:9, :, 0] = torch.arange(4)  # the top half of the patches: 4 distinct experts
+    drawn = {}
+    for name, index in (("uniform", uniform), ("diverse", diverse), ("uniform_again", uniform.clone())):
+        maps = image_diversity_maps([record(index, 4, layer=1)], image_len=17)
+        columns = {"layer 1 (vision)": maps["layer1/vision"].numpy()}
+        for overlay in (False, True):
+            path = tmp_path / f"{name}_{overlay}.png"
+            drawn[name, overlay] = draw_patch_grid([image], columns, 4, "diversity", path, overlay=overlay)
+    for overlay in (False, True):
+        assert differ(drawn["uniform", overlay], drawn["diverse", overlay])
+        assert not differ(drawn["uniform", overlay], drawn["uniform_again", overlay])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"{p.name}" for p in drawn.values())  # no temporaries
+
+
+def test_text_maps_pixels_follow_the_routing(tmp_path):
+    tokens = [["<start>", "a", "cat", "<end>"]]
+    same = {"layer 1": np.array([[1, 1, 1, 1]])}
+    mixed = {"layer 1": np.array([[1, 2, 2, 1]])}
+    a = draw_text_maps(tokens, same, 2, "text", tmp_path / "a.png", ["t0"])
+    b = draw_text_maps(tokens, mixed, 2, "text", tmp_path / "b.png", ["t0"])
+    assert differ(a, b)
+
+
+@pytest.mark.parametrize("draw", [draw_activation_heatmap, draw_load_histograms, draw_activation_curve])
+def test_load_figures_pixels_follow_the_loads(tmp_path, draw):
+    balanced = {"layer1/vision": torch.tensor([10, 10, 10, 10]), "layer1/language": torch.tensor([5, 5, 5, 5])}
+    skewed = {"layer1/vision": torch.tensor([37, 1, 1, 1]), "layer1/language": torch.tensor([5, 5, 5, 5])}
+    a = draw(balanced, tmp_path / "a.png")
+    b = draw(skewed, tmp_path / "b.png")
+    again = draw(dict(balanced), tmp_path / "again.png")
+    assert differ(a, b)
+    assert not differ(a, again)
+
+
+# -- commands ------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("routing_inputs")
+    paths = {
+        "a": make_checkpoint(root / "a" / "model.pt", seed=0),
+        "b": make_checkpoint(root / "b" / "model.pt", seed=1),
+        "dense": make_checkpoint(root / "dense.pt", moe=None),
+        "images": image_dir(root / "images"),
+        "shard": shard(root / "shards" / "data-000000.tar", count=12),
+    }
+    return paths
+
+
+def run(argv, capsys) -> tuple[int, str, str]:
+    code = main(argv)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_viz_subtoken_map_pixels_differ_between_checkpoints(inputs, tmp_path, capsys):
+    written = {}
+    for name in ("a", "b", "a"):
+        out = tmp_path / f"{name}{len(written)}"
+        code, stdout, _ = run(
+            ["viz", "subtoken-map", "--ckpt", str(inputs[name]), "--images", str(inputs["images"]), "--out", str(out)],
+            capsys,
+        )
+        assert code == 0
+        written[name if name not in written else "a_again"] = out
+        assert {p.name for p in out.iterdir()} == {"subtoken_map_model.png", "subtoken_overlay_model.png"}
+        assert len(json.loads(stdout)["written"]) == 2
+    for figure in ("subtoken_map_model.png", "subtoken_overlay_model.png"):
+        # Same label and title in each run: the pixels differ only through the routing.
+        assert differ(written["a"] / figure, written["b"] / figure)
+        assert not differ(written["a"] / figure, written["a_again"] / figure)
+
+
+def test_viz_subtoken_map_compares_checkpoints_and_draws_text(inputs, tmp_path, capsys):
+    out = tmp_path / "out"
+    argv = ["viz", "subtoken-map", "--ckpt", str(inputs["a"]), "--ckpt", str(inputs["b"])]
+    code, stdout, err = run(argv + ["--images", str(inputs["shard"]), "--out", str(out), "--num-images", "2"], capsys)
+    assert code == 0, err
+    names = {p.name for p in out.iterdir()}
+    assert {"subtoken_map_a-model.png", "subtoken_map_b-model.png"} <= names
+    assert {"subtoken_compare_layer0_vision.png", "subtoken_compare_layer1_vision.png"} <= names
+    assert {"subtoken_text_a-model.png", "subtoken_text_b-model.png", "subtoken_text_compare.png"} <= names
+    assert sorted(json.loads(stdout)["written"]) == sorted(str(out / name) for name in names)
+    with Image.open(out / "subtoken_map_a-model.png") as image:
+        assert image.height > 200  # two image rows
+
+
+def test_viz_heatmap_from_checkpoint_and_from_saved_stats(inputs, tmp_path, capsys):
+    out = tmp_path / "ckpt"
+    argv = ["viz", "heatmap", "--ckpt", str(inputs["a"]), "--data", str(inputs["shard"]), "--out", str(out)]
+    code, _, err = run(argv + ["--batches", "2", "--batch-size", "4"], capsys)
+    assert code == 0, err
+    assert {p.name for p in out.iterdir()} == {"heatmap_model.png", "loads_model.png", "activation_curve_model.png"}
+    drawn = {}
+    for name, loads in (("balanced", [25, 25, 25, 25]), ("dead", [97, 1, 1, 1])):
+        stats = tmp_path / name / "run.json"
+        stats.parent.mkdir()
+        payload = {"format": STATS_FORMAT, "num_experts": {"layer1/vision": 4}, "total_loads": {"layer1/vision": loads}}
+        stats.write_text(json.dumps(payload | {"windows": []}))
+        code, _, err = run(["viz", "heatmap", "--stats", str(stats), "--out", str(tmp_path / name / "png")], capsys)
+        assert code == 0, err
+        drawn[name] = tmp_path / name / "png"
+    for figure in ("heatmap_run.png", "loads_run.png", "activation_curve_run.png"):
+        assert differ(drawn["balanced"] / figure, drawn["dead"] / figure)
+
+
+def test_analyze_routing_json(inputs, capsys):
+    base = ["analyze", "routing", "--ckpt", str(inputs["a"]), "--data", str(inputs["shard"])]
+    base += ["--batches", "2", "--batch-size", "4"]
+    code, stdout, err = run(
+        base + ["--compare", str(inputs["a"]), "--runs", str(inputs["a"]), str(inputs["a"])], capsys
+    )
+    assert code == 0, err
+    report = json.loads(stdout)
+    keys = ["layer0/vision", "layer0/language", "layer1/vision", "layer1/language"]
+    for field in ("activation_ratio", "representation_collapse", "requested_capacity"):
+        assert list(report[field]) == keys
+    assert all(0 <= v <= 1 for v in report["activation_ratio"].values())
+    assert all(v is None or v > 0 for v in report["representation_collapse"].values())
+    assert all(v == 1.0 for v in report["requested_capacity"].values())
+    assert report["fluctuation"]["overall"] == 0.0  # the same checkpoint routes the same inputs identically
+    assert report["inter_run_consistency"]["mean"] == pytest.approx(1.0)
+
+    code, stdout, err = run(
+        base + ["--compare", str(inputs["b"]), "--runs", str(inputs["a"]), str(inputs["b"])], capsys
+    )
+    assert code == 0, err
+    report = json.loads(stdout)
+    assert 0 < report["fluctuation"]["overall"] <= 1
+    assert all(0 < report["fluctuation"][key] <= 1 for key in keys)
+    assert report["inter_run_consistency"]["mean"] < 1.0
+    assert "fluctuation" not in json.loads(run(base, capsys)[1])
+
+
+# -- bad input -----------------------------------------------------------------------------------------------------
+
+
+def _bad_cases(inputs, tmp_path):
+    (tmp_path / "broken.png").write_bytes(b"not a png")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "notes.txt").write_text("hello")
+    (tmp_path / "bad.tar").write_bytes(b"not a tar archive at all" * 40)
+    images = str(inputs["images"])
+    viz = ["viz", "subtoken-map", "--out", str(tmp_path / "out")]
+    analyze = ["analyze", "routing", "--batches", "1"]
+    return {
+        "missing checkpoint": (viz + ["--ckpt", str(tmp_path / "missing.pt"), "--images", images], "missing.pt"),
+        "no MoE layers": (viz + ["--ckpt", str(inputs["dense"]), "--images", images], "no MoE layers"),
+        "unreadable image": (
+            viz + ["--ckpt", str(inputs["a"]), "--images", str(tmp_path / "broken.png")],
+            "broken.png",
+        ),
+        "wrong image size": (viz + ["--ckpt", str(inputs["a"]), "--images", images, "--image-size", "64"], "64"),
+        "missing images": (viz + ["--ckpt", str(inputs["a"]), "--images", str(tmp_path / "nowhere")], "nowhere"),
+        "empty directory": (viz + ["--ckpt", str(inputs["a"]), "--images", str(tmp_path / "empty")], "empty"),
+        "not an image": (viz + ["--ckpt", str(inputs["a"]), "--images", str(tmp_path / "notes.txt")], "notes.txt"),
+        "bad shard": (analyze + ["--ckpt", str(inputs["a"]), "--data", str(tmp_path / "bad.tar")], "bad.tar"),
+        "dense analyze": (analyze + ["--ckpt", str(inputs["dense"]), "--data", images], "dense.pt"),
+        "bad stats": (["viz", "heatmap", "--stats", str(tmp_path / "notes.txt"), "--out", "x"], "notes.txt"),
+    }
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "missing checkpoint",
+        "no MoE layers",
+        "unreadable image",
+        "wrong image size",
+        "missing images",
+        "empty directory",
+        "not an image",
+        "bad shard",
+        "dense analyze",
+        "bad stats",
+    ],
+)
+def test_bad_input_is_one_clear_line_and_exit_code_2(inputs, tmp_path, capsys, case):
+    argv, named = _bad_cases(inputs, tmp_path)[case]
+    code, stdout, err = run(argv, capsys)
+    assert code == 2
+    assert named in err
+    assert "Traceback" not in err and stdout == ""
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_bad_arguments_exit_2(inputs, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["analyze", "routing", "--ckpt", str(inputs["a"]), "--data", "x", "--runs", str(inputs["a"])])
+    assert exit_info.value.code == 2
+    assert "--runs needs at least 2" in capsys.readouterr().err
+
+
+def test_subtoken_map_keeps_going_without_text_tokenizer_vocabulary(inputs, tmp_path, capsys):
+    small_vocab = make_checkpoint(tmp_path / "small.pt", vocab_size=100)
+    out = tmp_path / "out"
+    argv = ["viz", "subtoken-map", "--ckpt", str(small_vocab), "--images", str(inputs["shard"]), "--out", str(out)]
+    code, _, err = run(argv, capsys)
+    assert code == 0
+    assert "vocab_size=100" in err
+    assert not any(p.name.startswith("subtoken_text") for p in out.iterdir())
+    shutil.rmtree(out)
