@@ -37,8 +37,10 @@ from mmoe.moe import RoutingRecord
 #: falls below a tenth of it with vanishing probability.
 DEFAULT_ACTIVATION_THRESHOLD = 0.1
 
-#: Thresholds (fractions of 1/E) of the activation-ratio curve.
-DEFAULT_CURVE_THRESHOLDS = tuple(float(x) for x in np.round(np.linspace(0.0, 2.0, 41), 3))
+#: Thresholds (fractions of 1/E) of the activation-ratio curve: dense below 0.2, where nearly dead experts drop out.
+DEFAULT_CURVE_THRESHOLDS = tuple(
+    float(x) for x in np.round(np.concatenate([np.linspace(0.0, 0.2, 21), np.linspace(0.25, 2.0, 36)]), 3)
+)
 
 
 def record_key(record: RoutingRecord) -> str:

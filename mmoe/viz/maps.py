@@ -48,7 +48,7 @@ def draw_patch_grid(
         height, width = image.shape[:2]
         axes[r, 0].imshow(image)
         if row_labels is not None:
-            axes[r, 0].set_ylabel(_shorten(row_labels[r], 24), fontsize=7)
+            axes[r, 0].set_ylabel(_shorten(row_labels[r], 24, keep_end=True), fontsize=7)
         for c, (label, maps) in enumerate(columns.items(), start=1):
             ax = axes[r, c]
             if overlay:
@@ -106,12 +106,15 @@ def draw_text_maps(
         ax.set_xlim(-0.5, longest - 0.5)
         ax.set_xlabel("text token", fontsize=8)
         if names is not None:
-            ax.set_title(_shorten(names[n], 60), fontsize=8)
+            ax.set_title(_shorten(names[n], 60, keep_end=True), fontsize=8)
     if mappable is not None:
         figure.colorbar(mappable, ax=list(axes), ticks=ticks, label=TOKEN_LEGEND)
     figure.suptitle(title, fontsize=10)
     return save_figure(figure, path)
 
 
-def _shorten(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+def _shorten(text: str, limit: int, keep_end: bool = False) -> str:
+    """At most ``limit`` characters; the end is kept for names (shard keys differ in their last characters)."""
+    if len(text) <= limit:
+        return text
+    return "…" + text[1 - limit :] if keep_end else text[: limit - 1] + "…"

@@ -115,7 +115,7 @@ def draw_activation_curve(
     title: str = "Activation ratio vs threshold",
 ) -> Path:
     """Activation ratio of each MoE layer as the threshold (a fraction of 1/E) grows."""
-    figure = new_figure(7.0, 4.2)
+    figure = new_figure(8.5, 4.5)
     ax = figure.subplots()
     keys = sort_keys(loads)
     colors = matplotlib.colormaps["viridis"](np.linspace(0, 0.9, max(len(keys), 1)))
@@ -128,6 +128,6 @@ def draw_activation_curve(
     ax.set_ylabel("activation ratio (% of experts at or above)")
     ax.set_ylim(-3, 103)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncols=2 if len(keys) > 8 else 1, loc="lower left")
+    figure.legend(fontsize=7, ncols=2 if len(keys) > 12 else 1, loc="outside right upper")
     ax.set_title(title, fontsize=10)
     return save_figure(figure, path)
