@@ -112,7 +112,8 @@ class VQADecoder:
         tokenizer: question tokenizer.
         vocab: answer -> class label; with it, ``labels`` / ``scores`` (soft targets) are computed from the human
             answers (see :func:`mmoe.data.answers.soft_targets`).
-        drop_unanswerable: drop questions with no answer in the vocabulary (training, as BEiT-3 and ViLT do).
+        drop_unanswerable: drop questions for which no vocabulary answer earns credit (training, as BEiT-3 and ViLT
+            do).
     """
 
     transform: ImageTransform
@@ -120,6 +121,11 @@ class VQADecoder:
     vocab: dict[str, int] | None = None
     drop_unanswerable: bool = False
     min_side: int | None = None
+
+    def __post_init__(self) -> None:
+        from mmoe.data.answers import VocabIndex
+
+        self._vocab_index = VocabIndex.of(self.vocab) if self.vocab is not None else None
 
     def __call__(self, sample: Sample) -> Sample | None:
         from mmoe.data.answers import soft_targets
@@ -135,8 +141,8 @@ class VQADecoder:
             "answer_type": meta.get("answer_type", ""),
             "question_type": meta.get("question_type", ""),
         }
-        if self.vocab is not None and item["answers"]:
-            item["labels"], item["scores"] = soft_targets(item["answers"], self.vocab)
+        if self._vocab_index is not None and item["answers"]:
+            item["labels"], item["scores"] = soft_targets(item["answers"], self._vocab_index)
             if self.drop_unanswerable and not item["labels"]:
                 return None
         elif self.drop_unanswerable:

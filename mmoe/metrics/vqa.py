@@ -138,10 +138,23 @@ def comparison_forms(prediction: str, answers: Sequence[str]) -> tuple[str, list
     """
     truths = [clean_whitespace(answer) for answer in answers]
     guess = clean_whitespace(prediction)
-    if len(set(truths)) > 1:
+    if _differ(truths):
         truths = [_processed(answer) for answer in truths]
         guess = _processed(guess)
     return guess, truths
+
+
+def answers_differ(answers: Sequence[str]) -> bool:
+    """Whether the official script normalises this question: its whitespace-cleaned answers are not all identical.
+
+    When they differ, answers and prediction are compared in :func:`normalize_answer` form; otherwise as given (after
+    :func:`clean_whitespace`).
+    """
+    return _differ([clean_whitespace(answer) for answer in answers])
+
+
+def _differ(cleaned: Sequence[str]) -> bool:
+    return len(set(cleaned)) > 1
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -182,6 +195,22 @@ def answer_scores(answers: Sequence[str] | Sequence[Mapping[str, Any]]) -> dict[
     _, truths = comparison_forms("", texts)
     identities = _processed_identities(identities, truths)
     return {form: _leave_one_out_accuracy(form, truths, identities) for form in dict.fromkeys(truths)}
+
+
+def answer_accuracy(matches: int, annotators: int = 10) -> float:
+    """Official accuracy of an answer given by ``matches`` of ``annotators`` distinct annotators, as a fraction.
+
+    The mean over the leave-one-out subsets of ``min(1, matches in the subset / 3)``: 0.3 / 0.6 / 0.9 / 1.0 for
+    1 / 2 / 3 / >= 4 of ten. Computed by the same code as :func:`vqa_accuracy`, with the matching annotators listed
+    first (the last bit of the float depends on the order of the answers).
+
+    Raises:
+        ValueError: unless ``annotators > 0`` and ``0 <= matches <= annotators``.
+    """
+    if annotators <= 0 or not 0 <= matches <= annotators:
+        raise ValueError(f"need 0 <= matches <= annotators, annotators > 0; got {matches} of {annotators}")
+    truths = ["match"] * matches + ["other"] * (annotators - matches)
+    return _leave_one_out_accuracy("match", truths, list(range(annotators)))
 
 
 def _texts_and_identities(answers: Sequence[str] | Sequence[Mapping[str, Any]]) -> tuple[list[str], list[Any]]:

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from mmoe.data.answers import build_answer_vocab, soft_targets
+from mmoe.data.answers import VocabIndex, build_answer_vocab, soft_targets
 from mmoe.data.converters.common import (
     ConversionError,
     Skip,
@@ -142,7 +142,7 @@ def convert_vqav2(
                 f"{ANSWERS_FILE}"
             )
         vocab = build_answer_vocab((a["multiple_choice_answer"] for a in by_question.values()), min_answer_count)
-    label_of = {answer: label for label, answer in enumerate(vocab or [])}
+    vocab_index = VocabIndex.of({answer: label for label, answer in enumerate(vocab or [])})
 
     def samples() -> Iterator[dict[str, Any] | Skip]:
         for question in question_list:
@@ -155,7 +155,7 @@ def convert_vqav2(
             if by_question is not None:
                 annotation = by_question[question["question_id"]]
                 answers = [answer["answer"] for answer in annotation["answers"]]
-                labels, scores = soft_targets(answers, label_of)
+                labels, scores = soft_targets(answers, vocab_index)
                 meta.update(
                     answers=answers,
                     multiple_choice_answer=annotation["multiple_choice_answer"],
