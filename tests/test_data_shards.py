@@ -205,3 +205,13 @@ def test_batches_are_seeded(tmp_path):
     a, b = list(make()), list(make())
     assert all(torch.equal(x["text_ids"], y["text_ids"]) for x, y in zip(a, b, strict=True))
     assert np.isclose(sum(x["text_mask"].sum().item() for x in a), 16)  # one of "caption <i>" real tokens each
+
+
+def test_missing_shard_paths_fail_at_construction_naming_the_argument(tmp_path):
+    from mmoe.data.datamodules import PretrainDataModule
+    from mmoe.data.shards import resolve_shards
+
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        resolve_shards(str(tmp_path / "missing.tar"))
+    with pytest.raises(FileNotFoundError, match=r"data\.text_shards: .*nowhere"):
+        PretrainDataModule(text_shards=str(tmp_path / "nowhere"), image_size=32, num_workers=0)

@@ -76,6 +76,16 @@ class _ShardDataModule(L.LightningDataModule):
             handler=handler,
         )
 
+    @staticmethod
+    def check_shards(**specs: ShardSpec) -> None:
+        """Fail at construction, naming the argument and the path, when given shards do not exist."""
+        for name, spec in specs.items():
+            if spec:
+                try:
+                    resolve_shards(spec)
+                except FileNotFoundError as error:
+                    raise FileNotFoundError(f"data.{name}: {error}") from None
+
     def skipped_samples(self) -> dict[str, int]:
         """Corrupt samples skipped so far per split / stream (workers included)."""
         return {split: handler.skipped for split, handler in self.handlers.items()}
@@ -148,6 +158,14 @@ class PretrainDataModule(_ShardDataModule):
             raise ValueError(f"image_size={image_size} is not divisible by patch_size={patch_size}")
         if not any((image_shards, text_shards, pair_shards)):
             raise ValueError("PretrainDataModule needs at least one of image_shards, text_shards, pair_shards")
+        self.check_shards(
+            image_shards=image_shards,
+            text_shards=text_shards,
+            pair_shards=pair_shards,
+            val_image_shards=val_image_shards,
+            val_text_shards=val_text_shards,
+            val_pair_shards=val_pair_shards,
+        )
         self.save_hyperparameters()
         self.train_shards = {"image": image_shards, "text": text_shards, "pair": pair_shards}
         self.val_shards = {"image": val_image_shards, "text": val_text_shards, "pair": val_pair_shards}
@@ -221,6 +239,7 @@ class _FinetuneDataModule(_ShardDataModule):
         seed: int,
     ) -> None:
         super().__init__(num_workers, shuffle_buffer, seed)
+        self.check_shards(train_shards=train_shards, val_shards=val_shards, test_shards=test_shards)
         self.shards = {"train": train_shards, "val": val_shards, "test": test_shards}
         self.image_size, self.batch_size = image_size, batch_size
         self.eval_batch_size = eval_batch_size or batch_size

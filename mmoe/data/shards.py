@@ -196,8 +196,10 @@ def resolve_shards(spec: str | os.PathLike | Sequence[str | os.PathLike]) -> lis
         paths = expand_urls(text)
     elif any(char in text for char in "*?["):
         paths = sorted(glob.glob(text))
-    else:
+    elif "://" in text or text.startswith("pipe:") or os.path.isfile(text):
         paths = [text]
+    else:
+        raise FileNotFoundError(f"shard path {text!r} does not exist")
     if not paths:
         raise FileNotFoundError(f"no shards found for {text!r}")
     return paths
