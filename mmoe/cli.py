@@ -5,6 +5,7 @@ Subcommands:
 * ``mmoe fit|validate|test|predict --config configs/....yaml`` — LightningCLI over the mmoe tasks (``--help`` lists
   every option; ``--print_config`` shows the resolved config).
 * ``mmoe tokenizer fit --data SHARDS --out codebook.pt`` — learn the visual codebook for masked image modeling.
+* ``mmoe export-backbone --ckpt task.ckpt --out backbone.pt`` — the backbone weights of a task checkpoint.
 * ``mmoe moe-info --moe.dim 768 --moe.ffn_dim 3072 --moe.num_experts 8 [--moe.heads 4 ...]`` — parameters, active
   parameters and forward FLOPs per token of one MoE layer against the dense FFN it replaces (JSON on stdout). Every
   :class:`mmoe.moe.MoEConfig` field is an option; ``--moe config.yaml`` reads them from a file.
@@ -22,7 +23,7 @@ from mmoe.data.cli import data_command
 from mmoe.metrics.cli import eval_command
 from mmoe.moe import MoEConfig, MoELayer
 from mmoe.moe.cost import active_parameters_per_token, flops_per_token, moe_parameter_count
-from mmoe.tasks.cli import LIGHTNING_SUBCOMMANDS, lightning_command, tokenizer_command
+from mmoe.tasks.cli import LIGHTNING_SUBCOMMANDS, export_command, lightning_command, tokenizer_command
 from mmoe.viz.cli import analyze_command, viz_command
 
 
@@ -52,6 +53,7 @@ COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "moe-info": moe_info,
     **{name: lightning_command for name in LIGHTNING_SUBCOMMANDS},
     "tokenizer": tokenizer_command,
+    "export-backbone": export_command,
     "eval": eval_command,
     "data": data_command,
     "viz": viz_command,

@@ -9,9 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from mmoe.cli import main
+from mmoe.tasks.checkpoint import load_backbone
+from mmoe.tasks.pretraining import MaskedPretraining
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning")]
@@ -84,6 +87,23 @@ def test_tiny_xmoe_loss_falls(synthetic_corpus, tmp_path):
     assert any(key.startswith("routing/layer1/vision/activation_ratio") for key in rows[0])
     assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
     assert json.loads((tmp_path / "routing_stats.json").read_text())["windows"]
+
+    # The checkpoint restores the routing exactly, and its backbone exports for fine-tuning.
+    checkpoint = tmp_path / "checkpoints" / "last.ckpt"
+    restored = MaskedPretraining.load_from_checkpoint(checkpoint, map_location="cpu").eval()
+    assert main(["export-backbone", "--ckpt", str(checkpoint), "--out", str(tmp_path / "backbone.pt")]) == 0
+    exported = load_backbone(tmp_path / "backbone.pt").eval()
+    image, text = torch.randn(2, 3, 32, 32), torch.randint(0, 1000, (2, 8))
+    with torch.no_grad():
+        first = restored.backbone(image=image, text=text)
+        second = exported(image=image, text=text)
+    torch.testing.assert_close(first.hidden, second.hidden)
+    for a, b in zip(first.routing, second.routing, strict=True):
+        assert torch.equal(a.expert_index, b.expert_index)
+    state = torch.load(checkpoint, map_location="cpu", weights_only=False)["state_dict"]
+    for name, value in restored.state_dict().items():
+        if "router" in name:
+            assert torch.equal(value, state[name]), name
 
 
 def test_missing_shard_directory_fails_before_training(synthetic_corpus, tmp_path, capsys):

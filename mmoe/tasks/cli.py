@@ -64,3 +64,25 @@ def tokenizer_command(argv: Sequence[str]) -> int:
     codebook.save(args.out)
     print(json.dumps({"codebook": args.out, "size": codebook.size, "patch_size": args.patch_size}))
     return 0
+
+
+def export_command(argv: Sequence[str]) -> int:
+    """``mmoe export-backbone --ckpt task.ckpt --out backbone.pt``: the backbone of a task checkpoint, for fine-tuning
+    (the fine-tuning configs' ``pretrained`` argument reads either file)."""
+    parser = argparse.ArgumentParser(prog="mmoe export-backbone", description=export_command.__doc__)
+    parser.add_argument(
+        "--ckpt", required=True, help="Lightning checkpoint of an mmoe task (e.g. checkpoints/last.ckpt)"
+    )
+    parser.add_argument("--out", required=True, help="backbone file to write (atomically)")
+    args = parser.parse_args(list(argv))
+
+    from mmoe.tasks.checkpoint import export_backbone, load_backbone
+
+    try:
+        backbone = load_backbone(args.ckpt)
+    except (FileNotFoundError, ValueError) as error:
+        print(f"mmoe export-backbone: {error}", file=sys.stderr)
+        return 2
+    export_backbone(backbone, args.out)
+    print(json.dumps({"backbone": args.out, "parameters": sum(p.numel() for p in backbone.parameters())}))
+    return 0
