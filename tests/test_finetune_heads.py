@@ -234,3 +234,12 @@ def test_caption_generation_beam_one_is_greedy_and_batched():
         length = alone.tokens.shape[1]
         assert torch.equal(alone.tokens[0], three.tokens[row, :length])
     assert all(isinstance(caption, str) for caption in task.captions(image))
+
+
+def test_output_paths_stay_out_of_the_checkpoint_hyperparameters(answers):
+    # LightningCLI applies a checkpoint's hyper-parameters over the command line of `mmoe predict --ckpt_path`.
+    task = VQAFineTuning(answer_vocab=answers, backbone=config(), predictions_file="out.json")
+    assert task.predictions_file == "out.json" and "predictions_file" not in task.hparams
+    assert "answer_vocab" in task.hparams and "learning_rate" in task.hparams
+    captions = captioner(results_dir="val", predictions_file="test.json")
+    assert captions.results_dir == "val" and "results_dir" not in captions.hparams

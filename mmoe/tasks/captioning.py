@@ -86,6 +86,7 @@ class CaptioningFineTuning(FineTuningTask):
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
+        self.predictions_file, self.results_dir = predictions_file, results_dir
         if num_beams < 1:
             raise ValueError(f"model.num_beams must be >= 1, got {num_beams!r}")
         if not 1 <= max_length < self.backbone.config.max_text_positions - self.backbone.config.position_offset:
@@ -179,8 +180,8 @@ class CaptioningFineTuning(FineTuningTask):
         self.validation_outputs = []
         if not outputs or self.trainer.sanity_checking:
             return
-        if self.hparams.results_dir is not None and self.trainer.is_global_zero:
-            path = Path(self.hparams.results_dir) / f"captions_val_step{self.global_step}.json"
+        if self.results_dir is not None and self.trainer.is_global_zero:
+            path = Path(self.results_dir) / f"captions_val_step{self.global_step}.json"
             write_caption_results([{"image_id": i, "caption": o["caption"]} for i, o in outputs.items()], path)
         references = {i: o["references"] for i, o in outputs.items()}
         predictions = {i: o["caption"] for i, o in outputs.items()}
@@ -203,8 +204,8 @@ class CaptioningFineTuning(FineTuningTask):
 
     def on_predict_epoch_end(self) -> None:
         entries = gather_objects(self.predictions)
-        if self.hparams.predictions_file is not None and self.trainer.is_global_zero:
-            write_caption_results(entries, self.hparams.predictions_file)
+        if self.predictions_file is not None and self.trainer.is_global_zero:
+            write_caption_results(entries, self.predictions_file)
 
 
 def _ids(values) -> list:

@@ -25,13 +25,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mmoe.model import MultiwayConfig, MultiwayTransformer
+from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
 from mmoe.moe import RoutingRecord, restore_expert_embedding_norm
 from mmoe.tasks.checkpoint import read_backbone_state
+
+# Task checkpoints hold the backbone config in their hyper-parameters; Lightning loads checkpoints with
+# ``weights_only=True`` (``--ckpt_path``, ``load_from_checkpoint``), which refuses classes it is not told about.
+torch.serialization.add_safe_globals([MultiwayConfig, MoEPlan])
 
 #: Parameters kept out of weight decay besides biases and norms (BEiT-3's optimiser factory, plus the X-MoE router's
 #: expert embeddings, whose norm is fixed, and its temperature).
 NO_DECAY = ("cls_token", "mask_token", "vision_positions", "text_positions", "expert_embeddings", "log_temperature")
+#: Task arguments that name output files; kept out of the saved hyper-parameters.
+OUTPUT_ARGUMENTS = ("predictions_file", "results_dir")
 #: Backbone parameters that count as BEiT-3's layer 0 for layer-wise learning-rate decay.
 EMBEDDINGS = ("patch_embed", "cls_token", "mask_token", "vision_positions", "text_embed", "text_positions")
 
@@ -139,7 +145,13 @@ class BackboneTask(L.LightningModule):
         for group in groups:
             group["lr"] = hparams.learning_rate * group.pop("lr_scale")
         optimizer = torch.optim.AdamW(groups, lr=hparams.learning_rate, betas=tuple(hparams.betas), eps=hparams.eps)
-        total = hparams.total_steps or max(1, int(self.trainer.estimated_stepping_batches))
+        total = hparams.total_steps or self.trainer.estimated_stepping_batches
+        if not math.isfinite(total):
+            raise ValueError(
+                "the cosine schedule needs a length: set trainer.max_steps or model.total_steps (the loaders are "
+                "iterable, so the trainer cannot count the steps of an epoch)"
+            )
+        total = max(1, int(total))
         schedule = warmup_cosine(hparams.warmup_steps, total, hparams.min_lr_ratio)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
@@ -195,7 +207,10 @@ class FineTuningTask(BackboneTask):
             raise ValueError(f"model.balance_reduce must be 'sum' or 'mean', got {balance_reduce!r}")
         if backbone is None and pretrained is None:
             raise ValueError("give model.backbone (train from scratch) or model.pretrained (a checkpoint), or both")
-        self.save_hyperparameters()  # also collects the init arguments of the subclass calling this
+        # Also collects the init arguments of the subclass calling this. Output paths stay out of the checkpoint:
+        # LightningCLI applies a checkpoint's hyper-parameters over the command line (``mmoe predict --ckpt_path``),
+        # which would otherwise reset a ``predictions_file`` given there to the training run's value.
+        self.save_hyperparameters(ignore=list(OUTPUT_ARGUMENTS))
         self.backbone = build_backbone(backbone, pretrained, frozen_routing)
         # The checkpoints of this task are self-contained: they rebuild the architecture from the saved config and
         # take every weight from their own state dict, without the pre-trained file.

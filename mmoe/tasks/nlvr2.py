@@ -47,6 +47,7 @@ class NLVR2FineTuning(FineTuningTask):
 
     def __init__(self, predictions_file: str | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
+        self.predictions_file = predictions_file
         dim, eps = self.backbone.config.dim, self.backbone.config.layernorm_eps
         self.head = nn.Sequential(
             nn.LayerNorm(4 * dim, eps=eps),
@@ -121,8 +122,8 @@ class NLVR2FineTuning(FineTuningTask):
 
     def on_predict_epoch_end(self) -> None:
         entries = gather_objects(self.predictions)
-        if self.hparams.predictions_file is not None and self.trainer.is_global_zero:
-            write_nlvr2_predictions(entries, self.hparams.predictions_file)
+        if self.predictions_file is not None and self.trainer.is_global_zero:
+            write_nlvr2_predictions(entries, self.predictions_file)
 
 
 def write_nlvr2_predictions(entries: list[tuple[str, bool]], path: str | Path) -> None:

@@ -90,6 +90,7 @@ class VQAFineTuning(FineTuningTask):
 
     def __init__(self, answer_vocab: str, predictions_file: str | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
+        self.predictions_file = predictions_file
         self.answers = load_answer_vocab(answer_vocab)
         dim = self.backbone.config.dim
         self.pooler = Pooler(dim, self.backbone.config.layernorm_eps)
@@ -156,8 +157,8 @@ class VQAFineTuning(FineTuningTask):
 
     def on_predict_epoch_end(self) -> None:
         entries = gather_objects(self.predictions)
-        if self.hparams.predictions_file is not None and self.trainer.is_global_zero:
-            write_vqa_results(entries, self.hparams.predictions_file)
+        if self.predictions_file is not None and self.trainer.is_global_zero:
+            write_vqa_results(entries, self.predictions_file)
 
 
 def write_vqa_results(entries: list[dict], path: str | Path) -> None:
