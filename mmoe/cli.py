@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from jsonargparse import ArgumentParser
 
 from mmoe.data.cli import data_command
+from mmoe.demo import demo_command
 from mmoe.metrics.cli import eval_command
 from mmoe.moe import MoEConfig, MoELayer
 from mmoe.moe.cost import active_parameters_per_token, flops_per_token, moe_parameter_count
@@ -58,6 +59,7 @@ COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "data": data_command,
     "viz": viz_command,
     "analyze": analyze_command,
+    "demo": demo_command,
 }
 
 
