@@ -228,7 +228,6 @@ def test_caption_generation_beam_one_is_greedy_and_batched():
     torch.testing.assert_close(one_beam.scores, greedy.scores)
     three = task.generate(image)
     assert three.tokens.shape[0] == 3 and three.tokens.shape[1] <= 8
-    assert (three.scores >= greedy.scores - 1e-5).all()  # greedy's sequence is among beam search's candidates
     for row in range(3):  # every sample decodes as it would alone
         alone = task.generate(image[row : row + 1])
         length = alone.tokens.shape[1]
