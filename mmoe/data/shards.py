@@ -22,6 +22,8 @@ from typing import Any
 
 from webdataset.shardlists import expand_urls
 
+from mmoe.atomic import atomic_write
+
 MANIFEST = "manifest.json"
 
 
@@ -161,10 +163,8 @@ class Manifest:
 
 def write_json_atomic(path: str | os.PathLike, value: Any) -> None:
     """Writes JSON to ``path`` through a temporary file and a rename."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(value, indent=2, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
+    text = json.dumps(value, indent=2, ensure_ascii=False) + "\n"
+    atomic_write(path, lambda temporary: temporary.write_text(text))
 
 
 def read_manifest(folder: str | os.PathLike) -> dict[str, Any]:

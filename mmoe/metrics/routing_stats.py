@@ -14,11 +14,11 @@ accumulated over 100 steps for the inter-run consistency).
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import torch
+
+from mmoe.atomic import atomic_write
 
 STATS_FORMAT = "mmoe-routing-stats"
 STATS_FILENAME = "routing_stats.json"
@@ -26,16 +26,7 @@ STATS_FILENAME = "routing_stats.json"
 
 def write_json_atomic(payload: dict, path: str | Path) -> None:
     """Write ``payload`` as JSON to a temporary file beside ``path``, then rename it over ``path``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(handle, "w") as stream:
-            json.dump(payload, stream, indent=1)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    atomic_write(path, lambda temporary: temporary.write_text(json.dumps(payload, indent=1)))
 
 
 def read_stats(path: str | Path) -> dict:

@@ -9,12 +9,11 @@ An exported backbone is one ``torch.save``d dict ``{"format": "mmoe-backbone", "
 from __future__ import annotations
 
 import dataclasses
-import os
-import tempfile
 from pathlib import Path
 
 import torch
 
+from mmoe.atomic import atomic_write
 from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
 
 BACKBONE_FORMAT = "mmoe-backbone"
@@ -36,16 +35,7 @@ def config_from_dict(fields: dict) -> MultiwayConfig:
 
 def atomic_save(obj: object, path: str | Path) -> None:
     """``torch.save`` to a temporary file beside ``path``, then rename: a reader never sees a partial file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(handle)
-    try:
-        torch.save(obj, temporary)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    atomic_write(path, lambda temporary: torch.save(obj, temporary))
 
 
 def export_backbone(backbone: MultiwayTransformer, path: str | Path) -> None:

@@ -16,8 +16,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import tempfile
-from pathlib import Path
 from typing import Literal
 
 import lightning as L
@@ -25,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mmoe.atomic import atomic_write
 from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
 from mmoe.moe import RoutingRecord, restore_expert_embedding_norm
 from mmoe.tasks.checkpoint import read_backbone_state
@@ -315,13 +314,4 @@ def gather_objects(items: list) -> list:
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     """Writes ``text`` through a temporary file beside ``path`` and a rename: a reader never sees a partial file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as file:
-            file.write(text)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    atomic_write(path, lambda temporary: temporary.write_text(text, encoding="utf-8"))

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import matplotlib
@@ -11,6 +9,8 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import BoundaryNorm, Colormap
 from matplotlib.figure import Figure
+
+from mmoe.atomic import atomic_write
 
 #: Sequential colour map of the routing figures: dark = few experts / low load, bright = many / high.
 COLORMAP = "inferno"
@@ -25,17 +25,7 @@ def new_figure(width: float, height: float) -> Figure:
 
 def save_figure(figure: Figure, path: str | Path, dpi: int = 120) -> Path:
     """Write ``figure`` as a PNG to a temporary file beside ``path``, then rename it over ``path``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".png", dir=path.parent)
-    os.close(handle)
-    try:
-        figure.savefig(temporary, format="png", dpi=dpi)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    return path
+    return atomic_write(path, lambda temporary: figure.savefig(temporary, format="png", dpi=dpi))
 
 
 def count_scale(max_count: int) -> tuple[Colormap, BoundaryNorm, list[int]]:
