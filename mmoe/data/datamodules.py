@@ -121,7 +121,7 @@ class PretrainDataModule(_ShardDataModule):
         patch_size: the model's patch side; the mask grid is (S / patch_size)^2.
         max_text_length: longest text in tokens, start and end included.
         masking: masking ratios and replacement fractions (BEiT-3 defaults).
-        crop_scale: RandomResizedCrop area range for training images.
+        crop_scale: RandomResizedCrop area range for training images; None = the whole image, no random crop.
         hflip: random horizontal flips of training images.
         shuffle_buffer: sample shuffle buffer per worker.
         batches_per_epoch: training batches (steps, with ``joint``) per epoch and process.
@@ -146,7 +146,7 @@ class PretrainDataModule(_ShardDataModule):
         patch_size: int = 16,
         max_text_length: int = 64,
         masking: MaskingConfig | None = None,
-        crop_scale: tuple[float, float] = (0.5, 1.0),
+        crop_scale: tuple[float, float] | None = (0.5, 1.0),
         hflip: bool = True,
         shuffle_buffer: int = 1000,
         batches_per_epoch: int | None = 1000,
@@ -232,7 +232,7 @@ class _FinetuneDataModule(_ShardDataModule):
         max_text_length: int,
         batch_size: int,
         eval_batch_size: int | None,
-        crop_scale: tuple[float, float],
+        crop_scale: tuple[float, float] | None,
         hflip: bool,
         shuffle_buffer: int,
         num_workers: int,
@@ -300,7 +300,7 @@ class VQADataModule(_FinetuneDataModule):
         max_text_length: longest question in tokens.
         batch_size: training batch size.
         eval_batch_size: validation / test batch size (default: ``batch_size``).
-        crop_scale: RandomResizedCrop area range for training images.
+        crop_scale: RandomResizedCrop area range for training images; None = the whole image, no random crop.
         hflip: random horizontal flips of training images.
         shuffle_buffer: sample shuffle buffer per worker.
         num_workers: DataLoader workers.
@@ -317,7 +317,7 @@ class VQADataModule(_FinetuneDataModule):
         max_text_length: int = 64,
         batch_size: int = 32,
         eval_batch_size: int | None = None,
-        crop_scale: tuple[float, float] = (0.5, 1.0),
+        crop_scale: tuple[float, float] | None = (0.5, 1.0),
         hflip: bool = True,
         shuffle_buffer: int = 1000,
         num_workers: int = 2,
@@ -360,7 +360,7 @@ class NLVR2DataModule(_FinetuneDataModule):
         max_text_length: longest sentence in tokens.
         batch_size: training batch size.
         eval_batch_size: validation / test batch size (default: ``batch_size``).
-        crop_scale: RandomResizedCrop area range for training images.
+        crop_scale: RandomResizedCrop area range for training images; None = the whole image, no random crop.
         hflip: random horizontal flips of training images (each image separately; texts are not changed).
         shuffle_buffer: sample shuffle buffer per worker.
         num_workers: DataLoader workers.
@@ -376,7 +376,7 @@ class NLVR2DataModule(_FinetuneDataModule):
         max_text_length: int = 64,
         batch_size: int = 32,
         eval_batch_size: int | None = None,
-        crop_scale: tuple[float, float] = (0.5, 1.0),
+        crop_scale: tuple[float, float] | None = (0.5, 1.0),
         hflip: bool = True,
         shuffle_buffer: int = 1000,
         num_workers: int = 2,
@@ -412,7 +412,7 @@ class CaptioningDataModule(_FinetuneDataModule):
         mask_ratio: share of caption tokens masked for training (BEiT-3 default 0.6, recipes 0.7).
         batch_size: training batch size.
         eval_batch_size: validation / test batch size (default: ``batch_size``).
-        crop_scale: RandomResizedCrop area range for training images.
+        crop_scale: RandomResizedCrop area range for training images; None = the whole image, no random crop.
         hflip: random horizontal flips of training images.
         shuffle_buffer: sample shuffle buffer per worker.
         num_workers: DataLoader workers.
@@ -429,7 +429,7 @@ class CaptioningDataModule(_FinetuneDataModule):
         mask_ratio: float = 0.6,
         batch_size: int = 32,
         eval_batch_size: int | None = None,
-        crop_scale: tuple[float, float] = (0.5, 1.0),
+        crop_scale: tuple[float, float] | None = (0.5, 1.0),
         hflip: bool = True,
         shuffle_buffer: int = 1000,
         num_workers: int = 2,

@@ -12,9 +12,16 @@ IMAGE_MEAN = (0.5, 0.5, 0.5)
 IMAGE_STD = (0.5, 0.5, 0.5)
 
 
-def train_transform(size: int, scale: tuple[float, float] = (0.5, 1.0), hflip: bool = True) -> T.Compose:
-    """RandomResizedCrop to ``size`` (area share in ``scale``, BEiT-3: 0.5..1), optional flip, tensor, normalise."""
-    stages = [T.RandomResizedCrop(size, scale=scale, interpolation=T.InterpolationMode.BICUBIC)]
+def train_transform(size: int, scale: tuple[float, float] | None = (0.5, 1.0), hflip: bool = True) -> T.Compose:
+    """RandomResizedCrop to ``size`` (area share in ``scale``, BEiT-3: 0.5..1), optional flip, tensor, normalise.
+
+    ``scale=None`` keeps the whole image (resize + center crop, as evaluation): for data whose labels depend on
+    where things are, how big they are or how many there are (the synthetic corpus), a random crop changes the answer.
+    """
+    if scale is None:
+        stages = [T.Resize(size, interpolation=T.InterpolationMode.BICUBIC), T.CenterCrop(size)]
+    else:
+        stages = [T.RandomResizedCrop(size, scale=scale, interpolation=T.InterpolationMode.BICUBIC)]
     if hflip:
         stages.append(T.RandomHorizontalFlip())
     stages += [T.ToTensor(), T.Normalize(IMAGE_MEAN, IMAGE_STD)]
