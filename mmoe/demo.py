@@ -411,8 +411,8 @@ def row(task: str, metric: str, value: float, chance: float, baseline: str) -> d
 
 
 def vqa_rows(scores: dict, chance: dict) -> list[dict]:
-    prior = chance["vqav2_val_prior_accuracy"]["overall"]
-    return [row("VQAv2 val", "accuracy (%)", scores["overall"], prior, "per-question-type prior")]
+    blind = chance["vqav2_val_question_prior_accuracy"]["overall"]
+    return [row("VQAv2 val", "accuracy (%)", scores["overall"], blind, "image-blind: top training answer per question")]
 
 
 def nlvr2_rows(scores: dict, chance: dict) -> list[dict]:

@@ -13,7 +13,7 @@ import pytest
 from mmoe.cli import main
 from mmoe.data.answers import normalize_answer
 from mmoe.data.converters import image_names
-from mmoe.data.synth.corpus import SIZES, build_corpus
+from mmoe.data.synth.corpus import SIZES, build_corpus, vqa_prior_accuracy
 from mmoe.data.synth.language import captions, human_answers, majority_answer, questions, statement
 from mmoe.data.synth.scenes import COLORS, render, sample_scene
 
@@ -124,7 +124,8 @@ def test_synth_cli_builds_and_converts(tmp_path, capsys):
     summary = json.loads(capsys.readouterr().out)
     assert summary["sizes"]["train_images"] == 10
     chance = summary["chance"]
-    assert 0 < chance["vqav2_val_prior_accuracy"]["overall"] < 100 and chance["nlvr2"]["accuracy_random"] == 0.5
+    assert 0 < chance["vqav2_val_prior_accuracy"]["overall"] <= chance["vqav2_val_question_prior_accuracy"]["overall"]
+    assert chance["vqav2_val_question_prior_accuracy"]["overall"] < 100 and chance["nlvr2"]["accuracy_random"] == 0.5
     shards = summary["shards"]
     assert shards["vqav2-train2014"] > 0 and shards["nlvr2-dev"] == 4 * TINY.nlvr2_eval_sets
     assert shards["coco-karpathy-test"] > 0 and shards["pretrain-pairs"] == 20 and shards["pretrain-text"] == TINY.texts
@@ -132,3 +133,32 @@ def test_synth_cli_builds_and_converts(tmp_path, capsys):
         manifest = json.loads((tmp_path / "shards" / name / "manifest.json").read_text())
         assert manifest["skipped"] == 0 and manifest["name"] == name
     assert (tmp_path / "shards/vqav2-train2014/answers.json").exists()
+
+
+def annotation(question_id: int, question_type: str, answer_type: str, answers: list[str]) -> dict:
+    return {
+        "question_id": question_id,
+        "question_type": question_type,
+        "answer_type": answer_type,
+        "multiple_choice_answer": majority_answer(answers),
+        "answers": [{"answer": a, "answer_id": i + 1} for i, a in enumerate(answers)],
+    }
+
+
+def test_blind_priors_by_question_type_and_by_question_text():
+    texts = {1: "what color is the shape at the top?", 2: "what color is the shape at the top?",
+             3: "what shape is at the top?", 4: "what shape is at the top?", 5: "what shape is at the top?",
+             11: "what color is the shape at the top?", 12: "what shape is at the top?",
+             13: "what size is the red circle?"}  # fmt: skip
+    train = [annotation(1, "what", "other", ["red"] * 10), annotation(2, "what", "other", ["red"] * 10)]
+    train += [annotation(i, "what", "other", ["circle"] * 10) for i in (3, 4, 5)]
+    val = [
+        annotation(11, "what", "other", ["red"] * 10),
+        annotation(12, "what", "other", ["circle"] * 2 + ["square"] * 8),
+        annotation(13, "what", "other", ["large"] * 10),
+    ]
+    # per type: "circle" everywhere (3 of 5 training answers): 0, min(1, 2 / 3) averaged over the 10 leave-one-out
+    # subsets = (2 * 1/3 + 8 * 2/3) / 10 = 0.6, and 0
+    assert vqa_prior_accuracy(train, val) == {"overall": 20.0, "perAnswerType": {"other": 20.0}}
+    # per text: "red", "circle", and the unseen size question falls back to the type's "circle"
+    assert vqa_prior_accuracy(train, val, texts) == {"overall": 53.33, "perAnswerType": {"other": 53.33}}

@@ -94,7 +94,7 @@ def test_fast_demo_scores_are_official_files_exist_and_a_rerun_reuses_stages(fas
         assert task in printed
 
     vqa = rows["VQAv2 val", "accuracy (%)"]
-    assert vqa["chance"] == chance["vqav2_val_prior_accuracy"]["overall"]
+    assert vqa["chance"] == chance["vqav2_val_question_prior_accuracy"]["overall"]
     data = out / "data" / "vqav2"
     rescored = evaluate_vqa_files(
         data / "v2_OpenEnded_mscoco_val2014_questions.json",

@@ -203,7 +203,7 @@ def _vqa_files(root: Path, seed: int, subtype: str, images: list[_Image], per_im
     if annotated:
         document = {**header, "data_subtype": subtype, "annotations": annotation_records}
         _write_json(folder / f"v2_mscoco_{subtype}_annotations.json", document)
-    return annotation_records
+    return annotation_records, {record["question_id"]: record["question"] for record in question_records}
 
 
 def _nlvr2_split(root: Path, seed: int, split: str, sets: int, size: int) -> list[dict[str, Any]]:
@@ -256,17 +256,30 @@ def _pretrain_files(root: Path, seed: int, train: list[_Image], texts: int) -> N
     (folder / "pairs.tsv").write_text("\n".join(pairs) + "\n")
 
 
-def vqa_prior_accuracy(train: list[dict[str, Any]], val: list[dict[str, Any]]) -> dict[str, Any]:
-    """Official VQA accuracy on ``val`` of answering every question with its question type's most common training
-    answer (the "per question type prior" baseline of the VQA paper), overall and per answer type, in percent."""
+def vqa_prior_accuracy(
+    train: list[dict[str, Any]], val: list[dict[str, Any]], questions: dict[int, str] | None = None
+) -> dict[str, Any]:
+    """Official VQA accuracy on ``val`` of an answerer that never looks at the image, overall and per answer type,
+    in percent.
+
+    Without ``questions``: every question gets its question type's most common training answer (the "per question
+    type prior" baseline of the VQA paper). With ``questions`` (question id -> text, for train and val): every
+    question gets the most common training answer to the same question text, falling back to the question type's
+    when the text never occurs in training — the best any image-blind model can do on average, and the level a
+    fine-tuned model must pass to show it reads the image.
+    """
     by_type: dict[str, Counter] = defaultdict(Counter)
+    by_text: dict[str, Counter] = defaultdict(Counter)
     for annotation in train:
-        by_type[annotation["question_type"]][normalize_answer(annotation["multiple_choice_answer"])] += 1
+        answer = normalize_answer(annotation["multiple_choice_answer"])
+        by_type[annotation["question_type"]][answer] += 1
+        if questions is not None:
+            by_text[questions[annotation["question_id"]]][answer] += 1
     overall, per_answer_type = [], defaultdict(list)
     for annotation in val:
-        guess = (
-            by_type[annotation["question_type"]].most_common(1)[0][0] if by_type[annotation["question_type"]] else ""
-        )
+        counts = by_text.get(questions[annotation["question_id"]]) if questions is not None else None
+        counts = counts or by_type.get(annotation["question_type"])
+        guess = counts.most_common(1)[0][0] if counts else ""
         score = answer_scores([a["answer"] for a in annotation["answers"]]).get(guess, 0.0)
         overall.append(score)
         per_answer_type[annotation["answer_type"]].append(score)
@@ -300,8 +313,8 @@ def build_corpus(out: str | os.PathLike, seed: int = 0, sizes: SynthSizes | None
     _captions_file(root, "train2014", train, sizes.image_size)
     _captions_file(root, "val2014", val, sizes.image_size)
     _karpathy_file(root, train, val)
-    vqa_train = _vqa_files(root, seed, "train2014", train, sizes.questions_per_image, annotated=True)
-    vqa_val = _vqa_files(root, seed, "val2014", val, sizes.questions_per_image, annotated=True)
+    vqa_train, train_questions = _vqa_files(root, seed, "train2014", train, sizes.questions_per_image, annotated=True)
+    vqa_val, val_questions = _vqa_files(root, seed, "val2014", val, sizes.questions_per_image, annotated=True)
     _vqa_files(root, seed, "test2015", test, sizes.questions_per_image, annotated=False)
     nlvr2 = {
         split: _nlvr2_split(root, seed, split, sets, sizes.image_size)
@@ -320,6 +333,9 @@ def build_corpus(out: str | os.PathLike, seed: int = 0, sizes: SynthSizes | None
         },
         "chance": {
             "vqav2_val_prior_accuracy": vqa_prior_accuracy(vqa_train, vqa_val),
+            "vqav2_val_question_prior_accuracy": vqa_prior_accuracy(
+                vqa_train, vqa_val, train_questions | val_questions
+            ),
             "nlvr2": {
                 "accuracy_constant_answer": 0.5,
                 "accuracy_random": 0.5,
