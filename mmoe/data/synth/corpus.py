@@ -265,8 +265,9 @@ def vqa_prior_accuracy(
     Without ``questions``: every question gets its question type's most common training answer (the "per question
     type prior" baseline of the VQA paper). With ``questions`` (question id -> text, for train and val): every
     question gets the most common training answer to the same question text, falling back to the question type's
-    when the text never occurs in training — the best any image-blind model can do on average, and the level a
-    fine-tuned model must pass to show it reads the image.
+    when the text never occurs in training. That is what memorising the questions gives without the image; a
+    text-only model can score somewhat higher by sharing answers across similar texts, so a model near this level has
+    not shown that it reads the image.
     """
     by_type: dict[str, Counter] = defaultdict(Counter)
     by_text: dict[str, Counter] = defaultdict(Counter)
