@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[Path], object]) -> Path:
@@ -24,3 +26,13 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], object]) -> Pa
         Path(temporary).unlink(missing_ok=True)
         raise
     return path
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
+    """Writes UTF-8 ``text`` to ``path`` atomically (:func:`atomic_write`)."""
+    return atomic_write(path, lambda temporary: temporary.write_text(text, encoding="utf-8"))
+
+
+def write_json_atomic(path: str | os.PathLike, value: Any, indent: int = 2) -> Path:
+    """Writes ``value`` as indented JSON (non-ASCII kept, trailing newline) to ``path`` atomically."""
+    return write_text_atomic(path, json.dumps(value, indent=indent, ensure_ascii=False) + "\n")

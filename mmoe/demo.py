@@ -39,7 +39,7 @@ from pathlib import Path
 import lightning as L
 import yaml
 
-from mmoe.metrics.routing_stats import write_json_atomic
+from mmoe.atomic import write_json_atomic
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 VARIANTS = ("dense", "switch", "xmoe", "mhmoe", "stratified")
@@ -224,7 +224,7 @@ def run_stage(run: DemoRun, stage: Stage) -> dict:
         raise DemoError(f"stage {stage.name} finished without writing {stage.output}")
     record = {"stage": stage.name, "output": str(stage.output), "seconds": time.perf_counter() - start}
     record["result"] = result
-    write_json_atomic(record, marker)
+    write_json_atomic(marker, record)
     say(f"[{stage.name}] done in {record['seconds']:.0f} s")
     return record | {"reused": False}
 
@@ -535,7 +535,7 @@ def evaluate_stage(run: DemoRun, variant: str, task: FineTuneTask) -> Stage:
             argv + [f"--model.init_args.predictions_file={predictions}"],
         )
         scores = task.score(run, predictions)
-        write_json_atomic(scores, scores_file)
+        write_json_atomic(scores_file, scores)
         return {"scores": scores, "files": [str(predictions), str(scores_file)]}
 
     return Stage(f"{variant}/{task.name}-eval", scores_file, evaluate)
@@ -635,7 +635,7 @@ def check_settings(run: DemoRun) -> None:
             )
         return
     run.out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic({"settings": settings}, path)
+    write_json_atomic(path, {"settings": settings})
 
 
 def parse(argv: Sequence[str]) -> argparse.Namespace:
@@ -668,7 +668,7 @@ def demo_command(argv: Sequence[str]) -> int:
         print(f"mmoe demo: error: {error}", file=sys.stderr)
         return 1
     report = results(run, variants, records, time.perf_counter() - start)
-    write_json_atomic(report, run.out / "results.json")
+    write_json_atomic(run.out / "results.json", report)
     say(f"\nResults ({report['seconds_this_run']:.0f} s this run)\n")
     say(format_table(report["variants"]))
     say("\nFiles:")

@@ -22,8 +22,6 @@ from typing import Any
 
 from webdataset.shardlists import expand_urls
 
-from mmoe.atomic import atomic_write
-
 MANIFEST = "manifest.json"
 
 
@@ -159,12 +157,6 @@ class Manifest:
             "skipped_examples": self.skipped_examples,
             **self.extra,
         }
-
-
-def write_json_atomic(path: str | os.PathLike, value: Any) -> None:
-    """Writes JSON to ``path`` through a temporary file and a rename."""
-    text = json.dumps(value, indent=2, ensure_ascii=False) + "\n"
-    atomic_write(path, lambda temporary: temporary.write_text(text))
 
 
 def read_manifest(folder: str | os.PathLike) -> dict[str, Any]:

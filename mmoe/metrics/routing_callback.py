@@ -30,9 +30,10 @@ from pathlib import Path
 import lightning as L
 import torch
 
+from mmoe.atomic import write_json_atomic
 from mmoe.metrics.routing import DEFAULT_ACTIVATION_THRESHOLD, RoutingTotals, record_key, sort_keys, valid_tokens
 from mmoe.metrics.routing_collect import moe_layers
-from mmoe.metrics.routing_stats import STATS_FILENAME, STATS_FORMAT, write_json_atomic
+from mmoe.metrics.routing_stats import STATS_FILENAME, STATS_FORMAT
 from mmoe.moe import RoutingRecord
 
 
@@ -184,4 +185,4 @@ class RoutingStatsCallback(L.Callback):
             "total_loads": {key: self._total_loads[key] for key in sort_keys(self._total_loads)},
             "windows": self._windows,
         }
-        write_json_atomic(payload, path)
+        write_json_atomic(path, payload, indent=1)

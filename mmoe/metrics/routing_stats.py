@@ -18,15 +18,8 @@ from pathlib import Path
 
 import torch
 
-from mmoe.atomic import atomic_write
-
 STATS_FORMAT = "mmoe-routing-stats"
 STATS_FILENAME = "routing_stats.json"
-
-
-def write_json_atomic(payload: dict, path: str | Path) -> None:
-    """Write ``payload`` as JSON to a temporary file beside ``path``, then rename it over ``path``."""
-    atomic_write(path, lambda temporary: temporary.write_text(json.dumps(payload, indent=1)))
 
 
 def read_stats(path: str | Path) -> dict:

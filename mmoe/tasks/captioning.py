@@ -25,10 +25,11 @@ import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
+from mmoe.atomic import write_text_atomic
 from mmoe.data.tokenizer import EOT_ID, MASK_ID, PAD_ID, SOT_ID, TextTokenizer
 from mmoe.metrics.captions import ScorerUnavailableError, score_captions
 from mmoe.moe import RoutingRecord
-from mmoe.tasks.common import FineTuningTask, gather_objects, write_text_atomic
+from mmoe.tasks.common import FineTuningTask, gather_objects
 from mmoe.tasks.decoding import Decoded, beam_search, greedy_search
 from mmoe.tasks.vqa import init_head
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from typing import Literal
 
 import lightning as L
@@ -23,7 +22,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mmoe.atomic import atomic_write
 from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
 from mmoe.moe import RoutingRecord, restore_expert_embedding_norm
 from mmoe.tasks.checkpoint import read_backbone_state
@@ -310,8 +308,3 @@ def gather_objects(items: list) -> list:
     gathered: list[list] = [[] for _ in range(torch.distributed.get_world_size())]
     torch.distributed.all_gather_object(gathered, items)
     return [item for part in gathered for item in part]
-
-
-def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """Writes ``text`` through a temporary file beside ``path`` and a rename: a reader never sees a partial file."""
-    atomic_write(path, lambda temporary: temporary.write_text(text, encoding="utf-8"))

@@ -21,10 +21,11 @@ import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
+from mmoe.atomic import write_text_atomic
 from mmoe.metrics.files import EvalInputError
 from mmoe.metrics.nlvr2 import nlvr2_scores
 from mmoe.moe import RoutingRecord
-from mmoe.tasks.common import FineTuningTask, gather_objects, write_text_atomic
+from mmoe.tasks.common import FineTuningTask, gather_objects
 from mmoe.tasks.vqa import init_head
 
 #: Scale of the MLP's initial linear weights and biases (BEiT-3 ``TwoLayerMLP`` init for NLVR2).

@@ -22,9 +22,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mmoe.atomic import write_text_atomic
 from mmoe.metrics.vqa import vqa_accuracy
 from mmoe.moe import RoutingRecord
-from mmoe.tasks.common import FineTuningTask, gather_objects, write_text_atomic
+from mmoe.tasks.common import FineTuningTask, gather_objects
 
 
 def load_answer_vocab(path: str | Path) -> list[str]:

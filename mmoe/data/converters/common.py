@@ -19,7 +19,8 @@ from typing import Any
 
 from PIL import Image
 
-from mmoe.data.shards import MANIFEST, Manifest, ShardWriter, write_json_atomic
+from mmoe.atomic import write_json_atomic
+from mmoe.data.shards import MANIFEST, Manifest, ShardWriter
 
 #: How many skipped image paths a converter prints (all are counted).
 SHOWN_SKIPS = 5

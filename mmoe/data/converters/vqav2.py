@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from mmoe.atomic import write_json_atomic
 from mmoe.data.answers import VocabIndex, build_answer_vocab, soft_targets
 from mmoe.data.converters.common import (
     ConversionError,
@@ -27,7 +28,7 @@ from mmoe.data.converters.common import (
     with_image,
     write_split,
 )
-from mmoe.data.shards import Manifest, write_json_atomic
+from mmoe.data.shards import Manifest
 
 ANSWERS_FILE = "answers.json"
 _SUBTYPE_IN_NAME = re.compile(r"v2_OpenEnded_mscoco_(.+)_questions\.json$")
