@@ -12,6 +12,15 @@ IMAGE_MEAN = (0.5, 0.5, 0.5)
 IMAGE_STD = (0.5, 0.5, 0.5)
 
 
+def _whole_image(size: int) -> list:
+    """Resize the shorter side to ``size`` and center crop ``size`` x ``size``."""
+    return [T.Resize(size, interpolation=T.InterpolationMode.BICUBIC), T.CenterCrop(size)]
+
+
+def _to_normalized_tensor() -> list:
+    return [T.ToTensor(), T.Normalize(IMAGE_MEAN, IMAGE_STD)]
+
+
 def train_transform(size: int, scale: tuple[float, float] | None = (0.5, 1.0), hflip: bool = True) -> T.Compose:
     """RandomResizedCrop to ``size`` (area share in ``scale``, BEiT-3: 0.5..1), optional flip, tensor, normalise.
 
@@ -19,25 +28,17 @@ def train_transform(size: int, scale: tuple[float, float] | None = (0.5, 1.0), h
     where things are, how big they are or how many there are (the synthetic corpus), a random crop changes the answer.
     """
     if scale is None:
-        stages = [T.Resize(size, interpolation=T.InterpolationMode.BICUBIC), T.CenterCrop(size)]
+        stages = _whole_image(size)
     else:
         stages = [T.RandomResizedCrop(size, scale=scale, interpolation=T.InterpolationMode.BICUBIC)]
     if hflip:
         stages.append(T.RandomHorizontalFlip())
-    stages += [T.ToTensor(), T.Normalize(IMAGE_MEAN, IMAGE_STD)]
-    return T.Compose(stages)
+    return T.Compose(stages + _to_normalized_tensor())
 
 
 def eval_transform(size: int) -> T.Compose:
     """Resize the shorter side to ``size``, center crop ``size`` x ``size``, tensor, normalise."""
-    return T.Compose(
-        [
-            T.Resize(size, interpolation=T.InterpolationMode.BICUBIC),
-            T.CenterCrop(size),
-            T.ToTensor(),
-            T.Normalize(IMAGE_MEAN, IMAGE_STD),
-        ]
-    )
+    return T.Compose(_whole_image(size) + _to_normalized_tensor())
 
 
 def decode_image(data: bytes, min_side: int | None = None) -> Image.Image:
