@@ -33,6 +33,7 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
     return atomic_write(path, lambda temporary: temporary.write_text(text, encoding="utf-8"))
 
 
-def write_json_atomic(path: str | os.PathLike, value: Any, indent: int = 2) -> Path:
-    """Writes ``value`` as indented JSON (non-ASCII kept, trailing newline) to ``path`` atomically."""
+def write_json_atomic(path: str | os.PathLike, value: Any, indent: int | None = 2) -> Path:
+    """Writes ``value`` as JSON (indented unless ``indent`` is None; non-ASCII kept, trailing newline) to ``path``
+    atomically."""
     return write_text_atomic(path, json.dumps(value, indent=indent, ensure_ascii=False) + "\n")

@@ -21,8 +21,10 @@ from mmoe.data.converters import (
     convert_vqav2,
     image_names,
 )
+from mmoe.data.converters.coco import CAPTION_TOKENS_FILE
 from mmoe.data.pipelines import ShardStream
 from mmoe.data.shards import resolve_shards
+from mmoe.data.tokenizer import SOT_ID, TextTokenizer
 
 
 def image_file(path: Path, color=(200, 10, 10), image_format: str = "JPEG") -> bytes:
@@ -195,6 +197,8 @@ def test_coco_captions_one_sample_per_image_with_all_captions(tmp_path):
     samples = {s["meta"]["image_id"]: s for s in read_all(tmp_path / "out")}
     assert samples[391895]["meta"]["captions"] == ["A man riding a bike.", "Someone on a bicycle."]
     assert samples[7]["png"] == png and samples[7]["meta"]["captions"] == ["A cat."]
+    tokens = json.loads((tmp_path / "out" / CAPTION_TOKENS_FILE).read_text())
+    assert TextTokenizer().encode("someone on a bicycle. a cat.")[1] in tokens  # BPE lower-cases
 
 
 def test_coco_captions_unknown_image_id_is_an_error(tmp_path):
@@ -240,6 +244,9 @@ def test_karpathy_splits(tmp_path):
     test = convert_karpathy(path, "test", tmp_path / "coco", tmp_path / "test")
     assert (test.name, test.samples) == ("coco-karpathy-test", 1)
     assert read_all(tmp_path / "test")[0]["meta"]["captions"] == ["a red car", "a car on a road"]
+    tokenizer = TextTokenizer()
+    expected = {token for caption in ("a red car", "a car on a road") for token in tokenizer.encode(caption)} - {SOT_ID}
+    assert json.loads((tmp_path / "test" / CAPTION_TOKENS_FILE).read_text()) == sorted(expected)
     train = convert_karpathy(path, "train,restval", tmp_path / "coco", tmp_path / "train")
     assert train.name == "coco-karpathy-train-restval"
     assert sorted(s["meta"]["image_id"] for s in read_all(tmp_path / "train")) == [1, 2]

@@ -4,6 +4,7 @@ loading a pre-trained backbone and the shared optimiser."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -11,7 +12,12 @@ import torch.nn.functional as F
 
 from mmoe.data.tokenizer import EOT_ID, MASK_ID, PAD_ID, SOT_ID, VOCAB_SIZE
 from mmoe.model import MoEPlan, MultiwayConfig
-from mmoe.tasks.captioning import CaptioningFineTuning, caption_attention_mask, label_smoothed_cross_entropy
+from mmoe.tasks.captioning import (
+    CaptioningFineTuning,
+    caption_attention_mask,
+    label_smoothed_cross_entropy,
+    load_output_vocab,
+)
 from mmoe.tasks.checkpoint import export_backbone
 from mmoe.tasks.common import build_backbone, layer_id, parameter_groups
 from mmoe.tasks.decoding import beam_search, greedy_search
@@ -233,6 +239,75 @@ def test_caption_generation_beam_one_is_greedy_and_batched():
         length = alone.tokens.shape[1]
         assert torch.equal(alone.tokens[0], three.tokens[row, :length])
     assert all(isinstance(caption, str) for caption in task.captions(image))
+
+
+OUTPUT_IDS = [11, 12, 13, 21, 22, 500, EOT_ID]
+
+
+@pytest.fixture()
+def caption_tokens(tmp_path):
+    path = tmp_path / "caption_tokens.json"
+    path.write_text(json.dumps(OUTPUT_IDS[::-1]))  # any order
+    return str(path)
+
+
+def test_caption_output_vocab_head_is_the_full_head_restricted_to_its_ids(caption_tokens):
+    full = captioner()
+    small = captioner(output_vocab=caption_tokens)
+    assert small.head.out_features == len(OUTPUT_IDS) and small.output_ids.tolist() == OUTPUT_IDS
+    # Same backbone; the small head's rows are the full head's rows of the listed ids.
+    small.backbone.load_state_dict(full.backbone.state_dict())
+    small.head.weight.data.copy_(full.head.weight.data[OUTPUT_IDS])
+    small.head.bias.data.copy_(full.head.bias.data[OUTPUT_IDS])
+    image, prefix = images(2, seed=3), torch.tensor([[SOT_ID, 11, 12], [SOT_ID, 21, 500]])
+    with torch.no_grad():
+        every = full.next_token_scorer(image)(prefix)
+        restricted = small.next_token_scorer(image)(prefix)
+    torch.testing.assert_close(restricted[:, OUTPUT_IDS], torch.log_softmax(every[:, OUTPUT_IDS], dim=-1))
+    outside = torch.ones(VOCAB_SIZE, dtype=torch.bool)
+    outside[OUTPUT_IDS] = False
+    assert torch.isinf(restricted[:, outside]).all()
+    generated = small.generate(image).tokens
+    assert set(generated.flatten().tolist()) <= set(OUTPUT_IDS) | {PAD_ID}
+
+
+def test_caption_output_vocab_loss_and_unknown_target(caption_tokens):
+    task = captioner(output_vocab=caption_tokens)
+    targets = torch.tensor([[SOT_ID, 11, 500, EOT_ID], [SOT_ID, 22, 13, EOT_ID]])
+    text_mask = torch.tensor([[0, 1, 1, 1], [0, 0, 1, 0]], dtype=torch.bool)
+    batch = {"image": images(2), "text_ids": torch.where(text_mask, MASK_ID, targets), "text_targets": targets,
+             "text_mask": text_mask}  # fmt: skip
+    logits, _ = task.forward_batch(batch)
+    assert logits.shape == (4, len(OUTPUT_IDS))
+    classes = torch.tensor([OUTPUT_IDS.index(token) for token in targets[text_mask].tolist()])  # per-token lookup
+    eps, size = 0.1, len(OUTPUT_IDS)
+    smoothed = torch.full_like(logits, eps / (size - 1))
+    smoothed[torch.arange(4), classes] = 1 - eps
+    expected = -(smoothed * torch.log_softmax(logits.float(), dim=-1)).sum(-1).mean()
+    torch.testing.assert_close(task.task_loss(logits, batch), expected, rtol=1e-5, atol=1e-5)
+    batch["text_targets"] = targets.masked_fill(targets == 13, 14)
+    with pytest.raises(ValueError, match=r"caption token ids \[14\] .* not in model.output_vocab .*caption_tokens.json"):
+        task.task_loss(logits, batch)
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("[11, 12", "is not valid JSON"),
+        ('{"a": 1}', "expected a JSON list of integer token ids"),
+        ("[11, 12]", f"end-of-text id {EOT_ID} is missing"),
+        (f"[11, 11, {EOT_ID}]", "appears more than once"),
+        (f"[11, {SOT_ID}, {EOT_ID}]", "outside \\[0, 49410\\) or the start / pad / mask ids"),
+        (f"[-1, {EOT_ID}]", "outside"),
+    ],
+)
+def test_output_vocab_file_errors_name_the_file(tmp_path, content, message):
+    path = tmp_path / "caption_tokens.json"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=message):
+        load_output_vocab(path, VOCAB_SIZE)
+    with pytest.raises(FileNotFoundError, match="caption_tokens.json next to the shards"):
+        load_output_vocab(tmp_path / "missing.json", VOCAB_SIZE)
 
 
 def test_output_paths_stay_out_of_the_checkpoint_hyperparameters(answers):

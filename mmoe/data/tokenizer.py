@@ -9,7 +9,7 @@ padding mask is True at padding.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 
@@ -96,3 +96,13 @@ class TextTokenizer:
         if isinstance(texts, str):
             texts = [texts]
         return self.pad([self.encode(text) for text in texts], length)
+
+
+def token_ids_of(texts: Iterable[str]) -> list[int]:
+    """The sorted BPE ids the texts use, untruncated, plus the end-of-text id: the output vocabulary a captioning
+    head needs to write every training caption (see :class:`mmoe.tasks.captioning.CaptioningFineTuning`)."""
+    bpe = _open_clip_bpe()
+    ids = {EOT_ID}
+    for text in texts:
+        ids.update(bpe.encode(text))
+    return sorted(ids)

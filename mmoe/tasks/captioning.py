@@ -7,6 +7,11 @@ of the caption tokens after the start token (``text_mask``, mostly the mask toke
 vocabulary predicts the original ids (``text_targets``) at those positions with BEiT-3's label-smoothed loss (eps 0.1:
 the target gets 1 - eps, every other id eps / (V - 1)).
 
+With ``output_vocab`` the head predicts only the ids of a list (the tokens of the training captions, written by the
+caption converters as ``caption_tokens.json``) instead of the whole 49,410-id vocabulary: the same loss over fewer
+classes, and decoding never writes an id outside the list. On the synthetic corpus the full head is most of a tiny
+model's training step (``benchmarks/caption_head.py``).
+
 Generation feeds ``[start, w_1 .. w_{t-1}, mask]`` and reads the next token at the mask slot, greedily or by beam
 search (:mod:`mmoe.tasks.decoding`), batched over images and beams. The whole prefix is recomputed every step (no
 key/value cache): captions are short (BEiT-3: 32 tokens), and the backbone stays a plain ``forward``. Validation
@@ -44,6 +49,33 @@ def caption_attention_mask(image_len: int, text_len: int, device: torch.device |
     return mask
 
 
+def load_output_vocab(path: str | Path, vocab_size: int) -> list[int]:
+    """The token ids of ``caption_tokens.json``: a JSON list of distinct ids in [0, vocab_size) holding the end token,
+    none of the start, pad and mask ids."""
+    path = Path(path)
+    try:
+        ids = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"output vocabulary {path} does not exist (the caption converters write caption_tokens.json next to "
+            "the shards)"
+        ) from None
+    except json.JSONDecodeError as error:
+        raise ValueError(f"output vocabulary {path} is not valid JSON: {error}") from None
+    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise ValueError(f"output vocabulary {path}: expected a JSON list of integer token ids")
+    bad = [i for i in ids if not 0 <= i < vocab_size or i in (SOT_ID, PAD_ID, MASK_ID)]
+    if bad:
+        raise ValueError(
+            f"output vocabulary {path}: ids {bad[:5]} are outside [0, {vocab_size}) or the start / pad / mask ids"
+        )
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"output vocabulary {path}: an id appears more than once")
+    if EOT_ID not in ids:
+        raise ValueError(f"output vocabulary {path}: the end-of-text id {EOT_ID} is missing (captions could not end)")
+    return sorted(ids)
+
+
 def label_smoothed_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, smoothing: float) -> torch.Tensor:
     """BEiT-3's ``BertCaptioningLoss`` (without its drop-worst option): cross-entropy against the target
     distribution ``1 - smoothing`` on the target and ``smoothing / (V - 1)`` on every other id, averaged over tokens.
@@ -70,6 +102,8 @@ class CaptioningFineTuning(FineTuningTask):
         predictions_file: where ``mmoe predict`` writes ``[{"image_id", "caption"}]`` (atomically). None = not
             written.
         spice: also compute SPICE at validation (slow; needs its Stanford CoreNLP jars, else reported unavailable).
+        output_vocab: ``caption_tokens.json`` of the training split: the head predicts these ids only (label
+            smoothing spreads over them); None = the whole vocabulary (BEiT-3).
         **kwargs: the shared fine-tuning arguments of :class:`mmoe.tasks.common.FineTuningTask` (backbone,
             pretrained, frozen_routing, balance and optimiser settings).
     """
@@ -84,6 +118,7 @@ class CaptioningFineTuning(FineTuningTask):
         results_dir: str | None = None,
         predictions_file: str | None = None,
         spice: bool = False,
+        output_vocab: str | None = None,
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
@@ -98,7 +133,15 @@ class CaptioningFineTuning(FineTuningTask):
             raise ValueError(
                 f"backbone.vocab_size={self.backbone.config.vocab_size} does not hold the tokenizer's special ids"
             )
-        self.head = nn.Linear(self.backbone.config.dim, self.backbone.config.vocab_size)
+        vocab_size = self.backbone.config.vocab_size
+        ids = list(range(vocab_size)) if output_vocab is None else load_output_vocab(output_vocab, vocab_size)
+        # Head class k is token output_ids[k]; output_index maps a token id back to its class (-1: not predicted).
+        # Not saved: the hyperparameters name the file, and the head's shape checks a checkpoint against it.
+        self.register_buffer("output_ids", torch.tensor(ids, dtype=torch.long), persistent=False)
+        index = torch.full((vocab_size,), -1, dtype=torch.long)
+        index[self.output_ids] = torch.arange(len(ids))
+        self.register_buffer("output_index", index, persistent=False)
+        self.head = nn.Linear(self.backbone.config.dim, len(ids))
         init_head(self.head)
         self.tokenizer = TextTokenizer(max_length + 1)
 
@@ -110,8 +153,9 @@ class CaptioningFineTuning(FineTuningTask):
         text_padding_mask: torch.Tensor | None = None,
         positions: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, list[RoutingRecord]]:
-        """Vocabulary logits of the text tokens under the captioning mask: (B, T, V), or (M, V) at the ``positions``
-        (B, T) bool mask; and the routing records."""
+        """Head logits of the text tokens under the captioning mask: (B, T, K), or (M, K) at the ``positions``
+        (B, T) bool mask, K = ``len(output_ids)`` (the vocabulary size without ``output_vocab``); and the routing
+        records."""
         image_len = 1 + self.backbone.config.num_patches
         attn_mask = caption_attention_mask(image_len, text.shape[1], text.device)
         out = self.backbone(image=image, text=text, text_padding_mask=text_padding_mask, attn_mask=attn_mask)
@@ -123,8 +167,22 @@ class CaptioningFineTuning(FineTuningTask):
 
     def task_loss(self, logits: torch.Tensor, batch: dict) -> torch.Tensor:
         return label_smoothed_cross_entropy(
-            logits, batch["text_targets"][batch["text_mask"]], self.hparams.label_smoothing
+            logits, self.head_classes(batch["text_targets"][batch["text_mask"]]), self.hparams.label_smoothing
         )
+
+    def head_classes(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """Head class of each token id; an id outside ``output_vocab`` is an error naming it."""
+        if self.hparams.output_vocab is None:
+            return token_ids  # the whole vocabulary: class = id
+        classes = self.output_index[token_ids]
+        if bool((classes < 0).any()):
+            missing = sorted(set(token_ids[classes < 0].tolist()))
+            words = [self.tokenizer.decode([i]) for i in missing[:5]]
+            raise ValueError(
+                f"caption token ids {missing[:5]} ({words}) are not in model.output_vocab "
+                f"{self.hparams.output_vocab}: build it from the training captions"
+            )
+        return classes
 
     # ---------------------------------------------------------------------------------------------- generation
     def next_token_scorer(self, image: torch.Tensor, beams: int = 1):
@@ -136,7 +194,11 @@ class CaptioningFineTuning(FineTuningTask):
         def step(prefix: torch.Tensor) -> torch.Tensor:
             slot = torch.full((prefix.shape[0], 1), MASK_ID, dtype=prefix.dtype, device=prefix.device)
             logits, _ = self(expanded, torch.cat([prefix, slot], dim=1))
-            return torch.log_softmax(logits[:, -1].float(), dim=-1)
+            logprobs = torch.log_softmax(logits[:, -1].float(), dim=-1)
+            if logprobs.shape[-1] == self.backbone.config.vocab_size:
+                return logprobs
+            full = logprobs.new_full((logprobs.shape[0], self.backbone.config.vocab_size), -torch.inf)
+            return full.index_copy_(1, self.output_ids, logprobs)
 
         return step
 

@@ -4,17 +4,20 @@ Two inputs: the official ``captions_<subtype>.json`` (``images`` with ``id`` / `
 ``image_id`` / ``caption``; images at DIR/<file_name> or DIR/<subtype>/<file_name>), or Karpathy's
 ``dataset_coco.json`` with a split (``images`` with ``filepath``, ``filename``, ``cocoid``, ``split``, ``sentences``;
 images at DIR/<filepath>/<filename>). Each sample: the image, ``txt`` = the first caption, ``json`` = ``image_id``
-(COCO id; Karpathy ``cocoid``), ``captions``, ``file_name``.
+(COCO id; Karpathy ``cocoid``), ``captions``, ``file_name``. Next to the shards, ``caption_tokens.json`` lists the
+tokenizer ids the split's captions use (:func:`mmoe.data.tokenizer.token_ids_of`): the output vocabulary a captioning
+head can be restricted to (``CaptioningFineTuning(output_vocab=...)``).
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from mmoe.atomic import write_json_atomic
 from mmoe.data.converters.common import (
     ConversionError,
     Skip,
@@ -26,9 +29,17 @@ from mmoe.data.converters.common import (
     write_split,
 )
 from mmoe.data.shards import Manifest
+from mmoe.data.tokenizer import token_ids_of
 
 KARPATHY_SPLITS = ("train", "restval", "val", "test")
 _SUBTYPE_IN_FILE = re.compile(r"^COCO_([a-z]+\d+)_")
+#: Written next to a caption split's shards: the sorted tokenizer ids of its captions, end-of-text included.
+CAPTION_TOKENS_FILE = "caption_tokens.json"
+
+
+def write_caption_tokens(out: str | os.PathLike, captions: Iterable[str]) -> None:
+    """``out/caption_tokens.json``: the ids :func:`mmoe.data.tokenizer.token_ids_of` finds in ``captions``."""
+    write_json_atomic(Path(out) / CAPTION_TOKENS_FILE, token_ids_of(captions), indent=None)
 
 
 def _sample(image_id: int, captions: list[str], file_name: str, path: Path, **extra: Any) -> dict[str, Any] | Skip:
@@ -82,7 +93,9 @@ def convert_coco_captions(
             yield _sample(image["id"], captions[image["id"]], file_name, first_existing(candidates))
 
     extra = {"source": {"annotations": str(annotations)}}
-    return write_split(out, name or f"coco-captions-{subtype}", samples(), shard_size, extra)
+    manifest = write_split(out, name or f"coco-captions-{subtype}", samples(), shard_size, extra)
+    write_caption_tokens(out, (caption for texts in captions.values() for caption in texts))
+    return manifest
 
 
 def convert_karpathy(
@@ -128,4 +141,6 @@ def convert_karpathy(
             yield _sample(image["cocoid"], raw, file_name, path, split=image["split"])
 
     extra = {"source": {"karpathy": str(karpathy), "split": splits}}
-    return write_split(out, name or f"coco-karpathy-{'-'.join(splits)}", samples(), shard_size, extra)
+    manifest = write_split(out, name or f"coco-karpathy-{'-'.join(splits)}", samples(), shard_size, extra)
+    write_caption_tokens(out, (caption for _, raw in chosen for caption in raw))
+    return manifest
