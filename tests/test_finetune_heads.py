@@ -173,7 +173,7 @@ def test_frozen_routing_from_an_exported_backbone_keeps_the_balance_loss(tmp_pat
     pretrained = build_backbone(config(), None)
     export_backbone(pretrained, tmp_path / "backbone.pt")
     task = VQAFineTuning(answer_vocab=answers, pretrained=str(tmp_path / "backbone.pt"), frozen_routing=True)
-    assert task.backbone.config.moe.frozen and task.hparams.backbone.moe.frozen
+    assert task.backbone.config.moe.frozen and task.hparams.backbone["moe"]["frozen"]
     assert task.hparams.pretrained is None  # its checkpoints are self-contained
     frozen = [name for name, p in task.backbone.named_parameters() if not p.requires_grad]
     assert frozen and all(".router." in name or ".experts." in name for name in frozen)

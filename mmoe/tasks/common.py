@@ -24,7 +24,7 @@ from torch import nn
 
 from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
 from mmoe.moe import RoutingRecord, restore_expert_embedding_norm
-from mmoe.tasks.checkpoint import read_backbone_state
+from mmoe.tasks.checkpoint import config_from_dict, config_to_dict, read_backbone_state
 
 # Task checkpoints hold the backbone config in their hyper-parameters; Lightning loads checkpoints with
 # ``weights_only=True`` (``--ckpt_path``, ``load_from_checkpoint``), which refuses classes it is not told about.
@@ -210,8 +210,10 @@ class FineTuningTask(BackboneTask):
         self.save_hyperparameters(ignore=list(OUTPUT_ARGUMENTS))
         self.backbone = build_backbone(backbone, pretrained, frozen_routing)
         # The checkpoints of this task are self-contained: they rebuild the architecture from the saved config and
-        # take every weight from their own state dict, without the pre-trained file.
-        self.hparams.backbone = self.backbone.config
+        # take every weight from their own state dict, without the pre-trained file. The config is saved as a plain
+        # dict: LightningCLI parses a checkpoint's hyper-parameters with `--ckpt_path`, and in a fresh process it
+        # cannot read a MultiwayConfig instance into `backbone: MultiwayConfig | None` when the config file says null.
+        self.hparams.backbone = config_to_dict(self.backbone.config)
         self.hparams.pretrained = None
         self.validation_outputs: list[dict] = []
         self.predictions: list[dict] = []
@@ -254,9 +256,12 @@ class FineTuningTask(BackboneTask):
 
 
 def build_backbone(
-    config: MultiwayConfig | None, pretrained: str | None, frozen_routing: bool = False
+    config: MultiwayConfig | dict | None, pretrained: str | None, frozen_routing: bool = False
 ) -> MultiwayTransformer:
-    """The backbone of a fine-tuning task (see :class:`FineTuningTask`'s ``backbone`` and ``pretrained``)."""
+    """The backbone of a fine-tuning task (see :class:`FineTuningTask`'s ``backbone`` and ``pretrained``); a dict
+    ``config`` is a checkpoint's saved hyper-parameter (``load_from_checkpoint``)."""
+    if isinstance(config, dict):
+        config = config_from_dict(config)
     weights = None
     if pretrained is not None:
         stored, weights = read_backbone_state(pretrained)
