@@ -12,6 +12,8 @@ import pytest
 
 from mmoe.cli import main
 from mmoe.demo import FAST, FULL, DemoError, DemoRun, Stage, check_settings, format_table, repoint, run_stage
+from mmoe.metrics.caption_words import word_precision
+from mmoe.metrics.captions import load_karpathy_references
 from mmoe.metrics.nlvr2 import evaluate_nlvr2_files
 from mmoe.metrics.vqa import evaluate_vqa_files
 
@@ -110,6 +112,13 @@ def test_fast_demo_scores_are_official_files_exist_and_a_rerun_reuses_stages(fas
         caption = rows["COCO captions Karpathy test", metric]
         assert caption["chance"] == chance["captioning_karpathy_test_constant_caption"][metric]
         assert 0 <= caption["value"] <= 10
+    colours = rows["COCO captions Karpathy test", "colour words right (%)"]
+    references = load_karpathy_references(out / "data" / "coco" / "karpathy" / "dataset_coco.json", "test")
+    captions = json.loads((out / "mhmoe" / "captioning" / "test_captions.json").read_text())
+    expected = word_precision({entry["image_id"]: entry["caption"] for entry in captions}, references)
+    assert (colours["value"], colours["chance"]) == (
+        round(100 * expected["precision"], 2), round(100 * expected["chance"], 2)
+    )  # fmt: skip
 
     for path in results["files"]:
         assert Path(path).exists(), path
