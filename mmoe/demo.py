@@ -95,7 +95,7 @@ FULL = DemoSettings(
     backbone=(),
     image_size=64,
     pretrain_steps=100,
-    finetune_steps=(("vqav2", 300), ("nlvr2", 100), ("captioning", 250)),
+    finetune_steps=(("vqav2", 300), ("nlvr2", 100), ("captioning", 700)),
     batch_size=32,
     num_beams=3,
     checkpoint_every=50,
@@ -397,13 +397,17 @@ def score_nlvr2(run: DemoRun, predictions: Path) -> dict:
 def score_captions(run: DemoRun, predictions: Path) -> dict:
     import warnings
 
-    from mmoe.metrics.captions import evaluate_caption_files
+    from mmoe.metrics.caption_words import word_precision
+    from mmoe.metrics.captions import evaluate_caption_files, load_karpathy_references
 
     karpathy = run.data / "coco" / "karpathy" / "dataset_coco.json"
     with warnings.catch_warnings(), contextlib.redirect_stdout(_Sink()):  # pycocoevalcap prints its progress
         warnings.simplefilter("ignore", ResourceWarning)
         report = evaluate_caption_files(predictions, karpathy=karpathy, split="test", spice=False)
-    return {name: value for name, value in report.items() if isinstance(value, float)}
+    scores = {name: value for name, value in report.items() if isinstance(value, float)}
+    captions = {entry["image_id"]: entry["caption"] for entry in json.loads(predictions.read_text())}
+    colours = word_precision(captions, load_karpathy_references(karpathy, "test"))
+    return scores | {"colour_word_precision": colours["precision"], "colour_word_chance": colours["chance"]}
 
 
 def row(task: str, metric: str, value: float, chance: float, baseline: str) -> dict:
@@ -425,10 +429,17 @@ def nlvr2_rows(scores: dict, chance: dict) -> list[dict]:
 
 def caption_rows(scores: dict, chance: dict) -> list[dict]:
     constant = chance["captioning_karpathy_test_constant_caption"]
-    return [
+    rows = [
         row("COCO captions Karpathy test", name, scores[name], constant[name], "most common training caption")
         for name in ("Bleu_4", "CIDEr")
     ]
+    if "colour_word_precision" not in scores:  # scored by an older mmoe demo: no colour check in its marker
+        return rows
+    colours = row(
+        "COCO captions Karpathy test", "colour words right (%)", round(100 * scores["colour_word_precision"], 2),
+        round(100 * scores["colour_word_chance"], 2), "the same colour words on a random image",
+    )  # fmt: skip
+    return [*rows, colours]
 
 
 @dataclass(frozen=True)
