@@ -286,7 +286,7 @@ def test_caption_output_vocab_loss_and_unknown_target(caption_tokens):
     expected = -(smoothed * torch.log_softmax(logits.float(), dim=-1)).sum(-1).mean()
     torch.testing.assert_close(task.task_loss(logits, batch), expected, rtol=1e-5, atol=1e-5)
     batch["text_targets"] = targets.masked_fill(targets == 13, 14)
-    with pytest.raises(ValueError, match=r"caption token ids \[14\] .* not in model.output_vocab .*caption_tokens.json"):
+    with pytest.raises(ValueError, match=r"token ids \[14\] .* not in model.output_vocab .*caption_tokens.json"):
         task.task_loss(logits, batch)
 
 

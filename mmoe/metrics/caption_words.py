@@ -23,7 +23,9 @@ def _words(text: str) -> list[str]:
 
 
 def word_precision(
-    predictions: Mapping[Hashable, str], references: Mapping[Hashable, Sequence[str]], words: Iterable[str] = COLOR_WORDS
+    predictions: Mapping[Hashable, str],
+    references: Mapping[Hashable, Sequence[str]],
+    words: Iterable[str] = COLOR_WORDS,
 ) -> dict[str, float | int]:
     """Precision of ``words`` in the predicted captions against each image's references, and its chance level.
 

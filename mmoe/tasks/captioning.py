@@ -34,7 +34,7 @@ from mmoe.atomic import write_text_atomic
 from mmoe.data.tokenizer import EOT_ID, MASK_ID, PAD_ID, SOT_ID, TextTokenizer
 from mmoe.metrics.captions import ScorerUnavailableError, score_captions
 from mmoe.moe import RoutingRecord
-from mmoe.tasks.common import FineTuningTask, gather_objects
+from mmoe.tasks.common import FineTuningTask, gather_objects, read_vocabulary_file
 from mmoe.tasks.decoding import Decoded, beam_search, greedy_search
 from mmoe.tasks.vqa import init_head
 
@@ -52,16 +52,9 @@ def caption_attention_mask(image_len: int, text_len: int, device: torch.device |
 def load_output_vocab(path: str | Path, vocab_size: int) -> list[int]:
     """The token ids of ``caption_tokens.json``: a JSON list of distinct ids in [0, vocab_size) holding the end token,
     none of the start, pad and mask ids."""
-    path = Path(path)
-    try:
-        ids = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise FileNotFoundError(
-            f"output vocabulary {path} does not exist (the caption converters write caption_tokens.json next to "
-            "the shards)"
-        ) from None
-    except json.JSONDecodeError as error:
-        raise ValueError(f"output vocabulary {path} is not valid JSON: {error}") from None
+    ids = read_vocabulary_file(
+        path, "output vocabulary", "the caption converters write caption_tokens.json next to the shards"
+    )
     if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
         raise ValueError(f"output vocabulary {path}: expected a JSON list of integer token ids")
     bad = [i for i in ids if not 0 <= i < vocab_size or i in (SOT_ID, PAD_ID, MASK_ID)]

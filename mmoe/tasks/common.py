@@ -14,8 +14,10 @@ fine-tuning backbone from a pre-trained checkpoint, gathering validation outputs
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
 import lightning as L
 import torch
@@ -253,6 +255,18 @@ class FineTuningTask(BackboneTask):
     def task_loss(self, logits: torch.Tensor, batch: dict) -> torch.Tensor:
         """The task's loss of ``forward_batch``'s logits; each task defines it."""
         raise NotImplementedError
+
+
+def read_vocabulary_file(path: str | Path, what: str, written_by: str) -> Any:
+    """The JSON value of a task's vocabulary file (answers, caption tokens); a missing file or bad JSON is an error
+    naming ``what``, the file and ``written_by`` (what writes it)."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{what} {path} does not exist ({written_by})") from None
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{what} {path} is not valid JSON: {error}") from None
 
 
 def build_backbone(

@@ -25,21 +25,13 @@ from torch import nn
 from mmoe.atomic import write_text_atomic
 from mmoe.metrics.vqa import vqa_accuracy
 from mmoe.moe import RoutingRecord
-from mmoe.tasks.common import FineTuningTask, gather_objects
+from mmoe.tasks.common import FineTuningTask, gather_objects, read_vocabulary_file
 
 
 def load_answer_vocab(path: str | Path) -> list[str]:
     """The answer vocabulary (class label -> answer) from ``answers.json``: a JSON list of answers (index = label) or
     an object mapping answer -> label."""
-    path = Path(path)
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise FileNotFoundError(
-            f"answer vocabulary {path} does not exist (mmoe data convert vqav2 writes answers.json)"
-        ) from None
-    except json.JSONDecodeError as error:
-        raise ValueError(f"answer vocabulary {path} is not valid JSON: {error}") from None
+    value = read_vocabulary_file(path, "answer vocabulary", "mmoe data convert vqav2 writes answers.json")
     if isinstance(value, dict):
         labels = sorted(value.values())
         if labels != list(range(len(value))):
