@@ -104,6 +104,10 @@ def test_fast_demo_scores_are_official_files_exist_and_a_rerun_reuses_stages(fas
         out / "mhmoe" / "vqav2" / "val_results.json",
     )
     assert rescored["overall"] == vqa["value"]  # every val question answered, scored by the official metric
+    # Fine-tuning learns at least which answers each question asks for: measured 46.96 against the per-question-type
+    # prior's 40.28 on this corpus (one and two torch threads alike); the image-blind per-question prior (45.23) is
+    # the table's chance column and is not asserted.
+    assert vqa["value"] > chance["vqav2_val_prior_accuracy"]["overall"] + 3
     nlvr2 = rows["NLVR2 dev", "accuracy"]
     assert nlvr2["chance"] == chance["nlvr2"]["accuracy_constant_answer"]
     dev = out / "data" / "nlvr2" / "dev.json"
