@@ -398,15 +398,19 @@ def score_captions(run: DemoRun, predictions: Path) -> dict:
     import warnings
 
     from mmoe.metrics.caption_words import word_precision
-    from mmoe.metrics.captions import evaluate_caption_files, load_karpathy_references
+    from mmoe.metrics.captions import load_caption_results, load_karpathy_references
+    from mmoe.metrics.captions import score_captions as coco_scores
 
+    # What `mmoe eval caption --karpathy ... --split test` computes, with the references and captions read once for
+    # both the COCO metrics and the colour-word check.
     karpathy = run.data / "coco" / "karpathy" / "dataset_coco.json"
+    references = load_karpathy_references(karpathy, "test")
+    captions = load_caption_results(predictions, references, set(references), f"the 'test' split of {karpathy}")
     with warnings.catch_warnings(), contextlib.redirect_stdout(_Sink()):  # pycocoevalcap prints its progress
         warnings.simplefilter("ignore", ResourceWarning)
-        report = evaluate_caption_files(predictions, karpathy=karpathy, split="test", spice=False)
+        report = coco_scores(references, captions, spice=False)
     scores = {name: value for name, value in report.items() if isinstance(value, float)}
-    captions = {entry["image_id"]: entry["caption"] for entry in json.loads(predictions.read_text())}
-    colours = word_precision(captions, load_karpathy_references(karpathy, "test"))
+    colours = word_precision(captions, references)
     return scores | {"colour_word_precision": colours["precision"], "colour_word_chance": colours["chance"]}
 
 
