@@ -188,7 +188,7 @@ class CaptioningFineTuning(FineTuningTask):
             slot = torch.full((prefix.shape[0], 1), MASK_ID, dtype=prefix.dtype, device=prefix.device)
             logits, _ = self(expanded, torch.cat([prefix, slot], dim=1))
             logprobs = torch.log_softmax(logits[:, -1].float(), dim=-1)
-            if logprobs.shape[-1] == self.backbone.config.vocab_size:
+            if self.hparams.output_vocab is None:  # the head covers the whole vocabulary
                 return logprobs
             full = logprobs.new_full((logprobs.shape[0], self.backbone.config.vocab_size), -torch.inf)
             return full.index_copy_(1, self.output_ids, logprobs)
