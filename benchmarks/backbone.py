@@ -67,7 +67,7 @@ def torchscale_beit3(config: MultiwayConfig):
         normalize_output=True,
         no_output_layer=True,
         layernorm_embedding=False,
-        max_source_positions=config.max_text_positions,
+        max_source_positions=config.max_text_positions + 2,  # its text positions start at 2 (fairseq offset)
     )
     return BEiT3(args)
 
@@ -108,8 +108,6 @@ def run_shape(name: str, rounds: int, device: str) -> list[dict]:
     autocast = device == "cuda"
     models: dict[str, Callable[[], None]] = {}
     for variant, plan in VARIANTS.items():
-        if device == "cuda" and variant != "dense":
-            continue
         config = MultiwayConfig(**spec["config"], max_text_positions=max(64, text_len), moe=plan)
         model = MultiwayTransformer(config).to(device)
         models[variant] = make_step(model, batch, grad, torchscale=False, autocast=autocast)

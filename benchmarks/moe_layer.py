@@ -6,7 +6,10 @@ FFN whose FLOPs equal the MoE's active FLOPs. fwd+bwd in fp32 on CPU unless the 
 is X-MoE (d_e = 16), dropless unless noted.
 
 Output: one JSON line per case ``{"case", "moe_s", "baseline_s", "ratio", "target", "ok", ...}`` and a final
-``{"summary": ...}`` line. ``--cuda`` adds the GPU cases (bf16, 16K tokens, and a sync-free forward+backward check).
+``{"summary": ...}`` line. ``--cuda`` adds the GPU cases (bf16, 16K tokens, and a sync-free forward+backward check);
+the ``_graphed`` ones replay both sides as CUDA graphs (``torch.cuda.make_graphed_callables``), which the layer allows
+because it never syncs with the host and keeps its shapes static: that takes the per-operator launch cost out, which
+at this size is larger than the MoE layer's GPU time.
 
 Run: ``.venv/bin/python benchmarks/moe_layer.py [--rounds 9] [--cuda]``
 """
@@ -65,6 +68,29 @@ def step(module: nn.Module, x: torch.Tensor, grad: torch.Tensor | None, is_moe: 
     return run
 
 
+class TensorOutputs(nn.Module):
+    """``(y, balance_loss)`` of an MoE layer: CUDA-graphed callables must return tensors only."""
+
+    def __init__(self, layer: MoELayer) -> None:
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y, routing = self.layer(x)
+        return y, routing.balance_loss
+
+
+def graphed_step(module: nn.Module, x: torch.Tensor, grad: torch.Tensor, is_moe: bool) -> Callable[[], None]:
+    def run() -> None:
+        out = module(x)
+        y, extra = out if is_moe else (out, 0.0)
+        ((y * grad).sum() + extra).backward()
+        module.zero_grad(set_to_none=True)
+        x.grad = None
+
+    return run
+
+
 def make_case(
     name: str,
     target: float | None,
@@ -80,6 +106,7 @@ def make_case(
     dtype: torch.dtype = torch.float32,
     versus_experts: int | None = None,
     strata: list[int] | None = None,
+    graphed: bool = False,
 ) -> Case:
     torch.manual_seed(0)
     config = MoEConfig(dim, hidden, experts, top_k=top_k, heads=heads, capacity_factor=capacity_factor, strata=strata)
@@ -111,6 +138,12 @@ def make_case(
         with torch.no_grad():
             info["strata"] = strata
             info["requested_capacity"] = round(moe(x)[1].requested_capacity.item(), 3)
+    if graphed:
+        info["cuda_graph"] = True
+        moe_graph = torch.cuda.make_graphed_callables(TensorOutputs(moe), (x,))
+        base_graph = torch.cuda.make_graphed_callables(baseline, (x,))
+        moe_step, base_step = graphed_step(moe_graph, x, grad, True), graphed_step(base_graph, x, grad, False)
+        return Case(name, target, moe_step, base_step, info)
     return Case(name, target, step(moe, x, grad, True), step(baseline, x, grad, baseline_is_moe), info)
 
 
@@ -148,6 +181,10 @@ def cuda_cases() -> list[Case]:
     return [
         make_case("cuda_bf16_top1_16k", 1.3, 768, 3072, 8, 16384, **bf16),
         make_case("cuda_bf16_top2_16k", 1.3, 768, 3072, 8, 16384, top_k=2, **bf16),
+        make_case("cuda_bf16_top1_16k_graphed", 1.3, 768, 3072, 8, 16384, graphed=True, **bf16),
+        make_case("cuda_bf16_top2_16k_graphed", 1.3, 768, 3072, 8, 16384, top_k=2, graphed=True, **bf16),
+        make_case("cuda_bf16_top1_64k_graphed", 1.3, 768, 3072, 8, 65536, graphed=True, **bf16),
+        make_case("cuda_bf16_mhmoe_h4_16k_graphed", 1.6, 768, 3072, 8, 16384, heads=4, graphed=True, **bf16),
     ]
 
 
@@ -171,11 +208,29 @@ def check_no_sync() -> dict:
     return {"case": "cuda_no_host_sync", "ok": error is None, "error": error}
 
 
+def profile(case: Case, folder: Path, steps: int = 5) -> None:
+    """The MoE side's operators over ``steps`` steps, by self time on the case's device, as ``<case>.txt``."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    device = case.info["device"]
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with torch_profile(activities=activities) as prof:
+        for _ in range(steps):
+            case.moe()
+        if device == "cuda":
+            torch.cuda.synchronize()
+    sort_by = "self_cuda_time_total" if device == "cuda" else "self_cpu_time_total"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{case.name}.txt").write_text(prof.key_averages().table(sort_by=sort_by, row_limit=40))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=9, help="timed rounds per case (median reported)")
     parser.add_argument("--cuda", action="store_true", help="also run the CUDA bf16 cases")
     parser.add_argument("--only", nargs="*", help="case names to run")
+    parser.add_argument("--profile", type=Path, help="write a torch.profiler table of each MoE case to this folder")
     args = parser.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
     cases = cpu_cases()
@@ -188,6 +243,8 @@ def main() -> None:
         result = measure(case, args.rounds)
         results.append(result)
         print(json.dumps(result), flush=True)
+        if args.profile:
+            profile(case, args.profile)
     if args.cuda:
         result = check_no_sync()
         results.append(result)

@@ -1,7 +1,7 @@
 """``mmoe demo``: the whole pipeline on the embedded synthetic corpus, in minutes on a CPU.
 
 ```
-mmoe demo [--out runs/demo] [--variant dense|switch|xmoe|mhmoe|stratified|all] [--fast]
+mmoe demo [--out runs/demo] [--variant dense|switch|xmoe|mhmoe|stratified|all] [--fast] [--precision bf16-mixed]
 ```
 
 Stages, in order (each a call of the package's own commands or Python APIs):
@@ -69,6 +69,7 @@ class DemoSettings:
         num_beams: beams of caption decoding.
         checkpoint_every: steps between checkpoints (where an interrupted training resumes).
         figure_images: images in the sub-token maps.
+        precision: Lightning's ``trainer.precision`` of every training and prediction stage (``bf16-mixed`` on a GPU).
     """
 
     synth: tuple[str, ...]
@@ -81,6 +82,7 @@ class DemoSettings:
     num_beams: int
     checkpoint_every: int
     figure_images: int
+    precision: str = "32-true"
 
     def steps(self, task: str) -> int:
         return dict(self.finetune_steps)[task]
@@ -300,6 +302,7 @@ def point_trainer(config: dict, out: Path, steps: int, run: DemoRun, label: str)
         default_root_dir=str(out),
         enable_progress_bar=False,
         enable_model_summary=False,
+        precision=run.settings.precision,
     )
     trainer["logger"] = [
         {
@@ -408,7 +411,7 @@ def score_captions(run: DemoRun, predictions: Path) -> dict:
     captions = load_caption_results(predictions, references, set(references), f"the 'test' split of {karpathy}")
     with warnings.catch_warnings(), contextlib.redirect_stdout(_Sink()):  # pycocoevalcap prints its progress
         warnings.simplefilter("ignore", ResourceWarning)
-        report = coco_scores(references, captions, spice=False)
+        report = coco_scores(references, captions, meteor=False, spice=False)  # the table shows neither
     scores = {name: value for name, value in report.items() if isinstance(value, float)}
     colours = word_precision(captions, references)
     return scores | {"colour_word_precision": colours["precision"], "colour_word_chance": colours["chance"]}
@@ -619,6 +622,12 @@ def stage_files(records: dict[str, dict]) -> list[str]:
     return [path for record in records.values() for path in record["result"].get("files", [])]
 
 
+def device_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU, {torch.get_num_threads()} threads"
+
+
 def results(run: DemoRun, variants: list[str], records: dict[str, dict], seconds: float) -> dict:
     """What ``DIR/results.json`` holds: settings, chance levels, per-variant rows, stage times and files."""
     return {
@@ -630,6 +639,7 @@ def results(run: DemoRun, variants: list[str], records: dict[str, dict], seconds
             name: {"seconds": record["seconds"], "reused": record["reused"]} for name, record in records.items()
         },
         "seconds_this_run": seconds,
+        "device": device_name(),
         "files": stage_files(records),
     }
 
@@ -643,6 +653,8 @@ def check_settings(run: DemoRun) -> None:
     settings = run.settings.to_json()
     if path.is_file():
         stored = json.loads(path.read_text()).get("settings")
+        if isinstance(stored, dict):  # written before the precision option: those runs trained in 32-true
+            stored.setdefault("precision", "32-true")
         if stored != settings:
             raise DemoError(
                 f"{run.out} holds a demo run made with other settings (see {path}); use another --out, or the same "
@@ -662,13 +674,19 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
     parser.add_argument("--variant", choices=(*VARIANTS, "all"), default="mhmoe", help="MoE variant (default mhmoe)")
     parser.add_argument("--fast", action="store_true", help="smaller corpus, model and step counts (for tests)")
+    parser.add_argument(
+        "--precision",
+        choices=("32-true", "bf16-mixed", "16-mixed"),
+        default="32-true",
+        help="Lightning precision of every training and prediction stage (default 32-true; bf16-mixed on a GPU)",
+    )
     return parser.parse_args(list(argv))
 
 
 def demo_command(argv: Sequence[str]) -> int:
     """Runs ``mmoe demo``; returns 0, or 1 when a stage fails (the message names it)."""
     args = parse(argv)
-    run = DemoRun(Path(args.out), FAST if args.fast else FULL)
+    run = DemoRun(Path(args.out), dataclasses.replace(FAST if args.fast else FULL, precision=args.precision))
     variants = list(VARIANTS) if args.variant == "all" else [args.variant]
     for name in ("lightning.pytorch", "lightning.fabric"):
         logging.getLogger(name).setLevel(logging.WARNING)
@@ -684,7 +702,7 @@ def demo_command(argv: Sequence[str]) -> int:
         return 1
     report = results(run, variants, records, time.perf_counter() - start)
     write_json_atomic(run.out / "results.json", report)
-    say(f"\nResults ({report['seconds_this_run']:.0f} s this run)\n")
+    say(f"\nResults ({report['seconds_this_run']:.0f} s this run, {report['device']})\n")
     say(format_table(report["variants"]))
     say("\nFiles:")
     for path in [*report["files"], str(run.out / "results.json")]:

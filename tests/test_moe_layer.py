@@ -314,6 +314,24 @@ def test_grouped_and_loop_expert_paths_agree():
         torch.testing.assert_close(got, want)
 
 
+def test_subln_grouped_path_under_autocast_matches_the_loop():
+    """The grouped Sub-LN path agrees with the per-expert loop in bf16 under autocast. (CUDA autocast also returns
+    layer_norm in fp32, which the grouped GEMM refuses; test_backbone's CUDA test covers that case.)"""
+    torch.manual_seed(0)
+    experts = GroupedExperts(4, 8, 16, subln=True)
+    with torch.no_grad():
+        experts.ln_weight.normal_()
+        experts.ln_bias.normal_()
+    x = torch.randn(10, 8).bfloat16()
+    expert = torch.tensor([0, 0, 0, 2, 2, 2, 2, 3, 3, 3])
+    offsets = torch.tensor([3, 3, 7, 10], dtype=torch.int32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        grouped = experts.forward_grouped(x, expert, offsets)
+        loop = experts.forward_loop(x, offsets)
+    assert grouped.dtype == torch.bfloat16
+    torch.testing.assert_close(grouped.float(), loop.float(), atol=5e-2, rtol=5e-2)
+
+
 def test_bf16_autocast_on_cpu():
     layer = MoELayer(MoEConfig(32, 64, 4, top_k=2, heads=2))
     x = torch.randn(2, 6, 32, requires_grad=True)

@@ -36,6 +36,7 @@ def score_captions(
     references: Mapping[Hashable, Sequence[str]],
     predictions: Mapping[Hashable, str],
     *,
+    meteor: bool = True,
     spice: bool = True,
     spice_timeout: float = DEFAULT_SPICE_TIMEOUT,
 ) -> dict[str, Any]:
@@ -45,6 +46,8 @@ def score_captions(
         references: image id -> raw reference captions; its order is the order images are scored in.
         predictions: image id -> raw predicted caption. Only these images are scored; ground-truth images without a
             prediction are left out with a warning, as the official code scores the images of the results.
+        meteor: compute METEOR (its jar loads a 62 MB paraphrase table: seconds even for a few captions); ``False``
+            reports ``"METEOR": None`` with ``"METEOR_unavailable": "not requested"``.
         spice: compute SPICE (slow: minutes on 5,000 images); ``False`` reports it as not requested.
         spice_timeout: seconds before the SPICE jar is stopped.
 
@@ -61,7 +64,9 @@ def score_captions(
         raise ScorerUnavailableError("java not found on PATH: the PTB tokenizer and METEOR of pycocoevalcap need it")
     gts = _tokenize({i: references[i] for i in image_ids}, "reference")
     res = _tokenize({i: [predictions[i]] for i in image_ids}, "predicted")
-    report = _score_tokenized(gts, res)
+    report = _score_tokenized(gts, res, meteor)
+    if not meteor:
+        report["METEOR_unavailable"] = "not requested"
     if spice:
         report["SPICE"], reason = compute_spice(gts, {i: captions[0] for i, captions in res.items()}, spice_timeout)
     else:
@@ -108,14 +113,25 @@ def _tokenize(captions: Mapping[Hashable, Sequence[str]], side: str) -> dict[Has
     return tokenized
 
 
-def _score_tokenized(gts: dict[Hashable, list[str]], res: dict[Hashable, list[str]]) -> dict[str, Any]:
-    """BLEU, METEOR, ROUGE-L and CIDEr exactly as ``COCOEvalCap.evaluate`` calls them (BLEU without its prints)."""
+def _score_tokenized(gts: dict[Hashable, list[str]], res: dict[Hashable, list[str]], meteor: bool) -> dict[str, Any]:
+    """BLEU, METEOR, ROUGE-L and CIDEr exactly as ``COCOEvalCap.evaluate`` calls them (BLEU without its prints);
+    ``"METEOR": None`` when ``meteor`` is false."""
     from pycocoevalcap.bleu.bleu import Bleu
     from pycocoevalcap.cider.cider import Cider
-    from pycocoevalcap.meteor.meteor import Meteor
     from pycocoevalcap.rouge.rouge import Rouge
 
     bleu, _ = Bleu(4).compute_score(gts, res, verbose=0)
+    meteor_score = _meteor(gts, res) if meteor else None
+    rouge, _ = Rouge().compute_score(gts, res)
+    cider, _ = Cider().compute_score(gts, res)
+    report = {f"Bleu_{n}": float(score) for n, score in enumerate(bleu, start=1)}
+    report.update({"METEOR": meteor_score, "ROUGE_L": float(rouge), "CIDEr": float(cider)})
+    return report
+
+
+def _meteor(gts: dict[Hashable, list[str]], res: dict[Hashable, list[str]]) -> float:
+    from pycocoevalcap.meteor.meteor import Meteor
+
     meteor_scorer = Meteor()
     try:
         meteor, _ = meteor_scorer.compute_score(gts, res)
@@ -125,11 +141,7 @@ def _score_tokenized(gts: dict[Hashable, list[str]], res: dict[Hashable, list[st
         raise ScorerUnavailableError(f"METEOR (meteor-1.5.jar) failed: {error}") from None
     finally:
         del meteor_scorer  # Meteor.__del__ stops its Java process
-    rouge, _ = Rouge().compute_score(gts, res)
-    cider, _ = Cider().compute_score(gts, res)
-    report = {f"Bleu_{n}": float(score) for n, score in enumerate(bleu, start=1)}
-    report.update({"METEOR": float(meteor), "ROUGE_L": float(rouge), "CIDEr": float(cider)})
-    return report
+    return float(meteor)
 
 
 def load_coco_references(path: str | Path) -> tuple[dict[Hashable, list[str]], set[Hashable]]:
@@ -217,6 +229,7 @@ def evaluate_caption_files(
     karpathy: str | Path | None = None,
     split: str = "test",
     *,
+    meteor: bool = True,
     spice: bool = True,
     spice_timeout: float = DEFAULT_SPICE_TIMEOUT,
 ) -> dict[str, Any]:

@@ -5,6 +5,10 @@ contiguous slice; outputs are gathered back through the inverse permutation and 
 ``S x E x C`` one-hot tensor is ever built, and nothing here reads a tensor back to the host, so the path has no
 host-device sync.
 
+Both row moves are permutations of the K*S choices, so each one's backward is a gather through the other permutation
+(:class:`_PermutedRows`), not the scatter-add that ``index_select``'s backward would run: on a GPU that atomic
+``index_add_`` in bf16 took as long as both expert GEMMs together (H100, 16K tokens, d 768; benchmarks/moe_layer.py).
+
 Shapes stay static: padding rows and choices dropped by the capacity remain in their expert's slice with a zero
 combine weight (they add nothing and get no gradient), so the row count is always ``K * S``.
 
@@ -27,6 +31,7 @@ class DispatchPlan:
 
     Attributes:
         order_C: choice indices (rank-major: ``k * S + s``) sorted by expert, stable.
+        inverse_C: the inverse permutation: the sorted row of each choice.
         token_C: the (sub-)token of each sorted row.
         expert_C: the expert of each sorted row (non-decreasing).
         offsets_E: int32 cumulative row counts per expert (slice ends), for grouped GEMMs.
@@ -36,6 +41,7 @@ class DispatchPlan:
     """
 
     order_C: torch.Tensor
+    inverse_C: torch.Tensor
     token_C: torch.Tensor
     expert_C: torch.Tensor
     offsets_E: torch.Tensor
@@ -66,10 +72,9 @@ def plan_dispatch(
     expert_flat_C = expert_SK.t().reshape(-1)  # rank-major: all first choices, then all second choices
     expert_C, order_C = torch.sort(expert_flat_C, stable=True)
     token_C = order_C % num_tokens
-    rows_E = torch.zeros(num_experts, dtype=torch.long, device=device).index_add_(
-        0, expert_C, torch.ones_like(expert_C)
-    )
-    offsets_E = rows_E.cumsum(0).to(torch.int32)
+    inverse_C = torch.empty_like(order_C).scatter_(0, order_C, torch.arange(order_C.numel(), device=device))
+    experts_E = torch.arange(num_experts, device=device)
+    offsets_E = torch.searchsorted(expert_C, experts_E, right=True, out_int32=True)  # slice ends of the sorted ids
 
     valid_SK = torch.ones_like(expert_SK, dtype=torch.bool) if valid_S is None else valid_S[:, None].expand(-1, top_k)
     if capacity_factor is None:
@@ -78,7 +83,7 @@ def plan_dispatch(
         valid_sorted_C = valid_SK.t().reshape(-1).index_select(0, order_C).long()
         # Position of each valid choice within its expert's slice, counting valid choices only.
         valid_before_C = valid_sorted_C.cumsum(0) - valid_sorted_C
-        valid_per_expert_E = torch.zeros_like(rows_E).index_add_(0, expert_C, valid_sorted_C)
+        valid_per_expert_E = torch.zeros_like(experts_E).index_add_(0, expert_C, valid_sorted_C)
         slice_start_E = valid_per_expert_E.cumsum(0) - valid_per_expert_E
         position_C = valid_before_C - slice_start_E.index_select(0, expert_C)
         num_valid = valid_S.sum() if valid_S is not None else torch.tensor(num_tokens, device=device)
@@ -89,20 +94,45 @@ def plan_dispatch(
         kept_SK = kept_flat_C.view(top_k, num_tokens).t()
 
     kept_flat_C = kept_SK.t().reshape(-1)
-    expert_counts_E = torch.zeros_like(rows_E).index_add_(0, expert_flat_C, kept_flat_C.long())
+    expert_counts_E = torch.zeros_like(experts_E).index_add_(0, expert_flat_C, kept_flat_C.long())
     num_valid_choices = valid_SK.sum()
     dropped = (num_valid_choices - kept_flat_C.sum()).float()
     dropped_fraction = dropped / num_valid_choices.clamp_min(1).float()
-    return DispatchPlan(order_C, token_C, expert_C, offsets_E, kept_SK, expert_counts_E, dropped_fraction)
+    return DispatchPlan(order_C, inverse_C, token_C, expert_C, offsets_E, kept_SK, expert_counts_E, dropped_fraction)
+
+
+class _PermutedRows(torch.autograd.Function):
+    """``source`` tiled ``tiles`` times along rows (C = tiles * N rows), then rows ``index_C``; ``inverse_C`` is the
+    inverse permutation of ``index_C``, so the backward gathers instead of scatter-adding."""
+
+    @staticmethod
+    def forward(ctx, source_ND: torch.Tensor, index_C: torch.Tensor, inverse_C: torch.Tensor, tiles: int):
+        ctx.save_for_backward(inverse_C)
+        ctx.tiles = tiles
+        num_rows = source_ND.shape[0]
+        return source_ND.index_select(0, index_C % num_rows if tiles > 1 else index_C)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_CD: torch.Tensor):
+        (inverse_C,) = ctx.saved_tensors
+        grad_CD = grad_CD.index_select(0, inverse_C)
+        if ctx.tiles > 1:
+            grad_CD = grad_CD.view(ctx.tiles, -1, grad_CD.shape[-1]).sum(0)
+        return grad_CD, None, None, None
+
+
+def dispatch_rows(x_SD: torch.Tensor, plan: DispatchPlan) -> torch.Tensor:
+    """The (sub-)token row of every choice in expert order: ``x_SD[plan.token_C]``, (K*S, D)."""
+    top_k = plan.kept_SK.shape[1]
+    return _PermutedRows.apply(x_SD, plan.order_C, plan.inverse_C, top_k)
 
 
 def combine(y_CD: torch.Tensor, plan: DispatchPlan, weight_SK: torch.Tensor) -> torch.Tensor:
     """Undo the sort and sum each (sub-)token's expert outputs weighted by its gate weights (zero where not kept)."""
     top_k = weight_SK.shape[1]
     num_tokens = weight_SK.shape[0]
-    inverse_C = torch.empty_like(plan.order_C)
-    inverse_C[plan.order_C] = torch.arange(plan.order_C.numel(), device=plan.order_C.device)
-    y_KSD = y_CD.index_select(0, inverse_C).view(top_k, num_tokens, y_CD.shape[-1])
+    y_KSD = _PermutedRows.apply(y_CD, plan.inverse_C, plan.order_C, 1).view(top_k, num_tokens, y_CD.shape[-1])
     weight_KS1 = torch.where(plan.kept_SK, weight_SK, torch.zeros_like(weight_SK)).t().to(y_CD.dtype)[..., None]
     out_SD = y_KSD[0] * weight_KS1[0]
     for k in range(1, top_k):

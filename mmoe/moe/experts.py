@@ -84,16 +84,23 @@ class GroupedExperts(nn.Module):
         return self.forward_loop(x_RD, offsets_E)
 
     def forward_grouped(self, x_RD: torch.Tensor, expert_R: torch.Tensor, offsets_E: torch.Tensor) -> torch.Tensor:
-        """One grouped GEMM per linear, slice ends on the device: no host sync (the GPU path)."""
+        """One grouped GEMM per linear, slice ends on the device: no host sync (the GPU path).
+
+        Per-expert vectors (biases, Sub-LN affine) reach their rows as ``one_hot @ vectors`` (fused into ``addmm``
+        where it adds), so their gradients are (E, R) x (R, H) GEMMs rather than a scatter-add of R rows onto E rows,
+        which on a GPU serialises on atomics.
+        """
         dtype = x_RD.dtype
+        one_hot_RE = (expert_R[:, None] == torch.arange(self.num_experts, device=expert_R.device)).to(dtype)
         hidden_RH = torch._grouped_mm(x_RD, self.fc1_weight.to(dtype), offs=offsets_E)
-        hidden_RH = F.gelu(hidden_RH + self.fc1_bias.to(dtype).index_select(0, expert_R))
+        hidden_RH = F.gelu(torch.addmm(hidden_RH, one_hot_RE, self.fc1_bias.to(dtype)))
         if self.ln_weight is not None:
-            hidden_RH = F.layer_norm(hidden_RH, (self.hidden_dim,))
-            hidden_RH = hidden_RH * self.ln_weight.to(dtype).index_select(0, expert_R)
-            hidden_RH = hidden_RH + self.ln_bias.to(dtype).index_select(0, expert_R)
+            # Autocast runs layer_norm in fp32; the grouped GEMM is no autocast op and needs both operands in dtype.
+            hidden_RH = F.layer_norm(hidden_RH, (self.hidden_dim,)).to(dtype)
+            ln_weight_RH = one_hot_RE @ self.ln_weight.to(dtype)
+            hidden_RH = torch.addcmul(one_hot_RE @ self.ln_bias.to(dtype), hidden_RH, ln_weight_RH)
         out_RD = torch._grouped_mm(hidden_RH, self.fc2_weight.to(dtype), offs=offsets_E)
-        return out_RD + self.fc2_bias.to(dtype).index_select(0, expert_R)
+        return torch.addmm(out_RD, one_hot_RE, self.fc2_bias.to(dtype))
 
     def forward_loop(self, x_RD: torch.Tensor, offsets_E: torch.Tensor) -> torch.Tensor:
         """One fused ``addmm`` per expert and linear over its slice (the CPU path: reading the counts is free there,

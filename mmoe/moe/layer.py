@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from mmoe.moe.config import MoEConfig
-from mmoe.moe.dispatch import combine, plan_dispatch
+from mmoe.moe.dispatch import combine, dispatch_rows, plan_dispatch
 from mmoe.moe.experts import GroupedExperts
 from mmoe.moe.router import Router, XMoEScorer
 
@@ -115,7 +115,7 @@ class MoELayer(nn.Module):
         plan = plan_dispatch(
             routed.expert_SK, valid_S, config.num_experts, config.active_capacity_factor(self.training)
         )
-        rows_CD = x_SD.to(compute_dtype(x_SD)).index_select(0, plan.token_C)
+        rows_CD = dispatch_rows(x_SD.to(compute_dtype(x_SD)), plan)
         y_CD = self.experts(rows_CD, plan.expert_C, plan.offsets_E)
         y_SD = combine(y_CD, plan, routed.weight_SK)
 

@@ -120,8 +120,9 @@ class Router(nn.Module):
             if self.top_k > 1:
                 weight_SK = weight_SK / weight_SK.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(weight_SK.dtype).tiny)
             balance_probs_SE = balance_logits_SE.softmax(dim=-1)
-            balance_loss = switch_balance_loss(balance_probs_SE, expert_SK[:, 0], valid_S)
-            entropy = _mean_entropy(balance_probs_SE.detach(), valid_S)
+            weights_S, count = _row_weights(balance_probs_SE, valid_S)
+            balance_loss = _balance_loss(balance_probs_SE, expert_SK[:, 0], weights_S, count)
+            entropy = (weights_S @ torch.special.entr(balance_probs_SE.detach()).sum(-1)) / count
         return RouterOutput(expert_SK, weight_SK, balance_loss, entropy)
 
 
@@ -133,17 +134,17 @@ def switch_balance_loss(probs_SE: torch.Tensor, first_choice_S: torch.Tensor, va
         first_choice_S: each row's first-choice expert; f_i counts first choices only (GShard, torchscale).
         valid_S: bool mask of rows that count, or None for all.
     """
-    num_experts = probs_SE.shape[-1]
+    return _balance_loss(probs_SE, first_choice_S, *_row_weights(probs_SE, valid_S))
+
+
+def _row_weights(probs_SE: torch.Tensor, valid_S: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """1 for rows that count, 0 for padding, and their number (at least 1, so that no row gives 0, not NaN)."""
     weights_S = probs_SE.new_ones(probs_SE.shape[0]) if valid_S is None else valid_S.to(probs_SE.dtype)
-    count = weights_S.sum().clamp_min(1.0)
-    mean_prob_E = (probs_SE * weights_S[:, None]).sum(0) / count  # P_i
+    return weights_S, weights_S.sum().clamp_min(1.0)
+
+
+def _balance_loss(probs_SE, first_choice_S, weights_S, count) -> torch.Tensor:
+    num_experts = probs_SE.shape[-1]
+    mean_prob_E = (weights_S @ probs_SE) / count  # P_i
     fraction_E = probs_SE.new_zeros(num_experts).index_add_(0, first_choice_S, weights_S) / count  # f_i
     return num_experts * (fraction_E * mean_prob_E).sum()
-
-
-def _mean_entropy(probs_SE: torch.Tensor, valid_S: torch.Tensor | None) -> torch.Tensor:
-    entropy_S = -(probs_SE * probs_SE.clamp_min(1e-12).log()).sum(-1)
-    if valid_S is None:
-        return entropy_S.mean() if entropy_S.numel() else entropy_S.new_zeros(())
-    weights_S = valid_S.to(entropy_S.dtype)
-    return (entropy_S * weights_S).sum() / weights_S.sum().clamp_min(1.0)

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from mmoe.moe.config import MoEConfig
-from mmoe.moe.dispatch import combine, plan_dispatch
+from mmoe.moe.dispatch import combine, dispatch_rows, plan_dispatch
 from mmoe.moe.experts import GroupedExperts
 from mmoe.moe.layer import MoELayer, RoutingRecord, compute_dtype
 from mmoe.moe.router import Router
@@ -93,7 +93,7 @@ class StratifiedMoELayer(MoELayer):
             plan = plan_dispatch(
                 expert_AK, None, config.num_experts, factor, capacity_experts=self.visible_experts[stratum]
             )
-            rows = normed_AD.to(compute_dtype(normed_AD)).index_select(0, plan.token_C)
+            rows = dispatch_rows(normed_AD.to(compute_dtype(normed_AD)), plan)
             update_AD = combine(self.experts(rows, plan.expert_C, plan.offsets_E), plan, routed.weight_SK)  # Eq. 6
             current_TD = current_TD.index_copy(0, index_A, (x_AD + update_AD).to(current_TD.dtype))  # Eq. 7
 
