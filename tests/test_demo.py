@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import time
@@ -11,7 +12,18 @@ from pathlib import Path
 import pytest
 
 from mmoe.cli import main
-from mmoe.demo import FAST, FULL, DemoError, DemoRun, Stage, check_settings, format_table, repoint, run_stage
+from mmoe.demo import (
+    FAST,
+    FULL,
+    DemoError,
+    DemoRun,
+    Stage,
+    check_settings,
+    format_table,
+    pretrain_config,
+    repoint,
+    run_stage,
+)
 from mmoe.metrics.caption_words import word_precision
 from mmoe.metrics.captions import load_karpathy_references
 from mmoe.metrics.nlvr2 import evaluate_nlvr2_files
@@ -50,6 +62,24 @@ def test_a_directory_made_with_other_settings_is_refused(tmp_path):
     check_settings(DemoRun(tmp_path, FAST))  # same settings: fine
     with pytest.raises(DemoError, match="other settings"):
         check_settings(DemoRun(tmp_path, FULL))
+
+
+def test_precision_reaches_every_stage_and_is_part_of_the_settings(tmp_path):
+    bf16 = DemoRun(tmp_path, dataclasses.replace(FAST, precision="bf16-mixed"))
+    config = pretrain_config(bf16, "mhmoe", tmp_path / "mhmoe" / "pretrain")
+    assert config["trainer"]["precision"] == "bf16-mixed"
+    check_settings(bf16)
+    with pytest.raises(DemoError, match="other settings"):
+        check_settings(DemoRun(tmp_path, FAST))
+
+
+def test_a_directory_from_before_the_precision_option_counts_as_32_true(tmp_path):
+    settings = FAST.to_json()
+    del settings["precision"]
+    (tmp_path / "demo.json").write_text(json.dumps({"settings": settings}))
+    check_settings(DemoRun(tmp_path, FAST))
+    with pytest.raises(DemoError, match="other settings"):
+        check_settings(DemoRun(tmp_path, dataclasses.replace(FAST, precision="bf16-mixed")))
 
 
 def test_config_paths_are_moved_to_the_demo_corpus(tmp_path):

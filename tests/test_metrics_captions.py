@@ -84,6 +84,16 @@ def test_score_captions_equals_pycocoevalcap(direct):
 
 
 @pytest.mark.slow
+def test_meteor_can_be_left_out(direct):
+    with pytest.warns(UserWarning, match="no predicted caption"):
+        scores = score_captions(REFERENCES, PREDICTIONS, meteor=False, spice=False)
+    assert scores["METEOR"] is None and scores["METEOR_unavailable"] == "not requested"
+    assert {name: scores[name] for name in direct if name != "METEOR"} == {
+        name: value for name, value in direct.items() if name != "METEOR"
+    }
+
+
+@pytest.mark.slow
 def test_caption_cli_prints_one_json_object(tmp_path, capsys, direct):
     annotations, results = tmp_path / "captions_val2014.json", tmp_path / "results.json"
     images = [{"id": i, "file_name": f"{i}.jpg"} for i in (3, 1, 2)]  # ground-truth order decides the scoring order

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from mmoe.moe import MoEConfig, MoELayer, restore_expert_embedding_norm
+from mmoe.moe.dispatch import combine, dispatch_rows, plan_dispatch
 from mmoe.moe.experts import GroupedExperts
 from tests.moe_reference import reference_forward
 
@@ -291,6 +292,34 @@ def test_no_tokens_by_experts_by_capacity_tensor(capacity):
         (y.sum() + routing.balance_loss).backward()
     one_hot_combine = tokens * experts * (top_k * tokens // experts)  # S x E x C at capacity factor 1
     assert probe.largest <= top_k * tokens * max(dim, hidden) < one_hot_combine
+
+
+@pytest.mark.parametrize("top_k", [1, 2, 3])
+def test_permuted_rows_match_index_select_forward_and_backward(top_k):
+    """dispatch_rows / combine move rows through a permutation and its inverse; their gradients must be those of
+    plain index_select (whose backward is a scatter-add)."""
+    torch.manual_seed(top_k)
+    tokens, experts, dim = 50, 6, 8
+    expert_SK = torch.stack([torch.randperm(experts)[:top_k] for _ in range(tokens)])
+    plan = plan_dispatch(expert_SK, None, experts, None)
+    x = torch.randn(tokens, dim, dtype=torch.double, requires_grad=True)
+    grad = torch.randn(top_k * tokens, dim, dtype=torch.double)
+    rows = dispatch_rows(x, plan)
+    reference = x.index_select(0, plan.token_C)
+    assert torch.equal(rows, reference)
+    (got,) = torch.autograd.grad((rows * grad).sum(), x)
+    (want,) = torch.autograd.grad((reference * grad).sum(), x)
+    torch.testing.assert_close(got, want)
+    y = torch.randn(top_k * tokens, dim, dtype=torch.double, requires_grad=True)
+    weight_SK = torch.rand(tokens, top_k, dtype=torch.double)
+    out = combine(y, plan, weight_SK)
+    y_KSD = y.index_select(0, plan.inverse_C).view(top_k, tokens, dim)
+    out_reference = (y_KSD * weight_SK.t()[..., None]).sum(0)
+    torch.testing.assert_close(out, out_reference)
+    out_grad = torch.randn_like(out)
+    (got,) = torch.autograd.grad((out * out_grad).sum(), y)
+    (want,) = torch.autograd.grad((out_reference * out_grad).sum(), y)
+    torch.testing.assert_close(got, want)
 
 
 def test_grouped_and_loop_expert_paths_agree():
