@@ -658,7 +658,7 @@ def check_settings(run: DemoRun) -> None:
         if stored != settings:
             raise DemoError(
                 f"{run.out} holds a demo run made with other settings (see {path}); use another --out, or the same "
-                "--fast choice as that run"
+                "--fast and --precision choices as that run"
             )
         return
     run.out.mkdir(parents=True, exist_ok=True)

@@ -108,6 +108,11 @@ def test_caption_cli_prints_one_json_object(tmp_path, capsys, direct):
     assert {name: report[name] for name in direct} == direct
     assert report["SPICE"] is None and report["SPICE_unavailable"] == "not requested"
     assert "warning: 1 of 3 ground-truth images have no predicted caption" in err
+    argv = ["caption", "--annotations", str(annotations), "--results", str(results), "--no-spice", "--no-meteor"]
+    assert eval_command(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["METEOR"] is None and report["METEOR_unavailable"] == "not requested"
+    assert report["CIDEr"] == direct["CIDEr"]
 
 
 # ---------------------------------------------------------------- input checks (no Java needed)

@@ -361,6 +361,20 @@ def test_subln_grouped_path_under_autocast_matches_the_loop():
     torch.testing.assert_close(grouped.float(), loop.float(), atol=5e-2, rtol=5e-2)
 
 
+def test_grouped_path_under_an_autocast_of_another_dtype_keeps_the_input_dtype():
+    """Rows handed over in fp32 inside a bf16 autocast: addmm / @ return bf16 there, and the grouped GEMM (no autocast
+    op) must still see one dtype."""
+    torch.manual_seed(0)
+    experts = GroupedExperts(4, 8, 16, subln=True)
+    x = torch.randn(10, 8)
+    expert = torch.tensor([0, 0, 0, 2, 2, 2, 2, 3, 3, 3])
+    offsets = torch.tensor([3, 3, 7, 10], dtype=torch.int32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = experts.forward_grouped(x, expert, offsets)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, experts.forward_loop(x, offsets), atol=5e-2, rtol=5e-2)
+
+
 def test_bf16_autocast_on_cpu():
     layer = MoELayer(MoEConfig(32, 64, 4, top_k=2, heads=2))
     x = torch.randn(2, 6, 32, requires_grad=True)

@@ -243,4 +243,4 @@ def evaluate_caption_files(
         references = load_karpathy_references(karpathy, split)
         known_ids, name = set(references), f"the {split!r} split of {karpathy}"
     predictions = load_caption_results(results, references, known_ids, name)
-    return score_captions(references, predictions, spice=spice, spice_timeout=spice_timeout)
+    return score_captions(references, predictions, meteor=meteor, spice=spice, spice_timeout=spice_timeout)

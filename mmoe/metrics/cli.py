@@ -37,6 +37,7 @@ def _caption(args: argparse.Namespace) -> dict[str, Any]:
         args.annotations,
         args.karpathy,
         args.split,
+        meteor=not args.no_meteor,
         spice=not args.no_spice,
         spice_timeout=args.spice_timeout,
     )
@@ -65,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--karpathy", help="Karpathy's dataset_coco.json (image id = cocoid, references = raw)")
     caption.add_argument("--split", default="test", help="Karpathy split to score against (default: test)")
     caption.add_argument("--results", required=True, help='[{"image_id": int, "caption": str}, ...]')
+    caption.add_argument("--no-meteor", action="store_true", help="skip METEOR (reported as not requested)")
     caption.add_argument("--no-spice", action="store_true", help="skip SPICE (reported as not requested)")
     caption.add_argument(
         "--spice-timeout", type=float, default=DEFAULT_SPICE_TIMEOUT, help="seconds before SPICE gives up"

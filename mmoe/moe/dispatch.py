@@ -86,7 +86,7 @@ def plan_dispatch(
         valid_per_expert_E = torch.zeros_like(experts_E).index_add_(0, expert_C, valid_sorted_C)
         slice_start_E = valid_per_expert_E.cumsum(0) - valid_per_expert_E
         position_C = valid_before_C - slice_start_E.index_select(0, expert_C)
-        num_valid = valid_S.sum() if valid_S is not None else torch.tensor(num_tokens, device=device)
+        num_valid = valid_S.sum() if valid_S is not None else expert_SK.new_full((), num_tokens)
         spread = num_experts if capacity_experts is None else capacity_experts
         capacity = torch.ceil(num_valid.double() * (capacity_factor * top_k / spread))
         kept_sorted_C = (position_C < capacity) & valid_sorted_C.bool()

@@ -93,14 +93,15 @@ class GroupedExperts(nn.Module):
         dtype = x_RD.dtype
         one_hot_RE = (expert_R[:, None] == torch.arange(self.num_experts, device=expert_R.device)).to(dtype)
         hidden_RH = torch._grouped_mm(x_RD, self.fc1_weight.to(dtype), offs=offsets_E)
-        hidden_RH = F.gelu(torch.addmm(hidden_RH, one_hot_RE, self.fc1_bias.to(dtype)))
+        # .to(dtype): under an autocast of another dtype addmm and @ return the autocast dtype.
+        hidden_RH = F.gelu(torch.addmm(hidden_RH, one_hot_RE, self.fc1_bias.to(dtype)).to(dtype))
         if self.ln_weight is not None:
             # Autocast runs layer_norm in fp32; the grouped GEMM is no autocast op and needs both operands in dtype.
             hidden_RH = F.layer_norm(hidden_RH, (self.hidden_dim,)).to(dtype)
-            ln_weight_RH = one_hot_RE @ self.ln_weight.to(dtype)
-            hidden_RH = torch.addcmul(one_hot_RE @ self.ln_bias.to(dtype), hidden_RH, ln_weight_RH)
+            ln_weight_RH = (one_hot_RE @ self.ln_weight.to(dtype)).to(dtype)
+            hidden_RH = torch.addcmul((one_hot_RE @ self.ln_bias.to(dtype)).to(dtype), hidden_RH, ln_weight_RH)
         out_RD = torch._grouped_mm(hidden_RH, self.fc2_weight.to(dtype), offs=offsets_E)
-        return torch.addmm(out_RD, one_hot_RE, self.fc2_bias.to(dtype))
+        return torch.addmm(out_RD, one_hot_RE, self.fc2_bias.to(dtype)).to(dtype)
 
     def forward_loop(self, x_RD: torch.Tensor, offsets_E: torch.Tensor) -> torch.Tensor:
         """One fused ``addmm`` per expert and linear over its slice (the CPU path: reading the counts is free there,
