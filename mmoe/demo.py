@@ -686,6 +686,12 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
 def demo_command(argv: Sequence[str]) -> int:
     """Runs ``mmoe demo``; returns 0, or 1 when a stage fails (the message names it)."""
     args = parse(argv)
+    if args.precision == "16-mixed":
+        import torch
+
+        if not torch.cuda.is_available():  # Lightning would quietly train in bf16 instead
+            print("mmoe demo: error: --precision 16-mixed needs a CUDA GPU; use bf16-mixed on a CPU", file=sys.stderr)
+            return 2
     run = DemoRun(Path(args.out), dataclasses.replace(FAST if args.fast else FULL, precision=args.precision))
     variants = list(VARIANTS) if args.variant == "all" else [args.variant]
     for name in ("lightning.pytorch", "lightning.fabric"):

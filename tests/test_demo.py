@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from mmoe.cli import main
 from mmoe.demo import (
@@ -71,6 +72,13 @@ def test_precision_reaches_every_stage_and_is_part_of_the_settings(tmp_path):
     check_settings(bf16)
     with pytest.raises(DemoError, match="other settings"):
         check_settings(DemoRun(tmp_path, FAST))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal")
+def test_fp16_precision_without_a_gpu_is_refused(tmp_path, capsys):
+    assert main(["demo", "--out", str(tmp_path / "demo"), "--fast", "--precision", "16-mixed"]) == 2
+    assert "16-mixed needs a CUDA GPU" in capsys.readouterr().err
+    assert not (tmp_path / "demo").exists()
 
 
 def test_a_directory_from_before_the_precision_option_counts_as_32_true(tmp_path):
