@@ -102,15 +102,15 @@ def plan_dispatch(
 
 
 class _PermutedRows(torch.autograd.Function):
-    """``source`` tiled ``tiles`` times along rows (C = tiles * N rows), then rows ``index_C``; ``inverse_C`` is the
-    inverse permutation of ``index_C``, so the backward gathers instead of scatter-adding."""
+    """Rows ``rows_C`` of ``source`` (N rows), where ``rows_C = order_C % N`` for a permutation ``order_C`` of the
+    C = tiles * N rows of ``source`` tiled ``tiles`` times; ``inverse_C`` is the inverse of ``order_C``, so the backward
+    gathers instead of scatter-adding."""
 
     @staticmethod
-    def forward(ctx, source_ND: torch.Tensor, index_C: torch.Tensor, inverse_C: torch.Tensor, tiles: int):
+    def forward(ctx, source_ND: torch.Tensor, rows_C: torch.Tensor, inverse_C: torch.Tensor, tiles: int):
         ctx.save_for_backward(inverse_C)
         ctx.tiles = tiles
-        num_rows = source_ND.shape[0]
-        return source_ND.index_select(0, index_C % num_rows if tiles > 1 else index_C)
+        return source_ND.index_select(0, rows_C)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -125,7 +125,7 @@ class _PermutedRows(torch.autograd.Function):
 def dispatch_rows(x_SD: torch.Tensor, plan: DispatchPlan) -> torch.Tensor:
     """The (sub-)token row of every choice in expert order: ``x_SD[plan.token_C]``, (K*S, D)."""
     top_k = plan.kept_SK.shape[1]
-    return _PermutedRows.apply(x_SD, plan.order_C, plan.inverse_C, top_k)
+    return _PermutedRows.apply(x_SD, plan.token_C, plan.inverse_C, top_k)
 
 
 def combine(y_CD: torch.Tensor, plan: DispatchPlan, weight_SK: torch.Tensor) -> torch.Tensor:
