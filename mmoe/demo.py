@@ -401,14 +401,13 @@ def score_captions(run: DemoRun, predictions: Path) -> dict:
     import warnings
 
     from mmoe.metrics.caption_words import word_precision
-    from mmoe.metrics.captions import load_caption_results, load_karpathy_references
+    from mmoe.metrics.captions import read_caption_files
     from mmoe.metrics.captions import score_captions as coco_scores
 
     # What `mmoe eval caption --karpathy ... --split test` computes, with the references and captions read once for
     # both the COCO metrics and the colour-word check.
     karpathy = run.data / "coco" / "karpathy" / "dataset_coco.json"
-    references = load_karpathy_references(karpathy, "test")
-    captions = load_caption_results(predictions, references, set(references), f"the 'test' split of {karpathy}")
+    references, captions = read_caption_files(predictions, karpathy=karpathy, split="test")
     with warnings.catch_warnings(), contextlib.redirect_stdout(_Sink()):  # pycocoevalcap prints its progress
         warnings.simplefilter("ignore", ResourceWarning)
         report = coco_scores(references, captions, meteor=False, spice=False)  # the table shows neither

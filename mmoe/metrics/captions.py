@@ -223,6 +223,25 @@ def load_caption_results(
     return predictions
 
 
+def read_caption_files(
+    results: str | Path,
+    annotations: str | Path | None = None,
+    karpathy: str | Path | None = None,
+    split: str = "test",
+) -> tuple[dict[Hashable, list[str]], dict[Hashable, str]]:
+    """``(references, predictions)`` as :func:`score_captions` takes them: references from ``captions_*.json`` or
+    Karpathy's file and split, predictions from the results file, checked against them."""
+    if (annotations is None) == (karpathy is None):
+        raise EvalInputError("give exactly one of --annotations (captions_*.json) and --karpathy (dataset_coco.json)")
+    if annotations is not None:
+        references, known_ids = load_coco_references(annotations)
+        name = str(annotations)
+    else:
+        references = load_karpathy_references(karpathy, split)
+        known_ids, name = set(references), f"the {split!r} split of {karpathy}"
+    return references, load_caption_results(results, references, known_ids, name)
+
+
 def evaluate_caption_files(
     results: str | Path,
     annotations: str | Path | None = None,
@@ -233,14 +252,6 @@ def evaluate_caption_files(
     spice: bool = True,
     spice_timeout: float = DEFAULT_SPICE_TIMEOUT,
 ) -> dict[str, Any]:
-    """What ``mmoe eval caption`` prints: references from ``captions_*.json`` or Karpathy's file, then scores."""
-    if (annotations is None) == (karpathy is None):
-        raise EvalInputError("give exactly one of --annotations (captions_*.json) and --karpathy (dataset_coco.json)")
-    if annotations is not None:
-        references, known_ids = load_coco_references(annotations)
-        name = str(annotations)
-    else:
-        references = load_karpathy_references(karpathy, split)
-        known_ids, name = set(references), f"the {split!r} split of {karpathy}"
-    predictions = load_caption_results(results, references, known_ids, name)
+    """What ``mmoe eval caption`` prints: the files read by :func:`read_caption_files`, then scored."""
+    references, predictions = read_caption_files(results, annotations, karpathy, split)
     return score_captions(references, predictions, meteor=meteor, spice=spice, spice_timeout=spice_timeout)
