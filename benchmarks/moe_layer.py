@@ -53,24 +53,8 @@ class Case:
     info: dict
 
 
-def step(module: nn.Module, x: torch.Tensor, grad: torch.Tensor | None, is_moe: bool) -> Callable[[], None]:
-    def run() -> None:
-        if grad is None:
-            with torch.no_grad():
-                module(x)
-            return
-        out = module(x)
-        y = out[0] if is_moe else out
-        loss = (y * grad).sum() + (out[1].balance_loss if is_moe else 0.0)
-        loss.backward()
-        module.zero_grad(set_to_none=True)
-        x.grad = None
-
-    return run
-
-
 class TensorOutputs(nn.Module):
-    """``(y, balance_loss)`` of an MoE layer: CUDA-graphed callables must return tensors only."""
+    """``(y, balance_loss)`` of an MoE layer: tensors only, as CUDA-graphed callables must return."""
 
     def __init__(self, layer: MoELayer) -> None:
         super().__init__()
@@ -81,8 +65,15 @@ class TensorOutputs(nn.Module):
         return y, routing.balance_loss
 
 
-def graphed_step(module: nn.Module, x: torch.Tensor, grad: torch.Tensor, is_moe: bool) -> Callable[[], None]:
+def step(module: nn.Module, x: torch.Tensor, grad: torch.Tensor | None, is_moe: bool) -> Callable[[], None]:
+    """One forward (+ backward of ``(y * grad).sum()`` plus the balance loss); an MoE side is a :class:`TensorOutputs`,
+    plain or CUDA-graphed."""
+
     def run() -> None:
+        if grad is None:
+            with torch.no_grad():
+                module(x)
+            return
         out = module(x)
         y, extra = out if is_moe else (out, 0.0)
         ((y * grad).sum() + extra).backward()
@@ -139,13 +130,14 @@ def make_case(
         with torch.no_grad():
             info["strata"] = strata
             info["requested_capacity"] = round(moe(x)[1].requested_capacity.item(), 3)
+    moe_side = TensorOutputs(moe)
+    if baseline_is_moe:
+        baseline = TensorOutputs(baseline)
     if graphed:
         info["cuda_graph"] = True
-        moe_graph = torch.cuda.make_graphed_callables(TensorOutputs(moe), (x,))
-        base_graph = torch.cuda.make_graphed_callables(baseline, (x,))
-        moe_step, base_step = graphed_step(moe_graph, x, grad, True), graphed_step(base_graph, x, grad, False)
-        return Case(name, target, moe_step, base_step, info)
-    return Case(name, target, step(moe, x, grad, True), step(baseline, x, grad, baseline_is_moe), info)
+        moe_side = torch.cuda.make_graphed_callables(moe_side, (x,))
+        baseline = torch.cuda.make_graphed_callables(baseline, (x,))
+    return Case(name, target, step(moe_side, x, grad, True), step(baseline, x, grad, baseline_is_moe), info)
 
 
 def measure(case: Case, rounds: int) -> dict:
