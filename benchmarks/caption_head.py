@@ -23,9 +23,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mmoe.data.converters.coco import CAPTION_TOKENS_FILE, write_caption_tokens
 from mmoe.data.synth.language import captions
 from mmoe.data.synth.scenes import sample_scene
-from mmoe.data.tokenizer import MASK_ID, TextTokenizer, token_ids_of
+from mmoe.data.tokenizer import MASK_ID, TextTokenizer
 from mmoe.model import MoEPlan, MultiwayConfig
 from mmoe.tasks.captioning import CaptioningFineTuning
 
@@ -56,8 +57,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         vocab = args.output_vocab
         if vocab is None:
-            vocab = str(Path(tmp) / "caption_tokens.json")
-            Path(vocab).write_text(json.dumps(token_ids_of(texts)))
+            write_caption_tokens(tmp, texts)
+            vocab = str(Path(tmp) / CAPTION_TOKENS_FILE)
         backbone = MultiwayConfig(
             dim=192, depth=4, num_heads=3, ffn_dim=768, image_size=64, max_text_positions=64,
             moe=BACKBONES[args.backbone],
