@@ -14,7 +14,14 @@ from mmoe.cli import main
 from mmoe.data.answers import normalize_answer
 from mmoe.data.converters import image_names
 from mmoe.data.synth.corpus import SIZES, build_corpus, vqa_prior_accuracy
-from mmoe.data.synth.language import captions, human_answers, majority_answer, questions, statement
+from mmoe.data.synth.language import (
+    COMPARISON_SHARE,
+    captions,
+    human_answers,
+    majority_answer,
+    questions,
+    statement,
+)
 from mmoe.data.synth.scenes import COLORS, render, sample_scene
 
 TINY = SIZES["tiny"]
@@ -107,6 +114,14 @@ def test_statements_hold_or_not_as_labelled():
         chosen = statement(rng)
         truths[chosen.holds(sample_scene(rng), sample_scene(rng))] += 1
     assert truths[True] > 30 and truths[False] > 30  # every template can go both ways
+
+
+def test_half_the_statements_are_the_image_comparison():
+    rng = np.random.default_rng(3)
+    texts = [statement(rng).text for _ in range(2000)]
+    share = texts.count("there are more shapes in the left image than in the right image") / len(texts)
+    assert abs(share - COMPARISON_SHARE) < 0.05
+    assert len(set(texts)) > 50  # the slotted templates vary their words
 
 
 def test_rendered_objects_show_their_colour():

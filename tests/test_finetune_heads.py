@@ -118,6 +118,19 @@ def test_nlvr2_pairs_each_image_with_the_sentence_in_one_pass():
     assert logits.abs().max() < 0.05
 
 
+def test_nlvr2_head_init_scale_multiplies_the_initial_weights():
+    torch.manual_seed(0)
+    beit3 = NLVR2FineTuning(backbone=config())
+    torch.manual_seed(0)
+    unscaled = NLVR2FineTuning(backbone=config(), head_init_scale=1.0)
+    for small, full in zip(beit3.head, unscaled.head, strict=True):
+        if isinstance(full, torch.nn.Linear):
+            torch.testing.assert_close(small.weight, full.weight * 1e-3)
+            assert 0.01 < float(full.weight.std()) < 0.03  # BEiT-3's truncated normal, std 0.02
+        elif isinstance(full, torch.nn.LayerNorm):
+            torch.testing.assert_close(small.weight, full.weight)
+
+
 def test_caption_mask_image_never_sees_text_and_text_is_causal():
     mask = caption_attention_mask(3, 4)[0]
     assert mask.shape == (7, 7)

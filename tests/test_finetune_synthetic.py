@@ -1,5 +1,6 @@
 """Fine-tuning end to end on a small synthetic corpus through the DataModules: a tiny VQA model beats a random answer
-after a few dozen steps, and the predict writers of all three tasks produce files ``mmoe eval`` scores."""
+after a few dozen steps, a tiny NLVR2 model beats a constant answer after a few hundred, and the predict writers of all
+three tasks produce files ``mmoe eval`` scores."""
 
 from __future__ import annotations
 
@@ -30,8 +31,8 @@ LOADER = dict(image_size=32, max_text_length=32, num_workers=0, shuffle_buffer=2
 def corpus(tmp_path_factory):
     root = tmp_path_factory.mktemp("synthetic")
     sizes = SynthSizes(
-        train_images=200, val_images=60, test_images=6, questions_per_image=5, nlvr2_train_sets=10,
-        nlvr2_eval_sets=5, texts=10, image_size=64,
+        train_images=200, val_images=60, test_images=6, questions_per_image=5, nlvr2_train_sets=150,
+        nlvr2_eval_sets=50, texts=10, image_size=64,
     )  # fmt: skip
     build_corpus(root, seed=0, sizes=sizes)
     convert_layout(root, root / "shards")
@@ -103,17 +104,26 @@ def test_vqa_beats_a_random_answer_and_writes_a_scorable_submission(corpus, tmp_
     assert report["overall"] == pytest.approx(validated["val/vqa_accuracy"], abs=1e-6)
 
 
-def test_nlvr2_predictions_are_scored_by_mmoe_eval(corpus, tmp_path):
+def test_nlvr2_beats_a_constant_answer_and_its_predictions_are_scored_by_mmoe_eval(corpus, tmp_path):
     shards = corpus / "shards"
-    data = NLVR2DataModule(shards / "nlvr2-train", shards / "nlvr2-dev", shards / "nlvr2-dev", batch_size=8, **LOADER)
+    data = NLVR2DataModule(shards / "nlvr2-train", shards / "nlvr2-dev", shards / "nlvr2-dev", batch_size=32, **LOADER)
+    torch.manual_seed(0)
     model = NLVR2FineTuning(
-        backbone=MultiwayConfig(**BACKBONE), warmup_steps=2, predictions_file=str(tmp_path / "nlvr2.csv")
+        backbone=MultiwayConfig(**BACKBONE),
+        head_init_scale=1.0,
+        layer_decay=0.65,
+        learning_rate=2e-4,
+        warmup_steps=10,
+        predictions_file=str(tmp_path / "nlvr2.csv"),
     )
-    trainer(4, tmp_path).fit(model, data)
+    trainer(200, tmp_path).fit(model, data)
     validated = trainer(0, tmp_path).validate(model, data, verbose=False)[0]
+    # Measured on these 200 dev pairs (every set 2 true, 2 false: a constant answer scores 0.500): 0.590 / 0.585 /
+    # 0.590 / 0.575 with seeds 0-3; at learning rate 5e-4 or 1e-3, or with BEiT-3's head init scale 1e-3, 0.500.
+    assert validated["val/accuracy"] > 0.55
     trainer(0, tmp_path).predict(model, data, return_predictions=False)
     lines = (tmp_path / "nlvr2.csv").read_text().splitlines()
-    assert len(lines) == 20 and all(line.split(",")[1] in ("True", "False") for line in lines)
+    assert len(lines) == 200 and all(line.split(",")[1] in ("True", "False") for line in lines)
     report = score(
         ["nlvr2", "--data", str(corpus / "nlvr2" / "dev.json"), "--predictions", str(tmp_path / "nlvr2.csv")]
     )
