@@ -655,9 +655,14 @@ def check_settings(run: DemoRun) -> None:
         if isinstance(stored, dict):  # written before the precision option: those runs trained in 32-true
             stored.setdefault("precision", "32-true")
         if stored != settings:
+            stored = stored if isinstance(stored, dict) else {}
+            changed = "; ".join(
+                f"{key}: {stored.get(key)!r} there, {value!r} now" for key, value in settings.items()
+                if stored.get(key) != value
+            )  # fmt: skip
             raise DemoError(
-                f"{run.out} holds a demo run made with other settings (see {path}); use another --out, or the same "
-                "--fast and --precision choices as that run"
+                f"{run.out} holds a demo run made with other settings ({changed}; see {path}): use another --out, "
+                "or that run's --fast and --precision choices with the version that made it"
             )
         return
     run.out.mkdir(parents=True, exist_ok=True)
