@@ -652,14 +652,15 @@ def check_settings(run: DemoRun) -> None:
     settings = run.settings.to_json()
     if path.is_file():
         stored = json.loads(path.read_text()).get("settings")
-        if isinstance(stored, dict):  # written before the precision option: those runs trained in 32-true
-            stored.setdefault("precision", "32-true")
+        # A demo.json written before the precision option has none: those runs trained in 32-true.
+        stored = {"precision": "32-true", **stored} if isinstance(stored, dict) else {}
         if stored != settings:
-            stored = stored if isinstance(stored, dict) else {}
+            keys = dict.fromkeys([*settings, *stored])
             changed = "; ".join(
-                f"{key}: {stored.get(key)!r} there, {value!r} now" for key, value in settings.items()
-                if stored.get(key) != value
-            )  # fmt: skip
+                f"{key}: {stored.get(key)!r} there, {settings.get(key)!r} now"
+                for key in keys
+                if stored.get(key) != settings.get(key)
+            )
             raise DemoError(
                 f"{run.out} holds a demo run made with other settings ({changed}; see {path}): use another --out, "
                 "or that run's --fast and --precision choices with the version that made it"
