@@ -6,9 +6,11 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import lightning as L
-from lightning.pytorch.cli import LightningCLI
+import torch
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 LIGHTNING_SUBCOMMANDS = ("fit", "validate", "test", "predict")
 
@@ -18,7 +20,44 @@ class MMoECLI(LightningCLI):
 
     Every knob is a typed ``__init__`` argument, so ``mmoe fit --help`` and ``--print_config`` explain the run, and
     an unknown key in a config is an error.
+
+    With ``--ckpt_path`` LightningCLI sets the model's arguments to the hyper-parameters saved in the checkpoint, over
+    the config file; here a model argument named on the command line (``--model.init_args.num_beams 5``) keeps its
+    value, so decoding and output options can change between training and prediction.
     """
+
+    def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
+        self.command_line_model_arguments = command_line_model_arguments(sys.argv[1:] if args is None else args)
+        super().parse_arguments(parser, args)
+
+    def _parse_ckpt_path(self) -> None:
+        """LightningCLI's merge of the checkpoint's hyper-parameters into the config, less the arguments named on the
+        command line."""
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if not ckpt_path or not Path(ckpt_path).is_file():
+            return
+        hparams = torch.load(ckpt_path, weights_only=True, map_location="cpu").get("hyper_parameters", {})
+        for name in ("_instantiator", *self.command_line_model_arguments):
+            hparams.pop(name, None)
+        if "_class_path" in hparams:
+            hparams = {"class_path": hparams.pop("_class_path"), "dict_kwargs": hparams}
+        if hparams:
+            self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
+
+
+def command_line_model_arguments(args) -> set[str]:
+    """Top-level model arguments set by ``--model.<name>`` or ``--model.init_args.<name>`` options in ``args`` (a
+    list of strings; a dict or Namespace from code names none)."""
+    if not isinstance(args, (list, tuple)):
+        return set()
+    names = set()
+    for token in args:
+        if isinstance(token, str) and token.startswith("--model."):
+            key = token[len("--model.") :].split("=", 1)[0]
+            key = key.removeprefix("init_args.")
+            names.add(key.split(".", 1)[0])
+    return names
 
 
 def lightning_command(argv: Sequence[str]) -> int:
