@@ -313,11 +313,12 @@ def point_trainer(config: dict, out: Path, steps: int, run: DemoRun, label: str)
     callbacks = []
     for callback in trainer.get("callbacks", []):
         kind = callback["class_path"].rsplit(".", 1)[-1]
-        if kind == "ModelCheckpoint":  # no validation metric to monitor: keep the latest
+        if kind == "ModelCheckpoint":  # no validation metric to monitor: keep only the latest, as last.ckpt
             callback = {
                 "class_path": callback["class_path"],
                 "init_args": {
                     "dirpath": str(out / "checkpoints"),
+                    "save_top_k": 0,
                     "save_last": True,
                     "every_n_train_steps": run.settings.checkpoint_every,
                 },
