@@ -57,3 +57,15 @@ def test_command_line_model_arguments_are_read_from_option_names():
     argv = ["predict", *options.split(), "--data.init_args.batch_size", "8", "--ckpt_path", "c.ckpt"]
     assert command_line_model_arguments(argv) == {"num_beams", "length_penalty", "backbone"}
     assert command_line_model_arguments({"model": {"num_beams": 5}}) == set()
+
+
+def test_checkpoint_hyper_parameters_that_do_not_parse_name_the_checkpoint(config_and_checkpoint, tmp_path, capsys):
+    config, _ = config_and_checkpoint
+    broken = tmp_path / "broken.ckpt"
+    torch.save(
+        {"hyper_parameters": {"_class_path": "mmoe.tasks.nlvr2.NLVR2FineTuning", "learning_rate": "fast"}}, broken
+    )
+    with pytest.raises(SystemExit):
+        parse(["predict", "--config", config, "--ckpt_path", str(broken)])
+    assert f"the hyper-parameters saved in {broken} do not parse" in capsys.readouterr().err
+    parse(["predict", "--config", config, "--ckpt_path", str(broken), "--model.init_args.learning_rate", "1e-4"])

@@ -42,8 +42,13 @@ class MMoECLI(LightningCLI):
             hparams.pop(name, None)
         if "_class_path" in hparams:
             hparams = {"class_path": hparams.pop("_class_path"), "dict_kwargs": hparams}
-        if hparams:
+        if not hparams:
+            return
+        try:
             self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
+        except SystemExit:
+            print(f"mmoe {subcommand}: the hyper-parameters saved in {ckpt_path} do not parse (above)", file=sys.stderr)
+            raise
 
 
 def command_line_model_arguments(args) -> set[str]:
