@@ -349,8 +349,9 @@ def finetune_config(run: DemoRun, task: FineTuneTask, backbone: Path, out: Path)
     point_trainer(config, out, run.settings.steps(task.name), run, f"fine-tune {task.name}")
     model = config["model"]["init_args"]
     model.update(backbone=None, pretrained=str(backbone))
-    if task.name in dict(run.settings.finetune_learning_rates):
-        model["learning_rate"] = dict(run.settings.finetune_learning_rates)[task.name]
+    rates = dict(run.settings.finetune_learning_rates)
+    if task.name in rates:
+        model["learning_rate"] = rates[task.name]
     if "results_dir" in model:
         model["results_dir"] = None
     if "num_beams" in model:
