@@ -1,9 +1,14 @@
-"""Atomic file writes: every file mmoe writes (checkpoints, shards' manifests, results, figures) goes through here."""
+"""Atomic file writes: every file mmoe writes (checkpoints, shards' manifests, results, figures) goes through here.
+
+Files get the permissions ``open()`` would give them: an existing file keeps its mode, a new one gets
+``0o666 & ~umask`` (``tempfile.mkstemp`` alone would leave every written file private, 0600).
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +23,10 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], object]) -> Pa
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(handle)
+    try:
+        os.fchmod(handle, file_mode(path))
+    finally:
+        os.close(handle)
     try:
         write(Path(temporary))
         os.replace(temporary, path)
@@ -26,6 +34,29 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], object]) -> Pa
         Path(temporary).unlink(missing_ok=True)
         raise
     return path
+
+
+def file_mode(path: Path) -> int:
+    """The permission bits ``open(path, "w")`` leaves ``path`` with: its own if it exists, else ``0o666 & ~umask``."""
+    try:
+        return stat.S_IMODE(path.stat().st_mode)
+    except FileNotFoundError:
+        return 0o666 & ~current_umask()
+
+
+def current_umask() -> int:
+    """The process umask, read from ``/proc/self/status`` where Linux has it (``os.umask`` can only be read by
+    setting it, which races with files other threads create meanwhile)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
