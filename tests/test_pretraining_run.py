@@ -100,7 +100,7 @@ def test_tiny_xmoe_loss_falls(synthetic_corpus, tmp_path):
     torch.testing.assert_close(first.hidden, second.hidden)
     for a, b in zip(first.routing, second.routing, strict=True):
         assert torch.equal(a.expert_index, b.expert_index)
-    state = torch.load(checkpoint, map_location="cpu", weights_only=False)["state_dict"]
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True)["state_dict"]
     for name, value in restored.state_dict().items():
         if "router" in name:
             assert torch.equal(value, state[name]), name

@@ -4,11 +4,18 @@ An exported backbone is one ``torch.save``d dict ``{"format": "mmoe-backbone", "
 (written atomically). A Lightning checkpoint of an mmoe task holds the task's init arguments under
 ``hyper_parameters`` (``backbone``: the :class:`MultiwayConfig`) and the weights under ``state_dict`` with the
 ``backbone.`` prefix; both load with :func:`load_backbone`.
+
+Every file is read with ``torch.load(weights_only=True)`` (:func:`load_checkpoint_file`): unpickling a checkpoint
+rebuilds only tensors, containers, numbers, strings and the configs registered below, never an arbitrary callable, so
+a crafted file cannot run code. A file that is not a readable checkpoint is a ``ValueError`` naming it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import pickle
+import re
+import warnings
 from pathlib import Path
 
 import torch
@@ -18,6 +25,14 @@ from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
 
 BACKBONE_FORMAT = "mmoe-backbone"
 PREFIX = "backbone."
+#: What :func:`read_backbone_state` reads, as its errors name it.
+BACKBONE_FILES = "an exported mmoe backbone or a Lightning checkpoint of an mmoe task, written by torch.save"
+#: The first bytes of a zip archive: ``torch.save``'s format since PyTorch 1.6.
+ZIP_MAGIC = b"PK\x03\x04"
+
+# The only classes a checkpoint may hold besides tensors and builtins: a task's hyper-parameters keep the backbone's
+# config (as these dataclasses when the task was built outside LightningCLI).
+torch.serialization.add_safe_globals([MultiwayConfig, MoEPlan])
 
 
 def config_to_dict(config: MultiwayConfig) -> dict:
@@ -43,29 +58,74 @@ def export_backbone(backbone: MultiwayTransformer, path: str | Path) -> None:
     atomic_save(state, path)
 
 
-def read_backbone_state(path: str | Path) -> tuple[MultiwayConfig, dict[str, torch.Tensor]]:
-    """(config, backbone state dict) from an exported backbone or a Lightning checkpoint of an mmoe task."""
+def load_checkpoint_file(path: str | Path, what: str = "checkpoint", expected: str = BACKBONE_FILES) -> dict:
+    """The dict ``torch.save``d in ``path``, loaded with ``weights_only=True`` on the CPU.
+
+    Args:
+        path: the file.
+        what: what the file is to the caller, first word of the errors (``"checkpoint"``, ``"visual codebook"``).
+        expected: what the file should be, named when it is not.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        ValueError: ``path`` is not a readable ``torch.save`` file of a dict (empty, truncated, another format), or it
+            asks to import a class or function outside the allowed ones; one line naming ``path``.
+    """
     path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{what} {path} does not exist")
     if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {path} does not exist")
+        raise ValueError(f"{what} {path} is not a file (expected {expected})")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as error:  # noqa: BLE001 - any unpickling failure is reported the same way
-        raise ValueError(f"checkpoint {path} could not be read: {error}") from error
+        with warnings.catch_warnings():  # e.g. "Detected pickle protocol 4": the error below says it all
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # noqa: BLE001 - torch raises many types for a bad file; each is reported in one line
+        refused = re.search(r"GLOBAL ([\w.]+)", str(error)) if isinstance(error, pickle.UnpicklingError) else None
+        if refused:
+            raise ValueError(
+                f"{what} {path} was refused: it asks to import {refused.group(1)}, and mmoe loads only tensors, "
+                "numbers, strings, lists, dicts and its own configs from a checkpoint (nothing in the file was run)"
+            ) from None
+        raise ValueError(f"{what} {path} could not be read: {unreadable_reason(path)} (expected {expected})") from None
     if not isinstance(state, dict):
-        raise ValueError(f"checkpoint {path} holds a {type(state).__name__}, expected a dict")
+        raise ValueError(f"{what} {path} holds a {type(state).__name__}, expected a dict ({expected})")
+    return state
+
+
+def unreadable_reason(path: Path) -> str:
+    """Why ``torch.load`` failed on ``path``, in words, from its first bytes."""
+    with path.open("rb") as file:
+        head = file.read(len(ZIP_MAGIC))
+    if not head:
+        return "the file is empty"
+    if head == ZIP_MAGIC:
+        return "the file is truncated or corrupted (its zip archive cannot be read)"
+    return "the file is not in torch.save's format"
+
+
+def read_backbone_state(path: str | Path) -> tuple[MultiwayConfig, dict[str, torch.Tensor]]:
+    """(config, backbone state dict) from an exported backbone or a Lightning checkpoint of an mmoe task; errors as
+    :func:`load_checkpoint_file`'s."""
+    state = load_checkpoint_file(path)
     if state.get("format") == BACKBONE_FORMAT:
-        return config_from_dict(state["config"]), state["state_dict"]
-    hyper_parameters = state.get("hyper_parameters", {})
-    config = hyper_parameters.get("backbone")
-    if config is None or "state_dict" not in state:
+        config, weights = state.get("config"), state.get("state_dict")
+    else:
+        hyper_parameters = state.get("hyper_parameters")
+        config = hyper_parameters.get("backbone") if isinstance(hyper_parameters, dict) else None
+        weights = state.get("state_dict")
+        if isinstance(weights, dict):
+            weights = {k[len(PREFIX) :]: v for k, v in weights.items() if k.startswith(PREFIX)}
+    if isinstance(config, dict):
+        try:
+            config = config_from_dict(config)
+        except (TypeError, ValueError) as error:  # a field this MultiwayConfig does not have, or a bad value
+            raise ValueError(f"checkpoint {path} holds a backbone config this mmoe cannot build: {error}") from None
+    if not isinstance(config, MultiwayConfig) or not isinstance(weights, dict):
         raise ValueError(
             f"checkpoint {path} is neither an exported mmoe backbone nor a Lightning checkpoint of an mmoe task "
             "(expected hyper_parameters.backbone and state_dict)"
         )
-    if isinstance(config, dict):
-        config = config_from_dict(config)
-    weights = {k[len(PREFIX) :]: v for k, v in state["state_dict"].items() if k.startswith(PREFIX)}
     return config, weights
 
 
@@ -76,5 +136,9 @@ def load_backbone(path: str | Path, **config_overrides) -> MultiwayTransformer:
     if config_overrides:
         config = dataclasses.replace(config, **config_overrides)
     backbone = MultiwayTransformer(config)
-    backbone.load_state_dict(weights)
+    try:
+        backbone.load_state_dict(weights)
+    except RuntimeError as error:  # missing, unexpected or mis-shaped weights
+        detail = " ".join(str(error).split())  # torch lists the keys on several lines
+        raise ValueError(f"checkpoint {path} does not match its own config: {detail}") from None
     return backbone

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mmoe.tasks.checkpoint import atomic_save
+from mmoe.tasks.checkpoint import atomic_save, load_checkpoint_file
 
 CODEBOOK_FORMAT = "mmoe-visual-codebook"
 
@@ -76,8 +76,8 @@ class PatchCodebook(nn.Module):
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"visual codebook {path} does not exist (make one with `mmoe tokenizer fit`)")
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        if not isinstance(state, dict) or state.get("format") != CODEBOOK_FORMAT:
+        state = load_checkpoint_file(path, "visual codebook", "an mmoe visual codebook written by mmoe tokenizer fit")
+        if state.get("format") != CODEBOOK_FORMAT:
             raise ValueError(f"{path} is not an mmoe visual codebook (expected format {CODEBOOK_FORMAT!r})")
         return cls(state["centroids"], state["patch_size"], state["pool"])
 
