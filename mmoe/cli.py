@@ -35,7 +35,8 @@ def moe_info(argv: Sequence[str]) -> int:
     try:
         config = parser.instantiate(args).moe
     except ValueError as error:
-        parser.error(str(error))
+        print(f"mmoe moe-info: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
     dense_parameters = 2 * config.dim * config.ffn_dim + config.ffn_dim + config.dim
     report = {
         "config": {name: getattr(config, name) for name in MoEConfig.__dataclass_fields__},

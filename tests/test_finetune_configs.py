@@ -1,5 +1,5 @@
 """Every YAML in configs/finetune parses with the ``mmoe fit`` parser (LightningCLI ``--print_config``, in-process),
-names an mmoe fine-tuning task and a DataModule, and gives the cosine schedule a length."""
+names an mmoe fine-tuning task and a DataModule, gives the cosine schedule a length and the image size once."""
 
 from __future__ import annotations
 
@@ -34,4 +34,6 @@ def test_config_parses_with_the_fit_parser(path, monkeypatch):
     assert data["class_path"].startswith("mmoe.data.datamodules.")
     assert config["trainer"]["max_steps"] > 0  # iterable loaders: the schedule needs a step count
     assert config["trainer"]["check_val_every_n_epoch"] is None
-    assert model["init_args"]["backbone"]["image_size"] == data["init_args"]["image_size"]
+    # The data's image size is the backbone's, linked by the CLI: given once, in the model.
+    assert "image_size" not in yaml.safe_load(path.read_text())["data"]["init_args"]
+    assert "image_size" in model["init_args"]["backbone"]

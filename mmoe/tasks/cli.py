@@ -3,16 +3,60 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import importlib
+import inspect
 import json
 import sys
-from collections.abc import Sequence
+import traceback
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any, NoReturn
 
 import lightning as L
-import torch
+from jsonargparse import Namespace
+from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+from mmoe.tasks.checkpoint import load_checkpoint_file
+
+#: Where mmoe's code lives: errors raised there are mmoe's own messages (:func:`input_error`).
+PACKAGE = Path(__file__).resolve().parents[1]
+
 LIGHTNING_SUBCOMMANDS = ("fit", "validate", "test", "predict")
+#: What ``--ckpt_path`` must be, as its errors name it.
+TASK_CHECKPOINT = "a Lightning checkpoint of an mmoe task, written by mmoe fit"
+
+
+def backbone_image_size(backbone) -> int:
+    return backbone.config.image_size
+
+
+def backbone_patch_size(backbone) -> int:
+    return backbone.config.patch_size
+
+
+def answer_vocab(hparams) -> str | None:
+    return hparams.get("answer_vocab")
+
+
+@dataclasses.dataclass(frozen=True)
+class DataLink:
+    """A data argument set from the instantiated model: ``value(getattr(model, attribute))``, which is the model's
+    argument ``model_argument``."""
+
+    attribute: str
+    model_argument: str
+    value: Callable[[Any], Any]
+
+
+#: Data arguments that follow the model: its backbone's image and patch size (a ``pretrained`` backbone's come from
+#: its checkpoint) and the VQA answer vocabulary. A DataModule without the argument is left alone.
+DATA_LINKS = {
+    "image_size": DataLink("backbone", "model.init_args.backbone.image_size", backbone_image_size),
+    "patch_size": DataLink("backbone", "model.init_args.backbone.patch_size", backbone_patch_size),
+    "answer_vocab": DataLink("hparams", "model.init_args.answer_vocab", answer_vocab),
+}
 
 
 class MMoECLI(LightningCLI):
@@ -21,24 +65,82 @@ class MMoECLI(LightningCLI):
     Every knob is a typed ``__init__`` argument, so ``mmoe fit --help`` and ``--print_config`` explain the run, and
     an unknown key in a config is an error.
 
-    With ``--ckpt_path`` LightningCLI sets the model's arguments to the hyper-parameters saved in the checkpoint, over
-    the config file; here a model argument named on the command line (``--model.init_args.num_beams 5``) keeps its
-    value, so decoding and output options can change between training and prediction.
+    Settings the model and the data both need are given once, to the model, and linked to the data
+    (:data:`DATA_LINKS`); a data value given anyway must agree with the model's.
+
+    With ``--ckpt_path`` the checkpoint must be one of the config's task (``model.class_path``), and LightningCLI sets
+    the model's arguments to the hyper-parameters saved in the checkpoint, over the config file; here a model argument
+    named on the command line (``--model.init_args.num_beams 5``) keeps its value, so decoding and output options can
+    change between training and prediction. Each value that differs between the checkpoint and the config is named on
+    stderr with the one used. Checkpoints are loaded with ``weights_only=True``: no code runs from them.
+
+    Bad input (an invalid config value, an unreadable checkpoint, a checkpoint of another task) ends with one line on
+    stderr and exit code 2.
     """
+
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        # No ``--weights_only`` option: checkpoints are always loaded with weights_only=True.
+        return {name: skip | {"weights_only"} for name, skip in LightningCLI.subcommands().items()}
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        for name, link in DATA_LINKS.items():
+            source = f"model.{link.attribute}"
+            parser.link_arguments(source, f"data.init_args.{name}", compute_fn=link.value, apply_on="instantiate")
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         self.command_line_model_arguments = command_line_model_arguments(sys.argv[1:] if args is None else args)
         super().parse_arguments(parser, args)
 
+    def fail(self, message: str) -> NoReturn:
+        """Ends the command with ``message`` in one line on stderr and exit code 2."""
+        command = " ".join(["mmoe", *filter(None, [self.config.get("subcommand")])])
+        print(f"{command}: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+    def _prepare_subcommand_kwargs(self, subcommand: str) -> dict[str, Any]:
+        return super()._prepare_subcommand_kwargs(subcommand) | {"weights_only": True}
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        """LightningCLI's, with mmoe's errors about the input (a missing shard, a schedule without a length) and
+        weights that do not fit the model reported in one line."""
+        try:
+            super()._run_subcommand(subcommand)
+        except (FileNotFoundError, ValueError) as error:
+            cause = input_error(error)
+            if cause is None:
+                raise
+            self.fail(one_line(cause))
+        except RuntimeError as error:
+            if not str(error).startswith("Error(s) in loading state_dict"):
+                raise
+            ckpt_path = self.config[subcommand].get("ckpt_path")
+            self.fail(f"--ckpt_path {ckpt_path} does not fit the model the config builds: {one_line(error)}")
+
     def _parse_ckpt_path(self) -> None:
         """LightningCLI's merge of the checkpoint's hyper-parameters into the config, less the arguments named on the
-        command line."""
+        command line, once the checkpoint is known to be a readable one of the config's task."""
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
-        if not ckpt_path or not Path(ckpt_path).is_file():
+        if not ckpt_path or not is_file_name(str(ckpt_path)):
             return
-        hparams = torch.load(ckpt_path, weights_only=True, map_location="cpu").get("hyper_parameters", {})
-        for name in ("_instantiator", *self.command_line_model_arguments):
+        try:
+            state = load_checkpoint_file(ckpt_path, "--ckpt_path", TASK_CHECKPOINT)
+        except (FileNotFoundError, ValueError) as error:
+            self.fail(str(error))
+        hparams = dict(state.get("hyper_parameters") or {})
+        del state  # the weights: Lightning loads the file again to restore them
+        hparams.pop("_instantiator", None)
+        model = self.config[subcommand].get("model")
+        saved_class = hparams.get("_class_path")
+        if isinstance(model, Namespace) and saved_class and model.get("class_path") not in (None, saved_class):
+            self.fail(
+                f"--ckpt_path {ckpt_path} is a checkpoint of {saved_class}, but the config's model.class_path is "
+                f"{model.class_path}: give the config of the task the checkpoint was trained for"
+            )
+        if isinstance(model, Namespace) and isinstance(model.get("init_args"), Namespace):
+            self.report_differences(str(ckpt_path), hparams, model.init_args.as_dict())
+        for name in self.command_line_model_arguments:
             hparams.pop(name, None)
         if "_class_path" in hparams:
             hparams = {"class_path": hparams.pop("_class_path"), "dict_kwargs": hparams}
@@ -49,6 +151,134 @@ class MMoECLI(LightningCLI):
         except SystemExit:
             print(f"mmoe {subcommand}: the hyper-parameters saved in {ckpt_path} do not parse (above)", file=sys.stderr)
             raise
+
+    def report_differences(self, ckpt_path: str, saved: dict, given: dict) -> None:
+        """One stderr line per model value that differs between the checkpoint and the config, naming the one used:
+        the checkpoint's, or the command line's for arguments named there."""
+        if rank_zero_only.rank != 0:
+            return
+        for name, value in saved.items():
+            if name.startswith("_") or name not in given or stored_by_design(name, value, given[name]):
+                continue
+            for key, ours, theirs in differences(value, given[name], f"model.init_args.{name}"):
+                if key.endswith(".moe.frozen") and saved.get("frozen_routing"):
+                    continue  # frozen_routing stores the architecture it built, with frozen MoE layers
+                if name in self.command_line_model_arguments:
+                    choice = f"command line {show(theirs)} used over checkpoint {show(ours)}"
+                else:
+                    choice = f"checkpoint {show(ours)} used over config {show(theirs)}"
+                print(f"mmoe {self.config['subcommand']}: --ckpt_path {ckpt_path}: {key}: {choice}", file=sys.stderr)
+
+    def instantiate_classes(self) -> None:
+        """LightningCLI's, with an invalid value (a config's ``ValueError``, a missing file) reported in one line, and
+        the data values given for linked arguments checked against the model's."""
+        given = self.given_linked_values()
+        try:
+            super().instantiate_classes()
+        except (FileNotFoundError, ValueError) as error:
+            cause = input_error(error)
+            if cause is None:
+                raise
+            self.fail(one_line(cause))
+        for name, value in given.items():
+            link = DATA_LINKS[name]
+            if not hasattr(self.model, link.attribute):  # not an mmoe task: nothing was linked
+                continue
+            linked = link.value(getattr(self.model, link.attribute))
+            if not same_value(value, linked):
+                self.fail(
+                    f"data.init_args.{name}={value} disagrees with {link.model_argument}={linked} (the data's {name} "
+                    "follows the model's: leave it out of the data arguments)"
+                )
+
+    def given_linked_values(self) -> dict[str, Any]:
+        """The values the config gives to linked data arguments (:data:`DATA_LINKS`), less those equal to the
+        DataModule's defaults (which a config cannot be told apart from)."""
+        data = self._get(self.config, "data")
+        if not isinstance(data, Namespace) or not isinstance(data.get("init_args"), Namespace):
+            return {}
+        parameters = init_parameters(data.get("class_path"))
+        given = {}
+        for name in DATA_LINKS:
+            value = data.init_args.get(name)
+            if name in parameters and value is not None and value != parameters[name].default:
+                given[name] = value
+        return given
+
+
+def stored_by_design(name: str, saved: Any, given: Any) -> bool:
+    """Whether a checkpoint's value of model argument ``name`` differs from the config's by design: ``backbone:
+    null`` in a config means "the checkpoint's architecture", and a fine-tuning checkpoint stores no ``pretrained``
+    file (its own weights replace it)."""
+    return (name == "backbone" and given is None) or (name == "pretrained" and saved is None)
+
+
+def is_file_name(ckpt_path: str) -> bool:
+    """Whether a ``--ckpt_path`` names a local file, not one of Lightning's keywords or a URL."""
+    keyword = ckpt_path in ("best", "last", "hpc") or ckpt_path.lower().split(":", 1)[0] == "registry"
+    return not keyword and "://" not in ckpt_path
+
+
+def init_parameters(class_path: str | None) -> Mapping[str, inspect.Parameter]:
+    """The ``__init__`` parameters of the class at ``class_path``; empty when it cannot be imported."""
+    module, _, name = (class_path or "").rpartition(".")
+    try:
+        return inspect.signature(getattr(importlib.import_module(module), name)).parameters
+    except (ImportError, AttributeError, ValueError, TypeError):
+        return {}
+
+
+def differences(saved: Any, given: Any, key: str) -> Iterator[tuple[str, Any, Any]]:
+    """(key, saved, given) for each value that differs between ``saved`` and ``given``; dicts compared per key."""
+    saved, given = plain(saved), plain(given)
+    if isinstance(saved, dict) and isinstance(given, dict):
+        for name in [*saved, *(name for name in given if name not in saved)]:
+            yield from differences(saved.get(name), given.get(name), f"{key}.{name}")
+    elif saved != given:
+        yield key, saved, given
+
+
+def plain(value: Any) -> Any:
+    """``value`` with Namespaces as dicts and tuples as lists, as a checkpoint holds them."""
+    if isinstance(value, Namespace):
+        value = value.as_dict()
+    if isinstance(value, dict):
+        return {name: plain(item) for name, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(item) for item in value]
+    return value
+
+
+def show(value: Any) -> str:
+    return json.dumps(value, default=str)
+
+
+def one_line(error: BaseException) -> str:
+    return " ".join(str(error).split())
+
+
+def same_value(given: Any, linked: Any) -> bool:
+    """Whether a data value given in a config agrees with the model's: equal, or both name files with the same
+    bytes (a vocabulary at another path)."""
+    if given == linked:
+        return True
+    if isinstance(given, str) and isinstance(linked, str):
+        first, second = Path(given), Path(linked)
+        return first.is_file() and second.is_file() and first.read_bytes() == second.read_bytes()
+    return False
+
+
+def input_error(error: BaseException | None) -> BaseException | None:
+    """The innermost error about the input that mmoe's own code raised (a ``ValueError`` or ``FileNotFoundError``,
+    e.g. a config's validation) under the errors jsonargparse wraps around it while instantiating; None if none."""
+    found = None
+    while error is not None:
+        frames = traceback.extract_tb(error.__traceback__)
+        raised_by_mmoe = bool(frames) and Path(frames[-1].filename).is_relative_to(PACKAGE)
+        if raised_by_mmoe and isinstance(error, (FileNotFoundError, ValueError)):
+            found = error
+        error = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
+    return found
 
 
 def command_line_model_arguments(args) -> set[str]:
