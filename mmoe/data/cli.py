@@ -10,7 +10,9 @@ mmoe data convert text --text corpus.txt [more.txt ...] --out OUT [--name text]
 mmoe data synth --out DIR [--size tiny|small|medium|large] [--seed 0] [--shards]
 ```
 
-Each ``convert`` prints its manifest (JSON) on stdout; skipped images go to stderr.
+Each ``convert`` prints its manifest (JSON) on stdout; skipped images go to stderr. Bad options or input files give
+one line on stderr and exit status 2 (nothing is written); a failure while writing (e.g. a full disk) gives one
+line and exit status 1, and the split folder keeps what it held.
 """  # noqa: E501
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ from mmoe.data.converters import (
     convert_tsv,
     convert_vqav2,
 )
+from mmoe.data.converters.common import check_shard_size
+from mmoe.data.converters.staging import OutputFolderError, output_folder
+from mmoe.data.shards import check_shard_name
 
 
 def _common(parser: argparse.ArgumentParser, name_default: str | None = None) -> None:
@@ -92,7 +97,22 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_arguments(args: argparse.Namespace) -> None:
+    """The options every converter shares, checked before any input file is read."""
+    check_shard_size(args.shard_size)
+    if args.name is not None:
+        try:
+            check_shard_name(args.name)
+        except ValueError as error:
+            raise ConversionError(f"--name: {error}") from None
+    try:
+        output_folder(args.out)
+    except OutputFolderError as error:
+        raise ConversionError(str(error)) from None
+
+
 def _convert(args: argparse.Namespace):
+    check_arguments(args)
     if args.source == "vqav2":
         return convert_vqav2(
             args.questions, args.images, args.out, args.annotations, args.answer_vocab, args.min_answer_count,
@@ -137,5 +157,8 @@ def data_command(argv: Sequence[str]) -> int:
     except ConversionError as error:
         print(f"mmoe data {args.command}: error: {error}", file=sys.stderr)
         return 2
+    except OSError as error:
+        print(f"mmoe data {args.command}: error: {error}", file=sys.stderr)
+        return 1
     print(json.dumps(result, indent=2))
     return 0

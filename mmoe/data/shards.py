@@ -5,7 +5,9 @@ A sample is a dict with ``__key__`` and one entry per file extension: ``jpg`` / 
 Each sample becomes the tar members ``<key>.<extension>``, which webdataset groups back into one sample.
 
 Shards are written as ``.<name>-000000.tar.tmp`` and renamed to ``<name>-000000.tar`` once closed, so a shard with
-its final name is always complete; ``manifest.json`` is written last, the same way.
+its final name is always complete; ``manifest.json`` is written last, the same way. The converters write a whole split
+into a staging folder and swap it in at the end (:mod:`mmoe.data.converters.staging`), so a split folder is always one
+whole conversion; :func:`resolve_shards` refuses a folder whose shards and manifest disagree.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import glob
 import io
 import json
 import os
+import re
 import tarfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +26,7 @@ from typing import Any
 from webdataset.shardlists import expand_urls
 
 MANIFEST = "manifest.json"
+_SHARD_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 def encode_value(extension: str, value: Any) -> bytes:
@@ -34,6 +38,16 @@ def encode_value(extension: str, value: Any) -> bytes:
     if extension.endswith("json"):
         return json.dumps(value, ensure_ascii=False, sort_keys=True).encode("utf-8")
     raise TypeError(f"cannot store a {type(value).__name__} under extension {extension!r}; give bytes, str or json")
+
+
+def check_shard_name(name: str) -> str:
+    """A shard name prefix starts with a letter or digit and holds only letters, digits, ``.``, ``_`` and ``-``: it
+    names files in one folder (no ``/``) that :func:`resolve_shards` finds again (no glob or brace characters)."""
+    if not isinstance(name, str) or not _SHARD_NAME.fullmatch(name) or len(name) > 200:
+        raise ValueError(
+            f"shard name {name!r} must start with a letter or digit and hold only letters, digits, '.', '_' and '-'"
+        )
+    return name
 
 
 def check_key(key: str) -> str:
@@ -58,12 +72,13 @@ class ShardWriter:
     def __init__(self, out: str | os.PathLike, name: str, max_count: int = 1000, max_bytes: int = 1 << 30) -> None:
         if max_count < 1 or max_bytes < 1:
             raise ValueError(f"ShardWriter needs max_count >= 1 and max_bytes >= 1, got {max_count}, {max_bytes}")
+        self.name = check_shard_name(name)
         self.out = Path(out)
         self.out.mkdir(parents=True, exist_ok=True)
-        self.name = name
         self.max_count = max_count
         self.max_bytes = max_bytes
         self.shards: list[str] = []
+        self.shard_samples: list[int] = []
         self.samples = 0
         self._tar: tarfile.TarFile | None = None
         self._tmp: Path | None = None
@@ -101,6 +116,7 @@ class ShardWriter:
         final = f"{self.name}-{len(self.shards):06d}.tar"
         os.replace(self._tmp, self.out / final)
         self.shards.append(final)
+        self.shard_samples.append(self._count)
         self._tar = self._tmp = None
 
     def close(self) -> list[str]:
@@ -135,7 +151,11 @@ class Manifest:
         skipped: samples left out (missing or unreadable images).
         shards: number of shards.
         shard_files: shard file names, in order.
+        shard_samples: samples in each shard, in the order of ``shard_files`` (:func:`expected_samples`: a reader
+            counts what a truncated shard lost against it). Manifests written before this field lack it.
         skipped_examples: the first few skipped image paths with the reason.
+        files: the split's other files in its folder (``answers.json``, ``caption_tokens.json``), written and swapped
+            in together with the shards.
         extra: converter-specific facts (source files, answer vocabulary size, ...).
     """
 
@@ -144,7 +164,9 @@ class Manifest:
     skipped: int
     shards: int
     shard_files: list[str]
+    shard_samples: list[int] = field(default_factory=list)
     skipped_examples: list[str] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -154,12 +176,16 @@ class Manifest:
             "skipped": self.skipped,
             "shards": self.shards,
             "shard_files": self.shard_files,
+            "shard_samples": self.shard_samples,
             "skipped_examples": self.skipped_examples,
+            "files": self.files,
             **self.extra,
         }
 
 
 def read_manifest(folder: str | os.PathLike) -> dict[str, Any]:
+    """The manifest of a split folder, checked: the required keys, and ``shard_files`` / ``shard_samples`` (where
+    present) agreeing with ``shards`` and naming files in the folder itself."""
     path = Path(folder) / MANIFEST
     try:
         manifest = json.loads(path.read_text())
@@ -167,23 +193,67 @@ def read_manifest(folder: str | os.PathLike) -> dict[str, Any]:
         raise ValueError(f"{path}: not valid JSON ({error})") from None
     if not isinstance(manifest, dict) or not {"name", "samples", "skipped", "shards"} <= manifest.keys():
         raise ValueError(f"{path}: a manifest needs the keys name, samples, skipped, shards")
+    count = manifest["shards"]
+    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+        raise ValueError(f"{path}: 'shards' must be a count, got {count!r}")
+    files = manifest.get("shard_files")
+    if files is not None:
+        if not isinstance(files, list) or not all(isinstance(f, str) and f and "/" not in f for f in files):
+            raise ValueError(f"{path}: 'shard_files' must be a list of file names in {Path(folder)}")
+        if len(files) != count:
+            raise ValueError(f"{path}: 'shards' = {count} but 'shard_files' lists {len(files)} files")
+    samples = manifest.get("shard_samples")
+    if samples is not None:
+        counts_ok = isinstance(samples, list) and all(isinstance(n, int) and n >= 0 for n in samples)
+        if files is None or not counts_ok or len(samples) != len(files):
+            raise ValueError(f"{path}: 'shard_samples' must be one sample count per entry of 'shard_files'")
     return manifest
+
+
+def _listed_shards(manifest: dict[str, Any]) -> list[str]:
+    """The shard file names a manifest lists (manifests without ``shard_files`` name them by the numbering rule)."""
+    name = manifest["name"]
+    return manifest.get("shard_files") or [f"{name}-{i:06d}.tar" for i in range(manifest["shards"])]
+
+
+def _span(files: Sequence[str]) -> str:
+    return ", ".join(files) if len(files) <= 3 else f"{files[0]} .. {files[-1]}"
+
+
+def manifest_shards(folder: str) -> list[str]:
+    """The shard paths a split folder's manifest lists, after checking that the folder agrees with it: every listed
+    shard exists, and no ``<name>-*.tar`` file is there that the manifest does not list (a shard of another
+    conversion). A disagreement is a ValueError naming the folder, the file and what the manifest expects."""
+    manifest = read_manifest(folder)
+    name, files = manifest["name"], _listed_shards(manifest)
+    expected = f"{MANIFEST} lists {len(files)} shard{'s' if len(files) != 1 else ''} of {name!r}"
+    for file_name in files:
+        if not os.path.isfile(os.path.join(folder, file_name)):
+            raise ValueError(f"{folder}: shard {file_name} is missing; {expected} ({_span(files)})")
+    listed = set(files)
+    for path in sorted(glob.glob(os.path.join(glob.escape(folder), f"{glob.escape(name)}-*.tar"))):
+        if os.path.basename(path) not in listed:
+            raise ValueError(
+                f"{folder}: {os.path.basename(path)} is not in {MANIFEST}, which lists {len(files)} shards of "
+                f"{name!r} ({_span(files) or 'none'}): a shard left over from another conversion; convert the split "
+                "again or remove the file"
+            )
+    return [os.path.join(folder, file_name) for file_name in files]
 
 
 def resolve_shards(spec: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str]:
     """Shard paths from a folder (its manifest's shards, else its ``*.tar`` files), a glob, a brace pattern
-    (``data-{000000..000009}.tar``), a single path, or a list of any of these. Raises if nothing matches."""
+    (``data-{000000..000009}.tar``), a single path, or a list of any of these. Raises FileNotFoundError if nothing
+    matches, and ValueError for a folder whose shards and manifest disagree (:func:`manifest_shards`). A truncated
+    shard is not refused here: the reader skips and counts what it loses (:func:`expected_samples`)."""
     if isinstance(spec, (list, tuple)):
         return [path for item in spec for path in resolve_shards(item)]
     text = os.fspath(spec)
     if os.path.isdir(text):
         if os.path.exists(os.path.join(text, MANIFEST)):
-            manifest = read_manifest(text)
-            count, name = manifest["shards"], manifest["name"]
-            files = manifest.get("shard_files") or [f"{name}-{i:06d}.tar" for i in range(count)]
-            paths = [os.path.join(text, name) for name in files]
+            paths = manifest_shards(text)
         else:
-            paths = sorted(glob.glob(os.path.join(text, "*.tar")))
+            paths = sorted(glob.glob(os.path.join(glob.escape(text), "*.tar")))
     elif "{" in text:
         paths = expand_urls(text)
     elif any(char in text for char in "*?["):
@@ -195,3 +265,34 @@ def resolve_shards(spec: str | os.PathLike | Sequence[str | os.PathLike]) -> lis
     if not paths:
         raise FileNotFoundError(f"no shards found for {text!r}")
     return paths
+
+
+def expected_samples(shards: Sequence[str]) -> dict[str, int]:
+    """For each shard path whose folder's manifest lists it with a sample count, that count.
+
+    Paths are taken as :func:`resolve_shards` returns them and are the keys of the result. Shards without a
+    manifest, remote shards (``pipe:``, URLs) and shards of a manifest written before ``shard_samples`` existed are
+    absent from the result. A manifest that is not valid is a ValueError (:func:`read_manifest`).
+    """
+    counts_by_folder: dict[str, dict[str, int]] = {}
+    expected: dict[str, int] = {}
+    for shard in shards:
+        path = os.fspath(shard)
+        if "://" in path or path.startswith("pipe:"):
+            continue
+        folder, file_name = os.path.split(path)
+        if folder not in counts_by_folder:
+            counts_by_folder[folder] = _manifest_counts(folder or ".")
+        count = counts_by_folder[folder].get(file_name)
+        if count is not None:
+            expected[path] = count
+    return expected
+
+
+def _manifest_counts(folder: str) -> dict[str, int]:
+    """Shard file name -> sample count from ``folder``'s manifest (empty without a manifest or its counts)."""
+    if not os.path.isfile(os.path.join(folder, MANIFEST)):
+        return {}
+    manifest = read_manifest(folder)
+    counts = manifest.get("shard_samples")
+    return {} if counts is None else dict(zip(manifest["shard_files"], counts, strict=True))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 
+import numpy as np
 from PIL import Image
 from torchvision import transforms as T
 
@@ -41,10 +42,21 @@ def eval_transform(size: int) -> T.Compose:
     return T.Compose(_whole_image(size) + _to_normalized_tensor())
 
 
+def to_rgb(image: Image.Image) -> Image.Image:
+    """``image`` as 8-bit RGB. 16-bit greyscale (Pillow modes ``I;16*``, and ``I``, which Pillow gives 16-bit PNG,
+    PGM and TIFF files) is scaled from 0..65535 to 0..255, rounding; ``convert("RGB")`` alone clips it at 255, which
+    turns nearly every pixel white."""
+    if image.mode == "I" or image.mode.startswith("I;16"):
+        values = np.asarray(image).astype(np.int64)
+        image = Image.fromarray(((np.clip(values, 0, 65535) + 128) // 257).astype(np.uint8))
+    return image.convert("RGB")
+
+
 def decode_image(data: bytes, min_side: int | None = None) -> Image.Image:
-    """Decodes image bytes to RGB. For JPEGs ``min_side`` lets libjpeg decode at a reduced scale (1/2, 1/4, 1/8)
-    that keeps both sides at least ``min_side`` pixels, which is much faster for large photos."""
+    """Decodes image bytes to 8-bit RGB (16-bit greyscale scaled, :func:`to_rgb`). For JPEGs ``min_side`` lets
+    libjpeg decode at a reduced scale (1/2, 1/4, 1/8) that keeps both sides at least ``min_side`` pixels, which is
+    much faster for large photos."""
     image = Image.open(io.BytesIO(data))
     if min_side is not None and image.format == "JPEG":
         image.draft("RGB", (min_side, min_side))
-    return image.convert("RGB")
+    return to_rgb(image)

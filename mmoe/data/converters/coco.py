@@ -7,24 +7,32 @@ images at DIR/<filepath>/<filename>). Each sample: the image, ``txt`` = the firs
 (COCO id; Karpathy ``cocoid``), ``captions``, ``file_name``. Next to the shards, ``caption_tokens.json`` lists the
 tokenizer ids the split's captions use (:func:`mmoe.data.tokenizer.token_ids_of`): the output vocabulary a captioning
 head can be restricted to (``CaptioningFineTuning(output_vocab=...)``).
+
+An image id or annotation id that appears twice is an error. The same caption twice for one image (after stripping
+spaces) is kept once: the converter prints how many it dropped and the manifest stores it as ``duplicate_captions``.
+Image paths must lie inside the image folder.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import sys
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from mmoe.atomic import write_json_atomic
+from mmoe.atomic import write_text_atomic
 from mmoe.data.converters.common import (
     ConversionError,
     Skip,
     field,
     first_existing,
+    images_folder,
+    json_text,
     list_field,
     load_json,
+    path_under,
     with_image,
     write_split,
 )
@@ -37,9 +45,46 @@ _SUBTYPE_IN_FILE = re.compile(r"^COCO_([a-z]+\d+)_")
 CAPTION_TOKENS_FILE = "caption_tokens.json"
 
 
+def caption_tokens_text(captions: Iterable[str]) -> str:
+    """The text of ``caption_tokens.json``: the ids :func:`mmoe.data.tokenizer.token_ids_of` finds in ``captions``."""
+    return json_text(token_ids_of(captions), indent=None)
+
+
 def write_caption_tokens(out: str | os.PathLike, captions: Iterable[str]) -> None:
-    """``out/caption_tokens.json``: the ids :func:`mmoe.data.tokenizer.token_ids_of` finds in ``captions``."""
-    write_json_atomic(Path(out) / CAPTION_TOKENS_FILE, token_ids_of(captions), indent=None)
+    """Writes ``out/caption_tokens.json`` for ``captions`` (a converted split gets it from :func:`write_split`)."""
+    write_text_atomic(Path(out) / CAPTION_TOKENS_FILE, caption_tokens_text(captions))
+
+
+class CaptionSet:
+    """The captions of each image, each distinct caption once; repeats are counted and the first one remembered."""
+
+    def __init__(self) -> None:
+        self.by_image: dict[int, list[str]] = {}
+        self.duplicates = 0
+        self.first_duplicate = ""
+        self._seen: set[tuple[int, str]] = set()
+
+    def add(self, image_id: int, caption: str, where: str) -> None:
+        caption = caption.strip()
+        if (image_id, caption) in self._seen:
+            self.duplicates += 1
+            self.first_duplicate = self.first_duplicate or where
+            return
+        self._seen.add((image_id, caption))
+        self.by_image.setdefault(image_id, []).append(caption)
+
+    def report(self, source: Path) -> dict[str, int]:
+        """Prints how many repeated captions were dropped; returns the manifest entry."""
+        if self.duplicates:
+            print(
+                f"{source}: dropped {self.duplicates} repeated captions (the same caption twice for one image; "
+                f"first: {self.first_duplicate})",
+                file=sys.stderr,
+            )
+        return {"duplicate_captions": self.duplicates}
+
+    def all_captions(self) -> Iterator[str]:
+        return (caption for captions in self.by_image.values() for caption in captions)
 
 
 def _sample(image_id: int, captions: list[str], file_name: str, path: Path, **extra: Any) -> dict[str, Any] | Skip:
@@ -65,37 +110,52 @@ def convert_coco_captions(
         shard_size: samples per shard.
         name: shard name; default ``coco-captions-<subtype>`` (from the file name ``captions_<subtype>.json``).
     """
-    annotations, images = Path(annotations), Path(images)
+    annotations, images = Path(annotations), images_folder(images)
     data = load_json(annotations)
     image_list = list_field(data, "images", f"{annotations}")
-    captions: dict[int, list[str]] = {}
+    if not image_list:
+        raise ConversionError(f"{annotations}: field 'images' is empty: no images to convert")
+    paths: dict[int, Path] = {}
+    captions = CaptionSet()
     for index, image in enumerate(image_list):
         where = f"{annotations}: images[{index}]"
         image_id = field(image, "id", int, where)
-        field(image, "file_name", str, where)
-        if image_id in captions:
+        if image_id in paths:
             raise ConversionError(f"{where}: image id {image_id} appears twice")
-        captions[image_id] = []
+        paths[image_id] = image_path(images, field(image, "file_name", str, where), f"{where} (id {image_id})")
+        captions.by_image[image_id] = []
+    annotation_at: dict[int, int] = {}
     for index, annotation in enumerate(data.get("annotations") or []):
         where = f"{annotations}: annotations[{index}]"
         image_id = field(annotation, "image_id", int, where)
         caption = field(annotation, "caption", str, where)
-        if image_id not in captions:
+        if "id" in annotation:
+            annotation_id = field(annotation, "id", int, where)
+            if annotation_id in annotation_at:
+                first = annotation_at[annotation_id]
+                raise ConversionError(f"{where}: annotation id {annotation_id} appears twice (first at [{first}])")
+            annotation_at[annotation_id] = index
+        if image_id not in paths:
             raise ConversionError(f"{where}: field 'image_id' = {image_id} is not in 'images'")
-        captions[image_id].append(caption.strip())
+        captions.add(image_id, caption, f"{where}, image_id {image_id}")
     subtype = annotations.stem.removeprefix("captions_")
 
     def samples() -> Iterator[dict[str, Any] | Skip]:
         for image in image_list:
-            file_name = image["file_name"]
-            match = _SUBTYPE_IN_FILE.match(file_name)
-            candidates = [images / file_name] + ([images / match.group(1) / file_name] if match else [])
-            yield _sample(image["id"], captions[image["id"]], file_name, first_existing(candidates))
+            image_id = image["id"]
+            yield _sample(image_id, captions.by_image[image_id], image["file_name"], paths[image_id])
 
-    extra = {"source": {"annotations": str(annotations)}}
-    manifest = write_split(out, name or f"coco-captions-{subtype}", samples(), shard_size, extra)
-    write_caption_tokens(out, (caption for texts in captions.values() for caption in texts))
-    return manifest
+    extra = {"source": {"annotations": str(annotations)}, **captions.report(annotations)}
+    files = {CAPTION_TOKENS_FILE: caption_tokens_text(captions.all_captions())}
+    return write_split(out, name or f"coco-captions-{subtype}", samples(), shard_size, extra, files)
+
+
+def image_path(images: Path, file_name: str, where: str) -> Path:
+    """Where a COCO ``file_name`` is: in ``images`` or in its ``<subtype>/`` folder (``COCO_val2014_...`` files in
+    ``val2014/``)."""
+    path = path_under(images, file_name, where)
+    match = _SUBTYPE_IN_FILE.match(file_name)
+    return first_existing([path] + ([images / match.group(1) / file_name] if match else []))
 
 
 def convert_karpathy(
@@ -116,31 +176,37 @@ def convert_karpathy(
         shard_size: samples per shard.
         name: shard name; default ``coco-karpathy-<split>`` (splits joined by ``-``).
     """
-    karpathy, images = Path(karpathy), Path(images)
+    karpathy, images = Path(karpathy), images_folder(images)
     splits = [s.strip() for s in split.split(",")] if isinstance(split, str) else list(split)
     unknown = [s for s in splits if s not in KARPATHY_SPLITS]
     if unknown or not splits:
         raise ConversionError(f"--split {split!r}: expected one or more of {', '.join(KARPATHY_SPLITS)}")
     data = load_json(karpathy)
-    chosen = []
+    chosen: list[tuple[dict[str, Any], Path]] = []
+    captions = CaptionSet()
     for index, image in enumerate(list_field(data, "images", f"{karpathy}")):
         where = f"{karpathy}: images[{index}]"
         if field(image, "split", str, where) not in splits:
             continue
-        field(image, "cocoid", int, where)
-        field(image, "filepath", str, where)
-        field(image, "filename", str, where)
-        sentences = list_field(image, "sentences", where)
-        raw = [field(s, "raw", str, f"{where}: sentences[{i}]").strip() for i, s in enumerate(sentences)]
-        chosen.append((image, raw))
+        cocoid = field(image, "cocoid", int, where)
+        where = f"{where} (cocoid {cocoid})"
+        if cocoid in captions.by_image:
+            raise ConversionError(f"{where}: cocoid {cocoid} appears twice in the chosen split(s)")
+        file_name = f"{field(image, 'filepath', str, where)}/{field(image, 'filename', str, where)}"
+        chosen.append((image, path_under(images, file_name, where)))
+        captions.by_image[cocoid] = []
+        for position, sentence in enumerate(list_field(image, "sentences", where)):
+            sentence_where = f"{where}: sentences[{position}]"
+            captions.add(cocoid, field(sentence, "raw", str, sentence_where), sentence_where)
+    if not chosen:
+        raise ConversionError(f"{karpathy}: no images in split {', '.join(splits)}")
 
     def samples() -> Iterator[dict[str, Any] | Skip]:
-        for image, raw in chosen:
+        for image, path in chosen:
             file_name = f"{image['filepath']}/{image['filename']}"
-            path = images / image["filepath"] / image["filename"]
-            yield _sample(image["cocoid"], raw, file_name, path, split=image["split"])
+            cocoid = image["cocoid"]
+            yield _sample(cocoid, captions.by_image[cocoid], file_name, path, split=image["split"])
 
-    extra = {"source": {"karpathy": str(karpathy), "split": splits}}
-    manifest = write_split(out, name or f"coco-karpathy-{'-'.join(splits)}", samples(), shard_size, extra)
-    write_caption_tokens(out, (caption for _, raw in chosen for caption in raw))
-    return manifest
+    extra = {"source": {"karpathy": str(karpathy), "split": splits}, **captions.report(karpathy)}
+    files = {CAPTION_TOKENS_FILE: caption_tokens_text(captions.all_captions())}
+    return write_split(out, name or f"coco-karpathy-{'-'.join(splits)}", samples(), shard_size, extra, files)

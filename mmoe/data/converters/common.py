@@ -1,8 +1,11 @@
 """What every converter shares: clear input errors, image checks, and writing shards plus a manifest.
 
 A converter validates its input files completely before writing anything; a bad record stops it with a
-:class:`ConversionError` naming the file, the line or record, the field and the value. A missing or unreadable image
-only skips its sample: it is counted in the manifest and the first few paths are printed.
+:class:`ConversionError` naming the file, the line or record, the field and the value (an image path taken from an
+input file that points outside ``--images`` is such a bad record). A missing or unreadable image only skips its
+sample: it is counted in the manifest and the first few paths are printed. A conversion without any sample is an
+error. :func:`write_split` writes a whole split beside ``OUT`` and swaps it in at the end, so ``OUT`` always holds
+one whole conversion.
 """
 
 from __future__ import annotations
@@ -11,16 +14,26 @@ import functools
 import io
 import json
 import os
+import shutil
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from PIL import Image
 
-from mmoe.atomic import write_json_atomic
-from mmoe.data.shards import MANIFEST, Manifest, ShardWriter
+from mmoe.atomic import write_json_atomic, write_text_atomic
+from mmoe.data.converters.staging import (
+    OutputFolderError,
+    check_replaceable,
+    clean_leftovers,
+    output_folder,
+    staging_folder,
+    swap_in,
+)
+from mmoe.data.shards import MANIFEST, Manifest, ShardWriter, check_shard_name
+from mmoe.data.transforms import to_rgb
 
 #: How many skipped image paths a converter prints (all are counted).
 SHOWN_SKIPS = 5
@@ -81,8 +94,9 @@ def _short(value: Any) -> str:
 def read_image(path: str) -> tuple[bytes, str]:
     """The file's bytes and the extension of its actual format (jpg / png / webp), after a full decode.
 
-    Other formats (GIF, BMP, ...) are re-encoded as PNG. Raises OSError / ValueError for a missing or unreadable
-    file. Cached, since one COCO image serves several VQA questions.
+    Other formats (GIF, BMP, TIFF, ...) are re-encoded as 8-bit RGB PNG (16-bit greyscale scaled, not clipped:
+    :func:`mmoe.data.transforms.to_rgb`). Raises OSError / ValueError for a missing or unreadable file. Cached, since
+    one COCO image serves several VQA questions.
     """
     data = Path(path).read_bytes()
     with Image.open(io.BytesIO(data)) as image:
@@ -92,7 +106,7 @@ def read_image(path: str) -> tuple[bytes, str]:
         image.load()
         if image_format not in _EXTENSION_OF_FORMAT:
             buffer = io.BytesIO()
-            image.convert("RGB").save(buffer, format="PNG")
+            to_rgb(image).save(buffer, format="PNG")
             return buffer.getvalue(), "png"
     return data, _EXTENSION_OF_FORMAT[image_format]
 
@@ -108,6 +122,26 @@ def image_or_skip(path: str | os.PathLike) -> tuple[bytes, str] | Skip:
         return Skip(path, f"unreadable ({type(error).__name__}: {error})")
 
 
+def images_folder(images: str | os.PathLike, option: str = "--images") -> Path:
+    """The image folder, which must exist (a mistyped path would otherwise skip every sample)."""
+    images = Path(images)
+    if not images.is_dir():
+        raise ConversionError(f"{option} {images}: not a folder")
+    return images
+
+
+def path_under(root: Path, relative: str, where: str) -> Path:
+    """``root / relative`` for an image path taken from an input file; a path that is absolute or climbs out of
+    ``root`` with ``..`` is a ConversionError naming ``where`` and the path. The test is on the text of the path:
+    symbolic links inside ``root`` may point anywhere."""
+    normal = os.path.normpath(relative) if relative else ""
+    if not normal or "\0" in relative or os.path.isabs(relative) or normal == os.pardir or normal.startswith("../"):
+        raise ConversionError(
+            f"{where}: image path {relative!r} is outside --images {root}; image paths must be relative to it"
+        )
+    return root / normal
+
+
 def first_existing(candidates: Iterable[Path]) -> Path:
     """The first existing path among ``candidates`` (else the first candidate, which then reads as missing)."""
     candidates = list(candidates)
@@ -120,26 +154,61 @@ def write_split(
     samples: Iterable[dict[str, Any] | Skip],
     shard_size: int = 1000,
     extra: dict[str, Any] | None = None,
+    files: Mapping[str, str] | None = None,
 ) -> Manifest:
-    """Writes ``samples`` (sample dicts, or :class:`Skip` for left-out ones) as ``OUT/<name>-%06d.tar`` shards and
-    ``OUT/manifest.json``.
+    """Writes ``samples`` (sample dicts, or :class:`Skip` for left-out ones) as ``OUT/<name>-%06d.tar`` shards,
+    ``files`` (file name -> text, e.g. ``answers.json``) and ``OUT/manifest.json``.
 
-    ``OUT`` holds one split: if it already holds a different split's manifest, this stops before writing. Shards of
-    an earlier run of the same split that the new run does not overwrite are removed after success.
+    The whole split is written into a staging folder beside ``OUT`` and swapped in at the end
+    (:mod:`mmoe.data.converters.staging`): ``OUT`` holds the complete old split until the complete new one replaces
+    it. ``OUT`` holds one split: if it holds a different split's manifest or other data, this stops before writing.
+    A conversion that writes no sample (no records, or every image skipped) is a ConversionError; ``OUT`` stays as it
+    was.
     """
-    out = Path(out)
-    previous = out / MANIFEST
-    if previous.exists():
-        try:
-            previous_name = json.loads(previous.read_text()).get("name")
-        except (json.JSONDecodeError, AttributeError):
-            previous_name = None
-        if previous_name != name:
-            raise ConversionError(
-                f"{out} already holds shards of {previous_name!r}; write {name!r} to its own --out folder"
-            )
+    try:
+        check_shard_name(name)
+    except ValueError as error:
+        raise ConversionError(f"{error}; pass a valid --name") from None
+    check_shard_size(shard_size)
+    try:
+        out = output_folder(out)
+        clean_leftovers(out)
+        check_replaceable(out, name)
+    except OutputFolderError as error:
+        raise ConversionError(str(error)) from None
+    staging = staging_folder(out)
+    try:
+        staging.mkdir(parents=True)
+    except OSError as error:
+        raise ConversionError(f"--out {out}: cannot create the staging folder {staging} ({error.strerror})") from None
+    try:
+        manifest = _write_staged(staging, out, name, samples, shard_size, extra or {}, files or {})
+        swap_in(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return manifest
+
+
+def check_shard_size(shard_size: Any) -> int:
+    """``--shard-size`` is a whole number of samples, at least 1."""
+    if not isinstance(shard_size, int) or isinstance(shard_size, bool) or shard_size < 1:
+        raise ConversionError(f"--shard-size must be a whole number >= 1 (samples per shard), got {shard_size!r}")
+    return shard_size
+
+
+def _write_staged(
+    staging: Path,
+    out: Path,
+    name: str,
+    samples: Iterable[dict[str, Any] | Skip],
+    shard_size: int,
+    extra: dict[str, Any],
+    files: Mapping[str, str],
+) -> Manifest:
+    """Writes the shards, ``files`` and the manifest into ``staging``; ``out`` is where they will be read."""
     skips: list[Skip] = []
-    with ShardWriter(out, name, max_count=shard_size) as writer:
+    with ShardWriter(staging, name, max_count=shard_size) as writer:
         for sample in samples:
             if isinstance(sample, Skip):
                 if len(skips) < SHOWN_SKIPS:
@@ -147,22 +216,45 @@ def write_split(
                 skips.append(sample)
                 continue
             writer.write(sample)
+    if writer.samples == 0:
+        raise ConversionError(_nothing_to_write(extra, skips, out))
     if len(skips) > SHOWN_SKIPS:
         print(f"skipped {len(skips) - SHOWN_SKIPS} more samples (see {out / MANIFEST})", file=sys.stderr)
-    for stale in sorted(out.glob(f"{name}-*.tar")):
-        if stale.name not in writer.shards:
-            stale.unlink()
+    for file_name, text in files.items():
+        if "/" in file_name or file_name == MANIFEST or file_name.startswith(f"{name}-"):
+            raise ValueError(f"write_split: {file_name!r} cannot be a split's extra file")
+        write_text_atomic(staging / file_name, text)
     manifest = Manifest(
         name=name,
         samples=writer.samples,
         skipped=len(skips),
         shards=len(writer.shards),
         shard_files=writer.shards,
+        shard_samples=writer.shard_samples,
         skipped_examples=[f"{skip.path}: {skip.reason}" for skip in skips[:20]],
-        extra=extra or {},
+        files=sorted(files),
+        extra=extra,
     )
-    write_json_atomic(out / MANIFEST, manifest.to_json())
+    write_json_atomic(staging / MANIFEST, manifest.to_json())
     return manifest
+
+
+def _nothing_to_write(extra: dict[str, Any], skips: list[Skip], out: Path) -> str:
+    """The error of a conversion without samples, naming its input files."""
+    source = extra.get("source") or {}
+    inputs = ", ".join(str(value) for value in source.values() if value) if isinstance(source, dict) else str(source)
+    if skips:
+        first = skips[0]
+        return (
+            f"{inputs}: all {len(skips)} samples were skipped (first: {first.path}: {first.reason}); check --images. "
+            f"Nothing was written to {out}"
+        )
+    return f"{inputs}: no samples to convert. Nothing was written to {out}"
+
+
+def json_text(value: Any, indent: int | None = 2) -> str:
+    """``value`` as the text :func:`mmoe.atomic.write_json_atomic` writes (non-ASCII kept, trailing newline)."""
+    return json.dumps(value, indent=indent, ensure_ascii=False) + "\n"
 
 
 def with_image(sample: dict[str, Any], path: Path, entry: str | None = None) -> dict[str, Any] | Skip:

@@ -1,5 +1,6 @@
 """Pre-training corpora -> shards: image folders (image-only), image-caption TSV files (pairs), text files
-(text-only, one text per line)."""
+(text-only, one text per line). A TSV image path must lie inside the image folder; an input without any sample is an
+error."""
 
 from __future__ import annotations
 
@@ -8,7 +9,15 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from mmoe.data.converters.common import IMAGE_SUFFIXES, ConversionError, Skip, with_image, write_split
+from mmoe.data.converters.common import (
+    IMAGE_SUFFIXES,
+    ConversionError,
+    Skip,
+    images_folder,
+    path_under,
+    with_image,
+    write_split,
+)
 from mmoe.data.shards import Manifest
 
 
@@ -26,9 +35,7 @@ def convert_images(
 ) -> Manifest:
     """Every image under ``images`` (recursive, sorted; .jpg .jpeg .png .webp) as an image-only sample with
     ``json`` = ``path`` (relative to ``images``)."""
-    root = Path(images)
-    if not root.is_dir():
-        raise ConversionError(f"--images {root}: not a folder")
+    root = images_folder(images)
     paths = sorted(p for p in root.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
     if not paths:
         raise ConversionError(f"--images {root}: no {'/'.join(IMAGE_SUFFIXES)} files under it")
@@ -49,7 +56,7 @@ def convert_tsv(
 ) -> Manifest:
     """Image-text pairs from a TSV file of ``image_path<TAB>caption`` lines (paths relative to ``images``); each
     sample holds the image, ``txt`` and ``json`` = ``path``, ``line``."""
-    tsv, root = Path(tsv), Path(images)
+    tsv, root = Path(tsv), images_folder(images)
     rows = []
     for number, line in enumerate(_read_lines(tsv), start=1):
         if not line.strip():
@@ -57,12 +64,15 @@ def convert_tsv(
         parts = line.split("\t")
         if len(parts) != 2 or not parts[0].strip() or not parts[1].strip():
             raise ConversionError(f"{tsv}:{number}: expected 'image_path<TAB>caption', got {line[:80]!r}")
-        rows.append((number, parts[0].strip(), parts[1].strip()))
+        path = parts[0].strip()
+        rows.append((number, path, path_under(root, path, f"{tsv}:{number}"), parts[1].strip()))
+    if not rows:
+        raise ConversionError(f"{tsv}: no 'image_path<TAB>caption' lines to convert")
 
     def samples() -> Iterator[dict[str, Any] | Skip]:
-        for index, (number, path, caption) in enumerate(rows):
+        for index, (number, path, file, caption) in enumerate(rows):
             sample = {"__key__": f"{index:09d}", "txt": caption, "json": {"path": path, "line": number}}
-            yield with_image(sample, root / path)
+            yield with_image(sample, file)
 
     return write_split(out, name, samples(), shard_size, {"source": {"tsv": str(tsv), "images": str(root)}})
 
@@ -74,6 +84,8 @@ def convert_text(
     if not texts:
         raise ConversionError("--text: give at least one file")
     files = [(Path(path), _read_lines(Path(path))) for path in texts]
+    if not any(line.strip() for _, lines in files for line in lines):
+        raise ConversionError(f"--text {' '.join(str(path) for path, _ in files)}: no non-empty lines to convert")
 
     def samples() -> Iterator[dict[str, Any]]:
         index = 0

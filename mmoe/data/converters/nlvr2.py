@@ -5,6 +5,11 @@ Its two images are found anywhere under DIR by the official naming rule:
 ``'-'.join(identifier.split('-')[:3]) + '-img0.png'`` (left) and ``'-img1.png'`` (right). Each sample holds
 ``left.png``, ``right.png`` (the files' bytes), ``txt`` = the sentence and ``json`` = ``identifier``, ``sentence``,
 ``label`` (true / false / null), ``left``, ``right`` (file names).
+
+Labels are the official ``"True"`` / ``"False"`` strings (any case) or JSON booleans; anything else is an error. A
+split is labelled throughout or not at all: a record without a label in a labelled file is an error naming its line
+and identifier, and a file in which no record has a label (a hidden test split) converts as an unlabelled split, with
+``"labelled": false`` in its manifest (``true`` otherwise) and ``label`` null in every sample.
 """
 
 from __future__ import annotations
@@ -12,10 +17,19 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mmoe.data.converters.common import ConversionError, Skip, field, image_or_skip, iter_json_lines, write_split
+from mmoe.data.converters.common import (
+    ConversionError,
+    Skip,
+    field,
+    image_or_skip,
+    images_folder,
+    iter_json_lines,
+    write_split,
+)
 from mmoe.data.shards import Manifest
 
 
@@ -46,14 +60,64 @@ def index_images(root: Path) -> dict[str, Path]:
     return found
 
 
-def parse_label(value: Any, where: str) -> bool | None:
+@dataclass
+class Record:
+    """One line of an NLVR2 file."""
+
+    line: int
+    identifier: str
+    sentence: str
+    label: bool | None
+
+
+def parse_label(value: Any, where: str, identifier: str = "") -> bool | None:
+    """``"True"`` / ``"False"`` (any case) or a boolean; None for a missing (null) label."""
     if value is None:
         return None
     if isinstance(value, bool):
         return value
     if isinstance(value, str) and value.lower() in ("true", "false"):
         return value.lower() == "true"
-    raise ConversionError(f'{where}: field \'label\' must be "True" or "False", got {value!r}')
+    of = f" of {identifier!r}" if identifier else ""
+    raise ConversionError(f'{where}: field \'label\'{of} must be "True" or "False", got {value!r}')
+
+
+def read_records(data: Path) -> list[Record]:
+    """The validated records of an NLVR2 file: identifiers well-formed and unique, labels all present or all absent."""
+    records: list[Record] = []
+    seen: set[str] = set()
+    for number, record in iter_json_lines(data):
+        where = f"{data}:{number}"
+        identifier = field(record, "identifier", str, where)
+        if len(identifier.split("-")) < 4 or "." in identifier or "/" in identifier:
+            raise ConversionError(f"{where}: field 'identifier' must read split-set-pair-sentence, got {identifier!r}")
+        if identifier in seen:
+            raise ConversionError(f"{where}: field 'identifier' = {identifier!r} appears twice")
+        seen.add(identifier)
+        sentence = field(record, "sentence", str, where)
+        label = parse_label(record.get("label"), where, identifier)
+        records.append(Record(number, identifier, sentence, label))
+    if not records:
+        raise ConversionError(f"{data}: no records to convert")
+    check_labels(data, records)
+    return records
+
+
+def check_labels(data: Path, records: list[Record]) -> None:
+    """A record without a label in a file where others have one is an error naming both."""
+    labelled = next((record for record in records if record.label is not None), None)
+    unlabelled = next((record for record in records if record.label is None), None)
+    if labelled is not None and unlabelled is not None:
+        raise ConversionError(
+            f"{data}:{unlabelled.line}: record {unlabelled.identifier!r} has no field 'label', but line "
+            f"{labelled.line} ({labelled.identifier!r}) has one; a split is labelled throughout or not at all"
+        )
+    if labelled is None:
+        print(
+            f"{data}: no record has a 'label': converted as an unlabelled split (for predictions; training and "
+            "evaluation need labels)",
+            file=sys.stderr,
+        )
 
 
 def convert_nlvr2(
@@ -72,23 +136,13 @@ def convert_nlvr2(
         shard_size: samples per shard.
         name: shard name; default ``nlvr2-<file stem>`` (e.g. ``nlvr2-dev``).
     """
-    data, images = Path(data), Path(images)
-    records = []
-    seen: set[str] = set()
-    for number, record in iter_json_lines(data):
-        where = f"{data}:{number}"
-        identifier = field(record, "identifier", str, where)
-        if len(identifier.split("-")) < 4 or "." in identifier or "/" in identifier:
-            raise ConversionError(f"{where}: field 'identifier' must read split-set-pair-sentence, got {identifier!r}")
-        if identifier in seen:
-            raise ConversionError(f"{where}: field 'identifier' = {identifier!r} appears twice")
-        seen.add(identifier)
-        sentence = field(record, "sentence", str, where)
-        records.append((identifier, sentence, parse_label(record.get("label"), where)))
+    data, images = Path(data), images_folder(images)
+    records = read_records(data)
     found = index_images(images)
 
     def samples() -> Iterator[dict[str, Any] | Skip]:
-        for identifier, sentence, label in records:
+        for record in records:
+            identifier, sentence, label = record.identifier, record.sentence, record.label
             left, right = image_names(identifier)
             sample: dict[str, Any] = {"__key__": identifier, "txt": sentence}
             for entry, file_name in (("left.png", left), ("right.png", right)):
@@ -107,5 +161,5 @@ def convert_nlvr2(
                 }
                 yield sample
 
-    extra = {"source": {"data": str(data)}}
+    extra = {"source": {"data": str(data)}, "labelled": records[0].label is not None}
     return write_split(out, name or f"nlvr2-{data.stem}", samples(), shard_size, extra)

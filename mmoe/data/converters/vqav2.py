@@ -5,24 +5,28 @@ images ``COCO_<image subtype>_<image_id:012d>.jpg`` in DIR or DIR/<image subtype
 images). Each sample: the image, ``txt`` = the question, ``json`` = ``question_id``, ``image_id``, ``question``,
 ``data_subtype`` and, with annotations, the 10 human ``answers``, ``multiple_choice_answer``, ``answer_type``,
 ``question_type``, and ``labels`` / ``scores`` (soft targets over the answer vocabulary). The training split writes
-``OUT/answers.json`` (a JSON list; index = class label); other annotated splits read it with ``answer_vocab``.
+``OUT/answers.json`` (a JSON list; index = class label), swapped in with its shards; other annotated splits read it
+with ``answer_vocab``. A question id that appears twice in the questions file, or twice in the annotations, is an
+error.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from mmoe.atomic import write_json_atomic
 from mmoe.data.answers import VocabIndex, build_answer_vocab, soft_targets
 from mmoe.data.converters.common import (
     ConversionError,
     Skip,
     field,
     first_existing,
+    images_folder,
+    json_text,
     list_field,
     load_json,
     with_image,
@@ -57,11 +61,19 @@ def read_questions(path: Path) -> tuple[str, list[dict[str, Any]]]:
         subtype = match.group(1)
     if not isinstance(subtype, str) or not subtype:
         raise ConversionError(f"{path}: field 'data_subtype' must be a non-empty string, got {subtype!r}")
+    if not questions:
+        raise ConversionError(f"{path}: field 'questions' is empty: no questions to convert")
+    first_at: dict[int, int] = {}
     for index, question in enumerate(questions):
         where = f"{path}: questions[{index}]"
-        field(question, "question_id", int, where)
+        question_id = field(question, "question_id", int, where)
         field(question, "image_id", int, where)
         field(question, "question", str, where)
+        if question_id in first_at:
+            raise ConversionError(
+                f"{where}: question_id {question_id} appears twice (first at questions[{first_at[question_id]}])"
+            )
+        first_at[question_id] = index
     return subtype, questions
 
 
@@ -70,10 +82,17 @@ def read_annotations(path: Path, questions: list[dict[str, Any]]) -> dict[int, d
     data = load_json(path)
     annotations = list_field(data, "annotations", f"{path}")
     by_question: dict[int, dict[str, Any]] = {}
+    first_at: dict[int, int] = {}
     for index, annotation in enumerate(annotations):
         where = f"{path}: annotations[{index}]"
         question_id = field(annotation, "question_id", int, where)
         where = f"{path}: annotations[{index}] (question_id {question_id})"
+        if question_id in first_at:
+            raise ConversionError(
+                f"{where}: a second annotation for question_id {question_id} (first at annotations"
+                f"[{first_at[question_id]}])"
+            )
+        first_at[question_id] = index
         field(annotation, "image_id", int, where)
         field(annotation, "multiple_choice_answer", str, where)
         field(annotation, "answer_type", str, where)
@@ -130,7 +149,9 @@ def convert_vqav2(
         shard_size: samples per shard.
         name: shard name; default ``vqav2-<data_subtype>``.
     """
-    questions, images, out = Path(questions), Path(images), Path(out)
+    if min_answer_count < 1:
+        raise ConversionError(f"--min-answer-count must be >= 1, got {min_answer_count}")
+    questions, images = Path(questions), images_folder(images)
     subtype, question_list = read_questions(questions)
     by_question = read_annotations(Path(annotations), question_list) if annotations is not None else None
     vocab: list[str] | None = None
@@ -143,6 +164,12 @@ def convert_vqav2(
                 f"{ANSWERS_FILE}"
             )
         vocab = build_answer_vocab((a["multiple_choice_answer"] for a in by_question.values()), min_answer_count)
+        if not vocab:
+            print(
+                f"{annotations}: warning: no answer is the multiple-choice answer of {min_answer_count} or more "
+                "questions, so the answer vocabulary is empty (no question has a target); lower --min-answer-count",
+                file=sys.stderr,
+            )
     vocab_index = VocabIndex.of({answer: label for label, answer in enumerate(vocab or [])})
 
     def samples() -> Iterator[dict[str, Any] | Skip]:
@@ -171,7 +198,5 @@ def convert_vqav2(
     extra = {"source": {"questions": str(questions), "annotations": str(annotations) if annotations else None}}
     if vocab is not None:
         extra["answer_vocab_size"] = len(vocab)
-    manifest = write_split(out, name or f"vqav2-{subtype}", samples(), shard_size, extra)
-    if vocab is not None and subtype.startswith("train"):
-        write_json_atomic(out / ANSWERS_FILE, vocab)
-    return manifest
+    files = {ANSWERS_FILE: json_text(vocab)} if vocab is not None and subtype.startswith("train") else {}
+    return write_split(out, name or f"vqav2-{subtype}", samples(), shard_size, extra, files)
