@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 
 from mmoe.data.collate import PretrainCollator
 from mmoe.data.decoders import ImageDecoder, PairDecoder, TextDecoder, json_entry
-from mmoe.data.pipelines import EpochDataLoader, ShardStream, SkipCorruptSamples, StreamMixture
+from mmoe.data.pipelines import EpochDataLoader, ShardStream, StreamMixture
 from mmoe.data.shards import ShardWriter, resolve_shards
 from mmoe.data.tokenizer import TextTokenizer
 from mmoe.data.transforms import eval_transform
@@ -123,11 +123,11 @@ def test_corrupt_samples_are_skipped_counted_and_reported(tmp_path, caplog):
         json_entry(sample)
         return pair(sample)
 
-    handler = SkipCorruptSamples("pairs")
+    stream = ShardStream(paths, decode=decode, name="pairs")
     with caplog.at_level(logging.WARNING, logger="mmoe.data"):
-        items = list(ShardStream(paths, decode=decode, handler=handler))
+        items = list(stream)
     assert [item["key"] for item in items] == ["good0", "good1"]
-    assert handler.skipped == 3
+    assert stream.skipped["pairs"].corrupt == 3 and stream.skipped["pairs"].lost == 0
     text = caplog.text
     for key, reason in (("badimage", "undecodable image"), ("notext", "missing entry txt"), ("badjson", "bad JSON")):
         assert f"key {key!r}" in text and reason in text
@@ -136,19 +136,19 @@ def test_corrupt_samples_are_skipped_counted_and_reported(tmp_path, caplog):
 
 def test_skip_counts_reach_the_main_process_from_workers(tmp_path):
     paths = write_with_corruption(tmp_path / "a") + write_with_corruption(tmp_path / "b")
-    handler = SkipCorruptSamples()
-    stream = ShardStream(paths, decode=PairDecoder(eval_transform(8), TextTokenizer(16)), handler=handler)
-    items = list(DataLoader(stream, batch_size=None, num_workers=2))
-    assert len(items) == 6 and handler.skipped == 4  # the pair decoder does not read json: "badjson" passes
+    stream = ShardStream(paths, decode=PairDecoder(eval_transform(8), TextTokenizer(16)), name="pairs")
+    loader = EpochDataLoader(stream, batch_size=None, num_workers=2)
+    items = list(loader)
+    assert len(items) == 6 and loader.skipped["pairs"].corrupt == 4  # the pair decoder does not read json
 
 
 def test_truncated_shard_is_reported_not_fatal(tmp_path):
     paths = write_pairs(tmp_path, 10, 5)
     data = (tmp_path / "pairs-000000.tar").read_bytes()
     (tmp_path / "pairs-000000.tar").write_bytes(data[: len(data) // 2 + 100])
-    handler = SkipCorruptSamples()
-    keys = [int(i) for i in key_stream(paths, handler=handler)]
-    assert set(range(5, 10)) <= set(keys) and handler.skipped >= 1
+    stream = key_stream(paths, name="pairs")
+    keys = [int(i) for i in stream]
+    assert set(range(5, 10)) <= set(keys) and stream.skipped["pairs"].total >= 1  # no manifest: a lower bound
 
 
 def test_pretraining_mixture_follows_ratios_and_masks(tmp_path):

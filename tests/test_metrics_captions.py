@@ -108,6 +108,7 @@ def test_caption_cli_prints_one_json_object(tmp_path, capsys, direct):
     assert {name: report[name] for name in direct} == direct
     assert report["SPICE"] is None and report["SPICE_unavailable"] == "not requested"
     assert "warning: 1 of 3 ground-truth images have no predicted caption" in err
+    assert (report["images_scored"], report["images_total"]) == (2, 3)
     argv = ["caption", "--annotations", str(annotations), "--results", str(results), "--no-spice", "--no-meteor"]
     assert eval_command(argv) == 0
     report = json.loads(capsys.readouterr().out)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 
 import lightning as L
@@ -26,8 +27,17 @@ from mmoe.data.decoders import (
     VQADecoder,
 )
 from mmoe.data.masking import MaskingConfig
-from mmoe.data.pipelines import Collator, Decoder, EpochDataLoader, ShardStream, SkipCorruptSamples, StreamMixture
-from mmoe.data.shards import resolve_shards
+from mmoe.data.pipelines import (
+    Collator,
+    Decoder,
+    EpochDataLoader,
+    ShardStream,
+    SkipCount,
+    StreamMixture,
+    add_skips,
+    describe_skips,
+)
+from mmoe.data.shards import expected_samples, resolve_shards
 from mmoe.data.tokenizer import TextTokenizer
 from mmoe.data.transforms import eval_transform, train_transform
 
@@ -39,19 +49,20 @@ def _min_side(image_size: int, crop_scale: tuple[float, float] | None) -> int:
     return image_size if crop_scale is None else math.ceil(image_size / math.sqrt(crop_scale[0]))
 
 
-def _loader(dataset, num_workers: int) -> EpochDataLoader:
-    return EpochDataLoader(dataset, batch_size=None, num_workers=num_workers, pin_memory=torch.cuda.is_available())
-
-
 class _ShardDataModule(L.LightningDataModule):
-    """What the DataModules share: building shard streams, loaders, and counting skipped samples."""
+    """What the DataModules share: building shard streams and loaders, and counting the samples they skipped.
+
+    Loaders are resumable (:class:`EpochDataLoader`: Lightning saves the training loader's position in checkpoints).
+    Skipped samples (corrupt, or lost from truncated shards) are counted per stream (``skipped_samples``) and
+    reported on stderr when fit / validate / test / predict ends.
+    """
 
     def __init__(self, num_workers: int, shuffle_buffer: int, seed: int) -> None:
         super().__init__()
         if num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {num_workers!r}")
         self.num_workers, self.shuffle_buffer, self.seed = num_workers, shuffle_buffer, seed
-        self.handlers: dict[str, SkipCorruptSamples] = {}
+        self.loaders: dict[str, EpochDataLoader] = {}
 
     def _stream(
         self,
@@ -63,7 +74,6 @@ class _ShardDataModule(L.LightningDataModule):
         train: bool,
         repeat: bool = False,
     ) -> ShardStream:
-        handler = self.handlers.setdefault(split, SkipCorruptSamples(split))
         return ShardStream(
             resolve_shards(shards),
             decode,
@@ -73,22 +83,45 @@ class _ShardDataModule(L.LightningDataModule):
             shuffle_buffer=self.shuffle_buffer if train else 0,
             repeat=repeat,
             seed=self.seed,
-            handler=handler,
+            name=split,
         )
+
+    def _loader(self, split: str, dataset) -> EpochDataLoader:
+        loader = EpochDataLoader(
+            dataset, batch_size=None, num_workers=self.num_workers, pin_memory=torch.cuda.is_available()
+        )
+        self.loaders[split] = loader
+        return loader
 
     @staticmethod
     def check_shards(**specs: ShardSpec) -> None:
-        """Fail at construction, naming the argument and the path, when given shards do not exist."""
+        """Fail at construction, naming the argument and the path, when given shards do not exist or do not agree
+        with their manifest."""
         for name, spec in specs.items():
             if spec:
                 try:
                     resolve_shards(spec)
                 except FileNotFoundError as error:
                     raise FileNotFoundError(f"data.{name}: {error}") from None
+                except ValueError as error:
+                    raise ValueError(f"data.{name}: {error}") from None
+
+    def skip_counts(self) -> dict[str, SkipCount]:
+        """Stream name (``train/pair``, ``val``, ...) -> samples skipped on the way to the batches used so far."""
+        totals: dict[str, SkipCount] = {}
+        for loader in self.loaders.values():
+            add_skips(totals, loader.skipped)
+        return totals
 
     def skipped_samples(self) -> dict[str, int]:
-        """Corrupt samples skipped so far per split / stream (workers included)."""
-        return {split: handler.skipped for split, handler in self.handlers.items()}
+        """Stream name -> number of samples skipped so far (corrupt or lost; DataLoader workers included)."""
+        return {stream: count.total for stream, count in self.skip_counts().items()}
+
+    def teardown(self, stage: str) -> None:
+        """Says on stderr how many samples each stream skipped in this ``stage`` (fit, validate, test, predict)."""
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else None
+        where = "" if rank is None else f" (rank {rank})"
+        print(f"mmoe {stage}: samples skipped{where}: {describe_skips(self.skip_counts())}", file=sys.stderr)
 
 
 class PretrainDataModule(_ShardDataModule):
@@ -212,12 +245,12 @@ class PretrainDataModule(_ShardDataModule):
         )
 
     def train_dataloader(self) -> EpochDataLoader:
-        return _loader(self._mixture(self.train_shards, train=True), self.num_workers)
+        return self._loader("train", self._mixture(self.train_shards, train=True))
 
     def val_dataloader(self) -> EpochDataLoader | list:
         if not any(self.val_shards.values()):
             return []
-        return _loader(self._mixture(self.val_shards, train=False), self.num_workers)
+        return self._loader("val", self._mixture(self.val_shards, train=False))
 
 
 class _FinetuneDataModule(_ShardDataModule):
@@ -266,7 +299,16 @@ class _FinetuneDataModule(_ShardDataModule):
         train = split == "train"
         size = self.batch_size if train else self.eval_batch_size
         stream = self._stream(split, self.shards[split], self._decoder(train), self._collator(train), size, train)
-        return _loader(stream, self.num_workers)
+        return self._loader(split, stream)
+
+    def split_size(self, split: str) -> int | None:
+        """Samples the ``split``'s shards hold by their manifests (``"train"``, ``"val"`` or ``"test"``); None when
+        a shard has no manifest count."""
+        if not self.shards[split]:
+            return None
+        shards = resolve_shards(self.shards[split])
+        counts = expected_samples(shards)
+        return sum(counts.values()) if len(counts) == len(shards) else None
 
     def train_dataloader(self):
         return self._split_loader("train")

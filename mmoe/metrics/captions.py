@@ -53,7 +53,8 @@ def score_captions(
 
     Returns:
         ``{"Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr", "SPICE"}`` as fractions (CIDEr can
-        exceed 1), with ``"SPICE": None`` and a one-line ``"SPICE_unavailable"`` reason when SPICE cannot run.
+        exceed 1), with ``"SPICE": None`` and a one-line ``"SPICE_unavailable"`` reason when SPICE cannot run, and
+        ``"images_scored"`` of ``"images_total"`` (the ground-truth images; a partial results file scores fewer).
 
     Raises:
         EvalInputError: no prediction, a prediction for an image without references, or a non-string caption.
@@ -73,6 +74,7 @@ def score_captions(
         report["SPICE"], reason = None, "not requested"
     if reason is not None:
         report["SPICE_unavailable"] = reason
+    report["images_scored"], report["images_total"] = len(image_ids), len(references)
     return report
 
 

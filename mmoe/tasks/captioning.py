@@ -232,6 +232,7 @@ class CaptioningFineTuning(FineTuningTask):
             self.validation_outputs.append({"image_id": image_id, "caption": caption, "references": references})
 
     def on_validation_epoch_end(self) -> None:
+        super().on_validation_epoch_end()
         outputs = {o["image_id"]: o for o in gather_objects(self.validation_outputs)}
         self.validation_outputs = []
         if not outputs or self.trainer.sanity_checking:
@@ -260,6 +261,7 @@ class CaptioningFineTuning(FineTuningTask):
 
     def on_predict_epoch_end(self) -> None:
         entries = gather_objects(self.predictions)
+        self.predicted_count = len({entry["image_id"] for entry in entries})
         if self.predictions_file is not None and self.trainer.is_global_zero:
             write_caption_results(entries, self.predictions_file)
 

@@ -9,6 +9,9 @@ fine-tuning backbone from a pre-trained checkpoint, gathering validation outputs
 * X-MoE §3.1: expert embeddings are put back to L2 norm 0.1 after every optimiser step.
 * X-MoE §3.3 frozen routing: routers and experts of the pre-trained backbone stay fixed during fine-tuning while the
   balance loss stays in the objective.
+* Exact resume: checkpoints hold the random generators' states (torch, CUDA, numpy, Python; every process's), put back
+  before the first training step after ``--ckpt_path``; the data loaders save their own position.
+* Samples the data loaders skipped (corrupt or lost) are logged as ``data/skipped/<stream>``.
 """
 
 from __future__ import annotations
@@ -16,10 +19,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import random
 from pathlib import Path
 from typing import Any, Literal
 
 import lightning as L
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -126,6 +131,40 @@ class BackboneTask(L.LightningModule):
             log[f"{stage}/requested_capacity"] = torch.stack([r.requested_capacity for r in routing]).float().mean()
         self.log_dict(log, batch_size=size, sync_dist=stage != "train")
 
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["rng_states"] = gather_objects([random_states()])
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        states = checkpoint.get("rng_states")
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+        # Put back at the first training step, not now: loaders are created (and draw worker seeds) in between.
+        self._rng_states_to_restore = states[rank] if states and rank < len(states) else None
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        states = getattr(self, "_rng_states_to_restore", None)
+        if states is not None:
+            set_random_states(states)
+            self._rng_states_to_restore = None
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.log_skipped_samples("train")
+
+    def on_validation_epoch_end(self) -> None:
+        self.log_skipped_samples("val")
+
+    def log_skipped_samples(self, split: str) -> None:
+        """Logs ``data/skipped/<stream>``: samples the DataModule's ``split`` streams skipped so far."""
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if datamodule is None or not hasattr(datamodule, "skipped_samples"):
+            return
+        counts = {
+            f"data/skipped/{stream}": float(count)
+            for stream, count in datamodule.skipped_samples().items()
+            if stream.split("/")[0] == split
+        }
+        if counts:
+            self.log_dict(counts, reduce_fx="max")
+
     def optimizer_step(self, *args, **kwargs) -> None:
         super().optimizer_step(*args, **kwargs)
         # X-MoE keeps the expert embeddings at norm 0.1 (§3.1): restored after every optimiser step (not in a
@@ -219,6 +258,9 @@ class FineTuningTask(BackboneTask):
         self.hparams.pretrained = None
         self.validation_outputs: list[dict] = []
         self.predictions: list[dict] = []
+        #: Distinct samples predicted by the last ``predict`` (all processes); ``mmoe predict`` compares it with the
+        #: number of samples the split holds.
+        self.predicted_count: int | None = None
 
     def on_validation_epoch_start(self) -> None:
         self.validation_outputs = []
@@ -317,6 +359,35 @@ def batch_size(batch: dict) -> int:
         if key in batch:
             return len(batch[key])
     raise ValueError(f"cannot tell the batch size of a batch with keys {sorted(batch)}")
+
+
+def random_states() -> dict[str, Any]:
+    """This process's random generator states (torch, CUDA, numpy's global, Python's), as plain values that
+    ``torch.load(weights_only=True)`` reads back."""
+    kind, keys, position, has_gauss, cached = np.random.get_state()
+    states: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), position, has_gauss, cached],
+        "python": random.getstate(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def set_random_states(states: dict[str, Any]) -> None:
+    """Puts back :func:`random_states`."""
+    torch.set_rng_state(states["torch"])
+    kind, keys, position, has_gauss, cached = states["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), position, has_gauss, cached))
+    random.setstate(_as_tuples(states["python"]))
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def _as_tuples(value: Any) -> Any:
+    """Python's random state with the tuples a checkpoint round trip may have turned into lists."""
+    return tuple(_as_tuples(item) for item in value) if isinstance(value, list | tuple) else value
 
 
 def gather_objects(items: list) -> list:

@@ -96,17 +96,18 @@ class NLVR2FineTuning(FineTuningTask):
         return self(batch["image_left"], batch["image_right"], batch["text_ids"], batch.get("text_padding_mask"))
 
     def task_loss(self, logits: torch.Tensor, batch: dict) -> torch.Tensor:
-        return F.cross_entropy(logits.float(), batch["label"])
+        return F.cross_entropy(logits.float(), labels_of(batch))
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         _, _, logits = self.shared_step(batch, "val")
         predicted = logits.argmax(dim=-1)
         for identifier, guess, label in zip(
-            batch["identifier"], predicted.tolist(), batch["label"].tolist(), strict=True
+            batch["identifier"], predicted.tolist(), labels_of(batch).tolist(), strict=True
         ):
             self.validation_outputs.append({"identifier": identifier, "prediction": bool(guess), "label": bool(label)})
 
     def on_validation_epoch_end(self) -> None:
+        super().on_validation_epoch_end()
         outputs = {o["identifier"]: o for o in gather_objects(self.validation_outputs)}
         self.validation_outputs = []
         if not outputs:
@@ -129,8 +130,22 @@ class NLVR2FineTuning(FineTuningTask):
 
     def on_predict_epoch_end(self) -> None:
         entries = gather_objects(self.predictions)
+        self.predicted_count = len({entry[0] for entry in entries})
         if self.predictions_file is not None and self.trainer.is_global_zero:
             write_nlvr2_predictions(entries, self.predictions_file)
+
+
+def labels_of(batch: dict) -> torch.Tensor:
+    """The batch's labels (1 true, 0 false); an unlabelled pair (label -1, e.g. from a hidden test split) cannot be
+    trained or scored on and is an error naming it."""
+    labels = batch["label"]
+    unlabelled = [batch["identifier"][i] for i in (labels < 0).nonzero().flatten().tolist()]
+    if unlabelled:
+        raise ValueError(
+            f"NLVR2 pairs without a label cannot be trained or scored on: {', '.join(unlabelled[:5])}"
+            f"{' ...' if len(unlabelled) > 5 else ''} (give labelled shards as train_shards / val_shards)"
+        )
+    return labels
 
 
 def write_nlvr2_predictions(entries: list[tuple[str, bool]], path: str | Path) -> None:

@@ -127,6 +127,7 @@ class VQAFineTuning(FineTuningTask):
                 self.validation_outputs.append({"accuracy": vqa_accuracy(prediction, answers), "type": answer_type})
 
     def on_validation_epoch_end(self) -> None:
+        super().on_validation_epoch_end()
         outputs = gather_objects(self.validation_outputs)
         self.validation_outputs = []
         if not outputs:
@@ -150,6 +151,7 @@ class VQAFineTuning(FineTuningTask):
 
     def on_predict_epoch_end(self) -> None:
         entries = gather_objects(self.predictions)
+        self.predicted_count = len({entry["question_id"] for entry in entries})
         if self.predictions_file is not None and self.trainer.is_global_zero:
             write_vqa_results(entries, self.predictions_file)
 
