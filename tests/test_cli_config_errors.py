@@ -133,7 +133,7 @@ def pretraining_config(tmp_path: Path, shards: Path, patch_size: int, **data) ->
     config["model"]["init_args"]["visual_codebook"] = str(codebook)
     config["data"]["init_args"].update(
         image_shards=str(shards / "pretrain-images"), text_shards=str(shards / "pretrain-text"),
-        pair_shards=str(shards / "pretrain-pairs"), val_pair_shards=None, batch_size=2, num_workers=0, **data,
+        pair_shards=str(shards / "pretrain-pairs"), val_pair_shards=None, batch_size=2, **{"num_workers": 0, **data},
     )  # fmt: skip
     path = tmp_path / "pretrain.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -207,3 +207,16 @@ def test_the_vqa_answer_vocabulary_is_the_models(shards, tmp_path, capsys, monke
     line = error_line(err)
     assert line.startswith("mmoe fit: data.init_args.answer_vocab=other.json disagrees with ")
     assert f"model.init_args.answer_vocab={shards / 'vqav2-train2014' / 'answers.json'}" in line
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_stream_without_usable_samples_stops_fit_in_one_line(shards, tmp_path, capsys, workers):
+    """``pair_shards`` pointing at text-only shards: no sample can be used, so the run stops naming the shards
+    (from DataLoader workers too) instead of skipping forever."""
+    config = pretraining_config(tmp_path, shards, patch_size=16, num_workers=workers)
+    text = str(shards / "pretrain-text")
+    code, err = mmoe(["fit", "--config", str(config), "--data.init_args.pair_shards", text], capsys)
+    assert code == 2
+    line = error_line(err)
+    assert line.startswith("mmoe fit: train/pair: 1000 samples in a row could not be used")
+    assert "missing entry jpg|jpeg|png|webp" in line and f"{text}/pretrain-text-000000.tar" in line

@@ -62,7 +62,7 @@ class _ShardDataModule(L.LightningDataModule):
         if num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {num_workers!r}")
         self.num_workers, self.shuffle_buffer, self.seed = num_workers, shuffle_buffer, seed
-        self.loaders: dict[str, EpochDataLoader] = {}
+        self.skipped: dict[str, dict[str, SkipCount]] = {}  # split -> its latest loader's counts
 
     def _stream(
         self,
@@ -87,11 +87,14 @@ class _ShardDataModule(L.LightningDataModule):
         )
 
     def _loader(self, split: str, dataset) -> EpochDataLoader:
-        loader = EpochDataLoader(
-            dataset, batch_size=None, num_workers=self.num_workers, pin_memory=torch.cuda.is_available()
+        self.skipped[split] = {}
+        return EpochDataLoader(
+            dataset,
+            batch_size=None,
+            num_workers=self.num_workers,
+            pin_memory=torch.cuda.is_available(),
+            skipped=self.skipped[split],
         )
-        self.loaders[split] = loader
-        return loader
 
     @staticmethod
     def check_shards(**specs: ShardSpec) -> None:
@@ -109,8 +112,8 @@ class _ShardDataModule(L.LightningDataModule):
     def skip_counts(self) -> dict[str, SkipCount]:
         """Stream name (``train/pair``, ``val``, ...) -> samples skipped on the way to the batches used so far."""
         totals: dict[str, SkipCount] = {}
-        for loader in self.loaders.values():
-            add_skips(totals, loader.skipped)
+        for counts in self.skipped.values():
+            add_skips(totals, counts)
         return totals
 
     def skipped_samples(self) -> dict[str, int]:
@@ -119,6 +122,7 @@ class _ShardDataModule(L.LightningDataModule):
 
     def teardown(self, stage: str) -> None:
         """Says on stderr how many samples each stream skipped in this ``stage`` (fit, validate, test, predict)."""
+        stage = getattr(stage, "value", stage)  # Lightning passes its TrainerFn enum
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else None
         where = "" if rank is None else f" (rank {rank})"
         print(f"mmoe {stage}: samples skipped{where}: {describe_skips(self.skip_counts())}", file=sys.stderr)

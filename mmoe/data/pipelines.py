@@ -68,6 +68,14 @@ class CorruptSampleError(Exception):
 class UnusableStreamError(ValueError):
     """A stream that gives no usable sample: its shards do not hold what its decoder reads, or hold nothing."""
 
+    @classmethod
+    def from_worker(cls, error: UnusableStreamError) -> UnusableStreamError:
+        """The error a DataLoader worker raised, with its own message: the DataLoader re-raises it in the main
+        process with the worker's traceback as the message, which ends ``<module>.UnusableStreamError: <message>``."""
+        prefix = f"{cls.__module__}.{cls.__qualname__}: "
+        lines = [line for line in str(error).splitlines() if line.startswith(prefix)]
+        return cls(lines[-1].removeprefix(prefix)) if lines else error
+
 
 @dataclass(frozen=True)
 class Consumer:
@@ -593,19 +601,24 @@ class EpochDataLoader(DataLoader):
     the next batch before it runs the current one (it prefetches one to see the end of a loader without a length), so
     at a checkpoint every batch up to the one just trained on is consumed, and the one held back is not.
 
+    Args:
+        skipped: the dict to count skipped samples in (see Attributes); a new one by default. Lightning builds a new
+            loader from this one's arguments for ``predict``: passing the dict keeps both counting in one place.
+
     Attributes:
         skipped: stream name -> :class:`SkipCount` of the samples skipped on the way to the batches consumed so far
             (this process; kept across a resume).
     """
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args, skipped: dict[str, SkipCount] | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._epochs_started = 0
         self.resumable = isinstance(self.dataset, ResumableStream)
         if self.resumable:
             self.dataset.tracked = True
-        names = self.dataset.stream_names() if self.resumable else []
-        self.skipped: dict[str, SkipCount] = {name: SkipCount() for name in names}
+        self.skipped: dict[str, SkipCount] = {} if skipped is None else skipped
+        for name in self.dataset.stream_names() if self.resumable else []:
+            self.skipped.setdefault(name, SkipCount())
         self._epoch = 0
         self._finished = False
         self._positions: dict[str, Any] = {}
@@ -636,7 +649,7 @@ class EpochDataLoader(DataLoader):
         active = [w for w in workers if self._positions.get(f"{rank}/{w}") != END]
         turn = active.index(self._next_worker) if self._next_worker in active else 0
         waiting: dict[int, list[Delivery]] = {w: [] for w in workers}
-        for delivery in deliveries:
+        for delivery in _own_errors(deliveries):
             waiting[int(delivery.consumer.split("/")[1])].append(delivery)
             while active and waiting[active[turn]]:
                 worker = active[turn]
@@ -707,6 +720,14 @@ class EpochDataLoader(DataLoader):
             )
             return {}, 0
         return dict(state["positions"]), int(state["next_worker"].get(rank, 0))
+
+
+def _own_errors(deliveries: Iterator[Delivery]) -> Iterator[Delivery]:
+    """``deliveries``, with an :class:`UnusableStreamError` from a DataLoader worker raised with its own message."""
+    try:
+        yield from deliveries
+    except UnusableStreamError as error:
+        raise UnusableStreamError.from_worker(error) from None
 
 
 def _plain(position: Any) -> Any:

@@ -76,6 +76,10 @@ class MMoECLI(LightningCLI):
 
     Bad input (an invalid config value, an unreadable checkpoint, a checkpoint of another task) ends with one line on
     stderr and exit code 2.
+
+    ``mmoe predict`` that wrote predictions for fewer samples than the predicted split's manifests hold (corrupt or
+    lost samples, ``trainer.limit_predict_batches``) says so in one line and exits with code 2, unless
+    ``--allow_partial_predictions true``; the predictions file is written either way.
     """
 
     @staticmethod
@@ -87,6 +91,27 @@ class MMoECLI(LightningCLI):
         for name, link in DATA_LINKS.items():
             source = f"model.{link.attribute}"
             parser.link_arguments(source, f"data.init_args.{name}", compute_fn=link.value, apply_on="instantiate")
+
+    def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs: Any) -> LightningArgumentParser:
+        parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
+        if subcommand == "predict":
+            parser.add_argument(
+                "--allow_partial_predictions",
+                type=bool,
+                default=False,
+                help="Exit 0 when fewer samples were predicted than the split holds (the shortfall is still reported)",
+            )
+        return parser
+
+    def after_predict(self) -> None:
+        """Fails the command when fewer samples were predicted than the split holds (see the class docstring)."""
+        shortfall = partial_predictions(self.model, self.datamodule)
+        if shortfall is None:
+            return
+        if not self.config["predict"].get("allow_partial_predictions"):
+            self.fail(f"{shortfall} (pass --allow_partial_predictions true to accept them)")
+        if rank_zero_only.rank == 0:
+            print(f"mmoe predict: {shortfall} (accepted: --allow_partial_predictions)", file=sys.stderr)
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         self.command_line_model_arguments = command_line_model_arguments(sys.argv[1:] if args is None else args)
@@ -204,6 +229,21 @@ class MMoECLI(LightningCLI):
             if name in parameters and value is not None and value != parameters[name].default:
                 given[name] = value
         return given
+
+
+def partial_predictions(model: Any, datamodule: Any) -> str | None:
+    """What is missing when ``model`` (after ``trainer.predict``) predicted fewer samples than ``datamodule``'s
+    predicted split (``"test"``) holds by its manifests; None when it predicted them all, or when either count is
+    unknown (a task without ``predicted_count``, shards without manifest counts)."""
+    predicted = getattr(model, "predicted_count", None)
+    split_size = getattr(datamodule, "split_size", None)
+    expected = split_size("test") if callable(split_size) else None
+    if predicted is None or expected is None or predicted >= expected:
+        return None
+    return (
+        f"predictions were written for {predicted} of the {expected} samples the test split's manifests hold "
+        f"({expected - predicted} missing; see 'samples skipped' above)"
+    )
 
 
 def stored_by_design(name: str, saved: Any, given: Any) -> bool:
