@@ -240,3 +240,14 @@ def test_subtoken_map_keeps_going_without_text_tokenizer_vocabulary(inputs, tmp_
     assert "vocab_size=100" in err
     assert not any(p.name.startswith("subtoken_text") for p in out.iterdir())
     shutil.rmtree(out)
+
+
+def test_a_16_bit_png_is_shown_scaled_not_white(tmp_path):
+    """A 16-bit greyscale PNG (Pillow mode ``I;16``/``I``) keeps its tones in the figures' input images."""
+    from mmoe.viz.inputs import Sample, load_image
+
+    ramp = np.tile(np.linspace(0, 65535, 32).astype(np.uint16), (32, 1))
+    Image.fromarray(ramp).save(tmp_path / "ramp.png")
+    pixels = load_image(Sample("ramp", image=tmp_path / "ramp.png", text=None), 32)
+    assert pixels[0, 0, 0] < 5 and pixels[0, -1, 0] > 250
+    assert np.abs(pixels[0, :, 0].astype(int) - ramp[0] / 257).max() <= 2

@@ -22,6 +22,8 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
+from mmoe.data.transforms import to_rgb
+
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 SHARD_IMAGE_KEYS = ("jpg", "jpeg", "png")
 #: open_clip's start / end of text ids and mmoe's pad id (mmoe.data.tokenizer uses the same values).
@@ -125,7 +127,7 @@ def load_image(sample: Sample, size: int) -> np.ndarray:
     try:
         source = sample.image if isinstance(sample.image, Path) else io.BytesIO(sample.image)
         with Image.open(source) as opened:
-            image = opened.convert("RGB")
+            image = to_rgb(opened)
     except (OSError, UnidentifiedImageError, ValueError) as error:
         raise InputError(f"image {sample.name} could not be read: {error}") from error
     width, height = image.size
