@@ -14,10 +14,9 @@ import torch
 import yaml
 
 from mmoe.cli import main
-from mmoe.data.synth.convert import convert_layout
-from mmoe.data.synth.corpus import SynthSizes, build_corpus
 from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
 from mmoe.tasks.checkpoint import config_to_dict, export_backbone
+from tests.cli_fixtures import run_mmoe, small_shards
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning")]
 
@@ -36,14 +35,7 @@ class Payload:
         return open, (str(self.marker), "w")
 
 
-def mmoe(argv: list[str], capsys) -> tuple[int, str, str]:
-    """``mmoe <argv>`` in this process: (exit code, stdout, stderr)."""
-    try:
-        code = main(argv)
-    except SystemExit as stop:
-        code = stop.code
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
+mmoe = run_mmoe
 
 
 def assert_one_line(err: str, *named: str) -> str:
@@ -59,13 +51,7 @@ def assert_one_line(err: str, *named: str) -> str:
 def trained(tmp_path_factory):
     """A small corpus, and a VQA and an NLVR2 checkpoint of two `mmoe fit` steps each, with their configs."""
     root = tmp_path_factory.mktemp("trained")
-    sizes = SynthSizes(
-        train_images=20, val_images=4, test_images=2, questions_per_image=3, nlvr2_train_sets=1, nlvr2_eval_sets=1,
-        texts=2, image_size=32,
-    )  # fmt: skip
-    build_corpus(root / "corpus", seed=0, sizes=sizes)
-    shards = root / "corpus" / "shards"
-    convert_layout(root / "corpus", shards)
+    shards = small_shards(root)
     vocab = str(shards / "vqav2-train2014" / "answers.json")
     loader = {"batch_size": 2, "eval_batch_size": 4, "max_text_length": 32, "num_workers": 0}
     tasks = {

@@ -12,12 +12,11 @@ import torch
 import yaml
 
 from mmoe.cli import main
-from mmoe.data.synth.convert import convert_layout
-from mmoe.data.synth.corpus import SynthSizes, build_corpus
 from mmoe.model import MultiwayConfig, MultiwayTransformer
 from mmoe.tasks.checkpoint import export_backbone
 from mmoe.tasks.cli import MMoECLI
 from mmoe.tasks.visual_codebook import PatchCodebook
+from tests.cli_fixtures import run_mmoe, small_shards
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -29,11 +28,8 @@ TINY = {"dim": 32, "depth": 2, "num_heads": 4, "ffn_dim": 64, "image_size": 32, 
 
 def mmoe(argv: list[str], capsys) -> tuple[int, str]:
     """``mmoe <argv>`` in this process: (exit code, stderr)."""
-    try:
-        code = main(argv)
-    except SystemExit as stop:
-        code = stop.code
-    return code, capsys.readouterr().err
+    code, _, err = run_mmoe(argv, capsys)
+    return code, err
 
 
 def error_line(err: str) -> str:
@@ -58,14 +54,7 @@ def instantiate(argv: list[str]) -> Instantiated:
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("corpus")
-    sizes = SynthSizes(
-        train_images=20, val_images=4, test_images=2, questions_per_image=4, nlvr2_train_sets=1, nlvr2_eval_sets=1,
-        texts=4, image_size=32,
-    )  # fmt: skip
-    build_corpus(root, seed=0, sizes=sizes)
-    convert_layout(root, root / "shards")
-    return root / "shards"
+    return small_shards(tmp_path_factory.mktemp("corpus"), questions_per_image=4, texts=4)
 
 
 # -- invalid settings ------------------------------------------------------------------------------------------------

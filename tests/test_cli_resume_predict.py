@@ -12,10 +12,9 @@ import sys
 import pytest
 import yaml
 
-from mmoe.data.synth.convert import convert_layout
-from mmoe.data.synth.corpus import SynthSizes, build_corpus
 from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
 from mmoe.tasks.checkpoint import export_backbone
+from tests.cli_fixtures import small_shards
 
 pytestmark = pytest.mark.slow
 
@@ -27,13 +26,10 @@ def mmoe(*argv: str, cwd) -> subprocess.CompletedProcess:
 
 
 def test_predict_in_a_new_process_from_a_checkpoint_fine_tuned_from_a_pretrained_backbone(tmp_path):
-    sizes = SynthSizes(
-        train_images=60, val_images=8, test_images=4, questions_per_image=5, nlvr2_train_sets=2, nlvr2_eval_sets=2,
-        texts=4, image_size=32,
+    shards = small_shards(
+        tmp_path, train_images=60, val_images=8, test_images=4, questions_per_image=5, nlvr2_train_sets=2,
+        nlvr2_eval_sets=2, texts=4,
     )  # fmt: skip
-    build_corpus(tmp_path / "corpus", seed=0, sizes=sizes)
-    shards = tmp_path / "corpus" / "shards"
-    convert_layout(tmp_path / "corpus", shards)
     backbone = MultiwayConfig(dim=32, depth=2, num_heads=4, ffn_dim=64, image_size=32, patch_size=16,
                               max_text_positions=40, moe=MoEPlan(num_experts=4, every=2, heads=2))  # fmt: skip
     export_backbone(MultiwayTransformer(backbone), tmp_path / "backbone.pt")

@@ -68,16 +68,9 @@ def test_a_replaced_file_keeps_its_mode(tmp_path):
 def test_lightning_checkpoints_of_mmoe_fit_follow_the_umask(tmp_path):
     """``ModelCheckpoint`` (a step checkpoint and ``last.ckpt``), the saved config and the export of the checkpoint,
     from the ``mmoe`` command run under umask 027."""
-    from mmoe.data.synth.convert import convert_layout
-    from mmoe.data.synth.corpus import SynthSizes, build_corpus
+    from tests.cli_fixtures import small_shards
 
-    sizes = SynthSizes(
-        train_images=20, val_images=4, test_images=2, questions_per_image=2, nlvr2_train_sets=1, nlvr2_eval_sets=1,
-        texts=2, image_size=32,
-    )  # fmt: skip
-    build_corpus(tmp_path / "corpus", seed=0, sizes=sizes)
-    shards = tmp_path / "corpus" / "shards"
-    convert_layout(tmp_path / "corpus", shards)
+    shards = small_shards(tmp_path, questions_per_image=2)
     run = tmp_path / "run"
     config = {
         "trainer": {

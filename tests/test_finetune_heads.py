@@ -118,6 +118,21 @@ def test_nlvr2_pairs_each_image_with_the_sentence_in_one_pass():
     assert logits.abs().max() < 0.05
 
 
+def test_nlvr2_refuses_to_train_or_score_an_unlabelled_pair():
+    """Label -1 (a split converted without labels) is an error naming the pair, not a cross-entropy index error in
+    training or a ``bool(-1)`` = True in validation."""
+    task = NLVR2FineTuning(backbone=config()).eval()
+    ids, padding = texts(2)
+    batch = {"image_left": images(2, 0), "image_right": images(2, 1), "text_ids": ids, "text_padding_mask": padding,
+             "label": torch.tensor([1, -1]), "identifier": ["dev-1-0-0", "dev-2-0-1"]}  # fmt: skip
+    logits, _ = task.forward_batch(batch)
+    with pytest.raises(ValueError, match=r"NLVR2 pairs without a label cannot be trained or scored on: dev-2-0-1 \("):
+        task.task_loss(logits, batch)
+    task.on_validation_epoch_start()
+    with pytest.raises(ValueError, match="without a label.*dev-2-0-1"):
+        task.validation_step(batch, 0)
+
+
 def test_nlvr2_head_init_scale_multiplies_the_initial_weights():
     torch.manual_seed(0)
     beit3 = NLVR2FineTuning(backbone=config())

@@ -9,12 +9,10 @@ import shutil
 import pytest
 import yaml
 
-from mmoe.cli import main
 from mmoe.data.shards import expected_samples, resolve_shards
-from mmoe.data.synth.convert import convert_layout
-from mmoe.data.synth.corpus import SynthSizes, build_corpus
 from mmoe.model import MultiwayConfig
 from mmoe.tasks.checkpoint import config_to_dict
+from tests.cli_fixtures import run_mmoe, small_shards
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -24,14 +22,7 @@ BACKBONE = MultiwayConfig(dim=32, depth=1, num_heads=4, ffn_dim=64, image_size=3
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    root = tmp_path_factory.mktemp("partial")
-    sizes = SynthSizes(
-        train_images=20, val_images=6, test_images=2, questions_per_image=3, nlvr2_train_sets=1, nlvr2_eval_sets=1,
-        texts=2, image_size=32,
-    )  # fmt: skip
-    build_corpus(root / "corpus", seed=0, sizes=sizes)
-    convert_layout(root / "corpus", root / "shards")
-    return root / "shards"
+    return small_shards(tmp_path_factory.mktemp("partial"), val_images=6)
 
 
 def predict_config(tmp_path, shards, test_shards) -> str:
@@ -55,11 +46,8 @@ def predict_config(tmp_path, shards, test_shards) -> str:
 
 def mmoe(argv: list[str], capsys) -> tuple[int, str]:
     """``mmoe <argv>`` in this process: (exit code, stderr)."""
-    try:
-        code = main(argv)
-    except SystemExit as stop:
-        code = stop.code
-    return code, capsys.readouterr().err
+    code, _, err = run_mmoe(argv, capsys)
+    return code, err
 
 
 def truncated_copy(split, out):

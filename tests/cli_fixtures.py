@@ -1,0 +1,32 @@
+"""A small converted synthetic corpus and ``mmoe`` run in this process: shared by the CLI tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mmoe.cli import main
+from mmoe.data.synth.convert import convert_layout
+from mmoe.data.synth.corpus import SynthSizes, build_corpus
+
+#: Enough for a VQA answer vocabulary and one NLVR2 set per split, in 32-px images.
+SMALL_CORPUS = {"train_images": 20, "val_images": 4, "test_images": 2, "questions_per_image": 3,
+                "nlvr2_train_sets": 1, "nlvr2_eval_sets": 1, "texts": 2, "image_size": 32}  # fmt: skip
+
+
+def small_shards(root: Path, **sizes: int) -> Path:
+    """Builds the synthetic corpus (:data:`SMALL_CORPUS` with ``sizes`` over it) in ``root/corpus`` and converts
+    it; returns the shards folder (``root/corpus/shards``: one sub-folder per split)."""
+    build_corpus(root / "corpus", seed=0, sizes=SynthSizes(**(SMALL_CORPUS | sizes)))
+    shards = root / "corpus" / "shards"
+    convert_layout(root / "corpus", shards)
+    return shards
+
+
+def run_mmoe(argv: list[str], capsys) -> tuple[int, str, str]:
+    """``mmoe <argv>`` in this process: (exit code, stdout, stderr)."""
+    try:
+        code = main(argv)
+    except SystemExit as stop:
+        code = stop.code
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
