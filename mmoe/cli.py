@@ -13,22 +13,37 @@ Subcommands:
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import json
 import sys
 from collections.abc import Callable, Sequence
 
-from jsonargparse import ArgumentParser
+#: The subcommands LightningCLI runs (``mmoe.tasks.cli.lightning_command``); they get the whole argv.
+LIGHTNING_SUBCOMMANDS = ("fit", "validate", "test", "predict")
 
-from mmoe.data.cli import data_command
-from mmoe.demo import demo_command
-from mmoe.metrics.cli import eval_command
-from mmoe.moe import MoEConfig, MoELayer
-from mmoe.moe.cost import active_parameters_per_token, flops_per_token, moe_parameter_count
-from mmoe.tasks.cli import LIGHTNING_SUBCOMMANDS, export_command, lightning_command, tokenizer_command
-from mmoe.viz.cli import analyze_command, viz_command
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    """A subcommand's ``function(argv) -> exit code`` in ``module``, imported when the subcommand runs: ``mmoe eval``
+    or ``mmoe data`` need not pay for importing Lightning."""
+
+    module: str
+    function: str
+
+    def target(self) -> Callable[[Sequence[str]], int]:
+        return getattr(importlib.import_module(self.module), self.function)
+
+    def __call__(self, argv: Sequence[str]) -> int:
+        return self.target()(argv)
 
 
 def moe_info(argv: Sequence[str]) -> int:
+    from jsonargparse import ArgumentParser
+
+    from mmoe.moe import MoEConfig, MoELayer
+    from mmoe.moe.cost import active_parameters_per_token, flops_per_token, moe_parameter_count
+
     parser = ArgumentParser(prog="mmoe moe-info", description="Parameter and FLOP counts of one MoE layer.")
     parser.add_class_arguments(MoEConfig, "moe")
     args = parser.parse_args(list(argv))
@@ -51,16 +66,16 @@ def moe_info(argv: Sequence[str]) -> int:
     return 0
 
 
-COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
-    "moe-info": moe_info,
-    **{name: lightning_command for name in LIGHTNING_SUBCOMMANDS},
-    "tokenizer": tokenizer_command,
-    "export-backbone": export_command,
-    "eval": eval_command,
-    "data": data_command,
-    "viz": viz_command,
-    "analyze": analyze_command,
-    "demo": demo_command,
+COMMANDS: dict[str, Command] = {
+    "moe-info": Command("mmoe.cli", "moe_info"),
+    **{name: Command("mmoe.tasks.cli", "lightning_command") for name in LIGHTNING_SUBCOMMANDS},
+    "tokenizer": Command("mmoe.tasks.cli", "tokenizer_command"),
+    "export-backbone": Command("mmoe.tasks.cli", "export_command"),
+    "eval": Command("mmoe.metrics.cli", "eval_command"),
+    "data": Command("mmoe.data.cli", "data_command"),
+    "viz": Command("mmoe.viz.cli", "viz_command"),
+    "analyze": Command("mmoe.viz.cli", "analyze_command"),
+    "demo": Command("mmoe.demo", "demo_command"),
 }
 
 

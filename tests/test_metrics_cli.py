@@ -44,7 +44,7 @@ def vqa_args(tmp_path):
 
 
 def test_eval_is_registered():
-    assert COMMANDS["eval"] is eval_command
+    assert COMMANDS["eval"].target() is eval_command
 
 
 def test_vqa_cli(vqa_args, capsys):
@@ -108,3 +108,24 @@ def test_mmoe_eval_process_reports_bad_input_without_traceback(tmp_path):
     assert failed.returncode == 2 and failed.stdout == ""
     assert f"{predictions}, line 1: 'dev-1-0-0;true' is not 'identifier,prediction'" in failed.stderr
     assert "Traceback" not in failed.stderr
+
+
+def test_mmoe_eval_does_not_import_lightning(tmp_path):
+    """``mmoe eval`` imports only what scoring needs: each subcommand's module is imported when it runs."""
+    import subprocess
+    import sys
+
+    dev = tmp_path / "dev.json"
+    dev.write_text('{"identifier": "dev-1-0-0", "label": "True"}\n')
+    predictions = tmp_path / "predictions.csv"
+    predictions.write_text("dev-1-0-0,True\n")
+    script = (
+        "import sys; from mmoe.cli import main; "
+        f"code = main(['eval', 'nlvr2', '--data', {str(dev)!r}, '--predictions', {str(predictions)!r}]); "
+        "print(sorted(name for name in sys.modules if name.split('.')[0] in ('lightning', 'pytorch_lightning'))); "
+        "sys.exit(code)"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert '"accuracy": 1.0' in done.stdout
+    assert done.stdout.strip().splitlines()[-1] == "[]"

@@ -23,7 +23,6 @@ from mmoe.tasks.checkpoint import load_checkpoint_file
 #: Where mmoe's code lives: errors raised there are mmoe's own messages (:func:`input_error`).
 PACKAGE = Path(__file__).resolve().parents[1]
 
-LIGHTNING_SUBCOMMANDS = ("fit", "validate", "test", "predict")
 #: What ``--ckpt_path`` must be, as its errors name it.
 TASK_CHECKPOINT = "a Lightning checkpoint of an mmoe task, written by mmoe fit"
 
