@@ -1,6 +1,6 @@
 """Sample decoders: raw shard samples (bytes per extension) -> items with tensors and token ids.
 
-Each decoder raises :class:`mmoe.data.pipelines.CorruptSampleError` (with the shard and key) for bad image bytes,
+Each decoder raises :class:`mmoe.data.samples.CorruptSampleError` (with the shard and key) for bad image bytes,
 a missing entry or bad JSON, so the pipeline's handler skips and counts the sample.
 """
 
@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import torch
 
-from mmoe.data.pipelines import CorruptSampleError, Sample
+from mmoe.data.samples import CorruptSampleError, Sample
 from mmoe.data.tokenizer import TextTokenizer
 from mmoe.data.transforms import decode_image
 

@@ -29,7 +29,7 @@ import itertools
 import logging
 import math
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
@@ -38,11 +38,12 @@ import torch
 import webdataset as wds
 from torch.utils.data import DataLoader, IterableDataset
 
-logger = logging.getLogger("mmoe.data")
+from mmoe.data.decoders import ImageDecoder
+from mmoe.data.samples import Collator, CorruptSampleError, Decoder, Sample
+from mmoe.data.shards import resolve_shards
+from mmoe.data.transforms import eval_transform
 
-Sample = dict[str, Any]
-Decoder = Callable[[Sample], "Sample | list[Sample] | None"]
-Collator = Callable[[list[Sample], np.random.Generator], Sample]
+logger = logging.getLogger("mmoe.data")
 
 #: A stream that skips this many samples in a row, without one usable sample between them, stops with an error.
 MAX_SKIPS_IN_A_ROW = 1000
@@ -50,20 +51,6 @@ MAX_SKIPS_IN_A_ROW = 1000
 SHOWN_SHARDS = 5
 #: The position of a consumer whose stream has ended (its last :class:`Delivery`).
 END = "end"
-
-
-class CorruptSampleError(Exception):
-    """A sample that cannot be decoded: bad image bytes, a missing entry, bad JSON.
-
-    Args:
-        shard: the shard's path or URL.
-        key: the sample's key.
-        reason: what is wrong.
-    """
-
-    def __init__(self, shard: str, key: str, reason: str) -> None:
-        super().__init__(f"{shard}: sample {key!r}: {reason}")
-        self.shard, self.key, self.reason = shard, key, reason
 
 
 class UnusableStreamError(ValueError):
@@ -759,10 +746,6 @@ def eval_image_batches(
 ) -> Iterator[torch.Tensor]:
     """Image tensors (B, 3, image_size, image_size) from any shards holding images (image-only, pairs, VQA, captions),
     with the evaluation transform, in shard order: for fitting a visual codebook or computing statistics."""
-    from mmoe.data.decoders import ImageDecoder
-    from mmoe.data.shards import resolve_shards
-    from mmoe.data.transforms import eval_transform
-
     stream = ShardStream(
         resolve_shards(spec),
         ImageDecoder(eval_transform(image_size), min_side=image_size),
