@@ -131,3 +131,10 @@ def test_masking_config_rejects_bad_values():
         MaskingConfig(image_ratio=1.5)
     with pytest.raises(ValueError, match="mask_token_fraction"):
         MaskingConfig(mask_token_fraction=0.95, random_token_fraction=0.1)
+
+
+def test_token_strings_are_readable():
+    tokenizer = TextTokenizer(16)
+    ids = tokenizer.encode("a red cube")
+    assert [tokenizer.token_string(i) for i in ids] == ["<start>", "a", "red", "cube", "<end>"]
+    assert [tokenizer.token_string(i) for i in (PAD_ID, MASK_ID)] == ["<pad>", "<mask>"]

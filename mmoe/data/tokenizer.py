@@ -60,6 +60,14 @@ class TextTokenizer:
         tokens = _open_clip_bpe().encode(text)[: self.max_length - 2]
         return [SOT_ID, *tokens, EOT_ID]
 
+    def token_string(self, token_id: int) -> str:
+        """One id as readable text: ``<start>`` / ``<end>`` / ``<pad>`` / ``<mask>``, or its BPE token without the
+        end-of-word mark."""
+        special = {SOT_ID: "<start>", EOT_ID: "<end>", PAD_ID: "<pad>", MASK_ID: "<mask>"}
+        if token_id in special:
+            return special[token_id]
+        return _open_clip_bpe().decoder[token_id].replace("</w>", "")
+
     def decode(self, ids: Sequence[int] | torch.Tensor) -> str:
         """Text of a sequence of ids; stops at the end of text and leaves out start, pad and mask."""
         if isinstance(ids, torch.Tensor):

@@ -1,17 +1,17 @@
 """Inputs of the routing analyses: a directory of images, image files, or webdataset shards, made into batches.
 
-* Images (``.png``, ``.jpg``, ``.jpeg``) are read with PIL, resized (shorter side, bicubic) and center-cropped to the
-  checkpoint's ``image_size``, and normalised with mean = std = 0.5 per channel, as the evaluation transform of the
-  training data. An unreadable file is an :class:`InputError` naming it.
-* Shards are ``*.tar`` files in webdataset layout (members ``<key>.<ext>``): ``jpg`` / ``jpeg`` / ``png`` is the
-  image, ``txt`` the text (its first line), ``json`` metadata (unused here). They are read with :mod:`tarfile`.
-* Texts are tokenised with open_clip's BPE (``open_clip.tokenizer.SimpleTokenizer``): start token, BPE tokens, end
-  token, right-padded with mmoe's pad id 49408, as the training data.
+* Images (``.jpg``, ``.jpeg``, ``.png``, ``.webp``: :data:`mmoe.data.decoders.IMAGE_EXTENSIONS`) are read with PIL
+  (16-bit greyscale scaled, :func:`mmoe.data.transforms.to_rgb`), resized (shorter side, bicubic) and center-cropped
+  to the checkpoint's ``image_size``, and normalised with the training data's mean and std. An unreadable file is an
+  :class:`InputError` naming it.
+* Shards are ``*.tar`` files in webdataset layout (members ``<key>.<ext>``): an image entry is the image, ``txt`` the
+  text (its first line), ``json`` metadata (unused here). They are read with :mod:`tarfile`, one sample at a time.
+* Texts are tokenised by the training data's tokenizer (:class:`mmoe.data.tokenizer.TextTokenizer`) and padded to
+  the longest text of the batch.
 """
 
 from __future__ import annotations
 
-import functools
 import io
 import tarfile
 from collections.abc import Callable, Iterator, Sequence
@@ -22,15 +22,14 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from mmoe.data.transforms import to_rgb
+from mmoe.data.decoders import IMAGE_EXTENSIONS
+from mmoe.data.tokenizer import VOCAB_SIZE, TextTokenizer
+from mmoe.data.transforms import IMAGE_MEAN, IMAGE_STD, to_rgb
 
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
-SHARD_IMAGE_KEYS = ("jpg", "jpeg", "png")
-#: open_clip's start / end of text ids and mmoe's pad id (mmoe.data.tokenizer uses the same values).
-SOT_ID, EOT_ID, PAD_ID = 49406, 49407, 49408
-#: Smallest text vocabulary that holds these ids (open_clip's 49,408 + pad + mask).
-TEXT_VOCAB_SIZE = 49410
-IMAGE_MEAN = IMAGE_STD = 0.5
+#: Image files and shard entries read, as the training data's decoders read them.
+IMAGE_SUFFIXES = tuple(f".{extension}" for extension in IMAGE_EXTENSIONS)
+#: The text vocabulary a backbone needs for the tokenizer's ids (``mmoe.data.tokenizer.VOCAB_SIZE``).
+TEXT_VOCAB_SIZE = VOCAB_SIZE
 
 
 class InputError(ValueError):
@@ -113,7 +112,7 @@ def read_shard(path: Path) -> Iterator[Sample]:
 
 
 def _shard_sample(path: Path, key: str, entries: dict[str, bytes]) -> Sample | None:
-    image = next((entries[k] for k in SHARD_IMAGE_KEYS if k in entries), None)
+    image = next((entries[k] for k in IMAGE_EXTENSIONS if k in entries), None)
     text = None
     if "txt" in entries:
         text = entries["txt"].decode("utf-8", errors="replace").strip().split("\n")[0] or None
@@ -139,19 +138,13 @@ def load_image(sample: Sample, size: int) -> np.ndarray:
 
 def image_tensor(pixels: np.ndarray) -> torch.Tensor:
     """(H, W, 3) uint8 -> (3, H, W) float, normalised as the training data."""
-    return (torch.from_numpy(np.array(pixels)).permute(2, 0, 1).float() / 255.0 - IMAGE_MEAN) / IMAGE_STD
-
-
-@functools.lru_cache(maxsize=1)
-def _open_clip_bpe():
-    """One open_clip BPE per process (reading its vocabulary takes a fraction of a second)."""
-    from open_clip.tokenizer import SimpleTokenizer
-
-    return SimpleTokenizer()
+    mean, std = torch.tensor(IMAGE_MEAN).view(3, 1, 1), torch.tensor(IMAGE_STD).view(3, 1, 1)
+    return (torch.from_numpy(np.array(pixels)).permute(2, 0, 1).float() / 255.0 - mean) / std
 
 
 class TextEncoder:
-    """open_clip BPE ids with start / end tokens, right-padded, and the readable token strings.
+    """The training data's tokenizer (:class:`mmoe.data.tokenizer.TextTokenizer`), padded to the longest text, and
+    the readable token strings.
 
     Args:
         max_length: longest sequence, start and end tokens included.
@@ -161,24 +154,17 @@ class TextEncoder:
         if max_length < 2:
             raise InputError(f"text max length must be >= 2 (start and end tokens), got {max_length}")
         self.max_length = max_length
-        self._bpe = _open_clip_bpe()
+        self.tokenizer = TextTokenizer(max_length)
 
     def token_string(self, token_id: int) -> str:
-        if token_id == SOT_ID:
-            return "<start>"
-        if token_id == EOT_ID:
-            return "<end>"
-        return self._bpe.decoder[token_id].replace("</w>", "")
+        return self.tokenizer.token_string(token_id)
 
     def __call__(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor, list[list[str]]]:
         """Returns ids (B, T), padding mask (B, T) True = padding, and each text's token strings."""
-        encoded = [[SOT_ID, *self._bpe.encode(text)[: self.max_length - 2], EOT_ID] for text in texts]
-        length = max(len(ids) for ids in encoded)
-        ids = torch.full((len(texts), length), PAD_ID, dtype=torch.long)
-        for row, tokens in enumerate(encoded):
-            ids[row, : len(tokens)] = torch.tensor(tokens)
+        encoded = [self.tokenizer.encode(text) for text in texts]
+        ids, padding = self.tokenizer.pad(encoded)
         strings = [[self.token_string(t) for t in tokens] for tokens in encoded]
-        return ids, ids == PAD_ID, strings
+        return ids, padding, strings
 
 
 @dataclass
