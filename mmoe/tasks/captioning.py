@@ -21,22 +21,19 @@ metrics of :func:`mmoe.metrics.captions.score_captions` against the references i
 
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_warn
-from torch import nn
 
-from mmoe.atomic import write_text_atomic
 from mmoe.data.tokenizer import EOT_ID, MASK_ID, PAD_ID, SOT_ID, TextTokenizer
 from mmoe.metrics.captions import ScorerUnavailableError, score_captions
+from mmoe.model.heads import token_head
 from mmoe.moe import RoutingRecord
-from mmoe.tasks.common import FineTuningTask, gather_objects, read_vocabulary_file
+from mmoe.tasks.common import FineTuningTask, as_ids, gather_objects, read_vocabulary_file
 from mmoe.tasks.decoding import Decoded, beam_search, greedy_search
-from mmoe.tasks.vqa import init_head
 
 
 def caption_attention_mask(image_len: int, text_len: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -101,6 +98,8 @@ class CaptioningFineTuning(FineTuningTask):
             pretrained, frozen_routing, balance and optimiser settings).
     """
 
+    prediction_key = "image_id"
+
     def __init__(
         self,
         label_smoothing: float = 0.1,
@@ -134,8 +133,7 @@ class CaptioningFineTuning(FineTuningTask):
         index = torch.full((vocab_size,), -1, dtype=torch.long)
         index[self.output_ids] = torch.arange(len(ids))
         self.register_buffer("output_index", index, persistent=False)
-        self.head = nn.Linear(self.backbone.config.dim, len(ids))
-        init_head(self.head)
+        self.head = token_head(self.backbone.config.dim, len(ids))
         self.tokenizer = TextTokenizer(max_length + 1)
 
     # ---------------------------------------------------------------------------------------------- training
@@ -225,7 +223,7 @@ class CaptioningFineTuning(FineTuningTask):
             self.shared_step(batch, "val")
         if "image_id" not in batch or "captions" not in batch:
             return
-        image_ids = _ids(batch["image_id"])
+        image_ids = as_ids(batch["image_id"])
         for image_id, caption, references in zip(
             image_ids, self.captions(batch["image"]), batch["captions"], strict=True
         ):
@@ -239,7 +237,7 @@ class CaptioningFineTuning(FineTuningTask):
             return
         if self.results_dir is not None and self.trainer.is_global_zero:
             path = Path(self.results_dir) / f"captions_val_step{self.global_step}.json"
-            write_caption_results([{"image_id": i, "caption": o["caption"]} for i, o in outputs.items()], path)
+            self.write_predictions([{"image_id": i, "caption": o["caption"]} for i, o in outputs.items()], path)
         references = {i: o["references"] for i, o in outputs.items()}
         predictions = {i: o["caption"] for i, o in outputs.items()}
         try:
@@ -254,25 +252,7 @@ class CaptioningFineTuning(FineTuningTask):
     def predict_step(self, batch: dict, batch_idx: int) -> list[dict]:
         entries = [
             {"image_id": image_id, "caption": caption}
-            for image_id, caption in zip(_ids(batch["image_id"]), self.captions(batch["image"]), strict=True)
+            for image_id, caption in zip(as_ids(batch["image_id"]), self.captions(batch["image"]), strict=True)
         ]
         self.predictions.extend(entries)
         return entries
-
-    def on_predict_epoch_end(self) -> None:
-        entries = gather_objects(self.predictions)
-        self.predicted_count = len({entry["image_id"] for entry in entries})
-        if self.predictions_file is not None and self.trainer.is_global_zero:
-            write_caption_results(entries, self.predictions_file)
-
-
-def _ids(values) -> list:
-    return values.tolist() if isinstance(values, torch.Tensor) else list(values)
-
-
-def write_caption_results(entries: list[dict], path: str | Path) -> None:
-    """Writes ``[{"image_id", "caption"}]`` atomically, one entry per image (the first one kept)."""
-    unique: dict = {}
-    for entry in entries:
-        unique.setdefault(entry["image_id"], entry)
-    write_text_atomic(path, json.dumps(list(unique.values())) + "\n")

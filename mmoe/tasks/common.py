@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mmoe.atomic import write_text_atomic
 from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
 from mmoe.moe import RoutingRecord, restore_expert_embedding_norm
 from mmoe.tasks.checkpoint import config_from_dict, config_to_dict, read_backbone_state
@@ -221,7 +222,17 @@ class FineTuningTask(BackboneTask):
             ``layer_decay ** (depth + 1 - (i + 1))``, the embeddings' by ``layer_decay ** (depth + 1)`` (NLVR2 base:
             0.65; 1.0 = off).
         head_lr_multiplier: learning-rate multiplier of the task head (BEiT-3 ``--task_head_lr_weight``: 20 for VQAv2).
+
+    Prediction (``mmoe predict``): ``predict_step`` appends its entries to ``self.predictions``; at the end the base
+    class gathers them over the processes, keeps the first entry of each sample (``prediction_key``; a distributed
+    sampler may repeat samples to even out the ranks), sets ``predicted_count`` and writes ``predictions_file``
+    atomically in the task's :meth:`format_predictions` (a JSON list unless the task says otherwise).
     """
+
+    #: The field of a prediction entry that names its sample: a dict key, or an index into a tuple entry.
+    prediction_key: str | int
+    #: Where ``mmoe predict`` writes the predictions; None = not written. Set by each task's ``__init__``.
+    predictions_file: str | None = None
 
     def __init__(
         self,
@@ -267,6 +278,21 @@ class FineTuningTask(BackboneTask):
 
     def on_predict_epoch_start(self) -> None:
         self.predictions = []
+
+    def on_predict_epoch_end(self) -> None:
+        entries = unique_entries(gather_objects(self.predictions), self.prediction_key)
+        self.predicted_count = len(entries)
+        if self.predictions_file is not None and self.trainer.is_global_zero:
+            self.write_predictions(entries, self.predictions_file)
+
+    def format_predictions(self, entries: list) -> str:
+        """The text of a predictions file holding ``entries``: a JSON list (VQA, captions) by default."""
+        return json.dumps(entries) + "\n"
+
+    def write_predictions(self, entries: list, path: str | Path) -> None:
+        """Writes ``entries`` to ``path`` atomically in :meth:`format_predictions`, one entry per sample (the first
+        one kept)."""
+        write_text_atomic(path, self.format_predictions(unique_entries(entries, self.prediction_key)))
 
     def training_step(self, batch: dict, batch_idx: int) -> dict:
         loss, routing, _ = self.shared_step(batch, "train")
@@ -388,6 +414,19 @@ def set_random_states(states: dict[str, Any]) -> None:
 def _as_tuples(value: Any) -> Any:
     """Python's random state with the tuples a checkpoint round trip may have turned into lists."""
     return tuple(_as_tuples(item) for item in value) if isinstance(value, list | tuple) else value
+
+
+def unique_entries(entries: list, key: str | int) -> list:
+    """The first entry of each distinct ``entry[key]``, in order of first appearance."""
+    unique: dict = {}
+    for entry in entries:
+        unique.setdefault(entry[key], entry)
+    return list(unique.values())
+
+
+def as_ids(values: torch.Tensor | list) -> list:
+    """A batch's per-sample ids as a Python list (a collated long tensor becomes ints)."""
+    return values.tolist() if isinstance(values, torch.Tensor) else list(values)
 
 
 def gather_objects(items: list) -> list:

@@ -15,22 +15,17 @@ pair id blanked). ``mmoe predict`` writes ``identifier,prediction`` lines (``Tru
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_warn
-from torch import nn
 
-from mmoe.atomic import write_text_atomic
 from mmoe.metrics.files import EvalInputError
 from mmoe.metrics.nlvr2 import nlvr2_scores
+from mmoe.model.heads import BEIT3_HEAD_INIT_SCALE, nlvr2_head
 from mmoe.moe import RoutingRecord
 from mmoe.tasks.common import FineTuningTask, gather_objects
-from mmoe.tasks.vqa import init_head
 
-#: Scale of the MLP's initial linear weights and biases (BEiT-3 ``TwoLayerMLP`` init for NLVR2).
-BEIT3_HEAD_INIT_SCALE = 1e-3
+__all__ = ["BEIT3_HEAD_INIT_SCALE", "NLVR2FineTuning", "labels_of"]
 
 
 class NLVR2FineTuning(FineTuningTask):
@@ -50,25 +45,15 @@ class NLVR2FineTuning(FineTuningTask):
             pretrained, frozen_routing, balance and optimiser settings).
     """
 
+    #: Prediction entries are ``(identifier, prediction)`` tuples.
+    prediction_key = 0
+
     def __init__(
         self, predictions_file: str | None = None, head_init_scale: float = BEIT3_HEAD_INIT_SCALE, **kwargs
     ) -> None:
         super().__init__(**kwargs)
         self.predictions_file = predictions_file
-        dim, eps = self.backbone.config.dim, self.backbone.config.layernorm_eps
-        self.head = nn.Sequential(
-            nn.LayerNorm(4 * dim, eps=eps),
-            nn.Linear(4 * dim, 2 * dim),
-            nn.LayerNorm(2 * dim, eps=eps),
-            nn.GELU(),
-            nn.Linear(2 * dim, 2),
-        )
-        init_head(self.head)
-        with torch.no_grad():
-            for layer in self.head:
-                if isinstance(layer, nn.Linear):
-                    layer.weight.mul_(head_init_scale)
-                    layer.bias.mul_(head_init_scale)
+        self.head = nlvr2_head(self.backbone.config.dim, self.backbone.config.layernorm_eps, head_init_scale)
 
     def pair_features(
         self,
@@ -128,11 +113,9 @@ class NLVR2FineTuning(FineTuningTask):
         self.predictions.extend(entries)
         return entries
 
-    def on_predict_epoch_end(self) -> None:
-        entries = gather_objects(self.predictions)
-        self.predicted_count = len({entry[0] for entry in entries})
-        if self.predictions_file is not None and self.trainer.is_global_zero:
-            write_nlvr2_predictions(entries, self.predictions_file)
+    def format_predictions(self, entries: list[tuple[str, bool]]) -> str:
+        """``identifier,True|False`` lines, the file ``mmoe eval nlvr2`` reads."""
+        return "\n".join(f"{identifier},{prediction}" for identifier, prediction in entries) + "\n"
 
 
 def labels_of(batch: dict) -> torch.Tensor:
@@ -146,10 +129,3 @@ def labels_of(batch: dict) -> torch.Tensor:
             f"{' ...' if len(unlabelled) > 5 else ''} (give labelled shards as train_shards / val_shards)"
         )
     return labels
-
-
-def write_nlvr2_predictions(entries: list[tuple[str, bool]], path: str | Path) -> None:
-    """Writes ``identifier,True|False`` lines atomically, one per identifier (the first one kept)."""
-    unique = dict(reversed(entries))  # the first entry of an identifier wins
-    lines = [f"{identifier},{unique[identifier]}" for identifier in dict.fromkeys(i for i, _ in entries)]
-    write_text_atomic(path, "\n".join(lines) + "\n")

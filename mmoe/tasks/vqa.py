@@ -15,17 +15,15 @@ vocabulary). ``mmoe predict`` writes the test-dev submission ``[{"question_id", 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from mmoe.atomic import write_text_atomic
 from mmoe.metrics.vqa import vqa_accuracy
+from mmoe.model.heads import vqa_pooler_and_head
 from mmoe.moe import RoutingRecord
-from mmoe.tasks.common import FineTuningTask, gather_objects, read_vocabulary_file
+from mmoe.tasks.common import FineTuningTask, as_ids, gather_objects, read_vocabulary_file
 
 
 def load_answer_vocab(path: str | Path) -> list[str]:
@@ -40,29 +38,6 @@ def load_answer_vocab(path: str | Path) -> list[str]:
     if not isinstance(value, list) or not value or not all(isinstance(answer, str) for answer in value):
         raise ValueError(f"answer vocabulary {path}: expected a non-empty JSON list of answer strings")
     return value
-
-
-class Pooler(nn.Module):
-    """BEiT-3's pooler over one token: LayerNorm -> Linear(D, D) -> tanh."""
-
-    def __init__(self, dim: int, eps: float = 1e-5) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(dim, eps=eps)
-        self.dense = nn.Linear(dim, dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self.dense(self.norm(x)))
-
-
-def init_head(module: nn.Module) -> None:
-    """BEiT-3 head init: truncated normal (std 0.02) linear weights, zero biases, LayerNorm 1 / 0."""
-    for layer in module.modules():
-        if isinstance(layer, nn.Linear):
-            nn.init.trunc_normal_(layer.weight, std=0.02)
-            nn.init.zeros_(layer.bias)
-        elif isinstance(layer, nn.LayerNorm):
-            nn.init.ones_(layer.weight)
-            nn.init.zeros_(layer.bias)
 
 
 class VQAFineTuning(FineTuningTask):
@@ -81,20 +56,14 @@ class VQAFineTuning(FineTuningTask):
             pretrained, frozen_routing, balance and optimiser settings).
     """
 
+    prediction_key = "question_id"
+
     def __init__(self, answer_vocab: str, predictions_file: str | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
         self.predictions_file = predictions_file
         self.answers = load_answer_vocab(answer_vocab)
-        dim = self.backbone.config.dim
-        self.pooler = Pooler(dim, self.backbone.config.layernorm_eps)
-        self.head = nn.Sequential(
-            nn.Linear(dim, 2 * dim),
-            nn.LayerNorm(2 * dim, eps=self.backbone.config.layernorm_eps),
-            nn.GELU(),
-            nn.Linear(2 * dim, len(self.answers)),
-        )
-        init_head(self.pooler)
-        init_head(self.head)
+        config = self.backbone.config
+        self.pooler, self.head = vqa_pooler_and_head(config.dim, len(self.answers), config.layernorm_eps)
 
     def forward(self, image: torch.Tensor, text: torch.Tensor, text_padding_mask: torch.Tensor | None = None):
         """(B, num_answers) logits and the routing records."""
@@ -140,26 +109,9 @@ class VQAFineTuning(FineTuningTask):
 
     def predict_step(self, batch: dict, batch_idx: int) -> list[dict]:
         logits, _ = self.forward_batch(batch)
-        question_ids = batch["question_id"]
-        question_ids = question_ids.tolist() if isinstance(question_ids, torch.Tensor) else list(question_ids)
         entries = [
             {"question_id": qid, "answer": answer}
-            for qid, answer in zip(question_ids, self.predicted_answers(logits), strict=True)
+            for qid, answer in zip(as_ids(batch["question_id"]), self.predicted_answers(logits), strict=True)
         ]
         self.predictions.extend(entries)
         return entries
-
-    def on_predict_epoch_end(self) -> None:
-        entries = gather_objects(self.predictions)
-        self.predicted_count = len({entry["question_id"] for entry in entries})
-        if self.predictions_file is not None and self.trainer.is_global_zero:
-            write_vqa_results(entries, self.predictions_file)
-
-
-def write_vqa_results(entries: list[dict], path: str | Path) -> None:
-    """Writes ``[{"question_id", "answer"}]`` atomically, one entry per question id (the first one kept; a
-    distributed sampler may repeat samples to even out the ranks)."""
-    unique: dict[int, dict] = {}
-    for entry in entries:
-        unique.setdefault(entry["question_id"], entry)
-    write_text_atomic(path, json.dumps(list(unique.values())) + "\n")
