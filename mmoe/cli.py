@@ -41,7 +41,7 @@ class Command:
 def moe_info(argv: Sequence[str]) -> int:
     from jsonargparse import ArgumentParser
 
-    from mmoe.moe import MoEConfig, MoELayer
+    from mmoe.moe import MoEConfig, build_moe_layer
     from mmoe.moe.cost import active_parameters_per_token, flops_per_token, moe_parameter_count
 
     parser = ArgumentParser(prog="mmoe moe-info", description="Parameter and FLOP counts of one MoE layer.")
@@ -56,7 +56,7 @@ def moe_info(argv: Sequence[str]) -> int:
     report = {
         "config": {name: getattr(config, name) for name in MoEConfig.__dataclass_fields__},
         "parameters": moe_parameter_count(config),
-        "parameters_counted": sum(p.numel() for p in MoELayer(config).parameters()),
+        "parameters_counted": sum(p.numel() for p in build_moe_layer(config).parameters()),
         "active_parameters_per_token": active_parameters_per_token(config),
         "flops_per_token": flops_per_token(config),
         "dense_ffn_parameters": dense_parameters,

@@ -82,6 +82,18 @@ def test_moe_every_rule_and_explicit_layers():
     assert kinds == [FeedForward, MoELayer, FeedForward, MoELayer]
 
 
+def test_moe_layers_name_each_moe_ffn_as_its_records_do():
+    backbone = MultiwayTransformer(tiny(depth=4, vl_layers=1, moe=MoEPlan(every=2, num_experts=2)))
+    slots = [(slot.index, slot.modality) for slot in backbone.moe_layers()]
+    assert slots == [(1, "vision"), (1, "language"), (3, "vision"), (3, "language"), (3, "shared")]
+    assert [slot.layer for slot in backbone.moe_layers()][-1] is backbone.layers[3].vl_ffn
+    image, text, padding = inputs()
+    records = backbone(image=image, text=text, text_padding_mask=padding).routing
+    assert {(r.layer, r.modality) for r in records} <= set(slots)
+    shared = MultiwayTransformer(tiny(depth=2, moe=MoEPlan(every=1, num_experts=2, mode="shared")))
+    assert [(slot.index, slot.modality) for slot in shared.moe_layers()] == [(0, "shared"), (1, "shared")]
+
+
 @pytest.mark.parametrize("plan", PLANS[:3])
 def test_forward_shapes_for_each_input_kind(plan):
     backbone = MultiwayTransformer(tiny(moe=plan))

@@ -30,10 +30,10 @@ from mmoe.metrics.routing import (
     subtoken_diversity,
     text_diversity,
 )
-from mmoe.metrics.routing_callback import RoutingStatsCallback
 from mmoe.metrics.routing_collect import RouterInputs, moe_layers, run_routing
 from mmoe.metrics.routing_stats import read_stats
 from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
+from mmoe.tasks.routing_callback import RoutingStatsCallback
 from tests.routing_fixtures import record, tiny_config
 
 # -- sub-token assignment diversity ----------------------------------------------------------------------------------
@@ -334,7 +334,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 from lightning.pytorch.loggers import CSVLogger
-from mmoe.metrics.routing_callback import RoutingStatsCallback
+from mmoe.tasks.routing_callback import RoutingStatsCallback
 from tests.test_routing_analysis import TinyRoutingTask
 
 if __name__ == "__main__":

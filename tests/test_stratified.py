@@ -9,7 +9,7 @@ import torch
 
 from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
 from mmoe.model.cost import backbone_parameters
-from mmoe.moe import MoEConfig, MoELayer, StratifiedMoELayer
+from mmoe.moe import MoEConfig, MoELayer, StratifiedMoELayer, build_moe_layer
 from mmoe.moe.cost import moe_parameter_count
 from tests.moe_reference import reference_stratified
 
@@ -19,7 +19,7 @@ def make_layer(seed: int = 0, **overrides) -> StratifiedMoELayer:
     fields = dict(dim=16, ffn_dim=12, num_experts=6, top_k=2, strata=[2, 2, 2])
     fields.update(overrides)
     fields["num_experts"] = sum(fields["strata"])
-    layer = MoELayer(MoEConfig(**fields)).double()
+    layer = build_moe_layer(MoEConfig(**fields)).double()
     with torch.no_grad():
         for norm in layer.norms:
             norm.weight.normal_(1.0, 0.2)
@@ -69,7 +69,7 @@ def test_matches_per_token_walk_through_strata(router, strata, capacity):
 
 def test_one_stratum_is_layernorm_top2_moe_residual():
     torch.manual_seed(0)
-    stratified = MoELayer(MoEConfig(dim=16, ffn_dim=12, num_experts=4, top_k=2, strata=[4])).double()
+    stratified = build_moe_layer(MoEConfig(dim=16, ffn_dim=12, num_experts=4, top_k=2, strata=[4])).double()
     plain = MoELayer(MoEConfig(dim=16, ffn_dim=12, num_experts=4, top_k=2)).double()
     plain.router.load_state_dict(stratified.routers[0].state_dict())
     plain.experts.load_state_dict(stratified.experts.state_dict())
@@ -145,7 +145,7 @@ def test_requested_capacity_by_hand():
 
 def test_parameter_count_and_frozen_routing():
     config = MoEConfig(dim=16, ffn_dim=12, num_experts=6, top_k=2, strata=[2, 2, 2], router="xmoe", frozen=True)
-    layer = MoELayer(config)
+    layer = build_moe_layer(config)
     assert moe_parameter_count(config) == sum(p.numel() for p in layer.parameters())
     x = torch.randn(2, 5, 16, requires_grad=True)
     y, routing = layer(x)
@@ -189,3 +189,13 @@ def test_inside_the_multiway_backbone(mode):
     assert all(1.0 <= r.requested_capacity.item() <= 2.0 for r in out.routing)
     (out.hidden.sum() + sum(r.balance_loss for r in out.routing)).backward()
     assert backbone.layers[1].ffn[0].norms[0].weight.grad is not None
+
+
+def test_build_moe_layer_picks_the_layer_kind():
+    plain = MoEConfig(dim=16, ffn_dim=12, num_experts=4, top_k=2)
+    stratified = MoEConfig(dim=16, ffn_dim=12, num_experts=4, top_k=2, strata=[2, 2])
+    assert type(build_moe_layer(plain)) is MoELayer
+    assert type(build_moe_layer(stratified)) is StratifiedMoELayer
+    assert len(build_moe_layer(plain).gate_routers()) == 1 and len(build_moe_layer(stratified).gate_routers()) == 2
+    with pytest.raises(ValueError, match="build_moe_layer"):
+        MoELayer(stratified)

@@ -45,7 +45,12 @@ DEFAULT_CURVE_THRESHOLDS = tuple(
 
 def record_key(record: RoutingRecord) -> str:
     """``"layer{index}/{modality}"``, the key the statistics of one MoE layer are kept under."""
-    return f"layer{record.layer}/{record.modality}"
+    return layer_key(record.layer, record.modality)
+
+
+def layer_key(index: int | None, modality: str | None) -> str:
+    """``"layer{index}/{modality}"`` for a layer index and a modality ("vision", "language" or "shared")."""
+    return f"layer{index}/{modality}"
 
 
 def selection_frequency(counts_E: torch.Tensor) -> torch.Tensor:

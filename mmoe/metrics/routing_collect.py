@@ -5,41 +5,40 @@ the routing records do not carry. :class:`RouterInputs` reads them with forward 
 :class:`mmoe.moe.router.Router` modules (the hook sees the router's input ``x_SD`` and ``valid_S`` and its output's
 top-1 experts), so no model code changes. A Stratified MoE layer is analysed at its first gate, which every token
 passes.
+
+The MoE layers are found through the backbone's public ``moe_layers()``
+(:meth:`mmoe.model.MultiwayTransformer.moe_layers`) and their routers through ``gate_routers()``
+(:meth:`mmoe.moe.MoELayer.gate_routers`); this module does not import :mod:`mmoe.model`.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from mmoe.metrics.routing import RoutingTotals, record_key
-from mmoe.model.layers import MODALITY_NAMES, MultiwayBlock
+from mmoe.metrics.routing import RoutingTotals, layer_key, record_key
 from mmoe.moe import MoELayer, RoutingRecord
 from mmoe.moe.router import Router
 
 
-def moe_layers(module: nn.Module) -> dict[str, MoELayer]:
-    """The MoE layers inside ``module`` (a backbone or a task holding one), by :func:`record_key` key."""
+def moe_layers(backbone: nn.Module) -> dict[str, MoELayer]:
+    """The MoE layers of ``backbone`` (a :class:`mmoe.model.MultiwayTransformer`), by :func:`record_key` key.
+
+    Where two layers share a key (a layer's shared FFN and its VL-FFN), the first one the backbone lists is kept.
+    """
     found: dict[str, MoELayer] = {}
-    for block in module.modules():
-        if not isinstance(block, MultiwayBlock):
-            continue
-        named = [(("shared" if len(block.ffn) == 1 else MODALITY_NAMES[j]), ffn) for j, ffn in enumerate(block.ffn)]
-        if block.vl_ffn is not None:
-            named.append(("shared", block.vl_ffn))
-        for modality, ffn in named:
-            if isinstance(ffn, MoELayer):
-                found.setdefault(f"layer{block.index}/{modality}", ffn)
+    for slot in backbone.moe_layers():
+        found.setdefault(layer_key(slot.index, slot.modality), slot.layer)
     return found
 
 
 def first_router(layer: MoELayer) -> Router:
-    """The router of a plain MoE layer, or the first gate of a Stratified one."""
-    return layer.routers[0] if hasattr(layer, "routers") else layer.router
+    """The router every (sub-)token of ``layer`` meets first: a plain layer's router, a Stratified layer's gate 1."""
+    return layer.gate_routers()[0]
 
 
 @dataclass
@@ -58,7 +57,7 @@ class RouterInputs:
     """Context manager that records each MoE layer's router inputs while a backbone runs.
 
     Args:
-        module: the backbone (or a module holding one).
+        module: the backbone (a :class:`mmoe.model.MultiwayTransformer`).
         max_rows: keep at most this many (sub-)token rows per layer (the first ones), to bound memory.
     """
 
@@ -137,12 +136,3 @@ def run_routing(
     if recorder is not None:
         inputs = {key: capture.tensors() for key, capture in recorder.captures.items() if capture.rows}
     return RoutingRun(totals, top1, inputs)
-
-
-def iterate_records(backbone: nn.Module, batches: Iterable[dict]) -> Iterator[tuple[dict, list[RoutingRecord], int]]:
-    """Yield ``(batch, records, image_len)`` for each batch, backbone in eval mode and without gradients."""
-    backbone.eval()
-    for batch in batches:
-        with torch.no_grad():
-            out = backbone(**batch)
-        yield batch, out.routing, out.image_len

@@ -5,9 +5,11 @@ Public API::
     from mmoe.model import MultiwayConfig, MultiwayTransformer
     backbone = MultiwayTransformer(MultiwayConfig.preset("tiny", moe=MoEPlan(num_experts=8, every=2)))
     out = backbone(image=None, text=None, text_padding_mask=None, image_mask=None)
+    for slot in backbone.moe_layers():  # MoELayerSlot(index, modality, layer)
+        ...
 """
 
-from mmoe.model.backbone import BackboneOutput, MultiwayTransformer
+from mmoe.model.backbone import BackboneOutput, MoELayerSlot, MultiwayTransformer
 from mmoe.model.config import MoEPlan, MultiwayConfig
 
-__all__ = ["BackboneOutput", "MoEPlan", "MultiwayConfig", "MultiwayTransformer"]
+__all__ = ["BackboneOutput", "MoELayerSlot", "MoEPlan", "MultiwayConfig", "MultiwayTransformer"]

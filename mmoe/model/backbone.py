@@ -12,6 +12,7 @@ at ``nn.Embedding``'s N(0, 1)). Routers and the MH-MoE split/merge layers keep t
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -20,7 +21,7 @@ from torch.utils.checkpoint import checkpoint
 
 from mmoe.model.config import MultiwayConfig
 from mmoe.model.layers import FeedForward, MultiwayBlock
-from mmoe.moe import MoELayer, RoutingRecord
+from mmoe.moe import MoELayer, RoutingRecord, build_moe_layer
 from mmoe.moe.experts import GroupedExperts
 
 
@@ -45,6 +46,21 @@ class BackboneOutput:
     @property
     def text_hidden(self) -> torch.Tensor:
         return self.hidden[:, self.image_len :]
+
+
+@dataclass(frozen=True)
+class MoELayerSlot:
+    """Where one MoE FFN sits in the backbone.
+
+    Attributes:
+    index: 0-based layer index, as in the routing records' ``layer``.
+    modality: "vision", "language" or "shared" (shared FFN or VL-FFN), as in the routing records' ``modality``.
+    layer: the MoE layer (its routers in gate order: ``layer.gate_routers()``).
+    """
+
+    index: int
+    modality: str
+    layer: MoELayer
 
 
 class MultiwayTransformer(nn.Module):
@@ -83,8 +99,14 @@ class MultiwayTransformer(nn.Module):
         config = self.config
         if is_moe:
             moe_config = config.moe.layer_config(config.dim, config.ffn_dim, config.subln)
-            return lambda: MoELayer(moe_config)
+            return lambda: build_moe_layer(moe_config)
         return lambda: FeedForward(config.dim, config.ffn_dim, config.subln, config.layernorm_eps)
+
+    def moe_layers(self) -> Iterator[MoELayerSlot]:
+        """The MoE FFNs in depth order (vision, language or shared, then the VL-FFN within a layer)."""
+        for block in self.layers:
+            for modality, layer in block.moe_layers():
+                yield MoELayerSlot(block.index, modality, layer)
 
     def reset_parameters(self) -> None:
         std = 0.02

@@ -11,7 +11,7 @@ modalities are carried as two tensors through the layer, so no split position is
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -19,7 +19,7 @@ from timm.layers import DropPath
 from torch import nn
 
 from mmoe.model.config import MultiwayConfig
-from mmoe.moe import RoutingRecord
+from mmoe.moe import MoELayer, RoutingRecord
 
 VISION, LANGUAGE = 0, 1
 MODALITY_NAMES = ("vision", "language")
@@ -114,6 +114,16 @@ class MultiwayBlock(nn.Module):
         self.vl_ffn = make_ffn() if vision_language_ffn else None
         self.vl_norm = nn.LayerNorm(dim, eps=eps) if vision_language_ffn and with_norm else None
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+
+    def moe_layers(self) -> Iterator[tuple[str, MoELayer]]:
+        """``(modality, layer)`` for each MoE FFN of this block, modality as in its routing records ("vision",
+        "language", or "shared" for a shared FFN and the VL-FFN); the per-modality FFNs come before the VL-FFN."""
+        named = [("shared" if len(self.ffn) == 1 else MODALITY_NAMES[m], ffn) for m, ffn in enumerate(self.ffn)]
+        if self.vl_ffn is not None:
+            named.append(("shared", self.vl_ffn))
+        for modality, ffn in named:
+            if isinstance(ffn, MoELayer):
+                yield modality, ffn
 
     def forward(
         self,

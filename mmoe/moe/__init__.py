@@ -2,13 +2,22 @@
 
 Public API::
 
-    from mmoe.moe import MoEConfig, MoELayer
-    layer = MoELayer(MoEConfig(dim=768, ffn_dim=3072, num_experts=8))
-    y, routing = layer(x, padding_mask=None)
+    from mmoe.moe import MoEConfig, build_moe_layer
+    layer = build_moe_layer(MoEConfig(dim=768, ffn_dim=3072, num_experts=8))  # a MoELayer (StratifiedMoELayer
+    y, routing = layer(x, padding_mask=None)                                   # with MoEConfig.strata set)
+    first_router = layer.gate_routers()[0]
 """
 
 from mmoe.moe.config import MoEConfig
+from mmoe.moe.factory import build_moe_layer
 from mmoe.moe.layer import MoELayer, RoutingRecord, restore_expert_embedding_norm
 from mmoe.moe.stratified import StratifiedMoELayer
 
-__all__ = ["MoEConfig", "MoELayer", "RoutingRecord", "StratifiedMoELayer", "restore_expert_embedding_norm"]
+__all__ = [
+    "MoEConfig",
+    "MoELayer",
+    "RoutingRecord",
+    "StratifiedMoELayer",
+    "build_moe_layer",
+    "restore_expert_embedding_norm",
+]

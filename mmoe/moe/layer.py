@@ -57,8 +57,9 @@ class RoutingRecord:
 class MoELayer(nn.Module):
     """Sparse Mixture-of-Experts FFN: ``y, routing = layer(x, padding_mask)``.
 
-    With ``config.strata`` set, ``MoELayer(config)`` builds a :class:`mmoe.moe.stratified.StratifiedMoELayer`, which
-    carries its own LayerNorms and residual (``includes_residual``) and so replaces a block's whole FFN sub-layer.
+    :func:`mmoe.moe.build_moe_layer` builds this layer, or a :class:`mmoe.moe.stratified.StratifiedMoELayer` when
+    ``config.strata`` is set (that layer carries its own LayerNorms and residual, ``includes_residual``, and so
+    replaces a block's whole FFN sub-layer).
 
     Args:
         config: the layer's :class:`MoEConfig`.
@@ -67,15 +68,13 @@ class MoELayer(nn.Module):
     #: Whether the output already includes the pre-LN and the residual of the FFN sub-layer (Stratified MoE only).
     includes_residual = False
 
-    def __new__(cls, config: MoEConfig | None = None, *args, **kwargs):
-        if cls is MoELayer and config is not None and config.strata is not None:
-            from mmoe.moe.stratified import StratifiedMoELayer  # the subclass imports this module
-
-            cls = StratifiedMoELayer
-        return super().__new__(cls)
-
     def __init__(self, config: MoEConfig) -> None:
         super().__init__()
+        if config.strata is not None:
+            raise ValueError(
+                f"MoELayer got MoEConfig.strata={config.strata!r}: "
+                "build a Stratified layer with mmoe.moe.build_moe_layer"
+            )
         self.config = config
         if config.heads > 1:
             # MH-MoE App. E: multi-head layer xavier-uniform with gain 1/sqrt(2) and default bias; merge layer
@@ -92,6 +91,11 @@ class MoELayer(nn.Module):
         if config.frozen:
             self.router.requires_grad_(False)
             self.experts.requires_grad_(False)
+
+    def gate_routers(self) -> list[Router]:
+        """The layer's routers in the order a token meets them: the one router here, one per stratum (gate) in a
+        Stratified MoE layer. The first one sees every (sub-)token."""
+        return [self.router]
 
     def forward(self, x: torch.Tensor, padding_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, RoutingRecord]:
         """Args:

@@ -37,7 +37,7 @@ from mmoe.moe.router import Router
 
 
 class StratifiedMoELayer(MoELayer):
-    """Stratified MoE layer; ``MoELayer(MoEConfig(..., strata=[...]))`` builds one.
+    """Stratified MoE layer; :func:`mmoe.moe.build_moe_layer` builds one from a ``MoEConfig(..., strata=[...])``.
 
     Returns ``x + update`` (the residual is inside); the record's ``expert_index`` holds the choices at the first
     gate, ``stratum_path`` (B, L, n_strata) each gate's first choice (-1 where skipped), ``expert_counts`` every pass.
@@ -62,6 +62,10 @@ class StratifiedMoELayer(MoELayer):
         if config.frozen:
             self.routers.requires_grad_(False)
             self.experts.requires_grad_(False)
+
+    def gate_routers(self) -> list[Router]:
+        """One router per stratum (gate i of Stratified MoE Eq. 5), in gate order; the first one sees every token."""
+        return list(self.routers)
 
     def forward(self, x: torch.Tensor, padding_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, RoutingRecord]:
         config = self.config

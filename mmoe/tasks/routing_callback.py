@@ -31,10 +31,27 @@ import lightning as L
 import torch
 
 from mmoe.atomic import write_json_atomic
-from mmoe.metrics.routing import DEFAULT_ACTIVATION_THRESHOLD, RoutingTotals, record_key, sort_keys, valid_tokens
-from mmoe.metrics.routing_collect import moe_layers
+from mmoe.metrics.routing import (
+    DEFAULT_ACTIVATION_THRESHOLD,
+    RoutingTotals,
+    layer_key,
+    record_key,
+    sort_keys,
+    valid_tokens,
+)
 from mmoe.metrics.routing_stats import STATS_FILENAME, STATS_FORMAT
+from mmoe.model import MultiwayTransformer
 from mmoe.moe import RoutingRecord
+
+
+def moe_experts(module: torch.nn.Module) -> dict[str, int]:
+    """Experts per MoE layer of every backbone inside ``module`` (a task), by :func:`record_key` key."""
+    found: dict[str, int] = {}
+    for backbone in module.modules():
+        if isinstance(backbone, MultiwayTransformer):
+            for slot in backbone.moe_layers():
+                found.setdefault(layer_key(slot.index, slot.modality), slot.layer.config.num_experts)
+    return found
 
 
 class RoutingStatsCallback(L.Callback):
@@ -78,8 +95,7 @@ class RoutingStatsCallback(L.Callback):
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Rows are fixed from the model's structure, so every rank reduces tensors of the same shape even when a
         # modality is absent from some rank's batches.
-        layers = moe_layers(pl_module)
-        self._num_experts = {key: layer.config.num_experts for key, layer in layers.items()}
+        self._num_experts = moe_experts(pl_module)
         self._keys = {key: row for row, key in enumerate(sort_keys(self._num_experts))}
         self._allocate(pl_module.device)
         log_every = getattr(trainer, "log_every_n_steps", 0)

@@ -4,7 +4,7 @@
   token) sub-token assignment-diversity maps (MH-MoE Fig. 1b, 8, 10): per checkpoint a grid images × MoE layers,
   plain and over the image, and with several checkpoints one side-by-side figure per layer.
 * ``mmoe viz heatmap --ckpt C --data SHARDS --out DIR`` (or ``--stats routing_stats.json`` saved by
-  :class:`mmoe.metrics.routing_callback.RoutingStatsCallback`) — expert-activation heatmap layer × expert per modality
+  :class:`mmoe.tasks.routing_callback.RoutingStatsCallback`) — expert-activation heatmap layer × expert per modality
   (MH-MoE Fig. 5), per-layer load bars and the activation-ratio-vs-threshold curve.
 * ``mmoe analyze routing --ckpt A [--compare B] [--runs C1 C2 ...] --data SHARDS [--batches N]`` — one JSON object:
   ``activation_ratio``, ``representation_collapse`` (X-MoE Eq. 11), ``requested_capacity`` per MoE layer, and, when

@@ -1,7 +1,7 @@
 """Expert-load figures: activation heatmap layer × expert (MH-MoE Fig. 1a, 5), load bars, activation-ratio curve.
 
 All take the per-layer expert loads ``{"layer{i}/{modality}": (E,) counts}`` accumulated by
-:class:`mmoe.metrics.routing.RoutingTotals` or saved by :class:`mmoe.metrics.routing_callback.RoutingStatsCallback`.
+:class:`mmoe.metrics.routing.RoutingTotals` or saved by :class:`mmoe.tasks.routing_callback.RoutingStatsCallback`.
 """
 
 from __future__ import annotations

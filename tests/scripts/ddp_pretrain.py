@@ -17,9 +17,9 @@ import torch
 from lightning.pytorch.loggers import CSVLogger
 
 from mmoe.data.datamodules import PretrainDataModule
-from mmoe.metrics.routing_callback import RoutingStatsCallback
 from mmoe.model import MoEPlan, MultiwayConfig
 from mmoe.tasks.pretraining import MaskedPretraining
+from mmoe.tasks.routing_callback import RoutingStatsCallback
 
 
 class Recorder(L.Callback):
