@@ -10,11 +10,11 @@ tensors (``question_id``, ``image_id``, ``label``); strings and lists stay Pytho
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
 
 import numpy as np
 import torch
 
+from mmoe.data.batches import IMAGE, PAIR, TEXT, BatchKind, CaptionBatch, NLVR2Batch, PretrainBatch, VQABatch
 from mmoe.data.masking import MaskingConfig, image_masks, mask_caption, mask_text
 from mmoe.data.pipelines import Sample
 from mmoe.data.tokenizer import TextTokenizer
@@ -41,7 +41,8 @@ def stack_items(items: list[Sample], tokenizer: TextTokenizer) -> Sample:
 
 @dataclass
 class PretrainCollator:
-    """Collates one pre-training stream and masks it (BEiT-3 masked data modeling).
+    """Collates one pre-training stream and masks it (BEiT-3 masked data modeling): the
+    :class:`mmoe.data.batches.ImageBatch`, ``TextBatch`` or ``PairBatch`` of ``kind``.
 
     Args:
         kind: ``"image"`` (block-wise image masks), ``"text"`` (MLM at ``text_ratio``) or ``"pair"`` (MVLM at
@@ -51,22 +52,23 @@ class PretrainCollator:
         tokenizer: pads the text.
     """
 
-    kind: Literal["image", "text", "pair"]
+    kind: BatchKind
     grid: tuple[int, int]
     masking: MaskingConfig = field(default_factory=MaskingConfig)
     tokenizer: TextTokenizer = field(default_factory=TextTokenizer)
 
-    def __call__(self, items: list[Sample], rng: np.random.Generator) -> Sample:
+    def __call__(self, items: list[Sample], rng: np.random.Generator) -> PretrainBatch:
         batch = stack_items(items, self.tokenizer)
+        batch["kind"] = self.kind
         config = self.masking
-        if self.kind in ("image", "pair"):
+        if self.kind in (IMAGE, PAIR):
             size = len(items)
-            if self.kind == "image" or config.mask_pair_images:
+            if self.kind == IMAGE or config.mask_pair_images:
                 batch["image_mask"] = image_masks(size, self.grid, config, rng)
             else:
                 batch["image_mask"] = torch.zeros(size, self.grid[0] * self.grid[1], dtype=torch.bool)
-        if self.kind in ("text", "pair"):
-            ratio = config.text_ratio if self.kind == "text" else config.pair_text_ratio
+        if self.kind in (TEXT, PAIR):
+            ratio = config.text_ratio if self.kind == TEXT else config.pair_text_ratio
             masked = mask_text(batch["text_ids"], ratio, rng, config.mask_token_fraction, config.random_token_fraction)
             batch["text_ids"], batch["text_targets"], batch["text_mask"] = masked
         return batch
@@ -74,12 +76,13 @@ class PretrainCollator:
 
 @dataclass
 class VQACollator:
-    """VQAv2 batches: adds ``targets`` (B, num_answers) float soft scores when the items carry labels."""
+    """VQAv2 batches (:class:`mmoe.data.batches.VQABatch`): adds ``targets`` (B, num_answers) float soft scores when
+    the items carry labels."""
 
     num_answers: int
     tokenizer: TextTokenizer = field(default_factory=TextTokenizer)
 
-    def __call__(self, items: list[Sample], rng: np.random.Generator) -> Sample:
+    def __call__(self, items: list[Sample], rng: np.random.Generator) -> VQABatch:
         labels = [item.pop("labels", None) for item in items]
         scores = [item.pop("scores", None) for item in items]
         batch = stack_items(items, self.tokenizer)
@@ -93,14 +96,14 @@ class VQACollator:
 
 @dataclass
 class CaptionCollator:
-    """Captioning batches. Training batches (``mask_ratio`` > 0) are masked the BEiT-3 way
-    (:func:`mmoe.data.masking.mask_caption`): ``text_ids`` corrupted, ``text_targets``, ``text_mask``."""
+    """Captioning batches (:class:`mmoe.data.batches.CaptionBatch`). Training batches (``mask_ratio`` > 0) are masked
+    the BEiT-3 way (:func:`mmoe.data.masking.mask_caption`): ``text_ids`` corrupted, ``text_targets``, ``text_mask``."""
 
     mask_ratio: float = 0.0
     tokenizer: TextTokenizer = field(default_factory=TextTokenizer)
     masking: MaskingConfig = field(default_factory=MaskingConfig)
 
-    def __call__(self, items: list[Sample], rng: np.random.Generator) -> Sample:
+    def __call__(self, items: list[Sample], rng: np.random.Generator) -> CaptionBatch:
         batch = stack_items(items, self.tokenizer)
         if self.mask_ratio > 0 and "text_ids" in batch:
             config = self.masking
@@ -113,9 +116,9 @@ class CaptionCollator:
 
 @dataclass
 class PlainCollator:
-    """Batches with no task-specific step (NLVR2)."""
+    """Batches with no task-specific step (NLVR2: :class:`mmoe.data.batches.NLVR2Batch`)."""
 
     tokenizer: TextTokenizer = field(default_factory=TextTokenizer)
 
-    def __call__(self, items: list[Sample], rng: np.random.Generator) -> Sample:
+    def __call__(self, items: list[Sample], rng: np.random.Generator) -> NLVR2Batch:
         return stack_items(items, self.tokenizer)

@@ -17,6 +17,7 @@ from pathlib import Path
 import lightning as L
 import torch
 
+from mmoe.data.batches import IMAGE, PAIR, TEXT, BatchKind
 from mmoe.data.collate import CaptionCollator, PlainCollator, PretrainCollator, VQACollator
 from mmoe.data.decoders import (
     CaptionDecoder,
@@ -133,7 +134,8 @@ class PretrainDataModule(_ShardDataModule):
 
     Training batches come from one stream at a time, drawn with the given weights (or, with ``joint``, one batch of
     every stream per step as ``{kind: batch}``); streams repeat without end, and an epoch is ``batches_per_epoch``
-    batches. Every batch has ``kind`` (``"image"``, ``"text"`` or ``"pair"``) and ``key`` (sample keys):
+    batches. Every batch has ``kind`` (``"image"``, ``"text"`` or ``"pair"``) and ``key`` (sample keys); the types are
+    :mod:`mmoe.data.batches` (``ImageBatch``, ``TextBatch``, ``PairBatch``, ``JointBatch``):
 
     * image: ``image`` (B, 3, S, S), ``image_mask`` (B, N) bool, block-wise, ``image_ratio`` of the patches;
     * text: ``text_ids`` (B, T) masked input, ``text_targets`` (B, T) original ids, ``text_mask`` (B, T) bool,
@@ -204,9 +206,9 @@ class PretrainDataModule(_ShardDataModule):
             val_pair_shards=val_pair_shards,
         )
         self.save_hyperparameters()
-        self.train_shards = {"image": image_shards, "text": text_shards, "pair": pair_shards}
-        self.val_shards = {"image": val_image_shards, "text": val_text_shards, "pair": val_pair_shards}
-        self.weights = {"image": image_weight, "text": text_weight, "pair": pair_weight}
+        self.train_shards = {IMAGE: image_shards, TEXT: text_shards, PAIR: pair_shards}
+        self.val_shards = {IMAGE: val_image_shards, TEXT: val_text_shards, PAIR: val_pair_shards}
+        self.weights = {IMAGE: image_weight, TEXT: text_weight, PAIR: pair_weight}
         self.joint, self.batch_size, self.image_size = joint, batch_size, image_size
         self.grid = (image_size // patch_size, image_size // patch_size)
         self.masking = masking or MaskingConfig()
@@ -214,19 +216,19 @@ class PretrainDataModule(_ShardDataModule):
         self.crop_scale, self.hflip = crop_scale, hflip
         self.batches_per_epoch = batches_per_epoch
 
-    def _decoder(self, kind: str, train: bool) -> Decoder:
+    def _decoder(self, kind: BatchKind, train: bool) -> Decoder:
         if train:
             transform = train_transform(self.image_size, self.crop_scale, self.hflip)
             min_side = _min_side(self.image_size, self.crop_scale)
         else:
             transform, min_side = eval_transform(self.image_size), self.image_size
-        if kind == "image":
+        if kind == IMAGE:
             return ImageDecoder(transform, min_side)
-        if kind == "text":
+        if kind == TEXT:
             return TextDecoder(self.tokenizer)
         return PairDecoder(transform, self.tokenizer, min_side)
 
-    def _mixture(self, shards: dict[str, ShardSpec], train: bool) -> StreamMixture:
+    def _mixture(self, shards: dict[BatchKind, ShardSpec], train: bool) -> StreamMixture:
         streams = {
             kind: self._stream(
                 f"{'train' if train else 'val'}/{kind}",
@@ -328,7 +330,7 @@ class _FinetuneDataModule(_ShardDataModule):
 
 
 class VQADataModule(_FinetuneDataModule):
-    """VQAv2 batches from ``mmoe data convert vqav2`` shards.
+    """VQAv2 batches (:class:`mmoe.data.batches.VQABatch`) from ``mmoe data convert vqav2`` shards.
 
     Keys: ``image`` (B, 3, S, S), ``text_ids`` / ``text_padding_mask`` (B, T) (the question), ``question_id`` and
     ``image_id`` (B,) long, ``question`` (list), ``answers`` (list of the 10 human answers, empty for test),
@@ -393,7 +395,7 @@ class VQADataModule(_FinetuneDataModule):
 
 
 class NLVR2DataModule(_FinetuneDataModule):
-    """NLVR2 batches from ``mmoe data convert nlvr2`` shards.
+    """NLVR2 batches (:class:`mmoe.data.batches.NLVR2Batch`) from ``mmoe data convert nlvr2`` shards.
 
     Keys: ``image_left``, ``image_right`` (B, 3, S, S), ``text_ids`` / ``text_padding_mask`` (B, T) (the sentence),
     ``label`` (B,) long (1 true, 0 false, -1 unlabelled), ``identifier`` and ``sentence`` (lists).
@@ -443,7 +445,8 @@ class NLVR2DataModule(_FinetuneDataModule):
 
 
 class CaptioningDataModule(_FinetuneDataModule):
-    """COCO captioning batches from ``mmoe data convert coco-captions`` shards (one sample per image).
+    """COCO captioning batches (:class:`mmoe.data.batches.CaptionBatch`) from ``mmoe data convert coco-captions``
+    shards (one sample per image).
 
     Training yields one item per caption, masked the BEiT-3 way: ``image``, ``text_ids`` (masked),
     ``text_targets``, ``text_mask``, ``text_padding_mask``, ``image_id``. Evaluation yields one item per image:

@@ -6,13 +6,14 @@ pairs (predict the masked text tokens, optionally also masked patches). Total lo
 loss + alpha * (sum over MoE layers of the balance losses; ``balance_reduce="mean"`` averages them instead, as
 Stratified MoE does over blocks).
 
-Batch contract (from :mod:`mmoe.data` pre-training loaders): a dict with ``kind`` in {"image", "text", "pair"} and
+Batch contract (:mod:`mmoe.data.batches`): a single-kind batch (``ImageBatch``, ``TextBatch``, ``PairBatch``, with
+``kind`` in {"image", "text", "pair"}), or the joint form ``{kind: batch}`` (``JointBatch``: one optimisation step over
+all of them); :func:`mmoe.data.batches.step_batches` tells them apart.
 
-* ``image`` (B, 3, H, W), ``image_mask`` (B, N) bool (True = masked patch) — image and pair batches;
-* ``text_ids`` (B, T) masked input ids, ``text_targets`` (B, T) original ids, ``text_mask`` (B, T) bool positions to
-  predict, ``text_padding_mask`` (B, T) bool — text and pair batches;
-
-or a dict mapping kinds to such batches (one optimisation step over all of them).
+The balance term of a joint step covers the routing records of all its forwards: with ``balance_reduce="sum"`` a joint
+step over image, text and pair batches adds 3 x (number of MoE layers) balance losses, so the same alpha weighs the
+balance three times as much as in a mixed step (one forward); ``"mean"`` averages over all of them and has the same
+scale in both modes. Every pre-training config runs joint steps with ``"sum"``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mmoe.data.batches import BATCH_KINDS, IMAGE, TEXT, PretrainBatch, PretrainStep, step_batches
 from mmoe.model import MultiwayConfig, MultiwayTransformer
 from mmoe.moe import RoutingRecord
 from mmoe.tasks.common import NO_DECAY, BackboneTask, detached, warmup_cosine
@@ -32,7 +34,8 @@ from mmoe.tasks.visual_codebook import PatchCodebook
 
 __all__ = ["KINDS", "NO_DECAY", "MaskedPretraining", "warmup_cosine"]
 
-KINDS = ("image", "text", "pair")
+#: The pre-training batch kinds (:data:`mmoe.data.batches.BATCH_KINDS`).
+KINDS = BATCH_KINDS
 
 
 class MaskedPretraining(BackboneTask):
@@ -102,13 +105,13 @@ class MaskedPretraining(BackboneTask):
             nn.init.zeros_(head.bias)
 
     # ----------------------------------------------------------------------------------------------- objective
-    def masked_losses(self, batch: dict) -> tuple[dict[str, torch.Tensor], list[RoutingRecord]]:
+    def masked_losses(self, batch: PretrainBatch) -> tuple[dict[str, torch.Tensor], list[RoutingRecord]]:
         """Cross-entropy of each masked-modeling target present in one single-kind batch, and the routing."""
         kind = batch["kind"]
         if kind not in KINDS:
             raise ValueError(f"batch kind must be one of {KINDS}, got {kind!r}")
-        image = batch.get("image") if kind != "text" else None
-        text = batch.get("text_ids") if kind != "image" else None
+        image = batch.get("image") if kind != TEXT else None
+        text = batch.get("text_ids") if kind != IMAGE else None
         image_mask = batch.get("image_mask") if image is not None else None
         out = self.backbone(
             image=image, text=text, text_padding_mask=batch.get("text_padding_mask"), image_mask=image_mask
@@ -116,7 +119,7 @@ class MaskedPretraining(BackboneTask):
         losses = {}
         if image_mask is not None and bool(image_mask.any()):
             predicted = self.mim_head(out.image_hidden[:, 1:][image_mask]).float()
-            name = "image" if kind == "image" else "pair_image"
+            name = "image" if kind == IMAGE else "pair_image"
             if self.codebook is not None:
                 losses[name] = F.cross_entropy(predicted, self.codebook.encode(image)[image_mask])
             else:
@@ -126,13 +129,13 @@ class MaskedPretraining(BackboneTask):
         if text is not None:
             text_mask = batch["text_mask"]
             logits = self.mlm_head(out.text_hidden[text_mask])
-            losses["text" if kind == "text" else "pair"] = F.cross_entropy(
+            losses["text" if kind == TEXT else "pair"] = F.cross_entropy(
                 logits.float(), batch["text_targets"][text_mask]
             )
         return losses, out.routing
 
-    def _step(self, batch: dict, stage: str) -> tuple[torch.Tensor, list[RoutingRecord]]:
-        batches = [batch] if "kind" in batch else [b for b in batch.values() if b is not None]
+    def _step(self, batch: PretrainStep, stage: str) -> tuple[torch.Tensor, list[RoutingRecord]]:
+        batches = step_batches(batch)
         masked, routing = {}, []
         for single in batches:
             losses, records = self.masked_losses(single)
