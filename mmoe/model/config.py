@@ -56,7 +56,8 @@ class MoEPlan:
         if self.mode not in ("per_modality", "shared"):
             raise ValueError(f"MoEPlan.mode must be 'per_modality' or 'shared', got {self.mode!r}")
 
-    def is_moe_layer(self, index: int, depth: int) -> bool:
+    def is_moe_layer(self, index: int) -> bool:
+        """Whether the 0-based layer ``index`` has MoE FFNs: listed in ``layers``, else every ``every``-th layer."""
         if self.layers is not None:
             return index in self.layers
         return (index + 1) % self.every == 0
@@ -154,7 +155,7 @@ class MultiwayConfig:
     def moe_layer_indices(self) -> list[int]:
         if self.moe is None:
             return []
-        return [i for i in range(self.depth) if self.moe.is_moe_layer(i, self.depth)]
+        return [i for i in range(self.depth) if self.moe.is_moe_layer(i)]
 
 
 PRESETS: dict[str, dict] = {

@@ -19,16 +19,14 @@ def layer_parameters(config: MultiwayConfig, index: int) -> int:
     dim = config.dim
     ways = 2 if config.attention == "multiway" else 1
     attention = ways * (2 * dim + 3 * dim * dim + 3 * dim + (2 * dim if config.subln else 0) + dim * dim + dim)
-    if config.moe is not None and config.moe.is_moe_layer(index, config.depth):
+    if config.moe is not None and config.moe.is_moe_layer(index):
         one_ffn = moe_parameter_count(config.moe.layer_config(dim, config.ffn_dim, config.subln))
         ffns = one_ffn * (1 if config.moe.mode == "shared" else 2)
     else:
         one_ffn = dense_ffn_parameters(config)
         ffns = 2 * one_ffn
     # A Stratified MoE has its own LayerNorms in place of the block's pre-FFN LayerNorms.
-    stratified = (
-        config.moe is not None and config.moe.strata is not None and config.moe.is_moe_layer(index, config.depth)
-    )
+    stratified = config.moe is not None and config.moe.strata is not None and config.moe.is_moe_layer(index)
     norm = 0 if stratified else 2 * dim
     vision_language = norm + one_ffn if index >= config.depth - config.vl_layers else 0
     return attention + 2 * norm + ffns + vision_language

@@ -18,7 +18,7 @@ ROUTERS = ("linear", "xmoe")
 GATES = ("softmax", "sigmoid")
 
 #: X-MoE App. A: the gating temperature starts at 0.3 for softmax gates and 0.07 for sigmoid gates; the balance loss
-#: (Eq. 9) uses the same values as its fixed temperature tau_0.
+#: (X-MoE Eq. 9) uses the same values as its fixed temperature tau_0.
 INITIAL_TEMPERATURE = {"softmax": 0.3, "sigmoid": 0.07}
 
 #: X-MoE §3.1 "Implementation Tips": expert embeddings start at, and are kept at, this L2 norm.
@@ -39,7 +39,7 @@ class MoEConfig:
         top_k: experts per (sub-)token, 1 or 2. With 2, the two gate weights are renormalised to sum to 1
             (GShard), before any capacity drop.
         router: ``"linear"`` scores s_i = h·e_i (Switch / GShard); ``"xmoe"`` scores s_i = cos(W h, e_i) with W a
-            bias-free ``routing_dim x D'`` projection (X-MoE Eq. 7) and a learnable temperature (Eq. 8).
+            bias-free ``routing_dim x D'`` projection (X-MoE Eq. 7) and a learnable temperature (X-MoE Eq. 8).
         gate: ``"softmax"`` over experts or element-wise ``"sigmoid"`` (X-MoE Eq. 8).
         heads: MH-MoE heads h: each token is split into h sub-tokens of width D/h that are routed independently
             (MH-MoE Eq. 4); 1 means plain MoE with no extra layers.

@@ -1,9 +1,9 @@
 """Closed-form parameter counts and FLOPs per token of one MoE layer (MH-MoE App. D, Eq. 12-24, with biases).
 
 MH-MoE App. D counts weights only, with a linear router: Gamma = 2d^2 + dN/h + 8 beta d^2 N / h for an FFN of inner
-width 4d (Eq. 21-24). mmoe's layer also has biases (experts: H + D/h each; multi-head layer: d; merge layer: d), an
-X-MoE router has a (D/h x d_e) projection, N x d_e expert embeddings and a temperature in place of the (D/h x N) linear
-router, and an optional Sub-LN adds 2H per expert. FLOPs count a multiply-add as 2.
+width 4d (MH-MoE Eq. 21-24). mmoe's layer also has biases (experts: H + D/h each; multi-head layer: d; merge layer:
+d), an X-MoE router has a (D/h x d_e) projection, N x d_e expert embeddings and a temperature in place of the
+(D/h x N) linear router, and an optional Sub-LN adds 2H per expert. FLOPs count a multiply-add as 2.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ def router_parameters(config: MoEConfig, num_experts: int | None = None) -> int:
     num_experts = config.num_experts if num_experts is None else num_experts
     if config.router == "xmoe":
         return config.head_dim * config.routing_dim + num_experts * config.routing_dim + 1
-    return config.head_dim * num_experts  # Eq. 19 / 22
+    return config.head_dim * num_experts  # MH-MoE Eq. 19 / 22
 
 
 def expert_parameters(config: MoEConfig) -> int:
-    """One expert: D/h -> H -> D/h with biases (Eq. 20 / 23 per expert, plus biases and Sub-LN)."""
+    """One expert: D/h -> H -> D/h with biases (MH-MoE Eq. 20 / 23 per expert, plus biases and Sub-LN)."""
     head_dim, hidden = config.head_dim, config.expert_dim
     return 2 * head_dim * hidden + hidden + head_dim + (2 * hidden if config.subln else 0)
 
@@ -32,7 +32,8 @@ def moe_parameter_count(config: MoEConfig) -> int:
             2 * config.dim + router_parameters(config, sum(config.strata[i:])) for i in range(len(config.strata))
         )
         return gates + config.num_experts * expert_parameters(config)
-    split_merge = 2 * (config.dim * config.dim + config.dim) if config.heads > 1 else 0  # Eq. 21 and 24, with biases
+    # MH-MoE Eq. 21 and 24, with biases
+    split_merge = 2 * (config.dim * config.dim + config.dim) if config.heads > 1 else 0
     return split_merge + router_parameters(config) + config.num_experts * expert_parameters(config)
 
 
@@ -44,7 +45,8 @@ def active_parameters_per_token(config: MoEConfig) -> int:
 
 
 def flops_per_token(config: MoEConfig) -> int:
-    """Forward FLOPs per token: split/merge (Eq. 14, 17), router (Eq. 12, 15), experts (Eq. 13, 16); MAC = 2 FLOPs."""
+    """Forward FLOPs per token: split/merge (MH-MoE Eq. 14, 17), router (MH-MoE Eq. 12, 15), experts (MH-MoE Eq. 13,
+    16); a multiply-add counts as 2 FLOPs."""
     dim, heads = config.dim, config.heads
     split_merge = 2 * 2 * dim * dim if heads > 1 else 0
     if config.router == "xmoe":

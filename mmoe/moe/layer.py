@@ -8,7 +8,7 @@ Forward of :class:`MoELayer` (one dispatch path for every variant; they differ i
 3. Sort the choices by expert and run each expert on its contiguous slice (:mod:`mmoe.moe.dispatch`,
    :mod:`mmoe.moe.experts`), then combine with the gate weights (MH-MoE Eq. 6 without its residual: Algorithm 1 and
    the public code have none, the block's residual is outside the layer).
-4. MH-MoE: merge the sub-tokens back in head order and apply the merge linear D -> D (Eq. 7-9).
+4. MH-MoE: merge the sub-tokens back in head order and apply the merge linear D -> D (MH-MoE Eq. 7-9).
 
 Shape legend: B batch, L sequence, D width, S (sub-)tokens = B*L*h, K top-k, E experts.
 """
@@ -109,8 +109,8 @@ class MoELayer(nn.Module):
         batch, length, dim = x.shape
         heads, top_k = config.heads, config.top_k
         if self.multi_head is not None:
-            x = self.multi_head(x)  # Eq. 3
-        x_SD = x.reshape(batch * length * heads, config.head_dim)  # Eq. 4: contiguous split into sub-tokens
+            x = self.multi_head(x)  # MH-MoE Eq. 3
+        x_SD = x.reshape(batch * length * heads, config.head_dim)  # MH-MoE Eq. 4: contiguous split into sub-tokens
         valid_S = None
         if padding_mask is not None:
             valid_S = (~padding_mask).reshape(batch * length, 1).expand(-1, heads).reshape(-1)
@@ -123,9 +123,9 @@ class MoELayer(nn.Module):
         y_CD = self.experts(rows_CD, plan.expert_C, plan.offsets_E)
         y_SD = combine(y_CD, plan, routed.weight_SK)
 
-        y = y_SD.reshape(batch, length, dim)  # Eq. 7-8: sub-tokens merged back in head order
+        y = y_SD.reshape(batch, length, dim)  # MH-MoE Eq. 7-8: sub-tokens merged back in head order
         if self.merge is not None:
-            y = self.merge(y)  # Eq. 9
+            y = self.merge(y)  # MH-MoE Eq. 9
         expert_index = torch.where(plan.kept_SK, routed.expert_SK, torch.full_like(routed.expert_SK, -1))
         routing = RoutingRecord(
             balance_loss=routed.balance_loss,

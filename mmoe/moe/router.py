@@ -3,8 +3,9 @@
 Scorers:
 
 * :class:`LinearScorer` — s_i = h·e_i (Switch Transformer / GShard).
-* :class:`XMoEScorer` — X-MoE (Chi et al., 2022) §3.1: s_i = cos(W h, e_i) (Eq. 7) with W a bias-free projection to
-  d_e dimensions, gated as softmax(s / tau) or sigmoid(s / tau) with a learnable temperature tau (Eq. 8).
+* :class:`XMoEScorer` — X-MoE (Chi et al., 2022) §3.1: s_i = cos(W h, e_i) (X-MoE Eq. 7) with W a bias-free
+  projection to d_e dimensions, gated as softmax(s / tau) or sigmoid(s / tau) with a learnable temperature tau
+  (X-MoE Eq. 8).
 
 Balance loss (X-MoE Eq. 9, Switch form; MH-MoE Eq. 10 over sub-tokens): ``N * sum_i f_i * P_i``, with f_i the share of
 non-padding (sub-)tokens whose *first* choice is expert i and P_i their mean routing probability. For the X-MoE scorer
@@ -49,8 +50,8 @@ class XMoEScorer(nn.Module):
 
     def __init__(self, in_dim: int, num_experts: int, routing_dim: int, initial_temperature: float) -> None:
         super().__init__()
-        self.projection = nn.Linear(in_dim, routing_dim, bias=False)  # W in Eq. 7
-        self.expert_embeddings = nn.Parameter(torch.empty(num_experts, routing_dim))  # e_i in Eq. 7
+        self.projection = nn.Linear(in_dim, routing_dim, bias=False)  # W in X-MoE Eq. 7
+        self.expert_embeddings = nn.Parameter(torch.empty(num_experts, routing_dim))  # e_i in X-MoE Eq. 7
         # tau is learned through its logarithm so it stays positive.
         self.log_temperature = nn.Parameter(torch.tensor(math.log(initial_temperature)))
         self.register_buffer("balance_temperature", torch.tensor(initial_temperature), persistent=False)  # tau_0
@@ -70,7 +71,7 @@ class XMoEScorer(nn.Module):
         """Returns (s / tau for the gate, s / tau_0 for the balance loss), both (S, E) in x's dtype (fp32 or wider)."""
         token_SR = F.normalize(x_SD @ self.projection.weight.to(x_SD.dtype).t(), dim=-1)
         expert_ER = F.normalize(self.expert_embeddings.to(x_SD.dtype), dim=-1)
-        cosine_SE = token_SR @ expert_ER.t()  # Eq. 7, in [-1, 1]
+        cosine_SE = token_SR @ expert_ER.t()  # X-MoE Eq. 7, in [-1, 1]
         return cosine_SE / self.temperature.to(x_SD.dtype), cosine_SE / self.balance_temperature
 
 
@@ -126,17 +127,6 @@ class Router(nn.Module):
         return RouterOutput(expert_SK, weight_SK, balance_loss, entropy)
 
 
-def switch_balance_loss(probs_SE: torch.Tensor, first_choice_S: torch.Tensor, valid_S: torch.Tensor | None):
-    """``N * sum_i f_i * P_i`` (X-MoE Eq. 9, Switch form) over the valid rows; 0 when there are none.
-
-    Args:
-        probs_SE: routing probabilities (softmax over experts).
-        first_choice_S: each row's first-choice expert; f_i counts first choices only (GShard, torchscale).
-        valid_S: bool mask of rows that count, or None for all.
-    """
-    return _balance_loss(probs_SE, first_choice_S, *_row_weights(probs_SE, valid_S))
-
-
 def _row_weights(probs_SE: torch.Tensor, valid_S: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """1 for rows that count, 0 for padding, and their number (at least 1, so that no row gives 0, not NaN)."""
     weights_S = probs_SE.new_ones(probs_SE.shape[0]) if valid_S is None else valid_S.to(probs_SE.dtype)
@@ -144,6 +134,8 @@ def _row_weights(probs_SE: torch.Tensor, valid_S: torch.Tensor | None) -> tuple[
 
 
 def _balance_loss(probs_SE, first_choice_S, weights_S, count) -> torch.Tensor:
+    """``N * sum_i f_i * P_i`` (X-MoE Eq. 9, Switch form) over the rows of weight 1; f_i counts first choices only
+    (GShard, torchscale)."""
     num_experts = probs_SE.shape[-1]
     mean_prob_E = (weights_S @ probs_SE) / count  # P_i
     fraction_E = probs_SE.new_zeros(num_experts).index_add_(0, first_choice_S, weights_S) / count  # f_i

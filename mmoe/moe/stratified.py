@@ -1,21 +1,23 @@
 """Stratified Mixture of Experts with dynamic capacity (Xu et al., 2023, §3, Eq. 4-11).
 
 The N experts are split into strata of ``config.strata = [n_1, ..., n_L]`` experts. Gate i sees the E_i experts of
-strata i..L (its *visible* experts). Every token starts at gate 1; at gate i (Eq. 4-7)::
+strata i..L (its *visible* experts). Every token starts at gate 1; at gate i (Stratified MoE Eq. 4-7)::
 
-    x' = LN_i(x)                          # one LayerNorm per stratum (Eq. 4)
-    G  = gate_i(x')                       # softmax(W_i x') over the E_i visible experts (Eq. 5), or X-MoE scores
-    x  = x + sum_{e in top-2} G_e FFN_e(x')   # Eq. 6-7; the two weights renormalised as in the plain top-2 layer
+    x' = LN_i(x)                                # Stratified MoE Eq. 4: one LayerNorm per stratum
+    G  = gate_i(x')                             # Stratified MoE Eq. 5: softmax(W_i x') over the E_i visible experts
+    x  = x + sum_{e in top-2} G_e FFN_e(x')     # Stratified MoE Eq. 6-7
 
-and the token continues at gate stratum(best expert) + 1, leaving once its best expert is in the last stratum; a
-stratum it skips adds nothing. So a token makes 1..L FFN passes; the requested capacity RC is the mean number of
-passes per token (§4, "RC").
+(G may use X-MoE scores instead; the two top-2 weights are renormalised as in the plain top-2 layer) and the token
+continues at gate stratum(best expert) + 1, leaving once its best expert is in the last stratum; a stratum it skips
+adds nothing. So a token makes 1..L FFN passes; the requested capacity RC is the mean number of
+passes per token (Stratified MoE §4, "RC").
 
 Each pass reuses the core dispatch (:func:`mmoe.moe.dispatch.plan_dispatch`, :class:`GroupedExperts`,
 :func:`combine`) on the tokens at that gate, over the shared expert list. With a capacity factor cf, each expert
 takes at most ``ceil(cf * 2 * T_i / E_i)`` choices per pass, T_i the tokens reaching gate i (the paper's 2 T_i / E_i
-at cf = 1). Balance loss of gate i: E_i * sum_e f_e p_e over its T_i tokens, f_e counting first choices (Eq. 8-10);
-the layer's loss is the mean over the L gates (Eq. 11, a gate with no token counts 0).
+at cf = 1). Balance loss of gate i: E_i * sum_e f_e p_e over its T_i tokens, f_e counting first choices
+(Stratified MoE Eq. 8-10); the layer's loss is the mean over the L gates (Stratified MoE Eq. 11, a gate with no token
+counts 0).
 
 Because it carries its own LayerNorms and residuals, this layer replaces a block's whole FFN sub-layer
 (``includes_residual = True``). Gathering the tokens of each gate reads their count back to the host, one sync per
@@ -91,15 +93,16 @@ class StratifiedMoELayer(MoELayer):
                 balance_losses.append(torch.zeros((), device=device))
                 continue
             x_AD = current_TD.index_select(0, index_A)
-            normed_AD = self.norms[stratum](x_AD)  # Eq. 4
-            routed = self.routers[stratum](normed_AD, None)  # Eq. 5 over the visible experts
+            normed_AD = self.norms[stratum](x_AD)  # Stratified MoE Eq. 4
+            routed = self.routers[stratum](normed_AD, None)  # Stratified MoE Eq. 5 over the visible experts
             expert_AK = routed.expert_SK + self.stratum_start[stratum]  # local -> global expert ids
             plan = plan_dispatch(
                 expert_AK, None, config.num_experts, factor, capacity_experts=self.visible_experts[stratum]
             )
             rows = dispatch_rows(normed_AD.to(compute_dtype(normed_AD)), plan)
-            update_AD = combine(self.experts(rows, plan.expert_C, plan.offsets_E), plan, routed.weight_SK)  # Eq. 6
-            current_TD = current_TD.index_copy(0, index_A, (x_AD + update_AD).to(current_TD.dtype))  # Eq. 7
+            # Stratified MoE Eq. 6, then Eq. 7 (the residual)
+            update_AD = combine(self.experts(rows, plan.expert_C, plan.offsets_E), plan, routed.weight_SK)
+            current_TD = current_TD.index_copy(0, index_A, (x_AD + update_AD).to(current_TD.dtype))
 
             best_stratum_A = self.stratum_of_expert.index_select(0, expert_AK[:, 0])
             next_gate_A = torch.where(best_stratum_A == num_strata - 1, -1, best_stratum_A + 1)
@@ -109,7 +112,7 @@ class StratifiedMoELayer(MoELayer):
                 kept_choices_AK = torch.where(plan.kept_SK, expert_AK, torch.full_like(expert_AK, -1))
                 first_choices_TK[index_A, : expert_AK.shape[1]] = kept_choices_AK
             counts_E += plan.expert_counts_E
-            balance_losses.append(routed.balance_loss)  # Eq. 8-10 with E_i visible experts
+            balance_losses.append(routed.balance_loss)  # Stratified MoE Eq. 8-10 with E_i visible experts
             entropy_sum = entropy_sum + routed.entropy * tokens_here
             passes += tokens_here
             kept += int(plan.kept_SK.sum())
@@ -117,7 +120,8 @@ class StratifiedMoELayer(MoELayer):
 
         entering = int(valid_T.sum())
         routing = RoutingRecord(
-            balance_loss=torch.stack(balance_losses).mean(),  # Eq. 11 (alpha applied by the training task)
+            # Stratified MoE Eq. 11 (alpha is applied by the training task)
+            balance_loss=torch.stack(balance_losses).mean(),
             expert_counts=counts_E,
             expert_index=first_choices_TK.view(batch, length, 1, 2),
             dropped_fraction=torch.tensor(1.0 - kept / choices if choices else 0.0, device=device),
