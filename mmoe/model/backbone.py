@@ -88,6 +88,7 @@ class MultiwayTransformer(nn.Module):
                     index,
                     rates[index],
                     self._ffn_factory(is_moe),
+                    self._norm_factory(is_moe),
                     shared_ffn=is_moe and config.moe.mode == "shared",
                     vision_language_ffn=index >= config.depth - config.vl_layers,
                 )
@@ -101,6 +102,13 @@ class MultiwayTransformer(nn.Module):
             moe_config = config.moe.layer_config(config.dim, config.ffn_dim, config.subln)
             return lambda: build_moe_layer(moe_config)
         return lambda: FeedForward(config.dim, config.ffn_dim, config.subln, config.layernorm_eps)
+
+    def _norm_factory(self, is_moe: bool):
+        config = self.config
+        if is_moe and config.moe.strata is not None:
+            # Stratified MoE normalises its input itself, one LayerNorm per stratum (Stratified MoE Eq. 4).
+            return nn.Identity
+        return lambda: nn.LayerNorm(config.dim, eps=config.layernorm_eps)
 
     def moe_layers(self) -> Iterator[MoELayerSlot]:
         """The MoE FFNs in depth order (vision, language or shared, then the VL-FFN within a layer)."""

@@ -5,6 +5,9 @@ Pre-LN with Sub-LN (Magneto), per modality m in {vision, language}::
     h_m = x_m + DropPath(Out_m(InnerLN_m(Attention(LN_m(x)))))     # one softmax over the joint image+text sequence
     y_m = h_m + DropPath(FFN_m(FFNLN_m(h_m)))                      # FFN_m = fc2(SubLN(GELU(fc1(.)))) or a MoE layer
 
+FFNLN_m is the identity for a Stratified MoE layer, which normalises its own input (one LayerNorm per stratum); every
+FFN returns the update that the block adds, so the block has one FFN path.
+
 The modality split is positional: the image tokens ([CLS, patches]) come first, the text tokens after them. The two
 modalities are carried as two tensors through the layer, so no split position is ever stored on a module.
 """
@@ -27,8 +30,6 @@ MODALITY_NAMES = ("vision", "language")
 
 class FeedForward(nn.Module):
     """Dense FFN ``fc2(SubLN(GELU(fc1(x))))`` with the MoE layer's call signature (returns no routing record)."""
-
-    includes_residual = False
 
     def __init__(self, dim: int, ffn_dim: int, subln: bool, eps: float) -> None:
         super().__init__()
@@ -88,7 +89,10 @@ class MultiwayBlock(nn.Module):
         config: backbone config.
         index: 0-based layer index (written into the routing records).
         drop_path: stochastic depth rate of this layer.
-        make_ffn: builds one FFN module (``FeedForward`` or ``MoELayer``); called once per FFN the layer needs.
+        make_ffn: builds one FFN module (``FeedForward`` or a MoE layer); called once per FFN the layer needs. The
+            module returns the update ``FFN(norm(h))`` that the block adds to the residual stream.
+        make_norm: builds one pre-FFN norm (a LayerNorm; ``nn.Identity``, which has no parameters, for an FFN that
+            normalises its own input, such as a Stratified MoE layer); one per modality, one for the VL-FFN.
         shared_ffn: one FFN for all tokens (MoE ``mode="shared"``) instead of one per modality.
         vision_language_ffn: add a VL-FFN used when both modalities are present (BEiT-3 paper's top layers).
     """
@@ -99,20 +103,18 @@ class MultiwayBlock(nn.Module):
         index: int,
         drop_path: float,
         make_ffn: Callable[[], nn.Module],
+        make_norm: Callable[[], nn.Module],
         shared_ffn: bool = False,
         vision_language_ffn: bool = False,
     ) -> None:
         super().__init__()
         self.index = index
-        dim, eps = config.dim, config.layernorm_eps
         self.attention_ways = 2 if config.attention == "multiway" else 1
         self.attention = MultiwayAttention(config, self.attention_ways)
         self.ffn = nn.ModuleList(make_ffn() for _ in range(1 if shared_ffn else 2))
-        # A Stratified MoE carries its own LayerNorms and residual, so it replaces the whole FFN sub-layer.
-        with_norm = not self.ffn[0].includes_residual
-        self.ffn_norm = nn.ModuleList(nn.LayerNorm(dim, eps=eps) for _ in range(2)) if with_norm else None
+        self.ffn_norm = nn.ModuleList(make_norm() for _ in range(2))
         self.vl_ffn = make_ffn() if vision_language_ffn else None
-        self.vl_norm = nn.LayerNorm(dim, eps=eps) if vision_language_ffn and with_norm else None
+        self.vl_norm = make_norm() if vision_language_ffn else None
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
     def moe_layers(self) -> Iterator[tuple[str, MoELayer]]:
@@ -141,27 +143,19 @@ class MultiwayBlock(nn.Module):
 
         records: list[RoutingRecord] = []
         if self.vl_ffn is not None and len(present) == 2:
-            norms = [self.vl_norm, self.vl_norm] if self.vl_norm is not None else None
+            norms = [self.vl_norm, self.vl_norm]
             updates = self._joint_ffn(self.vl_ffn, norms, hidden, modalities, padding, records)
         elif len(self.ffn) == 1:
             updates = self._joint_ffn(self.ffn[0], self.ffn_norm, hidden, modalities, padding, records)
         else:
             updates = []
             for m, h, mask in zip(modalities, hidden, padding, strict=True):
-                update, record = self._ffn_update(self.ffn[m], self.ffn_norm[m] if self.ffn_norm else None, h, mask)
+                update, record = self.ffn[m](self.ffn_norm[m](h), mask)
                 updates.append(update)
                 if record is not None:
                     records.append(_tag(record, self.index, MODALITY_NAMES[m]))
         out = {m: h + self.drop_path(u) for m, h, u in zip(modalities, hidden, updates, strict=True)}
         return out.get(VISION), out.get(LANGUAGE), records
-
-    @staticmethod
-    def _ffn_update(ffn: nn.Module, norm: nn.Module | None, h: torch.Tensor, mask: torch.Tensor | None):
-        """The FFN branch's addition to the residual stream, and its routing record (None for a dense FFN)."""
-        if ffn.includes_residual:
-            y, record = ffn(h, mask)
-            return y - h, record
-        return ffn(norm(h), mask)
 
     def _joint_ffn(self, ffn, norms, hidden, modalities, padding, records) -> list[torch.Tensor]:
         """One FFN over the concatenated modalities (each normed by its own LayerNorm); the record is "shared"."""
@@ -174,11 +168,8 @@ class MultiwayBlock(nn.Module):
                 ],
                 dim=1,
             )
-        inputs = hidden if norms is None else [norms[m](h) for m, h in zip(modalities, hidden, strict=True)]
-        joint = torch.cat(inputs, dim=1)
+        joint = torch.cat([norms[m](h) for m, h in zip(modalities, hidden, strict=True)], dim=1)
         update, record = ffn(joint, joint_mask)
-        if ffn.includes_residual:
-            update = update - joint
         if record is not None:
             records.append(_tag(record, self.index, "shared"))
         return list(torch.split(update, [h.shape[1] for h in hidden], dim=1))

@@ -58,15 +58,11 @@ class MoELayer(nn.Module):
     """Sparse Mixture-of-Experts FFN: ``y, routing = layer(x, padding_mask)``.
 
     :func:`mmoe.moe.build_moe_layer` builds this layer, or a :class:`mmoe.moe.stratified.StratifiedMoELayer` when
-    ``config.strata`` is set (that layer carries its own LayerNorms and residual, ``includes_residual``, and so
-    replaces a block's whole FFN sub-layer).
+    ``config.strata`` is set. Every MoE layer returns the update the block adds to its residual stream.
 
     Args:
         config: the layer's :class:`MoEConfig`.
     """
-
-    #: Whether the output already includes the pre-LN and the residual of the FFN sub-layer (Stratified MoE only).
-    includes_residual = False
 
     def __init__(self, config: MoEConfig) -> None:
         super().__init__()

@@ -19,9 +19,9 @@ at cf = 1). Balance loss of gate i: E_i * sum_e f_e p_e over its T_i tokens, f_e
 (Stratified MoE Eq. 8-10); the layer's loss is the mean over the L gates (Stratified MoE Eq. 11, a gate with no token
 counts 0).
 
-Because it carries its own LayerNorms and residuals, this layer replaces a block's whole FFN sub-layer
-(``includes_residual = True``). Gathering the tokens of each gate reads their count back to the host, one sync per
-stratum on a GPU.
+The layer carries its own LayerNorms (so a block gives it its input un-normalised) and returns the sum of its
+passes' updates, ``x_out - x``, which the block adds to its residual stream like any FFN's output. Gathering the
+tokens of each gate reads their count back to the host, one sync per stratum on a GPU.
 
 Shape legend: T tokens (B*L), A tokens at the current gate, K = 2 choices, E experts.
 """
@@ -41,11 +41,10 @@ from mmoe.moe.router import Router
 class StratifiedMoELayer(MoELayer):
     """Stratified MoE layer; :func:`mmoe.moe.build_moe_layer` builds one from a ``MoEConfig(..., strata=[...])``.
 
-    Returns ``x + update`` (the residual is inside); the record's ``expert_index`` holds the choices at the first
-    gate, ``stratum_path`` (B, L, n_strata) each gate's first choice (-1 where skipped), ``expert_counts`` every pass.
+    Returns the update ``x_out - x`` (x_out after the last gate, Stratified MoE Eq. 7); the record's ``expert_index``
+    holds the choices at the first gate, ``stratum_path`` (B, L, n_strata) each gate's first choice (-1 where
+    skipped), ``expert_counts`` every pass.
     """
-
-    includes_residual = True
 
     def __init__(self, config: MoEConfig) -> None:
         nn.Module.__init__(self)
@@ -129,4 +128,6 @@ class StratifiedMoELayer(MoELayer):
             router_entropy=entropy_sum / max(passes, 1),
             stratum_path=path_TL.view(batch, length, num_strata),
         )
-        return current_TD.view(batch, length, dim), routing
+        # The passes' residual additions (Eq. 7) feed the next gate's LayerNorm, so they stay inside; the layer
+        # returns their total update. (Summing the updates apart would round differently from x_out - x.)
+        return current_TD.view(batch, length, dim) - x, routing
