@@ -14,13 +14,23 @@ The MoE layers are found through the backbone's public ``moe_layers()``
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import nn
 
-from mmoe.metrics.routing import RoutingTotals, layer_key, record_key
+from mmoe.metrics.routing import (
+    RoutingTotals,
+    inter_run_consistency,
+    layer_key,
+    record_key,
+    representation_collapse,
+    routing_fluctuation,
+    sort_keys,
+)
 from mmoe.moe import MoELayer, RoutingRecord
 from mmoe.moe.router import Router
 
@@ -136,3 +146,65 @@ def run_routing(
     if recorder is not None:
         inputs = {key: capture.tensors() for key, capture in recorder.captures.items() if capture.rows}
     return RoutingRun(totals, top1, inputs)
+
+
+def routing_report(run: RoutingRun, threshold: float) -> dict:
+    """The per-layer routing metrics of one run: activation ratio at ``threshold``, representation collapse (X-MoE
+    Eq. 11; None without captured router inputs), requested capacity, entropy, dropped fraction and load CV."""
+    summary = run.totals.summary(threshold)
+    inputs = run.router_inputs or {}
+    return {
+        "batches": len(run.top1),
+        "activation_threshold": threshold,
+        "activation_ratio": {key: stats["activation_ratio"] for key, stats in summary.items()},
+        "representation_collapse": {
+            key: finite_or_none(representation_collapse(*inputs[key])) if key in inputs else None for key in summary
+        },
+        "requested_capacity": {key: stats["requested_capacity"] for key, stats in summary.items()},
+        "entropy": {key: stats["entropy"] for key, stats in summary.items()},
+        "dropped_fraction": {key: stats["dropped_fraction"] for key, stats in summary.items()},
+        "load_cv": {key: stats["load_cv"] for key, stats in summary.items()},
+    }
+
+
+def fluctuation_between(run_a: RoutingRun, run_b: RoutingRun) -> dict:
+    """Routing fluctuation (X-MoE §4.5) per MoE layer and overall: the share of (sub-)tokens whose top-1 expert differs
+    between two runs over the same batches (tokens routed in both)."""
+    changed, compared = {}, {}
+    for batch_a, batch_b in zip(run_a.top1, run_b.top1, strict=True):
+        for key in batch_a.keys() & batch_b.keys():
+            a, b = batch_a[key], batch_b[key]
+            if a.shape != b.shape:
+                raise ValueError(
+                    f"{key} routes {tuple(a.shape)} (batch, tokens, heads) in one checkpoint and {tuple(b.shape)} in "
+                    "the other: fluctuation needs checkpoints with the same heads"
+                )
+            both = int(((a >= 0) & (b >= 0)).sum())
+            if both:
+                changed[key] = changed.get(key, 0.0) + routing_fluctuation(a, b) * both
+                compared[key] = compared.get(key, 0) + both
+    if not compared:
+        raise ValueError("the two checkpoints share no MoE layer: no fluctuation to measure")
+    per_key = {key: changed[key] / compared[key] for key in sort_keys(compared)}
+    return per_key | {"overall": sum(changed.values()) / sum(compared.values())}
+
+
+def load_consistency(loads: list[dict[str, torch.Tensor]], names: Sequence[str]) -> dict:
+    """Inter-run consistency IC (X-MoE §4.5) per MoE layer over the runs' loads (``names`` name the runs in errors),
+    and the mean over layers (NaN-free: an undefined IC is None)."""
+    common = set.intersection(*(set(run) for run in loads))
+    if not common:
+        raise ValueError(f"the runs {', '.join(names)} share no MoE layer")
+    per_key = {}
+    for key in sort_keys(common):
+        sizes = {run[key].numel() for run in loads}
+        if len(sizes) > 1:
+            raise ValueError(f"{key} has different numbers of experts across the runs: {sorted(sizes)}")
+        per_key[key] = finite_or_none(inter_run_consistency(torch.stack([run[key] for run in loads])))
+    defined = [v for v in per_key.values() if v is not None]
+    return per_key | {"mean": float(np.mean(defined)) if defined else None}
+
+
+def finite_or_none(value: float | None) -> float | None:
+    """``value``, or None where it is None, NaN or infinite (JSON has no NaN)."""
+    return None if value is None or not math.isfinite(value) else value

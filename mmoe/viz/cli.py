@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -30,10 +29,6 @@ import torch
 from mmoe.metrics.routing import (
     DEFAULT_ACTIVATION_THRESHOLD,
     image_diversity_maps,
-    inter_run_consistency,
-    representation_collapse,
-    routing_fluctuation,
-    sort_keys,
     text_diversity,
 )
 from mmoe.metrics.routing_stats import read_stats, total_loads
@@ -102,10 +97,6 @@ def _device(name: str | None) -> str:
 
 def _on(inputs: dict[str, torch.Tensor], device: str) -> dict[str, torch.Tensor]:
     return {name: value.to(device) for name, value in inputs.items()}
-
-
-def _finite(value: float) -> float | None:
-    return None if value is None or not math.isfinite(value) else value
 
 
 def _run(command: str, action: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
@@ -322,26 +313,14 @@ def analyze_command(argv: Sequence[str]) -> int:
 
 
 def _analyze_routing(args: argparse.Namespace) -> int:
+    from mmoe.metrics.routing_collect import fluctuation_between, load_consistency, routing_report
+
     samples = _data_samples(args.data, args.batches, args.batch_size)
     backbone = _load(args.ckpt, device=_device(args.device))
     run = _run_over(backbone, args.ckpt, samples, args, capture_rows=args.max_rows)
     if not run.totals.counts:
         raise InputError(f"the data in {', '.join(args.data)} produced no routing for checkpoint {args.ckpt}")
-    summary = run.totals.summary(args.threshold)
-    report: dict = {
-        "checkpoint": args.ckpt,
-        "batches": len(run.top1),
-        "activation_threshold": args.threshold,
-        "activation_ratio": {key: stats["activation_ratio"] for key, stats in summary.items()},
-        "representation_collapse": {
-            key: _finite(representation_collapse(*run.router_inputs[key])) if key in run.router_inputs else None
-            for key in summary
-        },
-        "requested_capacity": {key: stats["requested_capacity"] for key, stats in summary.items()},
-        "entropy": {key: stats["entropy"] for key, stats in summary.items()},
-        "dropped_fraction": {key: stats["dropped_fraction"] for key, stats in summary.items()},
-        "load_cv": {key: stats["load_cv"] for key, stats in summary.items()},
-    }
+    report: dict = {"checkpoint": args.ckpt} | routing_report(run, args.threshold)
     if args.compare:
         other = _load(args.compare, device=_device(args.device))
         if other.config.image_size != backbone.config.image_size:
@@ -349,49 +328,13 @@ def _analyze_routing(args: argparse.Namespace) -> int:
                 f"--compare {args.compare} takes {other.config.image_size} px images but {args.ckpt} takes "
                 f"{backbone.config.image_size} px: the fluctuation needs the same inputs"
             )
-        report["fluctuation"] = {"compare": args.compare} | _fluctuation(
+        report["fluctuation"] = {"compare": args.compare} | fluctuation_between(
             run, _run_over(other, args.compare, samples, args)
         )
     if args.runs:
         loads = []
         for path in args.runs:
             loads.append(_run_over(_load(path, device=_device(args.device)), path, samples, args).totals.counts)
-        report["inter_run_consistency"] = {"runs": list(args.runs)} | _consistency(loads, args.runs)
+        report["inter_run_consistency"] = {"runs": list(args.runs)} | load_consistency(loads, args.runs)
     print(json.dumps(report, indent=1))
     return 0
-
-
-def _fluctuation(run_a, run_b) -> dict:
-    """Per MoE layer and overall: share of (sub-)tokens whose top-1 expert differs between the two runs."""
-    changed, compared = {}, {}
-    for batch_a, batch_b in zip(run_a.top1, run_b.top1, strict=True):
-        for key in batch_a.keys() & batch_b.keys():
-            a, b = batch_a[key], batch_b[key]
-            if a.shape != b.shape:
-                raise ValueError(
-                    f"{key} routes {tuple(a.shape)} (batch, tokens, heads) in one checkpoint and {tuple(b.shape)} in "
-                    "the other: fluctuation needs checkpoints with the same heads"
-                )
-            both = int(((a >= 0) & (b >= 0)).sum())
-            if both:
-                changed[key] = changed.get(key, 0.0) + routing_fluctuation(a, b) * both
-                compared[key] = compared.get(key, 0) + both
-    if not compared:
-        raise ValueError("the two checkpoints share no MoE layer: no fluctuation to measure")
-    per_key = {key: changed[key] / compared[key] for key in sort_keys(compared)}
-    return per_key | {"overall": sum(changed.values()) / sum(compared.values())}
-
-
-def _consistency(loads: list[dict[str, torch.Tensor]], paths: Sequence[str]) -> dict:
-    """IC per MoE layer over the runs' loads, and the mean over layers (NaN-free: undefined IC is null)."""
-    common = set.intersection(*(set(run) for run in loads))
-    if not common:
-        raise ValueError(f"the runs {', '.join(paths)} share no MoE layer")
-    per_key = {}
-    for key in sort_keys(common):
-        sizes = {run[key].numel() for run in loads}
-        if len(sizes) > 1:
-            raise ValueError(f"{key} has different numbers of experts across the runs: {sorted(sizes)}")
-        per_key[key] = _finite(inter_run_consistency(torch.stack([run[key] for run in loads])))
-    defined = [v for v in per_key.values() if v is not None]
-    return per_key | {"mean": float(np.mean(defined)) if defined else None}
