@@ -2,8 +2,8 @@
 
 An exported backbone is one ``torch.save``d dict ``{"format": "mmoe-backbone", "config": {...}, "state_dict": {...}}``
 (written atomically). A Lightning checkpoint of an mmoe task holds the task's init arguments under
-``hyper_parameters`` (``backbone``: the :class:`MultiwayConfig`) and the weights under ``state_dict`` with the
-``backbone.`` prefix; both load with :func:`load_backbone`.
+``hyper_parameters`` (``backbone``: the :class:`MultiwayConfig` as a dict; older pre-training checkpoints hold the
+instance) and the weights under ``state_dict`` with the ``backbone.`` prefix; both load with :func:`load_backbone`.
 
 Every file is read with ``torch.load(weights_only=True)`` (:func:`load_checkpoint_file`): unpickling a checkpoint
 rebuilds only tensors, containers, numbers, strings and the configs registered below, never an arbitrary callable, so

@@ -41,6 +41,8 @@ torch.serialization.add_safe_globals([MultiwayConfig, MoEPlan])
 #: Parameters kept out of weight decay besides biases and norms (BEiT-3's optimiser factory, plus the X-MoE router's
 #: expert embeddings, whose norm is fixed, and its temperature).
 NO_DECAY = ("cls_token", "mask_token", "vision_positions", "text_positions", "expert_embeddings", "log_temperature")
+#: The values of ``balance_reduce``: add or average the MoE layers' balance losses.
+BALANCE_REDUCTIONS = ("sum", "mean")
 #: Task arguments that name output files; kept out of the saved hyper-parameters.
 OUTPUT_ARGUMENTS = ("predictions_file", "results_dir")
 #: Backbone parameters that count as BEiT-3's layer 0 for layer-wise learning-rate decay.
@@ -106,17 +108,57 @@ def parameter_groups(
     return [{"params": params, "weight_decay": decay, "lr_scale": scale} for (decay, scale), params in ordered]
 
 
+@dataclasses.dataclass
+class StepLosses:
+    """What a task's :meth:`BackboneTask.step_losses` gives for one batch.
+
+    Attributes:
+        task_loss: the task's loss (the objective before the balance term).
+        logged: name -> value of the task's own metrics, logged as ``<stage>/<name>`` (detached there).
+        routing: the routing records of every forward of the step.
+        size: the batch size the logged values are averaged with.
+        output: what the task needs back from the step (fine-tuning: the logits); None when nothing.
+    """
+
+    task_loss: torch.Tensor
+    logged: dict[str, torch.Tensor]
+    routing: list[RoutingRecord]
+    size: int
+    output: Any = None
+
+
 class BackboneTask(L.LightningModule):
     """Base of the mmoe tasks: a ``backbone`` plus heads, trained with AdamW + warm-up cosine and the balance term.
 
-    Subclasses save these hyper-parameters (``self.save_hyperparameters()``): ``balance_coefficient``,
-    ``balance_reduce``, ``learning_rate``, ``betas``, ``eps``, ``weight_decay``, ``warmup_steps``, ``total_steps``,
-    ``min_lr_ratio``, and optionally ``layer_decay`` and ``head_lr_multiplier`` (1.0 when absent).
+    One step for every task (:meth:`shared_step`): the subclass's :meth:`step_losses` gives the task loss, its metrics
+    and the routing records; the base adds alpha x the balance loss (X-MoE Eq. 10), logs ``<stage>/loss``,
+    ``<stage>/balance_loss``, ``<stage>/dropped_fraction`` and ``<stage>/requested_capacity`` with the task's metrics,
+    and ``training_step`` hands the callbacks the routing records with detached balance losses.
+
+    Subclasses save these hyper-parameters (``self.save_hyperparameters()``): ``backbone`` (stored as a plain dict by
+    :meth:`store_backbone_config`), ``balance_coefficient``, ``balance_reduce``, ``learning_rate``, ``betas``, ``eps``,
+    ``weight_decay``, ``warmup_steps``, ``total_steps``, ``min_lr_ratio``, and optionally ``layer_decay`` and
+    ``head_lr_multiplier`` (1.0 when absent).
+
+    Args:
+        balance_reduce: the subclass's ``balance_reduce`` argument, checked here.
     """
 
     #: Parameter-name prefixes that get ``head_lr_multiplier`` (BEiT-3 scales parameters named ``head*``).
     head_prefixes: tuple[str, ...] = ("head.",)
     backbone: MultiwayTransformer
+
+    def __init__(self, balance_reduce: str) -> None:
+        super().__init__()
+        if balance_reduce not in BALANCE_REDUCTIONS:
+            raise ValueError(f"model.balance_reduce must be 'sum' or 'mean', got {balance_reduce!r}")
+
+    def store_backbone_config(self) -> None:
+        """Saves the backbone's architecture in the hyper-parameters as a plain dict: LightningCLI parses a
+        checkpoint's hyper-parameters with ``--ckpt_path``, and in a fresh process it cannot read a
+        :class:`MultiwayConfig` instance into ``backbone: MultiwayConfig | None`` when the config file says null.
+        :func:`mmoe.tasks.checkpoint.read_backbone_state` reads both forms (older checkpoints hold the instance)."""
+        self.hparams.backbone = config_to_dict(self.backbone.config)
 
     def balance_loss(self, routing: list[RoutingRecord]) -> torch.Tensor:
         """Sum (or mean, ``balance_reduce="mean"``) of the MoE layers' balance losses; 0 for a dense backbone."""
@@ -125,12 +167,32 @@ class BackboneTask(L.LightningModule):
         losses = torch.stack([record.balance_loss for record in routing])
         return losses.mean() if self.hparams.balance_reduce == "mean" else losses.sum()
 
-    def log_routing(self, stage: str, routing: list[RoutingRecord], balance: torch.Tensor, size: int) -> None:
-        log = {f"{stage}/balance_loss": balance.detach()}
-        if routing:
-            log[f"{stage}/dropped_fraction"] = torch.stack([r.dropped_fraction for r in routing]).mean()
-            log[f"{stage}/requested_capacity"] = torch.stack([r.requested_capacity for r in routing]).float().mean()
-        self.log_dict(log, batch_size=size, sync_dist=stage != "train")
+    def step_losses(self, batch: Any) -> StepLosses:
+        """The task loss, the task's metrics and the routing records of one batch; each task defines it."""
+        raise NotImplementedError
+
+    def shared_step(self, batch: Any, stage: str) -> tuple[torch.Tensor, list[RoutingRecord], Any]:
+        """Task loss + alpha * balance loss of one batch, logged under ``stage``: (loss, routing, the step's
+        ``output``)."""
+        step = self.step_losses(batch)
+        balance = self.balance_loss(step.routing)
+        loss = step.task_loss + self.hparams.balance_coefficient * balance
+        log = {f"{stage}/{name}": value.detach() for name, value in step.logged.items()}
+        log[f"{stage}/loss"] = loss.detach()
+        log[f"{stage}/balance_loss"] = balance.detach()
+        if step.routing:
+            log[f"{stage}/dropped_fraction"] = torch.stack([r.dropped_fraction for r in step.routing]).mean()
+            log[f"{stage}/requested_capacity"] = (
+                torch.stack([r.requested_capacity for r in step.routing]).float().mean()
+            )
+        sync = stage != "train"
+        self.log_dict(log, batch_size=step.size, sync_dist=sync)
+        self.log(f"{stage}_loss", loss.detach(), batch_size=step.size, prog_bar=True, logger=False, sync_dist=sync)
+        return loss, step.routing, step.output
+
+    def training_step(self, batch: Any, batch_idx: int) -> dict:
+        loss, routing, _ = self.shared_step(batch, "train")
+        return {"loss": loss, "routing": [detached(record) for record in routing]}
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["rng_states"] = gather_objects([random_states()])
@@ -251,9 +313,7 @@ class FineTuningTask(BackboneTask):
         layer_decay: float = 1.0,
         head_lr_multiplier: float = 1.0,
     ) -> None:
-        super().__init__()
-        if balance_reduce not in ("sum", "mean"):
-            raise ValueError(f"model.balance_reduce must be 'sum' or 'mean', got {balance_reduce!r}")
+        super().__init__(balance_reduce)
         if backbone is None and pretrained is None:
             raise ValueError("give model.backbone (train from scratch) or model.pretrained (a checkpoint), or both")
         # Also collects the init arguments of the subclass calling this. Output paths stay out of the checkpoint:
@@ -262,10 +322,8 @@ class FineTuningTask(BackboneTask):
         self.save_hyperparameters(ignore=list(OUTPUT_ARGUMENTS))
         self.backbone = build_backbone(backbone, pretrained, frozen_routing)
         # The checkpoints of this task are self-contained: they rebuild the architecture from the saved config and
-        # take every weight from their own state dict, without the pre-trained file. The config is saved as a plain
-        # dict: LightningCLI parses a checkpoint's hyper-parameters with `--ckpt_path`, and in a fresh process it
-        # cannot read a MultiwayConfig instance into `backbone: MultiwayConfig | None` when the config file says null.
-        self.hparams.backbone = config_to_dict(self.backbone.config)
+        # take every weight from their own state dict, without the pre-trained file.
+        self.store_backbone_config()
         self.hparams.pretrained = None
         self.validation_outputs: list[dict] = []
         self.predictions: list[dict] = []
@@ -294,27 +352,11 @@ class FineTuningTask(BackboneTask):
         one kept)."""
         write_text_atomic(path, self.format_predictions(unique_entries(entries, self.prediction_key)))
 
-    def training_step(self, batch: dict, batch_idx: int) -> dict:
-        loss, routing, _ = self.shared_step(batch, "train")
-        return {"loss": loss, "routing": [detached(record) for record in routing]}
-
-    def shared_step(self, batch: dict, stage: str) -> tuple[torch.Tensor, list[RoutingRecord], torch.Tensor]:
-        """Task loss + alpha * balance loss of one batch, logged under ``stage``: (loss, routing, logits)."""
+    def step_losses(self, batch: dict) -> StepLosses:
+        """``task_loss`` of ``forward_batch``'s logits, logged as ``<stage>/task_loss``; the logits are the output."""
         logits, routing = self.forward_batch(batch)
         task_loss = self.task_loss(logits, batch)
-        balance = self.balance_loss(routing)
-        loss = task_loss + self.hparams.balance_coefficient * balance
-        size = batch_size(batch)
-        self.log_dict(
-            {f"{stage}/task_loss": task_loss.detach(), f"{stage}/loss": loss.detach()},
-            batch_size=size,
-            sync_dist=stage != "train",
-        )
-        self.log(
-            f"{stage}_loss", loss.detach(), batch_size=size, prog_bar=True, logger=False, sync_dist=stage != "train"
-        )
-        self.log_routing(stage, routing, balance, size)
-        return loss, routing, logits
+        return StepLosses(task_loss, {"task_loss": task_loss}, routing, batch_size(batch), logits)
 
     def forward_batch(self, batch: dict) -> tuple[torch.Tensor, list[RoutingRecord]]:
         """(logits, routing records) of one batch; each task defines it."""

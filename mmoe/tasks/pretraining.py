@@ -29,7 +29,8 @@ from torch import nn
 from mmoe.data.batches import BATCH_KINDS, IMAGE, TEXT, PretrainBatch, PretrainStep, step_batches
 from mmoe.model import MultiwayConfig, MultiwayTransformer
 from mmoe.moe import RoutingRecord
-from mmoe.tasks.common import NO_DECAY, BackboneTask, detached, warmup_cosine
+from mmoe.tasks.checkpoint import config_from_dict
+from mmoe.tasks.common import NO_DECAY, BackboneTask, StepLosses, warmup_cosine
 from mmoe.tasks.visual_codebook import PatchCodebook
 
 __all__ = ["KINDS", "NO_DECAY", "MaskedPretraining", "warmup_cosine"]
@@ -78,11 +79,12 @@ class MaskedPretraining(BackboneTask):
         total_steps: int | None = None,
         min_lr_ratio: float = 0.01,
     ) -> None:
-        super().__init__()
-        if balance_reduce not in ("sum", "mean"):
-            raise ValueError(f"model.balance_reduce must be 'sum' or 'mean', got {balance_reduce!r}")
+        super().__init__(balance_reduce)
+        if isinstance(backbone, dict):  # the saved hyper-parameter (``load_from_checkpoint``)
+            backbone = config_from_dict(backbone)
         self.save_hyperparameters()
         self.backbone = MultiwayTransformer(backbone)
+        self.store_backbone_config()
         if (visual_codebook is None) == (teacher_checkpoint is None):
             raise ValueError("set exactly one of model.visual_codebook and model.teacher_checkpoint (the MIM target)")
         self.codebook = None
@@ -123,7 +125,7 @@ class MaskedPretraining(BackboneTask):
             if self.codebook is not None:
                 losses[name] = F.cross_entropy(predicted, self.codebook.encode(image)[image_mask])
             else:
-                grid = self.hparams.backbone.image_size // self.hparams.backbone.patch_size
+                grid = self.backbone.config.image_size // self.backbone.config.patch_size
                 targets = teacher_patch_features(self._teacher[0], image, grid)[image_mask]
                 losses[f"{name}_cosine"] = 1 - F.cosine_similarity(predicted, targets, dim=-1).mean()
         if text is not None:
@@ -134,7 +136,10 @@ class MaskedPretraining(BackboneTask):
             )
         return losses, out.routing
 
-    def _step(self, batch: PretrainStep, stage: str) -> tuple[torch.Tensor, list[RoutingRecord]]:
+    def step_losses(self, batch: PretrainStep) -> StepLosses:
+        """Masked-modeling losses of every single-kind batch of the step (one in mixed mode, one per stream in joint
+        mode), summed; each logged as ``<stage>/<name>_loss`` with its perplexity ``<stage>/<name>_ppl`` (not for
+        the teacher's cosine losses)."""
         batches = step_batches(batch)
         masked, routing = {}, []
         for single in batches:
@@ -142,28 +147,13 @@ class MaskedPretraining(BackboneTask):
             masked.update(losses)
             routing.extend(records)
         task_loss = torch.stack(list(masked.values())).sum()
-        balance = self.balance_loss(routing)
-        loss = task_loss + self.hparams.balance_coefficient * balance
         size = len(batches[0].get("image", batches[0].get("text_ids")))
-        log = {f"{stage}/{name}_loss": value.detach() for name, value in masked.items()}
-        log |= {f"{stage}/{name}_ppl": value.detach().exp() for name, value in masked.items() if "cosine" not in name}
-        log[f"{stage}/loss"] = loss.detach()
-        log[f"{stage}/balance_loss"] = balance.detach()
-        if routing:
-            log[f"{stage}/dropped_fraction"] = torch.stack([r.dropped_fraction for r in routing]).mean()
-            log[f"{stage}/requested_capacity"] = torch.stack([r.requested_capacity for r in routing]).float().mean()
-        self.log_dict(log, batch_size=size, prog_bar=False, sync_dist=stage != "train")
-        self.log(
-            f"{stage}_loss", loss.detach(), batch_size=size, prog_bar=True, logger=False, sync_dist=stage != "train"
-        )
-        return loss, routing
-
-    def training_step(self, batch: dict, batch_idx: int) -> dict:
-        loss, routing = self._step(batch, "train")
-        return {"loss": loss, "routing": [detached(record) for record in routing]}
+        logged = {f"{name}_loss": value for name, value in masked.items()}
+        logged |= {f"{name}_ppl": value.detach().exp() for name, value in masked.items() if "cosine" not in name}
+        return StepLosses(task_loss, logged, routing, size)
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
-        self._step(batch, "val")
+        self.shared_step(batch, "val")
 
 
 def load_teacher(model_name: str, checkpoint: str) -> nn.Module:
