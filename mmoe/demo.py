@@ -41,7 +41,7 @@ import yaml
 
 from mmoe.atomic import write_json_atomic
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = Path(__file__).resolve().parent / "configs"
 VARIANTS = ("dense", "switch", "xmoe", "mhmoe", "stratified")
 #: Where the repository's tiny configs expect the synthetic corpus; the demo points these paths at ``DIR/data``.
 CONFIG_DATA_ROOT = "data/synthetic"
