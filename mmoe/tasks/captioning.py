@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_warn
 
+from mmoe.data.batches import CaptionBatch
 from mmoe.data.tokenizer import EOT_ID, MASK_ID, PAD_ID, SOT_ID, TextTokenizer
 from mmoe.metrics.captions import ScorerUnavailableError, score_captions
 from mmoe.model.heads import token_head
@@ -153,10 +154,10 @@ class CaptioningFineTuning(FineTuningTask):
         hidden = out.text_hidden if positions is None else out.text_hidden[positions]
         return self.head(hidden), out.routing
 
-    def forward_batch(self, batch: dict) -> tuple[torch.Tensor, list[RoutingRecord]]:
+    def forward_batch(self, batch: CaptionBatch) -> tuple[torch.Tensor, list[RoutingRecord]]:
         return self(batch["image"], batch["text_ids"], batch.get("text_padding_mask"), batch["text_mask"])
 
-    def task_loss(self, logits: torch.Tensor, batch: dict) -> torch.Tensor:
+    def task_loss(self, logits: torch.Tensor, batch: CaptionBatch) -> torch.Tensor:
         return label_smoothed_cross_entropy(
             logits, self.head_classes(batch["text_targets"][batch["text_mask"]]), self.hparams.label_smoothing
         )
@@ -218,7 +219,7 @@ class CaptioningFineTuning(FineTuningTask):
     def captions(self, image: torch.Tensor) -> list[str]:
         return [self.tokenizer.decode(ids) for ids in self.generate(image).tokens.cpu()]
 
-    def validation_step(self, batch: dict, batch_idx: int) -> None:
+    def validation_step(self, batch: CaptionBatch, batch_idx: int) -> None:
         if "text_mask" in batch:  # a masked (training-style) validation batch also gets a loss
             self.shared_step(batch, "val")
         if "image_id" not in batch or "captions" not in batch:
@@ -249,7 +250,7 @@ class CaptioningFineTuning(FineTuningTask):
             return
         self.log_dict({f"val/{name}": float(value) for name, value in scores.items() if isinstance(value, float)})
 
-    def predict_step(self, batch: dict, batch_idx: int) -> list[dict]:
+    def predict_step(self, batch: CaptionBatch, batch_idx: int) -> list[dict]:
         entries = [
             {"image_id": image_id, "caption": caption}
             for image_id, caption in zip(as_ids(batch["image_id"]), self.captions(batch["image"]), strict=True)

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_warn
 
+from mmoe.data.batches import NLVR2Batch
 from mmoe.metrics.files import EvalInputError
 from mmoe.metrics.nlvr2 import nlvr2_scores
 from mmoe.model.heads import BEIT3_HEAD_INIT_SCALE, nlvr2_head
@@ -77,13 +78,13 @@ class NLVR2FineTuning(FineTuningTask):
         features, routing = self.pair_features(image_left, image_right, text, text_padding_mask)
         return self.head(features), routing
 
-    def forward_batch(self, batch: dict) -> tuple[torch.Tensor, list[RoutingRecord]]:
+    def forward_batch(self, batch: NLVR2Batch) -> tuple[torch.Tensor, list[RoutingRecord]]:
         return self(batch["image_left"], batch["image_right"], batch["text_ids"], batch.get("text_padding_mask"))
 
-    def task_loss(self, logits: torch.Tensor, batch: dict) -> torch.Tensor:
+    def task_loss(self, logits: torch.Tensor, batch: NLVR2Batch) -> torch.Tensor:
         return F.cross_entropy(logits.float(), labels_of(batch))
 
-    def validation_step(self, batch: dict, batch_idx: int) -> None:
+    def validation_step(self, batch: NLVR2Batch, batch_idx: int) -> None:
         _, _, logits = self.shared_step(batch, "val")
         predicted = logits.argmax(dim=-1)
         for identifier, guess, label in zip(
@@ -107,7 +108,7 @@ class NLVR2FineTuning(FineTuningTask):
             scores = {"accuracy": correct / len(labels)}
         self.log_dict({f"val/{name}": value for name, value in scores.items()})
 
-    def predict_step(self, batch: dict, batch_idx: int) -> list[tuple[str, bool]]:
+    def predict_step(self, batch: NLVR2Batch, batch_idx: int) -> list[tuple[str, bool]]:
         logits, _ = self.forward_batch(batch)
         entries = list(zip(batch["identifier"], (logits.argmax(dim=-1) == 1).tolist(), strict=True))
         self.predictions.extend(entries)
@@ -118,7 +119,7 @@ class NLVR2FineTuning(FineTuningTask):
         return "\n".join(f"{identifier},{prediction}" for identifier, prediction in entries) + "\n"
 
 
-def labels_of(batch: dict) -> torch.Tensor:
+def labels_of(batch: NLVR2Batch) -> torch.Tensor:
     """The batch's labels (1 true, 0 false); an unlabelled pair (label -1, e.g. from a hidden test split) cannot be
     trained or scored on and is an error naming it."""
     labels = batch["label"]

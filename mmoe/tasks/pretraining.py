@@ -152,7 +152,7 @@ class MaskedPretraining(BackboneTask):
         logged |= {f"{name}_ppl": value.detach().exp() for name, value in masked.items() if "cosine" not in name}
         return StepLosses(task_loss, logged, routing, size)
 
-    def validation_step(self, batch: dict, batch_idx: int) -> None:
+    def validation_step(self, batch: PretrainStep, batch_idx: int) -> None:
         self.shared_step(batch, "val")
 
 

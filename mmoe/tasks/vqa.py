@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from mmoe.data.batches import VQABatch
 from mmoe.metrics.vqa import vqa_accuracy
 from mmoe.model.heads import vqa_pooler_and_head
 from mmoe.moe import RoutingRecord
@@ -70,17 +71,17 @@ class VQAFineTuning(FineTuningTask):
         out = self.backbone(image=image, text=text, text_padding_mask=text_padding_mask)
         return self.head(self.pooler(out.hidden[:, 0])), out.routing  # vision CLS
 
-    def forward_batch(self, batch: dict) -> tuple[torch.Tensor, list[RoutingRecord]]:
+    def forward_batch(self, batch: VQABatch) -> tuple[torch.Tensor, list[RoutingRecord]]:
         return self(batch["image"], batch["text_ids"], batch.get("text_padding_mask"))
 
-    def task_loss(self, logits: torch.Tensor, batch: dict) -> torch.Tensor:
+    def task_loss(self, logits: torch.Tensor, batch: VQABatch) -> torch.Tensor:
         targets = batch["targets"]
         return F.binary_cross_entropy_with_logits(logits.float(), targets.float()) * targets.shape[1]
 
     def predicted_answers(self, logits: torch.Tensor) -> list[str]:
         return [self.answers[index] for index in logits.argmax(dim=-1).tolist()]
 
-    def validation_step(self, batch: dict, batch_idx: int) -> None:
+    def validation_step(self, batch: VQABatch, batch_idx: int) -> None:
         if "targets" in batch:
             _, _, logits = self.shared_step(batch, "val")
             score = batch["targets"].gather(1, logits.argmax(dim=-1, keepdim=True)).float().mean()
@@ -107,7 +108,7 @@ class VQAFineTuning(FineTuningTask):
             log[f"val/vqa_accuracy_{answer_type.replace('/', '_')}"] = 100 * sum(scores) / len(scores)
         self.log_dict(log)
 
-    def predict_step(self, batch: dict, batch_idx: int) -> list[dict]:
+    def predict_step(self, batch: VQABatch, batch_idx: int) -> list[dict]:
         logits, _ = self.forward_batch(batch)
         entries = [
             {"question_id": qid, "answer": answer}
