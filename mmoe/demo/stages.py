@@ -1,36 +1,10 @@
-"""``mmoe demo``: the whole pipeline on the embedded synthetic corpus, in minutes on a CPU.
-
-```
-mmoe demo [--out runs/demo] [--variant dense|switch|xmoe|mhmoe|stratified|all] [--fast] [--precision bf16-mixed]
-```
-
-Stages, in order (each a call of the package's own commands or Python APIs):
-
-1. ``corpus``       ``mmoe data synth --out DIR/data --shards``: the synthetic world in the benchmarks' formats, shards;
-2. ``codebook``     ``mmoe tokenizer fit``: the visual codebook, the targets of masked image modeling;
-
-then for each variant, under ``DIR/<variant>/``:
-
-3. ``pretrain``     ``mmoe fit`` with ``configs/pretrain/tiny_<variant>.yaml`` pointed at ``DIR``;
-4. ``export``       the pre-trained backbone as ``backbone_pretrained.pt``;
-5. ``vqav2``, ``nlvr2``, ``captioning``: ``mmoe fit`` with ``configs/finetune/<task>_tiny.yaml`` from that backbone,
-   ``mmoe predict`` on the evaluation split, and the official scorers (:mod:`mmoe.metrics`);
-6. ``figures``      ``mmoe viz subtoken-map`` (pre-trained vs VQA fine-tuned backbone) and ``mmoe viz heatmap``.
-
-A stage is done when its output file exists and its marker ``DIR/stages/<stage>.json`` says so; a re-run reuses done
-stages, and an interrupted training resumes from its last checkpoint. Every file is written atomically or under its
-stage's folder, so an interruption loses nothing already finished. The run ends with a table (task, metric, value,
-chance level from ``DIR/data/synth.json``) and the files written, also saved as ``DIR/results.json``.
-"""
+"""The demo's stages: each a call of mmoe's own commands or Python APIs, done once and reused (a marker per stage),
+with the configs it writes from ``mmoe/configs`` pointed at the run directory."""
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import dataclasses
 import json
-import logging
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -40,121 +14,8 @@ import lightning as L
 import yaml
 
 from mmoe.atomic import write_json_atomic
-
-CONFIGS = Path(__file__).resolve().parent / "configs"
-VARIANTS = ("dense", "switch", "xmoe", "mhmoe", "stratified")
-#: Where the repository's tiny configs expect the synthetic corpus; the demo points these paths at ``DIR/data``.
-CONFIG_DATA_ROOT = "data/synthetic"
-
-
-class DemoError(RuntimeError):
-    """A stage failed; the message names the stage and the command."""
-
-
-# -- settings --------------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class DemoSettings:
-    """Sizes and step counts of one demo run.
-
-    Attributes:
-        synth: extra options of ``mmoe data synth`` (corpus size).
-        codebook_size: visual tokens K of the codebook.
-        backbone: overrides of the tiny configs' backbone (``model.init_args.backbone``), e.g. a smaller width.
-        image_size: image side in pixels (the backbone's and the DataModules').
-        pretrain_steps: pre-training optimiser steps.
-        finetune_steps: optimiser steps per fine-tuning task.
-        finetune_learning_rates: learning rates that replace the tiny configs' for these tasks (a shorter schedule
-            learns more with a larger one).
-        batch_size: training batch size of every stage.
-        num_beams: beams of caption decoding.
-        checkpoint_every: steps between checkpoints (where an interrupted training resumes).
-        figure_images: images in the sub-token maps.
-        precision: Lightning's ``trainer.precision`` of every training and prediction stage (``bf16-mixed`` on a GPU).
-    """
-
-    synth: tuple[str, ...]
-    codebook_size: int
-    backbone: tuple[tuple[str, int], ...]
-    image_size: int
-    pretrain_steps: int
-    finetune_steps: tuple[tuple[str, int], ...]
-    finetune_learning_rates: tuple[tuple[str, float], ...]
-    batch_size: int
-    num_beams: int
-    checkpoint_every: int
-    figure_images: int
-    precision: str = "32-true"
-
-    def steps(self, task: str) -> int:
-        return dict(self.finetune_steps)[task]
-
-    def to_json(self) -> dict:
-        return json.loads(json.dumps(dataclasses.asdict(self)))
-
-
-FULL = DemoSettings(
-    synth=("--size", "small"),
-    codebook_size=256,
-    backbone=(),
-    image_size=64,
-    pretrain_steps=80,
-    finetune_steps=(("vqav2", 300), ("nlvr2", 250), ("captioning", 450)),  # NLVR2 at 180 steps: 0.500 (constant)
-    finetune_learning_rates=(),
-    batch_size=32,
-    num_beams=3,
-    checkpoint_every=50,
-    figure_images=4,
-)
-FAST = DemoSettings(
-    # 1,600 NLVR2 dev pairs instead of 400: a model right on 0.55 of them is above the constant answer's 0.50 by
-    # 4 standard errors, not 2.
-    synth=("--size", "small", "--nlvr2-eval-sets", "400"),
-    codebook_size=64,
-    backbone=(),
-    image_size=64,
-    pretrain_steps=80,  # NLVR2 learns from this backbone; from one pre-trained 20 or 40 steps it stays at 0.50
-    finetune_steps=(("vqav2", 200), ("nlvr2", 250), ("captioning", 300)),  # VQA at 100 steps: 30.42, below the prior
-    finetune_learning_rates=(("captioning", 6e-4),),  # 2e-4 for 300 steps: CIDEr below the constant caption's
-    batch_size=32,
-    num_beams=3,
-    checkpoint_every=50,
-    figure_images=2,
-)
-
-
-# -- the run's paths and progress --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class DemoRun:
-    """One demo output directory and its settings."""
-
-    out: Path
-    settings: DemoSettings
-
-    @property
-    def data(self) -> Path:
-        return self.out / "data"
-
-    @property
-    def shards(self) -> Path:
-        return self.data / "shards"
-
-    @property
-    def codebook(self) -> Path:
-        return self.data / "codebook.pt"
-
-    def variant(self, name: str) -> Path:
-        return self.out / name
-
-    def chance(self) -> dict:
-        return json.loads((self.data / "synth.json").read_text())["chance"]
-
-
-def say(message: str) -> None:
-    print(message, flush=True)
+from mmoe.demo.report import caption_rows, nlvr2_rows, say, vqa_rows
+from mmoe.demo.settings import CONFIG_DATA_ROOT, CONFIGS, DemoError, DemoRun
 
 
 class StepProgress(L.Callback):
@@ -180,9 +41,6 @@ class StepProgress(L.Callback):
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
         elapsed = time.perf_counter() - self._start
         say(f"    {self.label}: step {step}/{trainer.max_steps}  loss {float(loss):.3f}  {elapsed:.0f} s")
-
-
-# -- stages ----------------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -226,23 +84,11 @@ def run_stage(run: DemoRun, stage: Stage) -> dict:
 def call(name: str, command: Callable[[Sequence[str]], int], argv: list[str]) -> None:
     """Runs an ``mmoe`` command in-process; DemoError when it fails."""
     try:
-        with command_line(argv):
-            code = command(argv)
+        code = command(argv)
     except SystemExit as stop:  # argparse / LightningCLI exit on bad configs
         code = stop.code if isinstance(stop.code, int) else 1
     if code not in (0, None):
         raise DemoError(f"stage {name}: `mmoe {' '.join(argv)}` exited with status {code}")
-
-
-@contextlib.contextmanager
-def command_line(argv: list[str]):
-    """``sys.argv`` set to ``mmoe <argv>`` for the duration (LightningCLI reads the command line from it)."""
-    saved = sys.argv
-    sys.argv = ["mmoe", *argv]
-    try:
-        yield
-    finally:
-        sys.argv = saved
 
 
 def quietly(name: str, command: Callable[[Sequence[str]], int], argv: list[str]) -> None:
@@ -259,9 +105,6 @@ class _Sink:
 
     def flush(self) -> None:
         pass
-
-
-# -- configs ---------------------------------------------------------------------------------------------------------
 
 
 def load_config(relative: str) -> dict:
@@ -374,9 +217,6 @@ def train(name: str, config: Path, out: Path) -> Path:
     return last
 
 
-# -- fine-tuning tasks -----------------------------------------------------------------------------------------------
-
-
 def score_vqa(run: DemoRun, predictions: Path) -> dict:
     from mmoe.metrics.vqa import evaluate_vqa_files
 
@@ -412,40 +252,6 @@ def score_captions(run: DemoRun, predictions: Path) -> dict:
     return scores | {"colour_word_precision": colours["precision"], "colour_word_chance": colours["chance"]}
 
 
-def row(task: str, metric: str, value: float, chance: float, baseline: str) -> dict:
-    return {"task": task, "metric": metric, "value": value, "chance": chance, "baseline": baseline}
-
-
-def vqa_rows(scores: dict, chance: dict) -> list[dict]:
-    prior = chance["vqav2_val_prior_accuracy"]["overall"]
-    blind = chance["vqav2_val_question_prior_accuracy"]["overall"]
-    baseline = f"top training answer per question type (VQA paper's prior); image-blind per question: {blind:.2f}"
-    return [row("VQAv2 val", "accuracy (%)", scores["overall"], prior, baseline)]
-
-
-def nlvr2_rows(scores: dict, chance: dict) -> list[dict]:
-    levels = chance["nlvr2"]
-    return [
-        row("NLVR2 dev", "accuracy", scores["accuracy"], levels["accuracy_constant_answer"], "constant answer"),
-        row("NLVR2 dev", "consistency", scores["consistency"], levels["consistency_random"], "random answers"),
-    ]
-
-
-def caption_rows(scores: dict, chance: dict) -> list[dict]:
-    constant = chance["captioning_karpathy_test_constant_caption"]
-    rows = [
-        row("COCO captions Karpathy test", name, scores[name], constant[name], "most common training caption")
-        for name in ("Bleu_4", "CIDEr")
-    ]
-    if "colour_word_precision" not in scores:  # scored by an older mmoe demo: no colour check in its marker
-        return rows
-    colours = row(
-        "COCO captions Karpathy test", "colour words right (%)", round(100 * scores["colour_word_precision"], 2),
-        round(100 * scores["colour_word_chance"], 2), "the same colour words on a random image",
-    )  # fmt: skip
-    return [*rows, colours]
-
-
 @dataclass(frozen=True)
 class FineTuneTask:
     """A benchmark the demo fine-tunes and scores.
@@ -470,9 +276,6 @@ TASKS = (
     FineTuneTask("nlvr2", "nlvr2-dev", "dev_predictions.csv", score_nlvr2, nlvr2_rows),
     FineTuneTask("captioning", "coco-karpathy-test", "test_captions.json", score_captions, caption_rows),
 )
-
-
-# -- the stages ------------------------------------------------------------------------------------------------------
 
 
 def corpus_stage(run: DemoRun) -> Stage:
@@ -586,136 +389,9 @@ def variant_stages(run: DemoRun, variant: str) -> list[Stage]:
     return stages
 
 
-# -- results ---------------------------------------------------------------------------------------------------------
-
-
 def variant_rows(run: DemoRun, variant: str, records: dict[str, dict]) -> list[dict]:
     chance = run.chance()
     rows = []
     for task in TASKS:
         rows += task.rows(records[f"{variant}/{task.name}-eval"]["result"]["scores"], chance)
     return rows
-
-
-def number(value: float) -> str:
-    return f"{value:.2f}" if abs(value) >= 2 else f"{value:.3f}"
-
-
-def format_table(rows_by_variant: dict[str, list[dict]]) -> str:
-    """A plain-text table: task, metric, one value column per variant, chance level and its baseline."""
-    variants = list(rows_by_variant)
-    first = rows_by_variant[variants[0]]
-    header = ["task", "metric", *(variants if len(variants) > 1 else ["value"]), "chance", "chance baseline"]
-    lines = [header]
-    for index, base in enumerate(first):
-        values = [number(rows_by_variant[v][index]["value"]) for v in variants]
-        lines.append([base["task"], base["metric"], *values, number(base["chance"]), base["baseline"]])
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
-                     for line in lines)  # fmt: skip
-
-
-def stage_files(records: dict[str, dict]) -> list[str]:
-    return [path for record in records.values() for path in record["result"].get("files", [])]
-
-
-def device_name() -> str:
-    import torch
-
-    return torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU, {torch.get_num_threads()} threads"
-
-
-def results(run: DemoRun, variants: list[str], records: dict[str, dict], seconds: float) -> dict:
-    """What ``DIR/results.json`` holds: settings, chance levels, per-variant rows, stage times and files."""
-    return {
-        "out": str(run.out),
-        "settings": run.settings.to_json(),
-        "variants": {variant: variant_rows(run, variant, records) for variant in variants},
-        "chance": run.chance(),
-        "stages": {
-            name: {"seconds": record["seconds"], "reused": record["reused"]} for name, record in records.items()
-        },
-        "seconds_this_run": seconds,
-        "device": device_name(),
-        "files": stage_files(records),
-    }
-
-
-# -- the command -----------------------------------------------------------------------------------------------------
-
-
-def check_settings(run: DemoRun) -> None:
-    """Records the settings in ``DIR/demo.json``; a directory made with other settings is refused, not mixed."""
-    path = run.out / "demo.json"
-    settings = run.settings.to_json()
-    if path.is_file():
-        stored = json.loads(path.read_text()).get("settings")
-        # A demo.json written before the precision option or the learning-rate overrides has neither: those runs
-        # trained in 32-true with the configs' learning rates.
-        older = {"precision": "32-true", "finetune_learning_rates": []}
-        stored = older | stored if isinstance(stored, dict) else {}
-        if stored != settings:
-            keys = dict.fromkeys([*settings, *stored])
-            changed = "; ".join(
-                f"{key}: {stored.get(key)!r} there, {settings.get(key)!r} now"
-                for key in keys
-                if stored.get(key) != settings.get(key)
-            )
-            raise DemoError(
-                f"{run.out} holds a demo run made with other settings ({changed}; see {path}): use another --out, "
-                "or that run's --fast and --precision choices with the version that made it"
-            )
-        return
-    run.out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(path, {"settings": settings})
-
-
-def parse(argv: Sequence[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="mmoe demo",
-        description="Synthetic corpus -> codebook -> tiny MoE pre-training -> VQAv2 / NLVR2 / captioning fine-tuning "
-        "and official scores -> routing maps. Finished stages are reused on a re-run.",
-    )
-    parser.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
-    parser.add_argument("--variant", choices=(*VARIANTS, "all"), default="mhmoe", help="MoE variant (default mhmoe)")
-    parser.add_argument("--fast", action="store_true", help="smaller corpus, model and step counts (for tests)")
-    parser.add_argument(
-        "--precision",
-        choices=("32-true", "bf16-mixed", "16-mixed"),
-        default="32-true",
-        help="Lightning precision of every training and prediction stage (default 32-true; bf16-mixed on a GPU)",
-    )
-    return parser.parse_args(list(argv))
-
-
-def demo_command(argv: Sequence[str]) -> int:
-    """Runs ``mmoe demo``; returns 0, or 1 when a stage fails (the message names it)."""
-    args = parse(argv)
-    if args.precision == "16-mixed":
-        import torch
-
-        if not torch.cuda.is_available():  # Lightning would quietly train in bf16 instead
-            print("mmoe demo: error: --precision 16-mixed needs a CUDA GPU; use bf16-mixed on a CPU", file=sys.stderr)
-            return 2
-    run = DemoRun(Path(args.out), dataclasses.replace(FAST if args.fast else FULL, precision=args.precision))
-    variants = list(VARIANTS) if args.variant == "all" else [args.variant]
-    for name in ("lightning.pytorch", "lightning.fabric"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    start = time.perf_counter()
-    try:
-        check_settings(run)
-        stages = [corpus_stage(run), codebook_stage(run)]
-        for variant in variants:
-            stages += variant_stages(run, variant)
-        records = {stage.name: run_stage(run, stage) for stage in stages}
-    except DemoError as error:
-        print(f"mmoe demo: error: {error}", file=sys.stderr)
-        return 1
-    report = results(run, variants, records, time.perf_counter() - start)
-    write_json_atomic(run.out / "results.json", report)
-    say(f"\nResults ({report['seconds_this_run']:.0f} s this run, {report['device']})\n")
-    say(format_table(report["variants"]))
-    say("\nFiles:")
-    for path in [*report["files"], str(run.out / "results.json")]:
-        say(f"  {path}")
-    return 0

@@ -1,0 +1,64 @@
+"""``mmoe demo``: the whole pipeline on the embedded synthetic corpus, in minutes on a CPU.
+
+```
+mmoe demo [--out runs/demo] [--variant dense|switch|xmoe|mhmoe|stratified|all] [--fast] [--precision bf16-mixed]
+```
+
+The package: :mod:`~mmoe.demo.settings` (FULL, FAST), :mod:`~mmoe.demo.stages`, :mod:`~mmoe.demo.report` and
+:mod:`~mmoe.demo.command`. Stages, in order (each a call of the package's own commands or Python APIs):
+
+1. ``corpus``       ``mmoe data synth --out DIR/data --shards``: the synthetic world in the benchmarks' formats, shards;
+2. ``codebook``     ``mmoe tokenizer fit``: the visual codebook, the targets of masked image modeling;
+
+then for each variant, under ``DIR/<variant>/``:
+
+3. ``pretrain``     ``mmoe fit`` with ``configs/pretrain/tiny_<variant>.yaml`` pointed at ``DIR``;
+4. ``export``       the pre-trained backbone as ``backbone_pretrained.pt``;
+5. ``vqav2``, ``nlvr2``, ``captioning``: ``mmoe fit`` with ``configs/finetune/<task>_tiny.yaml`` from that backbone,
+   ``mmoe predict`` on the evaluation split, and the official scorers (:mod:`mmoe.metrics`);
+6. ``figures``      ``mmoe viz subtoken-map`` (pre-trained vs VQA fine-tuned backbone) and ``mmoe viz heatmap``.
+
+A stage is done when its output file exists and its marker ``DIR/stages/<stage>.json`` says so; a re-run reuses done
+stages, and an interrupted training resumes from its last checkpoint. Every file is written atomically or under its
+stage's folder, so an interruption loses nothing already finished. The run ends with a table (task, metric, value,
+chance level from ``DIR/data/synth.json``) and the files written, also saved as ``DIR/results.json``.
+"""
+
+from mmoe.demo.command import check_settings, demo_command, parse
+from mmoe.demo.report import format_table, results, say
+from mmoe.demo.settings import FAST, FULL, VARIANTS, DemoError, DemoRun, DemoSettings
+from mmoe.demo.stages import (
+    TASKS,
+    FineTuneTask,
+    Stage,
+    StepProgress,
+    finetune_config,
+    load_config,
+    pretrain_config,
+    repoint,
+    run_stage,
+)
+
+__all__ = [
+    "FAST",
+    "FULL",
+    "TASKS",
+    "VARIANTS",
+    "DemoError",
+    "DemoRun",
+    "DemoSettings",
+    "FineTuneTask",
+    "Stage",
+    "StepProgress",
+    "check_settings",
+    "demo_command",
+    "finetune_config",
+    "format_table",
+    "load_config",
+    "parse",
+    "pretrain_config",
+    "repoint",
+    "results",
+    "run_stage",
+    "say",
+]

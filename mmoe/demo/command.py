@@ -1,0 +1,95 @@
+"""``mmoe demo``: its options, the check that a run directory is not mixed, and the run of every stage."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from mmoe.atomic import write_json_atomic
+from mmoe.demo.report import format_table, results, say
+from mmoe.demo.settings import FAST, FULL, VARIANTS, DemoError, DemoRun
+from mmoe.demo.stages import codebook_stage, corpus_stage, run_stage, variant_rows, variant_stages
+
+
+def check_settings(run: DemoRun) -> None:
+    """Records the settings in ``DIR/demo.json``; a directory made with other settings is refused, not mixed."""
+    path = run.out / "demo.json"
+    settings = run.settings.to_json()
+    if path.is_file():
+        stored = json.loads(path.read_text()).get("settings")
+        # A demo.json written before the precision option or the learning-rate overrides has neither: those runs
+        # trained in 32-true with the configs' learning rates.
+        older = {"precision": "32-true", "finetune_learning_rates": []}
+        stored = older | stored if isinstance(stored, dict) else {}
+        if stored != settings:
+            keys = dict.fromkeys([*settings, *stored])
+            changed = "; ".join(
+                f"{key}: {stored.get(key)!r} there, {settings.get(key)!r} now"
+                for key in keys
+                if stored.get(key) != settings.get(key)
+            )
+            raise DemoError(
+                f"{run.out} holds a demo run made with other settings ({changed}; see {path}): use another --out, "
+                "or that run's --fast and --precision choices with the version that made it"
+            )
+        return
+    run.out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, {"settings": settings})
+
+
+def parse(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="mmoe demo",
+        description="Synthetic corpus -> codebook -> tiny MoE pre-training -> VQAv2 / NLVR2 / captioning fine-tuning "
+        "and official scores -> routing maps. Finished stages are reused on a re-run.",
+    )
+    parser.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
+    parser.add_argument("--variant", choices=(*VARIANTS, "all"), default="mhmoe", help="MoE variant (default mhmoe)")
+    parser.add_argument("--fast", action="store_true", help="smaller corpus, model and step counts (for tests)")
+    parser.add_argument(
+        "--precision",
+        choices=("32-true", "bf16-mixed", "16-mixed"),
+        default="32-true",
+        help="Lightning precision of every training and prediction stage (default 32-true; bf16-mixed on a GPU)",
+    )
+    return parser.parse_args(list(argv))
+
+
+def demo_command(argv: Sequence[str]) -> int:
+    """Runs ``mmoe demo``; returns 0, or 1 when a stage fails (the message names it)."""
+    args = parse(argv)
+    if args.precision == "16-mixed":
+        import torch
+
+        if not torch.cuda.is_available():  # Lightning would quietly train in bf16 instead
+            print("mmoe demo: error: --precision 16-mixed needs a CUDA GPU; use bf16-mixed on a CPU", file=sys.stderr)
+            return 2
+    run = DemoRun(Path(args.out), dataclasses.replace(FAST if args.fast else FULL, precision=args.precision))
+    variants = list(VARIANTS) if args.variant == "all" else [args.variant]
+    for name in ("lightning.pytorch", "lightning.fabric"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    start = time.perf_counter()
+    try:
+        check_settings(run)
+        stages = [corpus_stage(run), codebook_stage(run)]
+        for variant in variants:
+            stages += variant_stages(run, variant)
+        records = {stage.name: run_stage(run, stage) for stage in stages}
+    except DemoError as error:
+        print(f"mmoe demo: error: {error}", file=sys.stderr)
+        return 1
+    rows = {variant: variant_rows(run, variant, records) for variant in variants}
+    report = results(run, rows, records, time.perf_counter() - start)
+    write_json_atomic(run.out / "results.json", report)
+    say(f"\nResults ({report['seconds_this_run']:.0f} s this run, {report['device']})\n")
+    say(format_table(report["variants"]))
+    say("\nFiles:")
+    for path in [*report["files"], str(run.out / "results.json")]:
+        say(f"  {path}")
+    return 0

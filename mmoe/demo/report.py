@@ -1,0 +1,88 @@
+"""What the demo prints and saves: progress lines, the results table (value and chance level per task and metric)
+and ``DIR/results.json``."""
+
+from __future__ import annotations
+
+from mmoe.demo.settings import DemoRun
+
+
+def say(message: str) -> None:
+    print(message, flush=True)
+
+
+def row(task: str, metric: str, value: float, chance: float, baseline: str) -> dict:
+    return {"task": task, "metric": metric, "value": value, "chance": chance, "baseline": baseline}
+
+
+def vqa_rows(scores: dict, chance: dict) -> list[dict]:
+    prior = chance["vqav2_val_prior_accuracy"]["overall"]
+    blind = chance["vqav2_val_question_prior_accuracy"]["overall"]
+    baseline = f"top training answer per question type (VQA paper's prior); image-blind per question: {blind:.2f}"
+    return [row("VQAv2 val", "accuracy (%)", scores["overall"], prior, baseline)]
+
+
+def nlvr2_rows(scores: dict, chance: dict) -> list[dict]:
+    levels = chance["nlvr2"]
+    return [
+        row("NLVR2 dev", "accuracy", scores["accuracy"], levels["accuracy_constant_answer"], "constant answer"),
+        row("NLVR2 dev", "consistency", scores["consistency"], levels["consistency_random"], "random answers"),
+    ]
+
+
+def caption_rows(scores: dict, chance: dict) -> list[dict]:
+    constant = chance["captioning_karpathy_test_constant_caption"]
+    rows = [
+        row("COCO captions Karpathy test", name, scores[name], constant[name], "most common training caption")
+        for name in ("Bleu_4", "CIDEr")
+    ]
+    if "colour_word_precision" not in scores:  # scored by an older mmoe demo: no colour check in its marker
+        return rows
+    colours = row(
+        "COCO captions Karpathy test", "colour words right (%)", round(100 * scores["colour_word_precision"], 2),
+        round(100 * scores["colour_word_chance"], 2), "the same colour words on a random image",
+    )  # fmt: skip
+    return [*rows, colours]
+
+
+def number(value: float) -> str:
+    return f"{value:.2f}" if abs(value) >= 2 else f"{value:.3f}"
+
+
+def format_table(rows_by_variant: dict[str, list[dict]]) -> str:
+    """A plain-text table: task, metric, one value column per variant, chance level and its baseline."""
+    variants = list(rows_by_variant)
+    first = rows_by_variant[variants[0]]
+    header = ["task", "metric", *(variants if len(variants) > 1 else ["value"]), "chance", "chance baseline"]
+    lines = [header]
+    for index, base in enumerate(first):
+        values = [number(rows_by_variant[v][index]["value"]) for v in variants]
+        lines.append([base["task"], base["metric"], *values, number(base["chance"]), base["baseline"]])
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+                     for line in lines)  # fmt: skip
+
+
+def stage_files(records: dict[str, dict]) -> list[str]:
+    return [path for record in records.values() for path in record["result"].get("files", [])]
+
+
+def device_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU, {torch.get_num_threads()} threads"
+
+
+def results(run: DemoRun, rows_by_variant: dict[str, list[dict]], records: dict[str, dict], seconds: float) -> dict:
+    """What ``DIR/results.json`` holds: settings, chance levels, per-variant rows, stage times and files."""
+    return {
+        "out": str(run.out),
+        "settings": run.settings.to_json(),
+        "variants": rows_by_variant,
+        "chance": run.chance(),
+        "stages": {
+            name: {"seconds": record["seconds"], "reused": record["reused"]} for name, record in records.items()
+        },
+        "seconds_this_run": seconds,
+        "device": device_name(),
+        "files": stage_files(records),
+    }
