@@ -16,6 +16,7 @@ import lightning as L
 import torch
 from lightning.pytorch.loggers import CSVLogger
 
+from mmoe.data.batches import step_batches
 from mmoe.data.datamodules import PretrainDataModule
 from mmoe.model import MoEPlan, MultiwayConfig
 from mmoe.tasks.pretraining import MaskedPretraining
@@ -30,7 +31,7 @@ class Recorder(L.Callback):
         self.counts: dict[str, list[int]] = {}
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        for single in [batch] if "kind" in batch else batch.values():
+        for single in step_batches(batch):
             self.keys.extend(single["key"])
         for record in outputs["routing"]:
             name = f"layer{record.layer}/{record.modality}"
