@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from mmoe.moe import MoEConfig, MoELayer
+from mmoe.moe import MoEConfig, MoELayer, build_moe_layer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from timing import interleaved_medians  # noqa: E402
@@ -102,7 +102,7 @@ def make_case(
 ) -> Case:
     torch.manual_seed(0)
     config = MoEConfig(dim, hidden, experts, top_k=top_k, heads=heads, capacity_factor=capacity_factor, strata=strata)
-    moe = MoELayer(config).to(device, dtype)
+    moe = build_moe_layer(config).to(device, dtype)
     x = torch.randn(1, tokens, dim, device=device, dtype=dtype, requires_grad=backward)
     grad = torch.randn(1, tokens, dim, device=device, dtype=dtype) if backward else None
     if strata is not None:
