@@ -28,6 +28,13 @@ def test_moe_layer_benchmark_runs_the_selected_case_and_writes_its_profile(tmp_p
 
 
 @pytest.mark.slow
+def test_moe_layer_benchmark_runs_the_stratified_case():
+    lines = run_benchmark("benchmarks/moe_layer.py", "--only", "stratified_4_4_vs_top2_4096", "--rounds", "1")
+    assert lines[0]["case"] == "stratified_4_4_vs_top2_4096" and lines[0]["strata"] == [4, 4]
+    assert 1.0 <= lines[0]["requested_capacity"] <= 2.0  # FFN passes per token, one per stratum at most
+
+
+@pytest.mark.slow
 def test_backbone_benchmark_compares_the_tiny_shape():
     lines = run_benchmark("benchmarks/backbone.py", "--shapes", "tiny", "--rounds", "1")
     models = {line["model"] for line in lines if "model" in line}
