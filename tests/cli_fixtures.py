@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import lightning as L
+
 from mmoe.cli import main
 from mmoe.data.synth.convert import convert_layout
 from mmoe.data.synth.corpus import SynthSizes, build_corpus
+from mmoe.tasks.cli import MMoECLI
 
 #: Enough for a VQA answer vocabulary and one NLVR2 set per split, in 32-px images.
 SMALL_CORPUS = {"train_images": 20, "val_images": 4, "test_images": 2, "questions_per_image": 3,
@@ -30,3 +33,17 @@ def run_mmoe(argv: list[str], capsys) -> tuple[int, str, str]:
         code = stop.code
     captured = capsys.readouterr()
     return code, captured.out, captured.err
+
+
+class Instantiated(MMoECLI):
+    """``mmoe <subcommand>`` up to the parsed config and the instantiated model, data and trainer, without running."""
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        pass
+
+
+def instantiate(argv: list[str]) -> Instantiated:
+    return Instantiated(
+        L.LightningModule, L.LightningDataModule, subclass_mode_model=True, subclass_mode_data=True, args=argv,
+        auto_configure_optimizers=False, save_config_callback=None,
+    )  # fmt: skip

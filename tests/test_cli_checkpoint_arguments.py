@@ -3,26 +3,12 @@ a model argument named on the command line wins over both."""
 
 from __future__ import annotations
 
-import lightning as L
 import pytest
 import torch
 import yaml
 
-from mmoe.tasks.cli import MMoECLI, command_line_model_arguments
-
-
-class ParseOnly(MMoECLI):
-    """Parses and instantiates like ``mmoe predict`` without running it."""
-
-    def _run_subcommand(self, subcommand: str) -> None:
-        pass
-
-
-def parse(argv: list[str]) -> ParseOnly:
-    return ParseOnly(
-        L.LightningModule, L.LightningDataModule, subclass_mode_model=True, subclass_mode_data=True, args=argv,
-        auto_configure_optimizers=False, save_config_callback=None,
-    )  # fmt: skip
+from mmoe.tasks.cli import command_line_model_arguments
+from tests.cli_fixtures import instantiate
 
 
 @pytest.fixture
@@ -44,11 +30,12 @@ def config_and_checkpoint(tmp_path):
 
 def test_command_line_model_arguments_win_over_the_checkpoint(config_and_checkpoint):
     config, checkpoint = config_and_checkpoint
-    plain = parse(["predict", "--config", config, "--ckpt_path", checkpoint])
+    plain = instantiate(["predict", "--config", config, "--ckpt_path", checkpoint])
     assert (plain.model.hparams.learning_rate, plain.model.hparams.weight_decay) == (1.0e-3, 0.2)  # the checkpoint's
-    named = parse(["predict", "--config", config, "--ckpt_path", checkpoint, "--model.init_args.learning_rate=5e-4"])
+    predict = ["predict", "--config", config, "--ckpt_path", checkpoint]
+    named = instantiate([*predict, "--model.init_args.learning_rate=5e-4"])
     assert (named.model.hparams.learning_rate, named.model.hparams.weight_decay) == (5.0e-4, 0.2)
-    short = parse(["predict", "--config", config, "--ckpt_path", checkpoint, "--model.weight_decay", "0.01"])
+    short = instantiate(["predict", "--config", config, "--ckpt_path", checkpoint, "--model.weight_decay", "0.01"])
     assert (short.model.hparams.learning_rate, short.model.hparams.weight_decay) == (1.0e-3, 0.01)
 
 
@@ -66,6 +53,6 @@ def test_checkpoint_hyper_parameters_that_do_not_parse_name_the_checkpoint(confi
         {"hyper_parameters": {"_class_path": "mmoe.tasks.nlvr2.NLVR2FineTuning", "learning_rate": "fast"}}, broken
     )
     with pytest.raises(SystemExit):
-        parse(["predict", "--config", config, "--ckpt_path", str(broken)])
+        instantiate(["predict", "--config", config, "--ckpt_path", str(broken)])
     assert f"the hyper-parameters saved in {broken} do not parse" in capsys.readouterr().err
-    parse(["predict", "--config", config, "--ckpt_path", str(broken), "--model.init_args.learning_rate", "1e-4"])
+    instantiate(["predict", "--config", config, "--ckpt_path", str(broken), "--model.init_args.learning_rate", "1e-4"])

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import lightning as L
 import pytest
 import torch
 import yaml
@@ -14,9 +13,8 @@ import yaml
 from mmoe.cli import main
 from mmoe.model import MultiwayConfig, MultiwayTransformer
 from mmoe.tasks.checkpoint import export_backbone
-from mmoe.tasks.cli import MMoECLI
 from mmoe.tasks.visual_codebook import PatchCodebook
-from tests.cli_fixtures import run_mmoe, small_shards
+from tests.cli_fixtures import instantiate, run_mmoe, small_shards
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -36,20 +34,6 @@ def error_line(err: str) -> str:
     """The error: the last line of stderr (Lightning may log its seed before it); no traceback anywhere."""
     assert "Traceback" not in err and "Union subtypes" not in err, err
     return err.strip().splitlines()[-1]
-
-
-class Instantiated(MMoECLI):
-    """``mmoe <subcommand>`` up to the instantiated model, data and trainer, without running."""
-
-    def _run_subcommand(self, subcommand: str) -> None:
-        pass
-
-
-def instantiate(argv: list[str]) -> Instantiated:
-    return Instantiated(
-        L.LightningModule, L.LightningDataModule, subclass_mode_model=True, subclass_mode_data=True, args=argv,
-        auto_configure_optimizers=False, save_config_callback=None,
-    )  # fmt: skip
 
 
 @pytest.fixture(scope="module")
