@@ -40,7 +40,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from mmoe.data.decoders import ImageDecoder
 from mmoe.data.samples import Collator, CorruptSampleError, Decoder, Sample
-from mmoe.data.shards import resolve_shards
+from mmoe.data.shards import expected_samples, resolve_shards
 from mmoe.data.transforms import eval_transform
 
 logger = logging.getLogger("mmoe.data")
@@ -395,8 +395,6 @@ class ShardStream(ResumableStream):
             raise ValueError(f"ShardStream.split must be 'auto', 'shard' or 'sample', got {split!r}")
         if batch_size < 1:
             raise ValueError(f"ShardStream.batch_size must be >= 1, got {batch_size!r}")
-        from mmoe.data.shards import expected_samples
-
         self.shards = list(shards)
         self.decode, self.collate = decode, collate
         self.batch_size, self.drop_last = batch_size, drop_last
