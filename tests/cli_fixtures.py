@@ -47,3 +47,19 @@ def instantiate(argv: list[str]) -> Instantiated:
         L.LightningModule, L.LightningDataModule, subclass_mode_model=True, subclass_mode_data=True, args=argv,
         auto_configure_optimizers=False, save_config_callback=None,
     )  # fmt: skip
+
+
+class Parsed(Instantiated):
+    """``mmoe <subcommand>`` up to the parsed config: nothing instantiated (no file the config names is read)."""
+
+    def instantiate_classes(self) -> None:
+        pass
+
+
+def parse_config(argv: list[str]):
+    """The config ``mmoe <argv>`` would run (a jsonargparse Namespace)."""
+    cli = Parsed(
+        L.LightningModule, L.LightningDataModule, subclass_mode_model=True, subclass_mode_data=True, args=argv,
+        auto_configure_optimizers=False, save_config_callback=None,
+    )  # fmt: skip
+    return cli.config[cli.subcommand]

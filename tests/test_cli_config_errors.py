@@ -13,6 +13,7 @@ import yaml
 from mmoe.cli import main
 from mmoe.model import MultiwayConfig, MultiwayTransformer
 from mmoe.tasks.checkpoint import export_backbone
+from mmoe.tasks.cli import init_parameters
 from mmoe.tasks.visual_codebook import PatchCodebook
 from tests.cli_fixtures import instantiate, run_mmoe, small_shards
 
@@ -193,3 +194,12 @@ def test_a_stream_without_usable_samples_stops_fit_in_one_line(shards, tmp_path,
     line = error_line(err)
     assert line.startswith("mmoe fit: train/pair: 1000 samples in a row could not be used")
     assert "missing entry jpg|jpeg|png|webp" in line and f"{text}/pretrain-text-000000.tar" in line
+
+
+def test_datamodule_parameters_include_those_passed_on_to_the_shared_base():
+    vqa = init_parameters("mmoe.data.datamodules.VQADataModule")
+    assert list(vqa)[:2] == ["answer_vocab", "train_shards"] and vqa["image_size"].default == 224
+    captioning = init_parameters("mmoe.data.datamodules.CaptioningDataModule")
+    assert captioning["max_text_length"].default == 32  # its own default over the base's 64
+    assert set(init_parameters("mmoe.data.datamodules.NLVR2DataModule")) == set(vqa) - {"answer_vocab"}
+    assert init_parameters("mmoe.data.datamodules.NoSuchModule") == {}

@@ -8,7 +8,7 @@ import torch
 
 from mmoe.data.masking import MaskingConfig, block_mask, image_masks, mask_caption, mask_text
 from mmoe.data.tokenizer import EOT_ID, MASK_ID, NUM_BPE_TOKENS, PAD_ID, SOT_ID, VOCAB_SIZE, TextTokenizer
-from mmoe.model.config import DEFAULT_VOCAB_SIZE
+from mmoe.model.config import MultiwayConfig
 
 
 def test_special_ids_follow_open_clip_vocabulary():
@@ -16,7 +16,7 @@ def test_special_ids_follow_open_clip_vocabulary():
 
     bpe = SimpleTokenizer()
     assert (bpe.sot_token_id, bpe.eot_token_id, len(bpe.encoder)) == (SOT_ID, EOT_ID, 49408)
-    assert (PAD_ID, MASK_ID, VOCAB_SIZE) == (49408, 49409, DEFAULT_VOCAB_SIZE)
+    assert (PAD_ID, MASK_ID, VOCAB_SIZE) == (49408, 49409, MultiwayConfig().vocab_size)
 
 
 def test_encode_pad_and_decode_round_trip():

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from mmoe.cli import main
 from mmoe.demo import (
@@ -21,17 +22,19 @@ from mmoe.demo import (
     DemoRun,
     Stage,
     check_settings,
-    finetune_config,
+    corpus_arguments,
+    finetune_arguments,
     format_table,
-    load_config,
-    pretrain_config,
+    pretrain_arguments,
     repoint,
     run_stage,
 )
+from mmoe.demo.settings import CONFIGS
 from mmoe.metrics.caption_words import word_precision
 from mmoe.metrics.captions import load_karpathy_references
 from mmoe.metrics.nlvr2 import evaluate_nlvr2_files
 from mmoe.metrics.vqa import evaluate_vqa_files
+from tests.cli_fixtures import parse_config
 
 
 def writing_stage(path: Path, calls: list[int]) -> Stage:
@@ -71,13 +74,61 @@ def test_a_directory_made_with_other_settings_is_refused(tmp_path):
     assert "precision:" not in str(refused.value)  # equal in both: not listed
 
 
+def stage_configs(run: DemoRun, variant: str = "mhmoe") -> dict:
+    """The configs ``mmoe fit`` runs in the demo's training stages, parsed from the arguments the stages pass."""
+    out = run.out / variant
+    configs = {"pretrain": parse_config(["fit", *pretrain_arguments(run, variant, out / "pretrain")])}
+    for task in TASKS:
+        arguments = finetune_arguments(run, task, out / "backbone_pretrained.pt", out / task.name)
+        configs[task.name] = parse_config(["fit", *arguments])
+    return configs
+
+
 def test_precision_reaches_every_stage_and_is_part_of_the_settings(tmp_path):
     bf16 = DemoRun(tmp_path, dataclasses.replace(FAST, precision="bf16-mixed"))
-    config = pretrain_config(bf16, "mhmoe", tmp_path / "mhmoe" / "pretrain")
-    assert config["trainer"]["precision"] == "bf16-mixed"
+    assert {config.trainer.precision for config in stage_configs(bf16).values()} == {"bf16-mixed"}
     check_settings(bf16)
     with pytest.raises(DemoError, match="other settings"):
         check_settings(DemoRun(tmp_path, FAST))
+
+
+def test_stage_arguments_point_the_shipped_configs_at_the_run_directory(tmp_path):
+    run = DemoRun(tmp_path, FAST)
+    configs = stage_configs(run)
+    pretrain = configs["pretrain"]
+    assert pretrain.model.init_args.visual_codebook == str(run.codebook)
+    assert pretrain.data.init_args.image_shards == str(run.shards / "pretrain-images")
+    assert pretrain.data.init_args.batches_per_epoch == pretrain.trainer.max_steps == FAST.pretrain_steps
+    assert pretrain.model.init_args.backbone.image_size == FAST.image_size
+    for name, config in configs.items():
+        out = tmp_path / "mhmoe" / name
+        assert config.trainer.default_root_dir == str(out) and config.data.init_args.batch_size == FAST.batch_size
+        assert [logger.init_args.save_dir for logger in config.trainer.logger] == [str(out)]
+        callbacks = {
+            callback.class_path.rsplit(".", 1)[-1]: callback.init_args for callback in config.trainer.callbacks
+        }
+        assert callbacks["ModelCheckpoint"].dirpath == str(out / "checkpoints")
+        assert callbacks["RoutingStatsCallback"].save_dir == str(out)
+        assert "StepProgress" in callbacks
+        # No path is left pointing at the configs' own corpus or run folders.
+        assert not [text for text in strings(config) if text.startswith(("data/synthetic", "runs/"))]
+    for task in TASKS:
+        model = configs[task.name].model.init_args
+        assert model.backbone is None and model.pretrained == str(tmp_path / "mhmoe" / "backbone_pretrained.pt")
+        assert configs[task.name].trainer.max_steps == FAST.steps(task.name)
+    assert configs["captioning"].model.init_args.num_beams == FAST.num_beams
+    assert configs["vqav2"].model.init_args.answer_vocab == str(run.shards / "vqav2-train2014" / "answers.json")
+
+
+def strings(value) -> list[str]:
+    """Every string in a parsed config, recursively."""
+    if hasattr(value, "__dict__"):
+        value = vars(value)
+    if isinstance(value, dict):
+        return [text for item in value.values() for text in strings(item)]
+    if isinstance(value, list | tuple):
+        return [text for item in value for text in strings(item)]
+    return [value] if isinstance(value, str) else []
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal")
@@ -106,14 +157,16 @@ def test_a_directory_from_before_the_learning_rate_overrides_used_the_configs_ra
 
 
 def test_fine_tuning_learning_rate_overrides_replace_only_their_tasks_rate(tmp_path):
-    run = DemoRun(tmp_path, FAST)
-    backbone = tmp_path / "backbone.pt"
-    models = {task.name: finetune_config(run, task, backbone, tmp_path / task.name)["model"] for task in TASKS}
-    rates = {name: model["init_args"]["learning_rate"] for name, model in models.items()}
+    rates = {
+        name: config.model.init_args.learning_rate for name, config in stage_configs(DemoRun(tmp_path, FAST)).items()
+    }
     assert rates["captioning"] == dict(FAST.finetune_learning_rates)["captioning"] != 2e-4
-    configs = {task.name: load_config(f"finetune/{task.name}_tiny.yaml")["model"]["init_args"] for task in TASKS}
-    assert rates["vqav2"] == configs["vqav2"]["learning_rate"] and rates["nlvr2"] == configs["nlvr2"]["learning_rate"]
-    assert configs["captioning"]["learning_rate"] == 2e-4
+    shipped = {
+        task.name: parse_config(["fit", "--config", str(CONFIGS / f"finetune/{task.name}_tiny.yaml")]) for task in TASKS
+    }
+    assert rates["vqav2"] == shipped["vqav2"].model.init_args.learning_rate
+    assert rates["nlvr2"] == shipped["nlvr2"].model.init_args.learning_rate
+    assert shipped["captioning"].model.init_args.learning_rate == 2e-4
 
 
 def test_config_paths_are_moved_to_the_demo_corpus(tmp_path):
@@ -124,6 +177,11 @@ def test_config_paths_are_moved_to_the_demo_corpus(tmp_path):
         "c": "data/synthetics",
         "d": 3,
     }
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"data": {"init_args": config}, "model": {"x": "runs/a"}}))
+    assert corpus_arguments(tmp_path / "config.yaml", tmp_path / "corpus") == [
+        f"--data.init_args.a={tmp_path}/corpus/shards/x",
+        f'--data.init_args.b=["{tmp_path}/corpus"]',
+    ]
 
 
 def test_table_has_one_column_per_variant():

@@ -74,8 +74,8 @@ def test_vqa_beats_a_random_answer_and_writes_a_scorable_submission(corpus, tmp_
     shards = corpus / "shards"
     vocab = str(shards / "vqav2-train2014" / "answers.json")
     data = VQADataModule(
-        vocab, shards / "vqav2-train2014", shards / "vqav2-val2014", shards / "vqav2-val2014", batch_size=32,
-        eval_batch_size=100, **LOADER,
+        vocab, train_shards=shards / "vqav2-train2014", val_shards=shards / "vqav2-val2014",
+        test_shards=shards / "vqav2-val2014", batch_size=32, eval_batch_size=100, **LOADER,
     )  # fmt: skip
     torch.manual_seed(0)
     model = VQAFineTuning(
@@ -106,7 +106,10 @@ def test_vqa_beats_a_random_answer_and_writes_a_scorable_submission(corpus, tmp_
 
 def test_nlvr2_beats_a_constant_answer_and_its_predictions_are_scored_by_mmoe_eval(corpus, tmp_path):
     shards = corpus / "shards"
-    data = NLVR2DataModule(shards / "nlvr2-train", shards / "nlvr2-dev", shards / "nlvr2-dev", batch_size=32, **LOADER)
+    data = NLVR2DataModule(
+        train_shards=shards / "nlvr2-train", val_shards=shards / "nlvr2-dev", test_shards=shards / "nlvr2-dev",
+        batch_size=32, **LOADER,
+    )  # fmt: skip
     torch.manual_seed(0)
     model = NLVR2FineTuning(
         backbone=MultiwayConfig(**BACKBONE),
@@ -135,8 +138,8 @@ def test_nlvr2_beats_a_constant_answer_and_its_predictions_are_scored_by_mmoe_ev
 def test_caption_results_are_scored_by_mmoe_eval(corpus, tmp_path):
     shards = corpus / "shards"
     data = CaptioningDataModule(
-        shards / "coco-karpathy-train-restval", shards / "coco-karpathy-test", shards / "coco-karpathy-test",
-        batch_size=16, **LOADER,
+        train_shards=shards / "coco-karpathy-train-restval", val_shards=shards / "coco-karpathy-test",
+        test_shards=shards / "coco-karpathy-test", batch_size=16, **LOADER,
     )  # fmt: skip
     model = CaptioningFineTuning(
         backbone=MultiwayConfig(**BACKBONE),

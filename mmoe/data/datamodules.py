@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import lightning as L
@@ -50,20 +51,53 @@ def _min_side(image_size: int, crop_scale: tuple[float, float] | None) -> int:
     return image_size if crop_scale is None else math.ceil(image_size / math.sqrt(crop_scale[0]))
 
 
-class _ShardDataModule(L.LightningDataModule):
-    """What the DataModules share: building shard streams and loaders, and counting the samples they skipped.
+class ShardDataModule(L.LightningDataModule):
+    """What every mmoe DataModule shares: the loader, image and text arguments, building shard streams and resumable
+    loaders, and counting the samples they skipped.
 
     Loaders are resumable (:class:`EpochDataLoader`: Lightning saves the training loader's position in checkpoints).
     Skipped samples (corrupt, or lost from truncated shards) are counted per stream (``skipped_samples``) and
     reported on stderr when fit / validate / test / predict ends.
+
+    Args:
+        batch_size: training samples per batch (pre-training: per stream).
+        image_size: image side S in pixels; the model's backbone's (the mmoe CLI sets it). BEiT-3 uses 224 for
+            pre-training and NLVR2, 480 for VQA and captioning.
+        max_text_length: longest text in tokens, start and end included.
+        crop_scale: RandomResizedCrop area range for training images; None = the whole image, no random crop.
+        hflip: random horizontal flips of training images (NLVR2: each image separately; texts are not changed).
+        shuffle_buffer: sample shuffle buffer per worker.
+        num_workers: DataLoader workers (0 = in the main process).
+        seed: seeds shuffling and every random choice of the data (crops, flips, masks, the pre-training stream).
     """
 
-    def __init__(self, num_workers: int, shuffle_buffer: int, seed: int) -> None:
+    def __init__(
+        self,
+        batch_size: int = 32,
+        image_size: int = 224,
+        max_text_length: int = 64,
+        crop_scale: tuple[float, float] | None = (0.5, 1.0),
+        hflip: bool = True,
+        shuffle_buffer: int = 1000,
+        num_workers: int = 2,
+        seed: int = 0,
+    ) -> None:
         super().__init__()
         if num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {num_workers!r}")
+        self.save_hyperparameters()  # the subclasses' arguments too
+        self.batch_size, self.image_size = batch_size, image_size
+        self.tokenizer = TextTokenizer(max_text_length)
+        self.crop_scale, self.hflip = crop_scale, hflip
         self.num_workers, self.shuffle_buffer, self.seed = num_workers, shuffle_buffer, seed
         self.skipped: dict[str, dict[str, SkipCount]] = {}  # split -> its latest loader's counts
+
+    def _transform(self, train: bool) -> tuple[Callable, int]:
+        """The image transform of training or evaluation, and the smallest decoded side it needs."""
+        if not train:
+            return eval_transform(self.image_size), self.image_size
+        transform = train_transform(self.image_size, self.crop_scale, self.hflip)
+        return transform, _min_side(self.image_size, self.crop_scale)
 
     def _stream(
         self,
@@ -129,7 +163,7 @@ class _ShardDataModule(L.LightningDataModule):
         print(f"mmoe {stage}: samples skipped{where}: {describe_skips(self.skip_counts())}", file=sys.stderr)
 
 
-class PretrainDataModule(_ShardDataModule):
+class PretrainDataModule(ShardDataModule):
     """BEiT-3 masked data modeling batches from image-only, text-only and image-text pair shards.
 
     Training batches come from one stream at a time, drawn with the given weights (or, with ``joint``, one batch of
@@ -155,17 +189,10 @@ class PretrainDataModule(_ShardDataModule):
         text_weight: relative frequency of text batches.
         pair_weight: relative frequency of pair batches.
         joint: one batch of every stream per training step instead of a weighted mixture.
-        batch_size: samples per batch (per stream).
-        image_size: image side S in pixels.
         patch_size: the model's patch side; the mask grid is (S / patch_size)^2.
-        max_text_length: longest text in tokens, start and end included.
         masking: masking ratios and replacement fractions (BEiT-3 defaults).
-        crop_scale: RandomResizedCrop area range for training images; None = the whole image, no random crop.
-        hflip: random horizontal flips of training images.
-        shuffle_buffer: sample shuffle buffer per worker.
         batches_per_epoch: training batches (steps, with ``joint``) per epoch and process.
-        num_workers: DataLoader workers (0 = in the main process).
-        seed: seeds shuffling, stream choice and masks.
+        **loader: the loader, image and text arguments of :class:`ShardDataModule` (batch size, image size, ...).
     """
 
     def __init__(
@@ -180,21 +207,14 @@ class PretrainDataModule(_ShardDataModule):
         text_weight: float = 1.0,
         pair_weight: float = 1.0,
         joint: bool = False,
-        batch_size: int = 32,
-        image_size: int = 224,
         patch_size: int = 16,
-        max_text_length: int = 64,
         masking: MaskingConfig | None = None,
-        crop_scale: tuple[float, float] | None = (0.5, 1.0),
-        hflip: bool = True,
-        shuffle_buffer: int = 1000,
         batches_per_epoch: int | None = 1000,
-        num_workers: int = 2,
-        seed: int = 0,
+        **loader,
     ) -> None:
-        super().__init__(num_workers, shuffle_buffer, seed)
-        if image_size % patch_size:
-            raise ValueError(f"image_size={image_size} is not divisible by patch_size={patch_size}")
+        super().__init__(**loader)
+        if self.image_size % patch_size:
+            raise ValueError(f"image_size={self.image_size} is not divisible by patch_size={patch_size}")
         if not any((image_shards, text_shards, pair_shards)):
             raise ValueError("PretrainDataModule needs at least one of image_shards, text_shards, pair_shards")
         self.check_shards(
@@ -205,23 +225,16 @@ class PretrainDataModule(_ShardDataModule):
             val_text_shards=val_text_shards,
             val_pair_shards=val_pair_shards,
         )
-        self.save_hyperparameters()
         self.train_shards = {IMAGE: image_shards, TEXT: text_shards, PAIR: pair_shards}
         self.val_shards = {IMAGE: val_image_shards, TEXT: val_text_shards, PAIR: val_pair_shards}
         self.weights = {IMAGE: image_weight, TEXT: text_weight, PAIR: pair_weight}
-        self.joint, self.batch_size, self.image_size = joint, batch_size, image_size
-        self.grid = (image_size // patch_size, image_size // patch_size)
+        self.joint = joint
+        self.grid = (self.image_size // patch_size, self.image_size // patch_size)
         self.masking = masking or MaskingConfig()
-        self.tokenizer = TextTokenizer(max_text_length)
-        self.crop_scale, self.hflip = crop_scale, hflip
         self.batches_per_epoch = batches_per_epoch
 
     def _decoder(self, kind: BatchKind, train: bool) -> Decoder:
-        if train:
-            transform = train_transform(self.image_size, self.crop_scale, self.hflip)
-            min_side = _min_side(self.image_size, self.crop_scale)
-        else:
-            transform, min_side = eval_transform(self.image_size), self.image_size
+        transform, min_side = self._transform(train)
         if kind == IMAGE:
             return ImageDecoder(transform, min_side)
         if kind == TEXT:
@@ -259,37 +272,29 @@ class PretrainDataModule(_ShardDataModule):
         return self._loader("val", self._mixture(self.val_shards, train=False))
 
 
-class _FinetuneDataModule(_ShardDataModule):
-    """Train / val / test loaders over one task's shards (``predict`` reads the test shards)."""
+class FinetuneDataModule(ShardDataModule):
+    """Train / val / test loaders over one task's shards (``predict`` reads the test shards).
+
+    Args:
+        train_shards: training shards.
+        val_shards: validation shards.
+        test_shards: test shards (test / predict loaders).
+        eval_batch_size: validation / test batch size (default: ``batch_size``).
+        **loader: the loader, image and text arguments of :class:`ShardDataModule` (batch size, image size, ...).
+    """
 
     def __init__(
         self,
-        train_shards: ShardSpec,
-        val_shards: ShardSpec,
-        test_shards: ShardSpec,
-        image_size: int,
-        max_text_length: int,
-        batch_size: int,
-        eval_batch_size: int | None,
-        crop_scale: tuple[float, float] | None,
-        hflip: bool,
-        shuffle_buffer: int,
-        num_workers: int,
-        seed: int,
+        train_shards: ShardSpec = None,
+        val_shards: ShardSpec = None,
+        test_shards: ShardSpec = None,
+        eval_batch_size: int | None = None,
+        **loader,
     ) -> None:
-        super().__init__(num_workers, shuffle_buffer, seed)
+        super().__init__(**loader)
         self.check_shards(train_shards=train_shards, val_shards=val_shards, test_shards=test_shards)
         self.shards = {"train": train_shards, "val": val_shards, "test": test_shards}
-        self.image_size, self.batch_size = image_size, batch_size
-        self.eval_batch_size = eval_batch_size or batch_size
-        self.tokenizer = TextTokenizer(max_text_length)
-        self.crop_scale, self.hflip = crop_scale, hflip
-
-    def _transform(self, train: bool):
-        if train:
-            transform = train_transform(self.image_size, self.crop_scale, self.hflip)
-            return transform, _min_side(self.image_size, self.crop_scale)
-        return eval_transform(self.image_size), self.image_size
+        self.eval_batch_size = eval_batch_size or self.batch_size
 
     def _decoder(self, train: bool) -> Decoder:
         raise NotImplementedError
@@ -329,7 +334,7 @@ class _FinetuneDataModule(_ShardDataModule):
         return self._split_loader("test")
 
 
-class VQADataModule(_FinetuneDataModule):
+class VQADataModule(FinetuneDataModule):
     """VQAv2 batches (:class:`mmoe.data.batches.VQABatch`) from ``mmoe data convert vqav2`` shards.
 
     Keys: ``image`` (B, 3, S, S), ``text_ids`` / ``text_padding_mask`` (B, T) (the question), ``question_id`` and
@@ -340,42 +345,14 @@ class VQADataModule(_FinetuneDataModule):
     (ViLT, BEiT-3).
 
     Args:
-        answer_vocab: ``answers.json`` of the training split (JSON list; index = class label).
-        train_shards: training shards (e.g. ``data/shards/vqav2-train2014``).
-        val_shards: validation shards.
-        test_shards: test shards (test / predict loaders).
-        image_size: image side S in pixels (BEiT-3 uses 480 for VQA).
-        max_text_length: longest question in tokens.
-        batch_size: training batch size.
-        eval_batch_size: validation / test batch size (default: ``batch_size``).
-        crop_scale: RandomResizedCrop area range for training images; None = the whole image, no random crop.
-        hflip: random horizontal flips of training images.
-        shuffle_buffer: sample shuffle buffer per worker.
-        num_workers: DataLoader workers.
-        seed: seeds shuffling.
+        answer_vocab: ``answers.json`` of the training split (JSON list; index = class label); the model's (the mmoe
+            CLI sets it).
+        **shards: the splits' shards and the loader arguments of :class:`FinetuneDataModule` (e.g. ``train_shards``,
+            ``batch_size``, ``image_size``).
     """
 
-    def __init__(
-        self,
-        answer_vocab: str,
-        train_shards: ShardSpec = None,
-        val_shards: ShardSpec = None,
-        test_shards: ShardSpec = None,
-        image_size: int = 224,
-        max_text_length: int = 64,
-        batch_size: int = 32,
-        eval_batch_size: int | None = None,
-        crop_scale: tuple[float, float] | None = (0.5, 1.0),
-        hflip: bool = True,
-        shuffle_buffer: int = 1000,
-        num_workers: int = 2,
-        seed: int = 0,
-    ) -> None:
-        super().__init__(
-            train_shards, val_shards, test_shards, image_size, max_text_length, batch_size, eval_batch_size,
-            crop_scale, hflip, shuffle_buffer, num_workers, seed,
-        )  # fmt: skip
-        self.save_hyperparameters()
+    def __init__(self, answer_vocab: str, **shards) -> None:
+        super().__init__(**shards)
         path = Path(answer_vocab)
         if not path.is_file():
             raise FileNotFoundError(f"answer_vocab {path} does not exist (mmoe data convert vqav2 writes answers.json)")
@@ -394,47 +371,14 @@ class VQADataModule(_FinetuneDataModule):
         return VQACollator(self.num_answers, self.tokenizer)
 
 
-class NLVR2DataModule(_FinetuneDataModule):
+class NLVR2DataModule(FinetuneDataModule):
     """NLVR2 batches (:class:`mmoe.data.batches.NLVR2Batch`) from ``mmoe data convert nlvr2`` shards.
 
     Keys: ``image_left``, ``image_right`` (B, 3, S, S), ``text_ids`` / ``text_padding_mask`` (B, T) (the sentence),
     ``label`` (B,) long (1 true, 0 false, -1 unlabelled), ``identifier`` and ``sentence`` (lists).
 
-    Args:
-        train_shards: training shards.
-        val_shards: validation shards (dev).
-        test_shards: test shards (test1).
-        image_size: image side S in pixels (BEiT-3: 224).
-        max_text_length: longest sentence in tokens.
-        batch_size: training batch size.
-        eval_batch_size: validation / test batch size (default: ``batch_size``).
-        crop_scale: RandomResizedCrop area range for training images; None = the whole image, no random crop.
-        hflip: random horizontal flips of training images (each image separately; texts are not changed).
-        shuffle_buffer: sample shuffle buffer per worker.
-        num_workers: DataLoader workers.
-        seed: seeds shuffling.
+    Arguments: those of :class:`FinetuneDataModule` (``val_shards``: dev, ``test_shards``: test1).
     """
-
-    def __init__(
-        self,
-        train_shards: ShardSpec = None,
-        val_shards: ShardSpec = None,
-        test_shards: ShardSpec = None,
-        image_size: int = 224,
-        max_text_length: int = 64,
-        batch_size: int = 32,
-        eval_batch_size: int | None = None,
-        crop_scale: tuple[float, float] | None = (0.5, 1.0),
-        hflip: bool = True,
-        shuffle_buffer: int = 1000,
-        num_workers: int = 2,
-        seed: int = 0,
-    ) -> None:
-        super().__init__(
-            train_shards, val_shards, test_shards, image_size, max_text_length, batch_size, eval_batch_size,
-            crop_scale, hflip, shuffle_buffer, num_workers, seed,
-        )  # fmt: skip
-        self.save_hyperparameters()
 
     def _decoder(self, train: bool) -> Decoder:
         transform, min_side = self._transform(train)
@@ -444,7 +388,7 @@ class NLVR2DataModule(_FinetuneDataModule):
         return PlainCollator(self.tokenizer)
 
 
-class CaptioningDataModule(_FinetuneDataModule):
+class CaptioningDataModule(FinetuneDataModule):
     """COCO captioning batches (:class:`mmoe.data.batches.CaptionBatch`) from ``mmoe data convert coco-captions``
     shards (one sample per image).
 
@@ -453,44 +397,16 @@ class CaptioningDataModule(_FinetuneDataModule):
     ``image``, ``image_id`` (B,) long and ``captions`` (list of each image's reference captions).
 
     Args:
-        train_shards: training shards (e.g. ``coco-karpathy-train-restval``).
-        val_shards: validation shards (e.g. ``coco-karpathy-val``).
-        test_shards: test shards (e.g. ``coco-karpathy-test``).
-        image_size: image side S in pixels (BEiT-3 uses 480).
         max_text_length: longest caption in tokens (BEiT-3 captioning: 32).
         mask_ratio: share of caption tokens masked for training (BEiT-3 default 0.6, recipes 0.7).
-        batch_size: training batch size.
-        eval_batch_size: validation / test batch size (default: ``batch_size``).
-        crop_scale: RandomResizedCrop area range for training images; None = the whole image, no random crop.
-        hflip: random horizontal flips of training images.
-        shuffle_buffer: sample shuffle buffer per worker.
-        num_workers: DataLoader workers.
-        seed: seeds shuffling and masks.
+        **shards: the splits' shards (e.g. ``coco-karpathy-train-restval``, ``coco-karpathy-val``,
+            ``coco-karpathy-test``) and the loader arguments of :class:`FinetuneDataModule`.
     """
 
-    def __init__(
-        self,
-        train_shards: ShardSpec = None,
-        val_shards: ShardSpec = None,
-        test_shards: ShardSpec = None,
-        image_size: int = 224,
-        max_text_length: int = 32,
-        mask_ratio: float = 0.6,
-        batch_size: int = 32,
-        eval_batch_size: int | None = None,
-        crop_scale: tuple[float, float] | None = (0.5, 1.0),
-        hflip: bool = True,
-        shuffle_buffer: int = 1000,
-        num_workers: int = 2,
-        seed: int = 0,
-    ) -> None:
-        super().__init__(
-            train_shards, val_shards, test_shards, image_size, max_text_length, batch_size, eval_batch_size,
-            crop_scale, hflip, shuffle_buffer, num_workers, seed,
-        )  # fmt: skip
+    def __init__(self, max_text_length: int = 32, mask_ratio: float = 0.6, **shards) -> None:
+        super().__init__(max_text_length=max_text_length, **shards)
         if not 0.0 < mask_ratio <= 1.0:
             raise ValueError(f"mask_ratio must lie in (0, 1], got {mask_ratio!r}")
-        self.save_hyperparameters()
         self.mask_ratio = mask_ratio
 
     def _decoder(self, train: bool) -> Decoder:

@@ -1,9 +1,8 @@
 """Text tokenizer: open_clip's byte-level BPE (the CLIP vocabulary that ships inside the ``open_clip_torch`` wheel).
 
-Ids 0..49405 are BPE tokens, 49406 / 49407 are open_clip's start / end of text, and mmoe appends ``PAD_ID`` = 49408 and
-``MASK_ID`` = 49409, so the model's vocabulary is :data:`mmoe.model.config.DEFAULT_VOCAB_SIZE` = 49410. A sequence is
-``[start] + tokens + [end]``, truncated to ``max_length`` with the end token kept, right-padded with ``PAD_ID``; the
-padding mask is True at padding.
+The ids (BPE tokens, open_clip's start / end of text, mmoe's pad and mask) are those of :mod:`mmoe.vocabulary`. A
+sequence is ``[start] + tokens + [end]``, truncated to ``max_length`` with the end token kept, right-padded with
+``PAD_ID``; the padding mask is True at padding.
 """
 
 from __future__ import annotations
@@ -13,16 +12,10 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-#: open_clip's start / end of text ids; its BPE vocabulary holds 49,408 ids (0..49407).
-SOT_ID = 49406
-EOT_ID = 49407
-#: Ids appended after open_clip's vocabulary.
-PAD_ID = 49408
-MASK_ID = 49409
-#: Size of the model's text vocabulary (open_clip's 49,408 ids + pad + mask).
-VOCAB_SIZE = 49410
-#: Plain BPE ids lie in [0, NUM_BPE_TOKENS): what random replacement in masked language modeling draws from.
-NUM_BPE_TOKENS = SOT_ID
+from mmoe.vocabulary import EOT_ID, MASK_ID, NUM_BPE_TOKENS, PAD_ID, SOT_ID, VOCAB_SIZE
+
+__all__ = ["EOT_ID", "MASK_ID", "NUM_BPE_TOKENS", "PAD_ID", "SOT_ID", "SPECIAL_IDS", "VOCAB_SIZE", "TextTokenizer"]
+
 SPECIAL_IDS = frozenset({SOT_ID, EOT_ID, PAD_ID, MASK_ID})
 
 

@@ -12,7 +12,7 @@ The package: :mod:`~mmoe.demo.settings` (FULL, FAST), :mod:`~mmoe.demo.stages`, 
 
 then for each variant, under ``DIR/<variant>/``:
 
-3. ``pretrain``     ``mmoe fit`` with ``configs/pretrain/tiny_<variant>.yaml`` pointed at ``DIR``;
+3. ``pretrain``     ``mmoe fit --config configs/pretrain/tiny_<variant>.yaml`` with options that point it at ``DIR``;
 4. ``export``       the pre-trained backbone as ``backbone_pretrained.pt``;
 5. ``vqav2``, ``nlvr2``, ``captioning``: ``mmoe fit`` with ``configs/finetune/<task>_tiny.yaml`` from that backbone,
    ``mmoe predict`` on the evaluation split, and the official scorers (:mod:`mmoe.metrics`);
@@ -32,9 +32,9 @@ from mmoe.demo.stages import (
     FineTuneTask,
     Stage,
     StepProgress,
-    finetune_config,
-    load_config,
-    pretrain_config,
+    corpus_arguments,
+    finetune_arguments,
+    pretrain_arguments,
     repoint,
     run_stage,
 )
@@ -52,11 +52,11 @@ __all__ = [
     "StepProgress",
     "check_settings",
     "demo_command",
-    "finetune_config",
+    "corpus_arguments",
+    "finetune_arguments",
     "format_table",
-    "load_config",
     "parse",
-    "pretrain_config",
+    "pretrain_arguments",
     "repoint",
     "results",
     "run_stage",

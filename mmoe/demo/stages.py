@@ -1,11 +1,14 @@
-"""The demo's stages: each a call of mmoe's own commands or Python APIs, done once and reused (a marker per stage),
-with the configs it writes from ``mmoe/configs`` pointed at the run directory."""
+"""The demo's stages: each a call of mmoe's own commands or Python APIs, done once and reused (a marker per stage).
+Training and prediction run ``mmoe fit`` / ``predict`` with a config shipped in ``mmoe/configs`` and command-line
+overrides that point it at the run directory (each marker keeps the command)."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import shlex
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +18,7 @@ import yaml
 
 from mmoe.atomic import write_json_atomic
 from mmoe.demo.report import caption_rows, nlvr2_rows, say, vqa_rows
-from mmoe.demo.settings import CONFIG_DATA_ROOT, CONFIGS, DemoError, DemoRun
+from mmoe.demo.settings import CONFIG_DATA_ROOT, CONFIGS, DemoError, DemoRun, DemoSettings
 
 
 class StepProgress(L.Callback):
@@ -84,11 +87,13 @@ def run_stage(run: DemoRun, stage: Stage) -> dict:
 def call(name: str, command: Callable[[Sequence[str]], int], argv: list[str]) -> None:
     """Runs an ``mmoe`` command in-process; DemoError when it fails."""
     try:
-        code = command(argv)
+        with warnings.catch_warnings():  # LightningCLI warns that these arguments are not the process's own
+            warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
+            code = command(argv)
     except SystemExit as stop:  # argparse / LightningCLI exit on bad configs
         code = stop.code if isinstance(stop.code, int) else 1
     if code not in (0, None):
-        raise DemoError(f"stage {name}: `mmoe {' '.join(argv)}` exited with status {code}")
+        raise DemoError(f"stage {name}: `{shlex.join(['mmoe', *argv])}` exited with status {code}")
 
 
 def quietly(name: str, command: Callable[[Sequence[str]], int], argv: list[str]) -> None:
@@ -107,12 +112,12 @@ class _Sink:
         pass
 
 
-def load_config(relative: str) -> dict:
-    """A YAML config of the repository's ``configs/``."""
+def config_file(relative: str) -> Path:
+    """A config shipped with the package (``mmoe/configs/<relative>``)."""
     path = CONFIGS / relative
     if not path.is_file():
-        raise DemoError(f"config {path} does not exist (mmoe demo reads the configs/ of the repository checkout)")
-    return yaml.safe_load(path.read_text())
+        raise DemoError(f"config {path} does not exist (mmoe demo reads the configs shipped in the mmoe package)")
+    return path
 
 
 def repoint(value, data: Path):
@@ -126,95 +131,107 @@ def repoint(value, data: Path):
     return value
 
 
-def point_trainer(config: dict, out: Path, steps: int, run: DemoRun, label: str) -> None:
-    """Sets a config's trainer to ``steps`` steps without validation, one CSV logger and checkpoints under ``out``,
-    progress lines instead of a progress bar."""
-    trainer = config["trainer"]
-    trainer.update(
-        max_steps=steps,
-        val_check_interval=steps,
-        limit_val_batches=0,
-        default_root_dir=str(out),
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        precision=run.settings.precision,
-    )
-    trainer["logger"] = [
+def corpus_arguments(config: Path, data: Path) -> list[str]:
+    """``--key=value`` for every value of ``config`` that names a path under ``data/synthetic``, moved to ``data``
+    (the config is read, not rewritten)."""
+
+    def walk(value, key: str) -> list[str]:
+        if isinstance(value, dict):
+            return [argument for name, item in value.items() for argument in walk(item, f"{key}.{name}".lstrip("."))]
+        moved = repoint(value, data)
+        return [] if moved == value else [option(key, moved)]
+
+    return walk(yaml.safe_load(config.read_text()), "")
+
+
+def option(key: str, value) -> str:
+    """``--key=value``: a string or path as it is, anything else (numbers, booleans, None, lists) as JSON."""
+    return f"--{key}={value if isinstance(value, str | Path) else json.dumps(value)}"
+
+
+def trainer_arguments(run: DemoRun, out: Path, steps: int, label: str, routing_every: int) -> list[str]:
+    """The trainer of a demo stage: ``steps`` steps without validation, one CSV logger, the latest checkpoint as
+    ``out/checkpoints/last.ckpt``, routing statistics every ``routing_every`` steps in ``out`` and progress lines
+    instead of a progress bar."""
+    csv = {"save_dir": str(out), "name": "csv", "version": 0}
+    logger = {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": csv}
+    callbacks = [
         {
-            "class_path": "lightning.pytorch.loggers.CSVLogger",
-            "init_args": {"save_dir": str(out), "name": "csv", "version": 0},
-        }
+            "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",  # no validation metric: keep only the latest
+            "init_args": {
+                "dirpath": str(out / "checkpoints"),
+                "save_top_k": 0,
+                "save_last": True,
+                "every_n_train_steps": run.settings.checkpoint_every,
+            },
+        },
+        {"class_path": "lightning.pytorch.callbacks.LearningRateMonitor", "init_args": {"logging_interval": "step"}},
+        {
+            "class_path": "mmoe.tasks.routing_callback.RoutingStatsCallback",
+            "init_args": {"every_n_steps": routing_every, "save_dir": str(out)},
+        },
+        {"class_path": f"{__name__}.StepProgress", "init_args": {"label": label, "every_n_steps": max(10, steps // 6)}},
     ]
-    callbacks = []
-    for callback in trainer.get("callbacks", []):
-        kind = callback["class_path"].rsplit(".", 1)[-1]
-        if kind == "ModelCheckpoint":  # no validation metric to monitor: keep only the latest, as last.ckpt
-            callback = {
-                "class_path": callback["class_path"],
-                "init_args": {
-                    "dirpath": str(out / "checkpoints"),
-                    "save_top_k": 0,
-                    "save_last": True,
-                    "every_n_train_steps": run.settings.checkpoint_every,
-                },
-            }
-        elif "save_dir" in callback.get("init_args", {}):
-            callback["init_args"]["save_dir"] = str(out)
-        callbacks.append(callback)
-    progress = {"label": label, "every_n_steps": max(10, steps // 6)}
-    callbacks.append({"class_path": f"{__name__}.StepProgress", "init_args": progress})
-    trainer["callbacks"] = callbacks
+    trainer = {"max_steps": steps, "val_check_interval": steps, "limit_val_batches": 0, "default_root_dir": out,
+               "enable_progress_bar": False, "enable_model_summary": False, "precision": run.settings.precision,
+               "logger": [logger], "callbacks": callbacks}  # fmt: skip
+    return [option(f"trainer.{key}", value) for key, value in trainer.items()]
 
 
-def write_config(config: dict, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    return path
-
-
-def pretrain_config(run: DemoRun, variant: str, out: Path) -> dict:
-    """``configs/pretrain/tiny_<variant>.yaml`` pointed at the demo's corpus, codebook and ``out``."""
-    config = repoint(load_config(f"pretrain/tiny_{variant}.yaml"), run.data)
+def pretrain_arguments(run: DemoRun, variant: str, out: Path) -> list[str]:
+    """``mmoe fit`` arguments: ``configs/pretrain/tiny_<variant>.yaml`` pointed at the demo's corpus (its codebook
+    included) and ``out``."""
+    config = config_file(f"pretrain/tiny_{variant}.yaml")
     steps = run.settings.pretrain_steps
-    point_trainer(config, out, steps, run, f"pretrain {variant}")
-    model = config["model"]["init_args"]
-    model["backbone"].update(dict(run.settings.backbone), image_size=run.settings.image_size)
-    model["visual_codebook"] = str(run.codebook)
-    data = config["data"]["init_args"]
-    data.update(image_size=run.settings.image_size, batch_size=run.settings.batch_size, batches_per_epoch=steps)
-    return config
+    backbone = {**dict(run.settings.backbone), "image_size": run.settings.image_size}
+    return [
+        "--config",
+        str(config),
+        *corpus_arguments(config, run.data),
+        *trainer_arguments(run, out, steps, f"pretrain {variant}", routing_every=50),
+        *(option(f"model.init_args.backbone.{key}", value) for key, value in backbone.items()),
+        option("data.init_args.batch_size", run.settings.batch_size),
+        option("data.init_args.batches_per_epoch", steps),
+    ]
 
 
-def finetune_config(run: DemoRun, task: FineTuneTask, backbone: Path, out: Path) -> dict:
-    """``configs/finetune/<task>_tiny.yaml`` pointed at the demo's corpus and ``out``, starting from ``backbone``
-    (whose architecture it keeps)."""
-    config = repoint(load_config(f"finetune/{task.name}_tiny.yaml"), run.data)
-    point_trainer(config, out, run.settings.steps(task.name), run, f"fine-tune {task.name}")
-    model = config["model"]["init_args"]
-    model.update(backbone=None, pretrained=str(backbone))
+def finetune_arguments(run: DemoRun, task: FineTuneTask, backbone: Path, out: Path) -> list[str]:
+    """``mmoe fit`` / ``predict`` arguments: ``configs/finetune/<task>_tiny.yaml`` pointed at the demo's corpus and
+    ``out``, starting from ``backbone`` (whose architecture it keeps)."""
+    config = config_file(f"finetune/{task.name}_tiny.yaml")
+    steps = run.settings.steps(task.name)
+    arguments = [
+        "--config",
+        str(config),
+        *corpus_arguments(config, run.data),
+        *trainer_arguments(run, out, steps, f"fine-tune {task.name}", routing_every=20),
+        option("model.init_args.backbone", None),
+        option("model.init_args.pretrained", backbone),
+        option("data.init_args.batch_size", run.settings.batch_size),
+        *task.arguments(run.settings),
+    ]
     rates = dict(run.settings.finetune_learning_rates)
     if task.name in rates:
-        model["learning_rate"] = rates[task.name]
-    if "results_dir" in model:
-        model["results_dir"] = None
-    if "num_beams" in model:
-        model["num_beams"] = run.settings.num_beams
-    config["data"]["init_args"].update(image_size=run.settings.image_size, batch_size=run.settings.batch_size)
-    return config
+        arguments.append(option("model.init_args.learning_rate", rates[task.name]))
+    return arguments
 
 
-def train(name: str, config: Path, out: Path) -> Path:
-    """``mmoe fit --config config``, resumed from ``out/checkpoints/last.ckpt`` when an earlier run left one;
-    returns that checkpoint."""
+def command_line(subcommand: str, arguments: list[str]) -> str:
+    """The ``mmoe`` command a stage runs, as a shell would take it."""
+    return shlex.join(["mmoe", subcommand, *arguments])
+
+
+def train(name: str, arguments: list[str], out: Path) -> dict:
+    """``mmoe fit <arguments>``, resumed from ``out/checkpoints/last.ckpt`` when an earlier run left one; returns
+    the command and that checkpoint."""
     from mmoe.tasks.cli import lightning_command
 
     last = out / "checkpoints" / "last.ckpt"
-    argv = ["fit", "--config", str(config)]
-    if last.is_file():
+    resume = ["--ckpt_path", str(last)] if last.is_file() else []
+    if resume:
         say(f"    resuming from {last}")
-        argv += ["--ckpt_path", str(last)]
-    call(name, lightning_command, argv)
-    return last
+    call(name, lightning_command, ["fit", *arguments, *resume])
+    return {"command": command_line("fit", arguments), "files": [str(last), str(out / "csv")]}
 
 
 def score_vqa(run: DemoRun, predictions: Path) -> dict:
@@ -234,8 +251,6 @@ def score_nlvr2(run: DemoRun, predictions: Path) -> dict:
 
 
 def score_captions(run: DemoRun, predictions: Path) -> dict:
-    import warnings
-
     from mmoe.metrics.caption_words import word_precision
     from mmoe.metrics.captions import read_caption_files
     from mmoe.metrics.captions import score_captions as coco_scores
@@ -258,6 +273,7 @@ class FineTuneTask:
 
     Attributes:
         name: the config's name (``configs/finetune/<name>_tiny.yaml``).
+        arguments: (settings) -> the task's own options of ``mmoe fit`` / ``predict``.
         eval_shards: the shard folder predicted on and scored.
         predictions: file name of the predictions.
         score: (run, predictions file) -> the official scores.
@@ -265,16 +281,28 @@ class FineTuneTask:
     """
 
     name: str
+    arguments: Callable[[DemoSettings], list[str]]
     eval_shards: str
     predictions: str
     score: Callable[[DemoRun, Path], dict]
     rows: Callable[[dict, dict], list[dict]]
 
 
+def caption_arguments(settings: DemoSettings) -> list[str]:
+    """Beam search of the demo's width; no caption files at validation (the demo does not validate)."""
+    return [option("model.init_args.num_beams", settings.num_beams), option("model.init_args.results_dir", None)]
+
+
+def no_arguments(settings: DemoSettings) -> list[str]:
+    return []
+
+
 TASKS = (
-    FineTuneTask("vqav2", "vqav2-val2014", "val_results.json", score_vqa, vqa_rows),
-    FineTuneTask("nlvr2", "nlvr2-dev", "dev_predictions.csv", score_nlvr2, nlvr2_rows),
-    FineTuneTask("captioning", "coco-karpathy-test", "test_captions.json", score_captions, caption_rows),
+    FineTuneTask("vqav2", no_arguments, "vqav2-val2014", "val_results.json", score_vqa, vqa_rows),
+    FineTuneTask("nlvr2", no_arguments, "nlvr2-dev", "dev_predictions.csv", score_nlvr2, nlvr2_rows),
+    FineTuneTask(
+        "captioning", caption_arguments, "coco-karpathy-test", "test_captions.json", score_captions, caption_rows
+    ),
 )
 
 
@@ -305,15 +333,18 @@ def pretrain_stage(run: DemoRun, variant: str) -> Stage:
     name = f"{variant}/pretrain"
 
     def fit() -> dict:
-        config = write_config(pretrain_config(run, variant, out), out / "config.yaml")
-        last = train(name, config, out)
-        return {"files": [str(config), str(last), str(out / "routing_stats.json"), str(out / "csv")]}
+        record = train(name, pretrain_arguments(run, variant, out), out)
+        return record | {"files": [*record["files"], str(out / "routing_stats.json")]}
 
     return Stage(name, out / "checkpoints" / "last.ckpt", fit)
 
 
+def pretrained_backbone(run: DemoRun, variant: str) -> Path:
+    return run.variant(variant) / "backbone_pretrained.pt"
+
+
 def export_stage(run: DemoRun, variant: str) -> Stage:
-    target = run.variant(variant) / "backbone_pretrained.pt"
+    target = pretrained_backbone(run, variant)
 
     def export() -> dict:
         from mmoe.tasks.checkpoint import export_backbone, load_backbone
@@ -329,10 +360,7 @@ def finetune_stage(run: DemoRun, variant: str, task: FineTuneTask) -> Stage:
     name = f"{variant}/{task.name}"
 
     def fit() -> dict:
-        backbone = run.variant(variant) / "backbone_pretrained.pt"
-        config = write_config(finetune_config(run, task, backbone, out), out / "config.yaml")
-        last = train(name, config, out)
-        return {"files": [str(config), str(last), str(out / "csv")]}
+        return train(name, finetune_arguments(run, task, pretrained_backbone(run, variant), out), out)
 
     return Stage(name, out / "checkpoints" / "last.ckpt", fit)
 
@@ -345,23 +373,22 @@ def evaluate_stage(run: DemoRun, variant: str, task: FineTuneTask) -> Stage:
         from mmoe.tasks.cli import lightning_command
 
         predictions = out / task.predictions
-        argv = ["predict", "--config", str(out / "config.yaml"), "--ckpt_path", str(out / "checkpoints" / "last.ckpt")]
-        argv += [f"--data.init_args.test_shards={run.shards / task.eval_shards}", "--trainer.logger=false"]
-        call(
-            f"{variant}/{task.name}-eval",
-            lightning_command,
-            argv + [f"--model.init_args.predictions_file={predictions}"],
-        )
+        arguments = finetune_arguments(run, task, pretrained_backbone(run, variant), out)
+        arguments += ["--ckpt_path", str(out / "checkpoints" / "last.ckpt"), option("trainer.logger", False)]
+        arguments += [option("data.init_args.test_shards", run.shards / task.eval_shards)]
+        arguments += [option("model.init_args.predictions_file", predictions)]
+        call(f"{variant}/{task.name}-eval", lightning_command, ["predict", *arguments])
         scores = task.score(run, predictions)
         write_json_atomic(scores_file, scores)
-        return {"scores": scores, "files": [str(predictions), str(scores_file)]}
+        command = command_line("predict", arguments)
+        return {"scores": scores, "command": command, "files": [str(predictions), str(scores_file)]}
 
     return Stage(f"{variant}/{task.name}-eval", scores_file, evaluate)
 
 
 def figures_stage(run: DemoRun, variant: str) -> Stage:
     out = run.variant(variant) / "figures"
-    pretrained = run.variant(variant) / "backbone_pretrained.pt"
+    pretrained = pretrained_backbone(run, variant)
 
     def draw() -> dict:
         from mmoe.tasks.checkpoint import export_backbone, load_backbone

@@ -12,9 +12,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from mmoe.moe import MoEConfig
-
-#: open_clip's BPE tokenizer has 49,408 ids (start/end of text included); mmoe appends pad (49408) and mask (49409).
-DEFAULT_VOCAB_SIZE = 49410
+from mmoe.vocabulary import VOCAB_SIZE
 
 #: MoEConfig fields the backbone sets itself from its own shape.
 _BACKBONE_OWNED = ("dim", "ffn_dim", "subln")
@@ -106,7 +104,7 @@ class MultiwayConfig:
     image_size: int = 224
     patch_size: int = 16
     in_channels: int = 3
-    vocab_size: int = DEFAULT_VOCAB_SIZE
+    vocab_size: int = VOCAB_SIZE
     max_text_positions: int = 1024
     position_offset: int = 0
     attention: Literal["multiway", "shared"] = "multiway"

@@ -259,12 +259,28 @@ def is_file_name(ckpt_path: str) -> bool:
 
 
 def init_parameters(class_path: str | None) -> Mapping[str, inspect.Parameter]:
-    """The ``__init__`` parameters of the class at ``class_path``; empty when it cannot be imported."""
+    """The ``__init__`` parameters of the class at ``class_path``, those its ``**kwargs`` pass on to its base classes
+    included (a class's own parameter first); empty when it cannot be imported."""
     module, _, name = (class_path or "").rpartition(".")
     try:
-        return inspect.signature(getattr(importlib.import_module(module), name)).parameters
-    except (ImportError, AttributeError, ValueError, TypeError):
+        klass = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError):
         return {}
+    parameters: dict[str, inspect.Parameter] = {}
+    for base in inspect.getmro(klass) if inspect.isclass(klass) else ():
+        if "__init__" not in vars(base):
+            continue
+        try:
+            signature = inspect.signature(base.__init__)
+        except (ValueError, TypeError):
+            break
+        own = {key: value for key, value in signature.parameters.items() if key != "self"}
+        for key, parameter in own.items():
+            if parameter.kind not in (parameter.VAR_KEYWORD, parameter.VAR_POSITIONAL):
+                parameters.setdefault(key, parameter)
+        if not any(parameter.kind == parameter.VAR_KEYWORD for parameter in own.values()):
+            break
+    return parameters
 
 
 def differences(saved: Any, given: Any, key: str) -> Iterator[tuple[str, Any, Any]]:

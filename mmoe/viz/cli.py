@@ -32,7 +32,8 @@ from mmoe.metrics.routing import (
     text_diversity,
 )
 from mmoe.metrics.routing_stats import read_stats, total_loads
-from mmoe.viz.inputs import TEXT_VOCAB_SIZE, InputError, Sample, TextEncoder, find_samples, make_batches
+from mmoe.viz.inputs import InputError, Sample, TextEncoder, find_samples, make_batches
+from mmoe.vocabulary import VOCAB_SIZE
 
 #: Errors that are the user's input, reported in one line with exit code 2.
 INPUT_ERRORS = (FileNotFoundError, InputError, ValueError)
@@ -62,9 +63,9 @@ def _text_encoder(backbone, path: str, max_length: int, enabled: bool) -> TextEn
     if not enabled:
         return None
     config = backbone.config
-    if config.vocab_size < TEXT_VOCAB_SIZE:
+    if config.vocab_size < VOCAB_SIZE:
         print(
-            f"note: checkpoint {path} has vocab_size={config.vocab_size} < {TEXT_VOCAB_SIZE}; texts skipped",
+            f"note: checkpoint {path} has vocab_size={config.vocab_size} < {VOCAB_SIZE}; texts skipped",
             file=sys.stderr,
         )
         return None

@@ -23,13 +23,11 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from mmoe.data.decoders import IMAGE_EXTENSIONS
-from mmoe.data.tokenizer import VOCAB_SIZE, TextTokenizer
+from mmoe.data.tokenizer import TextTokenizer
 from mmoe.data.transforms import IMAGE_MEAN, IMAGE_STD, to_rgb
 
 #: Image files and shard entries read, as the training data's decoders read them.
 IMAGE_SUFFIXES = tuple(f".{extension}" for extension in IMAGE_EXTENSIONS)
-#: The text vocabulary a backbone needs for the tokenizer's ids (``mmoe.data.tokenizer.VOCAB_SIZE``).
-TEXT_VOCAB_SIZE = VOCAB_SIZE
 
 
 class InputError(ValueError):
