@@ -65,8 +65,8 @@ def trained(tmp_path_factory):
             "seed_everything": 0,
             "trainer": {"max_steps": 2, "accelerator": "cpu", "logger": False, "enable_progress_bar": False,
                         "enable_model_summary": False, "limit_val_batches": 0, "default_root_dir": str(run)},
-            "model": {"class_path": task, "init_args": {"backbone": config_to_dict(BACKBONE), "warmup_steps": 1,
-                                                        "learning_rate": 1.0e-4, **task_args}},
+            "model": {"class_path": task, "init_args": {"backbone": config_to_dict(BACKBONE), **task_args,
+                                                        "optimizer": {"warmup_steps": 1, "learning_rate": 1.0e-4}}},
             "data": {"class_path": f"mmoe.data.datamodules.{data_class}",
                      "init_args": {"train_shards": str(shards / train), "test_shards": str(shards / train), **loader}},
         }  # fmt: skip
@@ -190,7 +190,7 @@ def test_a_resumed_run_names_each_value_the_checkpoint_overrides_once(trained, t
     """Resume with a config whose warm-up differs and a learning rate on the command line: the checkpoint's warm-up
     and the command line's learning rate are used, each said once; Lightning restores with weights_only=True."""
     config = yaml.safe_load(trained["vqa_config"].read_text())
-    config["model"]["init_args"]["warmup_steps"] = 5
+    config["model"]["init_args"]["optimizer"]["warmup_steps"] = 5
     config["trainer"].update(max_steps=3, default_root_dir=str(tmp_path / "resumed"))
     path = tmp_path / "resume.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -203,14 +203,15 @@ def test_a_resumed_run_names_each_value_the_checkpoint_overrides_once(trained, t
 
     monkeypatch.setattr(torch, "load", spy)
     checkpoint = str(trained["vqa_ckpt"])
-    argv = ["fit", "--config", str(path), "--ckpt_path", checkpoint, "--model.init_args.learning_rate", "5e-4"]
+    argv = ["fit", "--config", str(path), "--ckpt_path", checkpoint]
+    argv += ["--model.init_args.optimizer.learning_rate", "5e-4"]
     code, out, err = mmoe(argv, capsys)
     assert code in (0, None), err[-3000:]
     prefix = f"mmoe fit: --ckpt_path {checkpoint}: model.init_args."
     lines = [line for line in err.splitlines() if line.startswith(prefix)]
     assert lines == [
-        f"{prefix}learning_rate: command line 0.0005 used over checkpoint 0.0001",
-        f"{prefix}warmup_steps: checkpoint 1 used over config 5",
+        f"{prefix}optimizer.learning_rate: command line 0.0005 used over checkpoint 0.0001",
+        f"{prefix}optimizer.warmup_steps: checkpoint 1 used over config 5",
     ]
     assert len(loads) >= 2 and all(loads), loads  # mmoe's read of the hyper-parameters, then Lightning's restore
     assert (tmp_path / "resumed" / "checkpoints").is_dir()

@@ -87,9 +87,9 @@ def test_an_unknown_key_or_a_wrong_type_is_named_by_the_parser(capsys, monkeypat
     code, err = mmoe(["fit", "--config", config, "--model.init_args.backbone.moe.num_expert=4"], capsys)
     assert code == 2
     assert "Traceback" not in err and "num_expert" in err and "error:" in err
-    code, err = mmoe(["fit", "--config", config, "--model.init_args.learning_rate=fast"], capsys)
+    code, err = mmoe(["fit", "--config", config, "--model.init_args.optimizer.learning_rate=fast"], capsys)
     assert code == 2
-    assert "Traceback" not in err and 'Parser key "learning_rate"' in err and "Got value: fast" in err
+    assert "Traceback" not in err and 'Parser key "optimizer.learning_rate"' in err and "Got value: fast" in err
 
 
 # -- linked settings -------------------------------------------------------------------------------------------------

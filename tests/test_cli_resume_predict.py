@@ -39,7 +39,7 @@ def test_predict_in_a_new_process_from_a_checkpoint_fine_tuned_from_a_pretrained
                     "limit_val_batches": 0, "default_root_dir": str(tmp_path / "run")},
         "model": {"class_path": "mmoe.tasks.vqa.VQAFineTuning",
                   "init_args": {"answer_vocab": vocab, "backbone": None, "pretrained": str(tmp_path / "backbone.pt"),
-                                "warmup_steps": 1}},
+                                "optimizer": {"warmup_steps": 1}}},
         "data": {"class_path": "mmoe.data.datamodules.VQADataModule",
                  "init_args": {"answer_vocab": vocab, "train_shards": str(shards / "vqav2-train2014"),
                                "val_shards": str(shards / "vqav2-val2014"),

@@ -158,15 +158,16 @@ def test_a_directory_from_before_the_learning_rate_overrides_used_the_configs_ra
 
 def test_fine_tuning_learning_rate_overrides_replace_only_their_tasks_rate(tmp_path):
     rates = {
-        name: config.model.init_args.learning_rate for name, config in stage_configs(DemoRun(tmp_path, FAST)).items()
+        name: config.model.init_args.optimizer.learning_rate
+        for name, config in stage_configs(DemoRun(tmp_path, FAST)).items()
     }
     assert rates["captioning"] == dict(FAST.finetune_learning_rates)["captioning"] != 2e-4
     shipped = {
         task.name: parse_config(["fit", "--config", str(CONFIGS / f"finetune/{task.name}_tiny.yaml")]) for task in TASKS
     }
-    assert rates["vqav2"] == shipped["vqav2"].model.init_args.learning_rate
-    assert rates["nlvr2"] == shipped["nlvr2"].model.init_args.learning_rate
-    assert shipped["captioning"].model.init_args.learning_rate == 2e-4
+    assert rates["vqav2"] == shipped["vqav2"].model.init_args.optimizer.learning_rate
+    assert rates["nlvr2"] == shipped["nlvr2"].model.init_args.optimizer.learning_rate
+    assert shipped["captioning"].model.init_args.optimizer.learning_rate == 2e-4
 
 
 def test_config_paths_are_moved_to_the_demo_corpus(tmp_path):

@@ -83,7 +83,7 @@ def test_lightning_checkpoints_of_mmoe_fit_follow_the_umask(tmp_path):
         "model": {"class_path": "mmoe.tasks.nlvr2.NLVR2FineTuning",
                   "init_args": {"backbone": {"dim": 32, "depth": 2, "num_heads": 4, "ffn_dim": 64, "image_size": 32,
                                              "patch_size": 16, "max_text_positions": 40},
-                                "warmup_steps": 1}},
+                                "optimizer": {"warmup_steps": 1}}},
         "data": {"class_path": "mmoe.data.datamodules.NLVR2DataModule",
                  "init_args": {"train_shards": str(shards / "nlvr2-train"), "batch_size": 2, "max_text_length": 32,
                                "num_workers": 0}},

@@ -19,9 +19,10 @@ from mmoe.tasks.captioning import (
     load_output_vocab,
 )
 from mmoe.tasks.checkpoint import export_backbone
-from mmoe.tasks.common import build_backbone, layer_id, parameter_groups
+from mmoe.tasks.common import build_backbone
 from mmoe.tasks.decoding import beam_search, greedy_search
 from mmoe.tasks.nlvr2 import NLVR2FineTuning
+from mmoe.tasks.optimizer import OptimizerConfig, layer_id, parameter_groups
 from mmoe.tasks.vqa import VQAFineTuning, load_answer_vocab
 
 TINY = dict(dim=32, depth=2, num_heads=4, ffn_dim=64, image_size=32, patch_size=16, max_text_positions=16)
@@ -233,7 +234,8 @@ def test_pretrained_at_another_image_size_resizes_vision_positions(tmp_path):
 
 
 def test_layer_decay_and_head_multiplier(answers):
-    task = VQAFineTuning(answer_vocab=answers, backbone=config(moe=False), layer_decay=0.5, head_lr_multiplier=20.0)
+    optimizer = OptimizerConfig(layer_decay=0.5, head_lr_multiplier=20.0)
+    task = VQAFineTuning(answer_vocab=answers, backbone=config(moe=False), optimizer=optimizer)
     assert layer_id("patch_embed.weight", 2) == 0 and layer_id("layers.1.attention.qkv.0.weight", 2) == 2
     assert layer_id("final_norm.0.weight", 2) == 3
     scales = {}
@@ -342,6 +344,6 @@ def test_output_paths_stay_out_of_the_checkpoint_hyperparameters(answers):
     # LightningCLI applies a checkpoint's hyper-parameters over the command line of `mmoe predict --ckpt_path`.
     task = VQAFineTuning(answer_vocab=answers, backbone=config(), predictions_file="out.json")
     assert task.predictions_file == "out.json" and "predictions_file" not in task.hparams
-    assert "answer_vocab" in task.hparams and "learning_rate" in task.hparams
+    assert "answer_vocab" in task.hparams and task.hparams.optimizer["learning_rate"] == 1e-4
     captions = captioner(results_dir="val", predictions_file="test.json")
     assert captions.results_dir == "val" and "results_dir" not in captions.hparams

@@ -19,6 +19,7 @@ from mmoe.metrics.cli import eval_command
 from mmoe.model import MoEPlan, MultiwayConfig
 from mmoe.tasks.captioning import CaptioningFineTuning
 from mmoe.tasks.nlvr2 import NLVR2FineTuning
+from mmoe.tasks.optimizer import OptimizerConfig
 from mmoe.tasks.vqa import VQAFineTuning
 
 pytestmark = pytest.mark.slow
@@ -81,8 +82,7 @@ def test_vqa_beats_a_random_answer_and_writes_a_scorable_submission(corpus, tmp_
     model = VQAFineTuning(
         answer_vocab=vocab,
         backbone=MultiwayConfig(**BACKBONE, moe=MoEPlan(num_experts=4, every=2)),
-        learning_rate=2e-3,
-        warmup_steps=5,
+        optimizer=OptimizerConfig(learning_rate=2e-3, warmup_steps=5),
         predictions_file=str(tmp_path / "vqa_results.json"),
     )
     fit = trainer(40, tmp_path)
@@ -114,9 +114,7 @@ def test_nlvr2_beats_a_constant_answer_and_its_predictions_are_scored_by_mmoe_ev
     model = NLVR2FineTuning(
         backbone=MultiwayConfig(**BACKBONE),
         head_init_scale=1.0,
-        layer_decay=0.65,
-        learning_rate=2e-4,
-        warmup_steps=10,
+        optimizer=OptimizerConfig(layer_decay=0.65, learning_rate=2e-4, warmup_steps=10),
         predictions_file=str(tmp_path / "nlvr2.csv"),
     )
     trainer(200, tmp_path).fit(model, data)
@@ -145,7 +143,7 @@ def test_caption_results_are_scored_by_mmoe_eval(corpus, tmp_path):
         backbone=MultiwayConfig(**BACKBONE),
         num_beams=2,
         max_length=6,
-        warmup_steps=2,
+        optimizer=OptimizerConfig(warmup_steps=2),
         results_dir=str(tmp_path / "val"),
         predictions_file=str(tmp_path / "captions.json"),
     )

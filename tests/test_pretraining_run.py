@@ -48,7 +48,8 @@ def tiny_config(variant: str, corpus: Path, out: Path, steps: int) -> Path:
             args.update(save_dir=str(out), every_n_steps=10)
     model = config["model"]["init_args"]
     model["backbone"].update(image_size=32, dim=64, num_heads=4, ffn_dim=128)
-    model.update(visual_codebook=str(corpus / "codebook.pt"), learning_rate=2e-3, warmup_steps=5)
+    model.update(visual_codebook=str(corpus / "codebook.pt"))
+    model["optimizer"].update(learning_rate=2e-3, warmup_steps=5)
     data = config["data"]["init_args"]
     data.update(
         image_shards=str(shards / "pretrain-images"),

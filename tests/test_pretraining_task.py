@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import lightning as L
@@ -10,7 +11,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from mmoe.model import MoEPlan, MultiwayConfig
-from mmoe.tasks.pretraining import MaskedPretraining, warmup_cosine
+from mmoe.tasks.optimizer import PRETRAINING_OPTIMIZER, warmup_cosine
+from mmoe.tasks.pretraining import MaskedPretraining
 from mmoe.tasks.visual_codebook import PatchCodebook, fit_codebook
 
 BACKBONE = dict(
@@ -91,7 +93,8 @@ def test_losses_per_kind_and_balance_term(codebook_path):
 def test_training_reduces_loss_and_keeps_expert_norms(codebook_path, tmp_path):
     torch.manual_seed(0)
     config = MultiwayConfig(**BACKBONE, moe=MoEPlan(num_experts=4, heads=2, every=1))
-    task = MaskedPretraining(config, codebook_path, learning_rate=3e-3, warmup_steps=5)
+    optimizer = dataclasses.replace(PRETRAINING_OPTIMIZER, learning_rate=3e-3, warmup_steps=5)
+    task = MaskedPretraining(config, codebook_path, optimizer=optimizer)
     batches = make_batches(6)
     loader = DataLoader(batches * 10, batch_size=None, shuffle=False)
     first = {}

@@ -212,7 +212,7 @@ def finetune_arguments(run: DemoRun, task: FineTuneTask, backbone: Path, out: Pa
     ]
     rates = dict(run.settings.finetune_learning_rates)
     if task.name in rates:
-        arguments.append(option("model.init_args.learning_rate", rates[task.name]))
+        arguments.append(option("model.init_args.optimizer.learning_rate", rates[task.name]))
     return arguments
 
 

@@ -19,6 +19,7 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from mmoe.tasks.checkpoint import load_checkpoint_file
+from mmoe.tasks.optimizer import nest_optimizer_arguments
 
 #: Where mmoe's code lives: errors raised there are mmoe's own messages (:func:`input_error`).
 PACKAGE = Path(__file__).resolve().parents[1]
@@ -69,9 +70,11 @@ class MMoECLI(LightningCLI):
 
     With ``--ckpt_path`` the checkpoint must be one of the config's task (``model.class_path``), and LightningCLI sets
     the model's arguments to the hyper-parameters saved in the checkpoint, over the config file; here a model argument
-    named on the command line (``--model.init_args.num_beams 5``) keeps its value, so decoding and output options can
+    named on the command line (``--model.init_args.num_beams 5``, ``--model.init_args.optimizer.learning_rate 1e-5``:
+    that value only, the rest of the checkpoint's optimiser stays) keeps its value, so decoding and output options can
     change between training and prediction. Each value that differs between the checkpoint and the config is named on
-    stderr with the one used. Checkpoints are loaded with ``weights_only=True``: no code runs from them.
+    stderr with the one used. Checkpoints are loaded with ``weights_only=True``: no code runs from them; those written
+    before the ``optimizer`` argument (flat ``learning_rate``, ``betas``, ...) are read with those values moved into it.
 
     Bad input (an invalid config value, an unreadable checkpoint, a checkpoint of another task) ends with one line on
     stderr and exit code 2.
@@ -152,7 +155,7 @@ class MMoECLI(LightningCLI):
             state = load_checkpoint_file(ckpt_path, "--ckpt_path", TASK_CHECKPOINT)
         except (FileNotFoundError, ValueError) as error:
             self.fail(str(error))
-        hparams = dict(state.get("hyper_parameters") or {})
+        hparams = nest_optimizer_arguments(dict(state.get("hyper_parameters") or {}))
         del state  # the weights: Lightning loads the file again to restore them
         hparams.pop("_instantiator", None)
         model = self.config[subcommand].get("model")
@@ -164,8 +167,7 @@ class MMoECLI(LightningCLI):
             )
         if isinstance(model, Namespace) and isinstance(model.get("init_args"), Namespace):
             self.report_differences(str(ckpt_path), hparams, model.init_args.as_dict())
-        for name in self.command_line_model_arguments:
-            hparams.pop(name, None)
+        hparams = without_keys(hparams, self.command_line_model_arguments)
         if "_class_path" in hparams:
             hparams = {"class_path": hparams.pop("_class_path"), "dict_kwargs": hparams}
         if not hparams:
@@ -187,7 +189,7 @@ class MMoECLI(LightningCLI):
             for key, ours, theirs in differences(value, given[name], f"model.init_args.{name}"):
                 if key.endswith(".moe.frozen") and saved.get("frozen_routing"):
                     continue  # frozen_routing stores the architecture it built, with frozen MoE layers
-                if name in self.command_line_model_arguments:
+                if named_in(key.removeprefix("model.init_args."), self.command_line_model_arguments):
                     choice = f"command line {show(theirs)} used over checkpoint {show(ours)}"
                 else:
                     choice = f"checkpoint {show(ours)} used over config {show(theirs)}"
@@ -337,17 +339,32 @@ def input_error(error: BaseException | None) -> BaseException | None:
 
 
 def command_line_model_arguments(args) -> set[str]:
-    """Top-level model arguments set by ``--model.<name>`` or ``--model.init_args.<name>`` options in ``args`` (a
-    list of strings; a dict or Namespace from code names none)."""
+    """Model arguments set by ``--model.<key>`` or ``--model.init_args.<key>`` options in ``args``, as dotted keys
+    below ``init_args`` (``num_beams``, ``optimizer.learning_rate``); none for a dict or Namespace from code."""
     if not isinstance(args, (list, tuple)):
         return set()
-    names = set()
+    keys = set()
     for token in args:
         if isinstance(token, str) and token.startswith("--model."):
             key = token[len("--model.") :].split("=", 1)[0]
-            key = key.removeprefix("init_args.")
-            names.add(key.split(".", 1)[0])
-    return names
+            keys.add(key.removeprefix("init_args."))
+    return keys
+
+
+def named_in(key: str, keys: set[str]) -> bool:
+    """Whether the dotted ``key`` or a key containing it is in ``keys``."""
+    return any(key == name or key.startswith(name + ".") for name in keys)
+
+
+def without_keys(values: dict[str, Any], keys: set[str]) -> dict[str, Any]:
+    """``values`` less every dotted key of ``keys`` (nested dicts copied, not changed)."""
+    kept = {}
+    for name, value in values.items():
+        if name in keys:
+            continue
+        inner = {key.split(".", 1)[1] for key in keys if key.startswith(name + ".")}
+        kept[name] = without_keys(value, inner) if inner and isinstance(value, dict) else value
+    return kept
 
 
 def lightning_command(argv: Sequence[str]) -> int:

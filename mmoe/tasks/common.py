@@ -2,10 +2,7 @@
 fine-tuning backbone from a pre-trained checkpoint, gathering validation outputs and writing prediction files.
 
 * Total loss = task loss + alpha * sum (or mean) of the MoE layers' balance losses (X-MoE Eq. 10).
-* AdamW, linear warm-up then cosine decay, per step; no weight decay on biases, norms, position tables, CLS / mask
-  tokens and the X-MoE router's expert embeddings and temperature. Optional BEiT-3 layer-wise learning-rate decay
-  (unilm ``optim_factory.py``: embeddings are layer 0, ``layers.i`` is i + 1, the rest L + 1) and a task-head
-  learning-rate multiplier (BEiT-3's ``--task_head_lr_weight``).
+* AdamW with warm-up cosine (:mod:`mmoe.tasks.optimizer`, one typed ``optimizer`` argument of every task).
 * X-MoE §3.1: expert embeddings are put back to L2 norm 0.1 after every optimiser step.
 * X-MoE §3.3 frozen routing: routers and experts of the pre-trained backbone stay fixed during fine-tuning while the
   balance loss stays in the objective.
@@ -18,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import random
 from pathlib import Path
 from typing import Any, Literal
@@ -27,85 +23,27 @@ import lightning as L
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from mmoe.atomic import write_text_atomic
 from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
 from mmoe.moe import RoutingRecord, restore_expert_embedding_norm
 from mmoe.tasks.checkpoint import config_from_dict, config_to_dict, read_backbone_state
+from mmoe.tasks.optimizer import FINETUNING_OPTIMIZER, OptimizerConfig, adamw_with_schedule
 
 # Task checkpoints hold the backbone config in their hyper-parameters; Lightning loads checkpoints with
 # ``weights_only=True`` (``--ckpt_path``, ``load_from_checkpoint``), which refuses classes it is not told about.
 torch.serialization.add_safe_globals([MultiwayConfig, MoEPlan])
 
-#: Parameters kept out of weight decay besides biases and norms (BEiT-3's optimiser factory, plus the X-MoE router's
-#: expert embeddings, whose norm is fixed, and its temperature).
-NO_DECAY = ("cls_token", "mask_token", "vision_positions", "text_positions", "expert_embeddings", "log_temperature")
 #: The values of ``balance_reduce``: add or average the MoE layers' balance losses.
 BALANCE_REDUCTIONS = ("sum", "mean")
 #: Task arguments that name output files; kept out of the saved hyper-parameters.
 OUTPUT_ARGUMENTS = ("predictions_file", "results_dir")
-#: Backbone parameters that count as BEiT-3's layer 0 for layer-wise learning-rate decay.
-EMBEDDINGS = ("patch_embed", "cls_token", "mask_token", "vision_positions", "text_embed", "text_positions")
-
-
-def warmup_cosine(warmup_steps: int, total_steps: int, min_ratio: float):
-    """Learning-rate multiplier: linear warm-up to 1 over ``warmup_steps``, cosine decay to ``min_ratio``."""
-
-    def multiplier(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / warmup_steps
-        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-    return multiplier
 
 
 def detached(record: RoutingRecord) -> RoutingRecord:
     """The record with its balance loss detached (what ``training_step`` hands to callbacks)."""
     record.balance_loss = record.balance_loss.detach()
     return record
-
-
-def layer_id(name: str, depth: int) -> int:
-    """BEiT-3's layer id of a backbone parameter name (without the ``backbone.`` prefix): 0 for embeddings,
-    i + 1 for ``layers.i``, depth + 1 for the rest (final norms)."""
-    first = name.split(".", 1)[0]
-    if first in EMBEDDINGS:
-        return 0
-    if first == "layers":
-        return int(name.split(".")[1]) + 1
-    return depth + 1
-
-
-def parameter_groups(
-    module: nn.Module,
-    weight_decay: float,
-    layer_decay: float = 1.0,
-    head_lr_multiplier: float = 1.0,
-    head_prefixes: tuple[str, ...] = (),
-) -> list[dict]:
-    """AdamW parameter groups of a task module with a ``backbone`` (a :class:`MultiwayTransformer`).
-
-    Each group carries ``lr_scale``: ``layer_decay ** (depth + 1 - layer_id)`` for backbone parameters,
-    ``head_lr_multiplier`` for parameters whose name starts with one of ``head_prefixes``, 1 otherwise. Groups with
-    weight decay come first.
-    """
-    depth = module.backbone.config.depth
-    groups: dict[tuple[float, float], list[nn.Parameter]] = {}
-    for name, parameter in module.named_parameters():
-        if not parameter.requires_grad:
-            continue
-        skip = parameter.ndim < 2 or name.endswith(".bias") or name.split(".")[-1] in NO_DECAY
-        if name.startswith("backbone."):
-            scale = layer_decay ** (depth + 1 - layer_id(name[len("backbone.") :], depth))
-        elif name.startswith(head_prefixes):
-            scale = head_lr_multiplier
-        else:
-            scale = 1.0
-        groups.setdefault((0.0 if skip else weight_decay, scale), []).append(parameter)
-    ordered = sorted(groups.items(), key=lambda item: (item[0][0] == 0.0, item[0][1]))  # decayed groups first
-    return [{"params": params, "weight_decay": decay, "lr_scale": scale} for (decay, scale), params in ordered]
 
 
 @dataclasses.dataclass
@@ -135,30 +73,32 @@ class BackboneTask(L.LightningModule):
     ``<stage>/balance_loss``, ``<stage>/dropped_fraction`` and ``<stage>/requested_capacity`` with the task's metrics,
     and ``training_step`` hands the callbacks the routing records with detached balance losses.
 
-    Subclasses save these hyper-parameters (``self.save_hyperparameters()``): ``backbone`` (stored as a plain dict by
-    :meth:`store_backbone_config`), ``balance_coefficient``, ``balance_reduce``, ``learning_rate``, ``betas``, ``eps``,
-    ``weight_decay``, ``warmup_steps``, ``total_steps``, ``min_lr_ratio``, and optionally ``layer_decay`` and
-    ``head_lr_multiplier`` (1.0 when absent).
+    Subclasses save these hyper-parameters (``self.save_hyperparameters()``): ``backbone`` and ``optimizer`` (stored as
+    plain dicts by :meth:`store_configs`), ``balance_coefficient`` and ``balance_reduce``.
 
     Args:
         balance_reduce: the subclass's ``balance_reduce`` argument, checked here.
+        optimizer: the subclass's ``optimizer`` argument (or the plain dict of a checkpoint's hyper-parameters).
     """
 
     #: Parameter-name prefixes that get ``head_lr_multiplier`` (BEiT-3 scales parameters named ``head*``).
     head_prefixes: tuple[str, ...] = ("head.",)
     backbone: MultiwayTransformer
 
-    def __init__(self, balance_reduce: str) -> None:
+    def __init__(self, balance_reduce: str, optimizer: OptimizerConfig | dict) -> None:
         super().__init__()
         if balance_reduce not in BALANCE_REDUCTIONS:
             raise ValueError(f"model.balance_reduce must be 'sum' or 'mean', got {balance_reduce!r}")
+        self.optimizer_config = OptimizerConfig.from_value(optimizer)
 
-    def store_backbone_config(self) -> None:
-        """Saves the backbone's architecture in the hyper-parameters as a plain dict: LightningCLI parses a
-        checkpoint's hyper-parameters with ``--ckpt_path``, and in a fresh process it cannot read a
-        :class:`MultiwayConfig` instance into ``backbone: MultiwayConfig | None`` when the config file says null.
-        :func:`mmoe.tasks.checkpoint.read_backbone_state` reads both forms (older checkpoints hold the instance)."""
+    def store_configs(self) -> None:
+        """Saves the backbone's architecture and the optimiser config in the hyper-parameters as plain dicts:
+        checkpoints are read with ``weights_only=True``, and LightningCLI parses a checkpoint's hyper-parameters with
+        ``--ckpt_path`` (in a fresh process it cannot read a :class:`MultiwayConfig` instance into ``backbone:
+        MultiwayConfig | None`` when the config file says null). :func:`mmoe.tasks.checkpoint.read_backbone_state`
+        reads both backbone forms (older checkpoints hold the instance)."""
         self.hparams.backbone = config_to_dict(self.backbone.config)
+        self.hparams.optimizer = self.optimizer_config.to_dict()
 
     def balance_loss(self, routing: list[RoutingRecord]) -> torch.Tensor:
         """Sum (or mean, ``balance_reduce="mean"``) of the MoE layers' balance losses; 0 for a dense backbone."""
@@ -235,27 +175,9 @@ class BackboneTask(L.LightningModule):
         restore_expert_embedding_norm(self.backbone)
 
     def configure_optimizers(self):
-        hparams = self.hparams
-        groups = parameter_groups(
-            self,
-            hparams.weight_decay,
-            hparams.get("layer_decay", 1.0),
-            hparams.get("head_lr_multiplier", 1.0),
-            self.head_prefixes,
+        return adamw_with_schedule(
+            self, self.optimizer_config, self.head_prefixes, lambda: self.trainer.estimated_stepping_batches
         )
-        for group in groups:
-            group["lr"] = hparams.learning_rate * group.pop("lr_scale")
-        optimizer = torch.optim.AdamW(groups, lr=hparams.learning_rate, betas=tuple(hparams.betas), eps=hparams.eps)
-        total = hparams.total_steps or self.trainer.estimated_stepping_batches
-        if not math.isfinite(total):
-            raise ValueError(
-                "the cosine schedule needs a length: set trainer.max_steps or model.total_steps (the loaders are "
-                "iterable, so the trainer cannot count the steps of an epoch)"
-            )
-        total = max(1, int(total))
-        schedule = warmup_cosine(hparams.warmup_steps, total, hparams.min_lr_ratio)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
 class FineTuningTask(BackboneTask):
@@ -272,18 +194,8 @@ class FineTuningTask(BackboneTask):
             balance loss stays in the objective. No effect on a dense backbone.
         balance_coefficient: alpha, the weight of the balance losses (X-MoE Eq. 10).
         balance_reduce: ``"sum"`` adds the MoE layers' balance losses (MH-MoE code); ``"mean"`` averages them.
-        learning_rate: peak AdamW learning rate (of the top backbone layer; see ``layer_decay``).
-        betas: AdamW betas (BEiT-3 fine-tuning: 0.9, 0.98 for VQAv2; 0.9, 0.999 elsewhere).
-        eps: AdamW epsilon.
-        weight_decay: AdamW weight decay; biases, norms, position tables, CLS / mask tokens and X-MoE router
-            embeddings / temperatures get none.
-        warmup_steps: linear warm-up steps, then cosine decay to ``min_lr_ratio * learning_rate`` at ``total_steps``.
-        total_steps: length of the cosine schedule; None = the trainer's estimated stepping batches.
-        min_lr_ratio: final learning rate as a share of the peak.
-        layer_decay: BEiT-3 layer-wise learning-rate decay: layer i's rate is scaled by
-            ``layer_decay ** (depth + 1 - (i + 1))``, the embeddings' by ``layer_decay ** (depth + 1)`` (NLVR2 base:
-            0.65; 1.0 = off).
-        head_lr_multiplier: learning-rate multiplier of the task head (BEiT-3 ``--task_head_lr_weight``: 20 for VQAv2).
+        optimizer: AdamW and its warm-up cosine schedule (:class:`mmoe.tasks.optimizer.OptimizerConfig`; layer-wise
+            decay and the head's learning-rate multiplier included).
 
     Prediction (``mmoe predict``): ``predict_step`` appends its entries to ``self.predictions``; at the end the base
     class gathers them over the processes, keeps the first entry of each sample (``prediction_key``; a distributed
@@ -303,17 +215,9 @@ class FineTuningTask(BackboneTask):
         frozen_routing: bool = False,
         balance_coefficient: float = 1e-2,
         balance_reduce: Literal["sum", "mean"] = "sum",
-        learning_rate: float = 1e-4,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
-        weight_decay: float = 0.05,
-        warmup_steps: int = 100,
-        total_steps: int | None = None,
-        min_lr_ratio: float = 0.0,
-        layer_decay: float = 1.0,
-        head_lr_multiplier: float = 1.0,
+        optimizer: OptimizerConfig = FINETUNING_OPTIMIZER,
     ) -> None:
-        super().__init__(balance_reduce)
+        super().__init__(balance_reduce, optimizer)
         if backbone is None and pretrained is None:
             raise ValueError("give model.backbone (train from scratch) or model.pretrained (a checkpoint), or both")
         # Also collects the init arguments of the subclass calling this. Output paths stay out of the checkpoint:
@@ -323,7 +227,7 @@ class FineTuningTask(BackboneTask):
         self.backbone = build_backbone(backbone, pretrained, frozen_routing)
         # The checkpoints of this task are self-contained: they rebuild the architecture from the saved config and
         # take every weight from their own state dict, without the pre-trained file.
-        self.store_backbone_config()
+        self.store_configs()
         self.hparams.pretrained = None
         self.validation_outputs: list[dict] = []
         self.predictions: list[dict] = []

@@ -30,10 +30,11 @@ from mmoe.data.batches import BATCH_KINDS, IMAGE, TEXT, PretrainBatch, PretrainS
 from mmoe.model import MultiwayConfig, MultiwayTransformer
 from mmoe.moe import RoutingRecord
 from mmoe.tasks.checkpoint import config_from_dict
-from mmoe.tasks.common import NO_DECAY, BackboneTask, StepLosses, warmup_cosine
+from mmoe.tasks.common import BackboneTask, StepLosses
+from mmoe.tasks.optimizer import PRETRAINING_OPTIMIZER, OptimizerConfig
 from mmoe.tasks.visual_codebook import PatchCodebook
 
-__all__ = ["KINDS", "NO_DECAY", "MaskedPretraining", "warmup_cosine"]
+__all__ = ["KINDS", "MaskedPretraining"]
 
 #: The pre-training batch kinds (:data:`mmoe.data.batches.BATCH_KINDS`).
 KINDS = BATCH_KINDS
@@ -53,14 +54,8 @@ class MaskedPretraining(BackboneTask):
         teacher_model: the open_clip model name the weights belong to (e.g. ``ViT-B-16``).
         balance_coefficient: alpha, the weight of the balance losses (X-MoE Eq. 10; 1e-2 in X-MoE and MH-MoE).
         balance_reduce: ``"sum"`` adds the MoE layers' balance losses (MH-MoE code); ``"mean"`` averages them.
-        learning_rate: peak AdamW learning rate.
-        betas: AdamW betas (BEiT-3 / MH-MoE App. C: 0.9, 0.98).
-        eps: AdamW epsilon (1e-6).
-        weight_decay: AdamW weight decay (0.05); biases, norms, position tables, CLS/mask tokens and X-MoE router
-            embeddings/temperatures get none.
-        warmup_steps: linear warm-up steps, then cosine decay to ``min_lr_ratio * learning_rate`` at ``total_steps``.
-        total_steps: length of the cosine schedule; None = the trainer's estimated stepping batches.
-        min_lr_ratio: final learning rate as a share of the peak.
+        optimizer: AdamW and its warm-up cosine schedule (:class:`mmoe.tasks.optimizer.OptimizerConfig`); the
+            default is BEiT-3's pre-training optimiser (:data:`mmoe.tasks.optimizer.PRETRAINING_OPTIMIZER`).
     """
 
     def __init__(
@@ -71,20 +66,14 @@ class MaskedPretraining(BackboneTask):
         teacher_model: str = "ViT-B-16",
         balance_coefficient: float = 1e-2,
         balance_reduce: Literal["sum", "mean"] = "sum",
-        learning_rate: float = 1e-3,
-        betas: tuple[float, float] = (0.9, 0.98),
-        eps: float = 1e-6,
-        weight_decay: float = 0.05,
-        warmup_steps: int = 100,
-        total_steps: int | None = None,
-        min_lr_ratio: float = 0.01,
+        optimizer: OptimizerConfig = PRETRAINING_OPTIMIZER,
     ) -> None:
-        super().__init__(balance_reduce)
+        super().__init__(balance_reduce, optimizer)
         if isinstance(backbone, dict):  # the saved hyper-parameter (``load_from_checkpoint``)
             backbone = config_from_dict(backbone)
         self.save_hyperparameters()
         self.backbone = MultiwayTransformer(backbone)
-        self.store_backbone_config()
+        self.store_configs()
         if (visual_codebook is None) == (teacher_checkpoint is None):
             raise ValueError("set exactly one of model.visual_codebook and model.teacher_checkpoint (the MIM target)")
         self.codebook = None

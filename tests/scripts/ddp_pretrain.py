@@ -8,6 +8,7 @@ of its final weights.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ from lightning.pytorch.loggers import CSVLogger
 from mmoe.data.batches import step_batches
 from mmoe.data.datamodules import PretrainDataModule
 from mmoe.model import MoEPlan, MultiwayConfig
+from mmoe.tasks.optimizer import PRETRAINING_OPTIMIZER
 from mmoe.tasks.pretraining import MaskedPretraining
 from mmoe.tasks.routing_callback import RoutingStatsCallback
 
@@ -53,7 +55,8 @@ def main() -> None:
         max_text_positions=32,
         moe=MoEPlan(num_experts=4, every=1, heads=2),
     )
-    task = MaskedPretraining(backbone, visual_codebook=codebook, warmup_steps=1)
+    optimizer = dataclasses.replace(PRETRAINING_OPTIMIZER, warmup_steps=1)
+    task = MaskedPretraining(backbone, visual_codebook=codebook, optimizer=optimizer)
     data = PretrainDataModule(
         pair_shards=shards,
         image_size=32,
