@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -28,7 +29,7 @@ from mmoe.moe.experts import GroupedExperts
 @dataclass
 class BackboneOutput:
     """Attributes:
-    hidden: (B, L, D) after the final LayerNorm, ordered [image CLS, patches, text tokens].
+    hidden: (B, L, D) after the final LayerNorm (``output_norm``), ordered [image CLS, patches, text tokens].
     image_len: number of image tokens (CLS included), 0 without an image.
     text_len: number of text tokens, 0 without text.
     routing: routing records of the MoE layers in depth order (vision before language within a layer).
@@ -93,7 +94,7 @@ class MultiwayTransformer(nn.Module):
                     vision_language_ffn=index >= config.depth - config.vl_layers,
                 )
             )
-        self.final_norm = nn.ModuleList(nn.LayerNorm(dim, eps=eps) for _ in range(2))
+        self.final_norm = nn.ModuleList(nn.LayerNorm(dim, eps=eps) for _ in range(2)) if config.output_norm else None
         self.reset_parameters()
 
     def _ffn_factory(self, is_moe: bool):
@@ -184,6 +185,8 @@ class MultiwayTransformer(nn.Module):
         text_x = self.embed_text(text) if text is not None else None
         if text is None:
             text_padding_mask = None
+        elif text_padding_mask is not None:  # padding rows start at zero, as in torchscale (no other token sees them)
+            text_x = text_x.masked_fill(text_padding_mask[..., None], 0.0)
         mask = _attention_mask(image_x, text_x, text_padding_mask, attn_mask)
 
         routing: list[RoutingRecord] = []
@@ -196,11 +199,28 @@ class MultiwayTransformer(nn.Module):
                 image_x, text_x, records = layer(image_x, text_x, text_padding_mask, mask)
             routing.extend(records)
 
-        parts = [norm(x) for norm, x in zip(self.final_norm, (image_x, text_x), strict=True) if x is not None]
+        parts = [x for x in (image_x, text_x) if x is not None]
+        if self.final_norm is not None:
+            parts = [norm(x) for norm, x in zip(self.final_norm, (image_x, text_x), strict=True) if x is not None]
         hidden = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
         image_len = 0 if image_x is None else image_x.shape[1]
         text_len = 0 if text_x is None else text_x.shape[1]
         return BackboneOutput(hidden, image_len, text_len, routing)
+
+
+def resize_vision_positions(table: torch.Tensor, old: MultiwayConfig, new: MultiwayConfig) -> torch.Tensor:
+    """Bicubic resize of the patch rows of a vision position table from ``old``'s patch grid to ``new``'s; the
+    ``position_offset`` rows and the CLS row are kept (BEiT-3 ``load_model_and_may_interpolate``)."""
+    if old.position_offset != new.position_offset:
+        raise ValueError(
+            f"model.backbone.position_offset={new.position_offset} differs from the checkpoint's {old.position_offset}"
+        )
+    keep = old.position_offset + 1
+    side_old, side_new = old.image_size // old.patch_size, new.image_size // new.patch_size
+    grid = table[keep:].reshape(1, side_old, side_old, -1).permute(0, 3, 1, 2).float()
+    grid = F.interpolate(grid, size=(side_new, side_new), mode="bicubic", align_corners=False)
+    patches = grid.permute(0, 2, 3, 1).reshape(side_new * side_new, -1).to(table.dtype)
+    return torch.cat([table[:keep], patches])
 
 
 def _attention_mask(image_x, text_x, text_padding_mask, attn_mask) -> torch.Tensor | None:

@@ -93,6 +93,8 @@ class MultiwayConfig:
         subln: Sub-LN LayerNorms inside attention (before the output projection) and inside the FFN (before fc2).
         drop_path: stochastic depth rate, linearly increasing over the layers.
         layernorm_eps: LayerNorm epsilon.
+        output_norm: the final per-modality LayerNorm (torchscale's ``normalize_output``); BEiT-3's VQAv2 models are
+            released without it.
         moe: where MoE layers go and how they route; None = dense.
         checkpoint_activations: recompute each layer's activations in the backward pass to save memory.
     """
@@ -112,6 +114,7 @@ class MultiwayConfig:
     subln: bool = True
     drop_path: float = 0.0
     layernorm_eps: float = 1e-5
+    output_norm: bool = True
     moe: MoEPlan | None = None
     checkpoint_activations: bool = False
     num_patches: int = field(init=False, repr=False)

@@ -5,30 +5,26 @@ An exported backbone is one ``torch.save``d dict ``{"format": "mmoe-backbone", "
 ``hyper_parameters`` (``backbone``: the :class:`MultiwayConfig` as a dict; older pre-training checkpoints hold the
 instance) and the weights under ``state_dict`` with the ``backbone.`` prefix; both load with :func:`load_backbone`.
 
-Every file is read with ``torch.load(weights_only=True)`` (:func:`load_checkpoint_file`): unpickling a checkpoint
-rebuilds only tensors, containers, numbers, strings and the configs registered below, never an arbitrary callable, so
-a crafted file cannot run code. A file that is not a readable checkpoint is a ``ValueError`` naming it.
+Every file is read with ``torch.load(weights_only=True)`` (:func:`mmoe.safe_load.load_checkpoint_file`): unpickling
+a checkpoint rebuilds only tensors, containers, numbers, strings and the configs registered below, never an arbitrary
+callable, so a crafted file cannot run code. A file that is not a readable checkpoint is a ``ValueError`` naming it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import pickle
-import re
-import warnings
 from pathlib import Path
 
 import torch
 
 from mmoe.atomic import atomic_write
 from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
+from mmoe.safe_load import load_checkpoint_file
 
 BACKBONE_FORMAT = "mmoe-backbone"
 PREFIX = "backbone."
 #: What :func:`read_backbone_state` reads, as its errors name it.
 BACKBONE_FILES = "an exported mmoe backbone or a Lightning checkpoint of an mmoe task, written by torch.save"
-#: The first bytes of a zip archive: ``torch.save``'s format since PyTorch 1.6.
-ZIP_MAGIC = b"PK\x03\x04"
 
 # The only classes a checkpoint may hold besides tensors and builtins: a task's hyper-parameters keep the backbone's
 # config (as these dataclasses when the task was built outside LightningCLI).
@@ -58,56 +54,10 @@ def export_backbone(backbone: MultiwayTransformer, path: str | Path) -> None:
     atomic_save(state, path)
 
 
-def load_checkpoint_file(path: str | Path, what: str = "checkpoint", expected: str = BACKBONE_FILES) -> dict:
-    """The dict ``torch.save``d in ``path``, loaded with ``weights_only=True`` on the CPU.
-
-    Args:
-        path: the file.
-        what: what the file is to the caller, first word of the errors (``"checkpoint"``, ``"visual codebook"``).
-        expected: what the file should be, named when it is not.
-
-    Raises:
-        FileNotFoundError: ``path`` does not exist.
-        ValueError: ``path`` is not a readable ``torch.save`` file of a dict (empty, truncated, another format), or it
-            asks to import a class or function outside the allowed ones; one line naming ``path``.
-    """
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"{what} {path} does not exist")
-    if not path.is_file():
-        raise ValueError(f"{what} {path} is not a file (expected {expected})")
-    try:
-        with warnings.catch_warnings():  # e.g. "Detected pickle protocol 4": the error below says it all
-            warnings.simplefilter("ignore")
-            state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # noqa: BLE001 - torch raises many types for a bad file; each is reported in one line
-        refused = re.search(r"GLOBAL ([\w.]+)", str(error)) if isinstance(error, pickle.UnpicklingError) else None
-        if refused:
-            raise ValueError(
-                f"{what} {path} was refused: it asks to import {refused.group(1)}, and mmoe loads only tensors, "
-                "numbers, strings, lists, dicts and its own configs from a checkpoint (nothing in the file was run)"
-            ) from None
-        raise ValueError(f"{what} {path} could not be read: {unreadable_reason(path)} (expected {expected})") from None
-    if not isinstance(state, dict):
-        raise ValueError(f"{what} {path} holds a {type(state).__name__}, expected a dict ({expected})")
-    return state
-
-
-def unreadable_reason(path: Path) -> str:
-    """Why ``torch.load`` failed on ``path``, in words, from its first bytes."""
-    with path.open("rb") as file:
-        head = file.read(len(ZIP_MAGIC))
-    if not head:
-        return "the file is empty"
-    if head == ZIP_MAGIC:
-        return "the file is truncated or corrupted (its zip archive cannot be read)"
-    return "the file is not in torch.save's format"
-
-
 def read_backbone_state(path: str | Path) -> tuple[MultiwayConfig, dict[str, torch.Tensor]]:
     """(config, backbone state dict) from an exported backbone or a Lightning checkpoint of an mmoe task; errors as
     :func:`load_checkpoint_file`'s."""
-    state = load_checkpoint_file(path)
+    state = load_checkpoint_file(path, "checkpoint", BACKBONE_FILES)
     if state.get("format") == BACKBONE_FORMAT:
         config, weights = state.get("config"), state.get("state_dict")
     else:

@@ -18,7 +18,7 @@ from jsonargparse import Namespace
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from mmoe.tasks.checkpoint import load_checkpoint_file
+from mmoe.safe_load import load_checkpoint_file
 from mmoe.tasks.optimizer import nest_optimizer_arguments
 
 #: Where mmoe's code lives: errors raised there are mmoe's own messages (:func:`input_error`).

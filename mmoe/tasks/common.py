@@ -22,10 +22,10 @@ from typing import Any, Literal
 import lightning as L
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from mmoe.atomic import write_text_atomic
 from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
+from mmoe.model.backbone import resize_vision_positions
 from mmoe.moe import RoutingRecord, restore_expert_embedding_norm
 from mmoe.tasks.checkpoint import config_from_dict, config_to_dict, read_backbone_state
 from mmoe.tasks.optimizer import FINETUNING_OPTIMIZER, OptimizerConfig, adamw_with_schedule
@@ -309,21 +309,6 @@ def build_backbone(
                 f"model.backbone does not match the architecture stored in {pretrained}: {error}"
             ) from None
     return backbone
-
-
-def resize_vision_positions(table: torch.Tensor, old: MultiwayConfig, new: MultiwayConfig) -> torch.Tensor:
-    """Bicubic resize of the patch rows of a vision position table from ``old``'s patch grid to ``new``'s; the
-    ``position_offset`` rows and the CLS row are kept (BEiT-3 ``load_model_and_may_interpolate``)."""
-    if old.position_offset != new.position_offset:
-        raise ValueError(
-            f"model.backbone.position_offset={new.position_offset} differs from the checkpoint's {old.position_offset}"
-        )
-    keep = old.position_offset + 1
-    side_old, side_new = old.image_size // old.patch_size, new.image_size // new.patch_size
-    grid = table[keep:].reshape(1, side_old, side_old, -1).permute(0, 3, 1, 2).float()
-    grid = F.interpolate(grid, size=(side_new, side_new), mode="bicubic", align_corners=False)
-    patches = grid.permute(0, 2, 3, 1).reshape(side_new * side_new, -1).to(table.dtype)
-    return torch.cat([table[:keep], patches])
 
 
 def batch_size(batch: dict) -> int:

@@ -20,7 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mmoe.tasks.checkpoint import atomic_save, load_checkpoint_file
+from mmoe.safe_load import load_checkpoint_file
+from mmoe.tasks.checkpoint import atomic_save
 
 CODEBOOK_FORMAT = "mmoe-visual-codebook"
 

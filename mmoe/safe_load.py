@@ -1,0 +1,68 @@
+"""Read a ``torch.save`` file without running anything in it: ``torch.load(weights_only=True)`` on the CPU, with
+one-line errors that name the file, what it was to the caller and what was expected.
+
+Unpickling with ``weights_only=True`` rebuilds only tensors, containers, numbers, strings and classes registered with
+``torch.serialization.add_safe_globals`` (mmoe registers its backbone configs in :mod:`mmoe.tasks.checkpoint`), never
+an arbitrary callable, so a crafted file cannot run code. The format is found from the bytes, not the file name: a
+``.pth`` saved as ``.zip`` (a torch zip archive under another name) reads like any other.
+"""
+
+from __future__ import annotations
+
+import pickle
+import re
+import warnings
+from pathlib import Path
+
+import torch
+
+#: The first bytes of a zip archive: ``torch.save``'s format since PyTorch 1.6.
+ZIP_MAGIC = b"PK\x03\x04"
+#: What a caller that names nothing more specific expects.
+TORCH_FILE = "a file written by torch.save"
+
+
+def load_checkpoint_file(path: str | Path, what: str = "checkpoint", expected: str = TORCH_FILE) -> dict:
+    """The dict ``torch.save``d in ``path``, loaded with ``weights_only=True`` on the CPU.
+
+    Args:
+        path: the file.
+        what: what the file is to the caller, first word of the errors (``"checkpoint"``, ``"visual codebook"``).
+        expected: what the file should be, named when it is not.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        ValueError: ``path`` is not a readable ``torch.save`` file of a dict (empty, truncated, another format), or it
+            asks to import a class or function outside the allowed ones; one line naming ``path``.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{what} {path} does not exist")
+    if not path.is_file():
+        raise ValueError(f"{what} {path} is not a file (expected {expected})")
+    try:
+        with warnings.catch_warnings():  # e.g. "Detected pickle protocol 4": the error below says it all
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # noqa: BLE001 - torch raises many types for a bad file; each is reported in one line
+        refused = re.search(r"GLOBAL ([\w.]+)", str(error)) if isinstance(error, pickle.UnpicklingError) else None
+        if refused:
+            raise ValueError(
+                f"{what} {path} was refused: it asks to import {refused.group(1)}, and mmoe loads only tensors, "
+                "numbers, strings, lists, dicts and its own configs from a checkpoint (nothing in the file was run)"
+            ) from None
+        raise ValueError(f"{what} {path} could not be read: {unreadable_reason(path)} (expected {expected})") from None
+    if not isinstance(state, dict):
+        raise ValueError(f"{what} {path} holds a {type(state).__name__}, expected a dict ({expected})")
+    return state
+
+
+def unreadable_reason(path: Path) -> str:
+    """Why ``torch.load`` failed on ``path``, in words, from its first bytes."""
+    with path.open("rb") as file:
+        head = file.read(len(ZIP_MAGIC))
+    if not head:
+        return "the file is empty"
+    if head == ZIP_MAGIC:
+        return "the file is truncated or corrupted (its zip archive cannot be read)"
+    return "the file is not in torch.save's format"

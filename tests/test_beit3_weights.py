@@ -1,0 +1,172 @@
+"""Released BEiT-3 weights in mmoe's backbone: parity with torchscale's BEiT3 (the reference implementation) on the
+same weights and inputs, the file forms users hold, the reverse export, and one-line errors for other files."""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import pytest
+import torch
+
+from mmoe.model import MoEPlan, MultiwayTransformer
+from mmoe.model.beit3 import BEiT3Weights, beit3_config, from_beit3, load_beit3, read_beit3, to_beit3
+from mmoe.tasks.checkpoint import export_backbone
+
+with warnings.catch_warnings():  # the reference implementation: scripts/setup.sh installs it beside mmoe
+    warnings.simplefilter("ignore")
+    pytest.importorskip("torchscale", reason="the reference BEiT-3 implementation is not installed")
+    from torchscale.architecture.config import EncoderConfig
+    from torchscale.model.BEiT3 import BEiT3
+
+SMALL = dict(dim=128, heads=2, ffn=256, layers=2, image=32, patch=16, vocab=120, text_rows=40)
+BASE = dict(dim=768, heads=12, ffn=3072, layers=12, image=224, patch=16, vocab=64010, text_rows=1024)
+
+
+def torchscale_beit3(shape: dict, normalize_output: bool = True, seed: int = 0) -> BEiT3:
+    """torchscale's BEiT3 as the unilm code builds it, every weight (LayerNorms too) drawn at random."""
+    args = EncoderConfig(
+        vocab_size=shape["vocab"], multiway=True, layernorm_embedding=False, normalize_output=normalize_output,
+        no_output_layer=True, encoder_embed_dim=shape["dim"], encoder_attention_heads=shape["heads"],
+        encoder_ffn_embed_dim=shape["ffn"], encoder_layers=shape["layers"], img_size=shape["image"],
+        patch_size=shape["patch"], max_source_positions=shape["text_rows"], subln=True,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    model = BEiT3(args).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.copy_(torch.randn_like(parameter) * 0.05 + (1.0 if parameter.dim() == 1 else 0.0) * 0.1)
+    return model
+
+
+def inputs(shape: dict, batch: int = 2, length: int = 7) -> dict:
+    generator = torch.Generator().manual_seed(1)
+    image = torch.randn(batch, 3, shape["image"], shape["image"], generator=generator)
+    text = torch.randint(0, shape["vocab"], (batch, length), generator=generator)
+    padding = torch.zeros(batch, length, dtype=torch.bool)
+    padding[0, length - 3 :] = True
+    return {"image": image, "text": text, "padding": padding}
+
+
+def compare(reference: BEiT3, shape: dict, atol: float = 1e-5) -> None:
+    backbone = from_beit3(reference.state_dict()).eval()
+    given = inputs(shape)
+    with torch.no_grad():
+        cases = {
+            "image": (reference(visual_tokens=given["image"]), backbone(image=given["image"])),
+            "text": (
+                reference(textual_tokens=given["text"], text_padding_position=given["padding"]),
+                backbone(text=given["text"], text_padding_mask=given["padding"]),
+            ),
+            "image+text": (
+                reference(visual_tokens=given["image"], textual_tokens=given["text"],
+                          text_padding_position=given["padding"]),
+                backbone(image=given["image"], text=given["text"], text_padding_mask=given["padding"]),
+            ),
+        }  # fmt: skip
+    for name, (theirs, ours) in cases.items():
+        expected = theirs["encoder_out"]
+        assert ours.hidden.shape == expected.shape, name
+        torch.testing.assert_close(ours.hidden, expected, atol=atol, rtol=0, msg=name)
+
+
+def test_hidden_states_equal_torchscale_beit3_on_the_same_weights():
+    compare(torchscale_beit3(SMALL), SMALL)
+
+
+def test_a_model_without_the_final_norm_is_read_as_such():
+    reference = torchscale_beit3(SMALL, normalize_output=False)  # BEiT-3's VQAv2 models
+    assert not beit3_config(read_beit3(reference.state_dict())).output_norm
+    compare(reference, SMALL)
+
+
+@pytest.mark.slow
+def test_base_hidden_states_equal_torchscale_beit3():
+    compare(torchscale_beit3(BASE), BASE, atol=1e-4)
+
+
+def test_the_architecture_is_read_from_the_shapes():
+    config = beit3_config(read_beit3(torchscale_beit3(SMALL).state_dict()))
+    assert (config.dim, config.depth, config.num_heads, config.ffn_dim) == (128, 2, 2, 256)
+    assert (config.image_size, config.patch_size, config.vocab_size) == (32, 16, 120)
+    assert (config.max_text_positions, config.position_offset, config.subln, config.moe) == (40, 2, True, None)
+
+
+def test_released_file_forms_load_alike(tmp_path):
+    reference = torchscale_beit3(SMALL)
+    state = {f"beit3.{key}": value for key, value in reference.state_dict().items()}
+    head = {"head.0.weight": torch.ones(4, 128), "mim_head.weight": torch.ones(8, 128)}
+    forms = {
+        "unilm.pth": {"model": state | head},
+        "downloaded.zip": {"model": state | head},  # the same torch zip archive under a .zip name
+        "deepspeed.pt": {"module": state | head},
+        "bare.pth": reference.state_dict(),
+    }
+    expected = from_beit3(reference.state_dict()).state_dict()
+    for name, content in forms.items():
+        torch.save(content, tmp_path / name)
+        loaded = load_beit3(tmp_path / name)
+        for key, value in expected.items():
+            torch.testing.assert_close(loaded.backbone.state_dict()[key], value, msg=f"{name}: {key}")
+        assert loaded.unexpected == []
+        assert set(loaded.heads) == (set() if name == "bare.pth" else set(head))
+
+
+def test_export_round_trips_into_torchscale():
+    reference = torchscale_beit3(SMALL)
+    exported = to_beit3(from_beit3(reference.state_dict()))
+    assert exported.keys() == reference.state_dict().keys()
+    fresh = torchscale_beit3(SMALL, seed=5)
+    fresh.load_state_dict(exported)  # strict: every key and shape
+    for key, value in reference.state_dict().items():
+        assert torch.equal(fresh.state_dict()[key], value), key
+
+
+def test_export_refuses_a_layout_beit3_does_not_have():
+    config = from_beit3(torchscale_beit3(SMALL).state_dict()).config
+    with pytest.raises(ValueError, match="no BEiT-3 layout \\(moe="):
+        to_beit3(MultiwayTransformer(dataclasses.replace(config, moe=MoEPlan(num_experts=2))))
+    with pytest.raises(ValueError, match="position_offset=0"):
+        to_beit3(MultiwayTransformer(dataclasses.replace(config, position_offset=0)))
+
+
+def test_a_larger_image_resizes_the_vision_positions_and_keeps_the_offset_rows():
+    state = torchscale_beit3(SMALL).state_dict()
+    backbone = from_beit3(state, image_size=64)
+    table = state["encoder.embed_positions.A.weight"]
+    assert backbone.vision_positions.shape == (2 + 1 + 16, 128)
+    torch.testing.assert_close(backbone.vision_positions[:3], table[:3])
+    assert backbone(image=torch.randn(1, 3, 64, 64)).hidden.shape == (1, 17, 128)
+
+
+def test_other_files_and_shapes_are_one_line_errors(tmp_path):
+    reference = torchscale_beit3(SMALL)
+    with pytest.raises(FileNotFoundError, match="missing.pth does not exist"):
+        from_beit3(tmp_path / "missing.pth")
+    backbone = from_beit3(reference.state_dict())
+    export_backbone(backbone, tmp_path / "mmoe.pt")  # an mmoe file, not a BEiT-3 one
+    with pytest.raises(ValueError, match=r"is not a BEiT-3 checkpoint: it has no key \*encoder.layers.0"):
+        from_beit3(tmp_path / "mmoe.pt")
+    (tmp_path / "truncated.pth").write_bytes(b"PK\x03\x04" + b"\0" * 10)
+    with pytest.raises(ValueError, match="truncated.pth could not be read"):
+        from_beit3(tmp_path / "truncated.pth")
+    with pytest.raises(ValueError) as mismatch:
+        from_beit3(reference.state_dict(), ffn_dim=512)
+    message = str(mismatch.value)
+    assert "encoder.layers.0.ffn.A.fc1.weight has shape (256, 128)" in message and "(512, 128)" in message
+    assert "\n" not in message
+    with pytest.raises(ValueError, match="mmoe upcycle"):
+        from_beit3(reference.state_dict(), moe=MoEPlan(num_experts=2))
+
+
+def test_weights_split_keeps_heads_apart():
+    state = {
+        "beit3.text_embed.weight": torch.zeros(1),
+        "beit3.encoder.layers.0.self_attn.q_proj.A.weight": torch.zeros(1),
+    }
+    weights = read_beit3(state | {"pooler.dense.weight": torch.zeros(1), "logit_scale": torch.zeros(())})
+    assert isinstance(weights, BEiT3Weights) and set(weights.backbone) == {
+        "text_embed.weight",
+        "encoder.layers.0.self_attn.q_proj.A.weight",
+    }
+    assert set(weights.heads) == {"pooler.dense.weight", "logit_scale"}
