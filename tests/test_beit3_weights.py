@@ -12,6 +12,7 @@ import torch
 from mmoe.model import MoEPlan, MultiwayTransformer
 from mmoe.model.beit3 import BEiT3Weights, beit3_config, from_beit3, load_beit3, read_beit3, to_beit3
 from mmoe.tasks.checkpoint import export_backbone
+from mmoe.vocabulary import VOCAB_SIZE
 
 with warnings.catch_warnings():  # the reference implementation: scripts/setup.sh installs it beside mmoe
     warnings.simplefilter("ignore")
@@ -170,3 +171,67 @@ def test_weights_split_keeps_heads_apart():
         "encoder.layers.0.self_attn.q_proj.A.weight",
     }
     assert set(weights.heads) == {"pooler.dense.weight", "logit_scale"}
+
+
+def unilm_task_file(tmp_path, name: str, heads: dict[str, torch.Tensor], shape: dict = SMALL):
+    """A torchscale backbone saved as unilm saves a task model: ``{"model": {"beit3.*": ..., <head keys>: ...}}``."""
+    reference = torchscale_beit3(shape)
+    state = {f"beit3.{key}": value for key, value in reference.state_dict().items()}
+    path = tmp_path / name
+    torch.save({"model": state | heads}, path)
+    return path, reference
+
+
+def random_heads(shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(3)
+    return {key: torch.randn(*shape, generator=generator) for key, shape in shapes.items()}
+
+
+def test_a_vqa_model_starts_a_vqa_task_with_its_head(tmp_path, capsys):
+    from mmoe.tasks.vqa import VQAFineTuning
+
+    (tmp_path / "answers.json").write_text('["yes", "no", "2"]')
+    d = SMALL["dim"]
+    shapes = {"pooler.norm.weight": (d,), "pooler.norm.bias": (d,), "pooler.dense.weight": (d, d),
+              "pooler.dense.bias": (d,), "head.0.weight": (2 * d, d), "head.0.bias": (2 * d,),
+              "head.1.weight": (2 * d,), "head.1.bias": (2 * d,), "head.3.weight": (3, 2 * d),
+              "head.3.bias": (3,)}  # fmt: skip
+    heads = random_heads(shapes)
+    path, reference = unilm_task_file(tmp_path, "beit3_base_patch16_480_vqa.pth", heads)
+    task = VQAFineTuning(answer_vocab=str(tmp_path / "answers.json"), pretrained=str(path))
+    for key, value in heads.items():
+        assert torch.equal(task.state_dict()[key], value), key
+    backbone = from_beit3(reference.state_dict())
+    for key, value in backbone.state_dict().items():
+        assert torch.equal(task.backbone.state_dict()[key], value), key
+    assert "BEiT-3 vqav2 head: 10 tensors loaded" in capsys.readouterr().err
+    # Another answer vocabulary: the classifier stays fresh, the rest of the head loads.
+    (tmp_path / "answers.json").write_text('["yes", "no", "2", "red"]')
+    task = VQAFineTuning(answer_vocab=str(tmp_path / "answers.json"), pretrained=str(path))
+    assert torch.equal(task.state_dict()["head.0.weight"], heads["head.0.weight"])
+    assert not torch.equal(task.state_dict()["head.3.weight"][:3], heads["head.3.weight"])
+    assert "kept fresh: head.3.weight (4, 256) (file (3, 256))" in capsys.readouterr().err
+
+
+def test_nlvr2_and_captioning_heads_map_to_the_mmoe_names(tmp_path, capsys):
+    from mmoe.tasks.captioning import CaptioningFineTuning
+    from mmoe.tasks.nlvr2 import NLVR2FineTuning
+
+    d = SMALL["dim"]
+    nlvr2 = random_heads({"head.norm1.weight": (4 * d,), "head.dense1.weight": (2 * d, 4 * d),
+                          "head.norm2.bias": (2 * d,), "head.dense2.weight": (2, 2 * d)})  # fmt: skip
+    path, _ = unilm_task_file(tmp_path, "nlvr2.pth", nlvr2)
+    task = NLVR2FineTuning(pretrained=str(path))
+    mapping = {"head.norm1.weight": "head.0.weight", "head.dense1.weight": "head.1.weight",
+               "head.norm2.bias": "head.2.bias", "head.dense2.weight": "head.4.weight"}  # fmt: skip
+    for theirs, ours in mapping.items():
+        assert torch.equal(task.state_dict()[ours], nlvr2[theirs]), theirs
+    # Captioning keeps the rows of its output vocabulary from BEiT-3's full-vocabulary MLM head.
+    shape = dict(SMALL, vocab=VOCAB_SIZE)  # the captioning task's tokenizer ids must fit the embedding
+    mlm = random_heads({"mlm_head.weight": (VOCAB_SIZE, d), "mlm_head.bias": (VOCAB_SIZE,)})
+    path, _ = unilm_task_file(tmp_path, "captioning.pth", mlm, shape)
+    (tmp_path / "caption_tokens.json").write_text("[5, 7, 11, 49407]")
+    task = CaptioningFineTuning(pretrained=str(path), output_vocab=str(tmp_path / "caption_tokens.json"))
+    assert len(task.output_ids) > 3 and torch.equal(task.head.weight, mlm["mlm_head.weight"][task.output_ids])
+    assert torch.equal(task.head.bias, mlm["mlm_head.bias"][task.output_ids])
+    assert "BEiT-3 captioning head: 2 tensors loaded" in capsys.readouterr().err

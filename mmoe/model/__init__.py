@@ -7,9 +7,19 @@ Public API::
     out = backbone(image=None, text=None, text_padding_mask=None, image_mask=None)
     for slot in backbone.moe_layers():  # MoELayerSlot(index, modality, layer)
         ...
+    beit3 = from_beit3("beit3_base_patch16_224.pth")  # released BEiT-3 weights (mmoe.model.beit3)
 """
 
 from mmoe.model.backbone import BackboneOutput, MoELayerSlot, MultiwayTransformer
+from mmoe.model.beit3 import from_beit3, to_beit3
 from mmoe.model.config import MoEPlan, MultiwayConfig
 
-__all__ = ["BackboneOutput", "MoELayerSlot", "MoEPlan", "MultiwayConfig", "MultiwayTransformer"]
+__all__ = [
+    "BackboneOutput",
+    "MoELayerSlot",
+    "MoEPlan",
+    "MultiwayConfig",
+    "MultiwayTransformer",
+    "from_beit3",
+    "to_beit3",
+]

@@ -105,15 +105,15 @@ def unwrap(state: Mapping) -> Mapping:
     return state
 
 
-def read_beit3(source: str | Path | Mapping) -> BEiT3Weights:
+def read_beit3(source: str | Path | Mapping, name: str | None = None) -> BEiT3Weights:
     """The backbone and head weights of a BEiT-3 checkpoint file (``.pth`` or the same zip archive saved as ``.zip``,
-    read with ``weights_only=True``) or of a state dict already loaded.
+    read with ``weights_only=True``) or of a state dict already loaded (``name``: the file it came from, for errors).
 
     Raises:
         FileNotFoundError: the file does not exist.
         ValueError: the file is unreadable or holds no BEiT-3 backbone (one line naming it and its first keys).
     """
-    name = "state dict" if isinstance(source, Mapping) else str(source)
+    name = name or ("state dict" if isinstance(source, Mapping) else str(source))
     state = source if isinstance(source, Mapping) else load_checkpoint_file(source, "BEiT-3 checkpoint", BEIT3_FILE)
     state = unwrap(state)
     anchors = [key for key in state if isinstance(key, str) and key.endswith(ANCHOR)]

@@ -135,6 +135,7 @@ class CaptioningFineTuning(FineTuningTask):
         index[self.output_ids] = torch.arange(len(ids))
         self.register_buffer("output_index", index, persistent=False)
         self.head = token_head(self.backbone.config.dim, len(ids))
+        self.load_beit3_head("captioning", rows=self.output_ids)
         self.tokenizer = TextTokenizer(max_length + 1)
 
     # ---------------------------------------------------------------------------------------------- training

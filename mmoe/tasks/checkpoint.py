@@ -19,12 +19,32 @@ import torch
 
 from mmoe.atomic import atomic_write
 from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
+from mmoe.model.beit3 import beit3_config, is_beit3_state, mmoe_state, read_beit3
 from mmoe.safe_load import load_checkpoint_file
 
 BACKBONE_FORMAT = "mmoe-backbone"
 PREFIX = "backbone."
 #: What :func:`read_backbone_state` reads, as its errors name it.
-BACKBONE_FILES = "an exported mmoe backbone or a Lightning checkpoint of an mmoe task, written by torch.save"
+BACKBONE_FILES = (
+    "an exported mmoe backbone, a Lightning checkpoint of an mmoe task or a released BEiT-3 checkpoint, written by "
+    "torch.save"
+)
+
+
+@dataclasses.dataclass
+class PretrainedWeights:
+    """What a ``pretrained`` file gives a task.
+
+    Attributes:
+        config: the backbone architecture it was trained with.
+        backbone: the backbone's state dict (mmoe keys).
+        heads: a released BEiT-3 file's other weights (task or pre-training heads, unilm names); empty for mmoe files.
+    """
+
+    config: MultiwayConfig
+    backbone: dict[str, torch.Tensor]
+    heads: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+
 
 # The only classes a checkpoint may hold besides tensors and builtins: a task's hyper-parameters keep the backbone's
 # config (as these dataclasses when the task was built outside LightningCLI).
@@ -55,9 +75,22 @@ def export_backbone(backbone: MultiwayTransformer, path: str | Path) -> None:
 
 
 def read_backbone_state(path: str | Path) -> tuple[MultiwayConfig, dict[str, torch.Tensor]]:
-    """(config, backbone state dict) from an exported backbone or a Lightning checkpoint of an mmoe task; errors as
-    :func:`load_checkpoint_file`'s."""
+    """(config, backbone state dict) of :func:`read_pretrained`."""
+    weights = read_pretrained(path)
+    return weights.config, weights.backbone
+
+
+def read_pretrained(path: str | Path) -> PretrainedWeights:
+    """The backbone (and, for a released BEiT-3 file, the heads) of an exported backbone, a Lightning checkpoint of
+    an mmoe task or a BEiT-3 checkpoint (:mod:`mmoe.model.beit3`); errors as :func:`load_checkpoint_file`'s, and a
+    BEiT-3 backbone key mmoe has no place for is an error naming it."""
     state = load_checkpoint_file(path, "checkpoint", BACKBONE_FILES)
+    if is_beit3_state(state):
+        released = read_beit3(state, name=str(path))
+        weights, unexpected = mmoe_state(released)
+        if unexpected:
+            raise ValueError(f"checkpoint {path} has BEiT-3 keys this backbone has no place for, e.g. {unexpected[0]}")
+        return PretrainedWeights(beit3_config(released), weights, released.heads)
     if state.get("format") == BACKBONE_FORMAT:
         config, weights = state.get("config"), state.get("state_dict")
     else:
@@ -73,10 +106,10 @@ def read_backbone_state(path: str | Path) -> tuple[MultiwayConfig, dict[str, tor
             raise ValueError(f"checkpoint {path} holds a backbone config this mmoe cannot build: {error}") from None
     if not isinstance(config, MultiwayConfig) or not isinstance(weights, dict):
         raise ValueError(
-            f"checkpoint {path} is neither an exported mmoe backbone nor a Lightning checkpoint of an mmoe task "
-            "(expected hyper_parameters.backbone and state_dict)"
+            f"checkpoint {path} is neither an exported mmoe backbone, a Lightning checkpoint of an mmoe task nor a "
+            "BEiT-3 checkpoint (expected hyper_parameters.backbone and state_dict, or BEiT-3's encoder.layers keys)"
         )
-    return config, weights
+    return PretrainedWeights(config, weights)
 
 
 def load_backbone(path: str | Path, **config_overrides) -> MultiwayTransformer:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+import sys
 from pathlib import Path
 from typing import Any, Literal
 
@@ -26,8 +27,9 @@ import torch
 from mmoe.atomic import write_text_atomic
 from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
 from mmoe.model.backbone import resize_vision_positions
+from mmoe.model.beit3 import TASK_HEADS
 from mmoe.moe import RoutingRecord, restore_expert_embedding_norm
-from mmoe.tasks.checkpoint import config_from_dict, config_to_dict, read_backbone_state
+from mmoe.tasks.checkpoint import PretrainedWeights, config_from_dict, config_to_dict, read_pretrained
 from mmoe.tasks.optimizer import FINETUNING_OPTIMIZER, OptimizerConfig, adamw_with_schedule
 
 # Task checkpoints hold the backbone config in their hyper-parameters; Lightning loads checkpoints with
@@ -188,8 +190,9 @@ class FineTuningTask(BackboneTask):
             the weights are loaded into this architecture, which must match the checkpoint's parameter shapes except
             ``image_size`` (the vision position table is resized bicubically, as BEiT-3 does to fine-tune at 384 or
             480 px); None = the checkpoint's own architecture.
-        pretrained: an exported backbone (``mmoe.tasks.checkpoint.export_backbone``) or a Lightning checkpoint of
-            any mmoe task to start from.
+        pretrained: an exported backbone (``mmoe.tasks.checkpoint.export_backbone``), a Lightning checkpoint of
+            any mmoe task, or a released BEiT-3 checkpoint (``beit3_base_patch16_224.pth``, a task model; its task
+            head loads into the matching task where the shapes agree, see :meth:`load_beit3_head`) to start from.
         frozen_routing: X-MoE §3.3: freeze the routers and experts of every MoE layer (``MoEPlan.frozen``); the
             balance loss stays in the objective. No effect on a dense backbone.
         balance_coefficient: alpha, the weight of the balance losses (X-MoE Eq. 10).
@@ -224,7 +227,10 @@ class FineTuningTask(BackboneTask):
         # LightningCLI applies a checkpoint's hyper-parameters over the command line (``mmoe predict --ckpt_path``),
         # which would otherwise reset a ``predictions_file`` given there to the training run's value.
         self.save_hyperparameters(ignore=list(OUTPUT_ARGUMENTS))
-        self.backbone = build_backbone(backbone, pretrained, frozen_routing)
+        weights = read_pretrained(pretrained) if pretrained is not None else None
+        self.backbone = build_backbone(backbone, weights, frozen_routing)
+        # A released BEiT-3 file's heads, until the subclass has built its own (load_beit3_head).
+        self._beit3_heads = weights.heads if weights is not None else {}
         # The checkpoints of this task are self-contained: they rebuild the architecture from the saved config and
         # take every weight from their own state dict, without the pre-trained file.
         self.store_configs()
@@ -234,6 +240,40 @@ class FineTuningTask(BackboneTask):
         #: Distinct samples predicted by the last ``predict`` (all processes); ``mmoe predict`` compares it with the
         #: number of samples the split holds.
         self.predicted_count: int | None = None
+
+    def load_beit3_head(self, task: str, rows: torch.Tensor | None = None) -> None:
+        """Loads the head of a released BEiT-3 ``pretrained`` file of ``task`` (a key of
+        :data:`mmoe.model.beit3.TASK_HEADS`) into this task's head where the shapes agree, and forgets the file's
+        heads; each subclass calls it once its head is built. Layers whose shape differs (another answer vocabulary)
+        keep their fresh initialisation; one stderr line says what was loaded and what was not.
+
+        Args:
+            task: the BEiT-3 model whose head names to read.
+            rows: the rows of the file's output layer this head keeps (captioning with ``output_vocab``: its ids).
+        """
+        heads, self._beit3_heads = self._beit3_heads, {}
+        names = TASK_HEADS[task]
+        if not any(key.startswith(tuple(names)) for key in heads):
+            return
+        own = self.state_dict()
+        loaded, fresh = {}, []
+        for key, value in heads.items():
+            prefix = next((prefix for prefix in names if key.startswith(prefix)), None)
+            if prefix is None:
+                continue
+            target = names[prefix] + key[len(prefix) :]
+            if target not in own:
+                fresh.append(f"{key} (no {target} here)")
+                continue
+            if rows is not None and value.shape[0] != own[target].shape[0] and value.shape[0] > int(rows.max()):
+                value = value[rows.to(value.device)]
+            if own[target].shape == value.shape:
+                loaded[target] = value
+            else:
+                fresh.append(f"{target} {tuple(own[target].shape)} (file {tuple(value.shape)})")
+        self.load_state_dict(loaded, strict=False)
+        kept = f"; kept fresh: {', '.join(fresh)}" if fresh else ""
+        print(f"mmoe: BEiT-3 {task} head: {len(loaded)} tensors loaded from model.pretrained{kept}", file=sys.stderr)
 
     def on_validation_epoch_start(self) -> None:
         self.validation_outputs = []
@@ -284,15 +324,18 @@ def read_vocabulary_file(path: str | Path, what: str, written_by: str) -> Any:
 
 
 def build_backbone(
-    config: MultiwayConfig | dict | None, pretrained: str | None, frozen_routing: bool = False
+    config: MultiwayConfig | dict | None, pretrained: str | PretrainedWeights | None, frozen_routing: bool = False
 ) -> MultiwayTransformer:
-    """The backbone of a fine-tuning task (see :class:`FineTuningTask`'s ``backbone`` and ``pretrained``); a dict
-    ``config`` is a checkpoint's saved hyper-parameter (``load_from_checkpoint``)."""
+    """The backbone of a fine-tuning task (see :class:`FineTuningTask`'s ``backbone`` and ``pretrained``: a file, or
+    what :func:`read_pretrained` read from it); a dict ``config`` is a checkpoint's saved hyper-parameter
+    (``load_from_checkpoint``)."""
     if isinstance(config, dict):
         config = config_from_dict(config)
     weights = None
     if pretrained is not None:
-        stored, weights = read_backbone_state(pretrained)
+        if not isinstance(pretrained, PretrainedWeights):
+            pretrained = read_pretrained(pretrained)
+        stored, weights = pretrained.config, pretrained.backbone
         if config is None:
             config = stored
         elif config.image_size != stored.image_size or config.patch_size != stored.patch_size:

@@ -55,6 +55,7 @@ class NLVR2FineTuning(FineTuningTask):
         super().__init__(**kwargs)
         self.predictions_file = predictions_file
         self.head = nlvr2_head(self.backbone.config.dim, self.backbone.config.layernorm_eps, head_init_scale)
+        self.load_beit3_head("nlvr2")
 
     def pair_features(
         self,

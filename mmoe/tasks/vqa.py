@@ -65,6 +65,7 @@ class VQAFineTuning(FineTuningTask):
         self.answers = load_answer_vocab(answer_vocab)
         config = self.backbone.config
         self.pooler, self.head = vqa_pooler_and_head(config.dim, len(self.answers), config.layernorm_eps)
+        self.load_beit3_head("vqav2")
 
     def forward(self, image: torch.Tensor, text: torch.Tensor, text_padding_mask: torch.Tensor | None = None):
         """(B, num_answers) logits and the routing records."""
