@@ -6,6 +6,8 @@ Subcommands:
   every option; ``--print_config`` shows the resolved config).
 * ``mmoe tokenizer fit --data SHARDS --out codebook.pt`` — learn the visual codebook for masked image modeling.
 * ``mmoe export-backbone --ckpt task.ckpt --out backbone.pt`` — the backbone weights of a task checkpoint.
+* ``mmoe upcycle --ckpt beit3.pth --config moe.yaml --out init.pt`` — a MoE backbone whose experts start as copies of
+  a dense backbone's FFNs (sparse upcycling), e.g. from released BEiT-3 weights.
 * ``mmoe moe-info --moe.dim 768 --moe.ffn_dim 3072 --moe.num_experts 8 [--moe.heads 4 ...]`` — parameters, active
   parameters and forward FLOPs per token of one MoE layer against the dense FFN it replaces (JSON on stdout). Every
   :class:`mmoe.moe.MoEConfig` field is an option; ``--moe config.yaml`` reads them from a file.
@@ -71,6 +73,7 @@ COMMANDS: dict[str, Command] = {
     **{name: Command("mmoe.tasks.cli", "lightning_command") for name in LIGHTNING_SUBCOMMANDS},
     "tokenizer": Command("mmoe.tasks.cli", "tokenizer_command"),
     "export-backbone": Command("mmoe.tasks.cli", "export_command"),
+    "upcycle": Command("mmoe.tasks.cli", "upcycle_command"),
     "eval": Command("mmoe.metrics.cli", "eval_command"),
     "data": Command("mmoe.data.cli", "data_command"),
     "viz": Command("mmoe.viz.cli", "viz_command"),

@@ -235,3 +235,17 @@ def test_nlvr2_and_captioning_heads_map_to_the_mmoe_names(tmp_path, capsys):
     assert len(task.output_ids) > 3 and torch.equal(task.head.weight, mlm["mlm_head.weight"][task.output_ids])
     assert torch.equal(task.head.bias, mlm["mlm_head.bias"][task.output_ids])
     assert "BEiT-3 captioning head: 2 tensors loaded" in capsys.readouterr().err
+
+
+def test_a_released_file_upcycles_into_a_moe_backbone_with_the_same_outputs(tmp_path):
+    from mmoe.model.upcycle import upcycle
+    from mmoe.tasks.checkpoint import load_backbone
+
+    path, reference = unilm_task_file(tmp_path, "beit3_base_patch16_224.pth", {})
+    moe = upcycle(load_backbone(path), MoEPlan(num_experts=4, top_k=2, every=2))
+    given = inputs(SMALL)
+    with torch.no_grad():
+        theirs = reference(visual_tokens=given["image"], textual_tokens=given["text"])["encoder_out"]
+        ours = moe.eval()(image=given["image"], text=given["text"]).hidden
+    assert [slot.index for slot in moe.moe_layers()] == [1, 1]
+    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=0)

@@ -14,10 +14,13 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import lightning as L
+import torch
+import yaml
 from jsonargparse import Namespace
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+from mmoe.model import MoEPlan
 from mmoe.safe_load import load_checkpoint_file
 from mmoe.tasks.optimizer import nest_optimizer_arguments
 
@@ -410,6 +413,58 @@ def tokenizer_command(argv: Sequence[str]) -> int:
     codebook.save(args.out)
     print(json.dumps({"codebook": args.out, "size": codebook.size, "patch_size": args.patch_size}))
     return 0
+
+
+def upcycle_command(argv: Sequence[str]) -> int:
+    """``mmoe upcycle --ckpt dense.pth --config moe.yaml --out init.pt``: a MoE backbone whose experts start as copies
+    of a dense backbone's FFNs (sparse upcycling), for ``model.init_args.pretrained``."""
+    parser = argparse.ArgumentParser(prog="mmoe upcycle", description=upcycle_command.__doc__)
+    parser.add_argument(
+        "--ckpt", required=True, help="dense backbone: a released BEiT-3 checkpoint or any mmoe backbone / checkpoint"
+    )
+    parser.add_argument("--config", required=True, help="an mmoe config whose model.init_args.backbone.moe is the plan")
+    parser.add_argument("--out", required=True, help="backbone file to write (atomically)")
+    parser.add_argument("--noise", type=float, default=0.0, help="expert noise, a share of each weight's std")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the noise and of the new routers")
+    args = parser.parse_args(list(argv))
+
+    from mmoe.model.upcycle import upcycle
+    from mmoe.tasks.checkpoint import export_backbone, load_backbone
+
+    try:
+        plan = moe_plan_of(args.config)
+        dense = load_backbone(args.ckpt)
+        torch.manual_seed(args.seed)
+        moe = upcycle(dense, plan, noise=args.noise, seed=args.seed)
+    except (FileNotFoundError, ValueError) as error:
+        print(f"mmoe upcycle: {one_line(error)}", file=sys.stderr)
+        return 2
+    export_backbone(moe, args.out)
+    layers = sorted({slot.index for slot in moe.moe_layers()})
+    print(
+        json.dumps({"backbone": args.out, "moe_layers": layers, "parameters": sum(p.numel() for p in moe.parameters())})
+    )
+    return 0
+
+
+def moe_plan_of(config: str | Path) -> MoEPlan:
+    """The :class:`MoEPlan` at ``model.init_args.backbone.moe`` of an mmoe config file."""
+    path = Path(config)
+    if not path.is_file():
+        raise FileNotFoundError(f"config {path} does not exist")
+    try:
+        document = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        raise ValueError(f"config {path} is not YAML: {one_line(error)}") from None
+    moe = document
+    for key in ("model", "init_args", "backbone", "moe"):
+        moe = moe.get(key) if isinstance(moe, dict) else None
+    if not isinstance(moe, dict):
+        raise ValueError(f"config {path} has no model.init_args.backbone.moe (the MoE plan to upcycle into)")
+    try:
+        return MoEPlan(**moe)
+    except TypeError as error:
+        raise ValueError(f"config {path}: model.init_args.backbone.moe: {error}") from None
 
 
 def export_command(argv: Sequence[str]) -> int:
