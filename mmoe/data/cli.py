@@ -3,6 +3,7 @@
 ```
 mmoe data convert vqav2 --questions Q.json [--annotations A.json] --images DIR --out OUT [--answer-vocab answers.json]
 mmoe data convert coco-captions (--annotations captions_*.json | --karpathy dataset_coco.json --split S) --images DIR --out OUT
+    [--text-tokenizer beit3.spm]
 mmoe data convert nlvr2 --data dev.json --images DIR --out OUT
 mmoe data convert images --images DIR --out OUT [--name images]
 mmoe data convert tsv --tsv pairs.tsv --images DIR --out OUT [--name pairs]
@@ -36,6 +37,7 @@ from mmoe.data.converters import (
 from mmoe.data.converters.common import check_shard_size
 from mmoe.data.converters.staging import OutputFolderError, output_folder
 from mmoe.data.shards import check_shard_name
+from mmoe.data.tokenizer import TextTokenizer
 
 
 def _common(parser: argparse.ArgumentParser, name_default: str | None = None) -> None:
@@ -66,6 +68,10 @@ def _parser() -> argparse.ArgumentParser:
     which.add_argument("--karpathy", help="dataset_coco.json (with --split)")
     coco.add_argument("--split", help="Karpathy split(s): train, restval, val, test; e.g. train,restval")
     coco.add_argument("--images", required=True, help="COCO image folder")
+    coco.add_argument(
+        "--text-tokenizer",
+        help="SentencePiece model (BEiT-3's beit3.spm) whose ids caption_tokens.json lists; default open_clip's BPE",
+    )
     _common(coco)
 
     nlvr2 = sources.add_parser("nlvr2", help="NLVR2 JSON lines and images")
@@ -119,13 +125,19 @@ def _convert(args: argparse.Namespace):
             args.shard_size, args.name,
         )  # fmt: skip
     if args.source == "coco-captions":
+        try:
+            tokenizer = TextTokenizer(sentencepiece=args.text_tokenizer)
+        except (FileNotFoundError, ValueError) as error:
+            raise ConversionError(f"--text-tokenizer: {error}") from None
         if args.karpathy:
             if not args.split:
                 raise ConversionError("--karpathy needs --split (train, restval, val, test, or e.g. train,restval)")
-            return convert_karpathy(args.karpathy, args.split, args.images, args.out, args.shard_size, args.name)
+            return convert_karpathy(
+                args.karpathy, args.split, args.images, args.out, args.shard_size, args.name, tokenizer
+            )
         if args.split:
             raise ConversionError("--split applies to --karpathy only")
-        return convert_coco_captions(args.annotations, args.images, args.out, args.shard_size, args.name)
+        return convert_coco_captions(args.annotations, args.images, args.out, args.shard_size, args.name, tokenizer)
     if args.source == "nlvr2":
         return convert_nlvr2(args.data, args.images, args.out, args.shard_size, args.name)
     if args.source == "images":

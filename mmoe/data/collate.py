@@ -69,7 +69,10 @@ class PretrainCollator:
                 batch["image_mask"] = torch.zeros(size, self.grid[0] * self.grid[1], dtype=torch.bool)
         if self.kind in (TEXT, PAIR):
             ratio = config.text_ratio if self.kind == TEXT else config.pair_text_ratio
-            masked = mask_text(batch["text_ids"], ratio, rng, config.mask_token_fraction, config.random_token_fraction)
+            masked = mask_text(
+                batch["text_ids"], ratio, rng, config.mask_token_fraction, config.random_token_fraction,
+                self.tokenizer.ids,
+            )  # fmt: skip
             batch["text_ids"], batch["text_targets"], batch["text_mask"] = masked
         return batch
 
@@ -108,8 +111,9 @@ class CaptionCollator:
         if self.mask_ratio > 0 and "text_ids" in batch:
             config = self.masking
             masked = mask_caption(
-                batch["text_ids"], self.mask_ratio, rng, config.mask_token_fraction, config.random_token_fraction
-            )
+                batch["text_ids"], self.mask_ratio, rng, config.mask_token_fraction, config.random_token_fraction,
+                self.tokenizer.ids,
+            )  # fmt: skip
             batch["text_ids"], batch["text_targets"], batch["text_mask"] = masked
         return batch
 

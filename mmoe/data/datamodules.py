@@ -64,6 +64,8 @@ class ShardDataModule(L.LightningDataModule):
         image_size: image side S in pixels; the model's backbone's (the mmoe CLI sets it). BEiT-3 uses 224 for
             pre-training and NLVR2, 480 for VQA and captioning.
         max_text_length: longest text in tokens, start and end included.
+        text_tokenizer: a SentencePiece model file with XLM-R's ids (BEiT-3's ``beit3.spm``); None = open_clip's BPE.
+            The model's (the mmoe CLI sets it).
         crop_scale: RandomResizedCrop area range for training images; None = the whole image, no random crop.
         hflip: random horizontal flips of training images (NLVR2: each image separately; texts are not changed).
         shuffle_buffer: sample shuffle buffer per worker.
@@ -76,6 +78,7 @@ class ShardDataModule(L.LightningDataModule):
         batch_size: int = 32,
         image_size: int = 224,
         max_text_length: int = 64,
+        text_tokenizer: str | None = None,
         crop_scale: tuple[float, float] | None = (0.5, 1.0),
         hflip: bool = True,
         shuffle_buffer: int = 1000,
@@ -87,7 +90,10 @@ class ShardDataModule(L.LightningDataModule):
             raise ValueError(f"num_workers must be >= 0, got {num_workers!r}")
         self.save_hyperparameters()  # the subclasses' arguments too
         self.batch_size, self.image_size = batch_size, image_size
-        self.tokenizer = TextTokenizer(max_text_length)
+        try:
+            self.tokenizer = TextTokenizer(max_text_length, text_tokenizer)
+        except (FileNotFoundError, ValueError) as error:
+            raise type(error)(f"data.text_tokenizer: {error}") from None
         self.crop_scale, self.hflip = crop_scale, hflip
         self.num_workers, self.shuffle_buffer, self.seed = num_workers, shuffle_buffer, seed
         self.skipped: dict[str, dict[str, SkipCount]] = {}  # split -> its latest loader's counts

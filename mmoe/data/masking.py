@@ -20,7 +20,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from mmoe.data.tokenizer import EOT_ID, MASK_ID, NUM_BPE_TOKENS, PAD_ID, SOT_ID
+from mmoe.vocabulary import OPEN_CLIP_IDS, TextIds
 
 
 @dataclass
@@ -146,6 +146,7 @@ def _choose_and_replace(
     rng: np.random.Generator,
     mask_token_fraction: float,
     random_token_fraction: float,
+    text_ids: TextIds,
 ) -> TextMasking:
     """Chooses ``counts[b]`` positions uniformly among ``maskable[b]`` and replaces them 80/10/10 (by default)."""
     keys = rng.random(maskable.shape)
@@ -155,9 +156,9 @@ def _choose_and_replace(
     draw = rng.random(maskable.shape)
     to_mask = chosen & (draw < mask_token_fraction)
     to_random = chosen & (draw >= mask_token_fraction) & (draw < mask_token_fraction + random_token_fraction)
-    random_ids = rng.integers(0, NUM_BPE_TOKENS, size=maskable.shape)
+    random_ids = rng.integers(text_ids.random_low, text_ids.random_high, size=maskable.shape)
     input_ids = ids.clone()
-    input_ids[torch.from_numpy(to_mask)] = MASK_ID
+    input_ids[torch.from_numpy(to_mask)] = text_ids.mask
     to_random_t = torch.from_numpy(to_random)
     input_ids[to_random_t] = torch.from_numpy(random_ids).to(ids.dtype)[to_random_t]
     return TextMasking(input_ids, ids.clone(), torch.from_numpy(chosen))
@@ -169,6 +170,7 @@ def mask_text(
     rng: np.random.Generator,
     mask_token_fraction: float = 0.8,
     random_token_fraction: float = 0.1,
+    text_ids: TextIds = OPEN_CLIP_IDS,
 ) -> TextMasking:
     """Masked language modeling: ``max(1, round(ratio · n))`` of the n real tokens of each text (start, end and
     padding are never chosen; a text with no real token gets no mask).
@@ -178,15 +180,16 @@ def mask_text(
         ratio: share of the real tokens to mask (0.15 MLM, 0.5 MVLM).
         rng: the generator all draws come from.
         mask_token_fraction: share of the chosen tokens replaced by the mask token.
-        random_token_fraction: share replaced by a random BPE token.
+        random_token_fraction: share replaced by a random token (``text_ids.random_low`` to ``random_high``).
+        text_ids: the tokenizer's special ids (``TextTokenizer.ids``).
     """
     array = ids.numpy()
-    maskable = (array != SOT_ID) & (array != EOT_ID) & (array != PAD_ID)
+    maskable = (array != text_ids.start) & (array != text_ids.end) & (array != text_ids.pad)
     real = maskable.sum(axis=1)
     counts = np.where(real > 0, np.maximum(1, np.floor(ratio * real + 0.5)), 0).astype(np.int64)
     if ratio == 0.0:
         counts[:] = 0
-    return _choose_and_replace(ids, maskable, counts, rng, mask_token_fraction, random_token_fraction)
+    return _choose_and_replace(ids, maskable, counts, rng, mask_token_fraction, random_token_fraction, text_ids)
 
 
 def mask_caption(
@@ -195,12 +198,13 @@ def mask_caption(
     rng: np.random.Generator,
     mask_token_fraction: float = 0.8,
     random_token_fraction: float = 0.1,
+    text_ids: TextIds = OPEN_CLIP_IDS,
 ) -> TextMasking:
     """BEiT-3 captioning masks: ``max(1, min(round(n · ratio), n - 1))`` of the n tokens after the start token, the
     end token included (BEiT-3's ``--captioning_mask_prob``, 0.6 by default, 0.7 in its recipes)."""
     array = ids.numpy()
-    maskable = (array != SOT_ID) & (array != PAD_ID)
+    maskable = (array != text_ids.start) & (array != text_ids.pad)
     n = maskable.sum(axis=1)
     counts = np.maximum(1, np.minimum(np.floor(n * ratio + 0.5), n - 1)).astype(np.int64)
     counts = np.where(n > 0, counts, 0)
-    return _choose_and_replace(ids, maskable, counts, rng, mask_token_fraction, random_token_fraction)
+    return _choose_and_replace(ids, maskable, counts, rng, mask_token_fraction, random_token_fraction, text_ids)

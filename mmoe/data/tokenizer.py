@@ -1,22 +1,31 @@
-"""Text tokenizer: open_clip's byte-level BPE (the CLIP vocabulary that ships inside the ``open_clip_torch`` wheel).
+"""Text tokenizers: open_clip's byte-level BPE (the CLIP vocabulary that ships inside the ``open_clip_torch`` wheel) by
+default, or a SentencePiece model from a local file with XLM-R's ids (BEiT-3's ``beit3.spm``).
 
-The ids (BPE tokens, open_clip's start / end of text, mmoe's pad and mask) are those of :mod:`mmoe.vocabulary`. A
-sequence is ``[start] + tokens + [end]``, truncated to ``max_length`` with the end token kept, right-padded with
-``PAD_ID``; the padding mask is True at padding.
+Ids of the default (:data:`mmoe.vocabulary.OPEN_CLIP_IDS`): BPE tokens, open_clip's start / end of text, mmoe's pad
+and mask. Ids of a SentencePiece model as XLM-R's tokenizer (which BEiT-3 uses) numbers them: ``<s>`` 0, ``<pad>``
+1, ``</s>`` 2, ``<unk>`` 3, the model's piece p as p + 1, and ``<mask>`` = pieces + 1, so ``beit3.spm``'s 64,000
+pieces give 64,002 ids. A sequence is ``[start] + tokens + [end]``, truncated to ``max_length`` with the end token
+kept, right-padded with the pad id; the padding mask is True at padding.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 import torch
 
-from mmoe.vocabulary import EOT_ID, MASK_ID, NUM_BPE_TOKENS, PAD_ID, SOT_ID, VOCAB_SIZE
+from mmoe.vocabulary import EOT_ID, MASK_ID, NUM_BPE_TOKENS, OPEN_CLIP_IDS, PAD_ID, SOT_ID, VOCAB_SIZE, TextIds
 
-__all__ = ["EOT_ID", "MASK_ID", "NUM_BPE_TOKENS", "PAD_ID", "SOT_ID", "SPECIAL_IDS", "VOCAB_SIZE", "TextTokenizer"]
+__all__ = [
+    "EOT_ID", "MASK_ID", "NUM_BPE_TOKENS", "PAD_ID", "SOT_ID", "SPECIAL_IDS", "VOCAB_SIZE", "TextTokenizer",
+    "token_ids_of",
+]  # fmt: skip
 
-SPECIAL_IDS = frozenset({SOT_ID, EOT_ID, PAD_ID, MASK_ID})
+SPECIAL_IDS = OPEN_CLIP_IDS.special
+#: XLM-R's ids before and after the SentencePiece pieces (fairseq's dictionary order).
+XLMR_START, XLMR_PAD, XLMR_END, XLMR_UNK = 0, 1, 2, 3
 
 
 @functools.lru_cache(maxsize=1)
@@ -33,45 +42,123 @@ def _open_clip_bpe():
     return bpe
 
 
-class TextTokenizer:
-    """open_clip BPE with mmoe's pad / mask ids, truncation and padding.
+class OpenClipVocabulary:
+    """open_clip's BPE with mmoe's pad and mask ids."""
 
-    Picklable and cheap to copy: the BPE tables are loaded lazily once per process, so DataLoader workers do not
-    receive them through pickling.
+    ids = OPEN_CLIP_IDS
+
+    def encode(self, text: str) -> list[int]:
+        return _open_clip_bpe().encode(text)
+
+    def decode(self, ids: list[int]) -> str:
+        return _open_clip_bpe().decode(ids).strip()
+
+    def piece(self, token_id: int) -> str:
+        return _open_clip_bpe().decoder[token_id].replace("</w>", "")
+
+
+@functools.lru_cache(maxsize=4)
+def _sentencepiece(path: str):
+    """One SentencePiece processor per model file and process."""
+    import sentencepiece
+
+    try:
+        return sentencepiece.SentencePieceProcessor(model_file=path)
+    except (RuntimeError, OSError) as error:
+        raise ValueError(
+            f"text tokenizer {path} is not a SentencePiece model ({' '.join(str(error).split())})"
+        ) from None
+
+
+class SentencePieceVocabulary:
+    """A SentencePiece model numbered as XLM-R's tokenizer (see the module docstring)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        pieces = _sentencepiece(path).get_piece_size()
+        self.ids = TextIds(
+            start=XLMR_START, end=XLMR_END, pad=XLMR_PAD, mask=pieces + 1, size=pieces + 2, random_low=XLMR_UNK,
+            random_high=pieces + 1,
+        )  # fmt: skip
+
+    def __getstate__(self) -> dict:  # DataLoader workers load the model themselves
+        return {"path": self.path, "ids": self.ids}
+
+    def __setstate__(self, state: dict) -> None:
+        self.path, self.ids = state["path"], state["ids"]
+
+    def encode(self, text: str) -> list[int]:
+        processor = _sentencepiece(self.path)
+        unk = processor.unk_id()
+        return [XLMR_UNK if piece == unk else piece + 1 for piece in processor.encode(text)]
+
+    def decode(self, ids: list[int]) -> str:
+        return _sentencepiece(self.path).decode([token - 1 for token in ids if token > XLMR_UNK]).strip()
+
+    def piece(self, token_id: int) -> str:
+        if token_id == XLMR_UNK:
+            return "<unk>"
+        return _sentencepiece(self.path).id_to_piece(token_id - 1).replace("\u2581", "")
+
+
+class TextTokenizer:
+    """Tokenizer with truncation and padding: open_clip's BPE with mmoe's pad / mask ids, or a SentencePiece model.
+
+    Picklable and cheap to copy: the BPE tables and SentencePiece models are loaded once per process, so DataLoader
+    workers do not receive them through pickling.
 
     Args:
         max_length: longest sequence in tokens, start and end of text included (BEiT-3: 64; captioning: 32).
+        sentencepiece: a SentencePiece model file (BEiT-3's ``beit3.spm``) numbered with XLM-R's ids; None = open_clip's
+            BPE.
+
+    Raises:
+        FileNotFoundError: ``sentencepiece`` does not exist.
+        ValueError: it is not a SentencePiece model.
     """
 
-    def __init__(self, max_length: int = 64) -> None:
+    def __init__(self, max_length: int = 64, sentencepiece: str | Path | None = None) -> None:
         if max_length < 2:
             raise ValueError(f"TextTokenizer.max_length must be >= 2 (start and end of text), got {max_length!r}")
         self.max_length = max_length
+        if sentencepiece is None:
+            self.vocabulary = OpenClipVocabulary()
+        else:
+            path = Path(sentencepiece)
+            if not path.is_file():
+                raise FileNotFoundError(f"text tokenizer {path} does not exist (a SentencePiece model, e.g. beit3.spm)")
+            self.vocabulary = SentencePieceVocabulary(str(path))
+
+    @property
+    def ids(self) -> TextIds:
+        """The vocabulary's special ids and size."""
+        return self.vocabulary.ids
 
     def encode(self, text: str) -> list[int]:
-        """Ids of one text: start, BPE tokens (truncated), end; at most ``max_length`` ids."""
-        tokens = _open_clip_bpe().encode(text)[: self.max_length - 2]
-        return [SOT_ID, *tokens, EOT_ID]
+        """Ids of one text: start, tokens (truncated), end; at most ``max_length`` ids."""
+        tokens = self.vocabulary.encode(text)[: self.max_length - 2]
+        return [self.ids.start, *tokens, self.ids.end]
 
     def token_string(self, token_id: int) -> str:
-        """One id as readable text: ``<start>`` / ``<end>`` / ``<pad>`` / ``<mask>``, or its BPE token without the
-        end-of-word mark."""
-        special = {SOT_ID: "<start>", EOT_ID: "<end>", PAD_ID: "<pad>", MASK_ID: "<mask>"}
+        """One id as readable text: ``<start>`` / ``<end>`` / ``<pad>`` / ``<mask>``, or its token without the
+        word-boundary mark."""
+        ids = self.ids
+        special = {ids.start: "<start>", ids.end: "<end>", ids.pad: "<pad>", ids.mask: "<mask>"}
         if token_id in special:
             return special[token_id]
-        return _open_clip_bpe().decoder[token_id].replace("</w>", "")
+        return self.vocabulary.piece(token_id)
 
     def decode(self, ids: Sequence[int] | torch.Tensor) -> str:
         """Text of a sequence of ids; stops at the end of text and leaves out start, pad and mask."""
         if isinstance(ids, torch.Tensor):
             ids = ids.tolist()
-        kept = []
+        kept, special = [], self.ids.special
         for token in ids:
-            if token == EOT_ID:
+            if token == self.ids.end:
                 break
-            if token not in SPECIAL_IDS:
+            if token not in special:
                 kept.append(token)
-        return _open_clip_bpe().decode(kept).strip()
+        return self.vocabulary.decode(kept)
 
     def pad(self, sequences: Sequence[Sequence[int]], length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Right-pads id lists into a batch.
@@ -87,10 +174,12 @@ class TextTokenizer:
         length = longest if length is None else length
         if longest > length:
             raise ValueError(f"a sequence of {longest} ids does not fit in length {length}")
-        ids = torch.full((len(sequences), length), PAD_ID, dtype=torch.long)
+        ids = torch.full((len(sequences), length), self.ids.pad, dtype=torch.long)
+        padding = torch.ones((len(sequences), length), dtype=torch.bool)
         for row, sequence in enumerate(sequences):
             ids[row, : len(sequence)] = torch.as_tensor(sequence, dtype=torch.long)
-        return ids, ids == PAD_ID
+            padding[row, : len(sequence)] = False
+        return ids, padding
 
     def __call__(self, texts: str | Sequence[str], length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Encodes and pads texts: ``ids`` (B, T) and ``padding_mask`` (B, T), True = padding."""
@@ -99,11 +188,11 @@ class TextTokenizer:
         return self.pad([self.encode(text) for text in texts], length)
 
 
-def token_ids_of(texts: Iterable[str]) -> list[int]:
-    """The sorted BPE ids the texts use, untruncated, plus the end-of-text id: the output vocabulary a captioning
-    head needs to write every training caption (see :class:`mmoe.tasks.captioning.CaptioningFineTuning`)."""
-    bpe = _open_clip_bpe()
-    ids = {EOT_ID}
+def token_ids_of(texts: Iterable[str], tokenizer: TextTokenizer | None = None) -> list[int]:
+    """The sorted ids the texts use, untruncated, plus the end-of-text id: the output vocabulary a captioning head
+    needs to write every training caption (see :class:`mmoe.tasks.captioning.CaptioningFineTuning`)."""
+    tokenizer = tokenizer or TextTokenizer()
+    ids = {tokenizer.ids.end}
     for text in texts:
-        ids.update(bpe.encode(text))
+        ids.update(tokenizer.vocabulary.encode(text))
     return sorted(ids)

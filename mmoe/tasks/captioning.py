@@ -29,12 +29,13 @@ import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_warn
 
 from mmoe.data.batches import CaptionBatch
-from mmoe.data.tokenizer import EOT_ID, MASK_ID, PAD_ID, SOT_ID, TextTokenizer
+from mmoe.data.tokenizer import TextTokenizer
 from mmoe.metrics.captions import ScorerUnavailableError, score_captions
 from mmoe.model.heads import token_head
 from mmoe.moe import RoutingRecord
 from mmoe.tasks.common import FineTuningTask, as_ids, gather_objects, read_vocabulary_file
 from mmoe.tasks.decoding import Decoded, beam_search, greedy_search
+from mmoe.vocabulary import OPEN_CLIP_IDS, TextIds
 
 
 def caption_attention_mask(image_len: int, text_len: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -47,23 +48,25 @@ def caption_attention_mask(image_len: int, text_len: int, device: torch.device |
     return mask
 
 
-def load_output_vocab(path: str | Path, vocab_size: int) -> list[int]:
+def load_output_vocab(path: str | Path, vocab_size: int, text_ids: TextIds = OPEN_CLIP_IDS) -> list[int]:
     """The token ids of ``caption_tokens.json``: a JSON list of distinct ids in [0, vocab_size) holding the end token,
-    none of the start, pad and mask ids."""
+    none of the start, pad and mask ids (``text_ids``: the tokenizer's)."""
     ids = read_vocabulary_file(
         path, "output vocabulary", "the caption converters write caption_tokens.json next to the shards"
     )
     if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
         raise ValueError(f"output vocabulary {path}: expected a JSON list of integer token ids")
-    bad = [i for i in ids if not 0 <= i < vocab_size or i in (SOT_ID, PAD_ID, MASK_ID)]
+    bad = [i for i in ids if not 0 <= i < vocab_size or i in (text_ids.start, text_ids.pad, text_ids.mask)]
     if bad:
         raise ValueError(
             f"output vocabulary {path}: ids {bad[:5]} are outside [0, {vocab_size}) or the start / pad / mask ids"
         )
     if len(set(ids)) != len(ids):
         raise ValueError(f"output vocabulary {path}: an id appears more than once")
-    if EOT_ID not in ids:
-        raise ValueError(f"output vocabulary {path}: the end-of-text id {EOT_ID} is missing (captions could not end)")
+    if text_ids.end not in ids:
+        raise ValueError(
+            f"output vocabulary {path}: the end-of-text id {text_ids.end} is missing (captions could not end)"
+        )
     return sorted(ids)
 
 
@@ -122,12 +125,12 @@ class CaptioningFineTuning(FineTuningTask):
             raise ValueError(
                 f"model.max_length={max_length} must lie in [1, backbone.max_text_positions - position_offset - 1]"
             )
-        if self.backbone.config.vocab_size <= max(SOT_ID, EOT_ID, PAD_ID, MASK_ID):
-            raise ValueError(
-                f"backbone.vocab_size={self.backbone.config.vocab_size} does not hold the tokenizer's special ids"
-            )
+        tokenizer_file = self.hparams.get("text_tokenizer")
+        self.tokenizer = TextTokenizer(max_length + 1, tokenizer_file)
+        text_ids = self.tokenizer.ids
         vocab_size = self.backbone.config.vocab_size
-        ids = list(range(vocab_size)) if output_vocab is None else load_output_vocab(output_vocab, vocab_size)
+        text_ids.check_embedding(vocab_size, f"model.text_tokenizer {tokenizer_file or '(open_clip BPE)'}")
+        ids = list(range(vocab_size)) if output_vocab is None else load_output_vocab(output_vocab, vocab_size, text_ids)
         # Head class k is token output_ids[k]; output_index maps a token id back to its class (-1: not predicted).
         # Not saved: the hyperparameters name the file, and the head's shape checks a checkpoint against it.
         self.register_buffer("output_ids", torch.tensor(ids, dtype=torch.long), persistent=False)
@@ -136,7 +139,6 @@ class CaptioningFineTuning(FineTuningTask):
         self.register_buffer("output_index", index, persistent=False)
         self.head = token_head(self.backbone.config.dim, len(ids))
         self.load_beit3_head("captioning", rows=self.output_ids)
-        self.tokenizer = TextTokenizer(max_length + 1)
 
     # ---------------------------------------------------------------------------------------------- training
     def forward(
@@ -185,7 +187,7 @@ class CaptioningFineTuning(FineTuningTask):
         expanded = image.repeat_interleave(beams, dim=0) if beams > 1 else image
 
         def step(prefix: torch.Tensor) -> torch.Tensor:
-            slot = torch.full((prefix.shape[0], 1), MASK_ID, dtype=prefix.dtype, device=prefix.device)
+            slot = torch.full((prefix.shape[0], 1), self.tokenizer.ids.mask, dtype=prefix.dtype, device=prefix.device)
             logits, _ = self(expanded, torch.cat([prefix, slot], dim=1))
             logprobs = torch.log_softmax(logits[:, -1].float(), dim=-1)
             if self.hparams.output_vocab is None:  # the head covers the whole vocabulary
@@ -196,15 +198,15 @@ class CaptioningFineTuning(FineTuningTask):
         return step
 
     def decoding_options(self) -> dict:
-        hparams = self.hparams
+        hparams, ids = self.hparams, self.tokenizer.ids
         return dict(
-            bos_id=SOT_ID,
-            eos_id=EOT_ID,
-            pad_id=PAD_ID,
+            bos_id=ids.start,
+            eos_id=ids.end,
+            pad_id=ids.pad,
             max_length=hparams.max_length,
             min_length=hparams.min_length,
             length_penalty=hparams.length_penalty,
-            forbidden=(SOT_ID, PAD_ID, MASK_ID),
+            forbidden=(ids.start, ids.pad, ids.mask),
         )
 
     @torch.no_grad()

@@ -43,6 +43,10 @@ def answer_vocab(hparams) -> str | None:
     return hparams.get("answer_vocab")
 
 
+def text_tokenizer(hparams) -> str | None:
+    return hparams.get("text_tokenizer")
+
+
 @dataclasses.dataclass(frozen=True)
 class DataLink:
     """A data argument set from the instantiated model: ``value(getattr(model, attribute))``, which is the model's
@@ -59,6 +63,7 @@ DATA_LINKS = {
     "image_size": DataLink("backbone", "model.init_args.backbone.image_size", backbone_image_size),
     "patch_size": DataLink("backbone", "model.init_args.backbone.patch_size", backbone_patch_size),
     "answer_vocab": DataLink("hparams", "model.init_args.answer_vocab", answer_vocab),
+    "text_tokenizer": DataLink("hparams", "model.init_args.text_tokenizer", text_tokenizer),
 }
 
 
@@ -199,8 +204,9 @@ class MMoECLI(LightningCLI):
                 print(f"mmoe {self.config['subcommand']}: --ckpt_path {ckpt_path}: {key}: {choice}", file=sys.stderr)
 
     def instantiate_classes(self) -> None:
-        """LightningCLI's, with an invalid value (a config's ``ValueError``, a missing file) reported in one line, and
-        the data values given for linked arguments checked against the model's."""
+        """LightningCLI's, with an invalid value (a config's ``ValueError``, a missing file) reported in one line, the
+        data values given for linked arguments checked against the model's, and the text tokenizer checked against
+        the backbone's text embedding (a BEiT-3 backbone with open_clip's ids is refused)."""
         given = self.given_linked_values()
         try:
             super().instantiate_classes()
@@ -219,6 +225,14 @@ class MMoECLI(LightningCLI):
                     f"data.init_args.{name}={value} disagrees with {link.model_argument}={linked} (the data's {name} "
                     "follows the model's: leave it out of the data arguments)"
                 )
+        tokenizer = getattr(self.datamodule, "tokenizer", None)
+        backbone = getattr(self.model, "backbone", None)
+        if tokenizer is not None and backbone is not None:
+            name = self.model.hparams.get("text_tokenizer") or "open_clip's BPE (model.init_args.text_tokenizer: null)"
+            try:
+                tokenizer.ids.check_embedding(backbone.config.vocab_size, f"the text tokenizer {name}")
+            except ValueError as error:
+                self.fail(str(error))
 
     def given_linked_values(self) -> dict[str, Any]:
         """The values the config gives to linked data arguments (:data:`DATA_LINKS`), less those equal to the

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from mmoe.atomic import write_text_atomic
+from mmoe.data.tokenizer import TextTokenizer
 from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
 from mmoe.model.backbone import resize_vision_positions
 from mmoe.model.beit3 import TASK_HEADS
@@ -81,17 +82,25 @@ class BackboneTask(L.LightningModule):
     Args:
         balance_reduce: the subclass's ``balance_reduce`` argument, checked here.
         optimizer: the subclass's ``optimizer`` argument (or the plain dict of a checkpoint's hyper-parameters).
+        text_tokenizer: the subclass's ``text_tokenizer`` argument, checked here.
     """
 
     #: Parameter-name prefixes that get ``head_lr_multiplier`` (BEiT-3 scales parameters named ``head*``).
     head_prefixes: tuple[str, ...] = ("head.",)
     backbone: MultiwayTransformer
 
-    def __init__(self, balance_reduce: str, optimizer: OptimizerConfig | dict) -> None:
+    def __init__(
+        self, balance_reduce: str, optimizer: OptimizerConfig | dict, text_tokenizer: str | None = None
+    ) -> None:
         super().__init__()
         if balance_reduce not in BALANCE_REDUCTIONS:
             raise ValueError(f"model.balance_reduce must be 'sum' or 'mean', got {balance_reduce!r}")
         self.optimizer_config = OptimizerConfig.from_value(optimizer)
+        if text_tokenizer is not None:  # a missing or unreadable file fails here, named by the option that gives it
+            try:
+                TextTokenizer(sentencepiece=text_tokenizer)
+            except (FileNotFoundError, ValueError) as error:
+                raise type(error)(f"model.text_tokenizer: {error}") from None
 
     def store_configs(self) -> None:
         """Saves the backbone's architecture and the optimiser config in the hyper-parameters as plain dicts:
@@ -193,6 +202,8 @@ class FineTuningTask(BackboneTask):
         pretrained: an exported backbone (``mmoe.tasks.checkpoint.export_backbone``), a Lightning checkpoint of
             any mmoe task, or a released BEiT-3 checkpoint (``beit3_base_patch16_224.pth``, a task model; its task
             head loads into the matching task where the shapes agree, see :meth:`load_beit3_head`) to start from.
+        text_tokenizer: the SentencePiece model of the texts (BEiT-3's ``beit3.spm``, XLM-R ids); None = open_clip's
+            BPE. The data's tokenizer follows it (the mmoe CLI links it); the backbone's text embedding must fit it.
         frozen_routing: X-MoE §3.3: freeze the routers and experts of every MoE layer (``MoEPlan.frozen``); the
             balance loss stays in the objective. No effect on a dense backbone.
         balance_coefficient: alpha, the weight of the balance losses (X-MoE Eq. 10).
@@ -215,12 +226,13 @@ class FineTuningTask(BackboneTask):
         self,
         backbone: MultiwayConfig | None = None,
         pretrained: str | None = None,
+        text_tokenizer: str | None = None,
         frozen_routing: bool = False,
         balance_coefficient: float = 1e-2,
         balance_reduce: Literal["sum", "mean"] = "sum",
         optimizer: OptimizerConfig = FINETUNING_OPTIMIZER,
     ) -> None:
-        super().__init__(balance_reduce, optimizer)
+        super().__init__(balance_reduce, optimizer, text_tokenizer)
         if backbone is None and pretrained is None:
             raise ValueError("give model.backbone (train from scratch) or model.pretrained (a checkpoint), or both")
         # Also collects the init arguments of the subclass calling this. Output paths stay out of the checkpoint:

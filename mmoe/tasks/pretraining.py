@@ -52,6 +52,8 @@ class MaskedPretraining(BackboneTask):
             last-block patch features (resampled to the backbone's patch grid) with a cosine loss. Semantic targets,
             but they need weights a user already has, cost a teacher forward per image batch, and have no perplexity.
         teacher_model: the open_clip model name the weights belong to (e.g. ``ViT-B-16``).
+        text_tokenizer: the SentencePiece model of the texts (BEiT-3's ``beit3.spm``, XLM-R ids); None = open_clip's
+            BPE. The data's tokenizer follows it (the mmoe CLI links it); the backbone's text embedding must fit it.
         balance_coefficient: alpha, the weight of the balance losses (X-MoE Eq. 10; 1e-2 in X-MoE and MH-MoE).
         balance_reduce: ``"sum"`` adds the MoE layers' balance losses (MH-MoE code); ``"mean"`` averages them.
         optimizer: AdamW and its warm-up cosine schedule (:class:`mmoe.tasks.optimizer.OptimizerConfig`); the
@@ -64,11 +66,12 @@ class MaskedPretraining(BackboneTask):
         visual_codebook: str | None = None,
         teacher_checkpoint: str | None = None,
         teacher_model: str = "ViT-B-16",
+        text_tokenizer: str | None = None,
         balance_coefficient: float = 1e-2,
         balance_reduce: Literal["sum", "mean"] = "sum",
         optimizer: OptimizerConfig = PRETRAINING_OPTIMIZER,
     ) -> None:
-        super().__init__(balance_reduce, optimizer)
+        super().__init__(balance_reduce, optimizer, text_tokenizer)
         if isinstance(backbone, dict):  # the saved hyper-parameter (``load_from_checkpoint``)
             backbone = config_from_dict(backbone)
         self.save_hyperparameters()

@@ -33,7 +33,7 @@ from mmoe.metrics.routing import (
 )
 from mmoe.metrics.routing_stats import read_stats, total_loads
 from mmoe.viz.inputs import InputError, Sample, TextEncoder, find_samples, make_batches
-from mmoe.vocabulary import VOCAB_SIZE
+from mmoe.vocabulary import OPEN_CLIP_IDS, VOCAB_SIZE
 
 #: Errors that are the user's input, reported in one line with exit code 2.
 INPUT_ERRORS = (FileNotFoundError, InputError, ValueError)
@@ -63,9 +63,12 @@ def _text_encoder(backbone, path: str, max_length: int, enabled: bool) -> TextEn
     if not enabled:
         return None
     config = backbone.config
-    if config.vocab_size < VOCAB_SIZE:
+    try:
+        OPEN_CLIP_IDS.check_embedding(config.vocab_size, "open_clip's tokenizer")
+    except ValueError:
         print(
-            f"note: checkpoint {path} has vocab_size={config.vocab_size} < {VOCAB_SIZE}; texts skipped",
+            f"note: checkpoint {path} has a {config.vocab_size}-row text embedding, not open_clip's {VOCAB_SIZE} ids "
+            "(e.g. a BEiT-3 backbone); texts skipped",
             file=sys.stderr,
         )
         return None

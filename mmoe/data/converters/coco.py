@@ -37,7 +37,7 @@ from mmoe.data.converters.common import (
     write_split,
 )
 from mmoe.data.shards import Manifest
-from mmoe.data.tokenizer import token_ids_of
+from mmoe.data.tokenizer import TextTokenizer, token_ids_of
 
 KARPATHY_SPLITS = ("train", "restval", "val", "test")
 _SUBTYPE_IN_FILE = re.compile(r"^COCO_([a-z]+\d+)_")
@@ -45,14 +45,17 @@ _SUBTYPE_IN_FILE = re.compile(r"^COCO_([a-z]+\d+)_")
 CAPTION_TOKENS_FILE = "caption_tokens.json"
 
 
-def caption_tokens_text(captions: Iterable[str]) -> str:
-    """The text of ``caption_tokens.json``: the ids :func:`mmoe.data.tokenizer.token_ids_of` finds in ``captions``."""
-    return json_text(token_ids_of(captions), indent=None)
+def caption_tokens_text(captions: Iterable[str], tokenizer: TextTokenizer | None = None) -> str:
+    """The text of ``caption_tokens.json``: the ids :func:`mmoe.data.tokenizer.token_ids_of` finds in ``captions``
+    with ``tokenizer`` (open_clip's BPE by default)."""
+    return json_text(token_ids_of(captions, tokenizer), indent=None)
 
 
-def write_caption_tokens(out: str | os.PathLike, captions: Iterable[str]) -> None:
+def write_caption_tokens(
+    out: str | os.PathLike, captions: Iterable[str], tokenizer: TextTokenizer | None = None
+) -> None:
     """Writes ``out/caption_tokens.json`` for ``captions`` (a converted split gets it from :func:`write_split`)."""
-    write_text_atomic(Path(out) / CAPTION_TOKENS_FILE, caption_tokens_text(captions))
+    write_text_atomic(Path(out) / CAPTION_TOKENS_FILE, caption_tokens_text(captions, tokenizer))
 
 
 class CaptionSet:
@@ -99,6 +102,7 @@ def convert_coco_captions(
     out: str | os.PathLike,
     shard_size: int = 1000,
     name: str | None = None,
+    tokenizer: TextTokenizer | None = None,
 ) -> Manifest:
     """Converts an official COCO captions file (``captions_train2014.json``, ``captions_val2014.json``, ...).
 
@@ -109,6 +113,8 @@ def convert_coco_captions(
         out: output folder for this split.
         shard_size: samples per shard.
         name: shard name; default ``coco-captions-<subtype>`` (from the file name ``captions_<subtype>.json``).
+        tokenizer: the tokenizer whose ids ``caption_tokens.json`` lists (BEiT-3's ``beit3.spm``); None = open_clip's
+            BPE.
     """
     annotations, images = Path(annotations), images_folder(images)
     data = load_json(annotations)
@@ -146,7 +152,7 @@ def convert_coco_captions(
             yield _sample(image_id, captions.by_image[image_id], image["file_name"], paths[image_id])
 
     extra = {"source": {"annotations": str(annotations)}, **captions.report(annotations)}
-    files = {CAPTION_TOKENS_FILE: caption_tokens_text(captions.all_captions())}
+    files = {CAPTION_TOKENS_FILE: caption_tokens_text(captions.all_captions(), tokenizer)}
     return write_split(out, name or f"coco-captions-{subtype}", samples(), shard_size, extra, files)
 
 
@@ -165,6 +171,7 @@ def convert_karpathy(
     out: str | os.PathLike,
     shard_size: int = 1000,
     name: str | None = None,
+    tokenizer: TextTokenizer | None = None,
 ) -> Manifest:
     """Converts one split of Karpathy's ``dataset_coco.json``.
 
@@ -175,6 +182,8 @@ def convert_karpathy(
         out: output folder for this split.
         shard_size: samples per shard.
         name: shard name; default ``coco-karpathy-<split>`` (splits joined by ``-``).
+        tokenizer: the tokenizer whose ids ``caption_tokens.json`` lists (BEiT-3's ``beit3.spm``); None = open_clip's
+            BPE.
     """
     karpathy, images = Path(karpathy), images_folder(images)
     splits = [s.strip() for s in split.split(",")] if isinstance(split, str) else list(split)
@@ -208,5 +217,5 @@ def convert_karpathy(
             yield _sample(cocoid, captions.by_image[cocoid], file_name, path, split=image["split"])
 
     extra = {"source": {"karpathy": str(karpathy), "split": splits}, **captions.report(karpathy)}
-    files = {CAPTION_TOKENS_FILE: caption_tokens_text(captions.all_captions())}
+    files = {CAPTION_TOKENS_FILE: caption_tokens_text(captions.all_captions(), tokenizer)}
     return write_split(out, name or f"coco-karpathy-{'-'.join(splits)}", samples(), shard_size, extra, files)
