@@ -249,3 +249,11 @@ def test_a_released_file_upcycles_into_a_moe_backbone_with_the_same_outputs(tmp_
         ours = moe.eval()(image=given["image"], text=given["text"]).hidden
     assert [slot.index for slot in moe.moe_layers()] == [1, 1]
     torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=0)
+
+
+def test_backbone_keys_without_a_place_are_reported():
+    state = dict(torchscale_beit3(SMALL).state_dict())
+    state["encoder.layers.0.self_attn.relative_bias.A.weight"] = torch.zeros(2)
+    assert load_beit3(state).unexpected == ["encoder.layers.0.self_attn.relative_bias.A.weight"]
+    with pytest.warns(UserWarning, match="BEiT-3 keys left unused: 1 \\(encoder.layers.0.self_attn.relative_bias"):
+        from_beit3(state)

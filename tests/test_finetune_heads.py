@@ -227,8 +227,12 @@ def test_pretrained_at_another_image_size_resizes_vision_positions(tmp_path):
     torch.testing.assert_close(backbone.vision_positions[0], pretrained.vision_positions[0])  # CLS row kept
     # A constant grid stays constant under bicubic resizing.
     assert backbone(image=torch.randn(1, 3, 64, 64)).hidden.shape == (1, 17, 32)
-    with pytest.raises(ValueError, match="does not match the architecture"):
+    with pytest.raises(ValueError, match="does not match the architecture") as mismatch:
         build_backbone(dataclasses.replace(config(), dim=64, num_heads=4), str(tmp_path / "backbone.pt"))
+    message = str(mismatch.value)  # one line: the file, the first weight that differs and both shapes
+    assert "backbone.pt: cls_token has shape (1, 1, 32) there, (1, 1, 64) here" in message and "\n" not in message
+    with pytest.raises(ValueError, match=r"38 weights missing, 0 unexpected \(missing e.g. layers.2"):
+        build_backbone(dataclasses.replace(config(), depth=3), str(tmp_path / "backbone.pt"))
     with pytest.raises(ValueError, match="model.backbone"):
         NLVR2FineTuning()
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -274,9 +275,14 @@ def from_beit3(source: str | Path | Mapping, **config_overrides) -> MultiwayTran
 
     Returns:
         The backbone, called as every mmoe backbone: ``.hidden`` is (B, L, D) in BEiT-3's order (image tokens, then
-        text tokens). Keys outside the backbone (heads) are left out; :func:`load_beit3` returns them.
+        text tokens). Keys outside the backbone (heads) are left out; :func:`load_beit3` returns them. Backbone keys
+        with no place in mmoe's backbone (none in a released file) are named in a warning.
     """
-    return load_beit3(source, **config_overrides).backbone
+    loaded = load_beit3(source, **config_overrides)
+    if loaded.unexpected:
+        first = ", ".join(loaded.unexpected[:3])
+        warnings.warn(f"BEiT-3 keys left unused: {len(loaded.unexpected)} ({first})", stacklevel=2)
+    return loaded.backbone
 
 
 def to_beit3(backbone: MultiwayTransformer) -> dict[str, torch.Tensor]:

@@ -39,11 +39,13 @@ class PretrainedWeights:
         config: the backbone architecture it was trained with.
         backbone: the backbone's state dict (mmoe keys).
         heads: a released BEiT-3 file's other weights (task or pre-training heads, unilm names); empty for mmoe files.
+        source: the file.
     """
 
     config: MultiwayConfig
     backbone: dict[str, torch.Tensor]
     heads: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+    source: str = ""
 
 
 # The only classes a checkpoint may hold besides tensors and builtins: a task's hyper-parameters keep the backbone's
@@ -90,7 +92,7 @@ def read_pretrained(path: str | Path) -> PretrainedWeights:
         weights, unexpected = mmoe_state(released)
         if unexpected:
             raise ValueError(f"checkpoint {path} has BEiT-3 keys this backbone has no place for, e.g. {unexpected[0]}")
-        return PretrainedWeights(beit3_config(released), weights, released.heads)
+        return PretrainedWeights(beit3_config(released), weights, released.heads, str(path))
     if state.get("format") == BACKBONE_FORMAT:
         config, weights = state.get("config"), state.get("state_dict")
     else:
@@ -109,7 +111,26 @@ def read_pretrained(path: str | Path) -> PretrainedWeights:
             f"checkpoint {path} is neither an exported mmoe backbone, a Lightning checkpoint of an mmoe task nor a "
             "BEiT-3 checkpoint (expected hyper_parameters.backbone and state_dict, or BEiT-3's encoder.layers keys)"
         )
-    return PretrainedWeights(config, weights)
+    return PretrainedWeights(config, weights, source=str(path))
+
+
+def load_weights(backbone: MultiwayTransformer, weights: dict[str, torch.Tensor], message: str) -> None:
+    """Loads ``weights`` into ``backbone``; a ``ValueError`` starting with ``message`` names the first weight whose
+    shape differs (both shapes), or how many are missing and unexpected, in one line."""
+    expected = backbone.state_dict()
+    for key, value in weights.items():
+        if key in expected and expected[key].shape != value.shape:
+            raise ValueError(
+                f"{message}: {key} has shape {tuple(value.shape)} there, {tuple(expected[key].shape)} here"
+            )
+    missing = [key for key in expected if key not in weights]
+    unexpected = [key for key in weights if key not in expected]
+    if missing or unexpected:
+        examples = ", ".join(
+            f"{name} e.g. {keys[0]}" for name, keys in (("missing", missing), ("unexpected", unexpected)) if keys
+        )
+        raise ValueError(f"{message}: {len(missing)} weights missing, {len(unexpected)} unexpected ({examples})")
+    backbone.load_state_dict(weights)
 
 
 def load_backbone(path: str | Path, **config_overrides) -> MultiwayTransformer:
@@ -119,9 +140,5 @@ def load_backbone(path: str | Path, **config_overrides) -> MultiwayTransformer:
     if config_overrides:
         config = dataclasses.replace(config, **config_overrides)
     backbone = MultiwayTransformer(config)
-    try:
-        backbone.load_state_dict(weights)
-    except RuntimeError as error:  # missing, unexpected or mis-shaped weights
-        detail = " ".join(str(error).split())  # torch lists the keys on several lines
-        raise ValueError(f"checkpoint {path} does not match its own config: {detail}") from None
+    load_weights(backbone, weights, f"checkpoint {path} does not match its own config")
     return backbone

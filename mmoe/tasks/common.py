@@ -30,7 +30,7 @@ from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
 from mmoe.model.backbone import resize_vision_positions
 from mmoe.model.beit3 import TASK_HEADS
 from mmoe.moe import RoutingRecord, restore_expert_embedding_norm
-from mmoe.tasks.checkpoint import PretrainedWeights, config_from_dict, config_to_dict, read_pretrained
+from mmoe.tasks.checkpoint import PretrainedWeights, config_from_dict, config_to_dict, load_weights, read_pretrained
 from mmoe.tasks.optimizer import FINETUNING_OPTIMIZER, OptimizerConfig, adamw_with_schedule
 
 # Task checkpoints hold the backbone config in their hyper-parameters; Lightning loads checkpoints with
@@ -357,12 +357,7 @@ def build_backbone(
         config = dataclasses.replace(config, moe=dataclasses.replace(config.moe, frozen=True))
     backbone = MultiwayTransformer(config)
     if weights is not None:
-        try:
-            backbone.load_state_dict(weights)
-        except RuntimeError as error:
-            raise ValueError(
-                f"model.backbone does not match the architecture stored in {pretrained}: {error}"
-            ) from None
+        load_weights(backbone, weights, f"model.backbone does not match the architecture stored in {pretrained.source}")
     return backbone
 
 
