@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import lightning as L
+import sentencepiece
 
 from mmoe.cli import main
 from mmoe.data.synth.convert import convert_layout
@@ -63,3 +65,22 @@ def parse_config(argv: list[str]):
         auto_configure_optimizers=False, save_config_callback=None,
     )  # fmt: skip
     return cli.config[cli.subcommand]
+
+
+#: Texts a tiny SentencePiece model is trained on (the synthetic world's words).
+SENTENCES = [
+    "a red circle above a blue square", "two green triangles left of a yellow star", "the small purple circle",
+    "is there a large orange square", "how many blue shapes are there", "a picture of three red stars",
+] * 20  # fmt: skip
+
+
+def tiny_sentencepiece(path: Path, pieces: int = 40) -> str:
+    """Trains a ``pieces``-piece SentencePiece model on :data:`SENTENCES` into ``path`` (a stand-in for
+    ``beit3.spm``); returns the path."""
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(SENTENCES), model_writer=model, vocab_size=pieces, character_coverage=1.0,
+        minloglevel=2,
+    )  # fmt: skip
+    path.write_bytes(model.getvalue())
+    return str(path)

@@ -3,7 +3,6 @@ configs and in ``mmoe data convert``; a tiny SentencePiece model is trained here
 
 from __future__ import annotations
 
-import io
 import json
 import pickle
 
@@ -17,28 +16,14 @@ from mmoe.data.masking import mask_caption, mask_text
 from mmoe.data.tokenizer import TextTokenizer, token_ids_of
 from mmoe.model import MultiwayConfig
 from mmoe.tasks.captioning import CaptioningFineTuning
-from tests.cli_fixtures import instantiate, run_mmoe, small_shards
+from tests.cli_fixtures import SENTENCES, instantiate, run_mmoe, small_shards, tiny_sentencepiece
 
-SENTENCES = [
-    "a red circle above a blue square", "two green triangles left of a yellow star", "the small purple circle",
-    "is there a large orange square", "how many blue shapes are there", "a picture of three red stars",
-] * 20  # fmt: skip
 PIECES = 40
 
 
 @pytest.fixture(scope="module")
 def spm(tmp_path_factory) -> str:
-    model = io.BytesIO()
-    sentencepiece.SentencePieceTrainer.train(
-        sentence_iterator=iter(SENTENCES),
-        model_writer=model,
-        vocab_size=PIECES,
-        character_coverage=1.0,
-        minloglevel=2,
-    )
-    path = tmp_path_factory.mktemp("spm") / "tiny.spm"
-    path.write_bytes(model.getvalue())
-    return str(path)
+    return tiny_sentencepiece(tmp_path_factory.mktemp("spm") / "tiny.spm", PIECES)
 
 
 def test_ids_are_numbered_as_xlmr_numbers_them(spm):

@@ -16,6 +16,7 @@ from mmoe.metrics.routing import image_diversity_maps
 from mmoe.metrics.routing_stats import STATS_FORMAT
 from mmoe.viz.maps import draw_patch_grid, draw_text_maps
 from mmoe.viz.plots import draw_activation_curve, draw_activation_heatmap, draw_load_histograms
+from tests.cli_fixtures import tiny_sentencepiece
 from tests.routing_fixtures import image_dir, make_checkpoint, record, shard
 
 
@@ -237,8 +238,21 @@ def test_subtoken_map_keeps_going_without_text_tokenizer_vocabulary(inputs, tmp_
     argv = ["viz", "subtoken-map", "--ckpt", str(small_vocab), "--images", str(inputs["shard"]), "--out", str(out)]
     code, _, err = run(argv, capsys)
     assert code == 0
-    assert "a 100-row text embedding, not open_clip's 49410 ids" in err
+    assert "a 100-row text embedding, the text tokenizer open_clip 49410 ids" in err
     assert not any(p.name.startswith("subtoken_text") for p in out.iterdir())
+    shutil.rmtree(out)
+
+
+def test_subtoken_map_reads_texts_with_the_checkpoints_sentencepiece_tokenizer(inputs, tmp_path, capsys):
+    spm = tiny_sentencepiece(tmp_path / "tiny.spm")
+    beit3_vocab = make_checkpoint(tmp_path / "beit3.pt", vocab_size=40 + 2 + 8)  # beit3.spm's ids + 8 unused rows
+    out = tmp_path / "out"
+    argv = ["viz", "subtoken-map", "--ckpt", str(beit3_vocab), "--images", str(inputs["shard"]), "--out", str(out)]
+    code, _, err = run([*argv, "--text-tokenizer", spm], capsys)
+    assert code == 0, err
+    assert any(p.name.startswith("subtoken_text") for p in out.iterdir()) and "texts skipped" not in err
+    code, _, err = run([*argv, "--text-tokenizer", str(tmp_path / "missing.spm")], capsys)
+    assert code == 2 and "--text-tokenizer: text tokenizer" in err and "missing.spm does not exist" in err
     shutil.rmtree(out)
 
 

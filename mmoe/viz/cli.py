@@ -33,7 +33,6 @@ from mmoe.metrics.routing import (
 )
 from mmoe.metrics.routing_stats import read_stats, total_loads
 from mmoe.viz.inputs import InputError, Sample, TextEncoder, find_samples, make_batches
-from mmoe.vocabulary import OPEN_CLIP_IDS, VOCAB_SIZE
 
 #: Errors that are the user's input, reported in one line with exit code 2.
 INPUT_ERRORS = (FileNotFoundError, InputError, ValueError)
@@ -58,25 +57,35 @@ def _load(path: str, image_size: int | None = None, device: str = "cpu") -> torc
     return backbone.to(device).eval()
 
 
-def _text_encoder(backbone, path: str, max_length: int, enabled: bool) -> TextEncoder | None:
-    """open_clip's tokenizer for this checkpoint, or None (with a note) when text cannot be fed to it."""
+#: Help of the --text-tokenizer options.
+TEXT_TOKENIZER_HELP = "SentencePiece model the checkpoint reads text with (BEiT-3's beit3.spm); default open_clip's BPE"
+
+
+def _text_encoder(
+    backbone, path: str, max_length: int, enabled: bool, text_tokenizer: str | None = None
+) -> TextEncoder | None:
+    """The tokenizer for this checkpoint (``--text-tokenizer``, else open_clip's), or None (with a note) when its
+    ids do not fit the checkpoint's text embedding."""
     if not enabled:
         return None
     config = backbone.config
     try:
-        OPEN_CLIP_IDS.check_embedding(config.vocab_size, "open_clip's tokenizer")
-    except ValueError:
-        print(
-            f"note: checkpoint {path} has a {config.vocab_size}-row text embedding, not open_clip's {VOCAB_SIZE} ids "
-            "(e.g. a BEiT-3 backbone); texts skipped",
-            file=sys.stderr,
-        )
-        return None
-    try:
-        return TextEncoder(min(max_length, config.max_text_positions - config.position_offset))
+        encoder = TextEncoder(min(max_length, config.max_text_positions - config.position_offset), text_tokenizer)
     except ImportError as error:
         print(f"note: open_clip's tokenizer is unavailable ({error}); texts skipped", file=sys.stderr)
         return None
+    ids = encoder.tokenizer.ids
+    try:
+        ids.check_embedding(config.vocab_size, "the text tokenizer")
+    except ValueError:
+        hint = " (a BEiT-3 backbone: --text-tokenizer beit3.spm)" if text_tokenizer is None else ""
+        print(
+            f"note: checkpoint {path} has a {config.vocab_size}-row text embedding, the text tokenizer "
+            f"{text_tokenizer or 'open_clip'} {ids.size} ids{hint}; texts skipped",
+            file=sys.stderr,
+        )
+        return None
+    return encoder
 
 
 def _labels(paths: Sequence[str]) -> list[str]:
@@ -128,6 +137,7 @@ def viz_command(argv: Sequence[str]) -> int:
     maps.add_argument("--choices", choices=("top1", "all"), default="top1", help="count top-1 or all top-k choices")
     maps.add_argument("--no-text", action="store_true", help="skip the text-token maps")
     maps.add_argument("--max-text-length", type=int, default=32, help="tokens per text, start/end included")
+    maps.add_argument("--text-tokenizer", help=TEXT_TOKENIZER_HELP)
     maps.add_argument("--image-size", type=int, default=None, help="check the checkpoints take this image size")
     maps.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
 
@@ -141,6 +151,7 @@ def viz_command(argv: Sequence[str]) -> int:
     heat.add_argument("--batch-size", type=int, default=16)
     heat.add_argument("--threshold", type=float, default=DEFAULT_ACTIVATION_THRESHOLD, help="fraction of 1/E")
     heat.add_argument("--max-text-length", type=int, default=32)
+    heat.add_argument("--text-tokenizer", help=TEXT_TOKENIZER_HELP)
     heat.add_argument("--no-text", action="store_true", help="feed images only")
     heat.add_argument("--device", default=None)
 
@@ -175,7 +186,7 @@ def _subtoken_map(args: argparse.Namespace) -> int:
         batch = next(make_batches(images, backbone.config.image_size, len(images), None))
         image_maps[label] = _diversity(backbone, batch, device, image_diversity_maps, args.choices)
         pixels = pixels or batch.pixels
-        encoder = _text_encoder(backbone, path, args.max_text_length, bool(texts))
+        encoder = _text_encoder(backbone, path, args.max_text_length, bool(texts), args.text_tokenizer)
         if encoder is not None:
             batch = next(make_batches(texts, backbone.config.image_size, len(texts), encoder))
             text_maps[label] = _diversity(backbone, batch, device, text_diversity, args.choices)
@@ -279,7 +290,7 @@ def _run_over(backbone, path: str, samples: list[Sample], args: argparse.Namespa
     from mmoe.metrics.routing_collect import run_routing
 
     device = _device(args.device)
-    encoder = _text_encoder(backbone, path, args.max_text_length, not args.no_text)
+    encoder = _text_encoder(backbone, path, args.max_text_length, not args.no_text, args.text_tokenizer)
     batches = make_batches(samples, backbone.config.image_size, args.batch_size, encoder)
     inputs = (_on(batch.inputs, device) for batch in batches)
     return run_routing(backbone, inputs, capture_inputs=capture_rows > 0, max_rows=capture_rows)
@@ -304,6 +315,7 @@ def analyze_command(argv: Sequence[str]) -> int:
         "--max-rows", type=int, default=10_000, help="router-input rows per MoE layer kept for representation collapse"
     )
     routing.add_argument("--max-text-length", type=int, default=32)
+    routing.add_argument("--text-tokenizer", help=TEXT_TOKENIZER_HELP)
     routing.add_argument("--no-text", action="store_true", help="feed images only")
     routing.add_argument("--device", default=None)
     args = parser.parse_args(list(argv))

@@ -146,13 +146,18 @@ class TextEncoder:
 
     Args:
         max_length: longest sequence, start and end tokens included.
+        text_tokenizer: the SentencePiece model the checkpoint was trained with (BEiT-3's ``beit3.spm``); None =
+            open_clip's BPE.
     """
 
-    def __init__(self, max_length: int = 32) -> None:
+    def __init__(self, max_length: int = 32, text_tokenizer: str | None = None) -> None:
         if max_length < 2:
             raise InputError(f"text max length must be >= 2 (start and end tokens), got {max_length}")
         self.max_length = max_length
-        self.tokenizer = TextTokenizer(max_length)
+        try:
+            self.tokenizer = TextTokenizer(max_length, text_tokenizer)
+        except (FileNotFoundError, ValueError) as error:
+            raise InputError(f"--text-tokenizer: {error}") from None
 
     def token_string(self, token_id: int) -> str:
         return self.tokenizer.token_string(token_id)
