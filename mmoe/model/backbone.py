@@ -185,8 +185,6 @@ class MultiwayTransformer(nn.Module):
         text_x = self.embed_text(text) if text is not None else None
         if text is None:
             text_padding_mask = None
-        elif text_padding_mask is not None:  # padding rows start at zero, as in torchscale (no other token sees them)
-            text_x = text_x.masked_fill(text_padding_mask[..., None], 0.0)
         mask = _attention_mask(image_x, text_x, text_padding_mask, attn_mask)
 
         routing: list[RoutingRecord] = []
