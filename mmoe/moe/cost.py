@@ -8,6 +8,8 @@ d), an X-MoE router has a (D/h x d_e) projection, N x d_e expert embeddings and 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from mmoe.moe.config import MoEConfig
 
 
@@ -37,21 +39,48 @@ def moe_parameter_count(config: MoEConfig) -> int:
     return split_merge + router_parameters(config) + config.num_experts * expert_parameters(config)
 
 
-def active_parameters_per_token(config: MoEConfig) -> int:
-    """Parameters a token touches: split/merge layers, router, and top_k experts per sub-token (at most all)."""
+def active_parameters_per_token(config: MoEConfig, gates: Sequence[int] | None = None) -> int:
+    """Parameters a token touches: split/merge layers, router, and top_k experts per sub-token (at most all).
+
+    Stratified MoE: a token passes gate 1 and then a data-dependent subset of the later gates; ``gates`` names the
+    gates passed (default: all of them, the most a token can touch), each as :func:`gate_cost`.
+    """
+    if config.strata is not None:
+        return sum(gate_cost(config, gate)[0] for gate in _gates(config, gates))
     split_merge = 2 * (config.dim * config.dim + config.dim) if config.heads > 1 else 0
     experts_touched = min(config.num_experts, config.heads * config.top_k)
     return split_merge + router_parameters(config) + experts_touched * expert_parameters(config)
 
 
-def flops_per_token(config: MoEConfig) -> int:
+def flops_per_token(config: MoEConfig, gates: Sequence[int] | None = None) -> int:
     """Forward FLOPs per token: split/merge (MH-MoE Eq. 14, 17), router (MH-MoE Eq. 12, 15), experts (MH-MoE Eq. 13,
-    16); a multiply-add counts as 2 FLOPs."""
+    16); a multiply-add counts as 2 FLOPs. Stratified MoE: the sum over ``gates`` as in
+    :func:`active_parameters_per_token`."""
+    if config.strata is not None:
+        return sum(gate_cost(config, gate)[1] for gate in _gates(config, gates))
     dim, heads = config.dim, config.heads
     split_merge = 2 * 2 * dim * dim if heads > 1 else 0
-    if config.router == "xmoe":
-        router = 2 * heads * (config.head_dim * config.routing_dim + config.routing_dim * config.num_experts)
-    else:
-        router = 2 * heads * config.head_dim * config.num_experts
     experts = 2 * heads * config.top_k * 2 * config.head_dim * config.expert_dim
-    return split_merge + router + experts
+    return split_merge + router_flops(config, config.num_experts) + experts
+
+
+def router_flops(config: MoEConfig, num_experts: int) -> int:
+    """Scores of one token's sub-tokens over ``num_experts`` experts (MH-MoE Eq. 12, 15; X-MoE Eq. 9: projection
+    to the routing dimension, then the expert embeddings)."""
+    if config.router == "xmoe":
+        return 2 * config.heads * (config.head_dim * config.routing_dim + config.routing_dim * num_experts)
+    return 2 * config.heads * config.head_dim * num_experts
+
+
+def gate_cost(config: MoEConfig, gate: int) -> tuple[int, int]:
+    """Stratified MoE (Eq. 4-7): (parameters touched, forward FLOPs) of one token's pass at 0-based gate ``gate``:
+    the gate's LayerNorm, its scores over the E_i visible experts of strata i..L, and two experts (FLOPs in the
+    weights, as everywhere here)."""
+    visible = sum(config.strata[gate:])
+    parameters = 2 * config.dim + router_parameters(config, visible) + 2 * expert_parameters(config)
+    flops = router_flops(config, visible) + 2 * 2 * 2 * config.head_dim * config.expert_dim  # LayerNorm not counted
+    return parameters, flops
+
+
+def _gates(config: MoEConfig, gates: Sequence[int] | None) -> Sequence[int]:
+    return range(len(config.strata)) if gates is None else gates

@@ -1,0 +1,209 @@
+"""``mmoe info --config C | --ckpt C``: parameters, active parameters per token and forward FLOPs per token of a whole
+model (backbone per layer, with its task head), for dense, X-MoE, MH-MoE and Stratified backbones (MH-MoE App. D).
+
+The backbone's numbers are closed forms (:mod:`mmoe.model.cost`); a head's parameters come from the checkpoint's
+weights (``--ckpt``) or from building the task's head modules (``--config``: the VQAv2 answer list, the captioning
+output vocabulary or the pre-training codebook named there are read for their sizes). FLOPs of a head count its
+weights once per prediction (a VQA / NLVR2 sample, a captioning or masked token).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import yaml
+
+from mmoe.model import MultiwayConfig
+from mmoe.model.cost import backbone_cost
+from mmoe.model.heads import nlvr2_head, token_head, vqa_pooler_and_head
+from mmoe.safe_load import load_checkpoint_file
+from mmoe.tasks.checkpoint import PREFIX, config_from_dict, read_pretrained
+
+#: State-dict entries of mmoe tasks that are buffers, not parameters: the pre-training visual codebook's centroids.
+BUFFERS = ("codebook.",)
+
+#: Text tokens per sequence when neither the config nor the command line says (BEiT-3's ``num_max_bpe_tokens``).
+DEFAULT_TEXT_LENGTH = 64
+
+
+class InfoError(ValueError):
+    """Bad input to ``mmoe info``; the message names the file and the field."""
+
+
+def head_parameters(task: str, init_args: dict, config: MultiwayConfig, source: Path) -> int:
+    """Parameters of the task head the config's model builds (0 for an unknown task class)."""
+    dim = config.dim
+    name = task.rsplit(".", 1)[-1]
+    if name == "VQAFineTuning":
+        from mmoe.tasks.vqa import load_answer_vocab
+
+        answers = len(load_answer_vocab(required(init_args, "answer_vocab", source)))
+        return sum(p.numel() for module in vqa_pooler_and_head(dim, answers) for p in module.parameters())
+    if name == "NLVR2FineTuning":
+        return sum(p.numel() for p in nlvr2_head(dim).parameters())
+    if name == "CaptioningFineTuning":
+        classes = config.vocab_size
+        if init_args.get("output_vocab"):
+            from mmoe.tasks.captioning import load_output_vocab
+
+            classes = len(load_output_vocab(init_args["output_vocab"], config.vocab_size))
+        return sum(p.numel() for p in token_head(dim, classes).parameters())
+    if name == "MaskedPretraining":
+        if init_args.get("teacher_checkpoint"):
+            from mmoe.tasks.pretraining import load_teacher, teacher_width
+
+            teacher = load_teacher(init_args.get("teacher_model", "ViT-B-16"), init_args["teacher_checkpoint"])
+            targets = teacher_width(teacher)
+        else:
+            from mmoe.tasks.visual_codebook import PatchCodebook
+
+            targets = PatchCodebook.load(required(init_args, "visual_codebook", source)).size
+        return (dim * targets + targets) + (dim * config.vocab_size + config.vocab_size)  # MIM and MLM heads
+    return 0
+
+
+def required(init_args: dict, key: str, source: Path) -> str:
+    value = init_args.get(key)
+    if not value:
+        raise InfoError(f"config {source}: model.init_args.{key} is needed to count the head")
+    return value
+
+
+def from_config(path: Path) -> tuple[str, MultiwayConfig, int | None, int | None]:
+    """(task class, backbone config, head parameters (None when a file it needs is missing), text length) of an
+    mmoe fit config."""
+    if not path.is_file():
+        raise FileNotFoundError(f"config {path} does not exist")
+    try:
+        document = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as error:
+        raise InfoError(f"config {path} is not YAML: {' '.join(str(error).split())}") from None
+    model = document.get("model") if isinstance(document, dict) else None
+    if not isinstance(model, dict) or not isinstance(model.get("init_args"), dict):
+        raise InfoError(f"config {path} has no model.class_path / model.init_args")
+    init_args = model["init_args"]
+    if isinstance(init_args.get("backbone"), dict):
+        try:
+            config = config_from_dict(init_args["backbone"])
+        except (TypeError, ValueError) as error:
+            raise InfoError(f"config {path}: model.init_args.backbone: {error}") from None
+    elif init_args.get("pretrained"):
+        config = read_pretrained(init_args["pretrained"]).config
+    else:
+        raise InfoError(f"config {path} has neither model.init_args.backbone nor model.init_args.pretrained")
+    task = str(model.get("class_path", ""))
+    data = document.get("data", {}) or {}
+    text_length = (data.get("init_args") or {}).get("max_text_length") if isinstance(data, dict) else None
+    try:
+        head = head_parameters(task, init_args, config, path)
+    except FileNotFoundError as error:  # the data is not there yet: the backbone's counts still stand
+        print(f"mmoe info: head not counted: {error}", file=sys.stderr)
+        head = None
+    return task, config, head, text_length
+
+
+def from_checkpoint(path: Path) -> tuple[str, MultiwayConfig, int, int | None]:
+    """(task class or kind, backbone config, head parameters counted from the weights, text length of its data) of a
+    checkpoint."""
+    state = load_checkpoint_file(path, "checkpoint")
+    hyper_parameters = state.get("hyper_parameters")
+    weights = state.get("state_dict")
+    if isinstance(hyper_parameters, dict) and isinstance(weights, dict) and "backbone" in hyper_parameters:
+        config = hyper_parameters["backbone"]
+        if isinstance(config, dict):
+            config = config_from_dict(config)
+        head = sum(value.numel() for key, value in weights.items() if not key.startswith((PREFIX, *BUFFERS)))
+        data = state.get("datamodule_hyper_parameters")
+        text_length = data.get("max_text_length") if isinstance(data, dict) else None
+        task = hyper_parameters.get("_class_path") or "a Lightning checkpoint of an mmoe task"
+        return task, config, head, text_length
+    pretrained = read_pretrained(path)
+    kind = "BEiT-3 checkpoint" if pretrained.heads else "backbone"
+    return kind, pretrained.config, sum(value.numel() for value in pretrained.heads.values()), None
+
+
+def report(source: str, task: str, config: MultiwayConfig, head: int | None, text_length: int) -> dict:
+    """The JSON of ``mmoe info``: totals (the head's None when it could not be counted) and the backbone's layers."""
+    sequence = config.num_patches + 1 + text_length
+    backbone = backbone_cost(config, sequence)
+    return {
+        "source": source,
+        "task": task,
+        "variant": variant_name(config),
+        "total_parameters": backbone["parameters"] + (head or 0),
+        "head_parameters": head,
+        "head_flops_per_prediction": None if head is None else 2 * head,
+        "backbone": backbone,
+    }
+
+
+def variant_name(config: MultiwayConfig) -> str:
+    moe = config.moe
+    if moe is None:
+        return "dense"
+    if moe.strata is not None:
+        return f"Stratified MoE, strata {moe.strata}"
+    router = "X-MoE" if moe.router == "xmoe" else "Switch"
+    heads = f" MH-MoE h={moe.heads}" if moe.heads > 1 else ""
+    return f"{router}{heads}, {moe.num_experts} experts, top-{moe.top_k}"
+
+
+def millions(count: int) -> str:
+    return f"{count / 1e6:,.2f}M"
+
+
+def mflops(count: int) -> str:
+    return f"{count / 1e6:,.1f}"
+
+
+def span(counts: dict, key: str, unit) -> str:
+    """``counts[key]``, or ``least-most`` where a token may take more (Stratified MoE)."""
+    least, most = counts[key], counts[f"max_{key}"]
+    return unit(least) if least == most else f"{unit(least)}-{unit(most)}"
+
+
+def table(result: dict) -> str:
+    backbone, head = result["backbone"], result["head_parameters"]
+    lines = [
+        f"{result['source']}: {result['task']} ({result['variant']})",
+        f"parameters: {millions(result['total_parameters'])} total = {millions(backbone['parameters'])} backbone "
+        + ("(head not counted)" if head is None else f"+ {millions(head)} head"),
+        f"per token: {span(backbone, 'active_parameters_per_token', millions)} active parameters, "
+        f"{span(backbone, 'flops_per_token', mflops)} MFLOPs in the weights + "
+        f"{mflops(backbone['attention_score_flops_per_token'])} in attention scores "
+        f"({backbone['sequence_length']} tokens)",
+        "layer  ffn    parameters  active/token  MFLOPs/token",
+    ]
+    for layer in backbone["layers"]:
+        lines.append(
+            f"{layer['index']:>5}  {layer['ffn']:<5}  {millions(layer['parameters']):>10}  "
+            f"{span(layer, 'active_parameters_per_token', millions):>12}  {span(layer, 'flops_per_token', mflops):>12}"
+        )
+    return "\n".join(lines)
+
+
+def info_command(argv: Sequence[str]) -> int:
+    """``mmoe info --config C | --ckpt C [--text-length T] [--json]``: whole-model counts; exit 2 on bad input."""
+    parser = argparse.ArgumentParser(prog="mmoe info", description=__doc__.split("\n\n")[0])
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--config", help="an mmoe fit config (model.init_args.backbone, or pretrained)")
+    source.add_argument("--ckpt", help="a task checkpoint, an exported backbone or a released BEiT-3 checkpoint")
+    parser.add_argument("--text-length", type=int, help="text tokens per sequence (default: the config's or 64)")
+    parser.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+    args = parser.parse_args(list(argv))
+    try:
+        if args.config:
+            task, config, head, text_length = from_config(Path(args.config))
+        else:
+            task, config, head, text_length = from_checkpoint(Path(args.ckpt))
+    except (FileNotFoundError, ValueError) as error:
+        print(f"mmoe info: {' '.join(str(error).split())}", file=sys.stderr)
+        return 2
+    text_length = args.text_length or text_length or DEFAULT_TEXT_LENGTH
+    result = report(args.config or args.ckpt, task, config, head, text_length)
+    print(json.dumps(result, indent=2) if args.json else table(result))
+    return 0
