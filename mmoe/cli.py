@@ -8,6 +8,8 @@ Subcommands:
 * ``mmoe export-backbone --ckpt task.ckpt --out backbone.pt`` — the backbone weights of a task checkpoint.
 * ``mmoe upcycle --ckpt beit3.pth --config moe.yaml --out init.pt`` — a MoE backbone whose experts start as copies of
   a dense backbone's FFNs (sparse upcycling), e.g. from released BEiT-3 weights.
+* ``mmoe infer vqa|caption|nlvr2 --ckpt C --image photo.jpg ...`` — a fine-tuned checkpoint on your own images
+  (answers, caption, true/false; ``--routing`` for the expert map).
 * ``mmoe info --config C | --ckpt C`` — parameters, active parameters and forward FLOPs per token of a whole model
   (per layer, with its task head).
 * ``mmoe moe-info --moe.dim 768 --moe.ffn_dim 3072 --moe.num_experts 8 [--moe.heads 4 ...]`` — parameters, active
@@ -73,6 +75,7 @@ def moe_info(argv: Sequence[str]) -> int:
 COMMANDS: dict[str, Command] = {
     "moe-info": Command("mmoe.cli", "moe_info"),
     "info": Command("mmoe.tasks.info", "info_command"),
+    "infer": Command("mmoe.infer", "infer_command"),
     **{name: Command("mmoe.tasks.cli", "lightning_command") for name in LIGHTNING_SUBCOMMANDS},
     "tokenizer": Command("mmoe.tasks.cli", "tokenizer_command"),
     "export-backbone": Command("mmoe.tasks.cli", "export_command"),

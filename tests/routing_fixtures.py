@@ -71,6 +71,7 @@ def record(expert_index: torch.Tensor, num_experts: int, layer: int = 0, modalit
     valid = expert_index[expert_index >= 0]
     return RoutingRecord(
         balance_loss=torch.zeros(()),
+        z_loss=torch.zeros(()),
         expert_counts=torch.bincount(valid, minlength=num_experts),
         expert_index=expert_index,
         dropped_fraction=torch.zeros(()),

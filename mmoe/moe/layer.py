@@ -33,6 +33,7 @@ class RoutingRecord:
 
     Attributes:
         balance_loss: differentiable scalar (X-MoE Eq. 9 over non-padding (sub-)tokens; 0 with no token).
+        z_loss: differentiable scalar, the router z-loss (ST-MoE Eq. 5 over non-padding (sub-)tokens).
         expert_counts: (E,) long, (sub-)token choices each expert processed; padding and drops excluded.
         expert_index: (B, L, heads, top_k) long, the expert of every sub-token choice; -1 at padding and drops.
         dropped_fraction: scalar, share of non-padding choices dropped by the capacity (0 when dropless).
@@ -44,6 +45,7 @@ class RoutingRecord:
     """
 
     balance_loss: torch.Tensor
+    z_loss: torch.Tensor
     expert_counts: torch.Tensor
     expert_index: torch.Tensor
     dropped_fraction: torch.Tensor
@@ -125,6 +127,7 @@ class MoELayer(nn.Module):
         expert_index = torch.where(plan.kept_SK, routed.expert_SK, torch.full_like(routed.expert_SK, -1))
         routing = RoutingRecord(
             balance_loss=routed.balance_loss,
+            z_loss=routed.z_loss,
             expert_counts=plan.expert_counts_E,
             expert_index=expert_index.view(batch, length, heads, top_k),
             dropped_fraction=plan.dropped_fraction,

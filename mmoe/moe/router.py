@@ -11,6 +11,10 @@ Balance loss (X-MoE Eq. 9, Switch form; MH-MoE Eq. 10 over sub-tokens): ``N * su
 non-padding (sub-)tokens whose *first* choice is expert i and P_i their mean routing probability. For the X-MoE scorer
 P is a softmax over s / tau_0 with the fixed tau_0 (= tau's initial value), also when the gate is a sigmoid.
 
+Router z-loss (ST-MoE, Zoph et al., 2022, Eq. 5): ``mean over non-padding rows of (log sum_i exp(x_i))^2`` of the
+gate logits x (s / tau for X-MoE), which keeps them small; computed always, weighted by the task's
+``z_loss_coefficient`` (0 = off, ST-MoE uses 1e-3).
+
 Shape legend: S (sub-)tokens, E experts, K top-k choices, R routing dim.
 """
 
@@ -83,12 +87,14 @@ class RouterOutput:
         expert_SK: chosen experts, first choice first.
         weight_SK: gate weight of each choice (top-2 renormalised to sum to one).
         balance_loss: X-MoE Eq. 9 over the non-padding (sub-)tokens; zero when there are none.
+        z_loss: ST-MoE Eq. 5 over the non-padding (sub-)tokens; zero when there are none.
         entropy: mean entropy of the routing distribution over the non-padding (sub-)tokens (detached, for logs).
     """
 
     expert_SK: torch.Tensor
     weight_SK: torch.Tensor
     balance_loss: torch.Tensor
+    z_loss: torch.Tensor
     entropy: torch.Tensor
 
 
@@ -123,8 +129,9 @@ class Router(nn.Module):
             balance_probs_SE = balance_logits_SE.softmax(dim=-1)
             weights_S, count = _row_weights(balance_probs_SE, valid_S)
             balance_loss = _balance_loss(balance_probs_SE, expert_SK[:, 0], weights_S, count)
+            z_loss = (weights_S @ gate_logits_SE.logsumexp(dim=-1).square()) / count  # ST-MoE Eq. 5
             entropy = (weights_S @ torch.special.entr(balance_probs_SE.detach()).sum(-1)) / count
-        return RouterOutput(expert_SK, weight_SK, balance_loss, entropy)
+        return RouterOutput(expert_SK, weight_SK, balance_loss, z_loss, entropy)
 
 
 def _row_weights(probs_SE: torch.Tensor, valid_S: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:

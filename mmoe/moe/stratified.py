@@ -82,7 +82,7 @@ class StratifiedMoELayer(MoELayer):
         path_TL = torch.full((num_tokens, num_strata), -1, dtype=torch.long, device=device)
         counts_E = torch.zeros(config.num_experts, dtype=torch.long, device=device)
         balance_losses, passes, kept, choices = [], 0, 0, 0
-        entropy_sum = torch.zeros((), device=device)
+        entropy_sum = z_loss_sum = torch.zeros((), device=device)
         factor = config.active_capacity_factor(self.training)
 
         for stratum in range(num_strata):
@@ -113,6 +113,7 @@ class StratifiedMoELayer(MoELayer):
             counts_E += plan.expert_counts_E
             balance_losses.append(routed.balance_loss)  # Stratified MoE Eq. 8-10 with E_i visible experts
             entropy_sum = entropy_sum + routed.entropy * tokens_here
+            z_loss_sum = z_loss_sum + routed.z_loss * tokens_here
             passes += tokens_here
             kept += int(plan.kept_SK.sum())
             choices += plan.kept_SK.numel()
@@ -121,6 +122,7 @@ class StratifiedMoELayer(MoELayer):
         routing = RoutingRecord(
             # Stratified MoE Eq. 11 (alpha is applied by the training task)
             balance_loss=torch.stack(balance_losses).mean(),
+            z_loss=z_loss_sum / max(passes, 1),  # ST-MoE Eq. 5 over every pass's routing decision
             expert_counts=counts_E,
             expert_index=first_choices_TK.view(batch, length, 1, 2),
             dropped_fraction=torch.tensor(1.0 - kept / choices if choices else 0.0, device=device),

@@ -1,7 +1,8 @@
 """What every mmoe training task shares: the balance term, AdamW with warm-up cosine, X-MoE's norm restore, building a
 fine-tuning backbone from a pre-trained checkpoint, gathering validation outputs and writing prediction files.
 
-* Total loss = task loss + alpha * sum (or mean) of the MoE layers' balance losses (X-MoE Eq. 10).
+* Total loss = task loss + alpha * sum (or mean) of the MoE layers' balance losses (X-MoE Eq. 10), plus, when
+  ``z_loss_coefficient`` is set, that coefficient times the sum (or mean) of their router z-losses (ST-MoE Eq. 5).
 * AdamW with warm-up cosine (:mod:`mmoe.tasks.optimizer`, one typed ``optimizer`` argument of every task).
 * X-MoE §3.1: expert embeddings are put back to L2 norm 0.1 after every optimiser step.
 * X-MoE §3.3 frozen routing: routers and experts of the pre-trained backbone stay fixed during fine-tuning while the
@@ -44,8 +45,9 @@ OUTPUT_ARGUMENTS = ("predictions_file", "results_dir")
 
 
 def detached(record: RoutingRecord) -> RoutingRecord:
-    """The record with its balance loss detached (what ``training_step`` hands to callbacks)."""
+    """The record with its balance loss and z-loss detached (what ``training_step`` hands to callbacks)."""
     record.balance_loss = record.balance_loss.detach()
+    record.z_loss = record.z_loss.detach()
     return record
 
 
@@ -73,11 +75,12 @@ class BackboneTask(L.LightningModule):
 
     One step for every task (:meth:`shared_step`): the subclass's :meth:`step_losses` gives the task loss, its metrics
     and the routing records; the base adds alpha x the balance loss (X-MoE Eq. 10), logs ``<stage>/loss``,
-    ``<stage>/balance_loss``, ``<stage>/dropped_fraction`` and ``<stage>/requested_capacity`` with the task's metrics,
+    ``<stage>/balance_loss``, ``<stage>/z_loss``, ``<stage>/dropped_fraction`` and ``<stage>/requested_capacity`` with
+    the task's metrics,
     and ``training_step`` hands the callbacks the routing records with detached balance losses.
 
     Subclasses save these hyper-parameters (``self.save_hyperparameters()``): ``backbone`` and ``optimizer`` (stored as
-    plain dicts by :meth:`store_configs`), ``balance_coefficient`` and ``balance_reduce``.
+    plain dicts by :meth:`store_configs`), ``balance_coefficient``, ``balance_reduce`` and ``z_loss_coefficient``.
 
     Args:
         balance_reduce: the subclass's ``balance_reduce`` argument, checked here.
@@ -90,11 +93,19 @@ class BackboneTask(L.LightningModule):
     backbone: MultiwayTransformer
 
     def __init__(
-        self, balance_reduce: str, optimizer: OptimizerConfig | dict, text_tokenizer: str | None = None
+        self,
+        balance_reduce: str,
+        optimizer: OptimizerConfig | dict,
+        text_tokenizer: str | None = None,
+        z_loss_coefficient: float = 0.0,
     ) -> None:
+        """``z_loss_coefficient``: the subclass's argument, checked here."""
         super().__init__()
         if balance_reduce not in BALANCE_REDUCTIONS:
             raise ValueError(f"model.balance_reduce must be 'sum' or 'mean', got {balance_reduce!r}")
+        if z_loss_coefficient < 0:
+            raise ValueError(f"model.z_loss_coefficient must be >= 0, got {z_loss_coefficient!r}")
+        self.z_loss_coefficient = z_loss_coefficient
         self.optimizer_config = OptimizerConfig.from_value(optimizer)
         if text_tokenizer is not None:  # a missing or unreadable file fails here, named by the option that gives it
             try:
@@ -113,10 +124,17 @@ class BackboneTask(L.LightningModule):
 
     def balance_loss(self, routing: list[RoutingRecord]) -> torch.Tensor:
         """Sum (or mean, ``balance_reduce="mean"``) of the MoE layers' balance losses; 0 for a dense backbone."""
-        if not routing:
+        return self.reduce_layers([record.balance_loss for record in routing])
+
+    def z_loss(self, routing: list[RoutingRecord]) -> torch.Tensor:
+        """Sum (or mean, as the balance losses) of the MoE layers' router z-losses (ST-MoE Eq. 5)."""
+        return self.reduce_layers([record.z_loss for record in routing])
+
+    def reduce_layers(self, losses: list[torch.Tensor]) -> torch.Tensor:
+        if not losses:
             return torch.zeros((), device=self.device)
-        losses = torch.stack([record.balance_loss for record in routing])
-        return losses.mean() if self.hparams.balance_reduce == "mean" else losses.sum()
+        stacked = torch.stack(losses)
+        return stacked.mean() if self.hparams.balance_reduce == "mean" else stacked.sum()
 
     def step_losses(self, batch: Any) -> StepLosses:
         """The task loss, the task's metrics and the routing records of one batch; each task defines it."""
@@ -129,6 +147,11 @@ class BackboneTask(L.LightningModule):
         balance = self.balance_loss(step.routing)
         loss = step.task_loss + self.hparams.balance_coefficient * balance
         log = {f"{stage}/{name}": value.detach() for name, value in step.logged.items()}
+        if step.routing:
+            z_loss = self.z_loss(step.routing)
+            if self.z_loss_coefficient > 0:
+                loss = loss + self.z_loss_coefficient * z_loss
+            log[f"{stage}/z_loss"] = z_loss.detach()
         log[f"{stage}/loss"] = loss.detach()
         log[f"{stage}/balance_loss"] = balance.detach()
         if step.routing:
@@ -207,7 +230,12 @@ class FineTuningTask(BackboneTask):
         frozen_routing: X-MoE §3.3: freeze the routers and experts of every MoE layer (``MoEPlan.frozen``); the
             balance loss stays in the objective. No effect on a dense backbone.
         balance_coefficient: alpha, the weight of the balance losses (X-MoE Eq. 10).
-        balance_reduce: ``"sum"`` adds the MoE layers' balance losses (MH-MoE code); ``"mean"`` averages them.
+        balance_reduce: ``"sum"`` adds the MoE layers' balance losses (MH-MoE code); ``"mean"`` averages them (the
+            z-losses alike).
+        z_loss_coefficient: weight of the router z-loss (ST-MoE Eq. 5; ST-MoE uses 1e-3); 0 = off, as in BEiT-3,
+            X-MoE and MH-MoE.
+        eval_capacity_factor: the MoE layers' capacity factor in evaluation and prediction (``MoEPlan
+            .eval_capacity_factor``), over the pre-trained backbone's; None = keep the backbone's.
         optimizer: AdamW and its warm-up cosine schedule (:class:`mmoe.tasks.optimizer.OptimizerConfig`; layer-wise
             decay and the head's learning-rate multiplier included).
 
@@ -230,9 +258,11 @@ class FineTuningTask(BackboneTask):
         frozen_routing: bool = False,
         balance_coefficient: float = 1e-2,
         balance_reduce: Literal["sum", "mean"] = "sum",
+        z_loss_coefficient: float = 0.0,
+        eval_capacity_factor: float | None = None,
         optimizer: OptimizerConfig = FINETUNING_OPTIMIZER,
     ) -> None:
-        super().__init__(balance_reduce, optimizer, text_tokenizer)
+        super().__init__(balance_reduce, optimizer, text_tokenizer, z_loss_coefficient)
         if backbone is None and pretrained is None:
             raise ValueError("give model.backbone (train from scratch) or model.pretrained (a checkpoint), or both")
         # Also collects the init arguments of the subclass calling this. Output paths stay out of the checkpoint:
@@ -240,7 +270,7 @@ class FineTuningTask(BackboneTask):
         # which would otherwise reset a ``predictions_file`` given there to the training run's value.
         self.save_hyperparameters(ignore=list(OUTPUT_ARGUMENTS))
         weights = read_pretrained(pretrained) if pretrained is not None else None
-        self.backbone = build_backbone(backbone, weights, frozen_routing)
+        self.backbone = build_backbone(backbone, weights, frozen_routing, eval_capacity_factor)
         # A released BEiT-3 file's heads, until the subclass has built its own (load_beit3_head).
         self._beit3_heads = weights.heads if weights is not None else {}
         # The checkpoints of this task are self-contained: they rebuild the architecture from the saved config and
@@ -336,11 +366,14 @@ def read_vocabulary_file(path: str | Path, what: str, written_by: str) -> Any:
 
 
 def build_backbone(
-    config: MultiwayConfig | dict | None, pretrained: str | PretrainedWeights | None, frozen_routing: bool = False
+    config: MultiwayConfig | dict | None,
+    pretrained: str | PretrainedWeights | None,
+    frozen_routing: bool = False,
+    eval_capacity_factor: float | None = None,
 ) -> MultiwayTransformer:
-    """The backbone of a fine-tuning task (see :class:`FineTuningTask`'s ``backbone`` and ``pretrained``: a file, or
-    what :func:`read_pretrained` read from it); a dict ``config`` is a checkpoint's saved hyper-parameter
-    (``load_from_checkpoint``)."""
+    """The backbone of a fine-tuning task (see :class:`FineTuningTask`'s ``backbone``, ``pretrained``: a file, or
+    what :func:`read_pretrained` read from it, ``frozen_routing`` and ``eval_capacity_factor``); a dict ``config`` is
+    a checkpoint's saved hyper-parameter (``load_from_checkpoint``)."""
     if isinstance(config, dict):
         config = config_from_dict(config)
     weights = None
@@ -355,6 +388,10 @@ def build_backbone(
             weights["vision_positions"] = resize_vision_positions(weights["vision_positions"], stored, config)
     if frozen_routing and config.moe is not None:
         config = dataclasses.replace(config, moe=dataclasses.replace(config.moe, frozen=True))
+    if eval_capacity_factor is not None and config.moe is not None:
+        config = dataclasses.replace(
+            config, moe=dataclasses.replace(config.moe, eval_capacity_factor=eval_capacity_factor)
+        )
     backbone = MultiwayTransformer(config)
     if weights is not None:
         load_weights(backbone, weights, f"model.backbone does not match the architecture stored in {pretrained.source}")

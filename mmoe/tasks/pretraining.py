@@ -55,7 +55,10 @@ class MaskedPretraining(BackboneTask):
         text_tokenizer: the SentencePiece model of the texts (BEiT-3's ``beit3.spm``, XLM-R ids); None = open_clip's
             BPE. The data's tokenizer follows it (the mmoe CLI links it); the backbone's text embedding must fit it.
         balance_coefficient: alpha, the weight of the balance losses (X-MoE Eq. 10; 1e-2 in X-MoE and MH-MoE).
-        balance_reduce: ``"sum"`` adds the MoE layers' balance losses (MH-MoE code); ``"mean"`` averages them.
+        balance_reduce: ``"sum"`` adds the MoE layers' balance losses (MH-MoE code); ``"mean"`` averages them (the
+            z-losses alike).
+        z_loss_coefficient: weight of the router z-loss (ST-MoE Eq. 5; ST-MoE uses 1e-3); 0 = off, as in BEiT-3,
+            X-MoE and MH-MoE.
         optimizer: AdamW and its warm-up cosine schedule (:class:`mmoe.tasks.optimizer.OptimizerConfig`); the
             default is BEiT-3's pre-training optimiser (:data:`mmoe.tasks.optimizer.PRETRAINING_OPTIMIZER`).
     """
@@ -69,9 +72,10 @@ class MaskedPretraining(BackboneTask):
         text_tokenizer: str | None = None,
         balance_coefficient: float = 1e-2,
         balance_reduce: Literal["sum", "mean"] = "sum",
+        z_loss_coefficient: float = 0.0,
         optimizer: OptimizerConfig = PRETRAINING_OPTIMIZER,
     ) -> None:
-        super().__init__(balance_reduce, optimizer, text_tokenizer)
+        super().__init__(balance_reduce, optimizer, text_tokenizer, z_loss_coefficient)
         if isinstance(backbone, dict):  # the saved hyper-parameter (``load_from_checkpoint``)
             backbone = config_from_dict(backbone)
         self.save_hyperparameters()

@@ -1,0 +1,97 @@
+"""Fine-tuning recipe options: router z-loss (ST-MoE), evaluation capacity factor from the task config, and a
+resolution change for released BEiT-3 files."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
+from mmoe.model.beit3 import to_beit3
+from mmoe.moe import MoEConfig, build_moe_layer
+from mmoe.moe.router import Router
+from mmoe.tasks.common import StepLosses
+from mmoe.tasks.nlvr2 import NLVR2FineTuning
+from mmoe.vocabulary import VOCAB_SIZE
+
+
+def tiny(**overrides) -> MultiwayConfig:
+    fields = dict(
+        dim=32, depth=2, num_heads=4, ffn_dim=64, image_size=32, patch_size=16, vocab_size=VOCAB_SIZE,
+        max_text_positions=16,
+    )  # fmt: skip
+    fields.update(overrides)
+    return MultiwayConfig(**fields)
+
+
+def test_router_z_loss_has_the_st_moe_value_by_hand():
+    router = Router(MoEConfig(dim=2, ffn_dim=4, num_experts=2, router="linear"))
+    with torch.no_grad():
+        router.scorer.weight.copy_(torch.eye(2))  # logits = the inputs
+    x = torch.tensor([[1.0, 2.0], [0.0, 0.0], [5.0, -3.0]])
+    both = ((math.log(math.e + math.e**2)) ** 2 + math.log(2) ** 2) / 2
+    assert router(x, torch.tensor([True, True, False])).z_loss.item() == pytest.approx(both, rel=1e-6)
+    every = (math.log(math.e + math.e**2) ** 2 + math.log(2) ** 2 + math.log(math.exp(5) + math.exp(-3)) ** 2) / 3
+    assert router(x, None).z_loss.item() == pytest.approx(every, rel=1e-6)
+
+
+@pytest.mark.parametrize("fields", [dict(heads=2), dict(strata=[2, 2], top_k=2)])
+def test_z_loss_reaches_the_router_parameters(fields):
+    layer = build_moe_layer(MoEConfig(dim=16, ffn_dim=32, num_experts=4, **fields))
+    _, record = layer(torch.randn(2, 5, 16))
+    assert record.z_loss.item() > 0
+    record.z_loss.backward()
+    routers = layer.gate_routers()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for r in routers for p in r.parameters())
+
+
+def task_loss_with(coefficient: float, monkeypatch) -> tuple[torch.Tensor, dict]:
+    torch.manual_seed(0)
+    task = NLVR2FineTuning(backbone=tiny(moe=MoEPlan(num_experts=4)), z_loss_coefficient=coefficient)
+    out = task.backbone(image=torch.randn(2, 3, 32, 32), text=torch.randint(0, 100, (2, 5)))
+    logged = {}
+    monkeypatch.setattr(task, "log_dict", lambda values, **kwargs: logged.update(values))
+    monkeypatch.setattr(task, "log", lambda *args, **kwargs: None)
+    monkeypatch.setattr(task, "step_losses", lambda batch: StepLosses(torch.zeros(()), {}, out.routing, 2))
+    loss, _, _ = task.shared_step({}, "train")
+    return loss, logged
+
+
+def test_the_task_adds_coefficient_times_the_summed_z_losses(monkeypatch):
+    loss, logged = task_loss_with(1e-3, monkeypatch)
+    without, logged_without = task_loss_with(0.0, monkeypatch)
+    assert logged["train/z_loss"] == logged_without["train/z_loss"] > 0  # logged whether or not it is trained
+    torch.testing.assert_close(loss - without, 1e-3 * logged["train/z_loss"])
+    with pytest.raises(ValueError, match="z_loss_coefficient must be >= 0"):
+        NLVR2FineTuning(backbone=tiny(), z_loss_coefficient=-1.0)
+
+
+def test_eval_capacity_factor_from_the_task_config(tmp_path):
+    from mmoe.tasks.checkpoint import export_backbone
+
+    export_backbone(MultiwayTransformer(tiny(moe=MoEPlan(num_experts=4, every=1))), tmp_path / "backbone.pt")
+    task = NLVR2FineTuning(pretrained=str(tmp_path / "backbone.pt"), eval_capacity_factor=0.25)
+    assert task.backbone.config.moe.eval_capacity_factor == 0.25
+    assert task.hparams.backbone["moe"]["eval_capacity_factor"] == 0.25  # the checkpoint rebuilds it
+    inputs = dict(image=torch.randn(4, 3, 32, 32), text=torch.randint(0, 100, (4, 6)))
+    task.train()
+    assert all(float(r.dropped_fraction) == 0 for r in task.backbone(**inputs).routing)  # dropless in training
+    task.eval()
+    with torch.no_grad():
+        assert all(float(r.dropped_fraction) > 0 for r in task.backbone(**inputs).routing)
+
+
+def test_a_released_beit3_file_fine_tunes_at_another_resolution(tmp_path):
+    config = tiny(position_offset=2, output_norm=False)
+    torch.manual_seed(0)
+    path = tmp_path / "beit3_tiny.pth"
+    source = MultiwayTransformer(config)
+    torch.save({"model": to_beit3(source)}, path)
+    task = NLVR2FineTuning(pretrained=str(path), backbone=dataclasses.replace(config, image_size=64))
+    table = task.backbone.vision_positions
+    assert table.shape == (2 + 1 + 16, 32)
+    torch.testing.assert_close(table[:3], source.vision_positions[:3])  # offset rows and CLS kept
+    torch.testing.assert_close(task.backbone.text_embed.weight, source.text_embed.weight)
