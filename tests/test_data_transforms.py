@@ -7,7 +7,7 @@ import torch
 from PIL import Image
 
 from mmoe.data.synth.scenes import render, sample_scene
-from mmoe.data.transforms import eval_transform, train_transform
+from mmoe.data.transforms import RandAugment, eval_transform, train_transform
 
 
 def scene_image(size: int = 80) -> Image.Image:
@@ -35,3 +35,38 @@ def test_train_transform_with_crop_changes_the_view():
     whole = eval_transform(64)(image)
     assert all(view.shape == (3, 64, 64) for view in views)
     assert not any(torch.allclose(view, whole) for view in views)
+
+
+def test_randaugment_changes_training_images_repeatably_under_a_seed():
+    image = scene_image()
+    plain = train_transform(64, scale=None, hflip=False)(image)
+    augment = train_transform(64, scale=None, hflip=False, randaugment=True)
+    views = []
+    for seed in range(12):
+        torch.manual_seed(seed)
+        views.append(augment(image))
+        torch.manual_seed(seed)
+        assert torch.equal(views[-1], augment(image))  # the data loader's per-sample seed fixes the draw
+    changed = [not torch.equal(view, plain) for view in views]
+    assert any(changed) and not all(changed)  # each op is applied with p = 0.5: some draws leave the image as is
+
+
+def test_every_randaugment_operation_runs_and_all_but_identity_change_the_image():
+    image = scene_image()
+    augment = RandAugment(num_ops=1, magnitude=7)
+    for name in RandAugment.OPERATIONS:
+        for sign in (1.0, -1.0):
+            out = augment.apply(name, image, sign)
+            assert out.size == image.size and out.mode == "RGB"
+            same = np.array_equal(np.asarray(out), np.asarray(image))
+            assert same == (name == "identity"), (name, sign)
+
+
+def test_randaugment_never_touches_evaluation_images():
+    from mmoe.data.datamodules import NLVR2DataModule
+
+    module = NLVR2DataModule(image_size=32, randaugment=True)
+    train, _ = module._transform(train=True)
+    evaluation, _ = module._transform(train=False)
+    assert any(isinstance(stage, RandAugment) for stage in train.transforms)
+    assert not any(isinstance(stage, RandAugment) for stage in evaluation.transforms)

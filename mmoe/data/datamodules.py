@@ -68,6 +68,9 @@ class ShardDataModule(L.LightningDataModule):
             The model's (the mmoe CLI sets it).
         crop_scale: RandomResizedCrop area range for training images; None = the whole image, no random crop.
         hflip: random horizontal flips of training images (NLVR2: each image separately; texts are not changed).
+        randaugment: BEiT-3's RandAugment (2 operations, magnitude 7, no colour changes:
+            :class:`mmoe.data.transforms.RandAugment`) on training images after the crop and flip, as its VQA, NLVR2
+            and captioning recipes; evaluation and prediction images are never augmented.
         shuffle_buffer: sample shuffle buffer per worker.
         num_workers: DataLoader workers (0 = in the main process).
         seed: seeds shuffling and every random choice of the data (crops, flips, masks, the pre-training stream).
@@ -81,6 +84,7 @@ class ShardDataModule(L.LightningDataModule):
         text_tokenizer: str | None = None,
         crop_scale: tuple[float, float] | None = (0.5, 1.0),
         hflip: bool = True,
+        randaugment: bool = False,
         shuffle_buffer: int = 1000,
         num_workers: int = 2,
         seed: int = 0,
@@ -94,7 +98,7 @@ class ShardDataModule(L.LightningDataModule):
             self.tokenizer = TextTokenizer(max_text_length, text_tokenizer)
         except (FileNotFoundError, ValueError) as error:
             raise type(error)(f"data.text_tokenizer: {error}") from None
-        self.crop_scale, self.hflip = crop_scale, hflip
+        self.crop_scale, self.hflip, self.randaugment = crop_scale, hflip, randaugment
         self.num_workers, self.shuffle_buffer, self.seed = num_workers, shuffle_buffer, seed
         self.skipped: dict[str, dict[str, SkipCount]] = {}  # split -> its latest loader's counts
 
@@ -102,7 +106,7 @@ class ShardDataModule(L.LightningDataModule):
         """The image transform of training or evaluation, and the smallest decoded side it needs."""
         if not train:
             return eval_transform(self.image_size), self.image_size
-        transform = train_transform(self.image_size, self.crop_scale, self.hflip)
+        transform = train_transform(self.image_size, self.crop_scale, self.hflip, self.randaugment)
         return transform, _min_side(self.image_size, self.crop_scale)
 
     def _stream(

@@ -1,13 +1,16 @@
-"""Image transforms (BEiT-3 ``build_transform``): RandomResizedCrop + horizontal flip for training, resize + center
-crop for evaluation, bicubic, normalised with mean = std = 0.5 per channel (BEiT-3's IMAGENET_INCEPTION constants)."""
+"""Image transforms (BEiT-3 ``build_transform``): RandomResizedCrop + horizontal flip (+ optional RandAugment) for
+training, resize + center crop for evaluation, bicubic, normalised with mean = std = 0.5 per channel (BEiT-3's
+IMAGENET_INCEPTION constants)."""
 
 from __future__ import annotations
 
 import io
 
 import numpy as np
+import torch
 from PIL import Image
 from torchvision import transforms as T
+from torchvision.transforms import functional as TF
 
 IMAGE_MEAN = (0.5, 0.5, 0.5)
 IMAGE_STD = (0.5, 0.5, 0.5)
@@ -22,8 +25,63 @@ def _to_normalized_tensor() -> list:
     return [T.ToTensor(), T.Normalize(IMAGE_MEAN, IMAGE_STD)]
 
 
-def train_transform(size: int, scale: tuple[float, float] | None = (0.5, 1.0), hflip: bool = True) -> T.Compose:
-    """RandomResizedCrop to ``size`` (area share in ``scale``, BEiT-3: 0.5..1), optional flip, tensor, normalise.
+class RandAugment:
+    """BEiT-3's RandAugment for vision-language fine-tuning (``RandomAugment(N=2, M=7)`` of its VQA, NLVR2 and
+    captioning recipes): ``num_ops`` operations drawn uniformly (with repetition) from a list without colour changes
+    (identity, autocontrast, equalize, brightness, sharpness, shear x / y, translate x / y, rotate), each applied with
+    probability 0.5, with a random sign, at ``magnitude`` of 10. The operations are torchvision's, on PIL images;
+    strengths at magnitude m: brightness / sharpness factor 1 ± 0.09 m, shear 0.03 m (as a slope), translation
+    0.045 m of the side, rotation 3 m degrees (torchvision RandAugment's ranges scaled to m / 10). Random draws use
+    torch's generator, so the data loader's per-sample seeding makes them repeatable.
+    """
+
+    OPERATIONS = ("identity", "autocontrast", "equalize", "brightness", "sharpness", "shear_x", "shear_y",
+                  "translate_x", "translate_y", "rotate")  # fmt: skip
+
+    def __init__(self, num_ops: int = 2, magnitude: int = 7) -> None:
+        if num_ops < 0 or not 0 <= magnitude <= 10:
+            raise ValueError(f"RandAugment needs num_ops >= 0 and magnitude in 0..10, got {num_ops}, {magnitude}")
+        self.num_ops, self.magnitude = num_ops, magnitude
+
+    def __call__(self, image: Image.Image) -> Image.Image:
+        for index in torch.randint(len(self.OPERATIONS), (self.num_ops,)).tolist():
+            applied, negative = (torch.rand(2) < 0.5).tolist()
+            if applied:
+                image = self.apply(self.OPERATIONS[index], image, -1.0 if negative else 1.0)
+        return image
+
+    def apply(self, name: str, image: Image.Image, sign: float) -> Image.Image:
+        m = self.magnitude
+        bicubic, fill = T.InterpolationMode.BICUBIC, [128, 128, 128]
+        if name == "autocontrast":
+            return TF.autocontrast(image)
+        if name == "equalize":
+            return TF.equalize(image)
+        if name == "brightness":
+            return TF.adjust_brightness(image, 1.0 + sign * 0.09 * m)
+        if name == "sharpness":
+            return TF.adjust_sharpness(image, 1.0 + sign * 0.09 * m)
+        if name in ("shear_x", "shear_y"):
+            degrees = float(np.degrees(np.arctan(sign * 0.03 * m)))
+            shear = [degrees, 0.0] if name == "shear_x" else [0.0, degrees]
+            return TF.affine(image, 0.0, [0, 0], 1.0, shear, interpolation=bicubic, fill=fill)
+        if name in ("translate_x", "translate_y"):
+            pixels = round(sign * 0.045 * m * (image.width if name == "translate_x" else image.height))
+            shift = [pixels, 0] if name == "translate_x" else [0, pixels]
+            return TF.affine(image, 0.0, shift, 1.0, [0.0, 0.0], interpolation=bicubic, fill=fill)
+        if name == "rotate":
+            return TF.rotate(image, sign * 3.0 * m, interpolation=bicubic, fill=fill)
+        return image  # identity
+
+    def __repr__(self) -> str:
+        return f"RandAugment(num_ops={self.num_ops}, magnitude={self.magnitude})"
+
+
+def train_transform(
+    size: int, scale: tuple[float, float] | None = (0.5, 1.0), hflip: bool = True, randaugment: bool = False
+) -> T.Compose:
+    """RandomResizedCrop to ``size`` (area share in ``scale``, BEiT-3: 0.5..1), optional flip, optional
+    :class:`RandAugment` (BEiT-3's N = 2, M = 7), tensor, normalise.
 
     ``scale=None`` keeps the whole image (resize + center crop, as evaluation): for data whose labels depend on
     where things are, how big they are or how many there are (the synthetic corpus), a random crop changes the answer.
@@ -34,6 +92,8 @@ def train_transform(size: int, scale: tuple[float, float] | None = (0.5, 1.0), h
         stages = [T.RandomResizedCrop(size, scale=scale, interpolation=T.InterpolationMode.BICUBIC)]
     if hflip:
         stages.append(T.RandomHorizontalFlip())
+    if randaugment:
+        stages.append(RandAugment())
     return T.Compose(stages + _to_normalized_tensor())
 
 
