@@ -11,6 +11,10 @@ texts tokenized with its tokenizer. Any image size and mode is read (16-bit grey
 * ``--image DIR`` (vqa with one question, caption): every image of the folder, with a progress bar, into ``--out``
   (captions in the COCO results format ``[{"image_id", "caption"}]``; VQA ``[{"image", "question", "answer",
   "score"}]``), written whole or not at all.
+* ``--shards SPLIT`` (a converted split folder, shard file or glob): every sample, decoded by the task's own decoder,
+  into ``--out`` in the benchmark's format, the one ``mmoe predict`` writes (VQAv2 ``[{"question_id", "answer"}]``,
+  COCO ``[{"image_id", "caption"}]``, NLVR2 ``identifier,True|False`` lines); corrupt samples are skipped and
+  counted.
 * ``--routing map.png``: the sub-token expert map of the image(s) (MH-MoE Fig. 1b: distinct experts per patch, top
   choices, every MoE layer) and, in the output, the experts each text token went to in every MoE layer.
 
@@ -217,6 +221,61 @@ def run_folder(model: FineTuned, args: argparse.Namespace) -> dict:
     return {"results_file": str(args.out), "images": len(results)}
 
 
+def shard_decoder(model: FineTuned, task: str):
+    """The task's own sample decoder at the checkpoint's image size and tokenizer (evaluation transform)."""
+    from mmoe.data.decoders import CaptionDecoder, NLVR2Decoder, VQADecoder
+
+    transform, size = eval_transform(model.image_size), model.image_size
+    if task == "vqa":
+        return VQADecoder(transform, model.tokenizer, min_side=size)
+    if task == "nlvr2":
+        return NLVR2Decoder(transform, model.tokenizer, min_side=size)
+    return CaptionDecoder(transform, model.tokenizer, mode="eval", min_side=size)
+
+
+@torch.no_grad()
+def predict_sample(model: FineTuned, task: str, item: dict):
+    """The predictions-file entry of one decoded sample, as the task's ``predict_step`` writes it."""
+    if task == "caption":
+        return {"image_id": item["image_id"], "caption": caption_image(model, item["image"], None)}
+    ids = torch.tensor([item["text_ids"]], device=model.device)
+    if task == "vqa":
+        logits, _ = model.task(item["image"][None].to(model.device), ids)
+        return {"question_id": item["question_id"], "answer": model.task.answers[int(logits[0].argmax())]}
+    left, right = item["image_left"][None].to(model.device), item["image_right"][None].to(model.device)
+    logits, _ = model.task(left, right, ids)
+    return item["identifier"], bool(logits[0].argmax() == 1)
+
+
+def run_shards(model: FineTuned, args: argparse.Namespace) -> dict:
+    from tqdm import tqdm
+
+    from mmoe.data.pipelines import ShardStream
+    from mmoe.data.samples import CorruptSampleError
+    from mmoe.data.shards import expected_samples, resolve_shards
+
+    if args.out is None:
+        raise InferError(f"--shards {args.shards}: give --out for the results file")
+    try:
+        shards = resolve_shards(args.shards)
+    except (FileNotFoundError, ValueError) as error:
+        raise InferError(f"--shards: {' '.join(str(error).split())}") from None
+    decode, entries, corrupt = shard_decoder(model, args.task), [], 0
+    total = sum(expected_samples(shards).values()) or None
+    for sample in tqdm(ShardStream(shards, decode=lambda raw: raw), total=total, desc="mmoe infer", file=sys.stderr):
+        try:
+            item = decode(sample)
+        except CorruptSampleError as error:
+            corrupt += 1
+            print(f"mmoe infer: skipped: {error}", file=sys.stderr)
+            continue
+        entries.append(predict_sample(model, args.task, item))
+    if not entries:
+        raise InferError(f"--shards {args.shards}: no sample could be read")
+    write_text_atomic(args.out, model.task.format_predictions(entries))
+    return {"results_file": str(args.out), "samples": len(entries), "corrupt_skipped": corrupt}
+
+
 def run_single(model: FineTuned, args: argparse.Namespace) -> dict:
     if args.task == "nlvr2":
         images = torch.stack([model.image(args.left), model.image(args.right)])
@@ -247,6 +306,10 @@ def printed(result: dict) -> str:
         lines = [result["caption"]]
     elif "probability_true" in result:
         lines = [f"{result['answer']}\tP(true) = {result['probability_true']:.4f}"]
+    elif "samples" in result:
+        lines = [
+            f"{result['samples']} samples -> {result['results_file']} ({result['corrupt_skipped']} corrupt skipped)"
+        ]
     else:
         lines = [f"{result['images']} images -> {result['results_file']}"]
     for token in result.get("text_tokens", []):
@@ -263,14 +326,16 @@ def parser() -> argparse.ArgumentParser:
     for name, help_text in (("vqa", "answer a question"), ("caption", "caption an image"), ("nlvr2", "judge a pair")):
         task = tasks.add_parser(name, help=help_text)
         task.add_argument("--ckpt", required=True, help=f"a checkpoint of `mmoe fit` with {TASKS[name]}")
+        inputs = task.add_mutually_exclusive_group(required=True)
+        inputs.add_argument("--shards", help="a converted split (folder, shard or glob): results file (needs --out)")
         if name == "nlvr2":
-            task.add_argument("--left", required=True, help="the left image")
-            task.add_argument("--right", required=True, help="the right image")
-            task.add_argument("--sentence", required=True, help="the statement about the pair")
+            inputs.add_argument("--left", help="the left image (with --right and --sentence)")
+            task.add_argument("--right", help="the right image")
+            task.add_argument("--sentence", help="the statement about the pair")
         else:
-            task.add_argument("--image", required=True, help="an image, or a folder of images (needs --out)")
+            inputs.add_argument("--image", help="an image, or a folder of images (needs --out)")
         if name == "vqa":
-            task.add_argument("--question", required=True)
+            task.add_argument("--question", help="the question (with --image)")
             task.add_argument("--top-k", type=int, default=5, help="answers to list (default 5)")
             task.add_argument("--answer-vocab", help="the answer list, when the one the checkpoint names has moved")
         if name == "caption":
@@ -282,15 +347,30 @@ def parser() -> argparse.ArgumentParser:
     return root
 
 
+def missing_inputs(args: argparse.Namespace) -> str:
+    """The options a single-input run lacks ('' when complete or reading shards)."""
+    if args.shards:
+        return ""
+    needed = {"nlvr2": ("right", "sentence"), "vqa": ("question",)}.get(args.task, ())
+    return ", ".join(f"--{name}" for name in needed if not getattr(args, name))
+
+
 def infer_command(argv: Sequence[str]) -> int:
     """``mmoe infer``; exit 2 with one line on bad input."""
     args = parser().parse_args(list(argv))
     try:
         if getattr(args, "top_k", 1) < 1 or (getattr(args, "beam", None) or 1) < 1:
             raise InferError("--top-k and --beam must be at least 1")
+        missing = missing_inputs(args)
+        if missing:
+            raise InferError(f"{missing} needed (or --shards)")
         model = load_fine_tuned(args.ckpt, args.task, args.device, getattr(args, "answer_vocab", None))
-        folder = args.task != "nlvr2" and Path(args.image).is_dir()
-        result = run_folder(model, args) if folder else run_single(model, args)
+        if args.shards:
+            result = run_shards(model, args)
+        elif args.task != "nlvr2" and Path(args.image).is_dir():
+            result = run_folder(model, args)
+        else:
+            result = run_single(model, args)
     except (InferError, FileNotFoundError, ValueError) as error:
         print(f"mmoe infer: {' '.join(str(error).split())}", file=sys.stderr)
         return 2

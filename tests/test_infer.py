@@ -3,6 +3,7 @@ on the same images, the routing map, a folder of images, and one-line errors."""
 
 from __future__ import annotations
 
+import io
 import json
 import tarfile
 from pathlib import Path
@@ -165,6 +166,10 @@ def test_bad_input_is_one_line_and_exit_2(runs, tmp_path, capsys):
         (["caption", "--ckpt", str(pretrain), *good], "is a pre-training checkpoint"),
         (["caption", "--ckpt", str(tmp_path / "backbone.pt"), *good], "holds no fine-tuned task"),
         (["caption", "--ckpt", str(caption), "--image", str(tmp_path)], "give --out"),
+        (["caption", "--ckpt", str(caption), "--shards", str(tmp_path / "nowhere")], "give --out"),
+        (["vqa", "--ckpt", str(vqa), "--shards", str(tmp_path / "nowhere"), "--out", "r.json"], "--shards:"),
+        (["vqa", "--ckpt", str(vqa), *good], "--question needed"),
+        (["nlvr2", "--ckpt", str(vqa), "--left", "a.png", "--sentence", "s"], "--right needed"),
         (["vqa", "--ckpt", str(vqa), *good, "--question", "q", "--answer-vocab", str(tmp_path / "a.json")],
          "a.json"),
     ]  # fmt: skip
@@ -172,3 +177,38 @@ def test_bad_input_is_one_line_and_exit_2(runs, tmp_path, capsys):
         code, _, err = run_mmoe(["infer", *argv], capsys)
         assert code == 2, (argv, err)
         assert len(err.strip().splitlines()) == 1 and message in err and err.startswith("mmoe infer:"), err
+
+
+def read_results(path: Path, task: str):
+    if task == "nlvr2":
+        return sorted(path.read_text().split())
+    return sorted(json.loads(path.read_text()), key=lambda entry: json.dumps(entry, sort_keys=True))
+
+
+@pytest.mark.parametrize("task", list(TASKS))
+def test_a_shard_split_gives_predicts_results_file(runs, task, tmp_path, capsys):
+    checkpoint, _, split, predictions = runs[task]
+    out = tmp_path / "results"
+    code, result, err = infer([task, "--ckpt", str(checkpoint), "--shards", str(split), "--out", str(out)], capsys)
+    assert code == 0, err
+    assert read_results(out, task) == read_results(predictions, task)
+    assert result["corrupt_skipped"] == 0 and result["samples"] == len(read_results(out, task))
+
+
+def test_corrupt_shard_samples_are_skipped_and_counted(runs, tmp_path, capsys):
+    checkpoint, _, split, predictions = runs["vqa"]
+    folder = tmp_path / "split"
+    folder.mkdir()
+    for shard in split.glob("*.tar"):
+        (folder / shard.name).write_bytes(shard.read_bytes())
+    sample = shard_samples(split)[0]
+    with tarfile.open(folder / "broken.tar", "w") as archive:
+        for extension, data in {"json": sample["json"], "jpg": b"\xff\xd8 not a jpeg"}.items():
+            info = tarfile.TarInfo(f"broken.{extension}")
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    out = tmp_path / "results.json"
+    code, result, err = infer(["vqa", "--ckpt", str(checkpoint), "--shards", str(folder), "--out", str(out)], capsys)
+    assert code == 0, err
+    assert result["corrupt_skipped"] == 1 and "broken" in err
+    assert read_results(out, "vqa") == read_results(predictions, "vqa")

@@ -2,6 +2,8 @@
 
 ```
 mmoe data convert vqav2 --questions Q.json [--annotations A.json] --images DIR --out OUT [--answer-vocab answers.json]
+    [--holdout-images 1000 --holdout-out REST [--seed 0]]
+mmoe data answers --annotations train.json [val.json ...] --out answers.json [--min-answer-count 9]
 mmoe data convert coco-captions (--annotations captions_*.json | --karpathy dataset_coco.json --split S) --images DIR --out OUT
     [--text-tokenizer beit3.spm]
 mmoe data convert nlvr2 --data dev.json --images DIR --out OUT
@@ -24,6 +26,7 @@ import json
 import sys
 from collections.abc import Sequence
 
+from mmoe.atomic import write_text_atomic
 from mmoe.data.converters import (
     ConversionError,
     convert_coco_captions,
@@ -34,8 +37,9 @@ from mmoe.data.converters import (
     convert_tsv,
     convert_vqav2,
 )
-from mmoe.data.converters.common import check_shard_size
+from mmoe.data.converters.common import check_shard_size, json_text
 from mmoe.data.converters.staging import OutputFolderError, output_folder
+from mmoe.data.converters.vqav2 import answer_vocab_of
 from mmoe.data.shards import check_shard_name
 from mmoe.data.tokenizer import TextTokenizer
 
@@ -60,7 +64,17 @@ def _parser() -> argparse.ArgumentParser:
     vqa.add_argument("--images", required=True, help="COCO image folder (images in it or in <subtype>/)")
     vqa.add_argument("--answer-vocab", help="answers.json written by the training split (other annotated splits)")
     vqa.add_argument("--min-answer-count", type=int, default=9, help="vocabulary threshold when building (9)")
+    vqa.add_argument(
+        "--holdout-images", type=int, default=0, help="hold out this many random images (BEiT-3: 1000 of val2014)"
+    )
+    vqa.add_argument("--holdout-out", help="folder of the held-out split (its shards are named <name>-rest)")
+    vqa.add_argument("--seed", type=int, default=0, help="seeds the held-out images' choice (0)")
     _common(vqa)
+
+    answers = commands.add_parser("answers", help="one VQAv2 answer vocabulary over several annotation files")
+    answers.add_argument("--annotations", required=True, nargs="+", help="v2_mscoco_<subtype>_annotations.json files")
+    answers.add_argument("--out", required=True, help="answers.json to write (a JSON list; index = class label)")
+    answers.add_argument("--min-answer-count", type=int, default=9, help="keep answers seen this often (9)")
 
     coco = sources.add_parser("coco-captions", help="COCO captions (official file or Karpathy split)")
     which = coco.add_mutually_exclusive_group(required=True)
@@ -122,7 +136,7 @@ def _convert(args: argparse.Namespace):
     if args.source == "vqav2":
         return convert_vqav2(
             args.questions, args.images, args.out, args.annotations, args.answer_vocab, args.min_answer_count,
-            args.shard_size, args.name,
+            args.shard_size, args.name, args.holdout_images, args.holdout_out, args.seed,
         )  # fmt: skip
     if args.source == "coco-captions":
         try:
@@ -160,12 +174,23 @@ def _synth(args: argparse.Namespace) -> dict:
     return summary
 
 
+def _answers(args: argparse.Namespace) -> dict:
+    vocab = answer_vocab_of(args.annotations, args.min_answer_count)
+    if not vocab:
+        raise ConversionError(f"no answer is the multiple-choice answer of {args.min_answer_count} or more questions")
+    write_text_atomic(args.out, json_text(vocab))
+    return {"answers": len(vocab), "out": args.out, "annotations": list(args.annotations)}
+
+
 def data_command(argv: Sequence[str]) -> int:
     """Runs ``mmoe data ...``; returns the exit status (2 for bad input, with the reason on stderr)."""
     parser = _parser()
     args = parser.parse_args(list(argv))
     try:
-        result = _convert(args).to_json() if args.command == "convert" else _synth(args)
+        if args.command == "convert":
+            result = _convert(args).to_json()
+        else:
+            result = _answers(args) if args.command == "answers" else _synth(args)
     except ConversionError as error:
         print(f"mmoe data {args.command}: error: {error}", file=sys.stderr)
         return 2

@@ -8,14 +8,21 @@ images). Each sample: the image, ``txt`` = the question, ``json`` = ``question_i
 ``OUT/answers.json`` (a JSON list; index = class label), swapped in with its shards; other annotated splits read it
 with ``answer_vocab``. A question id that appears twice in the questions file, or twice in the annotations, is an
 error.
+
+BEiT-3's VQAv2 recipe trains on train2014 plus most of val2014 with one answer vocabulary: :func:`answer_vocab_of`
+(``mmoe data answers``) builds the vocabulary over several annotation files (train + val, answers seen at least 9
+times), every split is converted with it (``--answer-vocab``), and ``holdout_images`` sets aside a seeded random
+choice of a split's images (BEiT-3 / ViLT: 1,000 val2014 images, "rest_val") as a separate split for validation, the
+rest ("trainable_val") training beside train2014. A DataModule's ``train_shards`` takes a list of split folders.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +123,34 @@ def read_annotations(path: Path, questions: list[dict[str, Any]]) -> dict[int, d
     return by_question
 
 
+def answer_vocab_of(annotations: Sequence[str | os.PathLike], min_answer_count: int = 9) -> list[str]:
+    """One answer vocabulary over several annotation files (BEiT-3: train2014 + val2014): the normalised
+    ``multiple_choice_answer`` strings of all their questions seen at least ``min_answer_count`` times
+    (:func:`mmoe.data.answers.build_answer_vocab`)."""
+    if min_answer_count < 1:
+        raise ConversionError(f"--min-answer-count must be >= 1, got {min_answer_count}")
+    if not annotations:
+        raise ConversionError("--annotations: give at least one annotations file")
+    answers: list[str] = []
+    for path in annotations:
+        records = list_field(load_json(path), "annotations", f"{path}")
+        for index, annotation in enumerate(records):
+            answers.append(field(annotation, "multiple_choice_answer", str, f"{path}: annotations[{index}]"))
+    return build_answer_vocab(answers, min_answer_count)
+
+
+def held_out_images(questions: list[dict[str, Any]], count: int, seed: int, where: str) -> set[int]:
+    """``count`` image ids drawn at random (seeded) from the questions' images, all of whose questions go to the
+    held-out split; at least one image must stay."""
+    images = sorted({question["image_id"] for question in questions})
+    if not 0 < count < len(images):
+        raise ConversionError(
+            f"{where}: --holdout-images {count} must lie between 1 and {len(images) - 1} (the split has "
+            f"{len(images)} images)"
+        )
+    return set(random.Random(seed).sample(images, count))
+
+
 def read_answer_vocab(path: Path) -> list[str]:
     vocab = load_json(path)
     if not isinstance(vocab, list) or not all(isinstance(answer, str) for answer in vocab):
@@ -134,8 +169,11 @@ def convert_vqav2(
     min_answer_count: int = 9,
     shard_size: int = 1000,
     name: str | None = None,
+    holdout_images: int = 0,
+    holdout_out: str | os.PathLike | None = None,
+    seed: int = 0,
 ) -> Manifest:
-    """Converts one VQAv2 split.
+    """Converts one VQAv2 split (or splits it in two by image, ``holdout_images``).
 
     Args:
         questions: the questions JSON.
@@ -148,9 +186,21 @@ def convert_vqav2(
             their normalised ``multiple_choice_answer`` (ViLT / BEiT-3: 9).
         shard_size: samples per shard.
         name: shard name; default ``vqav2-<data_subtype>``.
+        holdout_images: when > 0, this many images drawn at random (``seed``) and all their questions go to
+            ``holdout_out`` (shards ``<name>-rest``), the other questions to ``out`` (``<name>-trainable``), as
+            BEiT-3 splits val2014. Each split folder is written whole or not at all (the held-out one first).
+        holdout_out: the held-out split's folder; required with ``holdout_images``.
+        seed: seeds the held-out images' choice.
+
+    Returns:
+        The manifest of ``out``; with a hold-out its ``extra.holdout`` names the other split and its size.
     """
     if min_answer_count < 1:
         raise ConversionError(f"--min-answer-count must be >= 1, got {min_answer_count}")
+    if holdout_images and holdout_out is None:
+        raise ConversionError("--holdout-images needs --holdout-out (the held-out split's folder)")
+    if holdout_out is not None and not holdout_images:
+        raise ConversionError("--holdout-out needs --holdout-images (how many images to hold out)")
     questions, images = Path(questions), images_folder(images)
     subtype, question_list = read_questions(questions)
     by_question = read_annotations(Path(annotations), question_list) if annotations is not None else None
@@ -172,8 +222,8 @@ def convert_vqav2(
             )
     vocab_index = VocabIndex.of({answer: label for label, answer in enumerate(vocab or [])})
 
-    def samples() -> Iterator[dict[str, Any] | Skip]:
-        for question in question_list:
+    def samples(kept: list[dict[str, Any]]) -> Iterator[dict[str, Any] | Skip]:
+        for question in kept:
             meta: dict[str, Any] = {
                 "question_id": question["question_id"],
                 "image_id": question["image_id"],
@@ -195,8 +245,20 @@ def convert_vqav2(
             sample = {"__key__": str(question["question_id"]), "txt": question["question"], "json": meta}
             yield with_image(sample, image_path(images, subtype, question["image_id"]))
 
-    extra = {"source": {"questions": str(questions), "annotations": str(annotations) if annotations else None}}
+    extra: dict[str, Any] = {
+        "source": {"questions": str(questions), "annotations": str(annotations) if annotations else None}
+    }
     if vocab is not None:
         extra["answer_vocab_size"] = len(vocab)
     files = {ANSWERS_FILE: json_text(vocab)} if vocab is not None and subtype.startswith("train") else {}
-    return write_split(out, name or f"vqav2-{subtype}", samples(), shard_size, extra, files)
+    name = name or f"vqav2-{subtype}"
+    if not holdout_images:
+        return write_split(out, name, samples(question_list), shard_size, extra, files)
+    held = held_out_images(question_list, holdout_images, seed, str(questions))
+    rest = [question for question in question_list if question["image_id"] in held]
+    kept = [question for question in question_list if question["image_id"] not in held]
+    holdout = {"images": holdout_images, "seed": seed, "questions": len(rest), "trainable_questions": len(kept)}
+    held_extra = {**extra, "holdout": {**holdout, "part": "held out", "other_split": str(out)}}
+    write_split(holdout_out, f"{name}-rest", samples(rest), shard_size, held_extra, files)
+    kept_extra = {**extra, "holdout": {**holdout, "part": "trainable", "other_split": str(holdout_out)}}
+    return write_split(out, f"{name}-trainable", samples(kept), shard_size, kept_extra, files)
