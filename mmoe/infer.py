@@ -28,17 +28,18 @@ import argparse
 import dataclasses
 import importlib
 import json
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from PIL import UnidentifiedImageError
+from PIL import Image, UnidentifiedImageError
 
 from mmoe.atomic import write_text_atomic
 from mmoe.data.tokenizer import TextTokenizer
 from mmoe.data.transforms import IMAGE_MEAN, IMAGE_STD, decode_image, eval_transform
-from mmoe.metrics.routing import image_diversity_maps, sort_keys
+from mmoe.metrics.routing import image_diversity_maps, record_key, sort_keys
 from mmoe.moe import RoutingRecord
 from mmoe.safe_load import load_checkpoint_file
 from mmoe.tasks.checkpoint import config_from_dict
@@ -76,7 +77,7 @@ class FineTuned:
             image = decode_image(path.read_bytes(), self.image_size)
         except FileNotFoundError:
             raise InferError(f"image {path} does not exist") from None
-        except (OSError, UnidentifiedImageError, ValueError) as error:
+        except (OSError, UnidentifiedImageError, ValueError, Image.DecompressionBombError) as error:
             raise InferError(f"image {path} could not be read: {' '.join(str(error).split())}") from None
         return eval_transform(self.image_size)(image)
 
@@ -85,11 +86,20 @@ class FineTuned:
         return ids.to(self.device), padding.to(self.device)
 
 
+#: Files a checkpoint names by path (its task's arguments) and the ``mmoe infer`` options that replace a moved one.
+MOVABLE_FILES = {
+    "answer_vocab": "--answer-vocab",
+    "output_vocab": "--output-vocab",
+    "text_tokenizer": "--text-tokenizer",
+}
+
+
 def load_fine_tuned(
-    path: str | Path, task_name: str, device: str = "cpu", answer_vocab: str | None = None
+    path: str | Path, task_name: str, device: str = "cpu", moved: dict[str, str | None] | None = None
 ) -> FineTuned:
     """The task of a Lightning checkpoint of ``mmoe fit`` (``task_name`` a key of :data:`TASKS`), rebuilt from its
-    saved arguments and weights; ``answer_vocab`` replaces the VQA answer list's path it names."""
+    saved arguments and weights; ``moved`` replaces the paths of files it names (keys of :data:`MOVABLE_FILES`:
+    the VQA answer list, the captioning output vocabulary, the SentencePiece tokenizer)."""
     path = Path(path)
     state = load_checkpoint_file(path, "checkpoint")
     hyper_parameters, weights = state.get("hyper_parameters"), state.get("state_dict")
@@ -112,20 +122,24 @@ def load_fine_tuned(
         config_from_dict(arguments["backbone"]) if isinstance(arguments["backbone"], dict) else (arguments["backbone"])
     )
     arguments["pretrained"] = None
-    if answer_vocab is not None:
-        arguments["answer_vocab"] = answer_vocab
+    arguments |= {name: value for name, value in (moved or {}).items() if value is not None and name in arguments}
     module_name, class_name = class_path.rsplit(".", 1)
     try:
         task = getattr(importlib.import_module(module_name), class_name)(**arguments)
         task.load_state_dict(weights)
     except (FileNotFoundError, ValueError, RuntimeError) as error:
-        hint = " (--answer-vocab names another answer list)" if "answer vocabulary" in str(error) else ""
+        named = [option for name, option in MOVABLE_FILES.items() if arguments.get(name)]
+        hint = f" (a moved file: {', '.join(named)} name its new path)" if isinstance(error, FileNotFoundError) else ""
         raise InferError(f"checkpoint {path}: {' '.join(str(error).split())}{hint}") from None
     data = state.get("datamodule_hyper_parameters")
     length = data.get("max_text_length") if isinstance(data, dict) else None
     tokenizer = TextTokenizer(max_length=length or DEFAULT_TEXT_LENGTH, sentencepiece=arguments.get("text_tokenizer"))
-    target = torch.device(device)
-    return FineTuned(task.eval().to(target), tokenizer, task.backbone.config.image_size, target)
+    try:
+        target = torch.device(device)
+        task = task.eval().to(target)
+    except RuntimeError as error:
+        raise InferError(f"--device {device}: {' '.join(str(error).split())}") from None
+    return FineTuned(task, tokenizer, task.backbone.config.image_size, target)
 
 
 @torch.no_grad()
@@ -161,7 +175,10 @@ def routing_of(model: FineTuned, images: torch.Tensor, text: str) -> tuple[dict,
     (N, 3, S, S) with ``text``."""
     ids, padding = model.text(text)
     ids, padding = ids.expand(len(images), -1), padding.expand(len(images), -1)
-    out = model.task.backbone(image=images.to(model.device), text=ids, text_padding_mask=padding)
+    mask = None
+    if hasattr(model.task, "caption_mask"):  # the pass a caption is read in: image tokens see the image only
+        mask = model.task.caption_mask(ids.shape[1], ids.device)
+    out = model.task.backbone(image=images.to(model.device), text=ids, text_padding_mask=padding, attn_mask=mask)
     tokens = [model.tokenizer.token_string(int(i)) for i in ids[0]]
     experts: dict[str, list] = {}
     for record in out.routing:
@@ -169,7 +186,7 @@ def routing_of(model: FineTuned, images: torch.Tensor, text: str) -> tuple[dict,
             continue
         start = out.image_len if record.modality == "shared" else 0
         index = record.expert_index[0, start : start + len(tokens)]  # (T, heads, k)
-        experts[f"layer {record.layer} {record.modality}"] = index.tolist()
+        experts[record_key(record)] = index.tolist()
     by_layer = {key: experts[key] for key in sort_keys(experts)}
     per_token = [{"token": token, "experts": {k: v[t] for k, v in by_layer.items()}} for t, token in enumerate(tokens)]
     return {"text_tokens": per_token}, out.routing, out.image_len
@@ -187,9 +204,21 @@ def draw_routing_map(
     pixels = [
         (((image.cpu() * std + mean).clamp(0, 1) * 255).round().byte().permute(1, 2, 0).numpy()) for image in images
     ]
-    heads = model.task.backbone.config.moe.heads
-    columns = {key: maps[key].cpu().numpy() for key in sort_keys(maps)}
-    draw_patch_grid(pixels, columns, max_count=heads, title=title, path=path)
+    moe = model.task.backbone.config.moe
+    if moe.heads > 1:
+        columns = {key: maps[key].cpu().numpy() for key in sort_keys(maps)}
+        draw_patch_grid(pixels, columns, max_count=moe.heads, title=title, path=path)
+        return
+    # One head: every patch counts one expert, so the map shows which expert (its top choice) each patch went to.
+    side = math.isqrt(image_len - 1)
+    chosen = {
+        record_key(r): (r.expert_index[:, 1:image_len, 0, 0] + 1).reshape(-1, side, side).cpu().numpy()
+        for r in records
+        if r.modality in ("vision", "shared")
+    }
+    columns = {key: chosen[key] for key in sort_keys(chosen)}
+    legend = "top-1 expert of the patch (index + 1)"
+    draw_patch_grid(pixels, columns, max_count=moe.num_experts, title=title, path=path, legend=legend)
 
 
 def folder_images(folder: Path) -> list[Path]:
@@ -209,16 +238,23 @@ def run_folder(model: FineTuned, args: argparse.Namespace) -> dict:
 
     if args.out is None:
         raise InferError(f"--image {args.image} is a folder: give --out for the results file")
-    results = []
+    results, unreadable = [], 0
     for path in tqdm(folder_images(Path(args.image)), desc="mmoe infer", unit="image", file=sys.stderr):
-        image = model.image(path)
+        try:
+            image = model.image(path)
+        except InferError as error:
+            unreadable += 1
+            print(f"mmoe infer: skipped: {error}", file=sys.stderr)
+            continue
         if args.task == "caption":
             results.append({"image_id": image_id(path), "caption": caption_image(model, image, args.beam)})
         else:
             answers, _ = answer_question(model, image, args.question, 1)
             results.append({"image": path.name, "question": args.question, **answers[0]})
+    if not results:
+        raise InferError(f"--image {args.image}: no image could be read")
     write_text_atomic(args.out, json.dumps(results) + "\n")
-    return {"results_file": str(args.out), "images": len(results)}
+    return {"results_file": str(args.out), "images": len(results), "unreadable_skipped": unreadable}
 
 
 def shard_decoder(model: FineTuned, task: str):
@@ -234,10 +270,10 @@ def shard_decoder(model: FineTuned, task: str):
 
 
 @torch.no_grad()
-def predict_sample(model: FineTuned, task: str, item: dict):
+def predict_sample(model: FineTuned, task: str, item: dict, beams: int | None = None):
     """The predictions-file entry of one decoded sample, as the task's ``predict_step`` writes it."""
     if task == "caption":
-        return {"image_id": item["image_id"], "caption": caption_image(model, item["image"], None)}
+        return {"image_id": item["image_id"], "caption": caption_image(model, item["image"], beams)}
     ids = torch.tensor([item["text_ids"]], device=model.device)
     if task == "vqa":
         logits, _ = model.task(item["image"][None].to(model.device), ids)
@@ -262,17 +298,18 @@ def run_shards(model: FineTuned, args: argparse.Namespace) -> dict:
         raise InferError(f"--shards: {' '.join(str(error).split())}") from None
     decode, entries, corrupt = shard_decoder(model, args.task), [], 0
     total = sum(expected_samples(shards).values()) or None
-    for sample in tqdm(ShardStream(shards, decode=lambda raw: raw), total=total, desc="mmoe infer", file=sys.stderr):
+    stream = ShardStream(shards, decode=lambda raw: raw, rank=0, world_size=1)  # every sample, also under torchrun
+    for sample in tqdm(stream, total=total, desc="mmoe infer", file=sys.stderr):
         try:
             item = decode(sample)
         except CorruptSampleError as error:
             corrupt += 1
             print(f"mmoe infer: skipped: {error}", file=sys.stderr)
             continue
-        entries.append(predict_sample(model, args.task, item))
+        entries.append(predict_sample(model, args.task, item, getattr(args, "beam", None)))
     if not entries:
         raise InferError(f"--shards {args.shards}: no sample could be read")
-    write_text_atomic(args.out, model.task.format_predictions(entries))
+    model.task.write_predictions(entries, args.out)  # atomically, one entry per sample, as `mmoe predict`
     return {"results_file": str(args.out), "samples": len(entries), "corrupt_skipped": corrupt}
 
 
@@ -311,7 +348,7 @@ def printed(result: dict) -> str:
             f"{result['samples']} samples -> {result['results_file']} ({result['corrupt_skipped']} corrupt skipped)"
         ]
     else:
-        lines = [f"{result['images']} images -> {result['results_file']}"]
+        lines = [f"{result['images']} images -> {result['results_file']} ({result['unreadable_skipped']} unreadable)"]
     for token in result.get("text_tokens", []):
         layers = "  ".join(f"{key}: {experts}" for key, experts in token["experts"].items())
         lines.append(f"{token['token']!r}\t{layers}")
@@ -339,8 +376,13 @@ def parser() -> argparse.ArgumentParser:
             task.add_argument("--top-k", type=int, default=5, help="answers to list (default 5)")
             task.add_argument("--answer-vocab", help="the answer list, when the one the checkpoint names has moved")
         if name == "caption":
+            task.add_argument("--output-vocab", help="the output vocabulary, when the one the checkpoint names moved")
+        if name == "caption":
             task.add_argument("--beam", type=int, help="beams (default: the checkpoint's num_beams; 1 = greedy)")
-        task.add_argument("--routing", help="write the image's sub-token expert map to this PNG; list text experts")
+        task.add_argument("--text-tokenizer", help="the SentencePiece model, when the one the checkpoint names moved")
+        task.add_argument(
+            "--routing", help="single input: write the image's expert map to this PNG and list the text's experts"
+        )
         task.add_argument("--out", help="results file (JSON) for a folder of images")
         task.add_argument("--json", action="store_true", help="one JSON object on stdout")
         task.add_argument("--device", default="cpu", help="torch device (default cpu; e.g. cuda)")
@@ -364,7 +406,10 @@ def infer_command(argv: Sequence[str]) -> int:
         missing = missing_inputs(args)
         if missing:
             raise InferError(f"{missing} needed (or --shards)")
-        model = load_fine_tuned(args.ckpt, args.task, args.device, getattr(args, "answer_vocab", None))
+        if args.routing and (args.shards or (args.task != "nlvr2" and Path(args.image).is_dir())):
+            raise InferError("--routing works on a single input (one image or one pair)")
+        moved = {name: getattr(args, name, None) for name in MOVABLE_FILES}
+        model = load_fine_tuned(args.ckpt, args.task, args.device, moved)
         if args.shards:
             result = run_shards(model, args)
         elif args.task != "nlvr2" and Path(args.image).is_dir():

@@ -134,7 +134,7 @@ def test_nlvr2_judges_as_predict_does_with_routing(runs, tmp_path, capsys):
     assert 0 <= result["probability_true"] <= 1
     assert (tmp_path / "map.png").stat().st_size > 0
     tokens = result["text_tokens"]
-    assert tokens[0]["token"] and set(tokens[0]["experts"]) == {"layer 1 language"}
+    assert tokens[0]["token"] and set(tokens[0]["experts"]) == {"layer1/language"}
     assert all(0 <= e < 4 for token in tokens for heads in token["experts"].values() for k in heads for e in k)
 
 
@@ -166,6 +166,8 @@ def test_bad_input_is_one_line_and_exit_2(runs, tmp_path, capsys):
         (["caption", "--ckpt", str(pretrain), *good], "is a pre-training checkpoint"),
         (["caption", "--ckpt", str(tmp_path / "backbone.pt"), *good], "holds no fine-tuned task"),
         (["caption", "--ckpt", str(caption), "--image", str(tmp_path)], "give --out"),
+        (["caption", "--ckpt", str(caption), *good, "--device", "nowhere"], "--device nowhere"),
+        (["caption", "--ckpt", str(caption), "--image", str(tmp_path), "--routing", "m.png"], "single input"),
         (["caption", "--ckpt", str(caption), "--shards", str(tmp_path / "nowhere")], "give --out"),
         (["vqa", "--ckpt", str(vqa), "--shards", str(tmp_path / "nowhere"), "--out", "r.json"], "--shards:"),
         (["vqa", "--ckpt", str(vqa), *good], "--question needed"),
@@ -212,3 +214,49 @@ def test_corrupt_shard_samples_are_skipped_and_counted(runs, tmp_path, capsys):
     assert code == 0, err
     assert result["corrupt_skipped"] == 1 and "broken" in err
     assert read_results(out, "vqa") == read_results(predictions, "vqa")
+
+
+def test_a_folder_skips_unreadable_images_and_caption_routing_reads_the_caption_pass(runs, tmp_path, capsys):
+    checkpoint, _, split, _ = runs["caption"]
+    folder = tmp_path / "images"
+    folder.mkdir()
+    sample = shard_samples(split)[0]
+    image_file(sample, "jpg", folder / "1.jpg")
+    (folder / "2.jpg").write_bytes(b"not an image")
+    out = tmp_path / "captions.json"
+    code, result, err = infer(["caption", "--ckpt", str(checkpoint), "--image", str(folder), "--out", str(out)], capsys)
+    assert code == 0, err
+    assert (result["images"], result["unreadable_skipped"]) == (1, 1) and "2.jpg could not be read" in err
+    argv = [
+        "caption",
+        "--ckpt",
+        str(checkpoint),
+        "--image",
+        str(folder / "1.jpg"),
+        "--routing",
+        str(tmp_path / "m.png"),
+    ]
+    code, result, err = infer(argv, capsys)
+    assert code == 0, err
+    assert result["text_tokens"] and (tmp_path / "m.png").stat().st_size > 0
+
+
+def test_routing_map_of_a_one_head_moe_shows_the_chosen_experts(tmp_path, capsys):
+    from mmoe.tasks.nlvr2 import NLVR2FineTuning
+
+    config = MultiwayConfig(dim=32, depth=2, num_heads=4, ffn_dim=64, image_size=32, patch_size=16,
+                            max_text_positions=40, moe=MoEPlan(num_experts=4, every=1))  # fmt: skip
+    task = NLVR2FineTuning(backbone=config)
+    hyper = {**task.hparams, "_class_path": "mmoe.tasks.nlvr2.NLVR2FineTuning"}
+    torch.save({"hyper_parameters": hyper, "state_dict": task.state_dict()}, tmp_path / "nlvr2.ckpt")
+    for side in ("left", "right"):
+        Image.fromarray(np.full((40, 50, 3), 90 if side == "left" else 200, dtype=np.uint8)).save(
+            tmp_path / f"{side}.png"
+        )
+    pair = ["--left", str(tmp_path / "left.png"), "--right", str(tmp_path / "right.png")]
+    argv = ["nlvr2", "--ckpt", str(tmp_path / "nlvr2.ckpt"), *pair, "--sentence", "two circles", "--routing",
+            str(tmp_path / "map.png")]  # fmt: skip
+    code, result, err = infer(argv, capsys)
+    assert code == 0, err
+    assert (tmp_path / "map.png").stat().st_size > 0
+    assert set(result["text_tokens"][0]["experts"]) == {"layer0/language", "layer1/language"}

@@ -90,6 +90,7 @@ def test_totals_equal_the_task_modules(variant, tmp_path, capsys):
         assert code == 0, err
         assert from_ckpt["total_parameters"] == count(task), class_path
         assert from_ckpt["task"] == class_path
+        assert from_ckpt["head_flops_per_prediction"] == result["head_flops_per_prediction"]
 
 
 def test_dense_forward_flops_equal_a_counted_forward():
@@ -166,6 +167,8 @@ def test_beit3_base_published_sizes(tmp_path, capsys):
     assert code == 0, err
     head_biases = 64010 + 8192  # the published count leaves the two heads' biases out
     assert result["total_parameters"] - head_biases == pytest.approx(276e6, abs=0.5e6)
+    mim, mlm = 768 * 8192 + 8192, 768 * 64010 + 64010  # one masked patch reads the MIM head, one masked token MLM
+    assert sorted(result["head_flops_per_prediction"].values()) == [2 * mim, 2 * mlm]
     assert result["backbone"]["flops_per_token"] == 12 * (8 * 768 * 768 + 4 * 768 * 3072)
 
 

@@ -29,10 +29,10 @@ class RandAugment:
     """BEiT-3's RandAugment for vision-language fine-tuning (``RandomAugment(N=2, M=7)`` of its VQA, NLVR2 and
     captioning recipes): ``num_ops`` operations drawn uniformly (with repetition) from a list without colour changes
     (identity, autocontrast, equalize, brightness, sharpness, shear x / y, translate x / y, rotate), each applied with
-    probability 0.5, with a random sign, at ``magnitude`` of 10. The operations are torchvision's, on PIL images;
-    strengths at magnitude m: brightness / sharpness factor 1 ± 0.09 m, shear 0.03 m (as a slope), translation
-    0.045 m of the side, rotation 3 m degrees (torchvision RandAugment's ranges scaled to m / 10). Random draws use
-    torch's generator, so the data loader's per-sample seeding makes them repeatable.
+    probability 0.5, at ``magnitude`` m of 10 with BEiT-3's strengths: brightness and sharpness by the factor
+    0.18 m + 0.1 (1.36 at m = 7), shear ± 0.03 m (as a slope), translation ± m pixels, rotation ± 3 m degrees, the
+    geometric ones with a random sign and grey (128) fill. The operations are torchvision's, on PIL images; random
+    draws use torch's generator, so the data loader's per-sample seeding makes them repeatable.
     """
 
     OPERATIONS = ("identity", "autocontrast", "equalize", "brightness", "sharpness", "shear_x", "shear_y",
@@ -58,16 +58,15 @@ class RandAugment:
         if name == "equalize":
             return TF.equalize(image)
         if name == "brightness":
-            return TF.adjust_brightness(image, 1.0 + sign * 0.09 * m)
+            return TF.adjust_brightness(image, 0.18 * m + 0.1)
         if name == "sharpness":
-            return TF.adjust_sharpness(image, 1.0 + sign * 0.09 * m)
+            return TF.adjust_sharpness(image, 0.18 * m + 0.1)
         if name in ("shear_x", "shear_y"):
             degrees = float(np.degrees(np.arctan(sign * 0.03 * m)))
             shear = [degrees, 0.0] if name == "shear_x" else [0.0, degrees]
             return TF.affine(image, 0.0, [0, 0], 1.0, shear, interpolation=bicubic, fill=fill)
         if name in ("translate_x", "translate_y"):
-            pixels = round(sign * 0.045 * m * (image.width if name == "translate_x" else image.height))
-            shift = [pixels, 0] if name == "translate_x" else [0, pixels]
+            shift = [round(sign * m), 0] if name == "translate_x" else [0, round(sign * m)]
             return TF.affine(image, 0.0, shift, 1.0, [0.0, 0.0], interpolation=bicubic, fill=fill)
         if name == "rotate":
             return TF.rotate(image, sign * 3.0 * m, interpolation=bicubic, fill=fill)

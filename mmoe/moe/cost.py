@@ -74,11 +74,12 @@ def router_flops(config: MoEConfig, num_experts: int) -> int:
 
 def gate_cost(config: MoEConfig, gate: int) -> tuple[int, int]:
     """Stratified MoE (Eq. 4-7): (parameters touched, forward FLOPs) of one token's pass at 0-based gate ``gate``:
-    the gate's LayerNorm, its scores over the E_i visible experts of strata i..L, and two experts (FLOPs in the
-    weights, as everywhere here)."""
+    the gate's LayerNorm, its scores over the E_i visible experts of strata i..L, and two experts (one where E_i = 1)
+    (FLOPs in the weights, as everywhere here)."""
     visible = sum(config.strata[gate:])
-    parameters = 2 * config.dim + router_parameters(config, visible) + 2 * expert_parameters(config)
-    flops = router_flops(config, visible) + 2 * 2 * 2 * config.head_dim * config.expert_dim  # LayerNorm not counted
+    choices = min(2, visible)  # the router caps top-2 at the experts it sees
+    parameters = 2 * config.dim + router_parameters(config, visible) + choices * expert_parameters(config)
+    flops = router_flops(config, visible) + choices * 2 * 2 * config.head_dim * config.expert_dim  # no LayerNorm
     return parameters, flops
 
 

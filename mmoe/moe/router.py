@@ -13,7 +13,9 @@ P is a softmax over s / tau_0 with the fixed tau_0 (= tau's initial value), also
 
 Router z-loss (ST-MoE, Zoph et al., 2022, Eq. 5): ``mean over non-padding rows of (log sum_i exp(x_i))^2`` of the
 gate logits x (s / tau for X-MoE), which keeps them small; computed always, weighted by the task's
-``z_loss_coefficient`` (0 = off, ST-MoE uses 1e-3).
+``z_loss_coefficient`` (0 = off, ST-MoE uses 1e-3). X-MoE's logits are bounded (|s| <= 1), so there it mainly
+acts on the learned temperature tau; with the sigmoid gate logsumexp is not the gate's normaliser, but it still
+penalises large logits.
 
 Shape legend: S (sub-)tokens, E experts, K top-k choices, R routing dim.
 """

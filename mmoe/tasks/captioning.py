@@ -151,11 +151,14 @@ class CaptioningFineTuning(FineTuningTask):
         """Head logits of the text tokens under the captioning mask: (B, T, K), or (M, K) at the ``positions``
         (B, T) bool mask, K = ``len(output_ids)`` (the vocabulary size without ``output_vocab``); and the routing
         records."""
-        image_len = 1 + self.backbone.config.num_patches
-        attn_mask = caption_attention_mask(image_len, text.shape[1], text.device)
+        attn_mask = self.caption_mask(text.shape[1], text.device)
         out = self.backbone(image=image, text=text, text_padding_mask=text_padding_mask, attn_mask=attn_mask)
         hidden = out.text_hidden if positions is None else out.text_hidden[positions]
         return self.head(hidden), out.routing
+
+    def caption_mask(self, text_len: int, device: torch.device | str = "cpu") -> torch.Tensor:
+        """:func:`caption_attention_mask` for this backbone's image tokens and ``text_len`` text tokens."""
+        return caption_attention_mask(1 + self.backbone.config.num_patches, text_len, device)
 
     def forward_batch(self, batch: CaptionBatch) -> tuple[torch.Tensor, list[RoutingRecord]]:
         return self(batch["image"], batch["text_ids"], batch.get("text_padding_mask"), batch["text_mask"])

@@ -3,8 +3,9 @@ model (backbone per layer, with its task head), for dense, X-MoE, MH-MoE and Str
 
 The backbone's numbers are closed forms (:mod:`mmoe.model.cost`); a head's parameters come from the checkpoint's
 weights (``--ckpt``) or from building the task's head modules (``--config``: the VQAv2 answer list, the captioning
-output vocabulary or the pre-training codebook named there are read for their sizes). FLOPs of a head count its
-weights once per prediction (a VQA / NLVR2 sample, a captioning or masked token).
+output vocabulary or the pre-training codebook named there are read for their sizes). A head's FLOPs count its
+weights (2 per weight) once per prediction: a VQA / NLVR2 sample, a caption token; pre-training has two heads, the
+MIM head for a masked patch and the MLM head for a masked text token, reported apart.
 """
 
 from __future__ import annotations
@@ -34,24 +35,29 @@ class InfoError(ValueError):
     """Bad input to ``mmoe info``; the message names the file and the field."""
 
 
-def head_parameters(task: str, init_args: dict, config: MultiwayConfig, source: Path) -> int:
-    """Parameters of the task head the config's model builds (0 for an unknown task class)."""
+#: The pre-training heads: state-dict prefix -> what one prediction of it is.
+PRETRAINING_HEADS = {"mim_head.": "MIM head (a masked patch)", "mlm_head.": "MLM head (a masked text token)"}
+
+
+def head_parameters(task: str, init_args: dict, config: MultiwayConfig, source: Path) -> dict[str, int]:
+    """Parameters of the task heads the config's model builds, per head that makes one kind of prediction (empty for
+    an unknown task class)."""
     dim = config.dim
     name = task.rsplit(".", 1)[-1]
     if name == "VQAFineTuning":
         from mmoe.tasks.vqa import load_answer_vocab
 
         answers = len(load_answer_vocab(required(init_args, "answer_vocab", source)))
-        return sum(p.numel() for module in vqa_pooler_and_head(dim, answers) for p in module.parameters())
+        return {"head": sum(p.numel() for module in vqa_pooler_and_head(dim, answers) for p in module.parameters())}
     if name == "NLVR2FineTuning":
-        return sum(p.numel() for p in nlvr2_head(dim).parameters())
+        return {"head": sum(p.numel() for p in nlvr2_head(dim).parameters())}
     if name == "CaptioningFineTuning":
         classes = config.vocab_size
         if init_args.get("output_vocab"):
             from mmoe.tasks.captioning import load_output_vocab
 
             classes = len(load_output_vocab(init_args["output_vocab"], config.vocab_size))
-        return sum(p.numel() for p in token_head(dim, classes).parameters())
+        return {"head": sum(p.numel() for p in token_head(dim, classes).parameters())}
     if name == "MaskedPretraining":
         if init_args.get("teacher_checkpoint"):
             from mmoe.tasks.pretraining import load_teacher, teacher_width
@@ -62,8 +68,9 @@ def head_parameters(task: str, init_args: dict, config: MultiwayConfig, source: 
             from mmoe.tasks.visual_codebook import PatchCodebook
 
             targets = PatchCodebook.load(required(init_args, "visual_codebook", source)).size
-        return (dim * targets + targets) + (dim * config.vocab_size + config.vocab_size)  # MIM and MLM heads
-    return 0
+        mim, mlm = PRETRAINING_HEADS.values()
+        return {mim: dim * targets + targets, mlm: dim * config.vocab_size + config.vocab_size}
+    return {}
 
 
 def required(init_args: dict, key: str, source: Path) -> str:
@@ -73,7 +80,7 @@ def required(init_args: dict, key: str, source: Path) -> str:
     return value
 
 
-def from_config(path: Path) -> tuple[str, MultiwayConfig, int | None, int | None]:
+def from_config(path: Path) -> tuple[str, MultiwayConfig, dict[str, int] | None, int | None]:
     """(task class, backbone config, head parameters (None when a file it needs is missing), text length) of an
     mmoe fit config."""
     if not path.is_file():
@@ -106,7 +113,7 @@ def from_config(path: Path) -> tuple[str, MultiwayConfig, int | None, int | None
     return task, config, head, text_length
 
 
-def from_checkpoint(path: Path) -> tuple[str, MultiwayConfig, int, int | None]:
+def from_checkpoint(path: Path) -> tuple[str, MultiwayConfig, dict[str, int], int | None]:
     """(task class or kind, backbone config, head parameters counted from the weights, text length of its data) of a
     checkpoint."""
     state = load_checkpoint_file(path, "checkpoint")
@@ -116,18 +123,25 @@ def from_checkpoint(path: Path) -> tuple[str, MultiwayConfig, int, int | None]:
         config = hyper_parameters["backbone"]
         if isinstance(config, dict):
             config = config_from_dict(config)
-        head = sum(value.numel() for key, value in weights.items() if not key.startswith((PREFIX, *BUFFERS)))
+        head: dict[str, int] = {}
+        for key, value in weights.items():
+            if not key.startswith((PREFIX, *BUFFERS)):
+                part = next((name for prefix, name in PRETRAINING_HEADS.items() if key.startswith(prefix)), "head")
+                head[part] = head.get(part, 0) + value.numel()
         data = state.get("datamodule_hyper_parameters")
         text_length = data.get("max_text_length") if isinstance(data, dict) else None
         task = hyper_parameters.get("_class_path") or "a Lightning checkpoint of an mmoe task"
         return task, config, head, text_length
     pretrained = read_pretrained(path)
     kind = "BEiT-3 checkpoint" if pretrained.heads else "backbone"
-    return kind, pretrained.config, sum(value.numel() for value in pretrained.heads.values()), None
+    heads = sum(value.numel() for value in pretrained.heads.values())
+    return kind, pretrained.config, {"head": heads} if heads else {}, None
 
 
-def report(source: str, task: str, config: MultiwayConfig, head: int | None, text_length: int) -> dict:
-    """The JSON of ``mmoe info``: totals (the head's None when it could not be counted) and the backbone's layers."""
+def report(source: str, task: str, config: MultiwayConfig, heads: dict[str, int] | None, text_length: int) -> dict:
+    """The JSON of ``mmoe info``: totals (the head's None when it could not be counted), each head's FLOPs per
+    prediction, and the backbone's layers."""
+    head = None if heads is None else sum(heads.values())
     sequence = config.num_patches + 1 + text_length
     backbone = backbone_cost(config, sequence)
     return {
@@ -136,7 +150,7 @@ def report(source: str, task: str, config: MultiwayConfig, head: int | None, tex
         "variant": variant_name(config),
         "total_parameters": backbone["parameters"] + (head or 0),
         "head_parameters": head,
-        "head_flops_per_prediction": None if head is None else 2 * head,
+        "head_flops_per_prediction": None if heads is None else {name: 2 * count for name, count in heads.items()},
         "backbone": backbone,
     }
 

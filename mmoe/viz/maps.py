@@ -27,6 +27,7 @@ def draw_patch_grid(
     path: str | Path,
     overlay: bool = True,
     row_labels: Sequence[str] | None = None,
+    legend: str = PATCH_LEGEND,
 ) -> Path:
     """Images × maps: column 0 the input image, then one column per map (layers, or checkpoints).
 
@@ -38,6 +39,7 @@ def draw_patch_grid(
         path: PNG to write (atomically).
         overlay: draw each map over a grey copy of the image (True) or on its own (False).
         row_labels: a label per image (e.g. its file name).
+        legend: the colour bar's label (what the integers count).
     """
     rows, cols = len(pixels), 1 + len(columns)
     figure = new_figure(1.0 + 1.9 * cols, 0.9 + 1.9 * rows)
@@ -68,7 +70,7 @@ def draw_patch_grid(
         ax.set_xticks([])
         ax.set_yticks([])
     if mappable is not None:
-        figure.colorbar(mappable, ax=axes, ticks=ticks, label=PATCH_LEGEND, shrink=min(1.0, 0.4 + 0.2 * rows))
+        figure.colorbar(mappable, ax=axes, ticks=ticks, label=legend, shrink=min(1.0, 0.4 + 0.2 * rows))
     figure.suptitle(title, fontsize=10)
     return save_figure(figure, path)
 
