@@ -35,11 +35,12 @@ def reference_expert(experts, expert: int, x_D: torch.Tensor) -> torch.Tensor:
 
 
 def reference_top_k(config, gate_logits: torch.Tensor, top_k: int) -> list[tuple[int, torch.Tensor]]:
-    """[(expert, weight)] best first; top-2 weights renormalised to sum to one."""
+    """[(expert, weight)] best first; top-2 weights renormalised to sum to one (GShard) unless the config keeps the raw
+    gate values (MH-MoE Eq. 2 / 6, Stratified MoE Eq. 6)."""
     scores = gate_logits.softmax(-1) if config.gate == "softmax" else gate_logits.sigmoid()
     ranked = sorted(range(scores.numel()), key=lambda e: -float(scores[e].detach()))[:top_k]
     weights = [scores[e] for e in ranked]
-    if top_k > 1:
+    if top_k > 1 and config.renormalize:
         total = sum(weights)
         weights = [w / total for w in weights]
     return list(zip(ranked, weights, strict=True))

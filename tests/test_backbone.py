@@ -362,3 +362,20 @@ def test_moe_plan_mirrors_every_moe_config_routing_field():
             assert field.name in plan_fields, field.name
             if field.default is not dataclasses.MISSING:
                 assert plan_fields[field.name] == field.default, field.name
+
+
+def test_transformer_dropout_acts_in_training_only():
+    """MultiwayConfig.dropout (MH-MoE App. C: 0.1): random in training, the identity in evaluation."""
+    image, text, padding = inputs()
+    torch.manual_seed(0)
+    backbone = MultiwayTransformer(tiny(dropout=0.1))
+    plain = MultiwayTransformer(tiny())
+    plain.load_state_dict(backbone.state_dict())
+    backbone.eval(), plain.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(backbone(image, text, padding).hidden, plain(image, text, padding).hidden)
+    backbone.train()
+    first, second = backbone(image, text, padding).hidden, backbone(image, text, padding).hidden
+    assert not torch.allclose(first, second)
+    with pytest.raises(ValueError, match="dropout must lie in"):
+        tiny(dropout=1.0)

@@ -423,3 +423,18 @@ def test_float32_grouped_gemm_path_matches_reference(router, gate, top_k, heads,
     torch.testing.assert_close(y[valid].double(), y_ref[valid], atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(routing.balance_loss.double(), balance_ref, atol=1e-6, rtol=1e-5)
     assert torch.equal(routing.expert_counts, counts_ref)
+
+
+@pytest.mark.parametrize("router,heads", [("linear", 1), ("xmoe", 2)])
+def test_raw_top2_gate_values_match_the_reference(router, heads):
+    """MH-MoE Eq. 2 / 6: the two experts' outputs are mixed with the raw gate values (``renormalize=False``)."""
+    layer = make_layer(router=router, top_k=2, heads=heads, renormalize=False)
+    x, padding = padded_input()
+    y, routing = layer(x, padding)
+    y_ref, balance_ref, counts_ref, index_ref = reference_forward(layer, x, padding)
+    valid = ~padding
+    torch.testing.assert_close(y[valid], y_ref[valid])
+    assert torch.equal(routing.expert_index, index_ref)
+    renormalised = make_layer(router=router, top_k=2, heads=heads)
+    renormalised.load_state_dict(layer.state_dict())
+    assert not torch.allclose(renormalised(x, padding)[0][valid], y[valid])  # raw weights sum to less than one

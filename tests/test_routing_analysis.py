@@ -22,6 +22,7 @@ from mmoe.metrics.routing import (
     RoutingTotals,
     activation_ratio,
     activation_ratio_curve,
+    choice_activation_ratio,
     image_diversity_maps,
     inter_run_consistency,
     load_summary,
@@ -77,8 +78,10 @@ def test_image_diversity_map_follows_patch_order_and_skips_cls():
 # -- activation ratio and load -------------------------------------------------------------------------------------
 
 
-def _activation_reference(counts: np.ndarray, threshold: float) -> float:
-    frequency = counts / counts.sum()
+def _activation_reference(counts: np.ndarray, tokens: float | None, threshold: float) -> float:
+    """MH-MoE Fig. 1a: an expert's selections over the number of tokens, activated at or above threshold / E; with
+    tokens None, its share of the choices."""
+    frequency = counts / (counts.sum() if tokens is None else tokens)
     return float(np.mean([f >= threshold / counts.size for f in frequency]))
 
 
@@ -88,23 +91,35 @@ def test_activation_ratio_matches_numpy_reference(threshold):
     counts = rng.integers(0, 50, size=(5, 16))
     counts[:, :3] = 0  # dead experts
     counts[1, 5] = 10_000  # one dominant expert
-    got = activation_ratio(torch.from_numpy(counts), threshold)
-    want = [_activation_reference(row, threshold) for row in counts]
+    tokens = counts.sum(-1) / 4.0  # four choices per token, e.g. h = 4 sub-tokens, top-1
+    got = activation_ratio(torch.from_numpy(counts), torch.from_numpy(tokens), threshold)
+    want = [_activation_reference(row, n, threshold) for row, n in zip(counts, tokens, strict=True)]
     np.testing.assert_allclose(got.numpy(), want)
-    curve = activation_ratio_curve(torch.from_numpy(counts), [0.0, threshold])
+    curve = activation_ratio_curve(torch.from_numpy(counts), torch.from_numpy(tokens), [0.0, threshold])
     np.testing.assert_allclose(curve[1].numpy(), want)
     assert torch.all(curve[0] == 1.0)
+    by_choice = [_activation_reference(row, None, threshold) for row in counts]
+    np.testing.assert_allclose(choice_activation_ratio(torch.from_numpy(counts), threshold).numpy(), by_choice)
+    np.testing.assert_allclose(activation_ratio_curve(torch.from_numpy(counts), None, [threshold])[0], by_choice)
+
+
+def test_activation_ratio_counts_per_token_so_more_choices_per_token_activate_more_experts():
+    """MH-MoE's h·k factor: the same share of choices over a quarter as many tokens (h = 4) passes more experts."""
+    counts = torch.tensor([400, 300, 200, 60, 30, 10, 0, 0])  # 1,000 choices over 8 experts; threshold 0.5 / 8
+    assert float(choice_activation_ratio(counts, 0.5)) == 3 / 8  # shares >= 6.25%: 40, 30, 20 %
+    assert float(activation_ratio(counts, 1000, 0.5)) == 3 / 8  # top-1, one head: one choice per token
+    assert float(activation_ratio(counts, 250, 0.5)) == 5 / 8  # four choices per token: 30 / 250 >= 1 / 16 too
 
 
 def test_activation_ratio_default_threshold_separates_dead_experts():
-    # 400 choices over 4 experts: uniform share 100, default threshold 0.1 -> 10 choices
+    # 400 tokens, one choice each, over 4 experts: uniform share 100, default threshold 0.1 -> 10 selections
     assert DEFAULT_ACTIVATION_THRESHOLD == 0.1
-    assert float(activation_ratio(torch.tensor([190, 190, 10, 10]))) == 1.0  # exactly at the threshold counts
-    assert float(activation_ratio(torch.tensor([191, 190, 10, 9]))) == 3 / 4
+    assert float(activation_ratio(torch.tensor([190, 190, 10, 10]), 400)) == 1.0  # exactly at the threshold counts
+    assert float(activation_ratio(torch.tensor([191, 190, 10, 9]), 400)) == 3 / 4
     counts = torch.tensor([191, 190, 10, 9])
-    assert float(activation_ratio(torch.zeros(8, dtype=torch.long))) == 0.0
+    assert float(activation_ratio(torch.zeros(8, dtype=torch.long), 0)) == 0.0
     with pytest.raises(ValueError, match="threshold"):
-        activation_ratio(counts, -0.1)
+        activation_ratio(counts, 400, -0.1)
 
 
 def test_load_summary():
@@ -311,6 +326,14 @@ def test_callback_logs_expected_keys_to_csv_and_saves_loads(tmp_path):
     stats = read_stats(tmp_path / "stats")
     assert len(stats["windows"]) == 2 and stats["activation_threshold"] == DEFAULT_ACTIVATION_THRESHOLD
     assert stats["total_loads"] == {key: counts.tolist() for key, counts in task.seen_counts.items()}
+    # 4 batches of 2 samples: 2 * 4 = 8 images of 1 + 4 tokens, 8 texts of 5 tokens; h = 2 sub-tokens each
+    tokens = {"vision": 8 * 5, "language": 8 * 5}
+    assert stats["total_tokens"] == {key: float(tokens[key.partition("/")[2]]) for key in stats["total_loads"]}
+    assert all(sum(loads) == 2 * stats["total_tokens"][key] for key, loads in stats["total_loads"].items())
+    last = stats["windows"][-1]
+    for key, window_tokens in last["tokens"].items():
+        want = activation_ratio(torch.tensor(last["loads"][key]), window_tokens)
+        assert last["stats"][key]["activation_ratio"] == pytest.approx(float(want))
     assert [p.name for p in (tmp_path / "stats").iterdir()] == ["routing_stats.json"]  # no temporary left
 
 

@@ -202,3 +202,12 @@ def test_build_moe_layer_picks_the_layer_kind():
     assert len(build_moe_layer(plain).gate_routers()) == 1 and len(build_moe_layer(stratified).gate_routers()) == 2
     with pytest.raises(ValueError, match="build_moe_layer"):
         MoELayer(stratified)
+
+
+def test_raw_gate_values_as_stratified_moe_eq6():
+    layer = make_layer(router="linear", strata=[2, 2], renormalize=False)
+    x, padding = padded_input()
+    update, _ = layer(x, padding)
+    y_ref, *_ = reference_stratified(layer, x, padding)
+    valid = ~padding
+    torch.testing.assert_close((x + update)[valid], y_ref[valid])

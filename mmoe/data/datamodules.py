@@ -200,7 +200,7 @@ class PretrainDataModule(ShardDataModule):
         pair_weight: relative frequency of pair batches.
         joint: one batch of every stream per training step instead of a weighted mixture.
         patch_size: the model's patch side; the mask grid is (S / patch_size)^2.
-        masking: masking ratios and replacement fractions (BEiT-3 defaults).
+        masking: masking ratios (BEiT-3's) and replacement fractions (BERT's 80/10/10).
         batches_per_epoch: training batches (steps, with ``joint``) per epoch and process.
         **loader: the loader, image and text arguments of :class:`ShardDataModule` (batch size, image size, ...).
     """

@@ -4,7 +4,9 @@
   the patch grid until the budget (40% of the patches in BEiT-3) is met.
 * Texts: 15% of the tokens of monomodal texts (MLM), 50% of the text tokens of image-text pairs (MVLM), chosen
   uniformly among the real tokens (never start / end of text or padding); each chosen token is replaced BERT-style by
-  the mask token (80%), a random BPE token (10%) or kept (10%), fractions configurable.
+  the mask token (80%), a random BPE token (10%) or kept (10%), fractions configurable. BEiT-3's paper does not state
+  the replacement for pre-training (its released code applies 80/10/10 to captioning); the BERT split is mmoe's
+  choice, and ``mask_token_fraction=1`` gives pure masking.
 * Captions: BEiT-3's captioning recipe, ``max(1, min(round(n·p), n - 1))`` of the n tokens after the start token (the
   end token included) with the same 80/10/10 replacement.
 
@@ -34,7 +36,9 @@ class MaskingConfig:
         min_aspect: smallest block aspect ratio; the largest is ``1 / min_aspect`` (BEiT: 0.3).
         text_ratio: share of the tokens of monomodal texts masked (BEiT-3: 0.15).
         pair_text_ratio: share of the text tokens of image-text pairs masked (BEiT-3: 0.5).
-        mask_pair_images: also block-mask the image of image-text pairs (BEiT-3 leaves it whole).
+        mask_pair_images: also block-mask the image of image-text pairs. BEiT-3 §2.2 gives the masking ratios of
+            monomodal texts, pair texts and images but does not say whether a pair's image is masked too; mmoe's
+            default leaves it whole, so the pair's masked words are predicted from the whole image.
         mask_token_fraction: share of the chosen text tokens replaced by the mask token.
         random_token_fraction: share of the chosen text tokens replaced by a random BPE token; the rest stay as
             they are.

@@ -1,9 +1,12 @@
 """Routing-analysis metrics of sparse MoE layers, as pure functions over routing records and tensors.
 
-* Expert load and **activation ratio** (MH-MoE, Wu et al., 2024, Fig. 1a and 5): an expert's selection frequency is
-  its share of all (sub-)token choices of the layer; the activation ratio is the share of experts whose frequency
-  reaches a threshold. The paper states no threshold value, so it is an argument here, expressed as a fraction of the
-  uniform share 1/E (:data:`DEFAULT_ACTIVATION_THRESHOLD`).
+* Expert load and **activation ratio** (MH-MoE, Wu et al., 2024, Fig. 1a and 5): "the ratio of each expert's
+  selection frequency in each MoE layer to the total number of tokens, where those exceeding a threshold (< 1) are
+  considered activated". An expert's frequency is its selections per token (``counts / tokens``): an MH-MoE token
+  makes h·k choices, so its frequencies sum to h·k, which is why MH-MoE activates more experts at the same threshold.
+  The paper states no threshold value, so it is an argument here, expressed as a fraction of 1/E
+  (:data:`DEFAULT_ACTIVATION_THRESHOLD`). The alternative view, each expert's share of the layer's choices (summing
+  to 1 whatever h and k), is :func:`choice_activation_ratio`; the two agree for a top-1 single-head layer.
 * **Sub-token assignment diversity** (MH-MoE Fig. 1b, 8, 10): for each token, the number of distinct experts its h
   sub-tokens go to.
 * **Representation collapse** RC = Tr(Σ_W Σ_B^†) (X-MoE, Chi et al., 2022, Eq. 11, after Zhu et al., 2021) of the
@@ -53,33 +56,51 @@ def layer_key(index: int | None, modality: str | None) -> str:
     return f"layer{index}/{modality}"
 
 
-def selection_frequency(counts_E: torch.Tensor) -> torch.Tensor:
-    """Each expert's share of all choices of its layer (MH-MoE Fig. 1a, 5); zeros where no choice was made.
+def selection_frequency(counts_E: torch.Tensor, tokens: float | torch.Tensor | None = None) -> torch.Tensor:
+    """Each expert's selection frequency (MH-MoE Fig. 1a, 5): its selections per token with ``tokens`` (the paper's,
+    summing to h·k over E when nothing is dropped), else its share of the layer's choices (summing to 1); zeros where
+    no choice was made.
 
     Args:
         counts_E: (..., E) choices per expert.
+        tokens: the tokens (not sub-tokens or choices) the counts were made on; None = share of choices.
 
     Returns:
-        (..., E) float64 frequencies summing to 1 over E (or 0 where the counts are all 0).
+        (..., E) float64.
     """
     counts = counts_E.to(torch.float64)
-    total = counts.sum(-1, keepdim=True)
+    total = counts.sum(-1, keepdim=True) if tokens is None else torch.as_tensor(tokens, dtype=torch.float64)
+    if total.dim() and total.shape[-1] != 1:
+        total = total.unsqueeze(-1)
     return torch.where(total > 0, counts / total.clamp_min(1.0), torch.zeros_like(counts))
 
 
-def activation_ratio(counts_E: torch.Tensor, threshold: float = DEFAULT_ACTIVATION_THRESHOLD) -> torch.Tensor:
-    """Share of experts whose selection frequency reaches ``threshold / E`` (MH-MoE Fig. 1a, 5).
+def activation_ratio(
+    counts_E: torch.Tensor, tokens: float | torch.Tensor, threshold: float = DEFAULT_ACTIVATION_THRESHOLD
+) -> torch.Tensor:
+    """MH-MoE Fig. 1a, 5: share of experts selected by at least ``threshold / E`` of the tokens (selections per
+    token, :func:`selection_frequency` with ``tokens``).
 
     Args:
         counts_E: (..., E) choices per expert, accumulated over the tokens analysed.
-        threshold: fraction of the uniform share 1/E; 0 counts every expert, 1 only those at or above their share.
+        tokens: number of tokens those choices were made for.
+        threshold: fraction of 1/E; 0 counts every expert.
 
     Returns:
         (...) float64 in [0, 1]; 0 for a layer that made no choice.
     """
+    return _share_active(counts_E, selection_frequency(counts_E, tokens), threshold)
+
+
+def choice_activation_ratio(counts_E: torch.Tensor, threshold: float = DEFAULT_ACTIVATION_THRESHOLD) -> torch.Tensor:
+    """The share-of-choices alternative to :func:`activation_ratio`: share of experts that take at least
+    ``threshold / E`` of the layer's choices (independent of h and k; equal to the paper's quantity at h = k = 1)."""
+    return _share_active(counts_E, selection_frequency(counts_E), threshold)
+
+
+def _share_active(counts_E: torch.Tensor, frequency: torch.Tensor, threshold: float) -> torch.Tensor:
     if threshold < 0:
         raise ValueError(f"activation threshold must be >= 0, got {threshold!r}")
-    frequency = selection_frequency(counts_E)
     num_experts = counts_E.shape[-1]
     made_choices = counts_E.sum(-1) > 0
     # A tiny tolerance keeps an expert at exactly the threshold activated despite float rounding.
@@ -88,10 +109,13 @@ def activation_ratio(counts_E: torch.Tensor, threshold: float = DEFAULT_ACTIVATI
 
 
 def activation_ratio_curve(
-    counts_E: torch.Tensor, thresholds: Sequence[float] = DEFAULT_CURVE_THRESHOLDS
+    counts_E: torch.Tensor, tokens: float | torch.Tensor | None, thresholds: Sequence[float] = DEFAULT_CURVE_THRESHOLDS
 ) -> torch.Tensor:
-    """Activation ratio at each threshold: (T, ...) for counts (..., E)."""
-    return torch.stack([activation_ratio(counts_E, t) for t in thresholds])
+    """Activation ratio at each threshold: (T, ...) for counts (..., E); ``tokens`` None = the share-of-choices
+    view."""
+    if tokens is None:
+        return torch.stack([choice_activation_ratio(counts_E, t) for t in thresholds])
+    return torch.stack([activation_ratio(counts_E, tokens, t) for t in thresholds])
 
 
 def load_summary(counts_E: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -116,8 +140,9 @@ def subtoken_diversity(
 
     Args:
         expert_index: (B, L, heads, top_k) chosen experts, -1 at padding and dropped choices (ignored).
-        choices: ``"top1"`` counts each sub-token's first choice (the map of the paper); ``"all"`` counts every
-            one of the heads * top_k choices.
+        choices: ``"top1"`` counts each sub-token's first choice; ``"all"`` counts every one of the heads * top_k
+            choices. MH-MoE (Fig. 1b, 7, 8: "the number of different experts they are routed to") does not say which
+            choices count when k = 2 (its Table 9), so both are offered; ``top1`` keeps the count in [1, h].
         num_experts: number of experts; inferred from the largest index when None.
 
     Returns:
@@ -308,13 +333,19 @@ class RoutingTotals:
                 self.counts[key], self.sums[key] = counts.clone(), sums
 
     def summary(self, threshold: float = DEFAULT_ACTIVATION_THRESHOLD) -> dict[str, dict[str, float]]:
-        """Per key: activation_ratio, entropy, load_min, load_max, load_cv, dropped_fraction, requested_capacity."""
+        """Per key: activation_ratio (MH-MoE's, per token), choice_activation_ratio, entropy, load_min, load_max,
+        load_cv, dropped_fraction, requested_capacity, tokens."""
         out = {}
         for key in sorted(self.counts, key=_layer_order):
             counts, sums = self.counts[key], self.sums[key]
             tokens = sums[0].clamp_min(1.0)
-            stats = {"activation_ratio": activation_ratio(counts, threshold)} | load_summary(counts)
+            stats = {
+                "activation_ratio": activation_ratio(counts, sums[0], threshold),
+                "choice_activation_ratio": choice_activation_ratio(counts, threshold),
+            }
+            stats |= load_summary(counts)
             stats |= {
+                "tokens": sums[0],
                 "entropy": sums[1] / tokens,
                 "dropped_fraction": sums[2] / tokens,
                 "requested_capacity": sums[3] / tokens,

@@ -5,7 +5,11 @@ One JSON object, written atomically (temporary file + rename) so a reader never 
     {"format": "mmoe-routing-stats", "activation_threshold": 0.1,
      "num_experts": {"layer1/vision": 8, ...},
      "total_loads": {"layer1/vision": [n_1, ..., n_E], ...},          # all windows summed
-     "windows": [{"step": 100, "loads": {...}, "stats": {"layer1/vision": {"activation_ratio": ..., ...}}}, ...]}
+     "total_tokens": {"layer1/vision": T, ...},                       # the tokens those loads were made on
+     "windows": [{"step": 100, "loads": {...}, "tokens": {...},
+                  "stats": {"layer1/vision": {"activation_ratio": ..., ...}}}, ...]}
+
+Files written before ``tokens`` existed lack them; readers then fall back to the share-of-choices view.
 
 Each window holds the loads accumulated over ``every_n_steps`` training batches (X-MoE §4.5 correlates loads
 accumulated over 100 steps for the inter-run consistency).
@@ -43,3 +47,12 @@ def read_stats(path: str | Path) -> dict:
 def total_loads(payload: dict) -> dict[str, torch.Tensor]:
     """Per key, the (E,) expert loads summed over all windows of a statistics file."""
     return {key: torch.tensor(loads, dtype=torch.long) for key, loads in payload["total_loads"].items()}
+
+
+def total_tokens(payload: dict) -> dict[str, float] | None:
+    """Per key, the tokens the total loads were made on; None for a file that does not record them (or not for
+    every layer)."""
+    tokens = payload.get("total_tokens")
+    if not isinstance(tokens, dict) or set(tokens) != set(payload["total_loads"]):
+        return None
+    return {key: float(value) for key, value in tokens.items()}

@@ -95,6 +95,7 @@ class MultiwayTransformer(nn.Module):
                 )
             )
         self.final_norm = nn.ModuleList(nn.LayerNorm(dim, eps=eps) for _ in range(2)) if config.output_norm else None
+        self.embed_dropout = nn.Dropout(config.dropout) if config.dropout > 0 else nn.Identity()
         self.reset_parameters()
 
     def _ffn_factory(self, is_moe: bool):
@@ -181,8 +182,8 @@ class MultiwayTransformer(nn.Module):
         """
         if image is None and text is None:
             raise ValueError("MultiwayTransformer needs an image, a text, or both")
-        image_x = self.embed_image(image, image_mask) if image is not None else None
-        text_x = self.embed_text(text) if text is not None else None
+        image_x = self.embed_dropout(self.embed_image(image, image_mask)) if image is not None else None
+        text_x = self.embed_dropout(self.embed_text(text)) if text is not None else None
         if text is None:
             text_padding_mask = None
         mask = _attention_mask(image_x, text_x, text_padding_mask, attn_mask)

@@ -35,6 +35,7 @@ class MoEPlan:
 
     num_experts: int = 8
     top_k: int = 1
+    renormalize: bool = True
     router: Literal["linear", "xmoe"] = "xmoe"
     gate: Literal["softmax", "sigmoid"] = "softmax"
     heads: int = 1
@@ -92,6 +93,9 @@ class MultiwayConfig:
             paper, VLMo). Default 0: the released BEiT-3 models have none.
         subln: Sub-LN LayerNorms inside attention (before the output projection) and inside the FFN (before fc2).
         drop_path: stochastic depth rate, linearly increasing over the layers.
+        dropout: Transformer dropout (torchscale's ``dropout``): on the embedded tokens and on every attention and FFN
+            sub-layer output before its residual add. 0 as BEiT-3 (which regularises with drop path only); MH-MoE
+            App. C (Table 10) and X-MoE (Table 9) pre-train with 0.1.
         layernorm_eps: LayerNorm epsilon.
         output_norm: the final per-modality LayerNorm (torchscale's ``normalize_output``); BEiT-3's VQAv2 models are
             released without it.
@@ -113,6 +117,7 @@ class MultiwayConfig:
     vl_layers: int = 0
     subln: bool = True
     drop_path: float = 0.0
+    dropout: float = 0.0
     layernorm_eps: float = 1e-5
     output_norm: bool = True
     moe: MoEPlan | None = None
@@ -124,6 +129,8 @@ class MultiwayConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"MultiwayConfig.{name} must be a positive integer, got {value!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"MultiwayConfig.dropout must lie in [0, 1), got {self.dropout!r}")
         if self.dim % self.num_heads:
             raise ValueError(f"MultiwayConfig.dim={self.dim} is not divisible by num_heads={self.num_heads}")
         if self.image_size % self.patch_size:

@@ -2,8 +2,8 @@
 
 Pre-LN with Sub-LN (Magneto), per modality m in {vision, language}::
 
-    h_m = x_m + DropPath(Out_m(InnerLN_m(Attention(LN_m(x)))))     # one softmax over the joint image+text sequence
-    y_m = h_m + DropPath(FFN_m(FFNLN_m(h_m)))                      # FFN_m = fc2(SubLN(GELU(fc1(.)))) or a MoE layer
+    h_m = x_m + DropPath(Dropout(Out_m(InnerLN_m(Attention(LN_m(x))))))  # one softmax over the joint sequence
+    y_m = h_m + DropPath(Dropout(FFN_m(FFNLN_m(h_m))))                    # FFN_m = fc2(SubLN(GELU(fc1(.)))) or MoE
 
 FFNLN_m is the identity for a Stratified MoE layer, which normalises its own input (one LayerNorm per stratum); every
 FFN returns the update that the block adds, so the block has one FFN path.
@@ -116,6 +116,8 @@ class MultiwayBlock(nn.Module):
         self.vl_ffn = make_ffn() if vision_language_ffn else None
         self.vl_norm = make_norm() if vision_language_ffn else None
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        # Residual dropout (MultiwayConfig.dropout), before drop path as torchscale's encoder layer does it.
+        self.dropout = nn.Dropout(config.dropout) if config.dropout > 0 else nn.Identity()
 
     def moe_layers(self) -> Iterator[tuple[str, MoELayer]]:
         """``(modality, layer)`` for each MoE FFN of this block, modality as in its routing records ("vision",
@@ -139,7 +141,7 @@ class MultiwayBlock(nn.Module):
         padding = [text_padding_mask if m == LANGUAGE else None for m in modalities]
         way = (lambda m: m) if self.attention_ways == 2 else (lambda m: 0)
         attended = self.attention([(way(m), x) for m, x in present], attn_mask)
-        hidden = [x + self.drop_path(a) for (_, x), a in zip(present, attended, strict=True)]
+        hidden = [x + self.drop_path(self.dropout(a)) for (_, x), a in zip(present, attended, strict=True)]
 
         records: list[RoutingRecord] = []
         if self.vl_ffn is not None and len(present) == 2:
@@ -154,7 +156,7 @@ class MultiwayBlock(nn.Module):
                 updates.append(update)
                 if record is not None:
                     records.append(_tag(record, self.index, MODALITY_NAMES[m]))
-        out = {m: h + self.drop_path(u) for m, h, u in zip(modalities, hidden, updates, strict=True)}
+        out = {m: h + self.drop_path(self.dropout(u)) for m, h, u in zip(modalities, hidden, updates, strict=True)}
         return out.get(VISION), out.get(LANGUAGE), records
 
     def _joint_ffn(self, ffn, norms, hidden, modalities, padding, records) -> list[torch.Tensor]:

@@ -5,7 +5,8 @@ router (and a Stratified layer's gates) is new; the experts start from the dense
 
 * Switch / X-MoE (``heads = 1``, ``beta = 1``): every expert is a copy of the FFN of its modality (``mode:
   shared``: experts alternate between the vision and the language FFN). With all experts equal the layer outputs
-  ``sum_k g_k FFN(x)``: the dense FFN exactly when the gate weights sum to 1 (top-2, renormalised), and ``g_1 FFN(x)``
+  ``sum_k g_k FFN(x)``: the dense FFN exactly when the gate weights sum to 1 (top-2, renormalised; with raw top-2
+  weights, ``renormalize: false``, it is (g_1 + g_2) FFN(x)), and ``g_1 FFN(x)``
   with top-1, whose gate weight is the router's probability (Switch has no renormalisation, so the router learns
   from the task loss).
 * Stratified MoE: each stratum's LayerNorm is the dense pre-FFN LayerNorm and every expert a copy of the FFN; a token

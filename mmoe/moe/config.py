@@ -36,8 +36,9 @@ class MoEConfig:
         dim: token width D.
         ffn_dim: inner width of the dense FFN this layer replaces; each expert's inner width is ``ffn_dim * beta``.
         num_experts: number of experts N (for Stratified MoE, the sum over strata).
-        top_k: experts per (sub-)token, 1 or 2. With 2, the two gate weights are renormalised to sum to 1
-            (GShard), before any capacity drop.
+        top_k: experts per (sub-)token, 1 or 2.
+        renormalize: with top-2, divide the two gate weights by their sum (GShard, torchscale; before any capacity
+            drop). False keeps the raw gate values, as MH-MoE Eq. 2 / 6 and Stratified MoE Eq. 6 write the mix.
         router: ``"linear"`` scores s_i = h·e_i (Switch / GShard); ``"xmoe"`` scores s_i = cos(W h, e_i) with W a
             bias-free ``routing_dim x D'`` projection (X-MoE Eq. 7) and a learnable temperature (X-MoE Eq. 8).
         gate: ``"softmax"`` over experts or element-wise ``"sigmoid"`` (X-MoE Eq. 8).
@@ -62,6 +63,7 @@ class MoEConfig:
     ffn_dim: int
     num_experts: int
     top_k: int = 1
+    renormalize: bool = True
     router: Literal["linear", "xmoe"] = "xmoe"
     gate: Literal["softmax", "sigmoid"] = "softmax"
     heads: int = 1

@@ -87,7 +87,7 @@ class RouterOutput:
 
     Attributes:
         expert_SK: chosen experts, first choice first.
-        weight_SK: gate weight of each choice (top-2 renormalised to sum to one).
+        weight_SK: gate weight of each choice (top-2 renormalised to sum to one unless ``renormalize`` is off).
         balance_loss: X-MoE Eq. 9 over the non-padding (sub-)tokens; zero when there are none.
         z_loss: ST-MoE Eq. 5 over the non-padding (sub-)tokens; zero when there are none.
         entropy: mean entropy of the routing distribution over the non-padding (sub-)tokens (detached, for logs).
@@ -110,6 +110,7 @@ class Router(nn.Module):
         self.gate = config.gate
         num_experts = config.num_experts if num_experts is None else num_experts
         self.top_k = min(config.top_k, num_experts)
+        self.renormalize = config.renormalize
         if config.router == "xmoe":
             self.scorer = XMoEScorer(config.head_dim, num_experts, config.routing_dim, config.initial_temperature)
         else:
@@ -126,7 +127,7 @@ class Router(nn.Module):
             else:
                 scores_SE = gate_logits_SE.sigmoid()
             weight_SK, expert_SK = scores_SE.topk(self.top_k, dim=-1)
-            if self.top_k > 1:
+            if self.top_k > 1 and self.renormalize:  # GShard; MH-MoE Eq. 2 / 6 and Stratified Eq. 6 keep raw values
                 weight_SK = weight_SK / weight_SK.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(weight_SK.dtype).tiny)
             balance_probs_SE = balance_logits_SE.softmax(dim=-1)
             weights_S, count = _row_weights(balance_probs_SE, valid_S)

@@ -7,7 +7,8 @@ strata i..L (its *visible* experts). Every token starts at gate 1; at gate i (St
     G  = gate_i(x')                             # Stratified MoE Eq. 5: softmax(W_i x') over the E_i visible experts
     x  = x + sum_{e in top-2} G_e FFN_e(x')     # Stratified MoE Eq. 6-7
 
-(G may use X-MoE scores instead; the two top-2 weights are renormalised as in the plain top-2 layer) and the token
+(G may use X-MoE scores instead; the two top-2 weights are renormalised as in the plain top-2 layer unless
+``renormalize`` is off, which keeps Eq. 6's raw gate values) and the token
 continues at gate stratum(best expert) + 1, leaving once its best expert is in the last stratum; a stratum it skips
 adds nothing. So a token makes 1..L FFN passes; the requested capacity RC is the mean number of
 passes per token (Stratified MoE §4, "RC").

@@ -6,7 +6,9 @@ fraction and requested capacity into small tensors on the model's device (no hos
 batches it sums them over the ranks (``trainer.strategy.reduce``), logs per layer and modality, through
 ``pl_module.log_dict`` (so TensorBoard, CSV and any other logger get them)::
 
-    routing/layer{i}/{modality}/activation_ratio    MH-MoE Fig. 1a / 5 (threshold: a fraction of 1/E)
+    routing/layer{i}/{modality}/activation_ratio    MH-MoE Fig. 1a / 5, per token (threshold: a fraction of 1/E)
+    routing/layer{i}/{modality}/choice_activation_ratio  the same on each expert's share of the choices
+    routing/layer{i}/{modality}/tokens              tokens routed in the window
     routing/layer{i}/{modality}/entropy             mean entropy of the routing distribution
     routing/layer{i}/{modality}/load_min|load_max   smallest / largest expert share over the uniform share 1/E
     routing/layer{i}/{modality}/load_cv             std / mean of the expert counts
@@ -88,6 +90,7 @@ class RoutingStatsCallback(L.Callback):
         self._batches = 0
         self._windows: list[dict] = []
         self._total_loads: dict[str, list[int]] = {}
+        self._total_tokens: dict[str, float] = {}
         self._warned_no_routing = False
 
     # -- accumulation ------------------------------------------------------------------------------------------------
@@ -183,12 +186,13 @@ class RoutingStatsCallback(L.Callback):
             pl_module.log_dict(metrics, on_step=True, on_epoch=False, batch_size=1)
         if self.save_dir is not None and trainer.is_global_zero:
             loads = {key: totals.counts[key].tolist() for key in summary}
+            tokens = {key: stats["tokens"] for key, stats in summary.items()}
             for key, values in loads.items():
                 previous = self._total_loads.get(key, [0] * len(values))
                 self._total_loads[key] = [a + b for a, b in zip(previous, values, strict=True)]
-            self._windows.append(
-                {"step": trainer.global_step, "batches": self._batches, "loads": loads, "stats": summary}
-            )
+                self._total_tokens[key] = self._total_tokens.get(key, 0.0) + tokens[key]
+            window = {"step": trainer.global_step, "batches": self._batches, "loads": loads, "tokens": tokens}
+            self._windows.append(window | {"stats": summary})
             self.save(self.save_dir / STATS_FILENAME)
 
     def save(self, path: str | Path) -> None:
@@ -199,6 +203,7 @@ class RoutingStatsCallback(L.Callback):
             "every_n_steps": self.every_n_steps,
             "num_experts": {key: self._num_experts[key] for key in sort_keys(self._total_loads)},
             "total_loads": {key: self._total_loads[key] for key in sort_keys(self._total_loads)},
+            "total_tokens": {key: self._total_tokens[key] for key in sort_keys(self._total_tokens)},
             "windows": self._windows,
         }
         write_json_atomic(path, payload, indent=1)

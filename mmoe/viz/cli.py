@@ -31,7 +31,7 @@ from mmoe.metrics.routing import (
     image_diversity_maps,
     text_diversity,
 )
-from mmoe.metrics.routing_stats import read_stats, total_loads
+from mmoe.metrics.routing_stats import read_stats, total_loads, total_tokens
 from mmoe.viz.inputs import InputError, Sample, TextEncoder, find_samples, make_batches
 
 #: Errors that are the user's input, reported in one line with exit code 2.
@@ -251,28 +251,37 @@ def _heatmap(args: argparse.Namespace) -> int:
     from mmoe.viz.plots import draw_activation_curve, draw_activation_heatmap, draw_load_histograms
 
     out, written = Path(args.out), []
+    sources = []
     if args.stats:
-        sources = [
-            (label, total_loads(read_stats(path))) for label, path in zip(_labels(args.stats), args.stats, strict=True)
-        ]
+        for label, path in zip(_labels(args.stats), args.stats, strict=True):
+            payload = read_stats(path)
+            sources.append((label, total_loads(payload), total_tokens(payload)))
     else:
-        sources = []
         samples = _data_samples(args.data, args.batches, args.batch_size)
         for label, path in zip(_labels(args.ckpt), args.ckpt, strict=True):
             backbone = _load(path, device=_device(args.device))
-            run = _run_over(backbone, path, samples, args)
-            sources.append((label, {k: v.cpu() for k, v in run.totals.counts.items()}))
-    for label, loads in sources:
+            totals = _run_over(backbone, path, samples, args).totals
+            tokens = {key: float(sums[0]) for key, sums in totals.sums.items()}
+            sources.append((label, {k: v.cpu() for k, v in totals.counts.items()}, tokens))
+    for label, loads, tokens in sources:
         if not loads:
             raise InputError(f"{label}: the data produced no routing (no sample reached a MoE layer)")
         part = _file_part(label)
         written.append(
-            draw_activation_heatmap(loads, out / f"heatmap_{part}.png", args.threshold, f"Expert activation — {label}")
+            draw_activation_heatmap(
+                loads, out / f"heatmap_{part}.png", args.threshold, f"Expert activation — {label}", tokens
+            )
         )
-        written.append(draw_load_histograms(loads, out / f"loads_{part}.png", args.threshold, f"Expert load — {label}"))
+        written.append(
+            draw_load_histograms(loads, out / f"loads_{part}.png", args.threshold, f"Expert load — {label}", tokens)
+        )
         written.append(
             draw_activation_curve(
-                loads, out / f"activation_curve_{part}.png", chosen=args.threshold, title=f"Activation ratio — {label}"
+                loads,
+                out / f"activation_curve_{part}.png",
+                chosen=args.threshold,
+                title=f"Activation ratio — {label}",
+                tokens=tokens,
             )
         )
     print(json.dumps({"written": [str(p) for p in written]}, indent=1))
