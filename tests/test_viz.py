@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 
 from mmoe.cli import main
-from mmoe.metrics.routing import image_diversity_maps
+from mmoe.metrics.routing import image_diversity_maps, inter_run_consistency
 from mmoe.metrics.routing_stats import STATS_FORMAT
 from mmoe.viz.maps import draw_patch_grid, draw_text_maps
 from mmoe.viz.plots import draw_activation_curve, draw_activation_heatmap, draw_load_histograms
@@ -171,6 +171,56 @@ def test_analyze_routing_json(inputs, capsys):
     assert all(0 < report["fluctuation"][key] <= 1 for key in keys)
     assert report["inter_run_consistency"]["mean"] < 1.0
     assert "fluctuation" not in json.loads(run(base, capsys)[1])
+
+
+def _stats_file(path, windows):
+    """A routing-statistics file of ``windows`` = [(step, {key: loads})]: as RoutingStatsCallback writes it."""
+    totals = {key: np.sum([loads[key] for _, loads in windows], axis=0).tolist() for key in windows[0][1]}
+    payload = {
+        "format": STATS_FORMAT,
+        "num_experts": {key: len(loads) for key, loads in windows[0][1].items()},
+        "total_loads": totals,
+        "windows": [{"step": step, "loads": loads} for step, loads in windows],
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload))
+    return str(path)
+
+
+def test_analyze_consistency_through_fine_tuning_is_ic_window_by_window(tmp_path, capsys):
+    """X-MoE §4.5 / Fig. 3b: each window's IC is the Pearson mean over the runs' loads of that window."""
+    rng = np.random.default_rng(0)
+    keys = ("layer1/vision", "layer1/language")
+    runs = [[(step, {key: rng.integers(1, 50, 4).tolist() for key in keys}) for step in (10, 20, 30)] for _ in range(3)]
+    paths = [_stats_file(tmp_path / f"seed{i}" / "routing_stats.json", windows) for i, windows in enumerate(runs)]
+    plot = tmp_path / "ic.png"
+    code, stdout, err = run(["analyze", "consistency", "--stats", *paths, "--plot", str(plot)], capsys)
+    assert code == 0, err
+    report = json.loads(stdout)
+    assert report["steps"] == [10, 20, 30] and report["plot"] == str(plot) and plot.stat().st_size > 0
+    for position, window in enumerate(report["windows"]):
+        for key in keys:
+            expected = inter_run_consistency([run[position][1][key] for run in runs])
+            assert window[key] == pytest.approx(expected)
+        assert window["mean"] == pytest.approx(np.mean([window[key] for key in keys]))
+    # a run whose loads follow another's exactly is fully consistent with it
+    copy = _stats_file(tmp_path / "copy.json", [(s, {k: [2 * n for n in v] for k, v in w.items()}) for s, w in runs[0]])
+    code, stdout, err = run(["analyze", "consistency", "--stats", paths[0], copy], capsys)
+    assert code == 0, err
+    assert all(window["mean"] == pytest.approx(1.0) for window in json.loads(stdout)["windows"])
+
+
+def test_analyze_consistency_refuses_runs_logged_at_other_steps(tmp_path, capsys):
+    loads = {"layer1/vision": [1, 2, 3, 4]}
+    a = _stats_file(tmp_path / "a.json", [(10, loads), (20, loads)])
+    b = _stats_file(tmp_path / "b.json", [(10, loads), (25, loads)])
+    code, stdout, err = run(["analyze", "consistency", "--stats", a, b], capsys)
+    assert code == 2 and stdout == "" and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+    assert "window 2" in err and "step 20" in err and "step 25" in err and "every_n_steps" in err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["analyze", "consistency", "--stats", a])
+    assert exit_info.value.code == 2
 
 
 # -- bad input -----------------------------------------------------------------------------------------------------

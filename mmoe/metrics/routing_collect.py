@@ -205,6 +205,34 @@ def load_consistency(loads: list[dict[str, torch.Tensor]], names: Sequence[str])
     return per_key | {"mean": float(np.mean(defined)) if defined else None}
 
 
+def consistency_through_training(
+    runs: Sequence[list[tuple[int, dict[str, torch.Tensor]]]], names: Sequence[str]
+) -> dict:
+    """Inter-run consistency through fine-tuning (X-MoE §4.5, Fig. 3b): IC of the runs' expert loads accumulated over
+    each logging window (X-MoE: 100 steps), window by window; ``runs`` as :func:`mmoe.metrics.routing_stats
+    .window_loads` gives them, one per run. Windows are matched by position and must be at the same step in every
+    run (the same ``every_n_steps``); the curve stops at the shortest run.
+
+    Returns:
+        ``{"steps": [...], "windows": [{"step": s, "mean": IC, "layer1/vision": IC, ...}, ...]}``.
+    """
+    if len(runs) < 2:
+        raise ValueError(f"inter-run consistency needs at least 2 runs, got {len(runs)}")
+    length = min(len(run) for run in runs)
+    if length == 0:
+        empty = next(name for name, run in zip(names, runs, strict=True) if not run)
+        raise ValueError(f"{empty} holds no logging window")
+    windows = []
+    for position in range(length):
+        steps = [run[position][0] for run in runs]
+        if len(set(steps)) > 1:
+            where = ", ".join(f"{name} at step {step}" for name, step in zip(names, steps, strict=True))
+            raise ValueError(f"window {position + 1} is not at the same step in every run ({where}): log the runs "
+                             "with the same RoutingStatsCallback.every_n_steps")  # fmt: skip
+        windows.append({"step": steps[0]} | load_consistency([run[position][1] for run in runs], names))
+    return {"steps": [window["step"] for window in windows], "windows": windows}
+
+
 def finite_or_none(value: float | None) -> float | None:
     """``value``, or None where it is None, NaN or infinite (JSON has no NaN)."""
     return None if value is None or not math.isfinite(value) else value

@@ -49,6 +49,14 @@ def total_loads(payload: dict) -> dict[str, torch.Tensor]:
     return {key: torch.tensor(loads, dtype=torch.long) for key, loads in payload["total_loads"].items()}
 
 
+def window_loads(payload: dict) -> list[tuple[int, dict[str, torch.Tensor]]]:
+    """``(step, {key: (E,) loads})`` of every window of a statistics file, in order."""
+    return [
+        (int(window["step"]), {key: torch.tensor(loads, dtype=torch.long) for key, loads in window["loads"].items()})
+        for window in payload.get("windows", [])
+    ]
+
+
 def total_tokens(payload: dict) -> dict[str, float] | None:
     """Per key, the tokens the total loads were made on; None for a file that does not record them (or not for
     every layer)."""

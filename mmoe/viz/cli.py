@@ -327,7 +327,17 @@ def analyze_command(argv: Sequence[str]) -> int:
     routing.add_argument("--text-tokenizer", help=TEXT_TOKENIZER_HELP)
     routing.add_argument("--no-text", action="store_true", help="feed images only")
     routing.add_argument("--device", default=None)
+    through = sub.add_parser(
+        "consistency",
+        help="inter-run consistency through fine-tuning from the runs' routing_stats.json (X-MoE Fig. 3b)",
+    )
+    through.add_argument("--stats", nargs="+", required=True, help="m >= 2 runs' routing_stats.json (or their folders)")
+    through.add_argument("--plot", help="also draw the curve to this PNG")
     args = parser.parse_args(list(argv))
+    if args.analysis == "consistency":
+        if len(args.stats) < 2:
+            parser.error(f"--stats needs at least 2 runs, got {len(args.stats)}")
+        return _run("analyze", _analyze_consistency, args)
     if args.runs is not None and len(args.runs) < 2:
         parser.error(f"--runs needs at least 2 checkpoints, got {len(args.runs)}")
     if args.threshold < 0:
@@ -335,6 +345,20 @@ def analyze_command(argv: Sequence[str]) -> int:
     if args.max_rows < 2:
         parser.error(f"--max-rows must be >= 2, got {args.max_rows}")
     return _run("analyze", _analyze_routing, args)
+
+
+def _analyze_consistency(args: argparse.Namespace) -> int:
+    from mmoe.metrics.routing_collect import consistency_through_training
+    from mmoe.metrics.routing_stats import window_loads
+
+    runs = [window_loads(read_stats(path)) for path in args.stats]
+    report = {"runs": list(args.stats)} | consistency_through_training(runs, args.stats)
+    if args.plot:
+        from mmoe.viz.plots import draw_consistency_curve
+
+        report["plot"] = str(draw_consistency_curve(report["windows"], args.plot))
+    print(json.dumps(report, indent=1))
+    return 0
 
 
 def _analyze_routing(args: argparse.Namespace) -> int:

@@ -151,3 +151,26 @@ def draw_activation_curve(
     figure.legend(fontsize=7, ncols=2 if len(keys) > 12 else 1, loc="outside right upper")
     ax.set_title(title, fontsize=10)
     return save_figure(figure, path)
+
+
+def draw_consistency_curve(
+    windows: Sequence[Mapping], path: str | Path, title: str = "Inter-run consistency through fine-tuning"
+) -> Path:
+    """X-MoE Fig. 3b: IC of the runs' window loads against the step, the mean over MoE layers bold and each layer
+    thin (windows as :func:`mmoe.metrics.routing_collect.consistency_through_training` returns them)."""
+    figure = new_figure(7.5, 4.2)
+    ax = figure.subplots()
+    steps = [window["step"] for window in windows]
+    keys = sort_keys({key for window in windows for key in window if key not in ("step", "mean")})
+    for key in keys:
+        values = [np.nan if window.get(key) is None else window[key] for window in windows]
+        ax.plot(steps, values, linewidth=0.8, alpha=0.5, label=key)
+    mean = [np.nan if window.get("mean") is None else window["mean"] for window in windows]
+    ax.plot(steps, mean, color="black", linewidth=2.2, label="mean over layers")
+    ax.set_xlabel("fine-tuning step")
+    ax.set_ylabel("inter-run consistency IC")
+    ax.set_ylim(-1.05, 1.05)
+    ax.grid(alpha=0.3)
+    figure.legend(fontsize=7, ncols=2 if len(keys) > 12 else 1, loc="outside right upper")
+    ax.set_title(title, fontsize=10)
+    return save_figure(figure, path)
