@@ -12,6 +12,8 @@ Subcommands:
   (answers, caption, true/false; ``--routing`` for the expert map).
 * ``mmoe info --config C | --ckpt C`` — parameters, active parameters and forward FLOPs per token of a whole model
   (per layer, with its task head).
+* ``mmoe study claims [--out DIR] [--fast | --scale]`` — the X-MoE / MH-MoE analysis claims trained and measured at
+  tiny scale, one report (Markdown, PNG, JSON).
 * ``mmoe moe-info --moe.dim 768 --moe.ffn_dim 3072 --moe.num_experts 8 [--moe.heads 4 ...]`` — parameters, active
   parameters and forward FLOPs per token of one MoE layer against the dense FFN it replaces (JSON on stdout). Every
   :class:`mmoe.moe.MoEConfig` field is an option; ``--moe config.yaml`` reads them from a file.
@@ -85,6 +87,7 @@ COMMANDS: dict[str, Command] = {
     "viz": Command("mmoe.viz.cli", "viz_command"),
     "analyze": Command("mmoe.viz.cli", "analyze_command"),
     "demo": Command("mmoe.demo", "demo_command"),
+    "study": Command("mmoe.study", "study_command"),
 }
 
 

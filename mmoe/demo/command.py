@@ -19,14 +19,19 @@ from mmoe.demo.stages import codebook_stage, corpus_stage, run_stage, variant_ro
 
 def check_settings(run: DemoRun) -> None:
     """Records the settings in ``DIR/demo.json``; a directory made with other settings is refused, not mixed."""
-    path = run.out / "demo.json"
-    settings = run.settings.to_json()
+    # A demo.json written before the precision option or the learning-rate overrides has neither: those runs
+    # trained in 32-true with the configs' learning rates.
+    older = {"precision": "32-true", "finetune_learning_rates": []}
+    hint = "use another --out, or that run's --fast and --precision choices with the version that made it"
+    refuse_other_settings(run.out / "demo.json", run.settings.to_json(), "a demo run", hint, older)
+
+
+def refuse_other_settings(path: Path, settings: dict, what: str, hint: str, older: dict | None = None) -> None:
+    """Records ``settings`` in ``path`` (JSON, ``{"settings": ...}``); DemoError listing what differs when ``path``
+    holds other settings, so a run directory is never mixed. ``older``: defaults of fields older files lack."""
     if path.is_file():
         stored = json.loads(path.read_text()).get("settings")
-        # A demo.json written before the precision option or the learning-rate overrides has neither: those runs
-        # trained in 32-true with the configs' learning rates.
-        older = {"precision": "32-true", "finetune_learning_rates": []}
-        stored = older | stored if isinstance(stored, dict) else {}
+        stored = (older or {}) | stored if isinstance(stored, dict) else {}
         if stored != settings:
             keys = dict.fromkeys([*settings, *stored])
             changed = "; ".join(
@@ -34,12 +39,9 @@ def check_settings(run: DemoRun) -> None:
                 for key in keys
                 if stored.get(key) != settings.get(key)
             )
-            raise DemoError(
-                f"{run.out} holds a demo run made with other settings ({changed}; see {path}): use another --out, "
-                "or that run's --fast and --precision choices with the version that made it"
-            )
+            raise DemoError(f"{path.parent} holds {what} made with other settings ({changed}; see {path}): {hint}")
         return
-    run.out.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, {"settings": settings})
 
 

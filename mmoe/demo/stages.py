@@ -149,10 +149,12 @@ def option(key: str, value) -> str:
     return f"--{key}={value if isinstance(value, str | Path) else json.dumps(value)}"
 
 
-def trainer_arguments(run: DemoRun, out: Path, steps: int, label: str, routing_every: int) -> list[str]:
+def trainer_arguments(
+    run: DemoRun, out: Path, steps: int, label: str, routing_every: int, extra_callbacks: Sequence[dict] = ()
+) -> list[str]:
     """The trainer of a demo stage: ``steps`` steps without validation, one CSV logger, the latest checkpoint as
-    ``out/checkpoints/last.ckpt``, routing statistics every ``routing_every`` steps in ``out`` and progress lines
-    instead of a progress bar."""
+    ``out/checkpoints/last.ckpt``, routing statistics every ``routing_every`` steps in ``out``, progress lines
+    instead of a progress bar, and ``extra_callbacks`` (``{"class_path": ..., "init_args": ...}``)."""
     csv = {"save_dir": str(out), "name": "csv", "version": 0}
     logger = {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": csv}
     callbacks = [
@@ -171,6 +173,7 @@ def trainer_arguments(run: DemoRun, out: Path, steps: int, label: str, routing_e
             "init_args": {"every_n_steps": routing_every, "save_dir": str(out)},
         },
         {"class_path": f"{__name__}.StepProgress", "init_args": {"label": label, "every_n_steps": max(10, steps // 6)}},
+        *extra_callbacks,
     ]
     trainer = {"max_steps": steps, "val_check_interval": steps, "limit_val_batches": 0, "default_root_dir": out,
                "enable_progress_bar": False, "enable_model_summary": False, "precision": run.settings.precision,
@@ -178,33 +181,39 @@ def trainer_arguments(run: DemoRun, out: Path, steps: int, label: str, routing_e
     return [option(f"trainer.{key}", value) for key, value in trainer.items()]
 
 
-def pretrain_arguments(run: DemoRun, variant: str, out: Path) -> list[str]:
+def pretrain_arguments(
+    run: DemoRun, variant: str, out: Path, steps: int | None = None, extra_callbacks: Sequence[dict] = ()
+) -> list[str]:
     """``mmoe fit`` arguments: ``configs/pretrain/tiny_<variant>.yaml`` pointed at the demo's corpus (its codebook
-    included) and ``out``."""
+    included) and ``out``, for ``steps`` (default the settings' ``pretrain_steps``)."""
     config = config_file(f"pretrain/tiny_{variant}.yaml")
-    steps = run.settings.pretrain_steps
+    steps = run.settings.pretrain_steps if steps is None else steps
     backbone = {**dict(run.settings.backbone), "image_size": run.settings.image_size}
+    label = f"pretrain {out.name if out.name != 'pretrain' else variant}"
     return [
         "--config",
         str(config),
         *corpus_arguments(config, run.data),
-        *trainer_arguments(run, out, steps, f"pretrain {variant}", routing_every=50),
+        *trainer_arguments(run, out, steps, label, routing_every=50, extra_callbacks=extra_callbacks),
         *(option(f"model.init_args.backbone.{key}", value) for key, value in backbone.items()),
         option("data.init_args.batch_size", run.settings.batch_size),
         option("data.init_args.batches_per_epoch", steps),
     ]
 
 
-def finetune_arguments(run: DemoRun, task: FineTuneTask, backbone: Path, out: Path) -> list[str]:
+def finetune_arguments(
+    run: DemoRun, task: FineTuneTask, backbone: Path, out: Path, seed: int | None = None, routing_every: int = 20
+) -> list[str]:
     """``mmoe fit`` / ``predict`` arguments: ``configs/finetune/<task>_tiny.yaml`` pointed at the demo's corpus and
-    ``out``, starting from ``backbone`` (whose architecture it keeps)."""
+    ``out``, starting from ``backbone`` (whose architecture it keeps); ``seed`` replaces the config's
+    ``seed_everything``; routing statistics every ``routing_every`` steps."""
     config = config_file(f"finetune/{task.name}_tiny.yaml")
     steps = run.settings.steps(task.name)
     arguments = [
         "--config",
         str(config),
         *corpus_arguments(config, run.data),
-        *trainer_arguments(run, out, steps, f"fine-tune {task.name}", routing_every=20),
+        *trainer_arguments(run, out, steps, f"fine-tune {task.name}", routing_every=routing_every),
         option("model.init_args.backbone", None),
         option("model.init_args.pretrained", backbone),
         option("data.init_args.batch_size", run.settings.batch_size),
@@ -213,6 +222,8 @@ def finetune_arguments(run: DemoRun, task: FineTuneTask, backbone: Path, out: Pa
     rates = dict(run.settings.finetune_learning_rates)
     if task.name in rates:
         arguments.append(option("model.init_args.optimizer.learning_rate", rates[task.name]))
+    if seed is not None:
+        arguments.append(option("seed_everything", seed))
     return arguments
 
 
@@ -344,46 +355,72 @@ def pretrained_backbone(run: DemoRun, variant: str) -> Path:
 
 
 def export_stage(run: DemoRun, variant: str) -> Stage:
-    target = pretrained_backbone(run, variant)
+    checkpoint = run.variant(variant) / "pretrain" / "checkpoints" / "last.ckpt"
+    return exporting(f"{variant}/export", checkpoint, pretrained_backbone(run, variant))
+
+
+def exporting(name: str, checkpoint: Path, target: Path) -> Stage:
+    """The backbone of a training checkpoint as an exported backbone file."""
 
     def export() -> dict:
         from mmoe.tasks.checkpoint import export_backbone, load_backbone
 
-        export_backbone(load_backbone(run.variant(variant) / "pretrain" / "checkpoints" / "last.ckpt"), target)
+        export_backbone(load_backbone(checkpoint), target)
         return {"files": [str(target)]}
 
-    return Stage(f"{variant}/export", target, export)
+    return Stage(name, target, export)
 
 
 def finetune_stage(run: DemoRun, variant: str, task: FineTuneTask) -> Stage:
     out = run.variant(variant) / task.name
-    name = f"{variant}/{task.name}"
+    return fine_tuning(run, f"{variant}/{task.name}", task, pretrained_backbone(run, variant), out)
+
+
+def fine_tuning(
+    run: DemoRun,
+    name: str,
+    task: FineTuneTask,
+    backbone: Path,
+    out: Path,
+    seed: int | None = None,
+    routing_every: int = 20,
+) -> Stage:
+    """``mmoe fit`` of ``task`` from ``backbone`` into ``out`` (``seed``: the config's when None), routing statistics
+    every ``routing_every`` steps."""
 
     def fit() -> dict:
-        return train(name, finetune_arguments(run, task, pretrained_backbone(run, variant), out), out)
+        return train(name, finetune_arguments(run, task, backbone, out, seed, routing_every), out)
 
     return Stage(name, out / "checkpoints" / "last.ckpt", fit)
 
 
 def evaluate_stage(run: DemoRun, variant: str, task: FineTuneTask) -> Stage:
     out = run.variant(variant) / task.name
+    return evaluation(run, f"{variant}/{task.name}-eval", task, pretrained_backbone(run, variant), out)
+
+
+def evaluation(
+    run: DemoRun, name: str, task: FineTuneTask, backbone: Path, out: Path, seed: int | None = None
+) -> Stage:
+    """``mmoe predict`` of the fine-tuning in ``out`` (from ``backbone``) on the task's evaluation split, scored by the
+    official scorers into ``out/scores.json``."""
     scores_file = out / "scores.json"
 
     def evaluate() -> dict:
         from mmoe.tasks.cli import lightning_command
 
         predictions = out / task.predictions
-        arguments = finetune_arguments(run, task, pretrained_backbone(run, variant), out)
+        arguments = finetune_arguments(run, task, backbone, out, seed)
         arguments += ["--ckpt_path", str(out / "checkpoints" / "last.ckpt"), option("trainer.logger", False)]
         arguments += [option("data.init_args.test_shards", run.shards / task.eval_shards)]
         arguments += [option("model.init_args.predictions_file", predictions)]
-        call(f"{variant}/{task.name}-eval", lightning_command, ["predict", *arguments])
+        call(name, lightning_command, ["predict", *arguments])
         scores = task.score(run, predictions)
         write_json_atomic(scores_file, scores)
         command = command_line("predict", arguments)
         return {"scores": scores, "command": command, "files": [str(predictions), str(scores_file)]}
 
-    return Stage(f"{variant}/{task.name}-eval", scores_file, evaluate)
+    return Stage(name, scores_file, evaluate)
 
 
 def figures_stage(run: DemoRun, variant: str) -> Stage:
