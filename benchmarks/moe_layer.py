@@ -7,7 +7,8 @@ is X-MoE (d_e = 16), dropless unless noted.
 
 Output: one JSON line per case ``{"case", "moe_s", "baseline_s", "ratio", "target", "ok", ...}`` and a final
 ``{"summary": ...}`` line. ``--cuda`` adds the GPU cases (bf16, 16K tokens, and a sync-free forward+backward check);
-the ``_graphed`` ones replay both sides as CUDA graphs (``torch.cuda.make_graphed_callables``), which the layer allows
+the ``_triton`` ones run the layer with ``expert_kernels="triton"`` (row moves fused into the expert GEMMs); the
+``_graphed`` ones replay both sides as CUDA graphs (``torch.cuda.make_graphed_callables``), which the layer allows
 because it never syncs with the host and keeps its shapes static: that takes the per-operator launch cost out, which
 at this size is larger than the MoE layer's GPU time.
 
@@ -99,9 +100,11 @@ def make_case(
     versus_experts: int | None = None,
     strata: list[int] | None = None,
     graphed: bool = False,
+    expert_kernels: str = "torch",
 ) -> Case:
     torch.manual_seed(0)
-    config = MoEConfig(dim, hidden, experts, top_k=top_k, heads=heads, capacity_factor=capacity_factor, strata=strata)
+    config = MoEConfig(dim, hidden, experts, top_k=top_k, heads=heads, capacity_factor=capacity_factor, strata=strata,
+                       expert_kernels=expert_kernels)  # fmt: skip
     moe = build_moe_layer(config).to(device, dtype)
     x = torch.randn(1, tokens, dim, device=device, dtype=dtype, requires_grad=backward)
     grad = torch.randn(1, tokens, dim, device=device, dtype=dtype) if backward else None
@@ -123,6 +126,7 @@ def make_case(
         backward=backward,
         device=device,
         dtype=str(dtype).split(".")[-1],
+        expert_kernels=expert_kernels,
     )
     if versus_experts is not None:
         info["baseline_experts"] = versus_experts
@@ -172,6 +176,7 @@ def cpu_cases() -> list[partial[Case]]:
 
 def cuda_cases() -> list[partial[Case]]:
     bf16 = dict(device="cuda", dtype=torch.bfloat16)
+    fused = dict(expert_kernels="triton", **bf16)
     return [
         partial(make_case, "cuda_bf16_top1_16k", 1.3, 768, 3072, 8, 16384, **bf16),
         partial(make_case, "cuda_bf16_top2_16k", 1.3, 768, 3072, 8, 16384, top_k=2, **bf16),
@@ -179,6 +184,12 @@ def cuda_cases() -> list[partial[Case]]:
         partial(make_case, "cuda_bf16_top2_16k_graphed", 1.3, 768, 3072, 8, 16384, top_k=2, graphed=True, **bf16),
         partial(make_case, "cuda_bf16_top1_64k_graphed", 1.3, 768, 3072, 8, 65536, graphed=True, **bf16),
         partial(make_case, "cuda_bf16_mhmoe_h4_16k_graphed", 1.6, 768, 3072, 8, 16384, heads=4, graphed=True, **bf16),
+        # The fused gather/scatter kernels (MoEConfig.expert_kernels="triton"): targets of the GPU-speed work.
+        partial(make_case, "cuda_bf16_top1_16k_triton", 1.3, 768, 3072, 8, 16384, **fused),
+        partial(make_case, "cuda_bf16_top2_16k_triton", 1.4, 768, 3072, 8, 16384, top_k=2, **fused),
+        partial(make_case, "cuda_bf16_top1_64k_triton", 1.3, 768, 3072, 8, 65536, **fused),
+        partial(make_case, "cuda_bf16_e32_top1_16k_triton", 1.4, 768, 3072, 32, 16384, **fused),
+        partial(make_case, "cuda_bf16_mhmoe_h4_16k_triton", 1.6, 768, 3072, 8, 16384, heads=4, **fused),
     ]
 
 

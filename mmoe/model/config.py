@@ -45,6 +45,7 @@ class MoEPlan:
     frozen: bool = False
     routing_dim: int | None = None
     beta: float = 1.0
+    expert_kernels: Literal["torch", "triton"] = "torch"
     every: int = 2
     layers: list[int] | None = None
     mode: Literal["per_modality", "shared"] = "per_modality"

@@ -16,6 +16,7 @@ from typing import Literal
 
 ROUTERS = ("linear", "xmoe")
 GATES = ("softmax", "sigmoid")
+EXPERT_KERNELS = ("torch", "triton")
 
 #: X-MoE App. A: the gating temperature starts at 0.3 for softmax gates and 0.07 for sigmoid gates; the balance loss
 #: (X-MoE Eq. 9) uses the same values as its fixed temperature tau_0.
@@ -57,6 +58,11 @@ class MoEConfig:
             MH-MoE code does (App. D.1); beta ~ h matches the parameter count of a plain MoE instead (Table 11).
         subln: apply a LayerNorm to each expert's hidden activation before its second linear (BEiT-3's Sub-LN FFN),
             so that a one-expert layer equals the backbone's dense FFN.
+        expert_kernels: ``"torch"`` (default): the reference path, gather rows, grouped GEMMs, gather back.
+            ``"triton"``: the first expert linear gathers its rows and the second scatters its outputs inside the GEMM
+            (:mod:`mmoe.moe.triton_experts`); used on CUDA tensors (and on the CPU under ``TRITON_INTERPRET=1``),
+            elsewhere the layer warns once and keeps the reference path. Stratified layers always use the reference
+            path. Equal to the reference within float tolerance (tested); its speed on a GPU is not yet measured.
     """
 
     dim: int
@@ -74,6 +80,7 @@ class MoEConfig:
     routing_dim: int | None = None
     beta: float = 1.0
     subln: bool = False
+    expert_kernels: Literal["torch", "triton"] = "torch"
     # Derived in __post_init__.
     head_dim: int = field(init=False, repr=False)
     expert_dim: int = field(init=False, repr=False)
@@ -98,6 +105,8 @@ class MoEConfig:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"MoEConfig.{name} must be positive or None, got {value!r}")
+        if self.expert_kernels not in EXPERT_KERNELS:
+            raise ValueError(f"MoEConfig.expert_kernels must be one of {EXPERT_KERNELS}, got {self.expert_kernels!r}")
         if not self.beta > 0:
             raise ValueError(f"MoEConfig.beta must be positive, got {self.beta!r}")
         if self.routing_dim is None:

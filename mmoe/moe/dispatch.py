@@ -130,9 +130,15 @@ def dispatch_rows(x_SD: torch.Tensor, plan: DispatchPlan) -> torch.Tensor:
 
 def combine(y_CD: torch.Tensor, plan: DispatchPlan, weight_SK: torch.Tensor) -> torch.Tensor:
     """Undo the sort and sum each (sub-)token's expert outputs weighted by its gate weights (zero where not kept)."""
+    return combine_unsorted(_PermutedRows.apply(y_CD, plan.inverse_C, plan.order_C, 1), plan, weight_SK)
+
+
+def combine_unsorted(y_CD: torch.Tensor, plan: DispatchPlan, weight_SK: torch.Tensor) -> torch.Tensor:
+    """Sum each (sub-)token's expert outputs weighted by its gate weights (zero where not kept); ``y_CD`` already in
+    choice order (all first choices, then all second choices), as the fused kernels write it."""
     top_k = weight_SK.shape[1]
     num_tokens = weight_SK.shape[0]
-    y_KSD = _PermutedRows.apply(y_CD, plan.inverse_C, plan.order_C, 1).view(top_k, num_tokens, y_CD.shape[-1])
+    y_KSD = y_CD.view(top_k, num_tokens, y_CD.shape[-1])
     weight_KS1 = torch.where(plan.kept_SK, weight_SK, torch.zeros_like(weight_SK)).t().to(y_CD.dtype)[..., None]
     out_SD = y_KSD[0] * weight_KS1[0]
     for k in range(1, top_k):

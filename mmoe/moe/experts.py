@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mmoe.moe.dispatch import DispatchPlan
+
 #: Mean rows per expert from which the CPU per-expert addmm loop beats the grouped GEMM (benchmarks/moe_layer.py).
 CPU_LOOP_MIN_ROWS = 256
 
@@ -102,6 +104,26 @@ class GroupedExperts(nn.Module):
             hidden_RH = torch.addcmul((one_hot_RE @ self.ln_bias.to(dtype)).to(dtype), hidden_RH, ln_weight_RH)
         out_RD = torch._grouped_mm(hidden_RH, self.fc2_weight.to(dtype), offs=offsets_E)
         return torch.addmm(out_RD, one_hot_RE, self.fc2_bias.to(dtype)).to(dtype)
+
+    def forward_fused(self, x_SD: torch.Tensor, plan: DispatchPlan) -> torch.Tensor:
+        """The experts on the (sub-)tokens ``x_SD`` with the dispatch gather fused into the first linear and the
+        inverse permutation into the second (:mod:`mmoe.moe.triton_experts`); returns the (K*S, D) outputs in choice
+        order, for :func:`mmoe.moe.dispatch.combine_unsorted`."""
+        from mmoe.moe.triton_experts import GatherLinear
+
+        top_k = plan.kept_SK.shape[1]
+        hidden_CH = GatherLinear.apply(
+            x_SD, self.fc1_weight, self.fc1_bias, plan.offsets_E, plan.expert_C, plan.token_C, plan.inverse_C, None,
+            top_k,
+        )  # fmt: skip
+        hidden_CH = F.gelu(hidden_CH)
+        if self.ln_weight is not None:
+            hidden_CH = F.layer_norm(hidden_CH, (self.hidden_dim,)).to(x_SD.dtype)
+            ln_weight = self.ln_weight.to(x_SD.dtype).index_select(0, plan.expert_C)
+            hidden_CH = torch.addcmul(self.ln_bias.to(x_SD.dtype).index_select(0, plan.expert_C), hidden_CH, ln_weight)
+        return GatherLinear.apply(
+            hidden_CH, self.fc2_weight, self.fc2_bias, plan.offsets_E, plan.expert_C, None, None, plan.order_C, 1
+        )
 
     def forward_loop(self, x_RD: torch.Tensor, offsets_E: torch.Tensor) -> torch.Tensor:
         """One fused ``addmm`` per expert and linear over its slice (the CPU path: reading the counts is free there,

@@ -16,13 +16,14 @@ Shape legend: B batch, L sequence, D width, S (sub-)tokens = B*L*h, K top-k, E e
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from mmoe.moe.config import MoEConfig
-from mmoe.moe.dispatch import combine, dispatch_rows, plan_dispatch
+from mmoe.moe.dispatch import combine, combine_unsorted, dispatch_rows, plan_dispatch
 from mmoe.moe.experts import GroupedExperts
 from mmoe.moe.router import Router, XMoEScorer
 
@@ -74,6 +75,7 @@ class MoELayer(nn.Module):
                 "build a Stratified layer with mmoe.moe.build_moe_layer"
             )
         self.config = config
+        self._warned_kernels = False
         if config.heads > 1:
             # MH-MoE App. E: multi-head layer xavier-uniform with gain 1/sqrt(2) and default bias; merge layer
             # xavier-uniform with zero bias.
@@ -89,6 +91,25 @@ class MoELayer(nn.Module):
         if config.frozen:
             self.router.requires_grad_(False)
             self.experts.requires_grad_(False)
+
+    def use_fused_kernels(self, x: torch.Tensor) -> bool:
+        """``expert_kernels: triton`` and a device the kernels run on; otherwise a one-time warning (the reference
+        path then runs)."""
+        if self.config.expert_kernels != "triton":
+            return False
+        try:
+            from mmoe.moe.triton_experts import usable_on
+        except ImportError as error:  # a torch build without Triton
+            reason = f"Triton is not installed ({error})"
+        else:
+            if usable_on(x):
+                return True
+            reason = f"{x.device.type} tensors take the reference path"
+        if not self._warned_kernels:
+            self._warned_kernels = True
+            message = "MoEConfig.expert_kernels='triton' runs on CUDA tensors (or under TRITON_INTERPRET=1); "
+            warnings.warn(message + reason, stacklevel=2)
+        return False
 
     def gate_routers(self) -> list[Router]:
         """The layer's routers in the order a token meets them: the one router here, one per stratum (gate) in a
@@ -117,9 +138,13 @@ class MoELayer(nn.Module):
         plan = plan_dispatch(
             routed.expert_SK, valid_S, config.num_experts, config.active_capacity_factor(self.training)
         )
-        rows_CD = dispatch_rows(x_SD.to(compute_dtype(x_SD)), plan)
-        y_CD = self.experts(rows_CD, plan.expert_C, plan.offsets_E)
-        y_SD = combine(y_CD, plan, routed.weight_SK)
+        if self.use_fused_kernels(x_SD):
+            y_CD = self.experts.forward_fused(x_SD.to(compute_dtype(x_SD)), plan)
+            y_SD = combine_unsorted(y_CD, plan, routed.weight_SK)
+        else:
+            rows_CD = dispatch_rows(x_SD.to(compute_dtype(x_SD)), plan)
+            y_CD = self.experts(rows_CD, plan.expert_C, plan.offsets_E)
+            y_SD = combine(y_CD, plan, routed.weight_SK)
 
         y = y_SD.reshape(batch, length, dim)  # MH-MoE Eq. 7-8: sub-tokens merged back in head order
         if self.merge is not None:
