@@ -76,6 +76,8 @@ class MoELayer(nn.Module):
             )
         self.config = config
         self._warned_kernels = False
+        #: Set by :func:`mmoe.moe.expert_parallel.shard_experts`: E/W experts here, rows travel by all-to-all.
+        self.shard = None
         if config.heads > 1:
             # MH-MoE App. E: multi-head layer xavier-uniform with gain 1/sqrt(2) and default bias; merge layer
             # xavier-uniform with zero bias.
@@ -138,7 +140,13 @@ class MoELayer(nn.Module):
         plan = plan_dispatch(
             routed.expert_SK, valid_S, config.num_experts, config.active_capacity_factor(self.training)
         )
-        if self.use_fused_kernels(x_SD):
+        if self.shard is not None:
+            from mmoe.moe.expert_parallel import exchange
+
+            rows_CD = dispatch_rows(x_SD.to(compute_dtype(x_SD)), plan)
+            y_CD = exchange(rows_CD, plan.offsets_E, self.shard, self.experts)
+            y_SD = combine(y_CD, plan, routed.weight_SK)
+        elif self.use_fused_kernels(x_SD):
             y_CD = self.experts.forward_fused(x_SD.to(compute_dtype(x_SD)), plan)
             y_SD = combine_unsorted(y_CD, plan, routed.weight_SK)
         else:
