@@ -4,6 +4,10 @@ world size."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -108,3 +112,55 @@ def test_bad_expert_parallel_sizes_are_one_clear_line(experts, parallel, world, 
     with pytest.raises(ValueError, match=named) as error:
         check_expert_parallel(experts, parallel, world)
     assert "\n" not in str(error.value)
+
+
+ROOT = Path(__file__).resolve().parents[1]
+FIT_SCRIPT = ROOT / "tests" / "scripts" / "expert_parallel_fit.py"
+
+
+def fit(out: Path, devices: int, expert_parallel: int, steps: int, resume: Path | None = None) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, str(FIT_SCRIPT), str(out), str(devices), str(expert_parallel), str(steps)]
+    result = subprocess.run(argv + ([str(resume)] if resume else []), capture_output=True, text=True, timeout=600,
+                            cwd=ROOT)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return torch.load(out / "final.pt", weights_only=True)
+
+
+def assert_same_weights(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-6, msg=key)
+
+
+@pytest.mark.slow
+def test_expert_parallel_fit_equals_one_process_and_resumes_at_any_world_size(tmp_path):
+    """mmoe's BackboneTask with expert_parallel: 2 on 2 gloo processes reaches the weights of one process on the same
+    global batch; checkpoints hold every expert and their optimiser state, so a run resumes at either size."""
+    single = fit(tmp_path / "single", 1, 1, 3)
+    parallel = fit(tmp_path / "parallel", 2, 2, 3)
+    assert_same_weights(parallel, single)
+    assert parallel["backbone.layers.0.ffn.0.experts.fc1_weight"].shape[0] == 4  # every expert in the checkpoint
+    from mmoe.tasks.checkpoint import load_backbone
+
+    loaded = load_backbone(tmp_path / "parallel" / "last.ckpt")  # as mmoe viz / analyze / export-backbone read it
+    assert loaded.config.moe.expert_parallel == 1
+    torch.testing.assert_close(loaded.state_dict()["layers.0.ffn.0.experts.fc1_weight"],
+                               parallel["backbone.layers.0.ffn.0.experts.fc1_weight"])  # fmt: skip
+    single_more = fit(tmp_path / "single_more", 1, 1, 5, resume=tmp_path / "single" / "last.ckpt")
+    # one process's checkpoint resumed at EP = 2, and EP = 2's resumed in one process
+    assert_same_weights(fit(tmp_path / "up", 2, 2, 5, resume=tmp_path / "single" / "last.ckpt"), single_more)
+    assert_same_weights(fit(tmp_path / "down", 1, 1, 5, resume=tmp_path / "parallel" / "last.ckpt"), single_more)
+
+
+def test_expert_parallel_outside_a_distributed_run_is_one_clear_line():
+    from tests.scripts.expert_parallel_fit import SquaredHidden
+
+    task = SquaredHidden(expert_parallel=2)
+    with pytest.raises(ValueError, match="needs a distributed run") as error:
+        task.setup("fit")
+    assert "\n" not in str(error.value)
+    with pytest.raises(ValueError, match="not divisible by MoEPlan.expert_parallel=3"):
+        from mmoe.model import MoEPlan
+
+        MoEPlan(num_experts=4, expert_parallel=3)

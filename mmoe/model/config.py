@@ -31,6 +31,9 @@ class MoEPlan:
         layers: explicit 0-based MoE layer indices; overrides ``every`` when given.
         mode: ``"per_modality"`` turns the vision FFN and the language FFN each into its own MoE; ``"shared"`` routes
             all tokens of both modalities through one MoE.
+        expert_parallel: W > 1 holds num_experts / W experts of every (non-stratified) MoE layer on each rank of an
+            expert-parallel group of W ranks in a distributed run (:mod:`mmoe.tasks.expert_parallel`); 1 = every
+            rank holds every expert.
     """
 
     num_experts: int = 8
@@ -46,6 +49,7 @@ class MoEPlan:
     routing_dim: int | None = None
     beta: float = 1.0
     expert_kernels: Literal["torch", "triton"] = "torch"
+    expert_parallel: int = 1
     every: int = 2
     layers: list[int] | None = None
     mode: Literal["per_modality", "shared"] = "per_modality"
@@ -53,6 +57,13 @@ class MoEPlan:
     def __post_init__(self) -> None:
         if self.every <= 0:
             raise ValueError(f"MoEPlan.every must be a positive integer, got {self.every!r}")
+        if not isinstance(self.expert_parallel, int) or self.expert_parallel < 1:
+            raise ValueError(f"MoEPlan.expert_parallel must be a positive integer, got {self.expert_parallel!r}")
+        if self.num_experts % self.expert_parallel:
+            raise ValueError(
+                f"MoEPlan.num_experts={self.num_experts} is not divisible by MoEPlan.expert_parallel="
+                f"{self.expert_parallel}: each rank of the expert-parallel group holds num_experts / expert_parallel"
+            )
         if self.mode not in ("per_modality", "shared"):
             raise ValueError(f"MoEPlan.mode must be 'per_modality' or 'shared', got {self.mode!r}")
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as functional_collectives
+from torch.profiler import record_function
 
 #: Marks expert parameters of a sharded layer (data-parallel wrappers must leave them out of the all-reduce).
 EXPERT_PARALLEL_ATTRIBUTE = "expert_parallel"
@@ -90,12 +91,13 @@ def exchange(rows_CD: torch.Tensor, offsets_E: torch.Tensor, shard: ExpertShard,
     outputs in the same order. ``experts(rows, local_expert, local_offsets)`` runs this rank's experts."""
     size, local = shard.size, shard.local
     counts_E = torch.diff(offsets_E.long(), prepend=offsets_E.new_zeros(1, dtype=torch.long))
-    received_counts = torch.empty_like(counts_E)
-    dist.all_to_all_single(received_counts, counts_E, group=shard.group)  # (W, L): source s, local expert j
-    send_splits = counts_E.view(size, local).sum(1).tolist()
-    received_WL = received_counts.view(size, local)
-    receive_splits = received_WL.sum(1).tolist()
-    received = _all_to_all(rows_CD, receive_splits, send_splits, shard.group)
+    with record_function("mmoe.moe.all_to_all"):
+        received_counts = torch.empty_like(counts_E)
+        dist.all_to_all_single(received_counts, counts_E, group=shard.group)  # (W, L): source s, local expert j
+        send_splits = counts_E.view(size, local).sum(1).tolist()
+        received_WL = received_counts.view(size, local)
+        receive_splits = received_WL.sum(1).tolist()
+        received = _all_to_all(rows_CD, receive_splits, send_splits, shard.group)
     # Source-major order -> local-expert order (stable: within an expert, sources keep their order).
     local_expert = torch.repeat_interleave(
         torch.arange(local, device=rows_CD.device).repeat(size), received_WL.flatten()
@@ -103,10 +105,12 @@ def exchange(rows_CD: torch.Tensor, offsets_E: torch.Tensor, shard: ExpertShard,
     local_expert, order = torch.sort(local_expert, stable=True)
     offsets_L = torch.searchsorted(local_expert, torch.arange(local, device=rows_CD.device), right=True,
                                    out_int32=True)  # fmt: skip
-    outputs = experts(received.index_select(0, order), local_expert, offsets_L)
+    with record_function("mmoe.moe.experts"):
+        outputs = experts(received.index_select(0, order), local_expert, offsets_L)
     back = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
     outputs = outputs.index_select(0, back)
-    return _all_to_all(outputs, send_splits, receive_splits, shard.group)
+    with record_function("mmoe.moe.all_to_all"):
+        return _all_to_all(outputs, send_splits, receive_splits, shard.group)
 
 
 def _all_to_all(rows: torch.Tensor, output_splits: list[int], input_splits: list[int], group) -> torch.Tensor:

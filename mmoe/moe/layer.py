@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.profiler import record_function
 
 from mmoe.moe.config import MoEConfig
 from mmoe.moe.dispatch import combine, combine_unsorted, dispatch_rows, plan_dispatch
@@ -136,23 +137,32 @@ class MoELayer(nn.Module):
         if padding_mask is not None:
             valid_S = (~padding_mask).reshape(batch * length, 1).expand(-1, heads).reshape(-1)
 
-        routed = self.router(x_SD, valid_S)
-        plan = plan_dispatch(
-            routed.expert_SK, valid_S, config.num_experts, config.active_capacity_factor(self.training)
-        )
+        # The record_function labels name the phases in profiles (benchmarks/expert_parallel.py sums them).
+        with record_function("mmoe.moe.route"):
+            routed = self.router(x_SD, valid_S)
+            plan = plan_dispatch(
+                routed.expert_SK, valid_S, config.num_experts, config.active_capacity_factor(self.training)
+            )
         if self.shard is not None:
             from mmoe.moe.expert_parallel import exchange
 
-            rows_CD = dispatch_rows(x_SD.to(compute_dtype(x_SD)), plan)
+            with record_function("mmoe.moe.permute"):
+                rows_CD = dispatch_rows(x_SD.to(compute_dtype(x_SD)), plan)
             y_CD = exchange(rows_CD, plan.offsets_E, self.shard, self.experts)
-            y_SD = combine(y_CD, plan, routed.weight_SK)
+            with record_function("mmoe.moe.combine"):
+                y_SD = combine(y_CD, plan, routed.weight_SK)
         elif self.use_fused_kernels(x_SD):
-            y_CD = self.experts.forward_fused(x_SD.to(compute_dtype(x_SD)), plan)
-            y_SD = combine_unsorted(y_CD, plan, routed.weight_SK)
+            with record_function("mmoe.moe.experts"):
+                y_CD = self.experts.forward_fused(x_SD.to(compute_dtype(x_SD)), plan)
+            with record_function("mmoe.moe.combine"):
+                y_SD = combine_unsorted(y_CD, plan, routed.weight_SK)
         else:
-            rows_CD = dispatch_rows(x_SD.to(compute_dtype(x_SD)), plan)
-            y_CD = self.experts(rows_CD, plan.expert_C, plan.offsets_E)
-            y_SD = combine(y_CD, plan, routed.weight_SK)
+            with record_function("mmoe.moe.permute"):
+                rows_CD = dispatch_rows(x_SD.to(compute_dtype(x_SD)), plan)
+            with record_function("mmoe.moe.experts"):
+                y_CD = self.experts(rows_CD, plan.expert_C, plan.offsets_E)
+            with record_function("mmoe.moe.combine"):
+                y_SD = combine(y_CD, plan, routed.weight_SK)
 
         y = y_SD.reshape(batch, length, dim)  # MH-MoE Eq. 7-8: sub-tokens merged back in head order
         if self.merge is not None:

@@ -60,9 +60,11 @@ def config_to_dict(config: MultiwayConfig) -> dict:
 
 
 def config_from_dict(fields: dict) -> MultiwayConfig:
+    """The backbone config of a checkpoint, as one process runs it: a checkpoint holds every expert whatever the
+    expert-parallel size it was trained with, so ``expert_parallel`` is not carried over (a run sets its own)."""
     fields = dict(fields)
     if isinstance(fields.get("moe"), dict):
-        fields["moe"] = MoEPlan(**fields["moe"])
+        fields["moe"] = MoEPlan(**{key: value for key, value in fields["moe"].items() if key != "expert_parallel"})
     return MultiwayConfig(**fields)
 
 

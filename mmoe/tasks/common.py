@@ -32,7 +32,13 @@ from mmoe.model.backbone import resize_vision_positions
 from mmoe.model.beit3 import TASK_HEADS
 from mmoe.moe import RoutingRecord, restore_expert_embedding_norm
 from mmoe.tasks.checkpoint import PretrainedWeights, config_from_dict, config_to_dict, load_weights, read_pretrained
-from mmoe.tasks.optimizer import FINETUNING_OPTIMIZER, OptimizerConfig, adamw_with_schedule
+from mmoe.tasks.expert_parallel import (
+    average_expert_gradients,
+    gather_optimizer_states,
+    shard_experts,
+    slice_optimizer_states,
+)
+from mmoe.tasks.optimizer import FINETUNING_OPTIMIZER, OptimizerConfig, adamw_with_schedule, parameter_groups
 
 # Task checkpoints hold the backbone config in their hyper-parameters; Lightning loads checkpoints with
 # ``weights_only=True`` (``--ckpt_path``, ``load_from_checkpoint``), which refuses classes it is not told about.
@@ -168,10 +174,26 @@ class BackboneTask(L.LightningModule):
         loss, routing, _ = self.shared_step(batch, "train")
         return {"loss": loss, "routing": [detached(record) for record in routing]}
 
+    def setup(self, stage: str) -> None:
+        shard_experts(self)  # expert parallelism: before DDP wraps the module and the optimiser is built
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        average_expert_gradients(self)
+
+    def optimizer_parameter_names(self) -> list[str]:
+        """Parameter names in the optimiser's order (what its state indices refer to)."""
+        config = self.optimizer_config
+        groups = parameter_groups(self, config.weight_decay, config.layer_decay, config.head_lr_multiplier,
+                                  self.head_prefixes)  # fmt: skip
+        names = {id(parameter): name for name, parameter in self.named_parameters()}
+        return [names[id(parameter)] for group in groups for parameter in group["params"]]
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["rng_states"] = gather_objects([random_states()])
+        gather_optimizer_states(self, checkpoint, self.optimizer_parameter_names())
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        slice_optimizer_states(self, checkpoint, self.optimizer_parameter_names())
         states = checkpoint.get("rng_states")
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
         # Put back at the first training step, not now: loaders are created (and draw worker seeds) in between.

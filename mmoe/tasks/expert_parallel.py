@@ -1,0 +1,118 @@
+"""Expert parallelism in a Lightning run (``model.init_args.backbone.moe.expert_parallel: W``): the task's side of
+:mod:`mmoe.moe.expert_parallel`.
+
+At ``setup`` (after the process group exists, before DDP wraps the module and before the optimiser is built) every
+MoE layer keeps E/W of its experts on each rank of an expert-parallel group of W consecutive ranks, and DDP is told to
+leave the expert parameters out of its all-reduce. With more ranks than W (R = world / W replicas of each shard),
+expert gradients are averaged over the R ranks that hold the same experts before each optimiser step; with the 1/W
+scaling of the layer this makes a step equal one process on the same global batch (the balance loss excepted: as
+under DDP, each rank's is over its own tokens).
+
+Checkpoints hold every expert and the full optimiser state of every expert whatever W: the model state is gathered
+by the layers' ``state_dict``, the optimiser state here (``on_save_checkpoint``), and both are sliced back to the
+rank's experts when loaded (``on_load_checkpoint``), so a run resumes at another W or in one process. Stratified MoE
+layers stay data-parallel.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from mmoe.moe.expert_parallel import EXPERT_PARALLEL_ATTRIBUTE, check_expert_parallel, expert_parallel_groups
+from mmoe.moe.expert_parallel import shard_experts as shard_layer
+from mmoe.moe.layer import MoELayer
+
+
+def expert_parallel_size(task) -> int:
+    plan = task.backbone.config.moe
+    return 1 if plan is None else plan.expert_parallel
+
+
+def shard_experts(task) -> None:
+    """Shards the backbone's MoE layers over expert-parallel groups and keeps DDP off their experts (a no-op at
+    ``expert_parallel: 1``). ValueError (one line) outside a distributed run or for sizes that do not divide."""
+    size = expert_parallel_size(task)
+    if size == 1 or getattr(task, "_expert_groups", None) is not None:
+        return
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ValueError(
+            f"model.backbone.moe.expert_parallel={size} needs a distributed run (--trainer.devices / num_nodes with "
+            "--trainer.strategy ddp); a single process holds every expert: set expert_parallel: 1"
+        )
+    world = dist.get_world_size()
+    check_expert_parallel(task.backbone.config.moe.num_experts, size, world)
+    group = expert_parallel_groups(size)
+    replicas = None
+    for residue in range(size):  # every rank creates every group, in the same order
+        members = list(range(residue, world, size))
+        made = dist.new_group(members)
+        if dist.get_rank() % size == residue:
+            replicas = made
+    for slot in task.backbone.moe_layers():
+        if isinstance(slot.layer, MoELayer):
+            shard_layer(slot.layer, group)
+    task._expert_groups = (group, replicas, world // size)
+    ignored = [name for name, parameter in task.named_parameters() if is_expert_parallel(parameter)]
+    torch.nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(task, ignored)
+
+
+def is_expert_parallel(parameter: torch.Tensor) -> bool:
+    return getattr(parameter, EXPERT_PARALLEL_ATTRIBUTE, False)
+
+
+def average_expert_gradients(task) -> None:
+    """Averages expert gradients over the ranks that hold the same experts (nothing to do with one replica)."""
+    groups = getattr(task, "_expert_groups", None)
+    if groups is None or groups[2] == 1:
+        return
+    _, replicas, count = groups
+    for parameter in task.parameters():
+        if is_expert_parallel(parameter) and parameter.grad is not None:
+            dist.all_reduce(parameter.grad, group=replicas)
+            parameter.grad /= count
+
+
+def _expert_states(task, optimizer_names: list[str]) -> dict[int, str]:
+    """Optimiser state index -> name of the expert-parallel parameters (``optimizer_names`` in optimiser order)."""
+    experts = {name for name, parameter in task.named_parameters() if is_expert_parallel(parameter)}
+    return {index: name for index, name in enumerate(optimizer_names) if name in experts}
+
+
+def gather_optimizer_states(task, checkpoint: dict[str, Any], optimizer_names: list[str]) -> None:
+    """Replaces each expert parameter's optimiser state tensors (E/W, ...) by the full (E, ...) stack gathered from
+    the expert-parallel group (a collective: every rank saves)."""
+    groups = getattr(task, "_expert_groups", None)
+    if groups is None:
+        return
+    group = groups[0]
+    size = dist.get_world_size(group)
+    for optimizer_state in checkpoint.get("optimizer_states", []):
+        for index in sorted(_expert_states(task, optimizer_names)):
+            if index not in optimizer_state["state"]:
+                continue
+            # A copy: optimizer.state_dict() hands out the live per-parameter state dicts.
+            state = optimizer_state["state"][index] = dict(optimizer_state["state"][index])
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor) and value.ndim > 0:
+                    pieces = [torch.empty_like(value) for _ in range(size)]
+                    dist.all_gather(pieces, value.contiguous(), group=group)
+                    state[key] = torch.cat(pieces)
+
+
+def slice_optimizer_states(task, checkpoint: dict[str, Any], optimizer_names: list[str]) -> None:
+    """The reverse of :func:`gather_optimizer_states` at load: each full expert state keeps this rank's slice."""
+    groups = getattr(task, "_expert_groups", None)
+    if groups is None:
+        return
+    group = groups[0]
+    size, rank = dist.get_world_size(group), dist.get_rank(group)
+    num_experts = task.backbone.config.moe.num_experts
+    local = num_experts // size
+    for optimizer_state in checkpoint.get("optimizer_states", []):
+        for index in _expert_states(task, optimizer_names):
+            for key, value in optimizer_state["state"].get(index, {}).items():
+                if isinstance(value, torch.Tensor) and value.ndim > 0 and value.shape[0] == num_experts:
+                    optimizer_state["state"][index][key] = value[rank * local : (rank + 1) * local].clone()
