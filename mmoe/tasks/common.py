@@ -190,10 +190,10 @@ class BackboneTask(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["rng_states"] = gather_objects([random_states()])
-        gather_optimizer_states(self, checkpoint, self.optimizer_parameter_names())
+        gather_optimizer_states(self, checkpoint, self.optimizer_parameter_names)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        slice_optimizer_states(self, checkpoint, self.optimizer_parameter_names())
+        slice_optimizer_states(self, checkpoint, self.optimizer_parameter_names)
         states = checkpoint.get("rng_states")
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
         # Put back at the first training step, not now: loaders are created (and draw worker seeds) in between.

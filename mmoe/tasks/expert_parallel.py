@@ -16,6 +16,7 @@ layers stay data-parallel.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -81,12 +82,14 @@ def _expert_states(task, optimizer_names: list[str]) -> dict[int, str]:
     return {index: name for index, name in enumerate(optimizer_names) if name in experts}
 
 
-def gather_optimizer_states(task, checkpoint: dict[str, Any], optimizer_names: list[str]) -> None:
+def gather_optimizer_states(task, checkpoint: dict[str, Any], optimizer_names: Callable[[], list[str]]) -> None:
     """Replaces each expert parameter's optimiser state tensors (E/W, ...) by the full (E, ...) stack gathered from
-    the expert-parallel group (a collective: every rank saves)."""
+    the expert-parallel group (a collective: every rank saves). ``optimizer_names()``: parameter names in the
+    optimiser's order."""
     groups = getattr(task, "_expert_groups", None)
     if groups is None:
         return
+    optimizer_names = optimizer_names()
     group = groups[0]
     size = dist.get_world_size(group)
     for optimizer_state in checkpoint.get("optimizer_states", []):
@@ -102,11 +105,12 @@ def gather_optimizer_states(task, checkpoint: dict[str, Any], optimizer_names: l
                     state[key] = torch.cat(pieces)
 
 
-def slice_optimizer_states(task, checkpoint: dict[str, Any], optimizer_names: list[str]) -> None:
+def slice_optimizer_states(task, checkpoint: dict[str, Any], optimizer_names: Callable[[], list[str]]) -> None:
     """The reverse of :func:`gather_optimizer_states` at load: each full expert state keeps this rank's slice."""
     groups = getattr(task, "_expert_groups", None)
     if groups is None:
         return
+    optimizer_names = optimizer_names()
     group = groups[0]
     size, rank = dist.get_world_size(group), dist.get_rank(group)
     num_experts = task.backbone.config.moe.num_experts
