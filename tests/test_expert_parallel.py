@@ -118,11 +118,11 @@ ROOT = Path(__file__).resolve().parents[1]
 FIT_SCRIPT = ROOT / "tests" / "scripts" / "expert_parallel_fit.py"
 
 
-def fit(out: Path, devices: int, expert_parallel: int, steps: int, resume: Path | None = None) -> dict:
+def fit(out: Path, devices: int, expert_parallel: int, steps: int, resume: Path | None = None, fsdp=False) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, str(FIT_SCRIPT), str(out), str(devices), str(expert_parallel), str(steps)]
-    result = subprocess.run(argv + ([str(resume)] if resume else []), capture_output=True, text=True, timeout=600,
-                            cwd=ROOT)  # fmt: skip
+    argv += ([str(resume)] if resume else []) + (["--fsdp"] if fsdp else [])
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     return torch.load(out / "final.pt", weights_only=True)
 

@@ -58,8 +58,10 @@ class XMoEScorer(nn.Module):
         super().__init__()
         self.projection = nn.Linear(in_dim, routing_dim, bias=False)  # W in X-MoE Eq. 7
         self.expert_embeddings = nn.Parameter(torch.empty(num_experts, routing_dim))  # e_i in X-MoE Eq. 7
-        # tau is learned through its logarithm so it stays positive.
-        self.log_temperature = nn.Parameter(torch.tensor(math.log(initial_temperature)))
+        # tau is learned through its logarithm so it stays positive; a (1,) tensor, not a scalar, because FSDP2's
+        # fully_shard refuses 0-dim parameters (files with the older scalar still load, see below).
+        self.log_temperature = nn.Parameter(torch.full((1,), math.log(initial_temperature)))
+        self._register_load_state_dict_pre_hook(_scalar_temperature_as_vector)
         self.register_buffer("balance_temperature", torch.tensor(initial_temperature), persistent=False)  # tau_0
         nn.init.normal_(self.expert_embeddings)
         self.restore_embedding_norm()
@@ -79,6 +81,13 @@ class XMoEScorer(nn.Module):
         expert_ER = F.normalize(self.expert_embeddings.to(x_SD.dtype), dim=-1)
         cosine_SE = token_SR @ expert_ER.t()  # X-MoE Eq. 7, in [-1, 1]
         return cosine_SE / self.temperature.to(x_SD.dtype), cosine_SE / self.balance_temperature
+
+
+def _scalar_temperature_as_vector(state_dict: dict, prefix: str, *args) -> None:
+    """load_state_dict pre-hook: a checkpoint's 0-dim ``log_temperature`` (written before it became (1,)) loads."""
+    key = prefix + "log_temperature"
+    if key in state_dict and state_dict[key].dim() == 0:
+        state_dict[key] = state_dict[key].reshape(1)
 
 
 @dataclass

@@ -38,6 +38,7 @@ from mmoe.tasks.expert_parallel import (
     shard_experts,
     slice_optimizer_states,
 )
+from mmoe.tasks.fsdp import shard_task
 from mmoe.tasks.optimizer import FINETUNING_OPTIMIZER, OptimizerConfig, adamw_with_schedule, parameter_groups
 
 # Task checkpoints hold the backbone config in their hyper-parameters; Lightning loads checkpoints with
@@ -177,6 +178,26 @@ class BackboneTask(L.LightningModule):
     def setup(self, stage: str) -> None:
         shard_experts(self)  # expert parallelism: before DDP wraps the module and the optimiser is built
 
+    def configure_model(self) -> None:
+        """Under Lightning's ``ModelParallelStrategy`` (FSDP2): every backbone block and then the whole task become
+        fully sharded units over the data-parallel mesh (:mod:`mmoe.tasks.fsdp`), with bf16 / fp16 parameters in
+        compute when the trainer's precision says so."""
+        mesh = self.device_mesh
+        if mesh is None or getattr(self, "_fully_sharded", False):
+            return
+        if mesh["tensor_parallel"].size() > 1:
+            raise ValueError(
+                f"ModelParallelStrategy's tensor_parallel_size is {mesh['tensor_parallel'].size()}: mmoe shards with "
+                "FSDP only; set --trainer.strategy.init_args.tensor_parallel_size 1 and data_parallel_size to the "
+                "world size"
+            )
+        precision = str(self.trainer.precision)
+        param_dtype = (
+            torch.bfloat16 if precision.startswith("bf16") else torch.float16 if precision.startswith("16") else None
+        )
+        shard_task(self, mesh["data_parallel"], param_dtype)
+        self._fully_sharded = True
+
     def on_before_optimizer_step(self, optimizer) -> None:
         average_expert_gradients(self)
 
@@ -190,9 +211,11 @@ class BackboneTask(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["rng_states"] = gather_objects([random_states()])
+        add_missing_optimizer_states(self, checkpoint)  # an FSDP2 resume loads every parameter's state strictly
         gather_optimizer_states(self, checkpoint, self.optimizer_parameter_names)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        reshape_scalar_states(self, checkpoint)
         slice_optimizer_states(self, checkpoint, self.optimizer_parameter_names)
         states = checkpoint.get("rng_states")
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
@@ -418,6 +441,40 @@ def build_backbone(
     if weights is not None:
         load_weights(backbone, weights, f"model.backbone does not match the architecture stored in {pretrained.source}")
     return backbone
+
+
+def reshape_scalar_states(task: BackboneTask, checkpoint: dict[str, Any]) -> None:
+    """Optimiser moments saved as 0-dim tensors for a parameter that is now (1,) (X-MoE's ``log_temperature`` was a
+    scalar in older checkpoints) take the parameter's shape, so such a run resumes."""
+    states = checkpoint.get("optimizer_states") or []
+    if not states:
+        return
+    parameters = dict(task.named_parameters())
+    names = task.optimizer_parameter_names()
+    for optimizer_state in states:
+        for index, state in optimizer_state.get("state", {}).items():
+            if not isinstance(index, int) or index >= len(names) or parameters[names[index]].shape != (1,):
+                continue
+            for key, value in state.items():
+                if key != "step" and isinstance(value, torch.Tensor) and value.dim() == 0:
+                    state[key] = value.reshape(1)
+
+
+def add_missing_optimizer_states(task: BackboneTask, checkpoint: dict[str, Any]) -> None:
+    """Index-keyed AdamW states (a run without FSDP) get zero moments at step 0 for the trainable parameters that
+    never had a gradient (the state AdamW would start them with), so that the checkpoint also resumes under FSDP2,
+    which loads every parameter's state strictly. Checkpoints written before this lack them and resume only without
+    FSDP."""
+    names = task.optimizer_parameter_names()
+    parameters = dict(task.named_parameters())
+    for optimizer_state in checkpoint.get("optimizer_states") or []:
+        states = optimizer_state.get("state", {})
+        if not all(isinstance(key, int) for key in states):
+            continue  # already keyed by parameter name (a fully sharded run's checkpoint)
+        for index, name in enumerate(names):
+            if index not in states:
+                zeros = torch.zeros(parameters[name].shape, dtype=torch.float32, device=parameters[name].device)
+                states[index] = {"step": torch.tensor(0.0), "exp_avg": zeros, "exp_avg_sq": zeros.clone()}
 
 
 def batch_size(batch: dict) -> int:

@@ -1,7 +1,10 @@
 """Expert-parallel training run used by tests/test_expert_parallel.py (a script: Lightning's DDP launcher re-runs it
 once per rank).
 
-Usage: python tests/scripts/expert_parallel_fit.py OUT_DIR DEVICES EXPERT_PARALLEL STEPS [RESUME_CKPT]
+Usage: python tests/scripts/expert_parallel_fit.py OUT_DIR DEVICES EXPERT_PARALLEL STEPS [RESUME_CKPT] [--fsdp]
+
+``--fsdp`` trains with Lightning's ModelParallelStrategy (FSDP2 through ``BackboneTask.configure_model``) instead of
+DDP, and saves a single-file (consolidated) checkpoint.
 
 A tiny BackboneTask (mean squared hidden state of a MoE backbone, balance coefficient 0 so that the objective is the
 global batch's) trains STEPS steps on 16 fixed images, batch 8 per step in all: DEVICES processes with 8 / DEVICES
@@ -43,9 +46,21 @@ class SquaredHidden(BackboneTask):
         return StepLosses(output.hidden.pow(2).mean(), {}, output.routing, batch[0].shape[0])
 
 
+def strategy(devices: int, fsdp: bool):
+    if fsdp:
+        from lightning.pytorch.strategies import ModelParallelStrategy
+
+        return ModelParallelStrategy(
+            data_parallel_size=devices, tensor_parallel_size=1, save_distributed_checkpoint=False
+        )
+    return "ddp_find_unused_parameters_true" if devices > 1 else "auto"  # images leave the text FFNs unused
+
+
 def main() -> None:
-    out, devices, expert_parallel, steps = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-    resume = sys.argv[5] if len(sys.argv) > 5 else None
+    fsdp = "--fsdp" in sys.argv
+    argv = [argument for argument in sys.argv if argument != "--fsdp"]
+    out, devices, expert_parallel, steps = Path(argv[1]), int(argv[2]), int(argv[3]), int(argv[4])
+    resume = argv[5] if len(argv) > 5 else None
     torch.set_num_threads(1)
     L.seed_everything(0)
     images = torch.randn(16, 3, 32, 32, generator=torch.Generator().manual_seed(1))
@@ -58,7 +73,7 @@ def main() -> None:
     trainer = L.Trainer(
         accelerator="cpu",
         devices=devices,
-        strategy="ddp_find_unused_parameters_true" if devices > 1 else "auto",  # images leave the text FFNs unused
+        strategy=strategy(devices, fsdp),
         max_steps=steps,
         logger=False,
         enable_checkpointing=False,
@@ -68,7 +83,12 @@ def main() -> None:
     )
     trainer.fit(task, loader, ckpt_path=resume)
     trainer.save_checkpoint(out / "last.ckpt")  # every rank: the gathering of experts is a collective
-    state = task.state_dict()
+    if fsdp:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        state = get_model_state_dict(task, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    else:
+        state = task.state_dict()
     if trainer.is_global_zero:
         torch.save(state, out / "final.pt")
 
