@@ -109,12 +109,13 @@ class GroupedExperts(nn.Module):
         """The experts on the (sub-)tokens ``x_SD`` with the dispatch gather fused into the first linear and the
         inverse permutation into the second (:mod:`mmoe.moe.triton_experts`); returns the (K*S, D) outputs in choice
         order, for :func:`mmoe.moe.dispatch.combine_unsorted`."""
-        from mmoe.moe.triton_experts import GatherLinear
+        from mmoe.moe.triton_experts import GatherLinear, block_schedule
 
         top_k = plan.kept_SK.shape[1]
+        schedule = block_schedule(plan.offsets_E, plan.expert_C.numel())
         hidden_CH = GatherLinear.apply(
             x_SD, self.fc1_weight, self.fc1_bias, plan.offsets_E, plan.expert_C, plan.token_C, plan.inverse_C, None,
-            top_k,
+            top_k, schedule,
         )  # fmt: skip
         hidden_CH = F.gelu(hidden_CH)
         if self.ln_weight is not None:
@@ -122,8 +123,9 @@ class GroupedExperts(nn.Module):
             ln_weight = self.ln_weight.to(x_SD.dtype).index_select(0, plan.expert_C)
             hidden_CH = torch.addcmul(self.ln_bias.to(x_SD.dtype).index_select(0, plan.expert_C), hidden_CH, ln_weight)
         return GatherLinear.apply(
-            hidden_CH, self.fc2_weight, self.fc2_bias, plan.offsets_E, plan.expert_C, None, None, plan.order_C, 1
-        )
+            hidden_CH, self.fc2_weight, self.fc2_bias, plan.offsets_E, plan.expert_C, None, None, plan.order_C, 1,
+            schedule,
+        )  # fmt: skip
 
     def forward_loop(self, x_RD: torch.Tensor, offsets_E: torch.Tensor) -> torch.Tensor:
         """One fused ``addmm`` per expert and linear over its slice (the CPU path: reading the counts is free there,

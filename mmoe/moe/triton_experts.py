@@ -179,13 +179,12 @@ class GatherLinear(torch.autograd.Function):
 
     ``in_index`` gathers from X (then X has S rows and each row is read ``tiles`` times: ``in = order_C % S``, with
     ``inverse`` the inverse of ``order_C``); ``out_index`` scatters into Y. Exactly one of the two is given, or
-    neither.
+    neither. ``schedule``: :func:`block_schedule` of ``offsets_E`` (one per dispatch, shared by both linears).
     """
 
     @staticmethod
-    def forward(ctx, x, weight_EKN, bias_EN, offsets_E, expert_R, in_index, inverse, out_index, tiles: int):
+    def forward(ctx, x, weight_EKN, bias_EN, offsets_E, expert_R, in_index, inverse, out_index, tiles: int, schedule):
         num_rows = expert_R.numel()
-        schedule = block_schedule(offsets_E, num_rows)
         y = gather_gemm(x, weight_EKN.to(x.dtype), None if bias_EN is None else bias_EN.to(x.dtype), offsets_E,
                         schedule, num_rows, in_index, out_index)  # fmt: skip
         ctx.save_for_backward(x, weight_EKN, offsets_E, expert_R, in_index, inverse, out_index, *schedule)
@@ -215,4 +214,4 @@ class GatherLinear(torch.autograd.Function):
             grad_rows = grad_y if out_index is None else grad_y.index_select(0, out_index)
             grad_b = torch.zeros(offsets_E.numel(), grad_y.shape[1], device=grad_y.device, dtype=torch.float32)
             grad_b = grad_b.index_add_(0, expert_R.long(), grad_rows.float()).to(ctx.weight_dtype)
-        return grad_x, grad_w, grad_b, None, None, None, None, None, None
+        return grad_x, grad_w, grad_b, None, None, None, None, None, None, None

@@ -120,12 +120,17 @@ def pretrain_stages(study: StudyRun, run: Pretraining) -> list[Stage]:
     return [Stage(name, last, fit), exporting(f"{name}/export", last, study.backbone(run))]
 
 
+def seed_count(variant: str, task: str, settings: StudySettings) -> int:
+    """Fine-tuning seeds of one cell: ``settings.seeds`` for the routers compared on the consistency task, else 1."""
+    return settings.seeds if variant in ROUTERS and task == CONSISTENCY_TASK else 1
+
+
 def finetune_stages(study: StudyRun, run: Pretraining, settings: StudySettings) -> list[Stage]:
     """Each task at seed 0, and for the routers compared (X-MoE §4.5) VQA at ``settings.seeds`` seeds, with a routing
     window every ``settings.consistency_every`` steps."""
     stages = []
     for task in TASKS:
-        for seed in range(settings.seeds if run.variant in ROUTERS and task.name == CONSISTENCY_TASK else 1):
+        for seed in range(seed_count(run.variant, task.name, settings)):
             out = study.finetune_dir(run.name, task.name, seed)
             name = f"finetune/{run.name}/{task.name}-seed{seed}"
             every = settings.consistency_every
@@ -184,7 +189,7 @@ def collect_scores(study: StudyRun, settings: StudySettings) -> dict:
     for variant in VARIANTS:
         scores[variant] = {}
         for task in TASKS:
-            seeds = range(settings.seeds if variant in ROUTERS and task.name == CONSISTENCY_TASK else 1)
+            seeds = range(seed_count(variant, task.name, settings))
             files = [study.finetune_dir(variant, task.name, seed) / "scores.json" for seed in seeds]
             scores[variant][task.name] = [json.loads(path.read_text()) for path in files]
     return scores
