@@ -8,7 +8,7 @@ Subcommands:
 * ``mmoe export-backbone --ckpt task.ckpt --out backbone.pt`` — the backbone weights of a task checkpoint.
 * ``mmoe upcycle --ckpt beit3.pth --config moe.yaml --out init.pt`` — a MoE backbone whose experts start as copies of
   a dense backbone's FFNs (sparse upcycling), e.g. from released BEiT-3 weights.
-* ``mmoe infer vqa|caption|nlvr2 --ckpt C --image photo.jpg ...`` — a fine-tuned checkpoint on your own images
+* ``mmoe infer vqav2|nlvr2|captioning --ckpt C --image photo.jpg ...`` — a fine-tuned checkpoint on your own images
   (answers, caption, true/false; ``--routing`` for the expert map).
 * ``mmoe info --config C | --ckpt C`` — parameters, active parameters and forward FLOPs per token of a whole model
   (per layer, with its task head).

@@ -11,7 +11,7 @@ from torch import nn
 from mmoe.data.batches import BATCH_KINDS, is_joint, step_batches
 from mmoe.data.collate import PretrainCollator
 from mmoe.model.heads import init_head, nlvr2_head, vqa_pooler_and_head
-from mmoe.tasks.common import unique_entries
+from mmoe.tasks.predictions import unique_entries
 from mmoe.tasks.nlvr2 import NLVR2FineTuning
 
 

@@ -19,7 +19,7 @@ from mmoe.tasks.captioning import (
     load_output_vocab,
 )
 from mmoe.tasks.checkpoint import export_backbone
-from mmoe.tasks.common import build_backbone
+from mmoe.tasks.finetuning import build_backbone
 from mmoe.tasks.decoding import beam_search, greedy_search
 from mmoe.tasks.nlvr2 import NLVR2FineTuning
 from mmoe.tasks.optimizer import OptimizerConfig, layer_id, parameter_groups
@@ -327,7 +327,7 @@ def test_caption_output_vocab_loss_and_unknown_target(caption_tokens):
 @pytest.mark.parametrize(
     "content, message",
     [
-        ("[11, 12", "is not valid JSON"),
+        ("[11, 12", "malformed JSON at line 1"),
         ('{"a": 1}', "expected a JSON list of integer token ids"),
         ("[11, 12]", f"end-of-text id {EOT_ID} is missing"),
         (f"[11, 11, {EOT_ID}]", "appears more than once"),

@@ -162,7 +162,7 @@ def test_bad_input_is_one_line_and_exit_2(runs, tmp_path, capsys):
         (["vqa", "--ckpt", str(vqa), *good, "--question", "q"], "broken.jpg could not be read"),
         (["vqa", "--ckpt", str(vqa), "--image", str(tmp_path / "none.png"), "--question", "q"], "none.png does not"),
         (["vqa", "--ckpt", str(tmp_path / "missing.ckpt"), *good, "--question", "q"], "missing.ckpt"),
-        (["vqa", "--ckpt", str(caption), *good, "--question", "q"], "is a caption checkpoint, not a vqa one"),
+        (["vqa", "--ckpt", str(caption), *good, "--question", "q"], "is a captioning checkpoint, not a vqav2 one"),
         (["caption", "--ckpt", str(pretrain), *good], "is a pre-training checkpoint"),
         (["caption", "--ckpt", str(tmp_path / "backbone.pt"), *good], "holds no fine-tuned task"),
         (["caption", "--ckpt", str(caption), "--image", str(tmp_path)], "give --out"),

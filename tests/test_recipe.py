@@ -13,7 +13,7 @@ from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
 from mmoe.model.beit3 import to_beit3
 from mmoe.moe import MoEConfig, build_moe_layer
 from mmoe.moe.router import Router
-from mmoe.tasks.common import StepLosses
+from mmoe.tasks.base import StepLosses
 from mmoe.tasks.nlvr2 import NLVR2FineTuning
 from mmoe.vocabulary import VOCAB_SIZE
 

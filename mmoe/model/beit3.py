@@ -18,7 +18,8 @@ under ``beit3.`` in the unilm task models, wrapped in ``model`` or ``module``. K
 
 The architecture is read from the shapes (width, depth, FFN width, vocabulary, patch size, image size from the vision
 position rows, text positions, Sub-LN, final norm); the head count is not stored and is width / 64, as in every
-released size. Keys outside the backbone are task heads (:data:`TASK_HEADS`) or pre-training heads, kept aside.
+released size. Keys outside the backbone are task heads (each fine-tuning task's ``beit3_heads``) or pre-training
+heads, kept aside.
 """
 
 from __future__ import annotations
@@ -45,13 +46,6 @@ HEAD_DIM = 64
 BEIT3_FILE = "a BEiT-3 checkpoint of microsoft/unilm (torchscale key layout), e.g. beit3_base_patch16_224.pth"
 #: A key every BEiT-3 backbone has; its prefix is the backbone's prefix in the file.
 ANCHOR = "encoder.layers.0.self_attn.q_proj.A.weight"
-#: Task-head parameter names of the unilm models -> the mmoe tasks' (prefix to prefix).
-TASK_HEADS: dict[str, dict[str, str]] = {
-    "vqav2": {"pooler.norm.": "pooler.norm.", "pooler.dense.": "pooler.dense.", "head.0.": "head.0.",
-              "head.1.": "head.1.", "head.3.": "head.3."},
-    "nlvr2": {"head.norm1.": "head.0.", "head.dense1.": "head.1.", "head.norm2.": "head.2.", "head.dense2.": "head.4."},
-    "captioning": {"mlm_head.": "head."},
-}  # fmt: skip
 WAYS = {"A": 0, "B": 1}
 LAYER_KEYS = {
     "self_attn_layer_norm": "attention.norm",

@@ -21,20 +21,28 @@ metrics of :func:`mmoe.metrics.captions.score_captions` against the references i
 
 from __future__ import annotations
 
+import argparse
 import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_warn
 
 from mmoe.data.batches import CaptionBatch
+from mmoe.data.decoders import CaptionDecoder
 from mmoe.data.tokenizer import TextTokenizer
+from mmoe.data.transforms import eval_transform
+from mmoe.io import read_json
 from mmoe.metrics.captions import ScorerUnavailableError, score_captions
+from mmoe.model import MultiwayConfig
 from mmoe.model.heads import token_head
 from mmoe.moe import RoutingRecord
-from mmoe.tasks.common import FineTuningTask, as_ids, gather_objects, read_vocabulary_file
 from mmoe.tasks.decoding import Decoded, beam_search, greedy_search
+from mmoe.tasks.finetuning import FineTuningTask, positive_int
+from mmoe.tasks.predictions import as_ids, gather_objects
 from mmoe.vocabulary import OPEN_CLIP_IDS, TextIds
 
 
@@ -51,8 +59,8 @@ def caption_attention_mask(image_len: int, text_len: int, device: torch.device |
 def load_output_vocab(path: str | Path, vocab_size: int, text_ids: TextIds = OPEN_CLIP_IDS) -> list[int]:
     """The token ids of ``caption_tokens.json``: a JSON list of distinct ids in [0, vocab_size) holding the end token,
     none of the start, pad and mask ids (``text_ids``: the tokenizer's)."""
-    ids = read_vocabulary_file(
-        path, "output vocabulary", "the caption converters write caption_tokens.json next to the shards"
+    ids = read_json(
+        path, "output vocabulary", written_by="the caption converters write caption_tokens.json next to the shards"
     )
     if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
         raise ValueError(f"output vocabulary {path}: expected a JSON list of integer token ids")
@@ -98,11 +106,15 @@ class CaptioningFineTuning(FineTuningTask):
         spice: also compute SPICE at validation (slow; needs its Stanford CoreNLP jars, else reported unavailable).
         output_vocab: ``caption_tokens.json`` of the training split: the head predicts these ids only (label
             smoothing spreads over them); None = the whole vocabulary (BEiT-3).
-        **kwargs: the shared fine-tuning arguments of :class:`mmoe.tasks.common.FineTuningTask` (backbone,
+        **kwargs: the shared fine-tuning arguments of :class:`mmoe.tasks.finetuning.FineTuningTask` (backbone,
             pretrained, frozen_routing, balance and optimiser settings).
     """
 
+    name = "captioning"
+    beit3_heads = {"mlm_head.": "head."}
     prediction_key = "image_id"
+    infer_aliases = ("caption",)
+    infer_files = ("output_vocab", "text_tokenizer")
 
     def __init__(
         self,
@@ -138,7 +150,38 @@ class CaptioningFineTuning(FineTuningTask):
         index[self.output_ids] = torch.arange(len(ids))
         self.register_buffer("output_index", index, persistent=False)
         self.head = token_head(self.backbone.config.dim, len(ids))
-        self.load_beit3_head("captioning", rows=self.output_ids)
+        self.load_beit3_head(rows=self.output_ids)
+
+    @classmethod
+    def head_parameters(cls, config: MultiwayConfig, init_args: dict[str, Any]) -> dict[str, int]:
+        classes = config.vocab_size
+        if init_args.get("output_vocab"):
+            classes = len(load_output_vocab(init_args["output_vocab"], config.vocab_size))
+        return {"head": sum(p.numel() for p in token_head(config.dim, classes).parameters())}
+
+    @classmethod
+    def add_infer_options(cls, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--beam", type=positive_int, help="beams (default: the checkpoint's num_beams; 1 = greedy)")
+
+    @classmethod
+    def infer_arguments(cls, options: dict[str, Any]) -> dict[str, Any]:
+        beams = {"num_beams": options["beam"]} if options.get("beam") is not None else {}
+        return super().infer_arguments(options) | beams
+
+    def infer(
+        self, images: torch.Tensor, text: str | None, tokenize: Callable[[str], tuple], options: dict[str, Any]
+    ) -> tuple[dict, str | None]:
+        """The caption of the image (beam search, the checkpoint's length settings); its routing is listed."""
+        caption = self.captions(images)[0]
+        return {"caption": caption}, caption
+
+    @classmethod
+    def prediction_decoder(cls, image_size: int, tokenizer: TextTokenizer) -> CaptionDecoder:
+        return CaptionDecoder(eval_transform(image_size), tokenizer, mode="eval", min_side=image_size)
+
+    def folder_entry(self, image: Path, result: dict, text: str | None) -> dict:
+        """COCO results use integer image ids: a file named by a number (``000000391895.jpg``) gives that number."""
+        return {"image_id": int(image.stem) if image.stem.isdigit() else image.name, "caption": result["caption"]}
 
     # ---------------------------------------------------------------------------------------------- training
     def forward(
@@ -151,12 +194,12 @@ class CaptioningFineTuning(FineTuningTask):
         """Head logits of the text tokens under the captioning mask: (B, T, K), or (M, K) at the ``positions``
         (B, T) bool mask, K = ``len(output_ids)`` (the vocabulary size without ``output_vocab``); and the routing
         records."""
-        attn_mask = self.caption_mask(text.shape[1], text.device)
+        attn_mask = self.text_attention_mask(text.shape[1], text.device)
         out = self.backbone(image=image, text=text, text_padding_mask=text_padding_mask, attn_mask=attn_mask)
         hidden = out.text_hidden if positions is None else out.text_hidden[positions]
         return self.head(hidden), out.routing
 
-    def caption_mask(self, text_len: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    def text_attention_mask(self, text_len: int, device: torch.device | str = "cpu") -> torch.Tensor:
         """:func:`caption_attention_mask` for this backbone's image tokens and ``text_len`` text tokens."""
         return caption_attention_mask(1 + self.backbone.config.num_patches, text_len, device)
 
@@ -256,10 +299,10 @@ class CaptioningFineTuning(FineTuningTask):
             return
         self.log_dict({f"val/{name}": float(value) for name, value in scores.items() if isinstance(value, float)})
 
-    def predict_step(self, batch: CaptionBatch, batch_idx: int) -> list[dict]:
-        entries = [
+    def prediction_entries(self, batch: CaptionBatch) -> list[dict]:
+        """``{"image_id", "caption"}`` per image: the COCO results file's entries."""
+        captions = self.captions(batch["image"])
+        return [
             {"image_id": image_id, "caption": caption}
-            for image_id, caption in zip(as_ids(batch["image_id"]), self.captions(batch["image"]), strict=True)
+            for image_id, caption in zip(as_ids(batch["image_id"]), captions, strict=True)
         ]
-        self.predictions.extend(entries)
-        return entries

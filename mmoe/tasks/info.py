@@ -18,11 +18,15 @@ from pathlib import Path
 
 import yaml
 
+from mmoe.io import one_line, report_error
 from mmoe.model import MultiwayConfig
 from mmoe.model.cost import backbone_cost
-from mmoe.model.heads import nlvr2_head, token_head, vqa_pooler_and_head
 from mmoe.safe_load import load_checkpoint_file
+from mmoe.tasks.catalog import class_path, task_of_class_path
 from mmoe.tasks.checkpoint import PREFIX, config_from_dict, read_pretrained
+from mmoe.tasks.finetuning import required_argument
+from mmoe.tasks.pretraining import DEFAULT_TEACHER, MaskedPretraining, load_teacher, teacher_width
+from mmoe.tasks.visual_codebook import PatchCodebook
 
 #: State-dict entries of mmoe tasks that are buffers, not parameters: the pre-training visual codebook's centroids.
 BUFFERS = ("codebook.",)
@@ -40,44 +44,28 @@ PRETRAINING_HEADS = {"mim_head.": "MIM head (a masked patch)", "mlm_head.": "MLM
 
 
 def head_parameters(task: str, init_args: dict, config: MultiwayConfig, source: Path) -> dict[str, int]:
-    """Parameters of the task heads the config's model builds, per head that makes one kind of prediction (empty for
-    an unknown task class)."""
-    dim = config.dim
-    name = task.rsplit(".", 1)[-1]
-    if name == "VQAFineTuning":
-        from mmoe.tasks.vqa import load_answer_vocab
-
-        answers = len(load_answer_vocab(required(init_args, "answer_vocab", source)))
-        return {"head": sum(p.numel() for module in vqa_pooler_and_head(dim, answers) for p in module.parameters())}
-    if name == "NLVR2FineTuning":
-        return {"head": sum(p.numel() for p in nlvr2_head(dim).parameters())}
-    if name == "CaptioningFineTuning":
-        classes = config.vocab_size
-        if init_args.get("output_vocab"):
-            from mmoe.tasks.captioning import load_output_vocab
-
-            classes = len(load_output_vocab(init_args["output_vocab"], config.vocab_size))
-        return {"head": sum(p.numel() for p in token_head(dim, classes).parameters())}
-    if name == "MaskedPretraining":
-        if init_args.get("teacher_checkpoint"):
-            from mmoe.tasks.pretraining import load_teacher, teacher_width
-
-            teacher = load_teacher(init_args.get("teacher_model", "ViT-B-16"), init_args["teacher_checkpoint"])
-            targets = teacher_width(teacher)
-        else:
-            from mmoe.tasks.visual_codebook import PatchCodebook
-
-            targets = PatchCodebook.load(required(init_args, "visual_codebook", source)).size
-        mim, mlm = PRETRAINING_HEADS.values()
-        return {mim: dim * targets + targets, mlm: dim * config.vocab_size + config.vocab_size}
+    """Parameters of the task heads the config's model builds (``task``: its ``model.class_path``), per head that
+    makes one kind of prediction (empty for a class mmoe does not know)."""
+    try:
+        finetuning = task_of_class_path(task)
+        if finetuning is not None:
+            return finetuning.head_parameters(config, init_args)
+        if task == class_path(MaskedPretraining):
+            return pretraining_head_parameters(config, init_args)
+    except ValueError as error:
+        raise InfoError(f"config {source}: {one_line(error)}") from None
     return {}
 
 
-def required(init_args: dict, key: str, source: Path) -> str:
-    value = init_args.get(key)
-    if not value:
-        raise InfoError(f"config {source}: model.init_args.{key} is needed to count the head")
-    return value
+def pretraining_head_parameters(config: MultiwayConfig, init_args: dict) -> dict[str, int]:
+    """The MIM head's (over the visual targets: the teacher's width or the codebook's size) and the MLM head's."""
+    if init_args.get("teacher_checkpoint"):
+        teacher = load_teacher(init_args.get("teacher_model", DEFAULT_TEACHER), init_args["teacher_checkpoint"])
+        targets = teacher_width(teacher)
+    else:
+        targets = PatchCodebook.load(required_argument(init_args, "visual_codebook")).size
+    mim, mlm = PRETRAINING_HEADS.values()
+    return {mim: config.dim * targets + targets, mlm: config.dim * config.vocab_size + config.vocab_size}
 
 
 def from_config(path: Path) -> tuple[str, MultiwayConfig, dict[str, int] | None, int | None]:
@@ -88,7 +76,7 @@ def from_config(path: Path) -> tuple[str, MultiwayConfig, dict[str, int] | None,
     try:
         document = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as error:
-        raise InfoError(f"config {path} is not YAML: {' '.join(str(error).split())}") from None
+        raise InfoError(f"config {path} is not YAML: {one_line(error)}") from None
     model = document.get("model") if isinstance(document, dict) else None
     if not isinstance(model, dict) or not isinstance(model.get("init_args"), dict):
         raise InfoError(f"config {path} has no model.class_path / model.init_args")
@@ -215,8 +203,7 @@ def info_command(argv: Sequence[str]) -> int:
         else:
             task, config, head, text_length = from_checkpoint(Path(args.ckpt))
     except (FileNotFoundError, ValueError) as error:
-        print(f"mmoe info: {' '.join(str(error).split())}", file=sys.stderr)
-        return 2
+        return report_error("info", error)
     text_length = args.text_length or text_length or DEFAULT_TEXT_LENGTH
     result = report(args.config or args.ckpt, task, config, head, text_length)
     print(json.dumps(result, indent=2) if args.json else table(result))

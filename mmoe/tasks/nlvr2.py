@@ -15,16 +15,24 @@ pair id blanked). ``mmoe predict`` writes ``identifier,prediction`` lines (``Tru
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_warn
 
 from mmoe.data.batches import NLVR2Batch
+from mmoe.data.decoders import NLVR2Decoder
+from mmoe.data.tokenizer import TextTokenizer
+from mmoe.data.transforms import eval_transform
 from mmoe.metrics.files import EvalInputError
 from mmoe.metrics.nlvr2 import nlvr2_scores
+from mmoe.model import MultiwayConfig
 from mmoe.model.heads import BEIT3_HEAD_INIT_SCALE, nlvr2_head
 from mmoe.moe import RoutingRecord
-from mmoe.tasks.common import FineTuningTask, gather_objects
+from mmoe.tasks.finetuning import FineTuningTask
+from mmoe.tasks.predictions import gather_objects
 
 __all__ = ["BEIT3_HEAD_INIT_SCALE", "NLVR2FineTuning", "labels_of"]
 
@@ -42,12 +50,21 @@ class NLVR2FineTuning(FineTuningTask):
         head_init_scale: factor on the MLP's initial linear weights and biases. BEiT-3's 1e-3 suits a pre-trained
             backbone; from scratch it stalls learning (tiny X-MoE on the synthetic corpus, 150 steps: dev accuracy
             0.500 at 1e-3, 0.638 at 1.0; tasks/nlvr2/README.md), so the tiny configs use 1.0.
-        **kwargs: the shared fine-tuning arguments of :class:`mmoe.tasks.common.FineTuningTask` (backbone,
+        **kwargs: the shared fine-tuning arguments of :class:`mmoe.tasks.finetuning.FineTuningTask` (backbone,
             pretrained, frozen_routing, balance and optimiser settings).
     """
 
+    name = "nlvr2"
+    beit3_heads = {
+        "head.norm1.": "head.0.",
+        "head.dense1.": "head.1.",
+        "head.norm2.": "head.2.",
+        "head.dense2.": "head.4.",
+    }
     #: Prediction entries are ``(identifier, prediction)`` tuples.
     prediction_key = 0
+    infer_images = ("left", "right")
+    infer_text = "sentence"
 
     def __init__(
         self, predictions_file: str | None = None, head_init_scale: float = BEIT3_HEAD_INIT_SCALE, **kwargs
@@ -55,7 +72,24 @@ class NLVR2FineTuning(FineTuningTask):
         super().__init__(**kwargs)
         self.predictions_file = predictions_file
         self.head = nlvr2_head(self.backbone.config.dim, self.backbone.config.layernorm_eps, head_init_scale)
-        self.load_beit3_head("nlvr2")
+        self.load_beit3_head()
+
+    @classmethod
+    def head_parameters(cls, config: MultiwayConfig, init_args: dict[str, Any]) -> dict[str, int]:
+        return {"head": sum(p.numel() for p in nlvr2_head(config.dim).parameters())}
+
+    @torch.no_grad()
+    def infer(
+        self, images: torch.Tensor, text: str | None, tokenize: Callable[[str], tuple], options: dict[str, Any]
+    ) -> tuple[dict, str | None]:
+        """True / false and the probability of true for the pair ``images`` (left, right)."""
+        logits, _ = self(images[:1], images[1:], *tokenize(text))
+        probability = float(logits[0].float().softmax(-1)[1])
+        return {"answer": probability > 0.5, "probability_true": round(probability, 6)}, text
+
+    @classmethod
+    def prediction_decoder(cls, image_size: int, tokenizer: TextTokenizer) -> NLVR2Decoder:
+        return NLVR2Decoder(eval_transform(image_size), tokenizer, min_side=image_size)
 
     def pair_features(
         self,
@@ -109,11 +143,10 @@ class NLVR2FineTuning(FineTuningTask):
             scores = {"accuracy": correct / len(labels)}
         self.log_dict({f"val/{name}": value for name, value in scores.items()})
 
-    def predict_step(self, batch: NLVR2Batch, batch_idx: int) -> list[tuple[str, bool]]:
+    def prediction_entries(self, batch: NLVR2Batch) -> list[tuple[str, bool]]:
+        """``(identifier, prediction)`` per pair (True: the sentence is true of the pair)."""
         logits, _ = self.forward_batch(batch)
-        entries = list(zip(batch["identifier"], (logits.argmax(dim=-1) == 1).tolist(), strict=True))
-        self.predictions.extend(entries)
-        return entries
+        return list(zip(batch["identifier"], (logits.argmax(dim=-1) == 1).tolist(), strict=True))
 
     def format_predictions(self, entries: list[tuple[str, bool]]) -> str:
         """``identifier,True|False`` lines, the file ``mmoe eval nlvr2`` reads."""

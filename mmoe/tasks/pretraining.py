@@ -29,8 +29,8 @@ from torch import nn
 from mmoe.data.batches import BATCH_KINDS, IMAGE, TEXT, PretrainBatch, PretrainStep, step_batches
 from mmoe.model import MultiwayConfig, MultiwayTransformer
 from mmoe.moe import RoutingRecord
+from mmoe.tasks.base import BackboneTask, StepLosses
 from mmoe.tasks.checkpoint import config_from_dict
-from mmoe.tasks.common import BackboneTask, StepLosses
 from mmoe.tasks.optimizer import PRETRAINING_OPTIMIZER, OptimizerConfig
 from mmoe.tasks.visual_codebook import PatchCodebook
 
@@ -38,6 +38,10 @@ __all__ = ["KINDS", "MaskedPretraining"]
 
 #: The pre-training batch kinds (:data:`mmoe.data.batches.BATCH_KINDS`).
 KINDS = BATCH_KINDS
+
+
+#: The open_clip model of the teacher when a config names none.
+DEFAULT_TEACHER = "ViT-B-16"
 
 
 class MaskedPretraining(BackboneTask):
@@ -68,7 +72,7 @@ class MaskedPretraining(BackboneTask):
         backbone: MultiwayConfig,
         visual_codebook: str | None = None,
         teacher_checkpoint: str | None = None,
-        teacher_model: str = "ViT-B-16",
+        teacher_model: str = DEFAULT_TEACHER,
         text_tokenizer: str | None = None,
         balance_coefficient: float = 1e-2,
         balance_reduce: Literal["sum", "mean"] = "sum",

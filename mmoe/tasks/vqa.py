@@ -15,22 +15,31 @@ vocabulary). ``mmoe predict`` writes the test-dev submission ``[{"question_id", 
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from mmoe.data.batches import VQABatch
+from mmoe.data.decoders import VQADecoder
+from mmoe.data.tokenizer import TextTokenizer
+from mmoe.data.transforms import eval_transform
+from mmoe.io import read_json
 from mmoe.metrics.vqa import vqa_accuracy
+from mmoe.model import MultiwayConfig
 from mmoe.model.heads import vqa_pooler_and_head
 from mmoe.moe import RoutingRecord
-from mmoe.tasks.common import FineTuningTask, as_ids, gather_objects, read_vocabulary_file
+from mmoe.tasks.finetuning import FineTuningTask, positive_int, required_argument
+from mmoe.tasks.predictions import as_ids, gather_objects
 
 
 def load_answer_vocab(path: str | Path) -> list[str]:
     """The answer vocabulary (class label -> answer) from ``answers.json``: a JSON list of answers (index = label) or
     an object mapping answer -> label."""
-    value = read_vocabulary_file(path, "answer vocabulary", "mmoe data convert vqav2 writes answers.json")
+    value = read_json(path, "answer vocabulary", written_by="mmoe data convert vqav2 writes answers.json")
     if isinstance(value, dict):
         labels = sorted(value.values())
         if labels != list(range(len(value))):
@@ -53,11 +62,17 @@ class VQAFineTuning(FineTuningTask):
             list; the index is the class label).
         predictions_file: where ``mmoe predict`` writes the submission ``[{"question_id", "answer"}]`` (atomically;
             one entry per question id). None = not written.
-        **kwargs: the shared fine-tuning arguments of :class:`mmoe.tasks.common.FineTuningTask` (backbone,
+        **kwargs: the shared fine-tuning arguments of :class:`mmoe.tasks.finetuning.FineTuningTask` (backbone,
             pretrained, frozen_routing, balance and optimiser settings).
     """
 
+    name = "vqav2"
+    beit3_heads = {"pooler.norm.": "pooler.norm.", "pooler.dense.": "pooler.dense.", "head.0.": "head.0.",
+                   "head.1.": "head.1.", "head.3.": "head.3."}  # fmt: skip
     prediction_key = "question_id"
+    infer_aliases = ("vqa",)
+    infer_text = "question"
+    infer_files = ("answer_vocab", "text_tokenizer")
 
     def __init__(self, answer_vocab: str, predictions_file: str | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
@@ -65,7 +80,39 @@ class VQAFineTuning(FineTuningTask):
         self.answers = load_answer_vocab(answer_vocab)
         config = self.backbone.config
         self.pooler, self.head = vqa_pooler_and_head(config.dim, len(self.answers), config.layernorm_eps)
-        self.load_beit3_head("vqav2")
+        self.load_beit3_head()
+
+    @classmethod
+    def head_parameters(cls, config: MultiwayConfig, init_args: dict[str, Any]) -> dict[str, int]:
+        answers = len(load_answer_vocab(required_argument(init_args, "answer_vocab")))
+        return {
+            "head": sum(p.numel() for module in vqa_pooler_and_head(config.dim, answers) for p in module.parameters())
+        }
+
+    @classmethod
+    def add_infer_options(cls, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--top-k", type=positive_int, default=5, help="answers to list (default 5)")
+
+    @torch.no_grad()
+    def infer(
+        self, images: torch.Tensor, text: str | None, tokenize: Callable[[str], tuple], options: dict[str, Any]
+    ) -> tuple[dict, str | None]:
+        """The ``top_k`` answers with their sigmoid scores (the head is trained with binary cross-entropy)."""
+        logits, _ = self(images, *tokenize(text))
+        scores = logits[0].float().sigmoid()
+        best = scores.topk(min(options["top_k"], scores.numel()))
+        answers = [
+            {"answer": self.answers[i], "score": round(float(s), 6)}
+            for s, i in zip(best.values, best.indices, strict=True)
+        ]
+        return {"answers": answers}, text
+
+    @classmethod
+    def prediction_decoder(cls, image_size: int, tokenizer: TextTokenizer) -> VQADecoder:
+        return VQADecoder(eval_transform(image_size), tokenizer, min_side=image_size)
+
+    def folder_entry(self, image: Path, result: dict, text: str | None) -> dict:
+        return {"image": image.name, "question": text, **result["answers"][0]}
 
     def forward(self, image: torch.Tensor, text: torch.Tensor, text_padding_mask: torch.Tensor | None = None):
         """(B, num_answers) logits and the routing records."""
@@ -109,11 +156,11 @@ class VQAFineTuning(FineTuningTask):
             log[f"val/vqa_accuracy_{answer_type.replace('/', '_')}"] = 100 * sum(scores) / len(scores)
         self.log_dict(log)
 
-    def predict_step(self, batch: VQABatch, batch_idx: int) -> list[dict]:
+    def prediction_entries(self, batch: VQABatch) -> list[dict]:
+        """``{"question_id", "answer"}`` per question: the test-dev submission's entries."""
         logits, _ = self.forward_batch(batch)
-        entries = [
+        answers = self.predicted_answers(logits)
+        return [
             {"question_id": qid, "answer": answer}
-            for qid, answer in zip(as_ids(batch["question_id"]), self.predicted_answers(logits), strict=True)
+            for qid, answer in zip(as_ids(batch["question_id"]), answers, strict=True)
         ]
-        self.predictions.extend(entries)
-        return entries

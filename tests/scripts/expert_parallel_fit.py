@@ -23,7 +23,7 @@ import lightning as L
 import torch
 
 from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
-from mmoe.tasks.common import BackboneTask, StepLosses
+from mmoe.tasks.base import BackboneTask, StepLosses
 from mmoe.tasks.optimizer import PRETRAINING_OPTIMIZER
 
 

@@ -1,0 +1,29 @@
+"""``mmoe infer <task>``: a fine-tuned checkpoint on the user's own images, without training loaders.
+
+The task is rebuilt from the checkpoint alone (its saved arguments and weights, :mod:`mmoe.infer.load`); images are
+decoded, resized and normalised as its evaluation data was (:func:`mmoe.data.transforms.eval_transform` at the
+backbone's image size), texts tokenized with its tokenizer. Any image size and mode is read (16-bit greyscale
+included). The subcommands are the fine-tuning tasks of :data:`mmoe.tasks.catalog.FINETUNING_TASKS`; each task class
+says what one input is and what the answer looks like (``infer``, ``folder_entry``):
+
+* ``vqav2`` (or ``vqa``) ``--image photo.jpg --question "..." [--top-k 5]``: answers with their sigmoid scores
+  (BEiT-3's VQA head is trained with binary cross-entropy).
+* ``captioning`` (or ``caption``) ``--image photo.jpg [--beam 3]``: the caption (beam search, the checkpoint's length
+  settings).
+* ``nlvr2 --left a.png --right b.png --sentence "..."``: true / false and the probability of true.
+* ``--image DIR`` (one-image tasks): every image of the folder, with a progress bar, into ``--out`` (captions in the
+  COCO results format ``[{"image_id", "caption"}]``; VQA ``[{"image", "question", "answer", "score"}]``), written whole
+  or not at all.
+* ``--shards SPLIT`` (a converted split folder, shard file or glob): every sample, decoded by the task's own decoder,
+  into ``--out`` in the benchmark's format, the one ``mmoe predict`` writes (the task's ``prediction_entries`` and
+  predictions file); corrupt samples are skipped and counted.
+* ``--routing map.png``: the sub-token expert map of the image(s) (MH-MoE Fig. 1b: distinct experts per patch, top
+  choices, every MoE layer) and, in the output, the experts each text token went to in every MoE layer.
+
+Bad input (unreadable image, missing checkpoint, a checkpoint of another task, a pre-training checkpoint or a bare
+backbone) is one line on stderr and exit 2.
+"""
+
+from mmoe.infer.command import infer_command
+
+__all__ = ["infer_command"]

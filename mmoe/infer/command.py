@@ -1,0 +1,126 @@
+"""``mmoe infer``'s options (one subcommand per fine-tuning task, built from the task class), its output and its
+one-line errors."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from mmoe.infer.load import InferError, load_fine_tuned
+from mmoe.infer.modes import run_folder, run_shards, run_single
+from mmoe.io import INPUT_ERROR_EXIT, report_error
+from mmoe.tasks.catalog import FINETUNING_TASKS, class_path
+from mmoe.tasks.finetuning import FineTuningTask
+
+#: What each input option of a task (its ``infer_images`` and ``infer_text``) reads.
+INPUT_HELP = {
+    "image": "an image, or a folder of images (needs --out)",
+    "left": "the left image (with --right and --sentence)",
+    "right": "the right image",
+    "question": "the question (with --image)",
+    "sentence": "the statement about the pair",
+}
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose errors are one line, ``mmoe infer: error: ...``, and exit 2."""
+
+    def error(self, message: str):
+        raise SystemExit(report_error("infer", message))
+
+
+def option(name: str) -> str:
+    return f"--{name.replace('_', '-')}"
+
+
+def add_task_parser(tasks, task: type[FineTuningTask]) -> None:
+    parser = tasks.add_parser(task.name, aliases=list(task.infer_aliases), help=(task.__doc__ or "").split("\n")[0])
+    parser.set_defaults(task=task)
+    parser.add_argument("--ckpt", required=True, help=f"a checkpoint of `mmoe fit` with {class_path(task)}")
+    inputs = parser.add_mutually_exclusive_group(required=True)
+    inputs.add_argument("--shards", help="a converted split (folder, shard or glob): results file (needs --out)")
+    first, *others = task.infer_images
+    inputs.add_argument(option(first), help=INPUT_HELP.get(first))
+    for name in [*others, *filter(None, [task.infer_text])]:
+        parser.add_argument(option(name), help=INPUT_HELP.get(name))
+    task.add_infer_options(parser)
+    for name in task.infer_files:
+        parser.add_argument(option(name), help=f"the {name.replace('_', ' ')}, when the one the checkpoint names moved")
+    parser.add_argument(
+        "--routing", help="single input: write the image's expert map to this PNG and list the text's experts"
+    )
+    parser.add_argument("--out", help="results file (JSON) for a folder of images or a shard split")
+    parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    parser.add_argument("--device", default="cpu", help="torch device (default cpu; e.g. cuda)")
+
+
+def parser() -> argparse.ArgumentParser:
+    root = OneLineParser(prog="mmoe infer", description=__doc__.split("\n\n")[0])
+    tasks = root.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
+    for task in FINETUNING_TASKS.values():
+        add_task_parser(tasks, task)
+    return root
+
+
+def missing_inputs(args: argparse.Namespace) -> str:
+    """The options a single-input run lacks ('' when complete or reading shards)."""
+    if args.shards:
+        return ""
+    task = args.task
+    needed = [*task.infer_images[1:], *filter(None, [task.infer_text])]
+    return ", ".join(option(name) for name in needed if not getattr(args, name))
+
+
+def folder_input(args: argparse.Namespace) -> bool:
+    """Whether the input is a folder of images (one-image tasks)."""
+    images = args.task.infer_images
+    return not args.shards and len(images) == 1 and Path(getattr(args, images[0])).is_dir()
+
+
+def printed(result: dict) -> str:
+    """The plain-text form of a result."""
+    if "answers" in result:
+        lines = [f"{entry['answer']}\t{entry['score']:.4f}" for entry in result["answers"]]
+    elif "caption" in result:
+        lines = [result["caption"]]
+    elif "probability_true" in result:
+        lines = [f"{result['answer']}\tP(true) = {result['probability_true']:.4f}"]
+    elif "samples" in result:
+        lines = [
+            f"{result['samples']} samples -> {result['results_file']} ({result['corrupt_skipped']} corrupt skipped)"
+        ]
+    else:
+        lines = [f"{result['images']} images -> {result['results_file']} ({result['unreadable_skipped']} unreadable)"]
+    for token in result.get("text_tokens", []):
+        layers = "  ".join(f"{key}: {experts}" for key, experts in token["experts"].items())
+        lines.append(f"{token['token']!r}\t{layers}")
+    if "routing_map" in result:
+        lines.append(f"routing map: {result['routing_map']}")
+    return "\n".join(lines)
+
+
+def infer_command(argv: Sequence[str]) -> int:
+    """``mmoe infer``; exit 2 with one line on bad input."""
+    try:
+        args = parser().parse_args(list(argv))
+    except SystemExit as stop:
+        return stop.code if isinstance(stop.code, int) else INPUT_ERROR_EXIT
+    try:
+        missing = missing_inputs(args)
+        if missing:
+            raise InferError(f"{missing} needed (or --shards)")
+        if args.routing and (args.shards or folder_input(args)):
+            raise InferError("--routing works on a single input (one image or one pair)")
+        model = load_fine_tuned(args.ckpt, args.task, args.device, vars(args))
+        if args.shards:
+            result = run_shards(model, args)
+        elif folder_input(args):
+            result = run_folder(model, args)
+        else:
+            result = run_single(model, args)
+    except (InferError, FileNotFoundError, ValueError) as error:
+        return report_error("infer", error)
+    print(json.dumps(result) if args.json else printed(result))
+    return 0

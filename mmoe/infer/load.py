@@ -1,0 +1,101 @@
+"""A fine-tuned task rebuilt from its Lightning checkpoint alone, and its inputs read as its evaluation data was."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import torch
+from PIL import Image, UnidentifiedImageError
+
+from mmoe.data.tokenizer import TextTokenizer
+from mmoe.data.transforms import decode_image, eval_transform
+from mmoe.io import one_line
+from mmoe.safe_load import load_checkpoint_file
+from mmoe.tasks.catalog import class_path, task_of_class_path
+from mmoe.tasks.checkpoint import config_from_dict
+from mmoe.tasks.finetuning import FineTuningTask
+from mmoe.tasks.optimizer import nest_optimizer_arguments
+from mmoe.tasks.pretraining import MaskedPretraining
+
+#: Text tokens when the checkpoint does not record its data's ``max_text_length``.
+DEFAULT_TEXT_LENGTH = 64
+
+
+class InferError(ValueError):
+    """Bad input to ``mmoe infer``; the message names the file or option."""
+
+
+@dataclasses.dataclass
+class FineTuned:
+    """A fine-tuned task ready for inference and how its inputs are prepared."""
+
+    task: FineTuningTask
+    tokenizer: TextTokenizer
+    image_size: int
+    device: torch.device
+
+    def image(self, path: str | Path) -> torch.Tensor:
+        """(3, S, S) as the checkpoint's evaluation data: decoded (any size and mode), resized, cropped, normalised."""
+        path = Path(path)
+        try:
+            image = decode_image(path.read_bytes(), self.image_size)
+        except FileNotFoundError:
+            raise InferError(f"image {path} does not exist") from None
+        except (OSError, UnidentifiedImageError, ValueError, Image.DecompressionBombError) as error:
+            raise InferError(f"image {path} could not be read: {one_line(error)}") from None
+        return eval_transform(self.image_size)(image)
+
+    def text(self, text: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(1, T) token ids and padding mask of ``text`` on the task's device."""
+        ids, padding = self.tokenizer(text)
+        return ids.to(self.device), padding.to(self.device)
+
+
+def load_fine_tuned(
+    path: str | Path, task: type[FineTuningTask], device: str = "cpu", options: dict[str, Any] | None = None
+) -> FineTuned:
+    """The ``task`` of a Lightning checkpoint of ``mmoe fit``, rebuilt from its saved arguments and weights, with the
+    arguments the task's ``mmoe infer`` ``options`` replace (moved files: the VQA answer list, the captioning output
+    vocabulary, the SentencePiece tokenizer; the caption beams)."""
+    path = Path(path)
+    state = load_checkpoint_file(path, "checkpoint")
+    hyper_parameters, weights = state.get("hyper_parameters"), state.get("state_dict")
+    if not isinstance(hyper_parameters, dict) or not isinstance(weights, dict) or "backbone" not in hyper_parameters:
+        raise InferError(
+            f"checkpoint {path} holds no fine-tuned task (a backbone export or a released BEiT-3 file?): "
+            f"fine-tune it with `mmoe fit` first"
+        )
+    saved = str(hyper_parameters.get("_class_path", ""))
+    if saved == class_path(MaskedPretraining):
+        raise InferError(
+            f"checkpoint {path} is a pre-training checkpoint: `mmoe infer` needs a fine-tuned VQA, NLVR2 or "
+            f"captioning checkpoint"
+        )
+    if saved != class_path(task):
+        found = task_of_class_path(saved)
+        raise InferError(f"checkpoint {path} is a {found.name if found else saved or 'unknown task'} checkpoint, "
+                         f"not a {task.name} one")  # fmt: skip
+    arguments = {k: v for k, v in nest_optimizer_arguments(hyper_parameters).items() if not k.startswith("_")}
+    if isinstance(arguments["backbone"], dict):
+        arguments["backbone"] = config_from_dict(arguments["backbone"])
+    arguments["pretrained"] = None
+    replaced = task.infer_arguments(options or {})
+    arguments |= {name: value for name, value in replaced.items() if name in arguments}
+    try:
+        model = task(**arguments)
+        model.load_state_dict(weights)
+    except (FileNotFoundError, ValueError, RuntimeError) as error:
+        named = [f"--{name.replace('_', '-')}" for name in task.infer_files if arguments.get(name)]
+        hint = f" (a moved file: {', '.join(named)} name its new path)" if isinstance(error, FileNotFoundError) else ""
+        raise InferError(f"checkpoint {path}: {one_line(error)}{hint}") from None
+    data = state.get("datamodule_hyper_parameters")
+    length = data.get("max_text_length") if isinstance(data, dict) else None
+    tokenizer = TextTokenizer(max_length=length or DEFAULT_TEXT_LENGTH, sentencepiece=arguments.get("text_tokenizer"))
+    try:
+        target = torch.device(device)
+        model = model.eval().to(target)
+    except RuntimeError as error:
+        raise InferError(f"--device {device}: {one_line(error)}") from None
+    return FineTuned(model, tokenizer, model.backbone.config.image_size, target)

@@ -1,0 +1,62 @@
+"""What ``mmoe infer --routing`` shows: the experts each text token went to, and the image's expert map."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from mmoe.data.transforms import IMAGE_MEAN, IMAGE_STD
+from mmoe.infer.load import FineTuned, InferError
+from mmoe.metrics.routing import image_diversity_maps, record_key, sort_keys
+from mmoe.moe import RoutingRecord
+
+
+@torch.no_grad()
+def routing_of(model: FineTuned, images: torch.Tensor, text: str) -> tuple[dict, list[RoutingRecord], int]:
+    """The text tokens' experts per MoE layer, the records and the image length of one backbone pass over ``images``
+    (N, 3, S, S) with ``text``."""
+    ids, padding = model.text(text)
+    ids, padding = ids.expand(len(images), -1), padding.expand(len(images), -1)
+    mask = model.task.text_attention_mask(ids.shape[1], ids.device)  # the pass the task reads its text in
+    out = model.task.backbone(image=images.to(model.device), text=ids, text_padding_mask=padding, attn_mask=mask)
+    tokens = [model.tokenizer.token_string(int(i)) for i in ids[0]]
+    experts: dict[str, list] = {}
+    for record in out.routing:
+        if record.modality not in ("language", "shared"):
+            continue
+        start = out.image_len if record.modality == "shared" else 0
+        index = record.expert_index[0, start : start + len(tokens)]  # (T, heads, k)
+        experts[record_key(record)] = index.tolist()
+    by_layer = {key: experts[key] for key in sort_keys(experts)}
+    per_token = [{"token": token, "experts": {k: v[t] for k, v in by_layer.items()}} for t, token in enumerate(tokens)]
+    return {"text_tokens": per_token}, out.routing, out.image_len
+
+
+def draw_routing_map(
+    model: FineTuned, images: torch.Tensor, records: list[RoutingRecord], image_len: int, title: str, path: str
+) -> None:
+    from mmoe.viz.maps import draw_patch_grid
+
+    maps = image_diversity_maps(records, image_len)
+    if not maps:
+        raise InferError(f"--routing {path}: the checkpoint's backbone has no MoE layer that routes image tokens")
+    mean, std = torch.tensor(IMAGE_MEAN).view(3, 1, 1), torch.tensor(IMAGE_STD).view(3, 1, 1)
+    pixels = [
+        (((image.cpu() * std + mean).clamp(0, 1) * 255).round().byte().permute(1, 2, 0).numpy()) for image in images
+    ]
+    moe = model.task.backbone.config.moe
+    if moe.heads > 1:
+        columns = {key: maps[key].cpu().numpy() for key in sort_keys(maps)}
+        draw_patch_grid(pixels, columns, max_count=moe.heads, title=title, path=path)
+        return
+    # One head: every patch counts one expert, so the map shows which expert (its top choice) each patch went to.
+    side = math.isqrt(image_len - 1)
+    chosen = {
+        record_key(r): (r.expert_index[:, 1:image_len, 0, 0] + 1).reshape(-1, side, side).cpu().numpy()
+        for r in records
+        if r.modality in ("vision", "shared")
+    }
+    columns = {key: chosen[key] for key in sort_keys(chosen)}
+    legend = "top-1 expert of the patch (index + 1)"
+    draw_patch_grid(pixels, columns, max_count=moe.num_experts, title=title, path=path, legend=legend)

@@ -1,0 +1,67 @@
+"""Reading JSON files and reporting bad input the same way in every ``mmoe`` command.
+
+* :func:`read_json`: a whole JSON file, or one error naming the file and what is wrong with it (missing, unreadable,
+  malformed at line and column), raised as the caller's error type.
+* :func:`write_json`: a JSON file written whole or not at all (:mod:`mmoe.atomic`).
+* :func:`one_line` and :func:`report_error`: every command ends on bad input with one line on stderr,
+  ``mmoe <command>: error: <message>``, and exit code 2 (:data:`INPUT_ERROR_EXIT`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from mmoe.atomic import write_json_atomic
+
+#: Exit code of a command given bad input (argparse's too).
+INPUT_ERROR_EXIT = 2
+
+#: Writes a value as indented JSON atomically (the file is whole or absent).
+write_json = write_json_atomic
+
+
+def one_line(error: BaseException | str) -> str:
+    """The message of ``error`` on one line (white space folded)."""
+    return " ".join(str(error).split())
+
+
+def report_error(command: str, error: BaseException | str) -> int:
+    """Prints ``mmoe <command>: error: <message>`` on stderr (one line) and returns :data:`INPUT_ERROR_EXIT`."""
+    print(f"mmoe {command}: error: {one_line(error)}", file=sys.stderr)
+    return INPUT_ERROR_EXIT
+
+
+def read_json(
+    path: str | os.PathLike, what: str = "", error: type[Exception] = ValueError, written_by: str = ""
+) -> Any:
+    """The JSON value of the file at ``path``.
+
+    Args:
+        path: the file.
+        what: what the file is (``"answer vocabulary"``), put before the path in errors.
+        error: the exception type raised for a missing, unreadable or malformed file (a command's own input error);
+            ``FileNotFoundError`` is raised as such when ``error`` is the default ``ValueError``.
+        written_by: what writes the file, named when it is missing.
+
+    Raises:
+        error: ``<what> <path> does not exist (<written_by>)`` / ``<what> <path>: cannot be read (...)`` /
+            ``<what> <path>: malformed JSON at line L, column C: ...``.
+    """
+    path = Path(path)
+    named = f"{what} {path}" if what else str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        missing = FileNotFoundError if error is ValueError else error
+        hint = f" ({written_by})" if written_by else ""
+        raise missing(f"{named} does not exist{hint}") from None
+    except (OSError, UnicodeDecodeError) as cause:
+        raise error(f"{named}: cannot be read ({one_line(cause)})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as cause:
+        raise error(f"{named}: malformed JSON at line {cause.lineno}, column {cause.colno}: {cause.msg}") from None

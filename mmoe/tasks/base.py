@@ -1,0 +1,253 @@
+"""The base of every mmoe training task: the balance term, AdamW with warm-up cosine, X-MoE's norm restore, exact
+resume and the distributed hooks.
+
+* Total loss = task loss + alpha * sum (or mean) of the MoE layers' balance losses (X-MoE Eq. 10), plus, when
+  ``z_loss_coefficient`` is set, that coefficient times the sum (or mean) of their router z-losses (ST-MoE Eq. 5).
+* AdamW with warm-up cosine (:mod:`mmoe.tasks.optimizer`, one typed ``optimizer`` argument of every task).
+* X-MoE §3.1: expert embeddings are put back to L2 norm 0.1 after every optimiser step.
+* Exact resume: checkpoints hold the random generators' states (torch, CUDA, numpy, Python; every process's), put back
+  before the first training step after ``--ckpt_path`` (:mod:`mmoe.tasks.state`); the data loaders save their own
+  position.
+* Samples the data loaders skipped (corrupt or lost) are logged as ``data/skipped/<stream>``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import lightning as L
+import torch
+
+from mmoe.data.tokenizer import TextTokenizer
+from mmoe.model import MultiwayTransformer
+from mmoe.moe import RoutingRecord, restore_expert_embedding_norm
+from mmoe.tasks.checkpoint import config_to_dict
+from mmoe.tasks.expert_parallel import (
+    average_expert_gradients,
+    gather_optimizer_states,
+    shard_experts,
+    slice_optimizer_states,
+)
+from mmoe.tasks.fsdp import shard_task
+from mmoe.tasks.optimizer import OptimizerConfig, adamw_with_schedule, parameter_groups
+from mmoe.tasks.predictions import gather_objects
+from mmoe.tasks.state import add_missing_optimizer_states, random_states, reshape_scalar_states, set_random_states
+
+#: The values of ``balance_reduce``: add or average the MoE layers' balance losses.
+BALANCE_REDUCTIONS = ("sum", "mean")
+
+
+def detached(record: RoutingRecord) -> RoutingRecord:
+    """The record with its balance loss and z-loss detached (what ``training_step`` hands to callbacks)."""
+    record.balance_loss = record.balance_loss.detach()
+    record.z_loss = record.z_loss.detach()
+    return record
+
+
+@dataclasses.dataclass
+class StepLosses:
+    """What a task's :meth:`BackboneTask.step_losses` gives for one batch.
+
+    Attributes:
+        task_loss: the task's loss (the objective before the balance term).
+        logged: name -> value of the task's own metrics, logged as ``<stage>/<name>`` (detached there).
+        routing: the routing records of every forward of the step.
+        size: the batch size the logged values are averaged with.
+        output: what the task needs back from the step (fine-tuning: the logits); None when nothing.
+    """
+
+    task_loss: torch.Tensor
+    logged: dict[str, torch.Tensor]
+    routing: list[RoutingRecord]
+    size: int
+    output: Any = None
+
+
+class BackboneTask(L.LightningModule):
+    """Base of the mmoe tasks: a ``backbone`` plus heads, trained with AdamW + warm-up cosine and the balance term.
+
+    One step for every task (:meth:`shared_step`): the subclass's :meth:`step_losses` gives the task loss, its metrics
+    and the routing records; the base adds alpha x the balance loss (X-MoE Eq. 10), logs ``<stage>/loss``,
+    ``<stage>/balance_loss``, ``<stage>/z_loss``, ``<stage>/dropped_fraction`` and ``<stage>/requested_capacity`` with
+    the task's metrics,
+    and ``training_step`` hands the callbacks the routing records with detached balance losses.
+
+    Subclasses save these hyper-parameters (``self.save_hyperparameters()``): ``backbone`` and ``optimizer`` (stored as
+    plain dicts by :meth:`store_configs`), ``balance_coefficient``, ``balance_reduce`` and ``z_loss_coefficient``.
+
+    Args:
+        balance_reduce: the subclass's ``balance_reduce`` argument, checked here.
+        optimizer: the subclass's ``optimizer`` argument (or the plain dict of a checkpoint's hyper-parameters).
+        text_tokenizer: the subclass's ``text_tokenizer`` argument, checked here.
+    """
+
+    #: Parameter-name prefixes that get ``head_lr_multiplier`` (BEiT-3 scales parameters named ``head*``).
+    head_prefixes: tuple[str, ...] = ("head.",)
+    backbone: MultiwayTransformer
+
+    def __init__(
+        self,
+        balance_reduce: str,
+        optimizer: OptimizerConfig | dict,
+        text_tokenizer: str | None = None,
+        z_loss_coefficient: float = 0.0,
+    ) -> None:
+        """``z_loss_coefficient``: the subclass's argument, checked here."""
+        super().__init__()
+        if balance_reduce not in BALANCE_REDUCTIONS:
+            raise ValueError(f"model.balance_reduce must be 'sum' or 'mean', got {balance_reduce!r}")
+        if z_loss_coefficient < 0:
+            raise ValueError(f"model.z_loss_coefficient must be >= 0, got {z_loss_coefficient!r}")
+        self.z_loss_coefficient = z_loss_coefficient
+        self.optimizer_config = OptimizerConfig.from_value(optimizer)
+        if text_tokenizer is not None:  # a missing or unreadable file fails here, named by the option that gives it
+            try:
+                TextTokenizer(sentencepiece=text_tokenizer)
+            except (FileNotFoundError, ValueError) as error:
+                raise type(error)(f"model.text_tokenizer: {error}") from None
+
+    def store_configs(self) -> None:
+        """Saves the backbone's architecture and the optimiser config in the hyper-parameters as plain dicts:
+        checkpoints are read with ``weights_only=True``, and LightningCLI parses a checkpoint's hyper-parameters with
+        ``--ckpt_path`` (in a fresh process it cannot read a :class:`MultiwayConfig` instance into ``backbone:
+        MultiwayConfig | None`` when the config file says null). :func:`mmoe.tasks.checkpoint.read_backbone_state`
+        reads both backbone forms (older checkpoints hold the instance)."""
+        self.hparams.backbone = config_to_dict(self.backbone.config)
+        self.hparams.optimizer = self.optimizer_config.to_dict()
+
+    def balance_loss(self, routing: list[RoutingRecord]) -> torch.Tensor:
+        """Sum (or mean, ``balance_reduce="mean"``) of the MoE layers' balance losses; 0 for a dense backbone."""
+        return self.reduce_layers([record.balance_loss for record in routing])
+
+    def z_loss(self, routing: list[RoutingRecord]) -> torch.Tensor:
+        """Sum (or mean, as the balance losses) of the MoE layers' router z-losses (ST-MoE Eq. 5)."""
+        return self.reduce_layers([record.z_loss for record in routing])
+
+    def reduce_layers(self, losses: list[torch.Tensor]) -> torch.Tensor:
+        if not losses:
+            return torch.zeros((), device=self.device)
+        stacked = torch.stack(losses)
+        return stacked.mean() if self.hparams.balance_reduce == "mean" else stacked.sum()
+
+    def step_losses(self, batch: Any) -> StepLosses:
+        """The task loss, the task's metrics and the routing records of one batch; each task defines it."""
+        raise NotImplementedError
+
+    def shared_step(self, batch: Any, stage: str) -> tuple[torch.Tensor, list[RoutingRecord], Any]:
+        """Task loss + alpha * balance loss of one batch, logged under ``stage``: (loss, routing, the step's
+        ``output``)."""
+        step = self.step_losses(batch)
+        balance = self.balance_loss(step.routing)
+        loss = step.task_loss + self.hparams.balance_coefficient * balance
+        log = {f"{stage}/{name}": value.detach() for name, value in step.logged.items()}
+        if step.routing:
+            z_loss = self.z_loss(step.routing)
+            if self.z_loss_coefficient > 0:
+                loss = loss + self.z_loss_coefficient * z_loss
+            log[f"{stage}/z_loss"] = z_loss.detach()
+        log[f"{stage}/loss"] = loss.detach()
+        log[f"{stage}/balance_loss"] = balance.detach()
+        if step.routing:
+            log[f"{stage}/dropped_fraction"] = torch.stack([r.dropped_fraction for r in step.routing]).mean()
+            log[f"{stage}/requested_capacity"] = (
+                torch.stack([r.requested_capacity for r in step.routing]).float().mean()
+            )
+        sync = stage != "train"
+        self.log_dict(log, batch_size=step.size, sync_dist=sync)
+        self.log(f"{stage}_loss", loss.detach(), batch_size=step.size, prog_bar=True, logger=False, sync_dist=sync)
+        return loss, step.routing, step.output
+
+    def training_step(self, batch: Any, batch_idx: int) -> dict:
+        loss, routing, _ = self.shared_step(batch, "train")
+        return {"loss": loss, "routing": [detached(record) for record in routing]}
+
+    def setup(self, stage: str) -> None:
+        shard_experts(self)  # expert parallelism: before DDP wraps the module and the optimiser is built
+
+    def configure_model(self) -> None:
+        """Under Lightning's ``ModelParallelStrategy`` (FSDP2): every backbone block and then the whole task become
+        fully sharded units over the data-parallel mesh (:mod:`mmoe.tasks.fsdp`), with bf16 / fp16 parameters in
+        compute when the trainer's precision says so."""
+        mesh = self.device_mesh
+        if mesh is None or getattr(self, "_fully_sharded", False):
+            return
+        if mesh["tensor_parallel"].size() > 1:
+            raise ValueError(
+                f"ModelParallelStrategy's tensor_parallel_size is {mesh['tensor_parallel'].size()}: mmoe shards with "
+                "FSDP only; set --trainer.strategy.init_args.tensor_parallel_size 1 and data_parallel_size to the "
+                "world size"
+            )
+        precision = str(self.trainer.precision)
+        param_dtype = (
+            torch.bfloat16 if precision.startswith("bf16") else torch.float16 if precision.startswith("16") else None
+        )
+        shard_task(self, mesh["data_parallel"], param_dtype)
+        self._fully_sharded = True
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        average_expert_gradients(self)
+
+    def optimizer_parameter_names(self) -> list[str]:
+        """Parameter names in the optimiser's order (what its state indices refer to)."""
+        config = self.optimizer_config
+        groups = parameter_groups(self, config.weight_decay, config.layer_decay, config.head_lr_multiplier,
+                                  self.head_prefixes)  # fmt: skip
+        names = {id(parameter): name for name, parameter in self.named_parameters()}
+        return [names[id(parameter)] for group in groups for parameter in group["params"]]
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["rng_states"] = gather_objects([random_states()])
+        add_missing_optimizer_states(self, checkpoint)  # an FSDP2 resume loads every parameter's state strictly
+        gather_optimizer_states(self, checkpoint, self.optimizer_parameter_names)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        reshape_scalar_states(self, checkpoint)
+        slice_optimizer_states(self, checkpoint, self.optimizer_parameter_names)
+        states = checkpoint.get("rng_states")
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+        # Put back at the first training step, not now: loaders are created (and draw worker seeds) in between.
+        self._rng_states_to_restore = states[rank] if states and rank < len(states) else None
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        states = getattr(self, "_rng_states_to_restore", None)
+        if states is not None:
+            set_random_states(states)
+            self._rng_states_to_restore = None
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.log_skipped_samples("train")
+
+    def on_validation_epoch_end(self) -> None:
+        self.log_skipped_samples("val")
+
+    def log_skipped_samples(self, split: str) -> None:
+        """Logs ``data/skipped/<stream>``: samples the DataModule's ``split`` streams skipped so far."""
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if datamodule is None or not hasattr(datamodule, "skipped_samples"):
+            return
+        counts = {
+            f"data/skipped/{stream}": float(count)
+            for stream, count in datamodule.skipped_samples().items()
+            if stream.split("/")[0] == split
+        }
+        if counts:
+            self.log_dict(counts, reduce_fx="max")
+
+    def optimizer_step(self, *args, **kwargs) -> None:
+        super().optimizer_step(*args, **kwargs)
+        # X-MoE keeps the expert embeddings at norm 0.1 (§3.1): restored after every optimiser step (not in a
+        # zero-grad hook, which Lightning runs between the forward and the backward).
+        restore_expert_embedding_norm(self.backbone)
+
+    def configure_optimizers(self):
+        return adamw_with_schedule(
+            self, self.optimizer_config, self.head_prefixes, lambda: self.trainer.estimated_stepping_batches
+        )
+
+
+def batch_size(batch: dict) -> int:
+    for key in ("image", "image_left", "text_ids"):
+        if key in batch:
+            return len(batch[key])
+    raise ValueError(f"cannot tell the batch size of a batch with keys {sorted(batch)}")
