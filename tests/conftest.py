@@ -9,7 +9,7 @@ import pytest
 def synthetic_corpus(tmp_path_factory):
     """Root of a ``tiny`` synthetic corpus with ``shards/<name>/`` and ``codebook.pt`` (16 codes, 16-px patches)."""
     from mmoe.data.cli import data_command
-    from mmoe.tasks.cli import tokenizer_command
+    from mmoe.tasks.visual_codebook import tokenizer_command
 
     root = tmp_path_factory.mktemp("synthetic")
     assert data_command(["synth", "--out", str(root), "--size", "tiny", "--shards"]) == 0

@@ -11,22 +11,21 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
 from mmoe.cli import main
 from mmoe.demo import (
+    BENCHMARKS,
     FAST,
     FULL,
-    TASKS,
     DemoError,
     DemoRun,
     Stage,
+    StageKey,
     check_settings,
-    corpus_arguments,
-    finetune_arguments,
+    finetune_launch,
     format_table,
-    pretrain_arguments,
-    repoint,
+    predict_launch,
+    pretrain_launch,
     run_stage,
 )
 from mmoe.demo.settings import CONFIGS
@@ -34,6 +33,8 @@ from mmoe.metrics.caption_words import word_precision
 from mmoe.metrics.captions import load_karpathy_references
 from mmoe.metrics.nlvr2 import evaluate_nlvr2_files
 from mmoe.metrics.vqa import evaluate_vqa_files
+from mmoe.tasks.callbacks import StepProgress
+from mmoe.tasks.routing_callback import RoutingStatsCallback
 from tests.cli_fixtures import parse_config
 
 
@@ -43,7 +44,7 @@ def writing_stage(path: Path, calls: list[int]) -> Stage:
         path.write_text("done")
         return {"files": [str(path)]}
 
-    return Stage("variant/step", path, run)
+    return Stage(StageKey.of("variant", "step"), path, run)
 
 
 def test_a_done_stage_is_reused_and_a_stage_without_marker_reruns(tmp_path):
@@ -60,7 +61,7 @@ def test_a_done_stage_is_reused_and_a_stage_without_marker_reruns(tmp_path):
 def test_a_stage_that_writes_nothing_is_an_error_and_leaves_no_marker(tmp_path):
     run = DemoRun(tmp_path, FAST)
     with pytest.raises(DemoError, match="without writing"):
-        run_stage(run, Stage("empty", tmp_path / "never.txt", dict))
+        run_stage(run, Stage(StageKey.of("empty"), tmp_path / "never.txt", dict))
     assert not (tmp_path / "stages" / "empty.json").exists()
 
 
@@ -74,14 +75,19 @@ def test_a_directory_made_with_other_settings_is_refused(tmp_path):
     assert "precision:" not in str(refused.value)  # equal in both: not listed
 
 
+def stage_launches(run: DemoRun, variant: str = "mhmoe") -> dict:
+    """The ``mmoe fit`` launches of the demo's training stages."""
+    launches = {"pretrain": pretrain_launch(run, variant, run.pretraining(variant))}
+    for benchmark in BENCHMARKS:
+        layout = run.finetuning(variant, benchmark.name)
+        model = benchmark.model_options(run)
+        launches[benchmark.name] = finetune_launch(run, benchmark.task, model, run.backbone(variant), layout)
+    return launches
+
+
 def stage_configs(run: DemoRun, variant: str = "mhmoe") -> dict:
-    """The configs ``mmoe fit`` runs in the demo's training stages, parsed from the arguments the stages pass."""
-    out = run.out / variant
-    configs = {"pretrain": parse_config(["fit", *pretrain_arguments(run, variant, out / "pretrain")])}
-    for task in TASKS:
-        arguments = finetune_arguments(run, task, out / "backbone_pretrained.pt", out / task.name)
-        configs[task.name] = parse_config(["fit", *arguments])
-    return configs
+    """The configs ``mmoe fit`` runs in the demo's training stages, parsed by the CLI's own parser."""
+    return {name: launch.config() for name, launch in stage_launches(run, variant).items()}
 
 
 def test_precision_reaches_every_stage_and_is_part_of_the_settings(tmp_path):
@@ -92,32 +98,47 @@ def test_precision_reaches_every_stage_and_is_part_of_the_settings(tmp_path):
         check_settings(DemoRun(tmp_path, FAST))
 
 
-def test_stage_arguments_point_the_shipped_configs_at_the_run_directory(tmp_path):
+def test_stage_launches_point_the_shipped_configs_at_the_run_directory(tmp_path):
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
     run = DemoRun(tmp_path, FAST)
-    configs = stage_configs(run)
+    launches = stage_launches(run)
+    configs = {name: launch.config() for name, launch in launches.items()}
     pretrain = configs["pretrain"]
     assert pretrain.model.init_args.visual_codebook == str(run.codebook)
-    assert pretrain.data.init_args.image_shards == str(run.shards / "pretrain-images")
+    assert pretrain.data.init_args.data_root == str(run.data)
+    assert pretrain.data.init_args.image_shards == "shards/pretrain-images"  # the config's, under data_root
     assert pretrain.data.init_args.batches_per_epoch == pretrain.trainer.max_steps == FAST.pretrain_steps
     assert pretrain.model.init_args.backbone.image_size == FAST.image_size
     for name, config in configs.items():
         out = tmp_path / "mhmoe" / name
         assert config.trainer.default_root_dir == str(out) and config.data.init_args.batch_size == FAST.batch_size
         assert [logger.init_args.save_dir for logger in config.trainer.logger] == [str(out)]
-        callbacks = {
-            callback.class_path.rsplit(".", 1)[-1]: callback.init_args for callback in config.trainer.callbacks
-        }
-        assert callbacks["ModelCheckpoint"].dirpath == str(out / "checkpoints")
-        assert callbacks["RoutingStatsCallback"].save_dir == str(out)
-        assert "StepProgress" in callbacks
+        assert config.trainer.callbacks == []  # the config's own callbacks are replaced by the launch's objects
+        callbacks = {type(callback): callback for callback in launches[name].callbacks}
+        assert Path(callbacks[ModelCheckpoint].dirpath) == out / "checkpoints"
+        assert callbacks[RoutingStatsCallback].save_dir == out
+        assert StepProgress in callbacks
         # No path is left pointing at the configs' own corpus or run folders.
         assert not [text for text in strings(config) if text.startswith(("data/synthetic", "runs/"))]
-    for task in TASKS:
-        model = configs[task.name].model.init_args
+    for benchmark in BENCHMARKS:
+        model = configs[benchmark.name].model.init_args
         assert model.backbone is None and model.pretrained == str(tmp_path / "mhmoe" / "backbone_pretrained.pt")
-        assert configs[task.name].trainer.max_steps == FAST.steps(task.name)
+        assert configs[benchmark.name].trainer.max_steps == FAST.steps(benchmark.name)
     assert configs["captioning"].model.init_args.num_beams == FAST.num_beams
     assert configs["vqav2"].model.init_args.answer_vocab == str(run.shards / "vqav2-train2014" / "answers.json")
+
+
+def test_a_prediction_launch_reads_the_fine_tuning_checkpoint_and_writes_where_asked(tmp_path):
+    run = DemoRun(tmp_path, FAST)
+    layout = run.finetuning("mhmoe", "vqav2")
+    fit = stage_launches(run)["vqav2"]
+    predict = predict_launch(fit, layout, run.shards / "vqav2-val2014", layout.predictions("answers.json"))
+    config = predict.config()
+    assert config.ckpt_path == str(layout.last_checkpoint) and config.trainer.logger is False
+    assert config.model.init_args.predictions_file == str(layout.root / "answers.json")
+    assert config.data.init_args.test_shards == str(run.shards / "vqav2-val2014")
+    assert predict.to_json()["overrides"]["ckpt_path"] == str(layout.last_checkpoint)  # what the marker records
 
 
 def strings(value) -> list[str]:
@@ -163,26 +184,12 @@ def test_fine_tuning_learning_rate_overrides_replace_only_their_tasks_rate(tmp_p
     }
     assert rates["captioning"] == dict(FAST.finetune_learning_rates)["captioning"] != 2e-4
     shipped = {
-        task.name: parse_config(["fit", "--config", str(CONFIGS / f"finetune/{task.name}_tiny.yaml")]) for task in TASKS
+        benchmark.name: parse_config(["fit", "--config", str(CONFIGS / f"finetune/{benchmark.name}_tiny.yaml")])
+        for benchmark in BENCHMARKS
     }
     assert rates["vqav2"] == shipped["vqav2"].model.init_args.optimizer.learning_rate
     assert rates["nlvr2"] == shipped["nlvr2"].model.init_args.optimizer.learning_rate
     assert shipped["captioning"].model.init_args.optimizer.learning_rate == 2e-4
-
-
-def test_config_paths_are_moved_to_the_demo_corpus(tmp_path):
-    config = {"a": "data/synthetic/shards/x", "b": ["data/synthetic"], "c": "data/synthetics", "d": 3}
-    assert repoint(config, tmp_path) == {
-        "a": f"{tmp_path}/shards/x",
-        "b": [str(tmp_path)],
-        "c": "data/synthetics",
-        "d": 3,
-    }
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"data": {"init_args": config}, "model": {"x": "runs/a"}}))
-    assert corpus_arguments(tmp_path / "config.yaml", tmp_path / "corpus") == [
-        f"--data.init_args.a={tmp_path}/corpus/shards/x",
-        f'--data.init_args.b=["{tmp_path}/corpus"]',
-    ]
 
 
 def test_table_has_one_column_per_variant():

@@ -203,7 +203,7 @@ def test_beit3_checkpoint_file(tmp_path, capsys):
     "argv,message",
     [
         (["--config", "{tmp}/absent.yaml"], "absent.yaml does not exist"),
-        (["--config", "{tmp}/bad.yaml"], "has no model.class_path"),
+        (["--config", "{tmp}/bad.yaml"], "bad.yaml: the following arguments are required: fit.model"),
         (["--ckpt", "{tmp}/absent.pt"], "absent.pt"),
         (["--ckpt", "{tmp}/bad.yaml"], "bad.yaml"),
     ],

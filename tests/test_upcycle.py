@@ -143,9 +143,14 @@ def test_upcycle_command_writes_a_backbone_that_fine_tuning_starts_from(tmp_path
     task = NLVR2FineTuning(pretrained=str(tmp_path / "init.pt"))
     torch.testing.assert_close(forward(task.backbone), forward(dense_backbone()), atol=1e-5, rtol=0)
 
-    (tmp_path / "dense.yaml").write_text(yaml.safe_dump({"model": {"init_args": {"backbone": {"dim": 32}}}}))
+    dense = {"model": {"class_path": config["model"]["class_path"], "init_args": {"backbone": {"dim": 32}}}}
+    (tmp_path / "dense.yaml").write_text(yaml.safe_dump(dense))
     code, _, err = run_mmoe(["upcycle", "--ckpt", str(tmp_path / "dense.pt"), "--config", str(tmp_path / "dense.yaml"),
                              "--out", str(tmp_path / "x.pt")], capsys)  # fmt: skip
     assert code == 2 and err.strip().count("\n") == 0 and "has no model.init_args.backbone.moe" in err
+    # The config is read by the CLI's own parser: one that mmoe fit would refuse is refused, in one line.
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump({"model": {"init_args": {"backbone": {"dim": 32}}}}))
+    code, _, err = run_mmoe([*argv[:4], str(tmp_path / "bad.yaml"), "--out", str(tmp_path / "x.pt")], capsys)
+    assert code == 2 and err.strip().count("\n") == 0 and 'bad.yaml: Parser key "model"' in err
     code, _, err = run_mmoe([*argv[:2], str(tmp_path / "nowhere.pth"), *argv[3:], "--out", "x.pt"], capsys)
     assert code == 2 and "nowhere.pth does not exist" in err and not (tmp_path / "x.pt").exists()

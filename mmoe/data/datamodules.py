@@ -74,6 +74,8 @@ class ShardDataModule(L.LightningDataModule):
         shuffle_buffer: sample shuffle buffer per worker.
         num_workers: DataLoader workers (0 = in the main process).
         seed: seeds shuffling and every random choice of the data (crops, flips, masks, the pre-training stream).
+        data_root: the folder every relative shard argument lies under (a config's corpus: pointing the config at
+            another corpus, e.g. a demo run's, is this one option); None = relative to the working directory.
     """
 
     def __init__(
@@ -88,6 +90,7 @@ class ShardDataModule(L.LightningDataModule):
         shuffle_buffer: int = 1000,
         num_workers: int = 2,
         seed: int = 0,
+        data_root: str | None = None,
     ) -> None:
         super().__init__()
         if num_workers < 0:
@@ -100,6 +103,7 @@ class ShardDataModule(L.LightningDataModule):
             raise type(error)(f"data.text_tokenizer: {error}") from None
         self.crop_scale, self.hflip, self.randaugment = crop_scale, hflip, randaugment
         self.num_workers, self.shuffle_buffer, self.seed = num_workers, shuffle_buffer, seed
+        self.data_root = None if data_root is None else Path(data_root)
         self.skipped: dict[str, dict[str, SkipCount]] = {}  # split -> its latest loader's counts
 
     def _transform(self, train: bool) -> tuple[Callable, int]:
@@ -141,11 +145,19 @@ class ShardDataModule(L.LightningDataModule):
             skipped=self.skipped[split],
         )
 
-    @staticmethod
-    def check_shards(**specs: ShardSpec) -> None:
-        """Fail at construction, naming the argument and the path, when given shards do not exist or do not agree
-        with their manifest."""
-        for name, spec in specs.items():
+    def rooted(self, spec: ShardSpec) -> ShardSpec:
+        """``spec`` with every relative path under ``data_root`` (as it is without one)."""
+        if self.data_root is None or not spec:
+            return spec
+        if isinstance(spec, str):
+            return spec if Path(spec).is_absolute() else str(self.data_root / spec)
+        return [self.rooted(item) for item in spec]
+
+    def checked_shards(self, **specs: ShardSpec) -> dict[str, ShardSpec]:
+        """The shard arguments under ``data_root``; fails at construction, naming the argument and the path, when
+        given shards do not exist or do not agree with their manifest."""
+        rooted = {name: self.rooted(spec) for name, spec in specs.items()}
+        for name, spec in rooted.items():
             if spec:
                 try:
                     resolve_shards(spec)
@@ -153,6 +165,7 @@ class ShardDataModule(L.LightningDataModule):
                     raise FileNotFoundError(f"data.{name}: {error}") from None
                 except ValueError as error:
                     raise ValueError(f"data.{name}: {error}") from None
+        return rooted
 
     def skip_counts(self) -> dict[str, SkipCount]:
         """Stream name (``train/pair``, ``val``, ...) -> samples skipped on the way to the batches used so far."""
@@ -227,7 +240,7 @@ class PretrainDataModule(ShardDataModule):
             raise ValueError(f"image_size={self.image_size} is not divisible by patch_size={patch_size}")
         if not any((image_shards, text_shards, pair_shards)):
             raise ValueError("PretrainDataModule needs at least one of image_shards, text_shards, pair_shards")
-        self.check_shards(
+        shards = self.checked_shards(
             image_shards=image_shards,
             text_shards=text_shards,
             pair_shards=pair_shards,
@@ -235,8 +248,12 @@ class PretrainDataModule(ShardDataModule):
             val_text_shards=val_text_shards,
             val_pair_shards=val_pair_shards,
         )
-        self.train_shards = {IMAGE: image_shards, TEXT: text_shards, PAIR: pair_shards}
-        self.val_shards = {IMAGE: val_image_shards, TEXT: val_text_shards, PAIR: val_pair_shards}
+        self.train_shards = {IMAGE: shards["image_shards"], TEXT: shards["text_shards"], PAIR: shards["pair_shards"]}
+        self.val_shards = {
+            IMAGE: shards["val_image_shards"],
+            TEXT: shards["val_text_shards"],
+            PAIR: shards["val_pair_shards"],
+        }
         self.weights = {IMAGE: image_weight, TEXT: text_weight, PAIR: pair_weight}
         self.joint = joint
         self.grid = (self.image_size // patch_size, self.image_size // patch_size)
@@ -302,8 +319,8 @@ class FinetuneDataModule(ShardDataModule):
         **loader,
     ) -> None:
         super().__init__(**loader)
-        self.check_shards(train_shards=train_shards, val_shards=val_shards, test_shards=test_shards)
-        self.shards = {"train": train_shards, "val": val_shards, "test": test_shards}
+        shards = self.checked_shards(train_shards=train_shards, val_shards=val_shards, test_shards=test_shards)
+        self.shards = {"train": shards["train_shards"], "val": shards["val_shards"], "test": shards["test_shards"]}
         self.eval_batch_size = eval_batch_size or self.batch_size
 
     def _decoder(self, train: bool) -> Decoder:

@@ -4,15 +4,19 @@
 mmoe demo [--out runs/demo] [--variant dense|switch|xmoe|mhmoe|stratified|all] [--fast] [--precision bf16-mixed]
 ```
 
-The package: :mod:`~mmoe.demo.settings` (FULL, FAST), :mod:`~mmoe.demo.stages`, :mod:`~mmoe.demo.report` and
-:mod:`~mmoe.demo.command`. Stages, in order (each a call of the package's own commands or Python APIs):
+The package: :mod:`~mmoe.demo.settings` (FULL, FAST, the run directory), :mod:`~mmoe.demo.stages` (a pipeline of
+stages with markers), :mod:`~mmoe.demo.training` (``mmoe fit`` / ``predict`` in process, :class:`Launch`),
+:mod:`~mmoe.demo.benchmarks` (each fine-tuning task's corpus files, evaluation split and scorer),
+:mod:`~mmoe.demo.pipeline` (the stages), :mod:`~mmoe.demo.report` and :mod:`~mmoe.demo.command`. Stages, in order
+(each a call of the package's own commands or Python APIs):
 
 1. ``corpus``       ``mmoe data synth --out DIR/data --shards``: the synthetic world in the benchmarks' formats, shards;
 2. ``codebook``     ``mmoe tokenizer fit``: the visual codebook, the targets of masked image modeling;
 
 then for each variant, under ``DIR/<variant>/``:
 
-3. ``pretrain``     ``mmoe fit --config configs/pretrain/tiny_<variant>.yaml`` with options that point it at ``DIR``;
+3. ``pretrain``     ``mmoe fit`` with ``configs/pretrain/tiny_<variant>.yaml``, its ``data_root`` and codebook set to
+   ``DIR/data`` and its step counts to the demo's (typed options and callback objects, no argv);
 4. ``export``       the pre-trained backbone as ``backbone_pretrained.pt``;
 5. ``vqav2``, ``nlvr2``, ``captioning``: ``mmoe fit`` with ``configs/finetune/<task>_tiny.yaml`` from that backbone,
    ``mmoe predict`` on the evaluation split, and the official scorers (:mod:`mmoe.metrics`);
@@ -24,40 +28,32 @@ stage's folder, so an interruption loses nothing already finished. The run ends 
 chance level from ``DIR/data/synth.json``) and the files written, also saved as ``DIR/results.json``.
 """
 
+from mmoe.demo.benchmarks import BENCHMARKS, Benchmark
 from mmoe.demo.command import check_settings, demo_command, parse
 from mmoe.demo.report import format_table, results, say
 from mmoe.demo.settings import FAST, FULL, VARIANTS, DemoError, DemoRun, DemoSettings
-from mmoe.demo.stages import (
-    TASKS,
-    FineTuneTask,
-    Stage,
-    StepProgress,
-    corpus_arguments,
-    finetune_arguments,
-    pretrain_arguments,
-    repoint,
-    run_stage,
-)
+from mmoe.demo.stages import Stage, StageKey, run_stage
+from mmoe.demo.training import Launch, finetune_launch, predict_launch, pretrain_launch
 
 __all__ = [
+    "BENCHMARKS",
     "FAST",
     "FULL",
-    "TASKS",
     "VARIANTS",
+    "Benchmark",
     "DemoError",
     "DemoRun",
     "DemoSettings",
-    "FineTuneTask",
+    "Launch",
     "Stage",
-    "StepProgress",
+    "StageKey",
     "check_settings",
     "demo_command",
-    "corpus_arguments",
-    "finetune_arguments",
+    "finetune_launch",
     "format_table",
     "parse",
-    "pretrain_arguments",
-    "repoint",
+    "predict_launch",
+    "pretrain_launch",
     "results",
     "run_stage",
     "say",

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from mmoe.atomic import write_json_atomic
+from mmoe.demo.pipeline import codebook_stage, corpus_stage, variant_rows, variant_stages
 from mmoe.demo.report import format_table, results, say
 from mmoe.demo.settings import FAST, FULL, VARIANTS, DemoError, DemoRun
-from mmoe.demo.stages import codebook_stage, corpus_stage, run_stage, variant_rows, variant_stages
+from mmoe.demo.stages import run_stage
+from mmoe.io import read_json, report_error, write_json
+
+#: The demo's summary in its output folder: settings, chance levels, rows, stage times, files.
+RESULTS_FILE = "results.json"
 
 
 def check_settings(run: DemoRun) -> None:
@@ -30,7 +33,7 @@ def refuse_other_settings(path: Path, settings: dict, what: str, hint: str, olde
     """Records ``settings`` in ``path`` (JSON, ``{"settings": ...}``); DemoError listing what differs when ``path``
     holds other settings, so a run directory is never mixed. ``older``: defaults of fields older files lack."""
     if path.is_file():
-        stored = json.loads(path.read_text()).get("settings")
+        stored = read_json(path, "run settings", DemoError).get("settings")
         stored = (older or {}) | stored if isinstance(stored, dict) else {}
         if stored != settings:
             keys = dict.fromkeys([*settings, *stored])
@@ -41,8 +44,7 @@ def refuse_other_settings(path: Path, settings: dict, what: str, hint: str, olde
             )
             raise DemoError(f"{path.parent} holds {what} made with other settings ({changed}; see {path}): {hint}")
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(path, {"settings": settings})
+    write_json(path, {"settings": settings})
 
 
 def parse(argv: Sequence[str]) -> argparse.Namespace:
@@ -70,8 +72,7 @@ def demo_command(argv: Sequence[str]) -> int:
         import torch
 
         if not torch.cuda.is_available():  # Lightning would quietly train in bf16 instead
-            print("mmoe demo: error: --precision 16-mixed needs a CUDA GPU; use bf16-mixed on a CPU", file=sys.stderr)
-            return 2
+            return report_error("demo", "--precision 16-mixed needs a CUDA GPU; use bf16-mixed on a CPU")
     run = DemoRun(Path(args.out), dataclasses.replace(FAST if args.fast else FULL, precision=args.precision))
     variants = list(VARIANTS) if args.variant == "all" else [args.variant]
     for name in ("lightning.pytorch", "lightning.fabric"):
@@ -82,16 +83,16 @@ def demo_command(argv: Sequence[str]) -> int:
         stages = [corpus_stage(run), codebook_stage(run)]
         for variant in variants:
             stages += variant_stages(run, variant)
-        records = {stage.name: run_stage(run, stage) for stage in stages}
+        records = {stage.key: run_stage(run, stage) for stage in stages}
     except DemoError as error:
         print(f"mmoe demo: error: {error}", file=sys.stderr)
         return 1
     rows = {variant: variant_rows(run, variant, records) for variant in variants}
     report = results(run, rows, records, time.perf_counter() - start)
-    write_json_atomic(run.out / "results.json", report)
+    write_json(run.out / RESULTS_FILE, report)
     say(f"\nResults ({report['seconds_this_run']:.0f} s this run, {report['device']})\n")
     say(format_table(report["variants"]))
     say("\nFiles:")
-    for path in [*report["files"], str(run.out / "results.json")]:
+    for path in [*report["files"], str(run.out / RESULTS_FILE)]:
         say(f"  {path}")
     return 0

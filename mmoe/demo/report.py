@@ -62,7 +62,7 @@ def format_table(rows_by_variant: dict[str, list[dict]]) -> str:
                      for line in lines)  # fmt: skip
 
 
-def stage_files(records: dict[str, dict]) -> list[str]:
+def stage_files(records: dict) -> list[str]:
     return [path for record in records.values() for path in record["result"].get("files", [])]
 
 
@@ -72,7 +72,7 @@ def device_name() -> str:
     return torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU, {torch.get_num_threads()} threads"
 
 
-def results(run: DemoRun, rows_by_variant: dict[str, list[dict]], records: dict[str, dict], seconds: float) -> dict:
+def results(run: DemoRun, rows_by_variant: dict[str, list[dict]], records: dict, seconds: float) -> dict:
     """What ``DIR/results.json`` holds: settings, chance levels, per-variant rows, stage times and files."""
     return {
         "out": str(run.out),
@@ -80,7 +80,7 @@ def results(run: DemoRun, rows_by_variant: dict[str, list[dict]], records: dict[
         "variants": rows_by_variant,
         "chance": run.chance(),
         "stages": {
-            name: {"seconds": record["seconds"], "reused": record["reused"]} for name, record in records.items()
+            str(key): {"seconds": record["seconds"], "reused": record["reused"]} for key, record in records.items()
         },
         "seconds_this_run": seconds,
         "device": device_name(),

@@ -7,15 +7,15 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from mmoe.data.synth.corpus import SUMMARY_FILE
+from mmoe.io import read_json
+from mmoe.tasks.layout import RunLayout
+
 #: The configs shipped with the package (``configs/`` at the repo root links here).
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
 VARIANTS = ("dense", "switch", "xmoe", "mhmoe", "stratified")
-
-
-#: Where the repository's tiny configs expect the synthetic corpus; the demo points these paths at ``DIR/data``.
-CONFIG_DATA_ROOT = "data/synthetic"
 
 
 class DemoError(RuntimeError):
@@ -113,8 +113,24 @@ class DemoRun:
     def codebook(self) -> Path:
         return self.data / "codebook.pt"
 
+    @property
+    def corpus_summary(self) -> Path:
+        return self.data / SUMMARY_FILE
+
     def variant(self, name: str) -> Path:
+        """The folder of one variant's runs and files."""
         return self.out / name
 
+    def pretraining(self, variant: str) -> RunLayout:
+        return RunLayout(self.variant(variant) / "pretrain")
+
+    def backbone(self, variant: str) -> Path:
+        """The variant's pre-trained backbone, exported for the fine-tunings."""
+        return self.variant(variant) / "backbone_pretrained.pt"
+
+    def finetuning(self, variant: str, task: str) -> RunLayout:
+        return RunLayout(self.variant(variant) / task)
+
     def chance(self) -> dict:
-        return json.loads((self.data / "synth.json").read_text())["chance"]
+        """The chance levels of the corpus summary."""
+        return read_json(self.corpus_summary, "corpus summary")["chance"]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import shlex
 import sys
@@ -13,9 +12,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from mmoe.demo.command import refuse_other_settings
+from mmoe.demo.pipeline import codebook_stage, corpus_stage
 from mmoe.demo.report import say
 from mmoe.demo.settings import DemoError
-from mmoe.demo.stages import codebook_stage, corpus_stage, run_stage
+from mmoe.demo.stages import run_stage
+from mmoe.io import read_json
 from mmoe.study.claims import (
     activation_claim,
     collapse_claim,
@@ -25,7 +26,15 @@ from mmoe.study.claims import (
     tasks_claim,
 )
 from mmoe.study.report import write_report
-from mmoe.study.runs import StudyRun, analysis_stage, finetune_stages, maps_stage, pretrain_stages, pretrainings
+from mmoe.study.runs import (
+    MEASURES_FILE,
+    StudyRun,
+    analysis_stage,
+    finetune_stages,
+    maps_stage,
+    pretrain_stages,
+    pretrainings,
+)
 from mmoe.study.settings import DEFAULT, FAST, SCALE
 
 
@@ -85,13 +94,13 @@ def study_command(argv: Sequence[str]) -> int:
             if not run.moe:
                 stages += finetune_stages(study, run, settings)
         stages += [analysis_stage(study, settings, runs), maps_stage(study, settings, runs)]
-        records = {stage.name: run_stage(study, stage) for stage in stages}
+        records = {stage.key: run_stage(study, stage) for stage in stages}
     except DemoError as error:
         print(f"mmoe study: error: {error}", file=sys.stderr)
         return 1
     seconds = time.perf_counter() - start
     stage_seconds = sum(record["seconds"] for record in records.values())
-    measures = json.loads((study.analysis / "measures.json").read_text())
+    measures = read_json(study.analysis / MEASURES_FILE, "measures")
     command = shlex.join(["mmoe", "study", *argv])
     header = (
         f"# Claims of the X-MoE and MH-MoE papers, measured by mmoe\n\nMade by `{command}` "

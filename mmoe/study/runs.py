@@ -4,28 +4,21 @@ an interrupted training resumed."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
-from mmoe.atomic import write_json_atomic
+from mmoe.demo.benchmarks import BENCHMARKS
+from mmoe.demo.pipeline import evaluation, exporting, fine_tuning
 from mmoe.demo.settings import VARIANTS, DemoRun
-from mmoe.demo.stages import (
-    TASKS,
-    Stage,
-    config_file,
-    evaluation,
-    exporting,
-    fine_tuning,
-    option,
-    pretrain_arguments,
-    quietly,
-    train,
-)
+from mmoe.demo.stages import Stage, StageKey, run_command
+from mmoe.demo.training import config_file, pretrain_launch, train
+from mmoe.io import read_json, write_json
 from mmoe.study.settings import StudySettings
+from mmoe.tasks.launch import read_config
+from mmoe.tasks.layout import RunLayout
 
+#: The measurements of the analysis stage, under ``DIR/analysis`` (the report is recomputed from it).
+MEASURES_FILE = "measures.json"
 #: The held-out split every routing measurement runs on (no run trains on it).
 ANALYSIS_SHARDS = "coco-karpathy-test"
 #: The variants compared through pre-training and fine-tuning (X-MoE §4.5: SMoE baseline vs X-MoE).
@@ -56,10 +49,9 @@ class Pretraining:
 
 
 def config_heads(variant: str) -> int:
-    """MH-MoE heads h of ``configs/pretrain/tiny_<variant>.yaml`` (1 without sub-tokens)."""
-    config = yaml.safe_load(config_file(f"pretrain/tiny_{variant}.yaml").read_text())
-    backbone = config["model"]["init_args"]["backbone"]
-    return int((backbone.get("moe") or {}).get("heads", 1))
+    """MH-MoE heads h of ``configs/pretrain/tiny_<variant>.yaml`` (1 without sub-tokens), read by the CLI's parser."""
+    moe = read_config([config_file(f"pretrain/tiny_{variant}.yaml")]).fit.model.init_args.backbone.moe
+    return 1 if moe is None else int(moe.heads)
 
 
 def pretrainings(settings: StudySettings) -> list[Pretraining]:
@@ -86,17 +78,18 @@ class StudyRun(DemoRun):
     """The study's directory: ``data`` (corpus, codebook), ``pretrain/<run>``, ``finetune/<variant>/<task>-seed<s>``,
     ``analysis/*.json``, ``figures/``, ``report.md`` / ``report.json``."""
 
-    def pretrain_dir(self, run: Pretraining) -> Path:
-        return self.out / "pretrain" / run.name
+    def pretrain_run(self, run: Pretraining) -> RunLayout:
+        return RunLayout(self.out / "pretrain" / run.name)
 
-    def backbone(self, run: Pretraining) -> Path:
-        return self.pretrain_dir(run) / "backbone.pt"
+    def pretrained(self, run: Pretraining) -> Path:
+        """The run's exported backbone."""
+        return self.pretrain_run(run).root / "backbone.pt"
 
     def snapshots(self, run: Pretraining) -> list[Path]:
-        return sorted((self.pretrain_dir(run) / "snapshots").glob("step*.pt"))
+        return sorted(self.pretrain_run(run).snapshots.glob("step*.pt"))
 
-    def finetune_dir(self, variant: str, task: str, seed: int) -> Path:
-        return self.out / "finetune" / variant / f"{task}-seed{seed}"
+    def finetune_run(self, variant: str, task: str, seed: int) -> RunLayout:
+        return RunLayout(self.out / "finetune" / variant / f"{task}-seed{seed}")
 
     @property
     def analysis(self) -> Path:
@@ -104,20 +97,18 @@ class StudyRun(DemoRun):
 
 
 def pretrain_stages(study: StudyRun, run: Pretraining) -> list[Stage]:
-    out = study.pretrain_dir(run)
-    callbacks = []
-    if run.snapshots:
-        init = {"dirpath": str(out / "snapshots"), "every_n_steps": run.snapshots}
-        callbacks.append({"class_path": "mmoe.tasks.snapshots.BackboneSnapshots", "init_args": init})
-    arguments = pretrain_arguments(study, run.variant, out, run.steps, callbacks)
-    arguments += [option(f"model.init_args.backbone.moe.{key}", value) for key, value in run.moe]
-    name = f"pretrain/{run.name}"
+    from mmoe.tasks.snapshots import BackboneSnapshots
+
+    layout = study.pretrain_run(run)
+    key = StageKey.of("pretrain", run.name)
 
     def fit() -> dict:
-        return train(name, arguments, out) | {"routing_stats": str(out / "routing_stats.json")}
+        snapshots = [BackboneSnapshots(layout.snapshots, run.snapshots)] if run.snapshots else []
+        launch = pretrain_launch(study, run.variant, layout, run.steps, snapshots, dict(run.moe))
+        return train(str(key), launch, layout) | {"routing_stats": str(layout.routing_stats)}
 
-    last = out / "checkpoints" / "last.ckpt"
-    return [Stage(name, last, fit), exporting(f"{name}/export", last, study.backbone(run))]
+    export = exporting(StageKey.of(*key.parts, "export"), layout.last_checkpoint, study.pretrained(run))
+    return [Stage(key, layout.last_checkpoint, fit), export]
 
 
 def seed_count(variant: str, task: str, settings: StudySettings) -> int:
@@ -129,13 +120,13 @@ def finetune_stages(study: StudyRun, run: Pretraining, settings: StudySettings) 
     """Each task at seed 0, and for the routers compared (X-MoE §4.5) VQA at ``settings.seeds`` seeds, with a routing
     window every ``settings.consistency_every`` steps."""
     stages = []
-    for task in TASKS:
-        for seed in range(seed_count(run.variant, task.name, settings)):
-            out = study.finetune_dir(run.name, task.name, seed)
-            name = f"finetune/{run.name}/{task.name}-seed{seed}"
-            every = settings.consistency_every
-            stages.append(fine_tuning(study, name, task, study.backbone(run), out, seed, routing_every=every))
-            stages.append(evaluation(study, f"{name}/eval", task, study.backbone(run), out, seed))
+    for benchmark in BENCHMARKS:
+        for seed in range(seed_count(run.variant, benchmark.name, settings)):
+            layout = study.finetune_run(run.name, benchmark.name, seed)
+            key = StageKey.of("finetune", run.name, f"{benchmark.name}-seed{seed}")
+            backbone, every = study.pretrained(run), settings.consistency_every
+            stages.append(fine_tuning(study, key, benchmark, backbone, layout, seed, routing_every=every))
+            stages.append(evaluation(study, StageKey.of(*key.parts, "eval"), benchmark, backbone, layout, seed))
     return stages
 
 
@@ -145,7 +136,7 @@ def analysis_stage(study: StudyRun, settings: StudySettings, runs: list[Pretrain
     from mmoe.metrics.routing_stats import read_stats, window_loads
     from mmoe.study.measures import diversity_by_region, expert_loads, held_out_batches, snapshot_measures
 
-    target = study.analysis / "measures.json"
+    target = study.analysis / MEASURES_FILE
 
     def measure() -> dict:
         batches = held_out_batches(
@@ -156,9 +147,9 @@ def analysis_stage(study: StudyRun, settings: StudySettings, runs: list[Pretrain
             max_text_length=32,
         )
         many = [run for run in runs if run.moe]
-        activation = {run.name: {"heads": run.heads} | expert_loads(study.backbone(run), batches) for run in many}
+        activation = {run.name: {"heads": run.heads} | expert_loads(study.pretrained(run), batches) for run in many}
         sub_tokens = [run for run in runs if run.heads > 1]
-        diversity = {run.name: diversity_by_region(study.backbone(run), batches) for run in sub_tokens}
+        diversity = {run.name: diversity_by_region(study.pretrained(run), batches) for run in sub_tokens}
         snapshots = {}
         for run in runs:
             if run.snapshots:
@@ -167,7 +158,7 @@ def analysis_stage(study: StudyRun, settings: StudySettings, runs: list[Pretrain
                 snapshots[run.name] = snapshot_measures(paths, steps, batches, settings.analysis_rows)
         consistency = {}
         for variant in ROUTERS:
-            folders = [study.finetune_dir(variant, CONSISTENCY_TASK, seed) for seed in range(settings.seeds)]
+            folders = [study.finetune_run(variant, CONSISTENCY_TASK, seed).root for seed in range(settings.seeds)]
             loads = [window_loads(read_stats(folder)) for folder in folders]
             consistency[variant] = consistency_through_training(loads, [str(folder) for folder in folders])
         measures = {
@@ -177,10 +168,10 @@ def analysis_stage(study: StudyRun, settings: StudySettings, runs: list[Pretrain
             "consistency": consistency,
             "scores": collect_scores(study, settings),
         }
-        write_json_atomic(target, measures)
+        write_json(target, measures)
         return {"files": [str(target)]}
 
-    return Stage("analysis", target, measure)
+    return Stage(StageKey.of("analysis"), target, measure)
 
 
 def collect_scores(study: StudyRun, settings: StudySettings) -> dict:
@@ -188,27 +179,27 @@ def collect_scores(study: StudyRun, settings: StudySettings) -> dict:
     scores = {}
     for variant in VARIANTS:
         scores[variant] = {}
-        for task in TASKS:
-            seeds = range(seed_count(variant, task.name, settings))
-            files = [study.finetune_dir(variant, task.name, seed) / "scores.json" for seed in seeds]
-            scores[variant][task.name] = [json.loads(path.read_text()) for path in files]
+        for benchmark in BENCHMARKS:
+            seeds = range(seed_count(variant, benchmark.name, settings))
+            files = [study.finetune_run(variant, benchmark.name, seed).scores for seed in seeds]
+            scores[variant][benchmark.name] = [read_json(path, "scores") for path in files]
     return scores
 
 
 def maps_stage(study: StudyRun, settings: StudySettings, runs: list[Pretraining]) -> Stage:
     """``mmoe viz subtoken-map`` of the MH-MoE runs on held-out images (MH-MoE Fig. 1b / 8's maps)."""
-    from mmoe.viz.cli import viz_command
+    from mmoe.viz.cli import checkpoint_labels, subtoken_map_path, viz_command
 
     out = study.out / "figures" / "maps"
-    sub_tokens = [run for run in runs if run.heads > 1]
-    target = out / f"subtoken_map_{study.backbone(sub_tokens[0]).parent.name}-backbone.png"
+    backbones = [study.pretrained(run) for run in runs if run.heads > 1]
+    key = StageKey.of("maps")
 
     def draw() -> dict:
         argv = ["subtoken-map", "--images", str(study.shards / ANALYSIS_SHARDS), "--out", str(out), "--no-text"]
         argv += ["--num-images", str(settings.training.figure_images)]
-        for run in sub_tokens:
-            argv += ["--ckpt", str(study.backbone(run))]
-        quietly("maps", viz_command, argv)
+        for backbone in backbones:
+            argv += ["--ckpt", str(backbone)]
+        run_command(key, "viz", viz_command, argv)
         return {"files": sorted(str(path) for path in out.glob("*.png"))}
 
-    return Stage("maps", target, draw)
+    return Stage(key, subtoken_map_path(out, checkpoint_labels(backbones)[0]), draw)

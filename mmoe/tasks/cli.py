@@ -1,31 +1,32 @@
-"""``mmoe fit | validate | test | predict`` through LightningCLI, and ``mmoe tokenizer fit``."""
+"""``mmoe fit | validate | test | predict`` through LightningCLI (:class:`MMoECLI`)."""
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import importlib
-import inspect
-import json
 import sys
-import traceback
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 import lightning as L
-import torch
-import yaml
 from jsonargparse import Namespace
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from mmoe.model import MoEPlan
+from mmoe.io import one_line
 from mmoe.safe_load import load_checkpoint_file
+from mmoe.tasks.ckpt_hparams import (
+    command_line_model_arguments,
+    differences,
+    init_parameters,
+    input_error,
+    is_file_name,
+    named_in,
+    same_value,
+    show,
+    stored_by_design,
+    without_keys,
+)
 from mmoe.tasks.optimizer import nest_optimizer_arguments
-
-#: Where mmoe's code lives: errors raised there are mmoe's own messages (:func:`input_error`).
-PACKAGE = Path(__file__).resolve().parents[1]
 
 #: What ``--ckpt_path`` must be, as its errors name it.
 TASK_CHECKPOINT = "a Lightning checkpoint of an mmoe task, written by mmoe fit"
@@ -92,6 +93,13 @@ class MMoECLI(LightningCLI):
     ``--allow_partial_predictions true``; the predictions file is written either way.
     """
 
+    def __init__(self, *args: Any, named_model_arguments: set[str] | None = None, **kwargs: Any) -> None:
+        """LightningCLI's arguments; ``named_model_arguments``: with ``args`` given as a dict or Namespace (from
+        Python, :func:`mmoe.tasks.launch.run_lightning`), the dotted model arguments below ``init_args`` that count as
+        named on the command line (argv ``args`` say so themselves)."""
+        self.named_model_arguments = set(named_model_arguments or ())
+        super().__init__(*args, **kwargs)
+
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
         # No ``--weights_only`` option: checkpoints are always loaded with weights_only=True.
@@ -125,6 +133,7 @@ class MMoECLI(LightningCLI):
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         self.command_line_model_arguments = command_line_model_arguments(sys.argv[1:] if args is None else args)
+        self.command_line_model_arguments |= self.named_model_arguments
         super().parse_arguments(parser, args)
 
     def fail(self, message: str) -> NoReturn:
@@ -264,240 +273,23 @@ def partial_predictions(model: Any, datamodule: Any) -> str | None:
     )
 
 
-def stored_by_design(name: str, saved: Any, given: Any) -> bool:
-    """Whether a checkpoint's value of model argument ``name`` differs from the config's by design: ``backbone:
-    null`` in a config means "the checkpoint's architecture", and a fine-tuning checkpoint stores no ``pretrained``
-    file (its own weights replace it)."""
-    return (name == "backbone" and given is None) or (name == "pretrained" and saved is None)
-
-
-def is_file_name(ckpt_path: str) -> bool:
-    """Whether a ``--ckpt_path`` names a local file, not one of Lightning's keywords or a URL."""
-    keyword = ckpt_path in ("best", "last", "hpc") or ckpt_path.lower().split(":", 1)[0] == "registry"
-    return not keyword and "://" not in ckpt_path
-
-
-def init_parameters(class_path: str | None) -> Mapping[str, inspect.Parameter]:
-    """The ``__init__`` parameters of the class at ``class_path``, those its ``**kwargs`` pass on to its base classes
-    included (a class's own parameter first); empty when it cannot be imported."""
-    module, _, name = (class_path or "").rpartition(".")
-    try:
-        klass = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError, ValueError):
-        return {}
-    parameters: dict[str, inspect.Parameter] = {}
-    for base in inspect.getmro(klass) if inspect.isclass(klass) else ():
-        if "__init__" not in vars(base):
-            continue
-        try:
-            signature = inspect.signature(base.__init__)
-        except (ValueError, TypeError):
-            break
-        own = {key: value for key, value in signature.parameters.items() if key != "self"}
-        for key, parameter in own.items():
-            if parameter.kind not in (parameter.VAR_KEYWORD, parameter.VAR_POSITIONAL):
-                parameters.setdefault(key, parameter)
-        if not any(parameter.kind == parameter.VAR_KEYWORD for parameter in own.values()):
-            break
-    return parameters
-
-
-def differences(saved: Any, given: Any, key: str) -> Iterator[tuple[str, Any, Any]]:
-    """(key, saved, given) for each value that differs between ``saved`` and ``given``; dicts compared per key."""
-    saved, given = plain(saved), plain(given)
-    if isinstance(saved, dict) and isinstance(given, dict):
-        for name in [*saved, *(name for name in given if name not in saved)]:
-            yield from differences(saved.get(name), given.get(name), f"{key}.{name}")
-    elif saved != given:
-        yield key, saved, given
-
-
-def plain(value: Any) -> Any:
-    """``value`` with Namespaces as dicts and tuples as lists, as a checkpoint holds them."""
-    if isinstance(value, Namespace):
-        value = value.as_dict()
-    if isinstance(value, dict):
-        return {name: plain(item) for name, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain(item) for item in value]
-    return value
-
-
-def show(value: Any) -> str:
-    return json.dumps(value, default=str)
-
-
-def one_line(error: BaseException) -> str:
-    return " ".join(str(error).split())
-
-
-def same_value(given: Any, linked: Any) -> bool:
-    """Whether a data value given in a config agrees with the model's: equal, or both name files with the same
-    bytes (a vocabulary at another path)."""
-    if given == linked:
-        return True
-    if isinstance(given, str) and isinstance(linked, str):
-        first, second = Path(given), Path(linked)
-        return first.is_file() and second.is_file() and first.read_bytes() == second.read_bytes()
-    return False
-
-
-def input_error(error: BaseException | None) -> BaseException | None:
-    """The innermost error about the input that mmoe's own code raised (a ``ValueError`` or ``FileNotFoundError``,
-    e.g. a config's validation) under the errors jsonargparse wraps around it while instantiating; None if none."""
-    found = None
-    while error is not None:
-        frames = traceback.extract_tb(error.__traceback__)
-        raised_by_mmoe = bool(frames) and Path(frames[-1].filename).is_relative_to(PACKAGE)
-        if raised_by_mmoe and isinstance(error, (FileNotFoundError, ValueError)):
-            found = error
-        error = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
-    return found
-
-
-def command_line_model_arguments(args) -> set[str]:
-    """Model arguments set by ``--model.<key>`` or ``--model.init_args.<key>`` options in ``args``, as dotted keys
-    below ``init_args`` (``num_beams``, ``optimizer.learning_rate``); none for a dict or Namespace from code."""
-    if not isinstance(args, (list, tuple)):
-        return set()
-    keys = set()
-    for token in args:
-        if isinstance(token, str) and token.startswith("--model."):
-            key = token[len("--model.") :].split("=", 1)[0]
-            keys.add(key.removeprefix("init_args."))
-    return keys
-
-
-def named_in(key: str, keys: set[str]) -> bool:
-    """Whether the dotted ``key`` or a key containing it is in ``keys``."""
-    return any(key == name or key.startswith(name + ".") for name in keys)
-
-
-def without_keys(values: dict[str, Any], keys: set[str]) -> dict[str, Any]:
-    """``values`` less every dotted key of ``keys`` (nested dicts copied, not changed)."""
-    kept = {}
-    for name, value in values.items():
-        if name in keys:
-            continue
-        inner = {key.split(".", 1)[1] for key in keys if key.startswith(name + ".")}
-        kept[name] = without_keys(value, inner) if inner and isinstance(value, dict) else value
-    return kept
+def cli_arguments(**kwargs: Any) -> dict[str, Any]:
+    """The :class:`MMoECLI` arguments of every ``mmoe`` Lightning subcommand (any task, any DataModule), with
+    ``kwargs`` over them."""
+    return (
+        dict(
+            model_class=L.LightningModule,
+            datamodule_class=L.LightningDataModule,
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            save_config_kwargs={"overwrite": True},
+            auto_configure_optimizers=False,
+        )
+        | kwargs
+    )
 
 
 def lightning_command(argv: Sequence[str]) -> int:
-    MMoECLI(
-        L.LightningModule,
-        L.LightningDataModule,
-        subclass_mode_model=True,
-        subclass_mode_data=True,
-        # From the console script argv is sys.argv[1:] itself; LightningCLI reads that when args is None.
-        args=None if list(argv) == sys.argv[1:] else list(argv),
-        save_config_kwargs={"overwrite": True},
-        auto_configure_optimizers=False,
-    )
-    return 0
-
-
-def tokenizer_command(argv: Sequence[str]) -> int:
-    """``mmoe tokenizer fit --data SHARDS --out codebook.pt``: learn the visual codebook (MIM targets)."""
-    parser = argparse.ArgumentParser(prog="mmoe tokenizer", description=tokenizer_command.__doc__)
-    sub = parser.add_subparsers(dest="action", required=True)
-    fit = sub.add_parser("fit", help="k-means visual codebook over patches of training images")
-    fit.add_argument("--data", required=True, nargs="+", help="shard files, directories or brace patterns with images")
-    fit.add_argument("--out", required=True, help="codebook file to write")
-    fit.add_argument("--size", type=int, default=512, help="number of visual tokens K")
-    fit.add_argument("--image-size", type=int, default=64, help="image side the backbone sees")
-    fit.add_argument("--patch-size", type=int, default=16)
-    fit.add_argument("--pool", type=int, default=4, help="patches are average-pooled to pool x pool")
-    fit.add_argument("--max-patches", type=int, default=200_000)
-    fit.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(list(argv))
-
-    from mmoe.data.pipelines import eval_image_batches
-    from mmoe.tasks.visual_codebook import fit_codebook
-
-    try:
-        batches = eval_image_batches(args.data, image_size=args.image_size, batch_size=64)
-        codebook = fit_codebook(
-            batches, args.size, args.patch_size, args.pool, max_patches=args.max_patches, seed=args.seed
-        )
-    except (FileNotFoundError, ValueError) as error:
-        print(f"mmoe tokenizer fit: {error}", file=sys.stderr)
-        return 2
-    codebook.save(args.out)
-    print(json.dumps({"codebook": args.out, "size": codebook.size, "patch_size": args.patch_size}))
-    return 0
-
-
-def upcycle_command(argv: Sequence[str]) -> int:
-    """``mmoe upcycle --ckpt dense.pth --config moe.yaml --out init.pt``: a MoE backbone whose experts start as copies
-    of a dense backbone's FFNs (sparse upcycling), for ``model.init_args.pretrained``."""
-    parser = argparse.ArgumentParser(prog="mmoe upcycle", description=upcycle_command.__doc__)
-    parser.add_argument(
-        "--ckpt", required=True, help="dense backbone: a released BEiT-3 checkpoint or any mmoe backbone / checkpoint"
-    )
-    parser.add_argument("--config", required=True, help="an mmoe config whose model.init_args.backbone.moe is the plan")
-    parser.add_argument("--out", required=True, help="backbone file to write (atomically)")
-    parser.add_argument("--noise", type=float, default=0.0, help="expert noise, a share of each weight's std")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the noise and of the new routers")
-    args = parser.parse_args(list(argv))
-
-    from mmoe.model.upcycle import upcycle
-    from mmoe.tasks.checkpoint import export_backbone, load_backbone
-
-    try:
-        plan = moe_plan_of(args.config)
-        dense = load_backbone(args.ckpt)
-        torch.manual_seed(args.seed)
-        moe = upcycle(dense, plan, noise=args.noise, seed=args.seed)
-    except (FileNotFoundError, ValueError) as error:
-        print(f"mmoe upcycle: {one_line(error)}", file=sys.stderr)
-        return 2
-    export_backbone(moe, args.out)
-    layers = sorted({slot.index for slot in moe.moe_layers()})
-    print(
-        json.dumps({"backbone": args.out, "moe_layers": layers, "parameters": sum(p.numel() for p in moe.parameters())})
-    )
-    return 0
-
-
-def moe_plan_of(config: str | Path) -> MoEPlan:
-    """The :class:`MoEPlan` at ``model.init_args.backbone.moe`` of an mmoe config file."""
-    path = Path(config)
-    if not path.is_file():
-        raise FileNotFoundError(f"config {path} does not exist")
-    try:
-        document = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as error:
-        raise ValueError(f"config {path} is not YAML: {one_line(error)}") from None
-    moe = document
-    for key in ("model", "init_args", "backbone", "moe"):
-        moe = moe.get(key) if isinstance(moe, dict) else None
-    if not isinstance(moe, dict):
-        raise ValueError(f"config {path} has no model.init_args.backbone.moe (the MoE plan to upcycle into)")
-    try:
-        return MoEPlan(**moe)
-    except TypeError as error:
-        raise ValueError(f"config {path}: model.init_args.backbone.moe: {error}") from None
-
-
-def export_command(argv: Sequence[str]) -> int:
-    """``mmoe export-backbone --ckpt task.ckpt --out backbone.pt``: the backbone of a task checkpoint, for fine-tuning
-    (the fine-tuning configs' ``pretrained`` argument reads either file)."""
-    parser = argparse.ArgumentParser(prog="mmoe export-backbone", description=export_command.__doc__)
-    parser.add_argument(
-        "--ckpt", required=True, help="Lightning checkpoint of an mmoe task (e.g. checkpoints/last.ckpt)"
-    )
-    parser.add_argument("--out", required=True, help="backbone file to write (atomically)")
-    args = parser.parse_args(list(argv))
-
-    from mmoe.tasks.checkpoint import export_backbone, load_backbone
-
-    try:
-        backbone = load_backbone(args.ckpt)
-    except (FileNotFoundError, ValueError) as error:
-        print(f"mmoe export-backbone: {error}", file=sys.stderr)
-        return 2
-    export_backbone(backbone, args.out)
-    print(json.dumps({"backbone": args.out, "parameters": sum(p.numel() for p in backbone.parameters())}))
+    # From the console script argv is sys.argv[1:] itself; LightningCLI reads that when args is None.
+    MMoECLI(**cli_arguments(args=None if list(argv) == sys.argv[1:] else list(argv)))
     return 0

@@ -16,8 +16,6 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-import yaml
-
 from mmoe.io import one_line, report_error
 from mmoe.model import MultiwayConfig
 from mmoe.model.cost import backbone_cost
@@ -25,6 +23,7 @@ from mmoe.safe_load import load_checkpoint_file
 from mmoe.tasks.catalog import class_path, task_of_class_path
 from mmoe.tasks.checkpoint import PREFIX, config_from_dict, read_pretrained
 from mmoe.tasks.finetuning import required_argument
+from mmoe.tasks.launch import read_config
 from mmoe.tasks.pretraining import DEFAULT_TEACHER, MaskedPretraining, load_teacher, teacher_width
 from mmoe.tasks.visual_codebook import PatchCodebook
 
@@ -70,17 +69,11 @@ def pretraining_head_parameters(config: MultiwayConfig, init_args: dict) -> dict
 
 def from_config(path: Path) -> tuple[str, MultiwayConfig, dict[str, int] | None, int | None]:
     """(task class, backbone config, head parameters (None when a file it needs is missing), text length) of an
-    mmoe fit config."""
+    mmoe fit config, read by the CLI's own parser (:func:`mmoe.tasks.launch.read_config`)."""
     if not path.is_file():
         raise FileNotFoundError(f"config {path} does not exist")
-    try:
-        document = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as error:
-        raise InfoError(f"config {path} is not YAML: {one_line(error)}") from None
-    model = document.get("model") if isinstance(document, dict) else None
-    if not isinstance(model, dict) or not isinstance(model.get("init_args"), dict):
-        raise InfoError(f"config {path} has no model.class_path / model.init_args")
-    init_args = model["init_args"]
+    parsed = read_config([path]).fit  # a config without a model is an error of the parser's
+    init_args = parsed.model.init_args.as_dict()
     if isinstance(init_args.get("backbone"), dict):
         try:
             config = config_from_dict(init_args["backbone"])
@@ -90,13 +83,12 @@ def from_config(path: Path) -> tuple[str, MultiwayConfig, dict[str, int] | None,
         config = read_pretrained(init_args["pretrained"]).config
     else:
         raise InfoError(f"config {path} has neither model.init_args.backbone nor model.init_args.pretrained")
-    task = str(model.get("class_path", ""))
-    data = document.get("data", {}) or {}
-    text_length = (data.get("init_args") or {}).get("max_text_length") if isinstance(data, dict) else None
+    task = parsed.model.class_path
+    text_length = parsed.data.init_args.get("max_text_length") if parsed.data is not None else None
     try:
         head = head_parameters(task, init_args, config, path)
     except FileNotFoundError as error:  # the data is not there yet: the backbone's counts still stand
-        print(f"mmoe info: head not counted: {error}", file=sys.stderr)
+        print(f"mmoe info: head not counted: {one_line(error)}", file=sys.stderr)
         head = None
     return task, config, head, text_length
 

@@ -13,13 +13,16 @@ regress a teacher's patch features (``teacher_checkpoint``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import argparse
+import json
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mmoe.io import report_error
 from mmoe.safe_load import load_checkpoint_file
 from mmoe.tasks.checkpoint import atomic_save
 
@@ -140,3 +143,33 @@ def _kmeans_plus_plus(data: torch.Tensor, size: int, generator: torch.Generator)
         centroids.append(data[pick])
         nearest = torch.minimum(nearest, torch.cdist(data, data[pick]).squeeze(1).square())
     return torch.cat(centroids)
+
+
+def tokenizer_command(argv: Sequence[str]) -> int:
+    """``mmoe tokenizer fit --data SHARDS --out codebook.pt``: learn the visual codebook (MIM targets)."""
+    parser = argparse.ArgumentParser(prog="mmoe tokenizer", description=tokenizer_command.__doc__)
+    sub = parser.add_subparsers(dest="action", required=True)
+    fit = sub.add_parser("fit", help="k-means visual codebook over patches of training images")
+    fit.add_argument("--data", required=True, nargs="+", help="shard files, directories or brace patterns with images")
+    fit.add_argument("--out", required=True, help="codebook file to write")
+    fit.add_argument("--size", type=int, default=512, help="number of visual tokens K")
+    fit.add_argument("--image-size", type=int, default=64, help="image side the backbone sees")
+    fit.add_argument("--patch-size", type=int, default=16)
+    fit.add_argument("--pool", type=int, default=4, help="patches are average-pooled to pool x pool")
+    fit.add_argument("--max-patches", type=int, default=200_000)
+    fit.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(list(argv))
+
+    from mmoe.data.pipelines import eval_image_batches
+    from mmoe.tasks.visual_codebook import fit_codebook
+
+    try:
+        batches = eval_image_batches(args.data, image_size=args.image_size, batch_size=64)
+        codebook = fit_codebook(
+            batches, args.size, args.patch_size, args.pool, max_patches=args.max_patches, seed=args.seed
+        )
+    except (FileNotFoundError, ValueError) as error:
+        return report_error("tokenizer fit", error)
+    codebook.save(args.out)
+    print(json.dumps({"codebook": args.out, "size": codebook.size, "patch_size": args.patch_size}))
+    return 0

@@ -88,8 +88,9 @@ def _text_encoder(
     return encoder
 
 
-def _labels(paths: Sequence[str]) -> list[str]:
-    """Short unique labels for checkpoints (file stems, with the parent directory when stems repeat)."""
+def checkpoint_labels(paths: Sequence[str | Path]) -> list[str]:
+    """Short unique labels for checkpoints (file stems, with the parent directory when stems repeat): how figures
+    name them."""
     stems = [Path(p).stem for p in paths]
     labels = [f"{Path(p).parent.name}-{Path(p).stem}" if stems.count(Path(p).stem) > 1 else Path(p).stem for p in paths]
     return [f"{i}-{label}" if labels.count(label) > 1 else label for i, label in enumerate(labels)]
@@ -97,6 +98,12 @@ def _labels(paths: Sequence[str]) -> list[str]:
 
 def _file_part(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text)
+
+
+def subtoken_map_path(out: str | Path, label: str) -> Path:
+    """The sub-token map ``mmoe viz subtoken-map --out OUT`` draws for the checkpoint labelled ``label``
+    (:func:`checkpoint_labels` of its ``--ckpt`` files)."""
+    return Path(out) / f"subtoken_map_{_file_part(label)}.png"
 
 
 def _column(key: str) -> str:
@@ -178,7 +185,7 @@ def _subtoken_map(args: argparse.Namespace) -> int:
         texts = [Sample(s.name, text=s.text) for s in texts]
 
     image_maps, text_maps, pixels, tokens, top = {}, {}, None, None, 1
-    for path, label, backbone in zip(args.ckpt, _labels(args.ckpt), backbones, strict=True):
+    for path, label, backbone in zip(args.ckpt, checkpoint_labels(args.ckpt), backbones, strict=True):
         moe = backbone.config.moe
         top = max(top, min(moe.heads * (moe.top_k if args.choices == "all" else 1), moe.num_experts))
         if moe.heads == 1:
@@ -213,8 +220,10 @@ def _draw_image_maps(out: Path, image_maps: dict, pixels: list, names: list[str]
     written = []
     for label, maps in image_maps.items():
         title = f"Sub-token assignment diversity per patch — {label}"
-        for overlay, stem in ((False, "subtoken_map"), (True, "subtoken_overlay")):
-            path = out / f"{stem}_{_file_part(label)}.png"
+        for overlay, path in (
+            (False, subtoken_map_path(out, label)),
+            (True, out / f"subtoken_overlay_{_file_part(label)}.png"),
+        ):
             written.append(draw_patch_grid(pixels, maps, top, title, path, overlay=overlay, row_labels=names))
     if len(image_maps) > 1:
         common = [c for c in next(iter(image_maps.values())) if all(c in m for m in image_maps.values())]
@@ -253,12 +262,12 @@ def _heatmap(args: argparse.Namespace) -> int:
     out, written = Path(args.out), []
     sources = []
     if args.stats:
-        for label, path in zip(_labels(args.stats), args.stats, strict=True):
+        for label, path in zip(checkpoint_labels(args.stats), args.stats, strict=True):
             payload = read_stats(path)
             sources.append((label, total_loads(payload), total_tokens(payload)))
     else:
         samples = _data_samples(args.data, args.batches, args.batch_size)
-        for label, path in zip(_labels(args.ckpt), args.ckpt, strict=True):
+        for label, path in zip(checkpoint_labels(args.ckpt), args.ckpt, strict=True):
             backbone = _load(path, device=_device(args.device))
             totals = _run_over(backbone, path, samples, args).totals
             tokens = {key: float(sums[0]) for key, sums in totals.sums.items()}

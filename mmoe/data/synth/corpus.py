@@ -34,6 +34,9 @@ from mmoe.data.answers import answer_scores, normalize_answer
 from mmoe.data.synth.language import captions, human_answers, majority_answer, questions, statement
 from mmoe.data.synth.scenes import Scene, render, sample_scene
 
+#: The corpus summary at the corpus root: seed, sizes, counts and each task's chance levels.
+SUMMARY_FILE = "synth.json"
+
 _SPLIT_CODES = {"train2014": 1, "val2014": 2, "test2015": 3, "nlvr2-train": 4, "nlvr2-dev": 5, "nlvr2-test1": 6,
                 "text": 7, "nlvr2-statements": 8}  # fmt: skip
 _IMAGE_ID_BASE = {"train2014": 0, "val2014": 100_000, "test2015": 200_000}
@@ -346,5 +349,5 @@ def build_corpus(out: str | os.PathLike, seed: int = 0, sizes: SynthSizes | None
             "captioning_karpathy_test_constant_caption": caption_constant_baseline(train, val[third : 2 * third]),
         },
     }
-    _write_json(root / "synth.json", summary)
+    _write_json(root / SUMMARY_FILE, summary)
     return summary

@@ -1,0 +1,103 @@
+"""The benchmarks the demo fine-tunes, predicts and scores: for each fine-tuning task of the catalog, the files of the
+demo's corpus it reads, its evaluation split, and how its predictions are scored and shown."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mmoe.data.converters.coco import CAPTION_TOKENS_FILE
+from mmoe.data.converters.vqav2 import ANSWERS_FILE
+from mmoe.demo.report import caption_rows, nlvr2_rows, vqa_rows
+from mmoe.demo.settings import DemoRun, DemoSettings
+from mmoe.tasks.catalog import FINETUNING_TASKS
+from mmoe.tasks.finetuning import FineTuningTask
+
+
+def score_vqa(run: DemoRun, predictions: Path) -> dict:
+    from mmoe.metrics.vqa import evaluate_vqa_files
+
+    vqa = run.data / "vqav2"
+    report = evaluate_vqa_files(
+        vqa / "v2_OpenEnded_mscoco_val2014_questions.json", vqa / "v2_mscoco_val2014_annotations.json", predictions
+    )
+    return {"overall": report["overall"], "perAnswerType": report["perAnswerType"]}
+
+
+def score_nlvr2(run: DemoRun, predictions: Path) -> dict:
+    from mmoe.metrics.nlvr2 import evaluate_nlvr2_files
+
+    return evaluate_nlvr2_files(run.data / "nlvr2" / "dev.json", predictions)
+
+
+def score_captions(run: DemoRun, predictions: Path) -> dict:
+    from mmoe.metrics.caption_words import word_precision
+    from mmoe.metrics.captions import read_caption_files
+    from mmoe.metrics.captions import score_captions as coco_scores
+
+    # What `mmoe eval caption --karpathy ... --split test` computes, with the references and captions read once for
+    # both the COCO metrics and the colour-word check.
+    karpathy = run.data / "coco" / "karpathy" / "dataset_coco.json"
+    references, captions = read_caption_files(predictions, karpathy=karpathy, split="test")
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):  # pycocoevalcap prints its progress
+        warnings.simplefilter("ignore", ResourceWarning)
+        report = coco_scores(references, captions, meteor=False, spice=False)  # the table shows neither
+    scores = {name: value for name, value in report.items() if isinstance(value, float)}
+    colours = word_precision(captions, references)
+    return scores | {"colour_word_precision": colours["precision"], "colour_word_chance": colours["chance"]}
+
+
+def no_options(settings: DemoSettings) -> dict[str, Any]:
+    return {}
+
+
+def caption_options(settings: DemoSettings) -> dict[str, Any]:
+    """Beam search of the demo's width; no caption files at validation (the demo does not validate)."""
+    return {"num_beams": settings.num_beams, "results_dir": None}
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """A fine-tuning task as the demo runs it.
+
+    Attributes:
+        task: the task class (its ``name`` names the config, ``configs/finetune/<name>_tiny.yaml``).
+        eval_split: the shard folder (under the corpus's ``shards``) predicted on and scored.
+        predictions: file name of the predictions.
+        score: (run, predictions file) -> the official scores.
+        rows: (scores, chance levels of the corpus summary) -> table rows.
+        corpus_files: task arguments naming files of the demo's corpus -> their path under the corpus root.
+        options: (settings) -> the task's other arguments.
+    """
+
+    task: type[FineTuningTask]
+    eval_split: str
+    predictions: str
+    score: Callable[[DemoRun, Path], dict]
+    rows: Callable[[dict, dict], list[dict]]
+    corpus_files: dict[str, str] = field(default_factory=dict)
+    options: Callable[[DemoSettings], dict[str, Any]] = no_options
+
+    @property
+    def name(self) -> str:
+        return self.task.name
+
+    def model_options(self, run: DemoRun) -> dict[str, Any]:
+        """The task's arguments in the demo: its corpus files in ``run``'s corpus and its options."""
+        files = {argument: str(run.data / path) for argument, path in self.corpus_files.items()}
+        return files | self.options(run.settings)
+
+
+#: The benchmarks in the order the demo runs them.
+BENCHMARKS = (
+    Benchmark(FINETUNING_TASKS["vqav2"], "vqav2-val2014", "val_results.json", score_vqa, vqa_rows,
+              {"answer_vocab": f"shards/vqav2-train2014/{ANSWERS_FILE}"}),
+    Benchmark(FINETUNING_TASKS["nlvr2"], "nlvr2-dev", "dev_predictions.csv", score_nlvr2, nlvr2_rows),
+    Benchmark(FINETUNING_TASKS["captioning"], "coco-karpathy-test", "test_captions.json", score_captions, caption_rows,
+              {"output_vocab": f"shards/coco-karpathy-train-restval/{CAPTION_TOKENS_FILE}"}, caption_options),
+)  # fmt: skip

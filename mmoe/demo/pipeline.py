@@ -1,0 +1,155 @@
+"""The demo's stages, in order: corpus, codebook, and for each variant pre-training, backbone export, each benchmark's
+fine-tuning and scored evaluation, and the routing figures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mmoe.demo.benchmarks import BENCHMARKS, Benchmark
+from mmoe.demo.settings import DemoRun
+from mmoe.demo.stages import Stage, StageKey, run_command
+from mmoe.demo.training import finetune_launch, predict_launch, pretrain_launch, train
+from mmoe.io import write_json
+from mmoe.tasks.layout import RunLayout
+
+
+def corpus_stage(run: DemoRun) -> Stage:
+    from mmoe.data.cli import data_command
+
+    key = StageKey.of("corpus")
+
+    def build() -> dict:
+        run_command(key, "data", data_command, ["synth", "--out", str(run.data), "--shards", *run.settings.synth])
+        return {"files": [str(run.corpus_summary), str(run.shards)]}
+
+    return Stage(key, run.shards / "pretrain-text" / "manifest.json", build)
+
+
+def codebook_stage(run: DemoRun) -> Stage:
+    from mmoe.tasks.visual_codebook import tokenizer_command
+
+    key = StageKey.of("codebook")
+
+    def fit() -> dict:
+        argv = ["fit", "--data", str(run.shards / "pretrain-images"), str(run.shards / "pretrain-pairs")]
+        argv += ["--out", str(run.codebook), "--size", str(run.settings.codebook_size)]
+        run_command(key, "tokenizer", tokenizer_command, argv + ["--image-size", str(run.settings.image_size)])
+        return {"files": [str(run.codebook)]}
+
+    return Stage(key, run.codebook, fit)
+
+
+def pretrain_stage(run: DemoRun, variant: str) -> Stage:
+    layout = run.pretraining(variant)
+    key = StageKey.of(variant, "pretrain")
+
+    def fit() -> dict:
+        record = train(str(key), pretrain_launch(run, variant, layout), layout)
+        return record | {"files": [*record["files"], str(layout.routing_stats)]}
+
+    return Stage(key, layout.last_checkpoint, fit)
+
+
+def export_stage(run: DemoRun, variant: str) -> Stage:
+    return exporting(StageKey.of(variant, "export"), run.pretraining(variant).last_checkpoint, run.backbone(variant))
+
+
+def exporting(key: StageKey, checkpoint: Path, target: Path) -> Stage:
+    """The backbone of a training checkpoint as an exported backbone file."""
+
+    def export() -> dict:
+        from mmoe.tasks.checkpoint import export_backbone, load_backbone
+
+        export_backbone(load_backbone(checkpoint), target)
+        return {"files": [str(target)]}
+
+    return Stage(key, target, export)
+
+
+def finetune_stage(run: DemoRun, variant: str, benchmark: Benchmark) -> Stage:
+    layout = run.finetuning(variant, benchmark.name)
+    return fine_tuning(run, StageKey.of(variant, benchmark.name), benchmark, run.backbone(variant), layout)
+
+
+def fine_tuning(
+    run: DemoRun,
+    key: StageKey,
+    benchmark: Benchmark,
+    backbone: Path,
+    layout: RunLayout,
+    seed: int | None = None,
+    routing_every: int = 20,
+) -> Stage:
+    """``mmoe fit`` of ``benchmark``'s task from ``backbone`` into ``layout`` (``seed``: the config's when None),
+    routing statistics every ``routing_every`` steps."""
+
+    def fit() -> dict:
+        launch = finetune_launch(run, benchmark.task, benchmark.model_options(run), backbone, layout, seed,
+                                 routing_every)  # fmt: skip
+        return train(str(key), launch, layout)
+
+    return Stage(key, layout.last_checkpoint, fit)
+
+
+def evaluate_stage(run: DemoRun, variant: str, benchmark: Benchmark) -> Stage:
+    layout = run.finetuning(variant, benchmark.name)
+    return evaluation(run, StageKey.of(variant, benchmark.name, "eval"), benchmark, run.backbone(variant), layout)
+
+
+def evaluation(
+    run: DemoRun, key: StageKey, benchmark: Benchmark, backbone: Path, layout: RunLayout, seed: int | None = None
+) -> Stage:
+    """``mmoe predict`` of the fine-tuning in ``layout`` (from ``backbone``) on the benchmark's evaluation split,
+    scored by the official scorers into ``layout.scores``."""
+
+    def evaluate() -> dict:
+        predictions = layout.predictions(benchmark.predictions)
+        fit = finetune_launch(run, benchmark.task, benchmark.model_options(run), backbone, layout, seed)
+        launch = predict_launch(fit, layout, run.shards / benchmark.eval_split, predictions)
+        launch.run(str(key))
+        scores = benchmark.score(run, predictions)
+        write_json(layout.scores, scores)
+        return {"scores": scores, "launch": launch.to_json(), "files": [str(predictions), str(layout.scores)]}
+
+    return Stage(key, layout.scores, evaluate)
+
+
+def figures_stage(run: DemoRun, variant: str) -> Stage:
+    from mmoe.viz.cli import checkpoint_labels, subtoken_map_path
+
+    out = run.variant(variant) / "figures"
+    pretrained, finetuned = run.backbone(variant), run.variant(variant) / "backbone_vqav2.pt"
+    key = StageKey.of(variant, "figures")
+
+    def draw() -> dict:
+        from mmoe.tasks.checkpoint import export_backbone, load_backbone
+        from mmoe.viz.cli import viz_command
+
+        export_backbone(load_backbone(run.finetuning(variant, "vqav2").last_checkpoint), finetuned)
+        images = str(run.shards / BENCHMARKS[-1].eval_split)
+        argv = ["subtoken-map", "--ckpt", str(pretrained), "--ckpt", str(finetuned), "--images", images]
+        argv += ["--out", str(out), "--num-images", str(run.settings.figure_images)]
+        run_command(key, "viz", viz_command, argv)
+        run_command(key, "viz", viz_command, ["heatmap", "--stats", str(run.pretraining(variant).routing_stats),
+                                              "--out", str(out)])  # fmt: skip
+        return {"files": [str(finetuned), *sorted(str(path) for path in out.glob("*.png"))]}
+
+    return Stage(key, subtoken_map_path(out, checkpoint_labels([pretrained, finetuned])[0]), draw)
+
+
+def variant_stages(run: DemoRun, variant: str) -> list[Stage]:
+    """The stages of one variant, in order (a dense backbone has no routing to draw)."""
+    stages = [pretrain_stage(run, variant), export_stage(run, variant)]
+    for benchmark in BENCHMARKS:
+        stages += [finetune_stage(run, variant, benchmark), evaluate_stage(run, variant, benchmark)]
+    if variant != "dense":
+        stages.append(figures_stage(run, variant))
+    return stages
+
+
+def variant_rows(run: DemoRun, variant: str, records: dict[StageKey, dict]) -> list[dict]:
+    chance = run.chance()
+    rows = []
+    for benchmark in BENCHMARKS:
+        rows += benchmark.rows(records[StageKey.of(variant, benchmark.name, "eval")]["result"]["scores"], chance)
+    return rows

@@ -1,0 +1,173 @@
+"""How the demo trains and predicts: ``mmoe fit`` / ``predict`` in this process (:func:`mmoe.tasks.launch
+.run_lightning`) on a config shipped in ``mmoe/configs``, with typed options that point it at the run directory and
+set the demo's step counts, and the demo's callbacks as objects."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from jsonargparse import Namespace
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
+
+from mmoe.demo.report import say
+from mmoe.demo.settings import CONFIGS, DemoError, DemoRun
+from mmoe.tasks.callbacks import StepProgress
+from mmoe.tasks.finetuning import FineTuningTask
+from mmoe.tasks.launch import read_config, run_lightning
+from mmoe.tasks.layout import RunLayout
+from mmoe.tasks.routing_callback import RoutingStatsCallback
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """One ``mmoe fit`` / ``predict`` of the demo.
+
+    Attributes:
+        subcommand: ``fit`` or ``predict``.
+        configs: the shipped config files, merged in order.
+        overrides: options over them, nested as in a config file (``{"trainer": {"max_steps": 80}}``).
+        callbacks: added to the trainer's (the configs' own callbacks are replaced by these).
+    """
+
+    subcommand: str
+    configs: tuple[Path, ...]
+    overrides: dict[str, Any]
+    callbacks: tuple[L.Callback, ...] = ()
+
+    def config(self) -> Namespace:
+        """The config the subcommand runs, parsed by the CLI's own parser (nothing instantiated)."""
+        return read_config(self.configs, self.overrides, self.subcommand)[self.subcommand]
+
+    def run(self, stage: str) -> None:
+        """Runs it; DemoError naming ``stage`` when the CLI exits with an error."""
+        try:
+            run_lightning(self.subcommand, self.configs, self.overrides, self.callbacks)
+        except SystemExit as stop:  # LightningCLI ends bad configs and bad input with exit 2
+            if stop.code not in (0, None):
+                raise DemoError(f"stage {stage}: mmoe {self.subcommand} exited with status {stop.code}") from None
+
+    def to_json(self) -> dict:
+        """What a stage marker records: the subcommand, configs, options and callbacks."""
+        return {
+            "subcommand": self.subcommand,
+            "configs": [str(path) for path in self.configs],
+            "overrides": plain(self.overrides),
+            "callbacks": [type(callback).__name__ for callback in self.callbacks],
+        }
+
+
+def plain(value: Any) -> Any:
+    """``value`` with paths as strings (JSON-able)."""
+    if isinstance(value, dict):
+        return {key: plain(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(item) for item in value]
+    return str(value) if isinstance(value, Path) else value
+
+
+def config_file(relative: str) -> Path:
+    """A config shipped with the package (``mmoe/configs/<relative>``)."""
+    path = CONFIGS / relative
+    if not path.is_file():
+        raise DemoError(f"config {path} does not exist (mmoe demo reads the configs shipped in the mmoe package)")
+    return path
+
+
+def trainer_options(
+    run: DemoRun, layout: RunLayout, steps: int, label: str, routing_every: int, extra: Sequence[L.Callback] = ()
+) -> tuple[dict[str, Any], tuple[L.Callback, ...]]:
+    """The trainer of a demo stage and its callbacks: ``steps`` steps without validation, one CSV logger, the latest
+    checkpoint as ``layout.last_checkpoint``, routing statistics every ``routing_every`` steps in ``layout``, progress
+    lines instead of a progress bar, and ``extra`` callbacks."""
+    csv = {"save_dir": str(layout.root), "name": layout.csv_logs.name, "version": 0}
+    trainer = {"max_steps": steps, "val_check_interval": steps, "limit_val_batches": 0,
+               "default_root_dir": str(layout.root), "enable_progress_bar": False, "enable_model_summary": False,
+               "precision": run.settings.precision, "callbacks": [],
+               "logger": [{"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": csv}]}  # fmt: skip
+    callbacks = (
+        # No validation metric: keep only the latest checkpoint.
+        ModelCheckpoint(
+            dirpath=layout.checkpoints, save_top_k=0, save_last=True, every_n_train_steps=run.settings.checkpoint_every
+        ),
+        LearningRateMonitor(logging_interval="step"),
+        RoutingStatsCallback(every_n_steps=routing_every, save_dir=layout.root),
+        StepProgress(label=label, every_n_steps=max(10, steps // 6)),
+        *extra,
+    )
+    return trainer, callbacks
+
+
+def pretrain_launch(
+    run: DemoRun,
+    variant: str,
+    layout: RunLayout,
+    steps: int | None = None,
+    extra_callbacks: Sequence[L.Callback] = (),
+    moe: dict[str, Any] | None = None,
+) -> Launch:
+    """``mmoe fit`` with ``configs/pretrain/tiny_<variant>.yaml`` on the demo's corpus (its codebook included) into
+    ``layout``, for ``steps`` (default the settings' ``pretrain_steps``); ``moe`` replaces fields of the backbone's MoE
+    plan."""
+    steps = run.settings.pretrain_steps if steps is None else steps
+    label = f"pretrain {layout.root.name if layout.root.name != 'pretrain' else variant}"
+    trainer, callbacks = trainer_options(run, layout, steps, label, 50, extra_callbacks)
+    backbone = {**dict(run.settings.backbone), "image_size": run.settings.image_size} | ({"moe": moe} if moe else {})
+    overrides = {
+        "trainer": trainer,
+        "model": {"init_args": {"backbone": backbone, "visual_codebook": str(run.codebook)}},
+        "data": {"init_args": {"data_root": str(run.data), "batch_size": run.settings.batch_size,
+                               "batches_per_epoch": steps}},
+    }  # fmt: skip
+    return Launch("fit", (config_file(f"pretrain/tiny_{variant}.yaml"),), overrides, callbacks)
+
+
+def finetune_launch(
+    run: DemoRun,
+    task: type[FineTuningTask],
+    model_options: dict[str, Any],
+    backbone: Path,
+    layout: RunLayout,
+    seed: int | None = None,
+    routing_every: int = 20,
+) -> Launch:
+    """``mmoe fit`` with ``configs/finetune/<task>_tiny.yaml`` on the demo's corpus into ``layout``, starting from
+    ``backbone`` (whose architecture it keeps), with the task's ``model_options`` (files in the demo's corpus, decoding
+    settings); ``seed`` replaces the config's ``seed_everything``; routing statistics every ``routing_every`` steps."""
+    steps = run.settings.steps(task.name)
+    trainer, callbacks = trainer_options(run, layout, steps, f"fine-tune {task.name}", routing_every)
+    model = {"backbone": None, "pretrained": str(backbone), **model_options}
+    rates = dict(run.settings.finetune_learning_rates)
+    if task.name in rates:
+        model["optimizer"] = {"learning_rate": rates[task.name]}
+    overrides = {
+        "trainer": trainer,
+        "model": {"init_args": model},
+        "data": {"init_args": {"data_root": str(run.data), "batch_size": run.settings.batch_size}},
+    }
+    if seed is not None:
+        overrides["seed_everything"] = seed
+    return Launch("fit", (config_file(f"finetune/{task.name}_tiny.yaml"),), overrides, callbacks)
+
+
+def predict_launch(fit: Launch, layout: RunLayout, shards: Path, predictions: Path) -> Launch:
+    """``mmoe predict`` of the fine-tuning ``fit`` from its latest checkpoint on ``shards`` into ``predictions``."""
+    overrides = dict(fit.overrides)
+    overrides["trainer"] = fit.overrides["trainer"] | {"logger": False}
+    overrides["model"] = {"init_args": fit.overrides["model"]["init_args"] | {"predictions_file": str(predictions)}}
+    overrides["data"] = {"init_args": fit.overrides["data"]["init_args"] | {"test_shards": str(shards)}}
+    overrides["ckpt_path"] = str(layout.last_checkpoint)
+    return Launch("predict", fit.configs, overrides, fit.callbacks)
+
+
+def train(stage: str, launch: Launch, layout: RunLayout) -> dict:
+    """Runs the ``fit`` ``launch``, resumed from ``layout.last_checkpoint`` when an earlier run left one; returns what
+    ran and the files it wrote."""
+    if layout.last_checkpoint.is_file():
+        say(f"    resuming from {layout.last_checkpoint}")
+        launch = dataclasses.replace(launch, overrides=launch.overrides | {"ckpt_path": str(layout.last_checkpoint)})
+    launch.run(stage)
+    return {"launch": launch.to_json(), "files": [str(layout.last_checkpoint), str(layout.csv_logs)]}

@@ -1,0 +1,81 @@
+"""``mmoe export-backbone`` and ``mmoe upcycle``: backbone files for ``model.init_args.pretrained``, from a task
+checkpoint or by sparse upcycling of a dense backbone."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from mmoe.io import report_error
+from mmoe.model import MoEPlan
+
+
+def export_command(argv: Sequence[str]) -> int:
+    """``mmoe export-backbone --ckpt task.ckpt --out backbone.pt``: the backbone of a task checkpoint, for fine-tuning
+    (the fine-tuning configs' ``pretrained`` argument reads either file)."""
+    parser = argparse.ArgumentParser(prog="mmoe export-backbone", description=export_command.__doc__)
+    parser.add_argument(
+        "--ckpt", required=True, help="Lightning checkpoint of an mmoe task (e.g. checkpoints/last.ckpt)"
+    )
+    parser.add_argument("--out", required=True, help="backbone file to write (atomically)")
+    args = parser.parse_args(list(argv))
+
+    from mmoe.tasks.checkpoint import export_backbone, load_backbone
+
+    try:
+        backbone = load_backbone(args.ckpt)
+    except (FileNotFoundError, ValueError) as error:
+        return report_error("export-backbone", error)
+    export_backbone(backbone, args.out)
+    print(json.dumps({"backbone": args.out, "parameters": sum(p.numel() for p in backbone.parameters())}))
+    return 0
+
+
+def upcycle_command(argv: Sequence[str]) -> int:
+    """``mmoe upcycle --ckpt dense.pth --config moe.yaml --out init.pt``: a MoE backbone whose experts start as copies
+    of a dense backbone's FFNs (sparse upcycling), for ``model.init_args.pretrained``."""
+    parser = argparse.ArgumentParser(prog="mmoe upcycle", description=upcycle_command.__doc__)
+    parser.add_argument(
+        "--ckpt", required=True, help="dense backbone: a released BEiT-3 checkpoint or any mmoe backbone / checkpoint"
+    )
+    parser.add_argument("--config", required=True, help="an mmoe config whose model.init_args.backbone.moe is the plan")
+    parser.add_argument("--out", required=True, help="backbone file to write (atomically)")
+    parser.add_argument("--noise", type=float, default=0.0, help="expert noise, a share of each weight's std")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the noise and of the new routers")
+    args = parser.parse_args(list(argv))
+
+    from mmoe.model.upcycle import upcycle
+    from mmoe.tasks.checkpoint import export_backbone, load_backbone
+
+    try:
+        plan = moe_plan_of(args.config)
+        dense = load_backbone(args.ckpt)
+        torch.manual_seed(args.seed)
+        moe = upcycle(dense, plan, noise=args.noise, seed=args.seed)
+    except (FileNotFoundError, ValueError) as error:
+        return report_error("upcycle", error)
+    export_backbone(moe, args.out)
+    layers = sorted({slot.index for slot in moe.moe_layers()})
+    print(
+        json.dumps({"backbone": args.out, "moe_layers": layers, "parameters": sum(p.numel() for p in moe.parameters())})
+    )
+    return 0
+
+
+def moe_plan_of(config: str | Path) -> MoEPlan:
+    """The :class:`MoEPlan` at ``model.init_args.backbone.moe`` of an mmoe config file, read by the CLI's own parser."""
+    from mmoe.tasks.launch import read_config
+
+    path = Path(config)
+    if not path.is_file():
+        raise FileNotFoundError(f"config {path} does not exist")
+    model = read_config([path]).fit.model
+    backbone = model.init_args.get("backbone") if model is not None else None
+    moe = backbone.get("moe") if backbone is not None else None
+    if moe is None:
+        raise ValueError(f"config {path} has no model.init_args.backbone.moe (the MoE plan to upcycle into)")
+    return MoEPlan(**moe.as_dict())

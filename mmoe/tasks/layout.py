@@ -1,0 +1,61 @@
+"""The folder of one training run: where its checkpoints, logs, routing statistics, predictions and scores lie.
+
+Every name is written here once; the callbacks that write the files and the commands that read them (the demo, the
+claims study) take their paths from a :class:`RunLayout`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from mmoe.metrics.routing_stats import STATS_FILENAME
+
+#: The latest checkpoint ``ModelCheckpoint(save_last=True)`` keeps.
+LAST_CHECKPOINT = ModelCheckpoint.CHECKPOINT_NAME_LAST + ModelCheckpoint.FILE_EXTENSION
+#: The official scores of a run's predictions (the demo's and the study's evaluation stages write it).
+SCORES_FILE = "scores.json"
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """The files of one run folder (its ``trainer.default_root_dir``).
+
+    Attributes:
+        root: the folder.
+    """
+
+    root: Path
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def last_checkpoint(self) -> Path:
+        return self.checkpoints / LAST_CHECKPOINT
+
+    @property
+    def csv_logs(self) -> Path:
+        """The CSV logger's folder (``save_dir`` = the root, ``name`` = ``csv``)."""
+        return self.root / "csv"
+
+    @property
+    def routing_stats(self) -> Path:
+        """What :class:`mmoe.tasks.routing_callback.RoutingStatsCallback` with ``save_dir`` = the root writes."""
+        return self.root / STATS_FILENAME
+
+    @property
+    def snapshots(self) -> Path:
+        """The backbone snapshots of :class:`mmoe.tasks.snapshots.BackboneSnapshots`."""
+        return self.root / "snapshots"
+
+    @property
+    def scores(self) -> Path:
+        return self.root / SCORES_FILE
+
+    def predictions(self, name: str) -> Path:
+        """The predictions file ``name`` (``mmoe predict``'s ``model.predictions_file``)."""
+        return self.root / name
