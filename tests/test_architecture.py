@@ -7,6 +7,7 @@ a cycle. mmoe uses no relative imports.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -74,6 +75,93 @@ RULES = {
 def test_import_rule(rule):
     layer, forbidden, allowed_in = RULES[rule]
     assert breaches(layer, forbidden, allowed_in) == []
+
+
+ARCHITECTURE = PACKAGE.parent / "ARCHITECTURE.md"
+
+
+def layer_table() -> list[tuple[int, list[str], str]]:
+    """ARCHITECTURE.md's layer table: (layer, packages or modules, "may import" cell) per row."""
+    rows = []
+    for line in ARCHITECTURE.read_text().split("## Where each paper equation lives")[0].splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 5 and cells[0].isdigit():
+            rows.append((int(cells[0]), re.findall(r"`(mmoe[\w.]*)`", cells[1]), cells[3]))
+    return rows
+
+
+def allowed_imports(rows: list[tuple[int, list[str], str]]) -> dict[str, tuple[str, ...]]:
+    """Package or module -> the mmoe packages and modules it may import, read from the "may import" cells:
+    backticked names, ``layer 0``, ``everything below``, ``everything``, or plain package names (``data``);
+    parentheses are comments."""
+    layer_of = {name: layer for layer, names, _ in rows for name in names}
+    allowed = {}
+    for layer, names, cell in rows:
+        cell = re.sub(r"\([^)]*\)", "", cell)
+        if cell.strip() == "everything":
+            may = ("mmoe",)
+        else:
+            may = tuple(re.findall(r"`(mmoe[\w.]*)`", cell))
+            words = re.sub(r"`[^`]*`", "", cell)
+            if "everything below" in words:
+                may += tuple(name for name, other in layer_of.items() if other < layer)
+            if "layer 0" in words:
+                may += tuple(name for name, other in layer_of.items() if other == 0)
+            may += tuple(f"mmoe.{word}" for word in re.findall(r"\b(data|metrics|model|moe|tasks|viz)\b", words))
+        for name in names:
+            allowed[name] = (name, *may)
+    return allowed
+
+
+ALLOWED = allowed_imports(layer_table())
+
+
+def owner(module: str) -> str:
+    """The ARCHITECTURE.md row a module belongs to (the longest package or module name containing it)."""
+    return max((name for name in ALLOWED if within(module, name)), key=len)
+
+
+def test_every_module_of_mmoe_has_a_row_in_architecture_md():
+    rows = [module for module in MODULES if module != "mmoe" and not any(within(module, name) for name in ALLOWED)]
+    assert rows == []
+
+
+def test_every_import_is_allowed_by_its_may_import_cell():
+    """The "may import" cells are allow-lists: an mmoe import outside a module's cell (layer 0 included) fails."""
+    outside = [
+        f"{module} imports {name}"
+        for module, every in MODULES.items()
+        if module != "mmoe"
+        for name in sorted(every)
+        if name.startswith("mmoe.") and name in MODULES and not within(name, *ALLOWED[owner(module)])
+    ]
+    assert outside == []
+
+
+def test_the_allow_lists_see_a_breach():
+    MODULES["mmoe.io.example"] = {"mmoe.tasks.base"}
+    MODULES["mmoe.viz.example"] = {"mmoe.model.layers", "mmoe.tasks.checkpoint"}
+    try:
+        assert not within("mmoe.tasks.base", *ALLOWED[owner("mmoe.io.example")])
+        assert not within("mmoe.model.layers", *ALLOWED[owner("mmoe.viz.example")])
+        assert within("mmoe.tasks.checkpoint", *ALLOWED[owner("mmoe.viz.example")])
+    finally:
+        del MODULES["mmoe.io.example"], MODULES["mmoe.viz.example"]
+
+
+def package_of(module: str) -> str:
+    return ".".join(module.split(".")[:2])
+
+
+def test_no_import_cycles_between_mmoe_packages():
+    """Packages (``mmoe.data``, ``mmoe.metrics``, ...) import each other in one direction only."""
+    edges = {
+        (package_of(module), package_of(name))
+        for module, every in MODULES.items()
+        for name in every
+        if name in MODULES and package_of(name) != package_of(module)
+    }
+    assert sorted(f"{a} <-> {b}" for a, b in edges if (b, a) in edges and a < b) == []
 
 
 def test_no_import_cycles_inside_mmoe():

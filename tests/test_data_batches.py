@@ -11,8 +11,8 @@ from torch import nn
 from mmoe.data.batches import BATCH_KINDS, is_joint, step_batches
 from mmoe.data.collate import PretrainCollator
 from mmoe.model.heads import init_head, nlvr2_head, vqa_pooler_and_head
-from mmoe.tasks.predictions import unique_entries
 from mmoe.tasks.nlvr2 import NLVR2FineTuning
+from mmoe.tasks.predictions import unique_entries
 
 
 def test_step_batches_of_mixed_and_joint_steps():

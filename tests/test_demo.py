@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from mmoe.cli import main
+from mmoe.data.synth.scenes import COLORS
 from mmoe.demo import (
     BENCHMARKS,
     FAST,
@@ -260,7 +261,7 @@ def test_fast_demo_scores_are_official_files_exist_and_a_rerun_reuses_stages(fas
     colours = rows["COCO captions Karpathy test", "colour words right (%)"]
     references = load_karpathy_references(out / "data" / "coco" / "karpathy" / "dataset_coco.json", "test")
     captions = json.loads((out / "mhmoe" / "captioning" / "test_captions.json").read_text())
-    expected = word_precision({entry["image_id"]: entry["caption"] for entry in captions}, references)
+    expected = word_precision({entry["image_id"]: entry["caption"] for entry in captions}, references, COLORS)
     assert (colours["value"], colours["chance"]) == (
         round(100 * expected["precision"], 2), round(100 * expected["chance"], 2)
     )  # fmt: skip

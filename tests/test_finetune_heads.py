@@ -19,8 +19,8 @@ from mmoe.tasks.captioning import (
     load_output_vocab,
 )
 from mmoe.tasks.checkpoint import export_backbone
-from mmoe.tasks.finetuning import build_backbone
 from mmoe.tasks.decoding import beam_search, greedy_search
+from mmoe.tasks.finetuning import build_backbone
 from mmoe.tasks.nlvr2 import NLVR2FineTuning
 from mmoe.tasks.optimizer import OptimizerConfig, layer_id, parameter_groups
 from mmoe.tasks.vqa import VQAFineTuning, load_answer_vocab

@@ -13,6 +13,7 @@ from typing import Any
 
 from mmoe.data.converters.coco import CAPTION_TOKENS_FILE
 from mmoe.data.converters.vqav2 import ANSWERS_FILE
+from mmoe.data.synth.scenes import COLORS
 from mmoe.demo.report import caption_rows, nlvr2_rows, vqa_rows
 from mmoe.demo.settings import DemoRun, DemoSettings
 from mmoe.tasks.catalog import FINETUNING_TASKS
@@ -48,7 +49,7 @@ def score_captions(run: DemoRun, predictions: Path) -> dict:
         warnings.simplefilter("ignore", ResourceWarning)
         report = coco_scores(references, captions, meteor=False, spice=False)  # the table shows neither
     scores = {name: value for name, value in report.items() if isinstance(value, float)}
-    colours = word_precision(captions, references)
+    colours = word_precision(captions, references, COLORS)
     return scores | {"colour_word_precision": colours["precision"], "colour_word_chance": colours["chance"]}
 
 

@@ -12,11 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 
-from mmoe.data.synth.scenes import COLORS
-
-#: The synthetic corpus's colour words (:data:`mmoe.data.synth.scenes.COLORS`).
-COLOR_WORDS: tuple[str, ...] = tuple(COLORS)
-
 
 def _words(text: str) -> list[str]:
     return [word.strip(".,;:!?\"'()").lower() for word in text.split()]
@@ -25,14 +20,14 @@ def _words(text: str) -> list[str]:
 def word_precision(
     predictions: Mapping[Hashable, str],
     references: Mapping[Hashable, Sequence[str]],
-    words: Iterable[str] = COLOR_WORDS,
+    words: Iterable[str],
 ) -> dict[str, float | int]:
     """Precision of ``words`` in the predicted captions against each image's references, and its chance level.
 
     Args:
         predictions: image id -> generated caption.
         references: image id -> reference captions; every predicted id must be here.
-        words: the content words checked (lower case); default the synthetic corpus's colours.
+        words: the content words checked (e.g. the synthetic world's colours, :data:`mmoe.data.synth.scenes.COLORS`).
 
     Returns:
         ``{"words": n, "precision": p, "chance": c}``: n occurrences of the listed words in the predictions; p the
