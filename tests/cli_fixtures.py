@@ -5,13 +5,12 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-import lightning as L
 import sentencepiece
 
 from mmoe.cli import main
 from mmoe.data.synth.convert import convert_layout
 from mmoe.data.synth.corpus import SynthSizes, build_corpus
-from mmoe.tasks.cli import MMoECLI
+from mmoe.tasks.cli import MMoECLI, cli_arguments
 
 #: Enough for a VQA answer vocabulary and one NLVR2 set per split, in 32-px images.
 SMALL_CORPUS = {"train_images": 20, "val_images": 4, "test_images": 2, "questions_per_image": 3,
@@ -45,26 +44,7 @@ class Instantiated(MMoECLI):
 
 
 def instantiate(argv: list[str]) -> Instantiated:
-    return Instantiated(
-        L.LightningModule, L.LightningDataModule, subclass_mode_model=True, subclass_mode_data=True, args=argv,
-        auto_configure_optimizers=False, save_config_callback=None,
-    )  # fmt: skip
-
-
-class Parsed(Instantiated):
-    """``mmoe <subcommand>`` up to the parsed config: nothing instantiated (no file the config names is read)."""
-
-    def instantiate_classes(self) -> None:
-        pass
-
-
-def parse_config(argv: list[str]):
-    """The config ``mmoe <argv>`` would run (a jsonargparse Namespace)."""
-    cli = Parsed(
-        L.LightningModule, L.LightningDataModule, subclass_mode_model=True, subclass_mode_data=True, args=argv,
-        auto_configure_optimizers=False, save_config_callback=None,
-    )  # fmt: skip
-    return cli.config[cli.subcommand]
+    return Instantiated(**cli_arguments(args=argv, save_config_callback=None))
 
 
 #: Texts a tiny SentencePiece model is trained on (the synthetic world's words).

@@ -35,8 +35,8 @@ from mmoe.metrics.captions import load_karpathy_references
 from mmoe.metrics.nlvr2 import evaluate_nlvr2_files
 from mmoe.metrics.vqa import evaluate_vqa_files
 from mmoe.tasks.callbacks import StepProgress
+from mmoe.tasks.launch import read_config
 from mmoe.tasks.routing_callback import RoutingStatsCallback
-from tests.cli_fixtures import parse_config
 
 
 def writing_stage(path: Path, calls: list[int]) -> Stage:
@@ -185,7 +185,7 @@ def test_fine_tuning_learning_rate_overrides_replace_only_their_tasks_rate(tmp_p
     }
     assert rates["captioning"] == dict(FAST.finetune_learning_rates)["captioning"] != 2e-4
     shipped = {
-        benchmark.name: parse_config(["fit", "--config", str(CONFIGS / f"finetune/{benchmark.name}_tiny.yaml")])
+        benchmark.name: read_config([str(CONFIGS / f"finetune/{benchmark.name}_tiny.yaml")]).fit
         for benchmark in BENCHMARKS
     }
     assert rates["vqav2"] == shipped["vqav2"].model.init_args.optimizer.learning_rate

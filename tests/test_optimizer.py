@@ -10,6 +10,7 @@ import torch
 
 from mmoe.demo.settings import CONFIGS
 from mmoe.model import MultiwayConfig
+from mmoe.tasks.launch import read_config
 from mmoe.tasks.nlvr2 import NLVR2FineTuning
 from mmoe.tasks.optimizer import (
     FINETUNING_OPTIMIZER,
@@ -19,7 +20,6 @@ from mmoe.tasks.optimizer import (
     nest_optimizer_arguments,
     warmup_cosine,
 )
-from tests.cli_fixtures import parse_config
 
 TINY = MultiwayConfig(dim=32, depth=2, num_heads=4, ffn_dim=64, image_size=32, patch_size=16, max_text_positions=16)
 
@@ -59,14 +59,14 @@ def test_each_task_has_its_own_default():
 
 
 def test_a_config_that_names_some_fields_keeps_the_tasks_default_for_the_others():
-    pretrain = parse_config(["fit", "--config", str(CONFIGS / "pretrain" / "tiny_xmoe.yaml")]).model.init_args
+    pretrain = read_config([str(CONFIGS / "pretrain" / "tiny_xmoe.yaml")]).fit.model.init_args
     assert (pretrain.optimizer.learning_rate, pretrain.optimizer.warmup_steps) == (1e-3, 30)  # the config's
     assert (pretrain.optimizer.betas, pretrain.optimizer.eps, pretrain.optimizer.min_lr_ratio) == (
         (0.9, 0.98),
         1e-6,
         0.01,
     )
-    nlvr2 = parse_config(["fit", "--config", str(CONFIGS / "finetune" / "nlvr2_tiny.yaml")]).model.init_args
+    nlvr2 = read_config([str(CONFIGS / "finetune" / "nlvr2_tiny.yaml")]).fit.model.init_args
     assert (nlvr2.optimizer.layer_decay, nlvr2.optimizer.betas, nlvr2.optimizer.eps) == (0.65, (0.9, 0.999), 1e-8)
 
 
