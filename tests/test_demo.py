@@ -139,7 +139,9 @@ def test_a_prediction_launch_reads_the_fine_tuning_checkpoint_and_writes_where_a
     assert config.ckpt_path == str(layout.last_checkpoint) and config.trainer.logger is False
     assert config.model.init_args.predictions_file == str(layout.root / "answers.json")
     assert config.data.init_args.test_shards == str(run.shards / "vqav2-val2014")
-    assert predict.to_json()["overrides"]["ckpt_path"] == str(layout.last_checkpoint)  # what the marker records
+    recorded = json.loads(json.dumps(predict.to_json()))  # what the marker records, after parsing too
+    assert recorded["overrides"]["ckpt_path"] == str(layout.last_checkpoint)
+    assert recorded["overrides"]["trainer"]["logger"] is False and recorded["subcommand"] == "predict"
 
 
 def strings(value) -> list[str]:

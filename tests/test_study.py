@@ -34,6 +34,7 @@ from mmoe.study.claims import (
     tasks_claim,
 )
 from mmoe.study.measures import held_out_batches, inputs, object_patches
+from mmoe.study.runs import Measures
 from mmoe.tasks.checkpoint import load_backbone
 
 # -- claims on hand-made measurements --------------------------------------------------------------------------------
@@ -48,21 +49,21 @@ def test_activation_claim_counts_selections_per_token():
         "mhmoe-h4": {"heads": 4, "loads": {"layer1/vision": spread}, "tokens": {"layer1/vision": 100.0}},
     }
     claim = activation_claim(activation)
-    assert claim["measured"]["runs"]["xmoe"]["mean"] == pytest.approx(2 / 32)
-    assert claim["measured"]["runs"]["mhmoe-h4"]["mean"] == pytest.approx(1.0)
-    assert claim["verdict"] == REPRODUCES
+    assert claim.measured["runs"]["xmoe"]["mean"] == pytest.approx(2 / 32)
+    assert claim.measured["runs"]["mhmoe-h4"]["mean"] == pytest.approx(1.0)
+    assert claim.verdict == REPRODUCES
     reversed_runs = {"xmoe": activation["mhmoe-h4"] | {"heads": 1}, "mhmoe-h4": activation["xmoe"] | {"heads": 4}}
-    assert activation_claim(reversed_runs)["verdict"] == NOT_REPRODUCED
+    assert activation_claim(reversed_runs).verdict == NOT_REPRODUCED
 
 
 def test_diversity_claim_compares_object_and_background_means():
     region = {"object_sum": 30.0, "object_patches": 10, "background_sum": 20.0, "background_patches": 20}
     claim = diversity_claim({"mhmoe": {"layer1/vision": region, "layer3/vision": region}})
-    assert claim["measured"]["runs"]["mhmoe"]["object_mean"] == pytest.approx(3.0)
-    assert claim["measured"]["runs"]["mhmoe"]["background_mean"] == pytest.approx(1.0)
-    assert claim["verdict"] == REPRODUCES
+    assert claim.measured["runs"]["mhmoe"]["object_mean"] == pytest.approx(3.0)
+    assert claim.measured["runs"]["mhmoe"]["background_mean"] == pytest.approx(1.0)
+    assert claim.verdict == REPRODUCES
     flat = region | {"object_sum": 10.0}
-    assert diversity_claim({"mhmoe": {"layer1/vision": flat}})["verdict"] == NOT_REPRODUCED
+    assert diversity_claim({"mhmoe": {"layer1/vision": flat}}).verdict == NOT_REPRODUCED
 
 
 def _snapshot(step, rc, fluctuation):
@@ -77,13 +78,13 @@ def test_collapse_and_fluctuation_claims_from_snapshots():
         "xmoe": [_snapshot(0, 5.0, None), _snapshot(10, 6.0, 0.3), _snapshot(20, 7.0, 0.1), _snapshot(30, 8.0, 0.1)],
     }
     collapse = collapse_claim(snapshots)
-    assert collapse["measured"]["final"] == {"switch": 2.0, "xmoe": 8.0} and collapse["verdict"] == REPRODUCES
-    assert collapse["measured"]["curves"]["xmoe"]["steps"] == [0, 10, 20, 30]
+    assert collapse.measured["final"] == {"switch": 2.0, "xmoe": 8.0} and collapse.verdict == REPRODUCES
+    assert collapse.measured["curves"]["xmoe"]["steps"] == [0, 10, 20, 30]
     fluctuation = fluctuation_claim(snapshots)
-    assert fluctuation["measured"]["second_half_mean"] == pytest.approx({"switch": 0.35, "xmoe": 0.1})
-    assert fluctuation["verdict"] == REPRODUCES
+    assert fluctuation.measured["second_half_mean"] == pytest.approx({"switch": 0.35, "xmoe": 0.1})
+    assert fluctuation.verdict == REPRODUCES
     swapped = {"switch": snapshots["xmoe"], "xmoe": snapshots["switch"]}
-    assert collapse_claim(swapped)["verdict"] == fluctuation_claim(swapped)["verdict"] == NOT_REPRODUCED
+    assert collapse_claim(swapped).verdict == fluctuation_claim(swapped).verdict == NOT_REPRODUCED
 
 
 def test_consistency_claim_uses_the_second_half_of_the_windows():
@@ -91,8 +92,8 @@ def test_consistency_claim_uses_the_second_half_of_the_windows():
         return {"steps": [10 * (i + 1) for i in range(len(values))], "windows": [{"mean": v} for v in values]}
 
     claim = consistency_claim({"switch": result([0.1, 0.2, 0.3, 0.2]), "xmoe": result([0.1, 0.5, 0.9, 0.95])})
-    assert claim["measured"]["second_half_mean"] == pytest.approx({"switch": 0.25, "xmoe": 0.925})
-    assert claim["verdict"] == REPRODUCES
+    assert claim.measured["second_half_mean"] == pytest.approx({"switch": 0.25, "xmoe": 0.925})
+    assert claim.verdict == REPRODUCES
 
 
 def _scores(vqa, nlvr2, cider):
@@ -109,16 +110,16 @@ def test_tasks_claim_separates_only_beyond_the_seed_spread():
         "stratified": _scores([44.0], [0.50], [0.30]),
     }
     claim = tasks_claim(scores)
-    tasks = claim["measured"]["tasks"]
-    assert claim["measured"]["scores"]["switch"]["vqav2"]["std"] == pytest.approx(2.0)
+    tasks = claim.measured["tasks"]
+    assert claim.measured["scores"]["switch"]["vqav2"]["std"] == pytest.approx(2.0)
     assert tasks["vqav2"]["verdict"] == REPRODUCES  # gaps 5 and 5 > 2
     assert tasks["nlvr2"]["verdict"] == NOT_SEPARATED  # one seed everywhere: the noise is unknown
     assert tasks["nlvr2"]["seed_noise"] is None and tasks["nlvr2"]["order_as_paper"]
     assert tasks["captioning"]["verdict"] == NOT_REPRODUCED  # MH-MoE below X-MoE by more than the 0.007 spread
-    assert claim["verdict"] == NOT_REPRODUCED
-    assert "one seed each; means in the paper's order" in claim["summary"]
+    assert claim.verdict == NOT_REPRODUCED
+    assert "one seed each; means in the paper's order" in claim.summary
     close = scores | {"mhmoe": _scores([46.0], [0.60], [0.45])}  # 46 - 45 < 2: within the spread
-    assert tasks_claim(close)["measured"]["tasks"]["vqav2"]["verdict"] == NOT_SEPARATED
+    assert tasks_claim(close).measured["tasks"]["vqav2"]["verdict"] == NOT_SEPARATED
 
 
 def test_object_patches_follow_the_rendered_shapes():
@@ -184,7 +185,9 @@ def test_fast_study_report_is_recomputed_from_its_saved_statistics(fast_study):
     out = fast_study
     report = json.loads((out / "report.json").read_text())
     measures = json.loads((out / "analysis" / "measures.json").read_text())
-    assert report["claims"] == json.loads(json.dumps(claims_from(measures)))
+    assert report["claims"] == json.loads(
+        json.dumps([claim.to_json() for claim in claims_from(Measures.from_json(measures))])
+    )
     assert [claim["id"] for claim in report["claims"]] == [
         "activation", "diversity", "collapse", "fluctuation", "consistency", "tasks"
     ]  # fmt: skip

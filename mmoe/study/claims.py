@@ -4,6 +4,10 @@ it reproduces. Pure functions of those numbers, so the report can be recomputed 
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
 import torch
 
@@ -11,6 +15,31 @@ from mmoe.metrics.routing import DEFAULT_ACTIVATION_THRESHOLD, activation_ratio
 from mmoe.study.measures import mean_defined
 
 REPRODUCES, NOT_REPRODUCED, NOT_SEPARATED = "reproduces", "does not reproduce", "not separated at this scale"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One claim of a paper, measured.
+
+    Attributes:
+        id: short name (``activation``, ``diversity``, ``collapse``, ``fluctuation``, ``consistency``, ``tasks``).
+        title: the claim in one line.
+        paper: the paper's figure or table and its numbers.
+        measured: mmoe's numbers (JSON-able).
+        verdict: :data:`REPRODUCES`, :data:`NOT_REPRODUCED` or :data:`NOT_SEPARATED`.
+        summary: the measurement in one line.
+    """
+
+    id: str
+    title: str
+    paper: str
+    measured: dict[str, Any]
+    verdict: str
+    summary: str
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
 
 #: Claim 5's scores: (task, score name in scores.json, label). MH-MoE Table 4 reports VQAv2, NLVR2 and COCO captioning.
 TASK_SCORES = (
@@ -20,7 +49,7 @@ TASK_SCORES = (
 )
 
 
-def activation_claim(activation: dict, threshold: float = DEFAULT_ACTIVATION_THRESHOLD) -> dict:
+def activation_claim(activation: dict, threshold: float = DEFAULT_ACTIVATION_THRESHOLD) -> Claim:
     """MH-MoE Fig. 1a / 5: with 32 experts, the share of activated experts (selections per token over the threshold)
     is far higher for MH-MoE than for X-MoE and rises with h.
 
@@ -37,18 +66,18 @@ def activation_claim(activation: dict, threshold: float = DEFAULT_ACTIVATION_THR
     means = [run["mean"] for run in by_heads]
     rises = all(b >= a for a, b in zip(means, means[1:], strict=False))
     verdict = REPRODUCES if len(means) > 1 and means[-1] > means[0] and rises else NOT_REPRODUCED
-    return {
-        "id": "activation",
-        "title": "MH-MoE activates far more experts than X-MoE, more as h grows",
-        "paper": "MH-MoE Fig. 1a: 32 experts per layer, XNLI: 8.33% of experts activated for X-MoE (SMoE) vs 90.71% "
+    return Claim(
+        id="activation",
+        title="MH-MoE activates far more experts than X-MoE, more as h grows",
+        paper="MH-MoE Fig. 1a: 32 experts per layer, XNLI: 8.33% of experts activated for X-MoE (SMoE) vs 90.71% "
         "for MH-MoE; §5.1 / Fig. 5 (h = 4, 8): activation rises with h",
-        "measured": {"threshold": threshold, "runs": ratios},
-        "verdict": verdict,
-        "summary": ", ".join(f"h={run['heads']}: {100 * run['mean']:.1f}%" for run in by_heads),
-    }
+        measured={"threshold": threshold, "runs": ratios},
+        verdict=verdict,
+        summary=", ".join(f"h={run['heads']}: {100 * run['mean']:.1f}%" for run in by_heads),
+    )
 
 
-def diversity_claim(diversity: dict) -> dict:
+def diversity_claim(diversity: dict) -> Claim:
     """MH-MoE Fig. 1b / 8: sub-tokens of object (semantically rich) patches go to more distinct experts than those of
     background patches. ``diversity``: run name -> :func:`mmoe.study.measures.diversity_by_region`."""
     runs = {}
@@ -69,26 +98,26 @@ def diversity_claim(diversity: dict) -> dict:
         if None not in (run["object_mean"], run["background_mean"])
     ]
     verdict = REPRODUCES if higher and all(higher) else NOT_REPRODUCED
-    return {
-        "id": "diversity",
-        "title": "Object patches' sub-tokens reach more distinct experts than background patches'",
-        "paper": "MH-MoE Fig. 1b / 8: sub-tokens of semantically rich image regions are assigned to more diverse "
+    return Claim(
+        id="diversity",
+        title="Object patches' sub-tokens reach more distinct experts than background patches'",
+        paper="MH-MoE Fig. 1b / 8: sub-tokens of semantically rich image regions are assigned to more diverse "
         "experts (brighter regions of the maps); background regions to fewer",
-        "measured": {"runs": runs},
-        "verdict": verdict,
-        "summary": "; ".join(
+        measured={"runs": runs},
+        verdict=verdict,
+        summary="; ".join(
             f"{name}: objects {run['object_mean']:.2f} vs background {run['background_mean']:.2f} experts"
             for name, run in runs.items()
             if run["object_mean"] is not None and run["background_mean"] is not None
         ),
-    }
+    )
 
 
 def _layer_mean(values: dict | None) -> float | None:
     return None if values is None else mean_defined(v for key, v in values.items() if key != "overall")
 
 
-def collapse_claim(snapshots: dict) -> dict:
+def collapse_claim(snapshots: dict) -> Claim:
     """X-MoE Fig. 2c: X-MoE's router inputs keep a larger RC (less collapse) than the linear (Switch) router's through
     pre-training. ``snapshots``: variant -> :func:`mmoe.study.measures.snapshot_measures`."""
     curves = {
@@ -102,19 +131,19 @@ def collapse_claim(snapshots: dict) -> dict:
     verdict = NOT_REPRODUCED
     if None not in final.values() and final["xmoe"] > final["switch"]:
         verdict = REPRODUCES
-    return {
-        "id": "collapse",
-        "title": "X-MoE's routing keeps more within-class variability (larger RC) than a linear router",
-        "paper": "X-MoE Fig. 2c: RC (Eq. 11) through pre-training; the SMoE baseline descends, X-MoE stays larger "
+    return Claim(
+        id="collapse",
+        title="X-MoE's routing keeps more within-class variability (larger RC) than a linear router",
+        paper="X-MoE Fig. 2c: RC (Eq. 11) through pre-training; the SMoE baseline descends, X-MoE stays larger "
         "with an uptrend",
-        "measured": {"curves": curves, "final": final},
-        "verdict": verdict,
-        "summary": ", ".join(f"{variant} {value:.3g}" for variant, value in final.items() if value is not None)
+        measured={"curves": curves, "final": final},
+        verdict=verdict,
+        summary=", ".join(f"{variant} {value:.3g}" for variant, value in final.items() if value is not None)
         + " (RC at the last snapshot, mean over MoE layers)",
-    }
+    )
 
 
-def fluctuation_claim(snapshots: dict) -> dict:
+def fluctuation_claim(snapshots: dict) -> Claim:
     """X-MoE Fig. 3a: X-MoE's routing fluctuates less between consecutive checkpoints than the linear router's (the
     paper sees it after 15K steps: compared here over the second half of the snapshots)."""
     curves = {}
@@ -130,19 +159,19 @@ def fluctuation_claim(snapshots: dict) -> dict:
         if curve["fluctuation"]
     }
     verdict = REPRODUCES if len(late) == 2 and late["xmoe"] < late["switch"] else NOT_REPRODUCED
-    return {
-        "id": "fluctuation",
-        "title": "X-MoE's routing fluctuates less through pre-training than a linear router's",
-        "paper": "X-MoE Fig. 3a: the share of tokens that change expert between consecutive checkpoints is much lower "
+    return Claim(
+        id="fluctuation",
+        title="X-MoE's routing fluctuates less through pre-training than a linear router's",
+        paper="X-MoE Fig. 3a: the share of tokens that change expert between consecutive checkpoints is much lower "
         "for X-MoE after 15K steps",
-        "measured": {"curves": curves, "second_half_mean": late},
-        "verdict": verdict,
-        "summary": ", ".join(f"{variant} {100 * value:.1f}%" for variant, value in late.items())
+        measured={"curves": curves, "second_half_mean": late},
+        verdict=verdict,
+        summary=", ".join(f"{variant} {100 * value:.1f}%" for variant, value in late.items())
         + " of tokens change expert between snapshots (second half, mean)",
-    }
+    )
 
 
-def consistency_claim(consistency: dict) -> dict:
+def consistency_claim(consistency: dict) -> Claim:
     """X-MoE Fig. 3b: fine-tuning runs that differ only in the seed converge to more similar expert loads with X-MoE
     than with the linear router. ``consistency``: variant -> :func:`mmoe.metrics.routing_collect
     .consistency_through_training`."""
@@ -154,16 +183,16 @@ def consistency_claim(consistency: dict) -> dict:
     verdict = NOT_REPRODUCED
     if None not in late.values() and late["xmoe"] > late["switch"]:
         verdict = REPRODUCES
-    return {
-        "id": "consistency",
-        "title": "X-MoE's fine-tuning runs agree more across seeds than a linear router's",
-        "paper": "X-MoE Fig. 3b: inter-run consistency of 12 XNLI fine-tuning runs, loads accumulated over 100 steps; "
+    return Claim(
+        id="consistency",
+        title="X-MoE's fine-tuning runs agree more across seeds than a linear router's",
+        paper="X-MoE Fig. 3b: inter-run consistency of 12 XNLI fine-tuning runs, loads accumulated over 100 steps; "
         "the SMoE baseline's runs diverge, X-MoE's converge to almost the same routing",
-        "measured": {"curves": curves, "second_half_mean": late},
-        "verdict": verdict,
-        "summary": ", ".join(f"{variant} IC {value:.3f}" for variant, value in late.items() if value is not None)
+        measured={"curves": curves, "second_half_mean": late},
+        verdict=verdict,
+        summary=", ".join(f"{variant} IC {value:.3f}" for variant, value in late.items() if value is not None)
         + " (second half of fine-tuning, mean over MoE layers)",
-    }
+    )
 
 
 def spread(values: list[float]) -> dict:
@@ -175,7 +204,7 @@ def spread(values: list[float]) -> dict:
     }
 
 
-def tasks_claim(scores: dict) -> dict:
+def tasks_claim(scores: dict) -> Claim:
     """MH-MoE Table 4: at equal steps, MH-MoE > X-MoE > dense on the vision-language tasks. ``scores``: variant ->
     task -> list over seeds of that run's ``scores.json``.
 
@@ -208,14 +237,14 @@ def tasks_claim(scores: dict) -> dict:
     overall = NOT_REPRODUCED if NOT_REPRODUCED in verdicts else NOT_SEPARATED
     if verdicts == {REPRODUCES}:
         overall = REPRODUCES
-    return {
-        "id": "tasks",
-        "title": "Every variant against dense on the three tasks at equal steps",
-        "paper": "MH-MoE Table 4 (BEiT-3 base, 8 experts): dense / X-MoE / MH-MoE score VQAv2 test-dev 65.9 / 68.4 / "
+    return Claim(
+        id="tasks",
+        title="Every variant against dense on the three tasks at equal steps",
+        paper="MH-MoE Table 4 (BEiT-3 base, 8 experts): dense / X-MoE / MH-MoE score VQAv2 test-dev 65.9 / 68.4 / "
         "70.1, NLVR2 dev 73.8 / 75.5 / 77.0, COCO CIDEr 120.5 / 122.9 / 124.1: MH-MoE > X-MoE > dense",
-        "measured": {"scores": table, "tasks": per_task},
-        "verdict": overall,
-        "summary": "; ".join(
+        measured={"scores": table, "tasks": per_task},
+        verdict=overall,
+        summary="; ".join(
             f"{entry['label']}: {entry['verdict']}"
             + (
                 ""
@@ -224,4 +253,4 @@ def tasks_claim(scores: dict) -> dict:
             )
             for entry in per_task.values()
         ),
-    }
+    )

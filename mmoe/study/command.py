@@ -18,6 +18,7 @@ from mmoe.demo.settings import DemoError
 from mmoe.demo.stages import run_stage
 from mmoe.io import read_json
 from mmoe.study.claims import (
+    Claim,
     activation_claim,
     collapse_claim,
     consistency_claim,
@@ -28,6 +29,7 @@ from mmoe.study.claims import (
 from mmoe.study.report import write_report
 from mmoe.study.runs import (
     MEASURES_FILE,
+    Measures,
     StudyRun,
     analysis_stage,
     finetune_stages,
@@ -38,15 +40,15 @@ from mmoe.study.runs import (
 from mmoe.study.settings import DEFAULT, FAST, SCALE
 
 
-def claims_from(measures: dict) -> list[dict]:
+def claims_from(measures: Measures) -> list[Claim]:
     """Every claim of the report from ``analysis/measures.json`` (recomputable from that file alone)."""
     return [
-        activation_claim(measures["activation"]),
-        diversity_claim(measures["diversity"]),
-        collapse_claim(measures["snapshots"]),
-        fluctuation_claim(measures["snapshots"]),
-        consistency_claim(measures["consistency"]),
-        tasks_claim(measures["scores"]),
+        activation_claim(measures.activation),
+        diversity_claim(measures.diversity),
+        collapse_claim(measures.snapshots),
+        fluctuation_claim(measures.snapshots),
+        consistency_claim(measures.consistency),
+        tasks_claim(measures.scores),
     ]
 
 
@@ -100,7 +102,7 @@ def study_command(argv: Sequence[str]) -> int:
         return 1
     seconds = time.perf_counter() - start
     stage_seconds = sum(record["seconds"] for record in records.values())
-    measures = read_json(study.analysis / MEASURES_FILE, "measures")
+    measures = Measures.from_json(read_json(study.analysis / MEASURES_FILE, "measures"))
     command = shlex.join(["mmoe", "study", *argv])
     header = (
         f"# Claims of the X-MoE and MH-MoE papers, measured by mmoe\n\nMade by `{command}` "
@@ -128,5 +130,5 @@ def study_command(argv: Sequence[str]) -> int:
     )
     say(f"\n{study.out / 'report.md'} ({seconds:.0f} s this run, {stage_seconds:.0f} s in all stages)")
     for claim in report["claims"]:
-        say(f"  {claim['verdict']:>28}  {claim['title']}")
+        say(f"  {claim['verdict']:>28}  {claim['title']}")  # the report's JSON form
     return 0

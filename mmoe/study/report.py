@@ -7,9 +7,13 @@ from pathlib import Path
 
 import numpy as np
 
-from mmoe.atomic import atomic_write, write_json_atomic
-from mmoe.study.claims import TASK_SCORES
+from mmoe.atomic import write_text_atomic
+from mmoe.io import write_json
+from mmoe.study.claims import TASK_SCORES, Claim
 from mmoe.viz.figures import new_figure, save_figure
+
+#: The report's files in the study's folder.
+REPORT_FILE, REPORT_MARKDOWN = "report.json", "report.md"
 
 
 def _bars(path: Path, labels: list[str], values: list[float], ylabel: str, title: str, errors=None) -> Path:
@@ -36,9 +40,9 @@ def _curves(path: Path, curves: dict, x: str, y: str, ylabel: str, xlabel: str, 
     return save_figure(figure, path)
 
 
-def draw_figures(claims: list[dict], out: Path, chance: dict[str, float]) -> dict[str, Path]:
+def draw_figures(claims: list[Claim], out: Path, chance: dict[str, float]) -> dict[str, Path]:
     """One PNG per claim in ``out`` (the tasks' chance levels dashed); returns claim id -> figure."""
-    by_id = {claim["id"]: claim["measured"] for claim in claims}
+    by_id = {claim.id: claim.measured for claim in claims}
     figures = {}
     runs = sorted(by_id["activation"]["runs"].items(), key=lambda item: item[1]["heads"])
     figures["activation"] = _bars(
@@ -103,7 +107,7 @@ def draw_figures(claims: list[dict], out: Path, chance: dict[str, float]) -> dic
     return figures
 
 
-def markdown(claims: list[dict], figures: dict[str, Path], header: str, root: Path, chance: dict[str, float]) -> str:
+def markdown(claims: list[Claim], figures: dict[str, Path], header: str, root: Path, chance: dict[str, float]) -> str:
     """The report as Markdown; figure links relative to ``root`` (where report.md lies)."""
     lines = [header, "", "| # | claim | paper | mmoe | verdict |", "| --- | --- | --- | --- | --- |"]
     for number, claim in enumerate(claims, 1):
@@ -111,9 +115,9 @@ def markdown(claims: list[dict], figures: dict[str, Path], header: str, root: Pa
     for number, claim in enumerate(claims, 1):
         lines += ["", f"## {number}. {claim['title']}", "", f"**Paper.** {claim['paper']}.", ""]
         lines += [f"**mmoe.** {claim['summary']}. **Verdict: {claim['verdict']}.**", ""]
-        if claim["id"] == "tasks":
-            lines += _score_table(claim["measured"]["scores"], chance)
-        if claim["id"] in figures:
+        if claim.id == "tasks":
+            lines += _score_table(claim.measured["scores"], chance)
+        if claim.id in figures:
             lines += [f"![{claim['title']}]({figures[claim['id']].relative_to(root)})"]
     return "\n".join(lines) + "\n"
 
@@ -138,12 +142,17 @@ def _score_table(scores: dict, chance: dict[str, float]) -> list[str]:
     return [*lines, ""]
 
 
-def write_report(claims: list[dict], out: Path, header: str, extra: dict, chance: dict[str, float]) -> dict:
+def write_report(claims: list[Claim], out: Path, header: str, extra: dict, chance: dict[str, float]) -> dict:
     """``out/report.json``, ``out/report.md`` and ``out/figures/*.png``; ``chance``: task -> its chance level on
     claim 5's score (context, not part of any claim). Returns the JSON object."""
     figures = draw_figures(claims, out / "figures", chance)
-    report = extra | {"claims": claims, "chance": chance, "figures": {key: str(path) for key, path in figures.items()}}
-    write_json_atomic(out / "report.json", report)
+    claims_json = [claim.to_json() for claim in claims]
+    report = extra | {
+        "claims": claims_json,
+        "chance": chance,
+        "figures": {key: str(path) for key, path in figures.items()},
+    }
+    write_json(out / REPORT_FILE, report)
     text = markdown(claims, figures, header, out, chance)
-    atomic_write(out / "report.md", lambda temporary: Path(temporary).write_text(text))
+    write_text_atomic(out / REPORT_MARKDOWN, text)
     return report

@@ -4,8 +4,10 @@ an interrupted training resumed."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from mmoe.demo.benchmarks import BENCHMARKS
 from mmoe.demo.pipeline import evaluation, exporting, fine_tuning
@@ -25,6 +27,36 @@ ANALYSIS_SHARDS = "coco-karpathy-test"
 ROUTERS = ("switch", "xmoe")
 #: The task of the seeds' fine-tuning runs (X-MoE Fig. 3b fine-tunes on one task, XNLI).
 CONSISTENCY_TASK = "vqav2"
+
+
+@dataclass(frozen=True)
+class Measures:
+    """What the analysis stage measures, saved as ``analysis/measures.json`` (the claims are computed from it).
+
+    Attributes:
+        activation: activation-ratio run -> its heads, loads and tokens per MoE layer (:func:`expert_loads`).
+        diversity: MH-MoE run -> per MoE layer the object and background patches' distinct experts.
+        snapshots: router run -> RC and fluctuation through pre-training (:func:`snapshot_measures`).
+        consistency: router -> inter-run consistency through fine-tuning, window by window.
+        scores: variant -> task -> the seeds' ``scores.json``.
+    """
+
+    activation: dict[str, Any]
+    diversity: dict[str, Any]
+    snapshots: dict[str, Any]
+    consistency: dict[str, Any]
+    scores: dict[str, Any]
+
+    @classmethod
+    def from_json(cls, value: dict[str, Any]) -> Measures:
+        """The measures of a ``measures.json``; a file missing a field is an error naming it."""
+        missing = [field.name for field in dataclasses.fields(cls) if field.name not in value]
+        if missing:
+            raise ValueError(f"measures.json lacks {', '.join(missing)}: made by another version? re-run the analysis")
+        return cls(**{field.name: value[field.name] for field in dataclasses.fields(cls)})
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)
@@ -161,14 +193,8 @@ def analysis_stage(study: StudyRun, settings: StudySettings, runs: list[Pretrain
             folders = [study.finetune_run(variant, CONSISTENCY_TASK, seed).root for seed in range(settings.seeds)]
             loads = [window_loads(read_stats(folder)) for folder in folders]
             consistency[variant] = consistency_through_training(loads, [str(folder) for folder in folders])
-        measures = {
-            "activation": activation,
-            "diversity": diversity,
-            "snapshots": snapshots,
-            "consistency": consistency,
-            "scores": collect_scores(study, settings),
-        }
-        write_json(target, measures)
+        measures = Measures(activation, diversity, snapshots, consistency, collect_scores(study, settings))
+        write_json(target, measures.to_json())
         return {"files": [str(target)]}
 
     return Stage(StageKey.of("analysis"), target, measure)

@@ -8,6 +8,7 @@ values are typed by the tasks' and DataModules' signatures.
 
 from __future__ import annotations
 
+import copy
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -59,7 +60,7 @@ def read_config(
             raise ValueError(f"{', '.join(map(str, configs))}: {one_line(error)}") from None
     if not overrides:
         return parsed.config
-    overrides = dict(overrides)
+    overrides = copy.deepcopy(dict(overrides))  # the parser turns nested dicts into Namespaces in place
     for name in ("model", "data"):  # a subclass's init_args merge over the files' only under its own class_path
         if name in overrides and "class_path" not in overrides[name]:
             overrides[name] = {"class_path": parsed.config[subcommand][name].class_path, **overrides[name]}
