@@ -49,6 +49,7 @@ class Command:
 def moe_info(argv: Sequence[str]) -> int:
     from jsonargparse import ArgumentParser
 
+    from mmoe.io import report_error
     from mmoe.moe import MoEConfig, build_moe_layer
     from mmoe.moe.cost import active_parameters_per_token, flops_per_token, moe_parameter_count
 
@@ -58,8 +59,7 @@ def moe_info(argv: Sequence[str]) -> int:
     try:
         config = parser.instantiate(args).moe
     except ValueError as error:
-        print(f"mmoe moe-info: {error}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise SystemExit(report_error("moe-info", error)) from None
     dense_parameters = 2 * config.dim * config.ffn_dim + config.ffn_dim + config.dim
     report = {
         "config": {name: getattr(config, name) for name in MoEConfig.__dataclass_fields__},

@@ -76,7 +76,7 @@ def test_an_invalid_backbone_or_moe_setting_is_its_message_in_one_line(case, whe
         Path(argv[2]).write_text(yaml.safe_dump(edited))
     code, err = mmoe(argv, capsys)
     assert code == 2
-    assert error_line(err).startswith(f"mmoe fit: {message}")
+    assert error_line(err).startswith(f"mmoe fit: error: {message}")
     assert err.count(message) == 1
     assert list(tmp_path.iterdir()) == ([] if where == "command line" else [tmp_path / "edited.yaml"])
 
@@ -127,8 +127,8 @@ def test_a_data_setting_that_disagrees_with_the_model_is_one_line_before_trainin
     code, err = mmoe(["fit", "--config", str(config), "--data.init_args.patch_size", "8"], capsys)
     assert code == 2
     assert error_line(err) == (
-        "mmoe fit: data.init_args.patch_size=8 disagrees with model.init_args.backbone.patch_size=16 (the data's "
-        "patch_size follows the model's: leave it out of the data arguments)"
+        "mmoe fit: error: data.init_args.patch_size=8 disagrees with model.init_args.backbone.patch_size=16 (the "
+        "data's patch_size follows the model's: leave it out of the data arguments)"
     )
     assert not (tmp_path / "run").exists()
     code, err = mmoe(["fit", "--config", str(config), "--data.init_args.image_size=64"], capsys)
@@ -179,7 +179,7 @@ def test_the_vqa_answer_vocabulary_is_the_models(shards, tmp_path, capsys, monke
     code, err = mmoe(["fit", "--config", str(vqa_config(tmp_path, shards, answer_vocab="other.json"))], capsys)
     assert code == 2
     line = error_line(err)
-    assert line.startswith("mmoe fit: data.init_args.answer_vocab=other.json disagrees with ")
+    assert line.startswith("mmoe fit: error: data.init_args.answer_vocab=other.json disagrees with ")
     assert f"model.init_args.answer_vocab={shards / 'vqav2-train2014' / 'answers.json'}" in line
 
 
@@ -192,7 +192,7 @@ def test_a_stream_without_usable_samples_stops_fit_in_one_line(shards, tmp_path,
     code, err = mmoe(["fit", "--config", str(config), "--data.init_args.pair_shards", text], capsys)
     assert code == 2
     line = error_line(err)
-    assert line.startswith("mmoe fit: train/pair: 1000 samples in a row could not be used")
+    assert line.startswith("mmoe fit: error: train/pair: 1000 samples in a row could not be used")
     assert "missing entry jpg|jpeg|png|webp" in line and f"{text}/pretrain-text-000000.tar" in line
 
 

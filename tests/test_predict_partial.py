@@ -77,7 +77,7 @@ def test_a_truncated_shard_fails_predict_naming_the_shortfall(corpus, tmp_path, 
     assert 0 < written < total
     assert code == 2
     last = err.strip().splitlines()[-1]
-    assert last.startswith("mmoe predict: predictions were written for ")
+    assert last.startswith("mmoe predict: error: predictions were written for ")
     assert f"for {written} of the {total} samples" in last and f"({total - written} missing" in last
     assert "--allow_partial_predictions true" in last
     assert f"test: {total - written} skipped" in err  # the end-of-stage skip report the message points to

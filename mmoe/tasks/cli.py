@@ -12,7 +12,7 @@ from jsonargparse import Namespace
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from mmoe.io import one_line
+from mmoe.io import one_line, report_error
 from mmoe.safe_load import load_checkpoint_file
 from mmoe.tasks.ckpt_hparams import (
     command_line_model_arguments,
@@ -138,9 +138,7 @@ class MMoECLI(LightningCLI):
 
     def fail(self, message: str) -> NoReturn:
         """Ends the command with ``message`` in one line on stderr and exit code 2."""
-        command = " ".join(["mmoe", *filter(None, [self.config.get("subcommand")])])
-        print(f"{command}: {message}", file=sys.stderr)
-        raise SystemExit(2)
+        raise SystemExit(report_error(self.config.get("subcommand") or "fit", message))
 
     def _prepare_subcommand_kwargs(self, subcommand: str) -> dict[str, Any]:
         return super()._prepare_subcommand_kwargs(subcommand) | {"weights_only": True}

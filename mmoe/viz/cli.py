@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mmoe.io import report_error
 from mmoe.metrics.routing import (
     DEFAULT_ACTIVATION_THRESHOLD,
     image_diversity_maps,
@@ -123,8 +124,7 @@ def _run(command: str, action: Callable[[argparse.Namespace], int], args: argpar
     try:
         return action(args)
     except INPUT_ERRORS as error:
-        print(f"mmoe {command}: {error}", file=sys.stderr)
-        return 2
+        return report_error(command, error)
 
 
 # -- mmoe viz --------------------------------------------------------------------------------------------------------
