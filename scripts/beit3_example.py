@@ -26,9 +26,11 @@ import sentencepiece
 import torch
 
 from mmoe.cli import main
+from mmoe.data.converters.vqav2 import ANSWERS_FILE
 from mmoe.demo.settings import CONFIGS
-from mmoe.demo.stages import corpus_arguments, option
 from mmoe.metrics.vqa import evaluate_vqa_files
+from mmoe.tasks.launch import run_lightning
+from mmoe.tasks.layout import RunLayout
 
 #: The tiny BEiT-3: the shape of configs/finetune/vqav2_tiny.yaml's backbone (64-wide heads, as every BEiT-3).
 SHAPE = dict(encoder_embed_dim=192, encoder_attention_heads=3, encoder_ffn_embed_dim=768, encoder_layers=4,
@@ -76,10 +78,35 @@ def released_layout_beit3(vocab_size: int, path: Path) -> None:
     torch.save({"model": state}, path)
 
 
-def last_checkpoint(run_dir: Path, steps: int) -> dict:
-    """A ModelCheckpoint that writes ``run_dir/checkpoints/last.ckpt`` once training ends (no validation metric)."""
-    init = {"dirpath": str(run_dir / "checkpoints"), "save_last": True, "save_top_k": 0, "every_n_train_steps": steps}
-    return {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": init}
+def fit_options(run_dir: Path, data: Path, upcycled: Path, spm: Path, steps: int) -> dict:
+    """Options over ``vqav2_tiny.yaml``: the corpus in ``data``, the upcycled backbone and the stand-in tokenizer,
+    ``steps`` steps without validation, the checkpoint written where :class:`RunLayout` looks for it once training
+    ends."""
+    checkpoints = RunLayout(run_dir).checkpoints
+    checkpoint = {"dirpath": str(checkpoints), "save_last": True, "save_top_k": 0, "every_n_train_steps": steps}
+    return {
+        "data": {"init_args": {"data_root": str(data)}},
+        "model": {
+            "init_args": {
+                "backbone": None, "pretrained": str(upcycled), "text_tokenizer": str(spm),
+                "answer_vocab": str(data / "shards" / "vqav2-train2014" / ANSWERS_FILE),
+            }
+        },
+        "trainer": {
+            "max_steps": steps, "val_check_interval": steps, "limit_val_batches": 0, "default_root_dir": str(run_dir),
+            "enable_progress_bar": False, "logger": False,
+            "callbacks": [{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": checkpoint}],
+        },
+    }  # fmt: skip
+
+
+def lightning(subcommand: str, config: Path, options: dict) -> None:
+    """``mmoe <subcommand> --config config`` with ``options`` in this process; exits with its status when it fails."""
+    try:
+        run_lightning(subcommand, [config], options)
+    except SystemExit as stop:
+        if stop.code not in (0, None):
+            sys.exit(f"`mmoe {subcommand}` exited with status {stop.code}")
 
 
 def run(out: Path, steps: int) -> dict:
@@ -106,21 +133,15 @@ def run(out: Path, steps: int) -> dict:
         mmoe("upcycle", "--ckpt", str(released), "--config", str(config), "--out", str(upcycled))
     lap("upcycle")
     run_dir = out / "vqav2"
-    arguments = [
-        "--config", str(config), *corpus_arguments(config, data),
-        option("model.init_args.backbone", None), option("model.init_args.pretrained", upcycled),
-        option("model.init_args.text_tokenizer", spm), option("trainer.max_steps", steps),
-        option("trainer.val_check_interval", steps), option("trainer.limit_val_batches", 0),
-        option("trainer.default_root_dir", run_dir), option("trainer.enable_progress_bar", False),
-        option("trainer.logger", False), option("trainer.callbacks", [last_checkpoint(run_dir, steps)]),
-    ]  # fmt: skip
-    mmoe("fit", *arguments)
+    options = fit_options(run_dir, data, upcycled, spm, steps)
+    lightning("fit", config, options)
     lap("fit")
-    checkpoint = run_dir / "checkpoints" / "last.ckpt"
+    checkpoint = RunLayout(run_dir).last_checkpoint
     predictions = out / "val_results.json"
-    predict = [*arguments, "--ckpt_path", str(checkpoint), option("model.init_args.predictions_file", predictions)]
-    predict += [option("data.init_args.test_shards", data / "shards" / "vqav2-val2014")]
-    mmoe("predict", *predict)
+    options["ckpt_path"] = str(checkpoint)
+    options["model"]["init_args"]["predictions_file"] = str(predictions)
+    options["data"]["init_args"]["test_shards"] = str(data / "shards" / "vqav2-val2014")
+    lightning("predict", config, options)
     lap("predict")
     vqa = data / "vqav2"
     report = evaluate_vqa_files(
