@@ -29,6 +29,7 @@ from mmoe.demo import (
     pretrain_launch,
     run_stage,
 )
+from mmoe.demo.command import MAPPINGS
 from mmoe.demo.settings import CONFIGS
 from mmoe.metrics.caption_words import word_precision
 from mmoe.metrics.captions import load_karpathy_references
@@ -177,7 +178,16 @@ def test_a_directory_from_before_the_learning_rate_overrides_used_the_configs_ra
     (tmp_path / "demo.json").write_text(json.dumps({"settings": settings}))
     check_settings(DemoRun(tmp_path, FULL))  # FULL overrides none
     with pytest.raises(DemoError, match="finetune_learning_rates"):
-        check_settings(DemoRun(tmp_path, dataclasses.replace(FULL, finetune_learning_rates=(("nlvr2", 1e-3),))))
+        check_settings(DemoRun(tmp_path, FULL.replace(finetune_learning_rates={"nlvr2": 1e-3})))
+
+
+def test_a_directory_whose_settings_list_name_value_pairs_is_the_same_run(tmp_path):
+    settings = FAST.to_json()
+    pairs = {key: [[name, value] for name, value in settings[key].items()] for key in MAPPINGS}
+    (tmp_path / "demo.json").write_text(json.dumps({"settings": settings | pairs}))
+    check_settings(DemoRun(tmp_path, FAST))
+    with pytest.raises(DemoError, match="finetune_steps"):
+        check_settings(DemoRun(tmp_path, FAST.replace(finetune_steps={**FAST.finetune_steps, "nlvr2": 1})))
 
 
 def test_fine_tuning_learning_rate_overrides_replace_only_their_tasks_rate(tmp_path):

@@ -7,7 +7,7 @@ import dataclasses
 import logging
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from mmoe.demo.pipeline import codebook_stage, corpus_stage, variant_rows, variant_stages
@@ -22,19 +22,30 @@ RESULTS_FILE = "results.json"
 
 def check_settings(run: DemoRun) -> None:
     """Records the settings in ``DIR/demo.json``; a directory made with other settings is refused, not mixed."""
-    # A demo.json written before the precision option or the learning-rate overrides has neither: those runs
-    # trained in 32-true with the configs' learning rates.
-    older = {"precision": "32-true", "finetune_learning_rates": []}
     hint = "use another --out, or that run's --fast and --precision choices with the version that made it"
-    refuse_other_settings(run.out / "demo.json", run.settings.to_json(), "a demo run", hint, older)
+    refuse_other_settings(run.out / "demo.json", run.settings.to_json(), "a demo run", hint)
 
 
-def refuse_other_settings(path: Path, settings: dict, what: str, hint: str, older: dict | None = None) -> None:
+def upgraded_settings(stored: dict) -> dict:
+    """Demo settings as an older ``demo.json`` stored them, in today's form: one written before the precision option
+    or the learning-rate overrides has neither (those runs trained in 32-true with the configs' learning rates), and
+    the per-name fields were lists of ``[name, value]`` pairs."""
+    stored = {"precision": "32-true", "finetune_learning_rates": {}} | stored
+    return stored | {key: dict(value) for key, value in stored.items() if key in MAPPINGS and isinstance(value, list)}
+
+
+#: The per-name fields of :class:`DemoSettings`.
+MAPPINGS = ("backbone", "finetune_steps", "finetune_learning_rates")
+
+
+def refuse_other_settings(
+    path: Path, settings: dict, what: str, hint: str, upgrade: Callable[[dict], dict] = upgraded_settings
+) -> None:
     """Records ``settings`` in ``path`` (JSON, ``{"settings": ...}``); DemoError listing what differs when ``path``
-    holds other settings, so a run directory is never mixed. ``older``: defaults of fields older files lack."""
+    holds other settings, so a run directory is never mixed. ``upgrade``: an older file's settings in today's form."""
     if path.is_file():
         stored = read_json(path, "run settings", DemoError).get("settings")
-        stored = (older or {}) | stored if isinstance(stored, dict) else {}
+        stored = upgrade(stored) if isinstance(stored, dict) else {}
         if stored != settings:
             keys = dict.fromkeys([*settings, *stored])
             changed = "; ".join(

@@ -115,7 +115,7 @@ def pretrain_launch(
     steps = run.settings.pretrain_steps if steps is None else steps
     label = f"pretrain {layout.root.name if layout.root.name != 'pretrain' else variant}"
     trainer, callbacks = trainer_options(run, layout, steps, label, 50, extra_callbacks)
-    backbone = {**dict(run.settings.backbone), "image_size": run.settings.image_size} | ({"moe": moe} if moe else {})
+    backbone = {**run.settings.backbone, "image_size": run.settings.image_size} | ({"moe": moe} if moe else {})
     overrides = {
         "trainer": trainer,
         "model": {"init_args": {"backbone": backbone, "visual_codebook": str(run.codebook)}},
@@ -140,7 +140,7 @@ def finetune_launch(
     steps = run.settings.steps(task.name)
     trainer, callbacks = trainer_options(run, layout, steps, f"fine-tune {task.name}", routing_every)
     model = {"backbone": None, "pretrained": str(backbone), **model_options}
-    rates = dict(run.settings.finetune_learning_rates)
+    rates = run.settings.finetune_learning_rates
     if task.name in rates:
         model["optimizer"] = {"learning_rate": rates[task.name]}
     overrides = {

@@ -11,7 +11,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from mmoe.demo.command import refuse_other_settings
+from mmoe.demo.command import refuse_other_settings, upgraded_settings
 from mmoe.demo.pipeline import codebook_stage, corpus_stage
 from mmoe.demo.report import say
 from mmoe.demo.settings import DemoError
@@ -38,6 +38,13 @@ from mmoe.study.runs import (
     pretrainings,
 )
 from mmoe.study.settings import DEFAULT, FAST, SCALE
+
+
+def upgraded_study(stored: dict) -> dict:
+    """Study settings as an older ``study.json`` stored them, in today's form (its training settings upgraded as a
+    demo's)."""
+    training = stored.get("training")
+    return stored | ({"training": upgraded_settings(training)} if isinstance(training, dict) else {})
 
 
 def claims_from(measures: Measures) -> list[Claim]:
@@ -87,7 +94,7 @@ def study_command(argv: Sequence[str]) -> int:
     start = time.perf_counter()
     try:
         hint = "use another --out, or that run's --fast / --scale / --precision with the version that made it"
-        refuse_other_settings(study.out / "study.json", settings.to_json(), "a claims study", hint)
+        refuse_other_settings(study.out / "study.json", settings.to_json(), "a claims study", hint, upgraded_study)
         runs = pretrainings(settings)
         stages = [corpus_stage(study), codebook_stage(study)]
         for run in runs:

@@ -13,6 +13,7 @@ import dataclasses
 import json
 from dataclasses import dataclass
 
+from mmoe.demo.settings import FULL as DEMO
 from mmoe.demo.settings import DemoSettings
 
 
@@ -51,18 +52,12 @@ class StudySettings:
 
 
 DEFAULT = StudySettings(
-    training=DemoSettings(
-        synth=("--size", "small"),
+    training=DEMO.replace(
         codebook_size=64,
-        backbone=(),
-        image_size=64,
         pretrain_steps=60,
-        finetune_steps=(("vqav2", 120), ("nlvr2", 100), ("captioning", 150)),
-        finetune_learning_rates=(("captioning", 6e-4),),
-        batch_size=32,
+        finetune_steps={"vqav2": 120, "nlvr2": 100, "captioning": 150},
+        finetune_learning_rates={"captioning": 6e-4},
         num_beams=1,
-        checkpoint_every=50,
-        figure_images=4,
     ),
     seeds=3,
     many_experts=32,
@@ -76,22 +71,19 @@ DEFAULT = StudySettings(
 )
 
 
-FAST = StudySettings(
-    training=DemoSettings(
+FAST = dataclasses.replace(
+    DEFAULT,
+    training=DEMO.replace(
         synth=("--size", "tiny"),
         codebook_size=32,
-        backbone=(("dim", 96), ("num_heads", 2), ("ffn_dim", 192)),
-        image_size=64,
+        backbone={"dim": 96, "num_heads": 2, "ffn_dim": 192},
         pretrain_steps=12,
-        finetune_steps=(("vqav2", 8), ("nlvr2", 4), ("captioning", 4)),
-        finetune_learning_rates=(),
+        finetune_steps={"vqav2": 8, "nlvr2": 4, "captioning": 4},
         batch_size=8,
         num_beams=1,
-        checkpoint_every=50,
         figure_images=2,
     ),
     seeds=2,
-    many_experts=32,
     heads=(2, 8),
     many_experts_steps=6,
     snapshot_every=4,
@@ -102,24 +94,17 @@ FAST = StudySettings(
 )
 
 
-SCALE = StudySettings(
-    training=DemoSettings(
+SCALE = dataclasses.replace(
+    DEFAULT,
+    training=DEMO.replace(
         synth=("--size", "large"),
-        codebook_size=256,
-        backbone=(),
-        image_size=64,
+        finetune_steps={"vqav2": 2000, "nlvr2": 2000, "captioning": 2000},
         pretrain_steps=2000,
-        finetune_steps=(("vqav2", 2000), ("nlvr2", 2000), ("captioning", 2000)),
-        finetune_learning_rates=(),
         batch_size=64,
-        num_beams=3,
         checkpoint_every=500,
-        figure_images=4,
         precision="bf16-mixed",
     ),
     seeds=5,
-    many_experts=32,
-    heads=(2, 4, 8),
     many_experts_steps=2000,
     snapshot_every=200,
     consistency_every=100,
