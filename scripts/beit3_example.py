@@ -27,6 +27,7 @@ import torch
 
 from mmoe.cli import main
 from mmoe.data.converters.vqav2 import ANSWERS_FILE
+from mmoe.data.synth.corpus import SUMMARY_FILE, ChanceLevels
 from mmoe.demo.settings import CONFIGS
 from mmoe.metrics.vqa import evaluate_vqa_files
 from mmoe.tasks.launch import run_lightning
@@ -147,11 +148,11 @@ def run(out: Path, steps: int) -> dict:
     report = evaluate_vqa_files(
         vqa / "v2_OpenEnded_mscoco_val2014_questions.json", vqa / "v2_mscoco_val2014_annotations.json", predictions
     )
-    chance = json.loads((data / "synth.json").read_text())["chance"]
+    chance = ChanceLevels.from_summary(json.loads((data / SUMMARY_FILE).read_text())["chance"])
     return {
         "vqa_val_accuracy": report["overall"],
-        "chance_prior": chance["vqav2_val_prior_accuracy"]["overall"],
-        "chance_question_prior": chance["vqav2_val_question_prior_accuracy"]["overall"],
+        "chance_prior": chance.vqa_prior,
+        "chance_question_prior": chance.vqa_question_prior,
         "steps": steps,
         "tokenizer_pieces": pieces,
         "seconds": seconds,

@@ -13,7 +13,7 @@ import pytest
 from mmoe.cli import main
 from mmoe.data.answers import normalize_answer
 from mmoe.data.converters import image_names
-from mmoe.data.synth.corpus import SIZES, build_corpus, vqa_prior_accuracy
+from mmoe.data.synth.corpus import SIZES, SUMMARY_FILE, ChanceLevels, build_corpus, vqa_prior_accuracy
 from mmoe.data.synth.language import (
     COMPARISON_SHARE,
     captions,
@@ -71,6 +71,13 @@ def test_layout_and_official_formats(corpus):
     dev = json.loads((corpus / "vqav2/v2_OpenEnded_mscoco_test-dev2015_questions.json").read_text())["questions"]
     assert dev and all(q in test for q in dev)
     assert not (corpus / "vqav2/v2_mscoco_test2015_annotations.json").exists()
+
+
+def test_the_summary_reads_back_as_chance_levels(corpus):
+    chance = ChanceLevels.from_summary(json.loads((corpus / SUMMARY_FILE).read_text())["chance"])
+    assert 0 < chance.vqa_prior < 100 and 0 < chance.vqa_question_prior < 100
+    assert chance.nlvr2_constant == 0.5 and chance.nlvr2_random_consistency == 1 / 16
+    assert {"Bleu_4", "CIDEr"} <= set(chance.caption_constant)
 
 
 def test_nlvr2_sets_are_balanced_and_named_officially(corpus):

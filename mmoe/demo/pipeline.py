@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mmoe.data.synth.corpus import ChanceLevels
 from mmoe.demo.benchmarks import BENCHMARKS, Benchmark
 from mmoe.demo.settings import DemoRun
 from mmoe.demo.stages import Stage, StageKey, run_command
@@ -148,7 +149,7 @@ def variant_stages(run: DemoRun, variant: str) -> list[Stage]:
 
 
 def variant_rows(run: DemoRun, variant: str, records: dict[StageKey, dict]) -> list[dict]:
-    chance = run.chance()
+    chance = ChanceLevels.from_summary(run.chance())
     rows = []
     for benchmark in BENCHMARKS:
         rows += benchmark.rows(records[StageKey.of(variant, benchmark.name, "eval")]["result"]["scores"], chance)

@@ -3,6 +3,7 @@ and ``DIR/results.json``."""
 
 from __future__ import annotations
 
+from mmoe.data.synth.corpus import ChanceLevels
 from mmoe.demo.settings import DemoRun
 
 
@@ -14,25 +15,28 @@ def row(task: str, metric: str, value: float, chance: float, baseline: str) -> d
     return {"task": task, "metric": metric, "value": value, "chance": chance, "baseline": baseline}
 
 
-def vqa_rows(scores: dict, chance: dict) -> list[dict]:
-    prior = chance["vqav2_val_prior_accuracy"]["overall"]
-    blind = chance["vqav2_val_question_prior_accuracy"]["overall"]
+def vqa_rows(scores: dict, chance: ChanceLevels) -> list[dict]:
+    blind = chance.vqa_question_prior
     baseline = f"top training answer per question type (VQA paper's prior); image-blind per question: {blind:.2f}"
-    return [row("VQAv2 val", "accuracy (%)", scores["overall"], prior, baseline)]
+    return [row("VQAv2 val", "accuracy (%)", scores["overall"], chance.vqa_prior, baseline)]
 
 
-def nlvr2_rows(scores: dict, chance: dict) -> list[dict]:
-    levels = chance["nlvr2"]
+def nlvr2_rows(scores: dict, chance: ChanceLevels) -> list[dict]:
     return [
-        row("NLVR2 dev", "accuracy", scores["accuracy"], levels["accuracy_constant_answer"], "constant answer"),
-        row("NLVR2 dev", "consistency", scores["consistency"], levels["consistency_random"], "random answers"),
+        row("NLVR2 dev", "accuracy", scores["accuracy"], chance.nlvr2_constant, "constant answer"),
+        row("NLVR2 dev", "consistency", scores["consistency"], chance.nlvr2_random_consistency, "random answers"),
     ]
 
 
-def caption_rows(scores: dict, chance: dict) -> list[dict]:
-    constant = chance["captioning_karpathy_test_constant_caption"]
+def caption_rows(scores: dict, chance: ChanceLevels) -> list[dict]:
     rows = [
-        row("COCO captions Karpathy test", name, scores[name], constant[name], "most common training caption")
+        row(
+            "COCO captions Karpathy test",
+            name,
+            scores[name],
+            chance.caption_constant[name],
+            "most common training caption",
+        )  # fmt: skip
         for name in ("Bleu_4", "CIDEr")
     ]
     if "colour_word_precision" not in scores:  # scored by an older mmoe demo: no colour check in its marker

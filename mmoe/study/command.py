@@ -11,6 +11,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from mmoe.data.synth.corpus import ChanceLevels
 from mmoe.demo.command import refuse_other_settings, upgraded_settings
 from mmoe.demo.pipeline import codebook_stage, corpus_stage
 from mmoe.demo.report import say
@@ -117,12 +118,8 @@ def study_command(argv: Sequence[str]) -> int:
         "reproduce here, that is the measurement, not a failure. Every number below is recomputed from "
         "`analysis/measures.json` by `mmoe.study.command.claims_from`."
     )
-    levels = study.chance()
-    chance = {
-        "vqav2": levels["vqav2_val_prior_accuracy"]["overall"],
-        "nlvr2": levels["nlvr2"]["accuracy_constant_answer"],
-        "captioning": levels["captioning_karpathy_test_constant_caption"]["CIDEr"],
-    }
+    levels = ChanceLevels.from_summary(study.chance())
+    chance = {"vqav2": levels.vqa_prior, "nlvr2": levels.nlvr2_constant, "captioning": levels.caption_constant["CIDEr"]}
     report = write_report(
         claims_from(measures),
         study.out,

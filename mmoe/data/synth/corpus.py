@@ -351,3 +351,33 @@ def build_corpus(out: str | os.PathLike, seed: int = 0, sizes: SynthSizes | None
     }
     _write_json(root / SUMMARY_FILE, summary)
     return summary
+
+
+@dataclass(frozen=True)
+class ChanceLevels:
+    """Each task's chance level, as :func:`build_corpus` writes them under ``chance`` in the corpus summary.
+
+    Attributes:
+        vqa_prior: VQA val accuracy of the top training answer per question type (the VQA paper's prior).
+        vqa_question_prior: VQA val accuracy of the top training answer per question (image-blind).
+        nlvr2_constant: NLVR2 accuracy of a constant answer.
+        nlvr2_random_consistency: NLVR2 consistency of random answers.
+        caption_constant: each caption metric of the most common training caption on the Karpathy test split.
+    """
+
+    vqa_prior: float
+    vqa_question_prior: float
+    nlvr2_constant: float
+    nlvr2_random_consistency: float
+    caption_constant: dict[str, float]
+
+    @classmethod
+    def from_summary(cls, chance: dict[str, Any]) -> ChanceLevels:
+        """The levels of a summary's ``chance`` entry."""
+        return cls(
+            vqa_prior=chance["vqav2_val_prior_accuracy"]["overall"],
+            vqa_question_prior=chance["vqav2_val_question_prior_accuracy"]["overall"],
+            nlvr2_constant=chance["nlvr2"]["accuracy_constant_answer"],
+            nlvr2_random_consistency=chance["nlvr2"]["consistency_random"],
+            caption_constant=chance["captioning_karpathy_test_constant_caption"],
+        )
