@@ -393,3 +393,15 @@ def test_callback_sums_counts_over_two_ddp_processes(tmp_path):
     assert stats["total_loads"] == {
         key: [a + b for a, b in zip(seen[0][key], seen[1][key], strict=True)] for key in seen[0]
     }
+
+
+def test_a_routing_statistics_file_that_is_not_one_is_refused_naming_it(tmp_path):
+    with pytest.raises(FileNotFoundError, match="RoutingStatsCallback writes it"):
+        read_stats(tmp_path)
+    path = tmp_path / "routing_stats.json"
+    path.write_text('{"format": "mmoe-routing-stats", "total_loads"')  # cut off mid-write
+    with pytest.raises(ValueError, match=r"routing statistics file .*routing_stats.json: malformed JSON at line 1"):
+        read_stats(tmp_path)
+    path.write_text('{"format": "something else"}')
+    with pytest.raises(ValueError, match="is not a routing statistics file"):
+        read_stats(path)

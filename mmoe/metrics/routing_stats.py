@@ -17,10 +17,11 @@ accumulated over 100 steps for the inter-run consistency).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
+
+from mmoe.io import read_json
 
 STATS_FORMAT = "mmoe-routing-stats"
 STATS_FILENAME = "routing_stats.json"
@@ -31,12 +32,7 @@ def read_stats(path: str | Path) -> dict:
     path = Path(path)
     if path.is_dir():
         path = path / STATS_FILENAME
-    if not path.is_file():
-        raise FileNotFoundError(f"routing statistics file {path} does not exist")
-    try:
-        payload = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"routing statistics file {path} could not be read: {error}") from error
+    payload = read_json(path, "routing statistics file", written_by="RoutingStatsCallback writes it in a run folder")
     if not isinstance(payload, dict) or payload.get("format") != STATS_FORMAT:
         raise ValueError(f'{path} is not a routing statistics file (expected "format": "{STATS_FORMAT}")')
     if not payload.get("total_loads"):
