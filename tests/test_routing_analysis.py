@@ -259,6 +259,7 @@ def test_routing_totals_weight_by_tokens():
     totals.add([first, second])
     assert totals.counts["layer0/vision"].tolist() == [1, 4]
     assert totals.summary()["layer0/vision"]["entropy"] == pytest.approx(2 / 5)
+    assert totals.tokens() == {"layer0/vision": 5.0}  # 2 + 3, the padding left out
 
 
 # -- the Lightning callback ----------------------------------------------------------------------------------------

@@ -332,6 +332,10 @@ class RoutingTotals:
             else:
                 self.counts[key], self.sums[key] = counts.clone(), sums
 
+    def tokens(self) -> dict[str, float]:
+        """Per key: the tokens routed (padding excluded)."""
+        return {key: float(sums[0]) for key, sums in self.sums.items()}
+
     def summary(self, threshold: float = DEFAULT_ACTIVATION_THRESHOLD) -> dict[str, dict[str, float]]:
         """Per key: activation_ratio (MH-MoE's, per token), choice_activation_ratio, entropy, load_min, load_max,
         load_cv, dropped_fraction, requested_capacity, tokens."""

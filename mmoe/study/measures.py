@@ -35,10 +35,10 @@ def expert_loads(backbone_path: Path, batches: Sequence[Batch]) -> dict:
     """Per MoE layer, the expert loads (choices per expert) and the tokens they were made on, on ``batches``:
     what :func:`mmoe.metrics.routing.activation_ratio` takes (MH-MoE Fig. 1a)."""
     totals = run_routing(load_backbone(backbone_path), inputs(batches)).totals
-    keys = sort_keys(totals.counts)
+    keys, tokens = sort_keys(totals.counts), totals.tokens()
     return {
         "loads": {key: totals.counts[key].tolist() for key in keys},
-        "tokens": {key: float(totals.sums[key][0]) for key in keys},
+        "tokens": {key: tokens[key] for key in keys},
     }
 
 

@@ -270,7 +270,7 @@ def _heatmap(args: argparse.Namespace) -> int:
         for label, path in zip(checkpoint_labels(args.ckpt), args.ckpt, strict=True):
             backbone = _load(path, device=_device(args.device))
             totals = _run_over(backbone, path, samples, args).totals
-            tokens = {key: float(sums[0]) for key, sums in totals.sums.items()}
+            tokens = totals.tokens()
             sources.append((label, {k: v.cpu() for k, v in totals.counts.items()}, tokens))
     for label, loads, tokens in sources:
         if not loads:
