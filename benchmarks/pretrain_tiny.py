@@ -1,6 +1,7 @@
 """Steps/s and final losses of the tiny pre-training configs, one after another in one process.
 
-Runs ``mmoe fit`` with ``configs/pretrain/tiny_<variant>.yaml`` (their own corpus paths: build it first with
+Runs ``mmoe fit`` with ``configs/pretrain/tiny.yaml`` and the variant's part ``configs/pretrain/tiny/<variant>.yaml``
+(none for dense; their own corpus paths: build it first with
 ``mmoe data synth --out data/synthetic --shards`` and ``mmoe tokenizer fit --data data/synthetic/shards/pretrain-images
 data/synthetic/shards/pretrain-pairs --out data/synthetic/codebook.pt``), ``--steps`` steps each, no validation and no
 checkpoints, and prints one JSON line per variant ``{"variant", "steps", "seconds", "steps_per_s", "train/..."}`` with
@@ -27,8 +28,10 @@ LOSSES = ("train/loss", "train/image_loss", "train/text_loss", "train/pair_loss"
 
 
 def run(variant: str, steps: int, out: Path) -> dict:
-    config = yaml.safe_load((ROOT / f"configs/pretrain/tiny_{variant}.yaml").read_text())
-    trainer = config["trainer"]
+    configs = [ROOT / "configs/pretrain/tiny.yaml"]
+    if variant != "dense":
+        configs.append(ROOT / f"configs/pretrain/tiny/{variant}.yaml")
+    trainer = yaml.safe_load(configs[0].read_text())["trainer"]
     trainer.update(
         max_steps=steps,
         limit_val_batches=0,
@@ -44,10 +47,10 @@ def run(variant: str, steps: int, out: Path) -> dict:
         }
     ]
     trainer["callbacks"] = [c for c in trainer["callbacks"] if "ModelCheckpoint" not in c["class_path"]]
-    path = out / "config.yaml"
-    path.write_text(yaml.safe_dump(config))
+    path = out / "config.yaml"  # over the shipped ones
+    path.write_text(yaml.safe_dump({"trainer": trainer}))
     start = time.perf_counter()
-    mmoe_main(["fit", "--config", str(path)])
+    mmoe_main(["fit", *(f"--config={config}" for config in [*configs, path])])
     seconds = time.perf_counter() - start
     with open(out / "csv" / "version_0" / "metrics.csv") as handle:
         rows = list(csv.DictReader(handle))

@@ -2,16 +2,16 @@
 
 Subcommands:
 
-* ``mmoe fit|validate|test|predict --config configs/....yaml`` — LightningCLI over the mmoe tasks (``--help`` lists
-  every option; ``--print_config`` shows the resolved config).
+* ``mmoe fit|validate|test|predict --config configs/....yaml [--config part.yaml ...]`` — LightningCLI over the mmoe
+  tasks (config files merge in order; ``--help`` lists every option; ``--print_config`` shows the resolved config).
 * ``mmoe tokenizer fit --data SHARDS --out codebook.pt`` — learn the visual codebook for masked image modeling.
 * ``mmoe export-backbone --ckpt task.ckpt --out backbone.pt`` — the backbone weights of a task checkpoint.
 * ``mmoe upcycle --ckpt beit3.pth --config moe.yaml --out init.pt`` — a MoE backbone whose experts start as copies of
   a dense backbone's FFNs (sparse upcycling), e.g. from released BEiT-3 weights.
 * ``mmoe infer vqav2|nlvr2|captioning --ckpt C --image photo.jpg ...`` — a fine-tuned checkpoint on your own images
   (answers, caption, true/false; ``--routing`` for the expert map).
-* ``mmoe info --config C | --ckpt C`` — parameters, active parameters and forward FLOPs per token of a whole model
-  (per layer, with its task head).
+* ``mmoe info --config C [--config C2 ...] | --ckpt C`` — parameters, active parameters and forward FLOPs per token
+  of a whole model (per layer, with its task head).
 * ``mmoe study claims [--out DIR] [--fast | --scale]`` — the X-MoE / MH-MoE analysis claims trained and measured at
   tiny scale, one report (Markdown, PNG, JSON).
 * ``mmoe moe-info --moe.dim 768 --moe.ffn_dim 3072 --moe.num_experts 8 [--moe.heads 4 ...]`` — parameters, active

@@ -6,11 +6,15 @@ import io
 from pathlib import Path
 
 import sentencepiece
+import yaml
 
 from mmoe.cli import main
 from mmoe.data.synth.convert import convert_layout
 from mmoe.data.synth.corpus import SynthSizes, build_corpus
 from mmoe.tasks.cli import MMoECLI, cli_arguments
+
+#: The tiny pre-training base; its variants' parts lie in ``tiny/``.
+TINY_PRETRAINING = Path(__file__).resolve().parents[1] / "configs" / "pretrain" / "tiny.yaml"
 
 #: Enough for a VQA answer vocabulary and one NLVR2 set per split, in 32-px images.
 SMALL_CORPUS = {"train_images": 20, "val_images": 4, "test_images": 2, "questions_per_image": 3,
@@ -24,6 +28,16 @@ def small_shards(root: Path, **sizes: int) -> Path:
     shards = root / "corpus" / "shards"
     convert_layout(root / "corpus", shards)
     return shards
+
+
+def tiny_pretraining(variant: str) -> dict:
+    """The tiny pre-training config of ``variant`` as one dict, to edit: ``configs/pretrain/tiny.yaml`` with the MoE
+    plan of the variant's part (a part sets only that and the run folder: tests/test_configs.py)."""
+    config = yaml.safe_load(TINY_PRETRAINING.read_text())
+    if variant != "dense":
+        part = yaml.safe_load((TINY_PRETRAINING.parent / "tiny" / f"{variant}.yaml").read_text())
+        config["model"]["init_args"]["backbone"]["moe"] = part["model"]["init_args"]["backbone"]["moe"]
+    return config
 
 
 def run_mmoe(argv: list[str], capsys) -> tuple[int, str, str]:

@@ -99,7 +99,7 @@ def crafted(trained, tmp_path):
 def entry_points(trained, checkpoint: Path, out: Path) -> dict[str, list[str]]:
     """Every way a user hands mmoe a checkpoint file, as command lines."""
     vqa, data = str(trained["vqa_config"]), str(trained["shards"] / "vqav2-val2014")
-    pretraining = str(ROOT / "configs" / "pretrain" / "tiny_dense.yaml")
+    pretraining = str(ROOT / "configs" / "pretrain" / "tiny.yaml")
     return {
         "export-backbone": ["export-backbone", "--ckpt", str(checkpoint), "--out", str(out / "backbone.pt")],
         "analyze": ["analyze", "routing", "--ckpt", str(checkpoint), "--data", data, "--batches", "1"],

@@ -15,7 +15,7 @@ from mmoe.model import MultiwayConfig, MultiwayTransformer
 from mmoe.tasks.checkpoint import export_backbone
 from mmoe.tasks.cli import init_parameters
 from mmoe.tasks.visual_codebook import PatchCodebook
-from tests.cli_fixtures import instantiate, run_mmoe, small_shards
+from tests.cli_fixtures import instantiate, run_mmoe, small_shards, tiny_pretraining
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -44,15 +44,16 @@ def shards(tmp_path_factory) -> Path:
 
 # -- invalid settings ------------------------------------------------------------------------------------------------
 
+XMOE = ("pretrain/tiny.yaml", "pretrain/tiny/xmoe.yaml")
 INVALID = {
-    "num_heads": ("pretrain/tiny_xmoe.yaml", "backbone.num_heads", "5", "MultiwayConfig.dim=192 is not divisible by "
-                  "num_heads=5"),
-    "top_k": ("pretrain/tiny_xmoe.yaml", "backbone.moe.top_k", "3", "MoEConfig.top_k must be 1 or 2, got 3"),
-    "strata": ("pretrain/tiny_stratified.yaml", "backbone.moe.strata", "[4, 2]", "MoEConfig.strata=[4, 2] sums to 6"),
-    "image_size": ("finetune/vqav2_tiny.yaml", "backbone.image_size", "70", "MultiwayConfig.image_size=70 is not "
+    "num_heads": (XMOE, "backbone.num_heads", "5", "MultiwayConfig.dim=192 is not divisible by num_heads=5"),
+    "top_k": (XMOE, "backbone.moe.top_k", "3", "MoEConfig.top_k must be 1 or 2, got 3"),
+    "strata": (("pretrain/tiny.yaml", "pretrain/tiny/stratified.yaml"), "backbone.moe.strata", "[4, 2]",
+               "MoEConfig.strata=[4, 2] sums to 6"),
+    "image_size": (("finetune/vqav2_tiny.yaml",), "backbone.image_size", "70", "MultiwayConfig.image_size=70 is not "
                    "divisible by patch_size=16"),
-    "mh-moe heads": ("pretrain/tiny_mhmoe.yaml", "backbone.moe.heads", "5", "MoEConfig.dim=192 is not divisible by "
-                     "MoEConfig.heads=5"),
+    "mh-moe heads": (("pretrain/tiny.yaml", "pretrain/tiny/mhmoe.yaml"), "backbone.moe.heads", "5",
+                     "MoEConfig.dim=192 is not divisible by MoEConfig.heads=5"),
 }  # fmt: skip
 
 
@@ -60,20 +61,18 @@ INVALID = {
 @pytest.mark.parametrize("where", ["command line", "config file"])
 def test_an_invalid_backbone_or_moe_setting_is_its_message_in_one_line(case, where, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)  # nothing may be written anywhere else
-    config, key, value, message = INVALID[case]
-    path = CONFIGS / config
-    argv = ["fit", "--config", str(path)]
+    configs, key, value, message = INVALID[case]
+    argv = ["fit"]
+    for config in configs:
+        argv += ["--config", str(CONFIGS / config)]
     if where == "command line":
         argv.append(f"--model.init_args.{key}={value}")
-    else:
-        edited = yaml.safe_load(path.read_text())
-        *parents, leaf = key.split(".")
-        section = edited["model"]["init_args"]
-        for parent in parents:
-            section = section[parent]
-        section[leaf] = yaml.safe_load(value)
-        argv[2] = str(tmp_path / "edited.yaml")
-        Path(argv[2]).write_text(yaml.safe_dump(edited))
+    else:  # one more config file over the shipped ones, with the value alone
+        edited = yaml.safe_load(value)
+        for name in reversed(["model", "init_args", *key.split(".")]):
+            edited = {name: edited}
+        (tmp_path / "edited.yaml").write_text(yaml.safe_dump(edited))
+        argv += ["--config", str(tmp_path / "edited.yaml")]
     code, err = mmoe(argv, capsys)
     assert code == 2
     assert error_line(err).startswith(f"mmoe fit: error: {message}")
@@ -83,11 +82,11 @@ def test_an_invalid_backbone_or_moe_setting_is_its_message_in_one_line(case, whe
 
 def test_an_unknown_key_or_a_wrong_type_is_named_by_the_parser(capsys, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
-    config = str(CONFIGS / "pretrain" / "tiny_xmoe.yaml")
-    code, err = mmoe(["fit", "--config", config, "--model.init_args.backbone.moe.num_expert=4"], capsys)
+    configs = ["--config", str(CONFIGS / XMOE[0]), "--config", str(CONFIGS / XMOE[1])]
+    code, err = mmoe(["fit", *configs, "--model.init_args.backbone.moe.num_expert=4"], capsys)
     assert code == 2
     assert "Traceback" not in err and "num_expert" in err and "error:" in err
-    code, err = mmoe(["fit", "--config", config, "--model.init_args.optimizer.learning_rate=fast"], capsys)
+    code, err = mmoe(["fit", *configs, "--model.init_args.optimizer.learning_rate=fast"], capsys)
     assert code == 2
     assert "Traceback" not in err and 'Parser key "optimizer.learning_rate"' in err and "Got value: fast" in err
 
@@ -97,7 +96,7 @@ def test_an_unknown_key_or_a_wrong_type_is_named_by_the_parser(capsys, monkeypat
 
 def pretraining_config(tmp_path: Path, shards: Path, patch_size: int, **data) -> Path:
     """The tiny X-MoE pre-training config on the test shards, with a ``patch_size`` backbone and codebook."""
-    config = yaml.safe_load((CONFIGS / "pretrain" / "tiny_xmoe.yaml").read_text())
+    config = tiny_pretraining("xmoe")
     codebook = tmp_path / f"codebook{patch_size}.pt"
     PatchCodebook(torch.rand(8, 12), patch_size=patch_size, pool=2).save(codebook)
     config["trainer"] = {"max_steps": 1, "accelerator": "cpu", "logger": False, "enable_progress_bar": False,

@@ -1,52 +1,125 @@
-"""Every YAML in configs/ parses with the mmoe CLI (typos in keys are errors), and bad paths fail at start."""
+"""Every run the shipped configs describe parses with the ``mmoe fit`` parser (typos in keys are errors): each whole
+config, and the tiny pre-training base with each variant's part over it. A part changes only the MoE layers and the
+run folder; the run folder is stated once; fine-tuning configs give the schedule a length and the image size once."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 from pathlib import Path
 
-import lightning as L
 import pytest
 import yaml
 
-from mmoe.tasks.cli import MMoECLI
+from mmoe.tasks.cli import fill_run_folder, lightning_command
+from mmoe.tasks.launch import read_config
 
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")
 
-CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").rglob("*.yaml"))
+ROOT = Path(__file__).resolve().parents[1]
+PRETRAIN = ROOT / "configs" / "pretrain"
+TINY = PRETRAIN / "tiny.yaml"
+#: The parts of configs/pretrain/tiny.yaml: variant -> file.
+PARTS = {path.stem: path for path in sorted((PRETRAIN / "tiny").glob("*.yaml"))}
+#: Every config that is a whole run by itself.
+WHOLE = sorted(path for path in (ROOT / "configs").rglob("*.yaml") if path.parent != PRETRAIN / "tiny")
+#: Every run the configs describe: each whole config, and the tiny base with each part over it.
+RUNS = [(path,) for path in WHOLE] + [(TINY, part) for part in PARTS.values()]
+
+#: What each part sets: the MoE plan of the tiny backbone (the dense base has none).
+TINY_MOE = {
+    "xmoe": {"num_experts": 8, "top_k": 1, "router": "xmoe", "gate": "softmax", "every": 2, "mode": "per_modality"},
+    "mhmoe": {"num_experts": 8, "top_k": 1, "router": "xmoe", "gate": "softmax", "heads": 4, "beta": 1.0, "every": 2,
+              "mode": "per_modality"},
+    "stratified": {"num_experts": 8, "top_k": 2, "router": "linear", "gate": "softmax", "strata": [4, 4], "every": 2,
+                   "mode": "per_modality"},
+    "switch": {"num_experts": 8, "top_k": 1, "router": "linear", "gate": "softmax", "every": 2, "mode": "per_modality"},
+}  # fmt: skip
 
 
-def parse(args: list[str]) -> int:
-    with pytest.raises(SystemExit) as exit_info:
-        MMoECLI(
-            L.LightningModule,
-            L.LightningDataModule,
-            subclass_mode_model=True,
-            subclass_mode_data=True,
-            run=False,
-            args=args,
-        )
-    return exit_info.value.code
+def run_name(configs: tuple[Path, ...]) -> str:
+    return "+".join(f"{path.parent.name}/{path.stem}" for path in configs)
+
+
+def print_config(configs: tuple[Path, ...], *options: str) -> tuple[int, dict | None, str]:
+    """``mmoe fit --config C1 --config C2 ... OPTIONS --print_config`` in this process: (exit code, the printed
+    config, stderr)."""
+    argv = ["fit"]
+    for config in configs:
+        argv += ["--config", str(config)]
+    printed, errors = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(errors), pytest.raises(SystemExit) as stop:
+        lightning_command([*argv, *options, "--print_config"])
+    code = stop.value.code or 0
+    return code, yaml.safe_load(printed.getvalue()) if code == 0 else None, errors.getvalue()
 
 
 def test_the_pretraining_configs_exist():
-    names = {path.name for path in CONFIGS if path.parent.name == "pretrain"}
-    for size in ("tiny", "base"):
-        for variant in ("dense", "switch", "xmoe", "mhmoe", "stratified"):
-            assert f"{size}_{variant}.yaml" in names
+    assert TINY.is_file() and set(PARTS) == {"switch", "xmoe", "mhmoe", "stratified"}  # dense: the base alone
+    names = {path.name for path in WHOLE if path.parent == PRETRAIN}
+    assert {f"base_{variant}.yaml" for variant in ("dense", "switch", "xmoe", "mhmoe", "stratified")} <= names
 
 
-@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: f"{p.parent.name}/{p.name}")
-def test_config_parses(path, capsys):
-    assert parse(["--config", str(path), "--print_config"]) == 0
-    printed = yaml.safe_load(capsys.readouterr().out)
-    assert printed["model"]["class_path"].startswith("mmoe.tasks.")
-    assert printed["data"]["class_path"].startswith("mmoe.data.")
+def test_every_task_and_size_has_a_fine_tuning_config():
+    names = {path.stem for path in WHOLE if path.parent.name == "finetune"}
+    assert {f"{task}_{size}" for task in ("vqav2", "nlvr2", "captioning") for size in ("tiny", "base")} <= names
 
 
-def test_unknown_key_is_an_error(tmp_path, capsys):
-    config = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs/pretrain/tiny_xmoe.yaml").read_text())
-    config["model"]["init_args"]["backbone"]["moe"]["num_expert"] = 4  # typo
-    path = tmp_path / "typo.yaml"
-    path.write_text(yaml.safe_dump(config))
-    assert parse(["--config", str(path), "--print_config"]) != 0
-    assert "num_expert" in capsys.readouterr().err
+@pytest.mark.parametrize("configs", RUNS, ids=run_name)
+def test_config_parses_with_the_fit_parser(configs, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    code, config, errors = print_config(configs)
+    assert code == 0, errors
+    model, data = config["model"], config["data"]
+    assert model["class_path"].split(".")[:2] == ["mmoe", "tasks"]
+    assert data["class_path"].startswith("mmoe.data.datamodules.")
+    assert config["trainer"]["max_steps"] > 0  # iterable loaders: the schedule needs a step count
+    # The run folder is stated once: the loggers and the callbacks' folders follow it (mmoe.tasks.cli.fill_run_folder).
+    assert config["trainer"]["default_root_dir"].startswith("runs/") and config["trainer"]["logger"] is None
+    for callback in config["trainer"]["callbacks"]:
+        assert not {"dirpath", "save_dir"} & {name for name, value in callback["init_args"].items() if value}
+    if configs[0].parent.name == "finetune":
+        assert config["trainer"]["check_val_every_n_epoch"] is None
+        # The data's image size is the backbone's, linked by the CLI: given once, in the model.
+        assert "image_size" not in yaml.safe_load(configs[0].read_text())["data"]["init_args"]
+        assert "image_size" in model["init_args"]["backbone"]
+
+
+def without_variant(config) -> dict:
+    """A parsed config less what a tiny part may set (the MoE plan, the run folder) and the files it was read from."""
+    config = config.clone()
+    del config["config"]
+    config.model.init_args.backbone.moe = None
+    config.trainer.default_root_dir = None
+    return config.as_dict()
+
+
+@pytest.mark.parametrize("variant", sorted(TINY_MOE))
+def test_a_tiny_part_sets_the_moe_layers_and_the_run_folder_and_nothing_else(variant):
+    part = yaml.safe_load(PARTS[variant].read_text())
+    assert part == {
+        "trainer": {"default_root_dir": f"runs/pretrain/tiny_{variant}"},
+        "model": {"init_args": {"backbone": {"moe": TINY_MOE[variant]}}},
+    }
+    base, composed = read_config([TINY]).fit, read_config([TINY, PARTS[variant]]).fit
+    moe = composed.model.init_args.backbone.moe.as_dict()
+    assert {name: moe[name] for name in TINY_MOE[variant]} == TINY_MOE[variant]
+    assert without_variant(composed) == without_variant(base)
+    assert base.model.init_args.backbone.moe is None and base.trainer.default_root_dir == "runs/pretrain/tiny_dense"
+    # The folders the per-variant files used to repeat, now from the one run folder.
+    fill_run_folder(composed.trainer)
+    root = f"runs/pretrain/tiny_{variant}"
+    loggers = [(logger.class_path.rsplit(".", 1)[1], logger.init_args.save_dir, logger.init_args.name)
+               for logger in composed.trainer.logger]  # fmt: skip
+    assert loggers == [("TensorBoardLogger", root, "tensorboard"), ("CSVLogger", root, "csv")]
+    callbacks = {callback.class_path.rsplit(".", 1)[1]: callback.init_args for callback in composed.trainer.callbacks}
+    assert callbacks["ModelCheckpoint"].dirpath == f"{root}/checkpoints"
+    assert callbacks["RoutingStatsCallback"].save_dir == root
+
+
+def test_an_unknown_key_in_a_part_is_an_error(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    typo = tmp_path / "typo.yaml"
+    typo.write_text(yaml.safe_dump({"model": {"init_args": {"backbone": {"moe": {"num_expert": 4}}}}}))
+    code, _, errors = print_config((TINY, PARTS["xmoe"], typo))
+    assert code != 0 and "num_expert" in errors

@@ -213,3 +213,13 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, tmp_path, capsys):
     assert main(["info", *[arg.format(tmp=tmp_path) for arg in argv]]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err and err.startswith("mmoe info:")
+
+
+def test_a_tiny_variant_is_read_from_the_base_and_its_part(capsys, monkeypatch):
+    configs = Path(__file__).resolve().parents[1] / "configs" / "pretrain"
+    monkeypatch.chdir(configs.parents[1])  # the config's codebook, data/synthetic/codebook.pt, may be absent
+    argv = ["--config", str(configs / "tiny.yaml"), "--config", str(configs / "tiny" / "mhmoe.yaml")]
+    code, result, err = run_info(argv, capsys)
+    assert code == 0, err
+    assert result["variant"] == "X-MoE MH-MoE h=4, 8 experts, top-1"
+    assert result["source"] == f"{configs / 'tiny.yaml'} + {configs / 'tiny' / 'mhmoe.yaml'}"

@@ -78,3 +78,37 @@ def test_run_lightning_trains_with_the_options_and_the_callback_objects(tmp_path
     assert layout.last_checkpoint.is_file()
     # The shard arguments were read under data_root.
     assert cli.datamodule.shards["train"] == str(shards / "nlvr2-train")
+
+
+def test_the_run_folder_is_stated_once_and_the_loggers_and_callbacks_write_there(tmp_path):
+    shards = small_shards(tmp_path)
+    layout = RunLayout(tmp_path / "run")
+    config = nlvr2_config(shards, layout.root)
+    del config["trainer"]["logger"]
+    config["trainer"]["callbacks"] = [
+        {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": {"save_last": True}},
+        {"class_path": "mmoe.tasks.routing_callback.RoutingStatsCallback", "init_args": {"every_n_steps": 1}},
+    ]
+    path = tmp_path / "nlvr2.yaml"
+    path.write_text(yaml.safe_dump(config))
+    cli = run_lightning("fit", [path], {"trainer": {"max_steps": 2}})
+    assert [type(logger).__name__ for logger in cli.trainer.loggers] == ["TensorBoardLogger", "CSVLogger"]
+    assert layout.last_checkpoint.is_file() and layout.routing_stats.is_file()
+    assert (layout.csv_logs / "version_0").is_dir() and (layout.tensorboard_logs / "version_0").is_dir()
+
+
+def test_folders_a_config_gives_are_kept():
+    from jsonargparse import Namespace
+
+    from mmoe.tasks.cli import fill_run_folder
+
+    checkpoint = Namespace(class_path="lightning.pytorch.callbacks.ModelCheckpoint", init_args=Namespace(dirpath="ck"))
+    routing = Namespace(
+        class_path="mmoe.tasks.routing_callback.RoutingStatsCallback", init_args=Namespace(save_dir="stats")
+    )
+    trainer = Namespace(default_root_dir="run", logger=False, callbacks=[checkpoint, routing])
+    fill_run_folder(trainer)
+    assert trainer.logger is False and checkpoint.init_args.dirpath == "ck" and routing.init_args.save_dir == "stats"
+    untouched = Namespace(default_root_dir=None, logger=None, callbacks=[])
+    fill_run_folder(untouched)
+    assert untouched.logger is None

@@ -59,7 +59,9 @@ def test_each_task_has_its_own_default():
 
 
 def test_a_config_that_names_some_fields_keeps_the_tasks_default_for_the_others():
-    pretrain = read_config([str(CONFIGS / "pretrain" / "tiny_xmoe.yaml")]).fit.model.init_args
+    pretrain = read_config(
+        [CONFIGS / "pretrain" / "tiny.yaml", CONFIGS / "pretrain" / "tiny" / "xmoe.yaml"]
+    ).fit.model.init_args
     assert (pretrain.optimizer.learning_rate, pretrain.optimizer.warmup_steps) == (1e-3, 30)  # the config's
     assert (pretrain.optimizer.betas, pretrain.optimizer.eps, pretrain.optimizer.min_lr_ratio) == (
         (0.9, 0.98),

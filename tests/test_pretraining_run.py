@@ -15,6 +15,7 @@ import yaml
 from mmoe.cli import main
 from mmoe.tasks.checkpoint import load_backbone
 from mmoe.tasks.pretraining import MaskedPretraining
+from tests.cli_fixtures import tiny_pretraining
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning")]
@@ -22,7 +23,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning"
 
 def tiny_config(variant: str, corpus: Path, out: Path, steps: int) -> Path:
     """The repo's tiny config, pointed at the test corpus and shrunk to 32-px images and a short run."""
-    config = yaml.safe_load((ROOT / f"configs/pretrain/tiny_{variant}.yaml").read_text())
+    config = tiny_pretraining(variant)
     shards = corpus / "shards"
     trainer = config["trainer"]
     trainer.update(
@@ -40,12 +41,9 @@ def tiny_config(variant: str, corpus: Path, out: Path, steps: int) -> Path:
             "init_args": {"save_dir": str(out), "name": "csv", "version": 0},
         }
     ]
-    for callback in trainer["callbacks"]:
-        args = callback["init_args"]
-        if "dirpath" in args:
-            args["dirpath"] = str(out / "checkpoints")
-        if "save_dir" in args:
-            args.update(save_dir=str(out), every_n_steps=10)
+    for callback in trainer["callbacks"]:  # their folders follow default_root_dir
+        if callback["class_path"].endswith("RoutingStatsCallback"):
+            callback["init_args"]["every_n_steps"] = 10
     model = config["model"]["init_args"]
     model["backbone"].update(image_size=32, dim=64, num_heads=4, ffn_dim=128)
     model.update(visual_codebook=str(corpus / "codebook.pt"))

@@ -154,3 +154,8 @@ def test_upcycle_command_writes_a_backbone_that_fine_tuning_starts_from(tmp_path
     assert code == 2 and err.strip().count("\n") == 0 and 'bad.yaml: Parser key "model"' in err
     code, _, err = run_mmoe([*argv[:2], str(tmp_path / "nowhere.pth"), *argv[3:], "--out", "x.pt"], capsys)
     assert code == 2 and "nowhere.pth does not exist" in err and not (tmp_path / "x.pt").exists()
+    # Repeated configs merge in order, as in mmoe fit: the dense one, then the plan.
+    merged = [*argv[:4], str(tmp_path / "dense.yaml"), *argv[3:], "--out", str(tmp_path / "merged.pt")]
+    code, _, err = run_mmoe(merged, capsys)
+    assert code == 0, err
+    assert load_backbone(tmp_path / "merged.pt").config.moe == MoEPlan(**plan)

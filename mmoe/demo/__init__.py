@@ -15,8 +15,9 @@ stages with markers), :mod:`~mmoe.demo.training` (``mmoe fit`` / ``predict`` in 
 
 then for each variant, under ``DIR/<variant>/``:
 
-3. ``pretrain``     ``mmoe fit`` with ``configs/pretrain/tiny_<variant>.yaml``, its ``data_root`` and codebook set to
-   ``DIR/data`` and its step counts to the demo's (typed options and callback objects, no argv);
+3. ``pretrain``     ``mmoe fit`` with ``configs/pretrain/tiny.yaml`` and the variant's part
+   ``configs/pretrain/tiny/<variant>.yaml`` (none for dense), its ``data_root`` and codebook set to ``DIR/data`` and
+   its step counts to the demo's (typed options and callback objects, no argv);
 4. ``export``       the pre-trained backbone as ``backbone_pretrained.pt``;
 5. ``vqav2``, ``nlvr2``, ``captioning``: ``mmoe fit`` with ``configs/finetune/<task>_tiny.yaml`` from that backbone,
    ``mmoe predict`` on the evaluation split, and the official scorers (:mod:`mmoe.metrics`);

@@ -77,6 +77,13 @@ def config_file(relative: str) -> Path:
     return path
 
 
+def pretrain_configs(variant: str) -> tuple[Path, ...]:
+    """The tiny pre-training of ``variant``: ``configs/pretrain/tiny.yaml`` (dense), with the variant's part
+    ``configs/pretrain/tiny/<variant>.yaml`` (its MoE layers, its run folder) over it."""
+    tiny = config_file("pretrain/tiny.yaml")
+    return (tiny,) if variant == "dense" else (tiny, config_file(f"pretrain/tiny/{variant}.yaml"))
+
+
 def trainer_options(
     run: DemoRun, layout: RunLayout, steps: int, label: str, routing_every: int, extra: Sequence[L.Callback] = ()
 ) -> tuple[dict[str, Any], tuple[L.Callback, ...]]:
@@ -109,9 +116,9 @@ def pretrain_launch(
     extra_callbacks: Sequence[L.Callback] = (),
     moe: dict[str, Any] | None = None,
 ) -> Launch:
-    """``mmoe fit`` with ``configs/pretrain/tiny_<variant>.yaml`` on the demo's corpus (its codebook included) into
-    ``layout``, for ``steps`` (default the settings' ``pretrain_steps``); ``moe`` replaces fields of the backbone's MoE
-    plan."""
+    """``mmoe fit`` with the tiny configs of ``variant`` (:func:`pretrain_configs`) on the demo's corpus (its codebook
+    included) into ``layout``, for ``steps`` (default the settings' ``pretrain_steps``); ``moe`` replaces fields of the
+    backbone's MoE plan."""
     steps = run.settings.pretrain_steps if steps is None else steps
     label = f"pretrain {layout.root.name if layout.root.name != 'pretrain' else variant}"
     trainer, callbacks = trainer_options(run, layout, steps, label, 50, extra_callbacks)
@@ -122,7 +129,7 @@ def pretrain_launch(
         "data": {"init_args": {"data_root": str(run.data), "batch_size": run.settings.batch_size,
                                "batches_per_epoch": steps}},
     }  # fmt: skip
-    return Launch("fit", (config_file(f"pretrain/tiny_{variant}.yaml"),), overrides, callbacks)
+    return Launch("fit", pretrain_configs(variant), overrides, callbacks)
 
 
 def finetune_launch(

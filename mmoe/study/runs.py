@@ -13,7 +13,7 @@ from mmoe.demo.benchmarks import BENCHMARKS
 from mmoe.demo.pipeline import evaluation, exporting, fine_tuning
 from mmoe.demo.settings import VARIANTS, DemoRun
 from mmoe.demo.stages import Stage, StageKey, run_command
-from mmoe.demo.training import config_file, pretrain_launch, train
+from mmoe.demo.training import pretrain_configs, pretrain_launch, train
 from mmoe.io import read_json, write_json
 from mmoe.study.settings import StudySettings
 from mmoe.tasks.launch import read_config
@@ -65,7 +65,7 @@ class Pretraining:
 
     Attributes:
         name: folder under ``DIR/pretrain``.
-        variant: ``configs/pretrain/tiny_<variant>.yaml``.
+        variant: the tiny configs' variant (:func:`mmoe.demo.training.pretrain_configs`).
         steps: optimiser steps.
         moe: overrides of the config's ``backbone.moe`` (e.g. ``num_experts``, ``heads``).
         heads: MH-MoE heads h (1 without sub-tokens).
@@ -81,8 +81,8 @@ class Pretraining:
 
 
 def config_heads(variant: str) -> int:
-    """MH-MoE heads h of ``configs/pretrain/tiny_<variant>.yaml`` (1 without sub-tokens), read by the CLI's parser."""
-    moe = read_config([config_file(f"pretrain/tiny_{variant}.yaml")]).fit.model.init_args.backbone.moe
+    """MH-MoE heads h of the tiny configs of ``variant`` (1 without sub-tokens), read by the CLI's parser."""
+    moe = read_config(pretrain_configs(variant)).fit.model.init_args.backbone.moe
     return 1 if moe is None else int(moe.heads)
 
 

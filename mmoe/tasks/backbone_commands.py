@@ -42,7 +42,12 @@ def upcycle_command(argv: Sequence[str]) -> int:
     parser.add_argument(
         "--ckpt", required=True, help="dense backbone: a released BEiT-3 checkpoint or any mmoe backbone / checkpoint"
     )
-    parser.add_argument("--config", required=True, help="an mmoe config whose model.init_args.backbone.moe is the plan")
+    parser.add_argument(
+        "--config",
+        required=True,
+        action="append",
+        help="an mmoe config whose model.init_args.backbone.moe is the plan; repeated: the files merge in order",
+    )
     parser.add_argument("--out", required=True, help="backbone file to write (atomically)")
     parser.add_argument("--noise", type=float, default=0.0, help="expert noise, a share of each weight's std")
     parser.add_argument("--seed", type=int, default=0, help="seed of the noise and of the new routers")
@@ -66,14 +71,16 @@ def upcycle_command(argv: Sequence[str]) -> int:
     return 0
 
 
-def moe_plan_of(config: str | Path) -> MoEPlan:
-    """The :class:`MoEPlan` at ``model.init_args.backbone.moe`` of an mmoe config file, read by the CLI's own parser."""
+def moe_plan_of(configs: Sequence[str | Path]) -> MoEPlan:
+    """The :class:`MoEPlan` at ``model.init_args.backbone.moe`` of an mmoe config (its files merged in order), read by
+    the CLI's own parser."""
     from mmoe.tasks.launch import read_config
 
-    path = Path(config)
-    if not path.is_file():
-        raise FileNotFoundError(f"config {path} does not exist")
-    model = read_config([path]).fit.model
+    for config in configs:
+        if not Path(config).is_file():
+            raise FileNotFoundError(f"config {config} does not exist")
+    path = " + ".join(map(str, configs))
+    model = read_config(configs).fit.model
     backbone = model.init_args.get("backbone") if model is not None else None
     moe = backbone.get("moe") if backbone is not None else None
     if moe is None:

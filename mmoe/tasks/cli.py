@@ -5,11 +5,14 @@ from __future__ import annotations
 import dataclasses
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 import lightning as L
 from jsonargparse import Namespace
+from jsonargparse.typing import import_object
 from lightning.fabric.utilities.rank_zero import rank_zero_only
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from mmoe.io import one_line, report_error
@@ -26,7 +29,9 @@ from mmoe.tasks.ckpt_hparams import (
     stored_by_design,
     without_keys,
 )
+from mmoe.tasks.layout import RunLayout
 from mmoe.tasks.optimizer import nest_optimizer_arguments
+from mmoe.tasks.routing_callback import RoutingStatsCallback
 
 #: What ``--ckpt_path`` must be, as its errors name it.
 TASK_CHECKPOINT = "a Lightning checkpoint of an mmoe task, written by mmoe fit"
@@ -84,6 +89,10 @@ class MMoECLI(LightningCLI):
     change between training and prediction. Each value that differs between the checkpoint and the config is named on
     stderr with the one used. Checkpoints are loaded with ``weights_only=True``: no code runs from them; those written
     before the ``optimizer`` argument (flat ``learning_rate``, ``betas``, ...) are read with those values moved into it.
+
+    The run folder is ``trainer.default_root_dir``, stated once: what a config leaves out is put in it
+    (:func:`fill_run_folder`: without ``trainer.logger``, TensorBoard and CSV logs; the ``ModelCheckpoint`` and
+    ``RoutingStatsCallback`` of ``trainer.callbacks`` without a folder write there). A folder a config gives is kept.
 
     Bad input (an invalid config value, an unreadable checkpoint, a checkpoint of another task) ends with one line on
     stderr and exit code 2.
@@ -210,6 +219,11 @@ class MMoECLI(LightningCLI):
                     choice = f"checkpoint {show(ours)} used over config {show(theirs)}"
                 print(f"mmoe {self.config['subcommand']}: --ckpt_path {ckpt_path}: {key}: {choice}", file=sys.stderr)
 
+    def before_instantiate_classes(self) -> None:
+        trainer = self._get(self.config, "trainer")
+        if isinstance(trainer, Namespace):
+            fill_run_folder(trainer)
+
     def instantiate_classes(self) -> None:
         """LightningCLI's, with an invalid value (a config's ``ValueError``, a missing file) reported in one line, the
         data values given for linked arguments checked against the model's, and the text tokenizer checked against
@@ -254,6 +268,31 @@ class MMoECLI(LightningCLI):
             if name in parameters and value is not None and value != parameters[name].default:
                 given[name] = value
         return given
+
+
+def fill_run_folder(trainer: Namespace) -> None:
+    """Puts what the parsed ``trainer`` config leaves out in its run folder, ``default_root_dir``
+    (:class:`RunLayout`): without ``logger`` (null), a TensorBoard and a CSV logger there (``tensorboard/``, ``csv/``);
+    a ``ModelCheckpoint`` of ``callbacks`` without ``dirpath`` writes to ``checkpoints/``, a ``RoutingStatsCallback``
+    without ``save_dir`` ``routing_stats.json`` in the folder. Nothing changes without ``default_root_dir``, nor
+    what the config gives (``logger: false`` logs nothing); callbacks given as objects are left alone."""
+    root = trainer.get("default_root_dir")
+    if root is None:
+        return
+    layout = RunLayout(Path(root))
+    if trainer.get("logger") is None:
+        trainer.logger = []
+        for kind, logs in (("TensorBoardLogger", layout.tensorboard_logs), ("CSVLogger", layout.csv_logs)):
+            init_args = Namespace(save_dir=str(layout.root), name=logs.name)
+            trainer.logger.append(Namespace(class_path=f"lightning.pytorch.loggers.{kind}", init_args=init_args))
+    for callback in trainer.get("callbacks") or []:
+        if not isinstance(callback, Namespace) or not isinstance(callback.get("init_args"), Namespace):
+            continue
+        kind, init_args = import_object(callback.class_path), callback.init_args
+        if issubclass(kind, ModelCheckpoint) and init_args.get("dirpath") is None:
+            init_args.dirpath = str(layout.checkpoints)
+        elif issubclass(kind, RoutingStatsCallback) and init_args.get("save_dir") is None:
+            init_args.save_dir = str(layout.root)
 
 
 def partial_predictions(model: Any, datamodule: Any) -> str | None:

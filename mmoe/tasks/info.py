@@ -1,5 +1,6 @@
-"""``mmoe info --config C | --ckpt C``: parameters, active parameters per token and forward FLOPs per token of a whole
-model (backbone per layer, with its task head), for dense, X-MoE, MH-MoE and Stratified backbones (MH-MoE App. D).
+"""``mmoe info --config C [--config C2 ...] | --ckpt C``: parameters, active parameters per token and forward FLOPs
+per token of a whole model (backbone per layer, with its task head), for dense, X-MoE, MH-MoE and Stratified backbones
+(MH-MoE App. D); repeated configs merge in order, as in ``mmoe fit``.
 
 The backbone's numbers are closed forms (:mod:`mmoe.model.cost`); a head's parameters come from the checkpoint's
 weights (``--ckpt``) or from building the task's head modules (``--config``: the VQAv2 answer list, the captioning
@@ -42,7 +43,7 @@ class InfoError(ValueError):
 PRETRAINING_HEADS = {"mim_head.": "MIM head (a masked patch)", "mlm_head.": "MLM head (a masked text token)"}
 
 
-def head_parameters(task: str, init_args: dict, config: MultiwayConfig, source: Path) -> dict[str, int]:
+def head_parameters(task: str, init_args: dict, config: MultiwayConfig, source: str) -> dict[str, int]:
     """Parameters of the task heads the config's model builds (``task``: its ``model.class_path``), per head that
     makes one kind of prediction (empty for a class mmoe does not know)."""
     try:
@@ -67,12 +68,15 @@ def pretraining_head_parameters(config: MultiwayConfig, init_args: dict) -> dict
     return {mim: config.dim * targets + targets, mlm: config.dim * config.vocab_size + config.vocab_size}
 
 
-def from_config(path: Path) -> tuple[str, MultiwayConfig, dict[str, int] | None, int | None]:
+def from_config(paths: Sequence[Path]) -> tuple[str, MultiwayConfig, dict[str, int] | None, int | None]:
     """(task class, backbone config, head parameters (None when a file it needs is missing), text length) of an
-    mmoe fit config, read by the CLI's own parser (:func:`mmoe.tasks.launch.read_config`)."""
-    if not path.is_file():
-        raise FileNotFoundError(f"config {path} does not exist")
-    parsed = read_config([path]).fit  # a config without a model is an error of the parser's
+    mmoe fit config (several files merge in order), read by the CLI's own parser
+    (:func:`mmoe.tasks.launch.read_config`)."""
+    for path in paths:
+        if not path.is_file():
+            raise FileNotFoundError(f"config {path} does not exist")
+    path = " + ".join(map(str, paths))
+    parsed = read_config(paths).fit  # a config without a model is an error of the parser's
     init_args = parsed.model.init_args.as_dict()
     if isinstance(init_args.get("backbone"), dict):
         try:
@@ -184,19 +188,23 @@ def info_command(argv: Sequence[str]) -> int:
     """``mmoe info --config C | --ckpt C [--text-length T] [--json]``: whole-model counts; exit 2 on bad input."""
     parser = argparse.ArgumentParser(prog="mmoe info", description=__doc__.split("\n\n")[0])
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--config", help="an mmoe fit config (model.init_args.backbone, or pretrained)")
+    source.add_argument(
+        "--config",
+        action="append",
+        help="an mmoe fit config (model.init_args.backbone, or pretrained); repeated: the files merge in order",
+    )
     source.add_argument("--ckpt", help="a task checkpoint, an exported backbone or a released BEiT-3 checkpoint")
     parser.add_argument("--text-length", type=int, help="text tokens per sequence (default: the config's or 64)")
     parser.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     args = parser.parse_args(list(argv))
     try:
         if args.config:
-            task, config, head, text_length = from_config(Path(args.config))
+            task, config, head, text_length = from_config([Path(config) for config in args.config])
         else:
             task, config, head, text_length = from_checkpoint(Path(args.ckpt))
     except (FileNotFoundError, ValueError) as error:
         return report_error("info", error)
     text_length = args.text_length or text_length or DEFAULT_TEXT_LENGTH
-    result = report(args.config or args.ckpt, task, config, head, text_length)
+    result = report(" + ".join(args.config) if args.config else args.ckpt, task, config, head, text_length)
     print(json.dumps(result, indent=2) if args.json else table(result))
     return 0

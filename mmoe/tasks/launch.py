@@ -25,6 +25,9 @@ class ParsedOnly(MMoECLI):
     """An ``mmoe`` Lightning subcommand parsed, with nothing instantiated (no file the config names is read) and
     nothing run."""
 
+    def before_instantiate_classes(self) -> None:
+        pass  # the run folder is filled in when the command runs, after any options over the files
+
     def instantiate_classes(self) -> None:
         pass
 

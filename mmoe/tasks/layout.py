@@ -38,6 +38,11 @@ class RunLayout:
         return self.checkpoints / LAST_CHECKPOINT
 
     @property
+    def tensorboard_logs(self) -> Path:
+        """The TensorBoard logger's folder (``save_dir`` = the root, ``name`` = ``tensorboard``)."""
+        return self.root / "tensorboard"
+
+    @property
     def csv_logs(self) -> Path:
         """The CSV logger's folder (``save_dir`` = the root, ``name`` = ``csv``)."""
         return self.root / "csv"
