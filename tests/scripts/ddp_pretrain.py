@@ -1,5 +1,5 @@
-"""Two-process CPU DDP pre-training run used by tests/test_ddp.py (launched as a script: Lightning's DDP launcher
-re-runs it once per rank).
+"""Two-process CPU DDP pre-training run used by tests/tasks/test_pretraining_run.py (launched as a script:
+Lightning's DDP launcher re-runs it once per rank).
 
 Usage: python tests/scripts/ddp_pretrain.py OUT_DIR CODEBOOK SHARDS
 Each rank writes OUT_DIR/rank{r}.json with the sample keys it trained on, its local expert counts, and a checksum

@@ -1,4 +1,4 @@
-"""Expert-parallel training run used by tests/test_expert_parallel.py (a script: Lightning's DDP launcher re-runs it
+"""Expert-parallel training run used by tests/moe/test_expert_parallel.py (a script: Lightning's DDP launcher re-runs it
 once per rank).
 
 Usage: python tests/scripts/expert_parallel_fit.py OUT_DIR DEVICES EXPERT_PARALLEL STEPS [RESUME_CKPT] [--fsdp]

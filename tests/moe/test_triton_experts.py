@@ -1,6 +1,6 @@
 """The fused gather/scatter expert kernels (``MoEConfig.expert_kernels = "triton"``) against the reference path: the
 block schedule, the kernels alone and whole MoE layers (outputs, input and parameter gradients) under Triton's
-interpreter on the CPU (``tests/triton_interpreter_checks.py``, in a fresh process), the fallback elsewhere, and the
+interpreter on the CPU (``tests/moe/triton_interpreter_checks.py``, in a fresh process), the fallback elsewhere, and the
 same comparison in bf16 on a GPU where one is present."""
 
 from __future__ import annotations
@@ -14,16 +14,16 @@ import pytest
 import torch
 
 from mmoe.moe import MoEConfig, build_moe_layer
-from tests.triton_interpreter_checks import CASES, run_layer
+from tests.moe.triton_interpreter_checks import CASES, run_layer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_kernels_match_the_reference_under_the_interpreter():
     """Triton's standard library is built for the interpreter only when the variable is set before triton is first
     imported, which other tests may already have done in this process: the checks run in a fresh one."""
     environment = os.environ | {"TRITON_INTERPRET": "1"}
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/triton_interpreter_checks.py"]
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/moe/triton_interpreter_checks.py"]
     result = subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert " passed" in result.stdout and "failed" not in result.stdout

@@ -16,7 +16,7 @@ import pytest
 import torch
 import yaml
 
-from tests.test_pretraining_run import tiny_config
+from tests.tasks.test_pretraining_run import tiny_config
 
 pytestmark = pytest.mark.slow
 

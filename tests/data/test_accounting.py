@@ -14,7 +14,7 @@ from mmoe.data.pipelines import EpochDataLoader, ShardStream, UnusableStreamErro
 from mmoe.data.shards import ShardWriter, resolve_shards
 from mmoe.data.tokenizer import TextTokenizer
 from mmoe.data.transforms import eval_transform
-from tests.test_data_shards import png_bytes
+from tests.data.test_shards import png_bytes
 
 
 def write_split(folder, count: int, per_shard: int, name: str = "pairs", text_only: bool = False) -> list[str]:

@@ -358,7 +358,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 from lightning.pytorch.loggers import CSVLogger
 from mmoe.tasks.routing_callback import RoutingStatsCallback
-from tests.test_routing_analysis import TinyRoutingTask
+from tests.metrics.test_routing import TinyRoutingTask
 
 if __name__ == "__main__":
     out = sys.argv[1]
@@ -381,7 +381,7 @@ if __name__ == "__main__":
 def test_callback_sums_counts_over_two_ddp_processes(tmp_path):
     script = tmp_path / "ddp_routing.py"
     script.write_text(DDP_SCRIPT)
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     env = dict(os.environ, PYTHONPATH=f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", OMP_NUM_THREADS="1")
     result = subprocess.run(
         [sys.executable, str(script), str(tmp_path)], env=env, capture_output=True, text=True, timeout=300

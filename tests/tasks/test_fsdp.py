@@ -113,7 +113,7 @@ def test_fsdp_fit_equals_one_process_and_resumes_at_any_world_size(tmp_path):
     """Lightning's ModelParallelStrategy (FSDP2 through BackboneTask.configure_model) on 2 processes reaches the
     weights of one process on the same global batch; its single-file checkpoint resumes in one process, and one
     process's checkpoint resumes fully sharded."""
-    from tests.test_expert_parallel import assert_same_weights, fit
+    from tests.moe.test_expert_parallel import assert_same_weights, fit
 
     single = fit(tmp_path / "single", 1, 1, 3)
     assert_same_weights(fit(tmp_path / "fsdp", 2, 1, 3, fsdp=True), single)

@@ -13,7 +13,7 @@ from mmoe.data.answers import build_answer_vocab
 from mmoe.data.datamodules import VQADataModule
 from mmoe.data.synth.corpus import SynthSizes, build_corpus
 from tests.cli_fixtures import SMALL_CORPUS, run_mmoe
-from tests.test_data_converters import read_all
+from tests.data.test_converters import read_all
 
 
 @pytest.fixture(scope="module")

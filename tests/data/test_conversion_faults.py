@@ -35,7 +35,7 @@ from mmoe.data.converters.coco import CAPTION_TOKENS_FILE
 from mmoe.data.converters.common import read_image
 from mmoe.data.shards import ShardWriter, expected_samples, resolve_shards
 from mmoe.data.transforms import decode_image
-from tests.test_data_converters import (
+from tests.data.test_converters import (
     coco_captions_file,
     image_file,
     karpathy_file,
@@ -45,7 +45,7 @@ from tests.test_data_converters import (
     write_json,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 NO_SUCH_PID = 2**31 - 1
 
 

@@ -114,7 +114,7 @@ def test_bad_expert_parallel_sizes_are_one_clear_line(experts, parallel, world, 
     assert "\n" not in str(error.value)
 
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FIT_SCRIPT = ROOT / "tests" / "scripts" / "expert_parallel_fit.py"
 
 

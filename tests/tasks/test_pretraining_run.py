@@ -16,7 +16,7 @@ from mmoe.cli import main
 from mmoe.tasks.checkpoint import load_backbone
 from mmoe.tasks.pretraining import MaskedPretraining
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning")]
 
 

@@ -1,6 +1,6 @@
 """The fused expert kernels run by Triton's interpreter on CPU tensors, against the reference path. Triton must be
 imported with ``TRITON_INTERPRET=1`` already set (its standard library is built for the interpreter at import), so
-``tests/test_triton_experts.py`` runs this file in a fresh process with that variable; it is not collected on its
+``tests/moe/test_triton_experts.py`` runs this file in a fresh process with that variable; it is not collected on its
 own (no ``test_`` prefix)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from mmoe.moe.experts import GroupedExperts
 @pytest.fixture(scope="module")
 def kernels():
     """:mod:`mmoe.moe.triton_experts` with its kernels built for Triton's interpreter."""
-    assert os.environ.get("TRITON_INTERPRET") == "1", "run through tests/test_triton_experts.py"
+    assert os.environ.get("TRITON_INTERPRET") == "1", "run through tests/moe/test_triton_experts.py"
     from triton.runtime.interpreter import InterpretedFunction
 
     module = importlib.import_module("mmoe.moe.triton_experts")

@@ -11,7 +11,7 @@ from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
 from mmoe.model.cost import backbone_parameters
 from mmoe.moe import MoEConfig, MoELayer, StratifiedMoELayer, build_moe_layer
 from mmoe.moe.cost import moe_parameter_count
-from tests.moe_reference import reference_stratified
+from tests.moe.reference import reference_stratified
 
 
 def make_layer(seed: int = 0, **overrides) -> StratifiedMoELayer:

@@ -19,7 +19,7 @@ from tests.cli_fixtures import instantiate, run_mmoe, small_shards
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs"
 TINY = {"dim": 32, "depth": 2, "num_heads": 4, "ffn_dim": 64, "image_size": 32, "patch_size": 16,
         "max_text_positions": 40}  # fmt: skip

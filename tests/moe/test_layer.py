@@ -12,7 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from mmoe.moe import MoEConfig, MoELayer, restore_expert_embedding_norm
 from mmoe.moe.dispatch import combine, dispatch_rows, plan_dispatch
 from mmoe.moe.experts import GroupedExperts
-from tests.moe_reference import reference_forward
+from tests.moe.reference import reference_forward
 
 COMBINATIONS = list(itertools.product(("linear", "xmoe"), ("softmax", "sigmoid"), (1, 2), (1, 4), (None, 1.0)))
 

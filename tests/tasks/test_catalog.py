@@ -11,7 +11,7 @@ from mmoe.infer.command import parser
 from mmoe.tasks.catalog import FINETUNING_TASKS, class_path, task_of_class_path
 from mmoe.tasks.pretraining import MaskedPretraining
 
-CONFIGS = Path(__file__).resolve().parents[1] / "mmoe" / "configs" / "finetune"
+CONFIGS = Path(__file__).resolve().parents[2] / "mmoe" / "configs" / "finetune"
 
 
 @pytest.mark.parametrize("name", list(FINETUNING_TASKS))
