@@ -7,11 +7,8 @@ import itertools
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from mmoe.moe import MoEConfig, MoELayer, restore_expert_embedding_norm
-from mmoe.moe.dispatch import combine, dispatch_rows, plan_dispatch
-from mmoe.moe.experts import GroupedExperts
 from tests.moe.reference import reference_forward
 
 COMBINATIONS = list(itertools.product(("linear", "xmoe"), ("softmax", "sigmoid"), (1, 2), (1, 4), (None, 1.0)))
@@ -267,112 +264,6 @@ def test_bad_config_names_field_and_value(fields, message):
     base.update(fields)
     with pytest.raises(ValueError, match=message):
         MoEConfig(**base)
-
-
-class _LargestTensor(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for tensor in out if isinstance(out, (tuple, list)) else [out]:
-            if isinstance(tensor, torch.Tensor):
-                self.largest = max(self.largest, tensor.numel())
-        return out
-
-
-@pytest.mark.parametrize("capacity", [None, 1.0])
-def test_no_tokens_by_experts_by_capacity_tensor(capacity):
-    tokens, experts, top_k, dim, hidden = 512, 8, 2, 16, 32
-    layer = MoELayer(MoEConfig(dim, hidden, experts, top_k=top_k, capacity_factor=capacity))
-    x = torch.randn(1, tokens, dim, requires_grad=True)
-    with _LargestTensor() as probe:
-        y, routing = layer(x)
-        (y.sum() + routing.balance_loss).backward()
-    one_hot_combine = tokens * experts * (top_k * tokens // experts)  # S x E x C at capacity factor 1
-    assert probe.largest <= top_k * tokens * max(dim, hidden) < one_hot_combine
-
-
-@pytest.mark.parametrize("top_k", [1, 2, 3])
-def test_permuted_rows_match_index_select_forward_and_backward(top_k):
-    """dispatch_rows / combine move rows through a permutation and its inverse; their gradients must be those of
-    plain index_select (whose backward is a scatter-add)."""
-    torch.manual_seed(top_k)
-    tokens, experts, dim = 50, 6, 8
-    expert_SK = torch.stack([torch.randperm(experts)[:top_k] for _ in range(tokens)])
-    plan = plan_dispatch(expert_SK, None, experts, None)
-    x = torch.randn(tokens, dim, dtype=torch.double, requires_grad=True)
-    grad = torch.randn(top_k * tokens, dim, dtype=torch.double)
-    rows = dispatch_rows(x, plan)
-    reference = x.index_select(0, plan.token_C)
-    assert torch.equal(rows, reference)
-    (got,) = torch.autograd.grad((rows * grad).sum(), x)
-    (want,) = torch.autograd.grad((reference * grad).sum(), x)
-    torch.testing.assert_close(got, want)
-    y = torch.randn(top_k * tokens, dim, dtype=torch.double, requires_grad=True)
-    weight_SK = torch.rand(tokens, top_k, dtype=torch.double)
-    out = combine(y, plan, weight_SK)
-    y_KSD = y.index_select(0, plan.inverse_C).view(top_k, tokens, dim)
-    out_reference = (y_KSD * weight_SK.t()[..., None]).sum(0)
-    torch.testing.assert_close(out, out_reference)
-    out_grad = torch.randn_like(out)
-    (got,) = torch.autograd.grad((out * out_grad).sum(), y)
-    (want,) = torch.autograd.grad((out_reference * out_grad).sum(), y)
-    torch.testing.assert_close(got, want)
-
-
-def test_grouped_and_loop_expert_paths_agree():
-    torch.manual_seed(0)
-    experts = GroupedExperts(4, 8, 12, subln=True)
-    with torch.no_grad():
-        experts.ln_weight.normal_()
-        experts.ln_bias.normal_()
-    x = torch.randn(10, 8, requires_grad=True)
-    expert = torch.tensor([0, 0, 0, 2, 2, 2, 2, 3, 3, 3])  # expert 1 gets no row
-    offsets = torch.tensor([3, 3, 7, 10], dtype=torch.int32)
-    grad = torch.randn(10, 8)
-    outputs, gradients = [], []
-    for run in (lambda: experts.forward_grouped(x, expert, offsets), lambda: experts.forward_loop(x, offsets)):
-        out = run()
-        inputs = [x, *experts.parameters()]
-        outputs.append(out)
-        gradients.append(torch.autograd.grad((out * grad).sum(), inputs))
-    torch.testing.assert_close(outputs[0], outputs[1])
-    for got, want in zip(*gradients, strict=True):
-        torch.testing.assert_close(got, want)
-
-
-def test_subln_grouped_path_under_autocast_matches_the_loop():
-    """The grouped Sub-LN path agrees with the per-expert loop in bf16 under autocast. (CUDA autocast also returns
-    layer_norm in fp32, which the grouped GEMM refuses; test_backbone's CUDA test covers that case.)"""
-    torch.manual_seed(0)
-    experts = GroupedExperts(4, 8, 16, subln=True)
-    with torch.no_grad():
-        experts.ln_weight.normal_()
-        experts.ln_bias.normal_()
-    x = torch.randn(10, 8).bfloat16()
-    expert = torch.tensor([0, 0, 0, 2, 2, 2, 2, 3, 3, 3])
-    offsets = torch.tensor([3, 3, 7, 10], dtype=torch.int32)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        grouped = experts.forward_grouped(x, expert, offsets)
-        loop = experts.forward_loop(x, offsets)
-    assert grouped.dtype == torch.bfloat16
-    torch.testing.assert_close(grouped.float(), loop.float(), atol=5e-2, rtol=5e-2)
-
-
-def test_grouped_path_under_an_autocast_of_another_dtype_keeps_the_input_dtype():
-    """Rows handed over in fp32 inside a bf16 autocast: addmm / @ return bf16 there, and the grouped GEMM (no autocast
-    op) must still see one dtype."""
-    torch.manual_seed(0)
-    experts = GroupedExperts(4, 8, 16, subln=True)
-    x = torch.randn(10, 8)
-    expert = torch.tensor([0, 0, 0, 2, 2, 2, 2, 3, 3, 3])
-    offsets = torch.tensor([3, 3, 7, 10], dtype=torch.int32)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = experts.forward_grouped(x, expert, offsets)
-    assert out.dtype == torch.float32
-    torch.testing.assert_close(out, experts.forward_loop(x, offsets), atol=5e-2, rtol=5e-2)
 
 
 def test_bf16_autocast_on_cpu():
