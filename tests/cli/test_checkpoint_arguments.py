@@ -7,13 +7,14 @@ import pytest
 import torch
 import yaml
 
+from mmoe.model.config import PRESETS
 from mmoe.tasks.cli import command_line_model_arguments, named_in, without_keys
 from tests.cli_fixtures import instantiate
 
 
 @pytest.fixture
 def config_and_checkpoint(tmp_path):
-    backbone = {"dim": 32, "depth": 2, "num_heads": 4, "ffn_dim": 64, "image_size": 32, "patch_size": 16}
+    backbone = dict(PRESETS["test"])
     config = {
         "trainer": {"accelerator": "cpu", "logger": False, "default_root_dir": str(tmp_path)},
         "model": {"class_path": "mmoe.tasks.nlvr2.NLVR2FineTuning",

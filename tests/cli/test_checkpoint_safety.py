@@ -21,8 +21,7 @@ from tests.cli_fixtures import run_mmoe, small_shards
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning")]
 
 ROOT = Path(__file__).resolve().parents[2]
-BACKBONE = MultiwayConfig(dim=32, depth=2, num_heads=4, ffn_dim=64, image_size=32, patch_size=16,
-                          max_text_positions=40, moe=MoEPlan(num_experts=4, every=2))  # fmt: skip
+BACKBONE = MultiwayConfig.preset("test", moe=MoEPlan(num_experts=4, every=2))
 
 
 class Payload:

@@ -12,6 +12,7 @@ import yaml
 
 from mmoe.cli import main
 from mmoe.model import MultiwayConfig, MultiwayTransformer
+from mmoe.model.config import PRESETS
 from mmoe.tasks.checkpoint import export_backbone
 from mmoe.tasks.cli import init_parameters
 from mmoe.tasks.visual_codebook import PatchCodebook
@@ -21,8 +22,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs"
-TINY = {"dim": 32, "depth": 2, "num_heads": 4, "ffn_dim": 64, "image_size": 32, "patch_size": 16,
-        "max_text_positions": 40}  # fmt: skip
+TINY = dict(PRESETS["test"])
 
 
 def mmoe(argv: list[str], capsys) -> tuple[int, str]:
@@ -141,7 +141,7 @@ def test_a_data_setting_that_disagrees_with_the_model_is_one_line_before_trainin
 
 def test_a_pretrained_backbone_gives_the_data_its_image_size(shards, tmp_path):
     """``backbone: null`` + ``pretrained``: the architecture, image size included, is the checkpoint's."""
-    export_backbone(MultiwayTransformer(MultiwayConfig(**TINY)), tmp_path / "backbone.pt")
+    export_backbone(MultiwayTransformer(MultiwayConfig.preset("test")), tmp_path / "backbone.pt")
     config = {
         "trainer": {"accelerator": "cpu", "logger": False, "default_root_dir": str(tmp_path)},
         "model": {"class_path": "mmoe.tasks.nlvr2.NLVR2FineTuning",

@@ -19,8 +19,7 @@ from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
 from mmoe.tasks.checkpoint import config_to_dict, export_backbone
 from tests.cli_fixtures import run_mmoe, small_shards
 
-BACKBONE = MultiwayConfig(dim=32, depth=2, num_heads=4, ffn_dim=64, image_size=32, patch_size=16,
-                          max_text_positions=40, moe=MoEPlan(num_experts=4, every=2, heads=2))  # fmt: skip
+BACKBONE = MultiwayConfig.preset("test", moe=MoEPlan(num_experts=4, every=2, heads=2))
 #: task -> (LightningModule, DataModule, train split, prediction split, extra model arguments)
 TASKS = {
     "vqa": ("mmoe.tasks.vqa.VQAFineTuning", "mmoe.data.datamodules.VQADataModule", "vqav2-train2014",
@@ -244,8 +243,7 @@ def test_a_folder_skips_unreadable_images_and_caption_routing_reads_the_caption_
 def test_routing_map_of_a_one_head_moe_shows_the_chosen_experts(tmp_path, capsys):
     from mmoe.tasks.nlvr2 import NLVR2FineTuning
 
-    config = MultiwayConfig(dim=32, depth=2, num_heads=4, ffn_dim=64, image_size=32, patch_size=16,
-                            max_text_positions=40, moe=MoEPlan(num_experts=4, every=1))  # fmt: skip
+    config = MultiwayConfig.preset("test", moe=MoEPlan(num_experts=4, every=1))
     task = NLVR2FineTuning(backbone=config)
     hyper = {**task.hparams, "_class_path": "mmoe.tasks.nlvr2.NLVR2FineTuning"}
     torch.save({"hyper_parameters": hyper, "state_dict": task.state_dict()}, tmp_path / "nlvr2.ckpt")

@@ -33,10 +33,7 @@ VARIANTS = {
 
 
 def tiny(plan: MoEPlan | None) -> MultiwayConfig:
-    return MultiwayConfig(
-        dim=32, depth=2, num_heads=4, ffn_dim=64, image_size=32, patch_size=16, vocab_size=VOCAB_SIZE,
-        max_text_positions=16, moe=plan,
-    )  # fmt: skip
+    return MultiwayConfig.preset("test", moe=plan)
 
 
 def count(module: torch.nn.Module) -> int:
@@ -155,7 +152,7 @@ def test_stratified_gates_by_hand():
 def test_beit3_base_published_sizes(tmp_path, capsys):
     """BEiT-3 base (unilm README): 276M with its MLM and MIM heads, 222M for the retrieval model (`-itc`: two D x D
     projections, no bias, on top of the 220.99M backbone)."""
-    config = MultiwayConfig.preset("base", vocab_size=64010, max_text_positions=1024, position_offset=2)
+    config = MultiwayConfig.preset("beit3_base")
     assert backbone_parameters(config) + 2 * 768 * 768 == pytest.approx(222e6, abs=0.5e6)
     codebook = tmp_path / "codebook.pt"
     PatchCodebook(torch.randn(8192, 3), patch_size=16, pool=1).save(codebook)
@@ -188,10 +185,7 @@ def test_table_output_and_missing_head_files(tmp_path, capsys):
 def test_beit3_checkpoint_file(tmp_path, capsys):
     from mmoe.model.beit3 import to_beit3
 
-    backbone = MultiwayTransformer(
-        MultiwayConfig(dim=32, depth=2, num_heads=4, ffn_dim=64, image_size=32, patch_size=16, vocab_size=100,
-                       max_text_positions=16, position_offset=2, output_norm=False)
-    )  # fmt: skip
+    backbone = MultiwayTransformer(MultiwayConfig.preset("test", vocab_size=100, position_offset=2, output_norm=False))
     path = tmp_path / "beit3_tiny.pth"
     torch.save({"model": to_beit3(backbone)}, path)
     code, result, err = run_info(["--ckpt", str(path)], capsys)

@@ -16,8 +16,7 @@ from tests.cli_fixtures import run_mmoe, small_shards
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
-BACKBONE = MultiwayConfig(dim=32, depth=1, num_heads=4, ffn_dim=64, image_size=32, patch_size=16,
-                          max_text_positions=40)  # fmt: skip
+BACKBONE = MultiwayConfig.preset("test", depth=1)
 
 
 @pytest.fixture(scope="module")

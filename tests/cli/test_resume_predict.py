@@ -30,8 +30,7 @@ def test_predict_in_a_new_process_from_a_checkpoint_fine_tuned_from_a_pretrained
         tmp_path, train_images=60, val_images=8, test_images=4, questions_per_image=5, nlvr2_train_sets=2,
         nlvr2_eval_sets=2, texts=4,
     )  # fmt: skip
-    backbone = MultiwayConfig(dim=32, depth=2, num_heads=4, ffn_dim=64, image_size=32, patch_size=16,
-                              max_text_positions=40, moe=MoEPlan(num_experts=4, every=2, heads=2))  # fmt: skip
+    backbone = MultiwayConfig.preset("test", moe=MoEPlan(num_experts=4, every=2, heads=2))
     export_backbone(MultiwayTransformer(backbone), tmp_path / "backbone.pt")
     vocab = str(shards / "vqav2-train2014" / "answers.json")
     config = {

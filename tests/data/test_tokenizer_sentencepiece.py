@@ -15,6 +15,7 @@ from mmoe.data.datamodules import CaptioningDataModule
 from mmoe.data.masking import mask_caption, mask_text
 from mmoe.data.tokenizer import TextTokenizer, token_ids_of
 from mmoe.model import MultiwayConfig
+from mmoe.model.config import PRESETS
 from mmoe.tasks.captioning import CaptioningFineTuning
 from tests.cli_fixtures import SENTENCES, instantiate, run_mmoe, small_shards, tiny_sentencepiece
 
@@ -88,8 +89,7 @@ def test_datamodule_batches_carry_the_sentencepiece_ids(spm, tmp_path):
 
 
 def backbone(vocab_size: int) -> dict:
-    return {"dim": 32, "depth": 2, "num_heads": 4, "ffn_dim": 64, "image_size": 32, "patch_size": 16,
-            "max_text_positions": 40, "vocab_size": vocab_size}  # fmt: skip
+    return PRESETS["test"] | {"vocab_size": vocab_size}
 
 
 def nlvr2_config(tmp_path, shards, vocab_size: int, text_tokenizer: str | None) -> list[str]:

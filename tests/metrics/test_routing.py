@@ -269,10 +269,8 @@ class TinyRoutingTask(L.LightningModule):
 
     def __init__(self) -> None:
         super().__init__()
-        config = MultiwayConfig(
-            dim=32, depth=2, num_heads=2, ffn_dim=64, image_size=32, patch_size=16, vocab_size=100,
-            max_text_positions=16, moe=MoEPlan(num_experts=4, heads=2, every=1),
-        )  # fmt: skip
+        plan = MoEPlan(num_experts=4, heads=2, every=1)
+        config = MultiwayConfig.preset("test", num_heads=2, vocab_size=100, moe=plan)
         self.backbone = MultiwayTransformer(config)
         self.seen_counts: dict[str, torch.Tensor] = {}
 

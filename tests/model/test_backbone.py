@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
+from mmoe.model.config import PRESETS
 from mmoe.model.cost import backbone_parameters, layer_parameters
 from mmoe.model.layers import FeedForward
 from mmoe.moe import MoELayer
@@ -16,11 +17,7 @@ from mmoe.moe.cost import moe_parameter_count
 
 
 def tiny(**overrides) -> MultiwayConfig:
-    fields = dict(
-        dim=32, depth=2, num_heads=4, ffn_dim=64, image_size=32, patch_size=16, vocab_size=100, max_text_positions=16
-    )
-    fields.update(overrides)
-    return MultiwayConfig(**fields)
+    return MultiwayConfig.preset("test", **({"vocab_size": 100} | overrides))
 
 
 def inputs(batch: int = 2, text_len: int = 6, seed: int = 0):
@@ -37,7 +34,7 @@ def count(module: torch.nn.Module) -> int:
 
 
 def test_beit3_base_parameter_counts():
-    config = MultiwayConfig.preset("base", vocab_size=64010, max_text_positions=1024, position_offset=2)
+    config = MultiwayConfig.preset("beit3_base")
     with torch.device("meta"):
         backbone = MultiwayTransformer(config)
     assert count(backbone.layers) == pytest.approx(170.29e6, rel=1e-3)
@@ -305,6 +302,22 @@ def test_presets():
         MultiwayConfig.preset("huge")
 
 
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_preset_builds_a_backbone_of_its_closed_form_size(name):
+    config = MultiwayConfig.preset(name)
+    with torch.device("meta"):
+        backbone = MultiwayTransformer(config)
+    assert count(backbone) == backbone_parameters(config)
+
+
+def test_the_test_preset_is_the_tests_backbone():
+    config = MultiwayConfig.preset("test")
+    assert (config.depth, config.dim, config.num_heads, config.ffn_dim, config.num_patches) == (2, 32, 4, 64, 4)
+    image, text, padding = inputs()
+    out = MultiwayTransformer(config)(image=image, text=text, text_padding_mask=padding)
+    assert out.hidden.shape == (2, 1 + 4 + 6, 32)
+
+
 @pytest.mark.parametrize(
     "fields,message",
     [
@@ -333,8 +346,9 @@ def test_bad_inputs_name_the_value():
     backbone = MultiwayTransformer(tiny())
     with pytest.raises(ValueError, match="image_size=32"):
         backbone(image=torch.randn(1, 3, 48, 48))
-    with pytest.raises(ValueError, match="max_text_positions=16"):
-        backbone(text=torch.zeros(1, 20, dtype=torch.long))
+    rows = backbone.config.max_text_positions
+    with pytest.raises(ValueError, match=f"max_text_positions={rows}"):
+        backbone(text=torch.zeros(1, rows + 4, dtype=torch.long))
 
 
 @pytest.mark.cuda

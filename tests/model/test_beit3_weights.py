@@ -9,7 +9,7 @@ import warnings
 import pytest
 import torch
 
-from mmoe.model import MoEPlan, MultiwayTransformer
+from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
 from mmoe.model.beit3 import BEiT3Weights, beit3_config, from_beit3, load_beit3, read_beit3, to_beit3
 from mmoe.tasks.checkpoint import export_backbone
 from mmoe.vocabulary import VOCAB_SIZE
@@ -93,6 +93,12 @@ def test_a_model_without_the_final_norm_is_read_as_such():
 @pytest.mark.slow
 def test_base_hidden_states_equal_torchscale_beit3():
     compare(torchscale_beit3(BASE), BASE)
+
+
+def test_the_beit3_base_preset_is_the_shape_of_the_released_files():
+    with torch.device("meta"):  # shapes only: the released layout without drawing 221M weights
+        reference = torchscale_beit3(BASE)
+    assert beit3_config(read_beit3(reference.state_dict())) == MultiwayConfig.preset("beit3_base")
 
 
 def test_the_architecture_is_read_from_the_shapes():

@@ -15,8 +15,7 @@ from mmoe.tasks.checkpoint import export_backbone, load_backbone
 from mmoe.tasks.nlvr2 import NLVR2FineTuning
 from tests.cli_fixtures import run_mmoe
 
-DENSE = MultiwayConfig(dim=32, depth=2, num_heads=4, ffn_dim=64, image_size=32, patch_size=16, vocab_size=50,
-                       max_text_positions=16)  # fmt: skip
+DENSE = MultiwayConfig.preset("test", vocab_size=50)
 
 
 def dense_backbone(seed: int = 0) -> MultiwayTransformer:

@@ -167,18 +167,7 @@ def test_empty_input_gives_zero_loss_and_unit_capacity():
 @pytest.mark.parametrize("mode", ["per_modality", "shared"])
 def test_inside_the_multiway_backbone(mode):
     plan = MoEPlan(num_experts=4, top_k=2, strata=[2, 2], every=2, mode=mode)
-    config = MultiwayConfig(
-        dim=32,
-        depth=2,
-        num_heads=4,
-        ffn_dim=64,
-        image_size=32,
-        patch_size=16,
-        vocab_size=100,
-        max_text_positions=16,
-        moe=plan,
-        drop_path=0.1,
-    )
+    config = MultiwayConfig.preset("test", vocab_size=100, moe=plan, drop_path=0.1)
     backbone = MultiwayTransformer(config)
     assert backbone_parameters(config) == sum(p.numel() for p in backbone.parameters())
     # Layer 1's Stratified FFNs normalise their own input: its pre-FFN norms are parameter-free identities.

@@ -37,7 +37,7 @@ class SquaredHidden(BackboneTask):
         super().__init__("sum", optimizer)
         self.save_hyperparameters({"balance_coefficient": 0.0, "balance_reduce": "sum"})
         plan = MoEPlan(num_experts=4, top_k=2, every=1, expert_parallel=expert_parallel)
-        config = MultiwayConfig(dim=32, depth=2, num_heads=4, ffn_dim=64, image_size=32, patch_size=16, moe=plan)
+        config = MultiwayConfig.preset("test", moe=plan)
         self.backbone = MultiwayTransformer(config)
         self.store_configs()
 

@@ -25,12 +25,10 @@ from mmoe.tasks.nlvr2 import NLVR2FineTuning
 from mmoe.tasks.optimizer import OptimizerConfig, layer_id, parameter_groups
 from mmoe.tasks.vqa import VQAFineTuning, load_answer_vocab
 
-TINY = dict(dim=32, depth=2, num_heads=4, ffn_dim=64, image_size=32, patch_size=16, max_text_positions=16)
-
 
 def config(moe: bool = True, **overrides) -> MultiwayConfig:
     plan = MoEPlan(num_experts=4, every=1) if moe else None
-    return MultiwayConfig(**(TINY | {"vocab_size": 120, "moe": plan} | overrides))
+    return MultiwayConfig.preset("test", **({"vocab_size": 120, "moe": plan} | overrides))
 
 
 @pytest.fixture()
@@ -156,7 +154,7 @@ def test_caption_mask_image_never_sees_text_and_text_is_causal():
 
 
 def captioner(**overrides) -> CaptioningFineTuning:
-    backbone = MultiwayConfig(**(TINY | {"vocab_size": VOCAB_SIZE, "moe": MoEPlan(num_experts=4, every=2)}))
+    backbone = MultiwayConfig.preset("test", moe=MoEPlan(num_experts=4, every=2))
     return CaptioningFineTuning(backbone=backbone, max_length=8, **overrides).eval()
 
 

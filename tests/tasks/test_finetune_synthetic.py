@@ -17,6 +17,7 @@ from mmoe.data.synth.convert import convert_layout
 from mmoe.data.synth.corpus import SynthSizes, build_corpus
 from mmoe.metrics.cli import eval_command
 from mmoe.model import MoEPlan, MultiwayConfig
+from mmoe.model.config import PRESETS
 from mmoe.tasks.captioning import CaptioningFineTuning
 from mmoe.tasks.nlvr2 import NLVR2FineTuning
 from mmoe.tasks.optimizer import OptimizerConfig
@@ -24,7 +25,7 @@ from mmoe.tasks.vqa import VQAFineTuning
 
 pytestmark = pytest.mark.slow
 
-BACKBONE = dict(dim=64, depth=2, num_heads=4, ffn_dim=128, image_size=32, patch_size=16, max_text_positions=40)
+BACKBONE = PRESETS["test"] | {"dim": 64, "ffn_dim": 128}
 LOADER = dict(image_size=32, max_text_length=32, num_workers=0, shuffle_buffer=200)
 
 

@@ -15,8 +15,7 @@ from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
 from mmoe.tasks.fsdp import shard_backbone
 
 WORLD = 2
-CONFIG = MultiwayConfig(dim=32, depth=2, num_heads=4, ffn_dim=64, image_size=32, patch_size=16, max_text_positions=16,
-                        moe=MoEPlan(num_experts=4, top_k=2, every=1))  # fmt: skip
+CONFIG = MultiwayConfig.preset("test", moe=MoEPlan(num_experts=4, top_k=2, every=1))
 VARIANTS = {
     "xmoe top-2": CONFIG,
     "mh-moe h=2, activation checkpointing": dataclasses.replace(

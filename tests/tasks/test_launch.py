@@ -10,6 +10,7 @@ import lightning as L
 import pytest
 import yaml
 
+from mmoe.model.config import PRESETS
 from mmoe.tasks.launch import read_config, run_lightning
 from mmoe.tasks.layout import RunLayout
 from tests.cli_fixtures import small_shards
@@ -24,8 +25,7 @@ class StepCounter(L.Callback):
 
 
 def nlvr2_config(shards, root) -> dict:
-    backbone = {"dim": 32, "depth": 2, "num_heads": 4, "ffn_dim": 64, "image_size": 32, "patch_size": 16,
-                "max_text_positions": 40, "moe": {"num_experts": 4, "every": 2}}  # fmt: skip
+    backbone = PRESETS["test"] | {"moe": {"num_experts": 4, "every": 2}}
     return {
         "trainer": {"max_steps": 3, "accelerator": "cpu", "logger": False, "enable_progress_bar": False,
                     "limit_val_batches": 0, "default_root_dir": str(root)},

@@ -21,7 +21,7 @@ from mmoe.tasks.optimizer import (
     warmup_cosine,
 )
 
-TINY = MultiwayConfig(dim=32, depth=2, num_heads=4, ffn_dim=64, image_size=32, patch_size=16, max_text_positions=16)
+TINY = MultiwayConfig.preset("test")
 
 
 @pytest.mark.parametrize(

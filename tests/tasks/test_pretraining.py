@@ -11,13 +11,12 @@ import torch
 from torch.utils.data import DataLoader
 
 from mmoe.model import MoEPlan, MultiwayConfig
+from mmoe.model.config import PRESETS
 from mmoe.tasks.optimizer import PRETRAINING_OPTIMIZER, warmup_cosine
 from mmoe.tasks.pretraining import MaskedPretraining
 from mmoe.tasks.visual_codebook import PatchCodebook, fit_codebook
 
-BACKBONE = dict(
-    dim=32, depth=2, num_heads=4, ffn_dim=64, image_size=32, patch_size=16, vocab_size=120, max_text_positions=16
-)
+BACKBONE = PRESETS["test"] | {"vocab_size": 120}
 
 
 def images(count: int, seed: int = 0) -> torch.Tensor:

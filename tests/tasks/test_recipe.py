@@ -12,16 +12,10 @@ from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
 from mmoe.model.beit3 import to_beit3
 from mmoe.tasks.base import StepLosses
 from mmoe.tasks.nlvr2 import NLVR2FineTuning
-from mmoe.vocabulary import VOCAB_SIZE
 
 
 def tiny(**overrides) -> MultiwayConfig:
-    fields = dict(
-        dim=32, depth=2, num_heads=4, ffn_dim=64, image_size=32, patch_size=16, vocab_size=VOCAB_SIZE,
-        max_text_positions=16,
-    )  # fmt: skip
-    fields.update(overrides)
-    return MultiwayConfig(**fields)
+    return MultiwayConfig.preset("test", **overrides)
 
 
 def task_loss_with(coefficient: float, monkeypatch) -> tuple[torch.Tensor, dict]:
