@@ -21,9 +21,7 @@ def tiny_config(moe: MoEPlan | None | str = "mh-moe", **overrides) -> MultiwayCo
     with 4 experts and 2 heads in every layer."""
     if moe == "mh-moe":
         moe = MoEPlan(num_experts=4, heads=2, every=1)
-    fields = dict(dim=32, depth=2, num_heads=2, ffn_dim=64, image_size=32, patch_size=8, max_text_positions=40)
-    fields.update(overrides)
-    return MultiwayConfig(moe=moe, **fields)
+    return MultiwayConfig.preset("test", **({"num_heads": 2, "patch_size": 8, "moe": moe} | overrides))
 
 
 def make_checkpoint(path: Path, seed: int = 0, **config) -> Path:

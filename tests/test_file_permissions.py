@@ -16,6 +16,7 @@ import yaml
 
 from mmoe.atomic import atomic_write, current_umask, write_json_atomic, write_text_atomic
 from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
+from mmoe.model.config import PRESETS
 from mmoe.tasks.checkpoint import export_backbone
 from mmoe.tasks.visual_codebook import PatchCodebook
 
@@ -81,9 +82,7 @@ def test_lightning_checkpoints_of_mmoe_fit_follow_the_umask(tmp_path):
                                          "every_n_train_steps": 1}}],
         },
         "model": {"class_path": "mmoe.tasks.nlvr2.NLVR2FineTuning",
-                  "init_args": {"backbone": {"dim": 32, "depth": 2, "num_heads": 4, "ffn_dim": 64, "image_size": 32,
-                                             "patch_size": 16, "max_text_positions": 40},
-                                "optimizer": {"warmup_steps": 1}}},
+                  "init_args": {"backbone": dict(PRESETS["test"]), "optimizer": {"warmup_steps": 1}}},
         "data": {"class_path": "mmoe.data.datamodules.NLVR2DataModule",
                  "init_args": {"train_shards": str(shards / "nlvr2-train"), "batch_size": 2, "max_text_length": 32,
                                "num_workers": 0}},

@@ -164,8 +164,14 @@ class MultiwayConfig:
         self.num_patches = (self.image_size // self.patch_size) ** 2
 
     @classmethod
-    def preset(cls, name: Literal["tiny", "base"], **overrides) -> MultiwayConfig:
-        """``tiny``: 4 layers, 192 wide, 64 px images (CPU minutes). ``base``: BEiT-3 base, 12 x 768, 224 px."""
+    def preset(cls, name: Literal["test", "tiny", "base", "beit3_base"], **overrides) -> MultiwayConfig:
+        """A named shape from :data:`PRESETS` with ``overrides`` over it.
+
+        ``test``: 2 layers, 32 wide, 32 px images (the tests' backbone, milliseconds). ``tiny``: 4 layers, 192 wide,
+        64 px images (CPU minutes). ``base``: BEiT-3 base, 12 x 768, 224 px. ``beit3_base``: BEiT-3 base as
+        released (XLM-R's 64010 text ids through ``beit3.spm``, position offset 2), the shape ``from_beit3`` reads
+        from its files.
+        """
         if name not in PRESETS:
             raise ValueError(f"unknown MultiwayConfig preset {name!r}; expected one of {sorted(PRESETS)}")
         fields = dict(PRESETS[name])
@@ -179,6 +185,11 @@ class MultiwayConfig:
 
 
 PRESETS: dict[str, dict] = {
+    "test": dict(dim=32, depth=2, num_heads=4, ffn_dim=64, image_size=32, patch_size=16, max_text_positions=40),
     "tiny": dict(dim=192, depth=4, num_heads=3, ffn_dim=768, image_size=64, patch_size=16, max_text_positions=64),
     "base": dict(dim=768, depth=12, num_heads=12, ffn_dim=3072, image_size=224, patch_size=16, max_text_positions=1024),
-}
+    "beit3_base": dict(
+        dim=768, depth=12, num_heads=12, ffn_dim=3072, image_size=224, patch_size=16, vocab_size=64010,
+        max_text_positions=1024, position_offset=2,
+    ),
+}  # fmt: skip

@@ -1,5 +1,5 @@
-"""Two-process CPU DDP pre-training run used by tests/test_ddp.py (launched as a script: Lightning's DDP launcher
-re-runs it once per rank).
+"""Two-process CPU DDP pre-training run used by tests/tasks/test_pretraining_run.py (launched as a script:
+Lightning's DDP launcher re-runs it once per rank).
 
 Usage: python tests/scripts/ddp_pretrain.py OUT_DIR CODEBOOK SHARDS
 Each rank writes OUT_DIR/rank{r}.json with the sample keys it trained on, its local expert counts, and a checksum
@@ -45,16 +45,7 @@ def main() -> None:
     out, codebook, shards = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
     torch.set_num_threads(1)  # two processes share the machine's cores
     L.seed_everything(0)
-    backbone = MultiwayConfig(
-        dim=32,
-        depth=2,
-        num_heads=4,
-        ffn_dim=64,
-        image_size=32,
-        patch_size=16,
-        max_text_positions=32,
-        moe=MoEPlan(num_experts=4, every=1, heads=2),
-    )
+    backbone = MultiwayConfig.preset("test", max_text_positions=32, moe=MoEPlan(num_experts=4, every=1, heads=2))
     optimizer = dataclasses.replace(PRETRAINING_OPTIMIZER, warmup_steps=1)
     task = MaskedPretraining(backbone, visual_codebook=codebook, optimizer=optimizer)
     data = PretrainDataModule(

@@ -1,4 +1,4 @@
-"""Expert-parallel training run used by tests/test_expert_parallel.py (a script: Lightning's DDP launcher re-runs it
+"""Expert-parallel training run used by tests/moe/test_expert_parallel.py (a script: Lightning's DDP launcher re-runs it
 once per rank).
 
 Usage: python tests/scripts/expert_parallel_fit.py OUT_DIR DEVICES EXPERT_PARALLEL STEPS [RESUME_CKPT] [--fsdp]
@@ -37,7 +37,7 @@ class SquaredHidden(BackboneTask):
         super().__init__("sum", optimizer)
         self.save_hyperparameters({"balance_coefficient": 0.0, "balance_reduce": "sum"})
         plan = MoEPlan(num_experts=4, top_k=2, every=1, expert_parallel=expert_parallel)
-        config = MultiwayConfig(dim=32, depth=2, num_heads=4, ffn_dim=64, image_size=32, patch_size=16, moe=plan)
+        config = MultiwayConfig.preset("test", moe=plan)
         self.backbone = MultiwayTransformer(config)
         self.store_configs()
 

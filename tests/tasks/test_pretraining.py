@@ -1,0 +1,167 @@
+"""The masked-modeling pre-training task on hand-made batches: losses, balance term, optimiser, norm restore."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import lightning as L
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from mmoe.model import MoEPlan, MultiwayConfig
+from mmoe.model.config import PRESETS
+from mmoe.tasks.optimizer import PRETRAINING_OPTIMIZER, warmup_cosine
+from mmoe.tasks.pretraining import MaskedPretraining
+from mmoe.tasks.visual_codebook import PatchCodebook, fit_codebook
+
+BACKBONE = PRESETS["test"] | {"vocab_size": 120}
+
+
+def images(count: int, seed: int = 0) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    base = torch.rand(count, 3, 1, 1, generator=generator) * 2 - 1
+    return (base + 0.3 * torch.randn(count, 3, 32, 32, generator=generator)).clamp(-1, 1)
+
+
+@pytest.fixture()
+def codebook_path(tmp_path):
+    codebook = fit_codebook([images(64)], size=16, patch_size=16, pool=2, iterations=5)
+    path = tmp_path / "codebook.pt"
+    codebook.save(path)
+    return str(path)
+
+
+def make_batches(count: int, seed: int = 0) -> list[dict]:
+    generator = torch.Generator().manual_seed(seed)
+    batches = []
+    for index in range(count):
+        kind = ("image", "text", "pair")[index % 3]
+        batch: dict = {"kind": kind}
+        if kind != "text":
+            batch["image"] = images(4, seed + index)
+            batch["image_mask"] = torch.rand(4, 4, generator=generator) < (0.4 if kind == "image" else 0.0)
+            batch["image_mask"][:, 0] = kind == "image"
+        if kind != "image":
+            # Learnable text: each position holds a fixed token, so masked tokens are predictable from positions.
+            targets = (3 + (torch.arange(10) * 11) % 110).repeat(4, 1)
+            text_mask = torch.rand(4, 10, generator=generator) < 0.3
+            text_mask[:, 1] = True
+            padding = torch.zeros(4, 10, dtype=torch.bool)
+            padding[0, 7:] = True
+            text_mask &= ~padding
+            batch |= {
+                "text_ids": torch.where(text_mask, 119, targets),
+                "text_targets": targets,
+                "text_mask": text_mask,
+                "text_padding_mask": padding,
+            }
+        batches.append(batch)
+    return batches
+
+
+def test_codebook_round_trip_and_encoding(tmp_path, codebook_path):
+    codebook = PatchCodebook.load(codebook_path)
+    ids = codebook.encode(images(3))
+    assert ids.shape == (3, 4) and ids.dtype == torch.long and 0 <= ids.min() and ids.max() < 16
+    # A patch equal to a centroid (after pooling) maps to that centroid.
+    flat = codebook.centroids[5].view(3, 2, 2)
+    patch = flat.repeat_interleave(8, 1).repeat_interleave(8, 2)
+    image = patch.repeat(1, 2, 2)[None]
+    assert codebook.encode(image)[0].tolist() == [5, 5, 5, 5]
+    with pytest.raises(FileNotFoundError, match="mmoe tokenizer fit"):
+        PatchCodebook.load(tmp_path / "none.pt")
+
+
+def test_losses_per_kind_and_balance_term(codebook_path):
+    task = MaskedPretraining(MultiwayConfig(**BACKBONE, moe=MoEPlan(num_experts=4, every=1)), codebook_path)
+    image_batch, text_batch, pair_batch = make_batches(3)
+    losses, routing = task.masked_losses(image_batch)
+    assert set(losses) == {"image"} and [r.modality for r in routing] == ["vision", "vision"]
+    losses, routing = task.masked_losses(text_batch)
+    assert set(losses) == {"text"} and [r.modality for r in routing] == ["language", "language"]
+    losses, routing = task.masked_losses(pair_batch)
+    assert set(losses) == {"pair"} and len(routing) == 4
+    # At initialisation the cross-entropy is about log(classes).
+    assert abs(losses["pair"].item() - math.log(120)) < 1.0
+    balance = task.balance_loss(routing)
+    torch.testing.assert_close(balance, torch.stack([r.balance_loss for r in routing]).sum())
+
+
+def test_training_reduces_loss_and_keeps_expert_norms(codebook_path, tmp_path):
+    torch.manual_seed(0)
+    config = MultiwayConfig(**BACKBONE, moe=MoEPlan(num_experts=4, heads=2, every=1))
+    optimizer = dataclasses.replace(PRETRAINING_OPTIMIZER, learning_rate=3e-3, warmup_steps=5)
+    task = MaskedPretraining(config, codebook_path, optimizer=optimizer)
+    batches = make_batches(6)
+    loader = DataLoader(batches * 10, batch_size=None, shuffle=False)
+    first = {}
+    for batch in batches[:3]:
+        losses, _ = task.masked_losses(batch)
+        first |= {k: v.item() for k, v in losses.items()}
+    trainer = L.Trainer(
+        max_steps=60,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(task, loader)
+    last = {}
+    for batch in batches[:3]:
+        losses, _ = task.masked_losses(batch)
+        last |= {k: v.item() for k, v in losses.items()}
+    for kind in ("image", "text", "pair"):
+        assert last[kind] < 0.8 * first[kind], (kind, first[kind], last[kind])
+    for layer in task.backbone.layers:
+        for ffn in layer.ffn:
+            norms = ffn.router.scorer.expert_embeddings.norm(dim=-1)
+            torch.testing.assert_close(norms, torch.full_like(norms, 0.1))
+
+
+def test_no_weight_decay_on_biases_norms_and_router_embeddings(codebook_path):
+    task = MaskedPretraining(MultiwayConfig(**BACKBONE, moe=MoEPlan(num_experts=4, every=1)), codebook_path)
+    task.trainer = L.Trainer(max_steps=10, logger=False)
+    optimizer = task.configure_optimizers()["optimizer"]
+    decayed = {id(p) for p in optimizer.param_groups[0]["params"]}
+    names = {id(p): n for n, p in task.named_parameters()}
+    assert all(not names[i].endswith(".bias") and "norm" not in names[i] for i in decayed)
+    assert not any(names[i].endswith(("expert_embeddings", "log_temperature", "cls_token")) for i in decayed)
+    assert optimizer.defaults["betas"] == (0.9, 0.98) and optimizer.defaults["eps"] == 1e-6
+
+
+def test_warmup_cosine_schedule():
+    schedule = warmup_cosine(10, 110, 0.1)
+    assert schedule(0) == pytest.approx(0.1) and schedule(9) == pytest.approx(1.0)
+    assert schedule(60) == pytest.approx(0.1 + 0.9 * 0.5)
+    assert schedule(110) == pytest.approx(0.1) and schedule(500) == pytest.approx(0.1)
+
+
+def test_codebook_patch_size_must_match(codebook_path):
+    with pytest.raises(ValueError, match="backbone.patch_size=8"):
+        MaskedPretraining(MultiwayConfig(**(BACKBONE | {"patch_size": 8})), codebook_path)
+
+
+@pytest.mark.slow
+def test_teacher_feature_target_from_open_clip_weights_on_disk(tmp_path):
+    import open_clip
+
+    weights = tmp_path / "teacher.pt"
+    torch.save(open_clip.create_model("ViT-S-32").state_dict(), weights)  # stands in for weights a user has
+    task = MaskedPretraining(MultiwayConfig(**BACKBONE), teacher_checkpoint=str(weights), teacher_model="ViT-S-32")
+    assert not any(name.startswith("_teacher") for name in task.state_dict())
+    assert task.mim_head.out_features == 384
+    losses, _ = task.masked_losses(make_batches(1)[0])
+    assert set(losses) == {"image_cosine"} and 0.0 < losses["image_cosine"].item() < 2.0
+    losses["image_cosine"].backward()
+    assert task.mim_head.weight.grad.abs().sum() > 0
+
+
+def test_exactly_one_image_target(codebook_path, tmp_path):
+    with pytest.raises(ValueError, match="exactly one of model.visual_codebook and model.teacher_checkpoint"):
+        MaskedPretraining(MultiwayConfig(**BACKBONE))
+    with pytest.raises(FileNotFoundError, match="teacher_checkpoint"):
+        MaskedPretraining(MultiwayConfig(**BACKBONE), teacher_checkpoint=str(tmp_path / "missing.pt"))
