@@ -210,7 +210,7 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, tmp_path, capsys):
 
 
 def test_a_tiny_variant_is_read_from_the_base_and_its_part(capsys, monkeypatch):
-    configs = Path(__file__).resolve().parents[1] / "configs" / "pretrain"
+    configs = Path(__file__).resolve().parents[2] / "configs" / "pretrain"
     monkeypatch.chdir(configs.parents[1])  # the config's codebook, data/synthetic/codebook.pt, may be absent
     argv = ["--config", str(configs / "tiny.yaml"), "--config", str(configs / "tiny" / "mhmoe.yaml")]
     code, result, err = run_info(argv, capsys)
