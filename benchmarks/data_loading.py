@@ -29,8 +29,8 @@ from PIL import Image
 from mmoe.data.collate import PretrainCollator
 from mmoe.data.datamodules import PretrainDataModule
 from mmoe.data.decoders import PairDecoder
-from mmoe.data.pipelines import ShardStream
 from mmoe.data.shards import ShardWriter, resolve_shards
+from mmoe.data.streams import ShardStream
 from mmoe.data.synth.convert import convert_layout
 from mmoe.data.synth.corpus import SynthSizes, build_corpus
 from mmoe.data.synth.language import captions

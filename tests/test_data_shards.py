@@ -15,8 +15,10 @@ from torch.utils.data import DataLoader
 
 from mmoe.data.collate import PretrainCollator
 from mmoe.data.decoders import ImageDecoder, PairDecoder, TextDecoder, json_entry
-from mmoe.data.pipelines import EpochDataLoader, ShardStream, StreamMixture
+from mmoe.data.loader import EpochDataLoader
+from mmoe.data.mixture import StreamMixture
 from mmoe.data.shards import ShardWriter, resolve_shards
+from mmoe.data.streams import ShardStream
 from mmoe.data.tokenizer import TextTokenizer
 from mmoe.data.transforms import eval_transform
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import lightning as L
 import torch
 
+from mmoe.data.accounting import SkipCount, add_skips, describe_skips
 from mmoe.data.batches import IMAGE, PAIR, TEXT, BatchKind
 from mmoe.data.collate import CaptionCollator, PlainCollator, PretrainCollator, VQACollator
 from mmoe.data.decoders import (
@@ -28,18 +29,12 @@ from mmoe.data.decoders import (
     TextDecoder,
     VQADecoder,
 )
+from mmoe.data.loader import EpochDataLoader
 from mmoe.data.masking import MaskingConfig
-from mmoe.data.pipelines import (
-    Collator,
-    Decoder,
-    EpochDataLoader,
-    ShardStream,
-    SkipCount,
-    StreamMixture,
-    add_skips,
-    describe_skips,
-)
+from mmoe.data.mixture import StreamMixture
+from mmoe.data.samples import Collator, Decoder
 from mmoe.data.shards import expected_samples, resolve_shards
+from mmoe.data.streams import ShardStream
 from mmoe.data.tokenizer import TextTokenizer
 from mmoe.data.transforms import eval_transform, train_transform
 
