@@ -26,7 +26,7 @@ import sentencepiece
 import torch
 
 from mmoe.cli import main
-from mmoe.data.converters.vqav2 import ANSWERS_FILE
+from mmoe.data.answers import ANSWERS_FILE
 from mmoe.demo.settings import CONFIGS
 from mmoe.metrics.vqa import evaluate_vqa_files
 from mmoe.tasks.launch import run_lightning

@@ -9,7 +9,6 @@ and in :mod:`mmoe.data.collate`.
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from collections.abc import Callable
@@ -19,6 +18,7 @@ import lightning as L
 import torch
 
 from mmoe.data.accounting import SkipCount, add_skips, describe_skips
+from mmoe.data.answers import read_answer_vocab
 from mmoe.data.batches import IMAGE, PAIR, TEXT, BatchKind
 from mmoe.data.collate import CaptionCollator, PlainCollator, PretrainCollator, VQACollator
 from mmoe.data.decoders import (
@@ -367,18 +367,15 @@ class VQADataModule(FinetuneDataModule):
     (ViLT, BEiT-3).
 
     Args:
-        answer_vocab: ``answers.json`` of the training split (JSON list; index = class label); the model's (the mmoe
-            CLI sets it).
+        answer_vocab: ``answers.json`` of the training split, read by :func:`mmoe.data.answers.read_answer_vocab` as
+            the task reads it (class labels in its order); the model's (the mmoe CLI sets it).
         **shards: the splits' shards and the loader arguments of :class:`FinetuneDataModule` (e.g. ``train_shards``,
             ``batch_size``, ``image_size``).
     """
 
     def __init__(self, answer_vocab: str, **shards) -> None:
         super().__init__(**shards)
-        path = Path(answer_vocab)
-        if not path.is_file():
-            raise FileNotFoundError(f"answer_vocab {path} does not exist (mmoe data convert vqav2 writes answers.json)")
-        self.answers: list[str] = json.loads(path.read_text())
+        self.answers = read_answer_vocab(answer_vocab)
         self.vocab = {answer: label for label, answer in enumerate(self.answers)}
 
     @property

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mmoe.data.answers import ANSWERS_FILE
 from mmoe.data.converters.coco import CAPTION_TOKENS_FILE
-from mmoe.data.converters.vqav2 import ANSWERS_FILE
 from mmoe.data.synth.scenes import COLORS
 from mmoe.demo.report import caption_rows, nlvr2_rows, vqa_rows
 from mmoe.demo.settings import DemoRun, DemoSettings
