@@ -170,6 +170,14 @@ def test_a_bad_answers_file_is_one_line_naming_it(tmp_path, content, why):
         read_answer_vocab(path, ConversionError)
 
 
+def test_only_the_converter_reads_an_empty_answers_file(tmp_path):
+    path = tmp_path / ANSWERS_FILE
+    path.write_text("[]")
+    assert read_answer_vocab(path, allow_empty=True) == []
+    with pytest.raises(ValueError, match="holds no answer"):
+        read_answer_vocab(path)
+
+
 def test_a_missing_or_malformed_answers_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="answers.json does not exist .mmoe data convert vqav2"):
         read_answer_vocab(tmp_path / ANSWERS_FILE)

@@ -25,7 +25,7 @@ The answer vocabulary holds :func:`normalize_answer` forms of the training ``mul
 file, :data:`ANSWERS_FILE` in a training split's folder, is read by :func:`read_answer_vocab` only (the converters, the
 DataModule and the VQA task all call it), with one rule set: a JSON list of distinct non-empty answers (index = class
 label, what mmoe writes), or an object answer -> label (BEiT-3's ``answer2label``) whose labels are 0..n-1, each once;
-at least one answer.
+at least one answer, except where the converter reads back the empty vocabulary it may write.
 """
 
 from __future__ import annotations
@@ -123,14 +123,18 @@ def build_answer_vocab(multiple_choice_answers: Iterable[str], min_count: int = 
     return [answer for answer, _ in sorted(kept, key=lambda item: (-item[1], item[0]))]
 
 
-def read_answer_vocab(path: str | os.PathLike, error: type[Exception] = ValueError) -> list[str]:
+def read_answer_vocab(
+    path: str | os.PathLike, error: type[Exception] = ValueError, allow_empty: bool = False
+) -> list[str]:
     """The answer vocabulary of an :data:`ANSWERS_FILE`: the answers in class-label order.
 
     Args:
         path: the file; a JSON list of answers (index = class label) or an object answer -> label whose labels are
-            the integers 0..n-1, each once. Either way the answers are distinct non-empty strings, at least one.
+            the integers 0..n-1, each once. Either way the answers are distinct non-empty strings.
         error: the exception raised for a file that breaks these rules or cannot be read (a command's own input
             error); a missing file is a ``FileNotFoundError`` unless ``error`` is given.
+        allow_empty: accept a vocabulary with no answer. A classifier needs at least one, but the converter writes
+            an empty one (with a warning) when no answer is frequent enough, and reads it back for the other splits.
 
     Raises:
         error: one line naming the file and what is wrong with it.
@@ -144,7 +148,7 @@ def read_answer_vocab(path: str | os.PathLike, error: type[Exception] = ValueErr
         value = sorted(value, key=value.__getitem__)
     if not isinstance(value, list):
         raise error(f"{named}: expected a JSON list of answers (index = class label) or an object answer -> label")
-    if not value:
+    if not value and not allow_empty:
         raise error(f"{named}: holds no answer")
     for label, answer in enumerate(value):
         if not isinstance(answer, str) or not answer:

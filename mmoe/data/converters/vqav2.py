@@ -196,7 +196,7 @@ def convert_vqav2(
     by_question = read_annotations(Path(annotations), question_list) if annotations is not None else None
     vocab: list[str] | None = None
     if answer_vocab is not None:
-        vocab = read_answer_vocab(answer_vocab, ConversionError)
+        vocab = read_answer_vocab(answer_vocab, ConversionError, allow_empty=True)
     elif by_question is not None:
         if not subtype.startswith("train"):
             raise ConversionError(
