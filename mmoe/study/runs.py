@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mmoe.data.synth.convert import CAPTION_TEST_SPLIT
 from mmoe.demo.benchmarks import BENCHMARKS
 from mmoe.demo.pipeline import evaluation, exporting, fine_tuning
 from mmoe.demo.settings import VARIANTS, DemoRun
@@ -22,7 +23,7 @@ from mmoe.tasks.layout import RunLayout
 #: The measurements of the analysis stage, under ``DIR/analysis`` (the report is recomputed from it).
 MEASURES_FILE = "measures.json"
 #: The held-out split every routing measurement runs on (no run trains on it).
-ANALYSIS_SHARDS = "coco-karpathy-test"
+ANALYSIS_SHARDS = CAPTION_TEST_SPLIT
 #: The variants compared through pre-training and fine-tuning (X-MoE §4.5: SMoE baseline vs X-MoE).
 ROUTERS = ("switch", "xmoe")
 #: The task of the seeds' fine-tuning runs (X-MoE Fig. 3b fine-tunes on one task, XNLI).
