@@ -20,13 +20,14 @@ from mmoe.data.answers import (
 )
 from mmoe.data.converters import ConversionError
 from mmoe.metrics import vqa as metrics
+from mmoe.metrics import vqa_normalize
 
 THIRD, TWO_THIRDS = 1 / 3, 2 / 3
 
 
 def test_normalisation_is_the_metrics_one():
-    assert normalize_answer is metrics.normalize_answer
-    assert process_punctuation is metrics.process_punctuation
+    assert normalize_answer is vqa_normalize.normalize_answer
+    assert process_punctuation is vqa_normalize.process_punctuation
     assert answer_scores is metrics.answer_scores
 
 

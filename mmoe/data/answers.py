@@ -1,9 +1,9 @@
 """VQA answers for training: the answer vocabulary and soft targets, on top of :mod:`mmoe.metrics.vqa`.
 
-The official answer normalisation (punctuation, digit/article/contraction tables and functions) and the official
-accuracy live in :mod:`mmoe.metrics.vqa` only; this module adds what is specific to the data pipeline. The names
-``normalize_answer``, ``process_punctuation``, ``process_digit_article``, ``answer_scores`` and ``answer_accuracy``
-are re-exported from there.
+The official answer normalisation (punctuation, digit/article/contraction tables and functions,
+:mod:`mmoe.metrics.vqa_normalize`) and the official accuracy (:mod:`mmoe.metrics.vqa`) live there only; this module
+adds what is specific to the data pipeline. The names ``normalize_answer``, ``process_punctuation``,
+``process_digit_article``, ``answer_scores`` and ``answer_accuracy`` are re-exported from there.
 
 Rule for the soft targets: the target of class ``c`` for a question is exactly the official accuracy that
 ``mmoe eval vqa`` gives the prediction ``c`` against the question's human answers,
@@ -36,9 +36,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from mmoe.io import read_json
-from mmoe.metrics.vqa import (
-    answer_accuracy,
-    answer_scores,
+from mmoe.metrics.vqa import answer_accuracy, answer_scores
+from mmoe.metrics.vqa_normalize import (
     answers_differ,
     clean_whitespace,
     normalize_answer,
