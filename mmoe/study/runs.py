@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from mmoe.data.synth.convert import CAPTION_TEST_SPLIT
+from mmoe.data.tokenizer import CAPTION_MAX_TEXT_LENGTH
 from mmoe.demo.benchmarks import BENCHMARKS
 from mmoe.demo.pipeline import evaluation, exporting, fine_tuning
 from mmoe.demo.settings import VARIANTS, DemoRun
@@ -177,7 +178,7 @@ def analysis_stage(study: StudyRun, settings: StudySettings, runs: list[Pretrain
             settings.training.image_size,
             settings.analysis_batches,
             settings.analysis_batch_size,
-            max_text_length=32,
+            max_text_length=CAPTION_MAX_TEXT_LENGTH,
         )
         many = [run for run in runs if run.moe]
         activation = {run.name: {"heads": run.heads} | expert_loads(study.pretrained(run), batches) for run in many}

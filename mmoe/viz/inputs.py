@@ -23,7 +23,7 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from mmoe.data.decoders import IMAGE_EXTENSIONS
-from mmoe.data.tokenizer import TextTokenizer
+from mmoe.data.tokenizer import CAPTION_MAX_TEXT_LENGTH, TextTokenizer
 from mmoe.data.transforms import IMAGE_MEAN, IMAGE_STD, to_rgb
 
 #: Image files and shard entries read, as the training data's decoders read them.
@@ -150,7 +150,7 @@ class TextEncoder:
             open_clip's BPE.
     """
 
-    def __init__(self, max_length: int = 32, text_tokenizer: str | None = None) -> None:
+    def __init__(self, max_length: int = CAPTION_MAX_TEXT_LENGTH, text_tokenizer: str | None = None) -> None:
         if max_length < 2:
             raise InputError(f"text max length must be >= 2 (start and end tokens), got {max_length}")
         self.max_length = max_length

@@ -16,7 +16,7 @@ from mmoe.data.loader import EpochDataLoader
 from mmoe.data.samples import Collator, Decoder
 from mmoe.data.shards import resolve_shards
 from mmoe.data.streams import ShardStream
-from mmoe.data.tokenizer import TextTokenizer
+from mmoe.data.tokenizer import DEFAULT_MAX_TEXT_LENGTH, TextTokenizer
 from mmoe.data.transforms import eval_transform, train_transform
 
 ShardSpec = str | list[str] | None
@@ -58,7 +58,7 @@ class ShardDataModule(L.LightningDataModule):
         self,
         batch_size: int = 32,
         image_size: int = 224,
-        max_text_length: int = 64,
+        max_text_length: int = DEFAULT_MAX_TEXT_LENGTH,
         text_tokenizer: str | None = None,
         crop_scale: tuple[float, float] | None = (0.5, 1.0),
         hflip: bool = True,

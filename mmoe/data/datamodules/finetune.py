@@ -9,6 +9,7 @@ from mmoe.data.decoders import CaptionDecoder, NLVR2Decoder, VQADecoder
 from mmoe.data.loader import EpochDataLoader
 from mmoe.data.samples import Collator, Decoder
 from mmoe.data.shards import expected_samples, resolve_shards
+from mmoe.data.tokenizer import CAPTION_MAX_TEXT_LENGTH
 
 
 class FinetuneDataModule(ShardDataModule):
@@ -133,13 +134,13 @@ class CaptioningDataModule(FinetuneDataModule):
     ``image``, ``image_id`` (B,) long and ``captions`` (list of each image's reference captions).
 
     Args:
-        max_text_length: longest caption in tokens (BEiT-3 captioning: 32).
+        max_text_length: longest caption in tokens (BEiT-3 captioning: :data:`CAPTION_MAX_TEXT_LENGTH`).
         mask_ratio: share of caption tokens masked for training (BEiT-3 default 0.6, recipes 0.7).
         **shards: the splits' shards (e.g. ``coco-karpathy-train-restval``, ``coco-karpathy-val``,
             ``coco-karpathy-test``) and the loader arguments of :class:`FinetuneDataModule`.
     """
 
-    def __init__(self, max_text_length: int = 32, mask_ratio: float = 0.6, **shards) -> None:
+    def __init__(self, max_text_length: int = CAPTION_MAX_TEXT_LENGTH, mask_ratio: float = 0.6, **shards) -> None:
         super().__init__(max_text_length=max_text_length, **shards)
         if not 0.0 < mask_ratio <= 1.0:
             raise ValueError(f"mask_ratio must lie in (0, 1], got {mask_ratio!r}")
