@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mmoe.data.batches import BATCH_KINDS, IMAGE, TEXT, PretrainBatch, PretrainStep, step_batches
+from mmoe.data.transforms import denormalize
 from mmoe.model import MultiwayConfig, MultiwayTransformer
 from mmoe.moe import RoutingRecord
 from mmoe.tasks.base import BackboneTask, StepLosses
@@ -179,12 +180,13 @@ def teacher_width(visual: nn.Module) -> int:
 
 @torch.no_grad()
 def teacher_patch_features(visual: nn.Module, image: torch.Tensor, grid: int) -> torch.Tensor:
-    """Last-block patch features of the teacher for (B, 3, H, W) images normalised with mean = std = 0.5, average-
-    pooled to the backbone's ``grid x grid`` patches: (B, grid^2, C)."""
+    """Last-block patch features of the teacher for (B, 3, H, W) images normalised as the data's transforms normalise
+    them (undone by :func:`mmoe.data.transforms.denormalize`, then normalised the teacher's way), average-pooled to
+    the backbone's ``grid x grid`` patches: (B, grid^2, C)."""
     from open_clip import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
 
     visual.to(image.device)
-    pixels = image.float() * 0.5 + 0.5
+    pixels = denormalize(image.float())
     mean = torch.tensor(OPENAI_DATASET_MEAN, device=image.device)[:, None, None]
     std = torch.tensor(OPENAI_DATASET_STD, device=image.device)[:, None, None]
     pixels = F.interpolate(pixels, size=tuple(visual.image_size), mode="bicubic", align_corners=False)

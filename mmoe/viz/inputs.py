@@ -24,7 +24,7 @@ from PIL import Image, UnidentifiedImageError
 
 from mmoe.data.decoders import IMAGE_EXTENSIONS
 from mmoe.data.tokenizer import CAPTION_MAX_TEXT_LENGTH, TextTokenizer
-from mmoe.data.transforms import IMAGE_MEAN, IMAGE_STD, to_rgb
+from mmoe.data.transforms import normalize, to_rgb
 
 #: Image files and shard entries read, as the training data's decoders read them.
 IMAGE_SUFFIXES = tuple(f".{extension}" for extension in IMAGE_EXTENSIONS)
@@ -136,8 +136,7 @@ def load_image(sample: Sample, size: int) -> np.ndarray:
 
 def image_tensor(pixels: np.ndarray) -> torch.Tensor:
     """(H, W, 3) uint8 -> (3, H, W) float, normalised as the training data."""
-    mean, std = torch.tensor(IMAGE_MEAN).view(3, 1, 1), torch.tensor(IMAGE_STD).view(3, 1, 1)
-    return (torch.from_numpy(np.array(pixels)).permute(2, 0, 1).float() / 255.0 - mean) / std
+    return normalize(torch.from_numpy(np.array(pixels)).permute(2, 0, 1).float() / 255.0)
 
 
 class TextEncoder:
