@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
+from mmoe.data.batches import IMAGE, PAIR, TEXT, BatchKind
 from mmoe.data.decoders import IMAGE_EXTENSIONS
 from mmoe.data.tokenizer import CAPTION_MAX_TEXT_LENGTH, TextTokenizer
 from mmoe.data.transforms import normalize, to_rgb
@@ -43,8 +44,8 @@ class Sample:
     text: str | None = None
 
     @property
-    def kind(self) -> str:
-        return {(True, True): "pair", (True, False): "image", (False, True): "text"}[
+    def kind(self) -> BatchKind:
+        return {(True, True): PAIR, (True, False): IMAGE, (False, True): TEXT}[
             (self.image is not None, self.text is not None)
         ]
 
