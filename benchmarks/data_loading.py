@@ -29,9 +29,9 @@ from PIL import Image
 from mmoe.data.collate import PretrainCollator
 from mmoe.data.datamodules import PretrainDataModule
 from mmoe.data.decoders import PairDecoder
-from mmoe.data.pipelines import ShardStream
 from mmoe.data.shards import ShardWriter, resolve_shards
-from mmoe.data.synth.convert import convert_layout
+from mmoe.data.streams import ShardStream
+from mmoe.data.synth.convert import PRETRAIN_IMAGE_SPLIT, PRETRAIN_PAIR_SPLIT, PRETRAIN_TEXT_SPLIT, convert_layout
 from mmoe.data.synth.corpus import SynthSizes, build_corpus
 from mmoe.data.synth.language import captions
 from mmoe.data.synth.scenes import render, sample_scene
@@ -74,8 +74,8 @@ def pairs_case(shards: list[str], workers: int, rounds: int, image_size: int, ba
 
 def tiny_pretrain_case(shards: Path, workers: int, steps: int) -> dict:
     module = PretrainDataModule(
-        image_shards=str(shards / "pretrain-images"), text_shards=str(shards / "pretrain-text"),
-        pair_shards=str(shards / "pretrain-pairs"), joint=True, batch_size=32, image_size=64, patch_size=16,
+        image_shards=str(shards / PRETRAIN_IMAGE_SPLIT), text_shards=str(shards / PRETRAIN_TEXT_SPLIT),
+        pair_shards=str(shards / PRETRAIN_PAIR_SPLIT), joint=True, batch_size=32, image_size=64, patch_size=16,
         max_text_length=40, batches_per_epoch=steps + 5, num_workers=workers,
     )  # fmt: skip
     iterator = iter(module.train_dataloader())
@@ -110,7 +110,7 @@ def main() -> None:
             print(json.dumps(pairs_case(shards, workers, args.rounds, 224, 32)), flush=True)
         build_corpus(root / "synth", sizes=SynthSizes(512, 3, 3, 1, 1, 1, 2048))
         convert_layout(root / "synth", root / "synth" / "shards", shard_size=128)
-        assert resolve_shards(root / "synth" / "shards" / "pretrain-pairs")
+        assert resolve_shards(root / "synth" / "shards" / PRETRAIN_PAIR_SPLIT)
         for workers in args.workers:
             print(json.dumps(tiny_pretrain_case(root / "synth" / "shards", workers, args.steps)), flush=True)
 

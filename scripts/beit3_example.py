@@ -26,7 +26,8 @@ import sentencepiece
 import torch
 
 from mmoe.cli import main
-from mmoe.data.converters.vqav2 import ANSWERS_FILE
+from mmoe.data.answers import ANSWERS_FILE
+from mmoe.data.synth.convert import VQA_TRAIN_SPLIT, VQA_VAL_SPLIT
 from mmoe.data.synth.corpus import SUMMARY_FILE, ChanceLevels
 from mmoe.demo.settings import CONFIGS
 from mmoe.metrics.vqa import evaluate_vqa_files
@@ -90,7 +91,7 @@ def fit_options(run_dir: Path, data: Path, upcycled: Path, spm: Path, steps: int
         "model": {
             "init_args": {
                 "backbone": None, "pretrained": str(upcycled), "text_tokenizer": str(spm),
-                "answer_vocab": str(data / "shards" / "vqav2-train2014" / ANSWERS_FILE),
+                "answer_vocab": str(data / "shards" / VQA_TRAIN_SPLIT / ANSWERS_FILE),
             }
         },
         "trainer": {
@@ -141,7 +142,7 @@ def run(out: Path, steps: int) -> dict:
     predictions = out / "val_results.json"
     options["ckpt_path"] = str(checkpoint)
     options["model"]["init_args"]["predictions_file"] = str(predictions)
-    options["data"]["init_args"]["test_shards"] = str(data / "shards" / "vqav2-val2014")
+    options["data"]["init_args"]["test_shards"] = str(data / "shards" / VQA_VAL_SPLIT)
     lightning("predict", config, options)
     lap("predict")
     vqa = data / "vqav2"

@@ -1,5 +1,5 @@
-"""Data for mmoe: tokenizer, BEiT-3 masks, webdataset shards and pipelines, converters from the benchmarks' original
-files, the synthetic default corpus, and Lightning DataModules."""
+"""Data for mmoe: tokenizer, BEiT-3 masks, webdataset shards and the streams reading them, converters from the
+benchmarks' original files, the synthetic default corpus, and Lightning DataModules."""
 
 from mmoe.data.masking import MaskingConfig
 from mmoe.data.tokenizer import EOT_ID, MASK_ID, PAD_ID, SOT_ID, VOCAB_SIZE, TextTokenizer

@@ -1,9 +1,9 @@
 """VQA answers for training: the answer vocabulary and soft targets, on top of :mod:`mmoe.metrics.vqa`.
 
-The official answer normalisation (punctuation, digit/article/contraction tables and functions) and the official
-accuracy live in :mod:`mmoe.metrics.vqa` only; this module adds what is specific to the data pipeline. The names
-``normalize_answer``, ``process_punctuation``, ``process_digit_article``, ``answer_scores`` and ``answer_accuracy``
-are re-exported from there.
+The official answer normalisation (punctuation, digit/article/contraction tables and functions,
+:mod:`mmoe.metrics.vqa_normalize`) and the official accuracy (:mod:`mmoe.metrics.vqa`) live there only; this module
+adds what is specific to the data pipeline. The names ``normalize_answer``, ``process_punctuation``,
+``process_digit_article``, ``answer_scores`` and ``answer_accuracy`` are re-exported from there.
 
 Rule for the soft targets: the target of class ``c`` for a question is exactly the official accuracy that
 ``mmoe eval vqa`` gives the prediction ``c`` against the question's human answers,
@@ -21,18 +21,23 @@ BEiT-3 and ViLT instead normalise the human answers of every question; the two r
 annotators all typed the same string when that string is not in normalised form. Each string answer counts as its own
 annotator, as each record of the released annotations does (every one has its own ``answer_id``).
 
-The answer vocabulary holds :func:`normalize_answer` forms of the training ``multiple_choice_answer`` strings.
+The answer vocabulary holds :func:`normalize_answer` forms of the training ``multiple_choice_answer`` strings. Its
+file, :data:`ANSWERS_FILE` in a training split's folder, is read by :func:`read_answer_vocab` only (the converters, the
+DataModule and the VQA task all call it), with one rule set: a JSON list of distinct non-empty answers (index = class
+label, what mmoe writes), or an object answer -> label (BEiT-3's ``answer2label``) whose labels are 0..n-1, each once;
+at least one answer, except where the converter reads back the empty vocabulary it may write.
 """
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from mmoe.metrics.vqa import (
-    answer_accuracy,
-    answer_scores,
+from mmoe.io import read_json
+from mmoe.metrics.vqa import answer_accuracy, answer_scores
+from mmoe.metrics.vqa_normalize import (
     answers_differ,
     clean_whitespace,
     normalize_answer,
@@ -41,6 +46,7 @@ from mmoe.metrics.vqa import (
 )
 
 __all__ = [
+    "ANSWERS_FILE",
     "VocabIndex",
     "answer_accuracy",
     "answer_scores",
@@ -48,8 +54,12 @@ __all__ = [
     "normalize_answer",
     "process_digit_article",
     "process_punctuation",
+    "read_answer_vocab",
     "soft_targets",
 ]
+
+#: The answer vocabulary's file in a VQAv2 training split's folder (``mmoe data convert vqav2``, ``mmoe data answers``).
+ANSWERS_FILE = "answers.json"
 
 
 @dataclass(frozen=True)
@@ -110,3 +120,39 @@ def build_answer_vocab(multiple_choice_answers: Iterable[str], min_count: int = 
     counts = Counter(normalize_answer(answer) for answer in multiple_choice_answers)
     kept = [(answer, count) for answer, count in counts.items() if count >= min_count and answer]
     return [answer for answer, _ in sorted(kept, key=lambda item: (-item[1], item[0]))]
+
+
+def read_answer_vocab(
+    path: str | os.PathLike, error: type[Exception] = ValueError, allow_empty: bool = False
+) -> list[str]:
+    """The answer vocabulary of an :data:`ANSWERS_FILE`: the answers in class-label order.
+
+    Args:
+        path: the file; a JSON list of answers (index = class label) or an object answer -> label whose labels are
+            the integers 0..n-1, each once. Either way the answers are distinct non-empty strings.
+        error: the exception raised for a file that breaks these rules or cannot be read (a command's own input
+            error); a missing file is a ``FileNotFoundError`` unless ``error`` is given.
+        allow_empty: accept a vocabulary with no answer. A classifier needs at least one, but the converter writes
+            an empty one (with a warning) when no answer is frequent enough, and reads it back for the other splits.
+
+    Raises:
+        error: one line naming the file and what is wrong with it.
+    """
+    value = read_json(path, "answer vocabulary", error, written_by=f"mmoe data convert vqav2 writes {ANSWERS_FILE}")
+    named = f"answer vocabulary {path}"
+    if isinstance(value, dict):
+        labels = list(value.values())
+        if sorted(label for label in labels if type(label) is int) != list(range(len(value))):
+            raise error(f"{named}: labels must be 0..{len(value) - 1}, each once")
+        value = sorted(value, key=value.__getitem__)
+    if not isinstance(value, list):
+        raise error(f"{named}: expected a JSON list of answers (index = class label) or an object answer -> label")
+    if not value and not allow_empty:
+        raise error(f"{named}: holds no answer")
+    for label, answer in enumerate(value):
+        if not isinstance(answer, str) or not answer:
+            raise error(f"{named}: answer {label} must be a non-empty string, got {answer!r}")
+    repeated = sorted(answer for answer, count in Counter(value).items() if count > 1)
+    if repeated:
+        raise error(f"{named}: repeats answers {', '.join(map(repr, repeated[:5]))}")
+    return value

@@ -27,6 +27,7 @@ import sys
 from collections.abc import Sequence
 
 from mmoe.atomic import write_text_atomic
+from mmoe.data.answers import ANSWERS_FILE
 from mmoe.data.converters import (
     ConversionError,
     convert_coco_captions,
@@ -62,7 +63,7 @@ def _parser() -> argparse.ArgumentParser:
     vqa.add_argument("--questions", required=True, help="v2_OpenEnded_mscoco_<subtype>_questions.json")
     vqa.add_argument("--annotations", help="v2_mscoco_<subtype>_annotations.json (absent for test splits)")
     vqa.add_argument("--images", required=True, help="COCO image folder (images in it or in <subtype>/)")
-    vqa.add_argument("--answer-vocab", help="answers.json written by the training split (other annotated splits)")
+    vqa.add_argument("--answer-vocab", help=f"{ANSWERS_FILE} written by the training split (other annotated splits)")
     vqa.add_argument("--min-answer-count", type=int, default=9, help="vocabulary threshold when building (9)")
     vqa.add_argument(
         "--holdout-images", type=int, default=0, help="hold out this many random images (BEiT-3: 1000 of val2014)"
@@ -73,7 +74,7 @@ def _parser() -> argparse.ArgumentParser:
 
     answers = commands.add_parser("answers", help="one VQAv2 answer vocabulary over several annotation files")
     answers.add_argument("--annotations", required=True, nargs="+", help="v2_mscoco_<subtype>_annotations.json files")
-    answers.add_argument("--out", required=True, help="answers.json to write (a JSON list; index = class label)")
+    answers.add_argument("--out", required=True, help=f"{ANSWERS_FILE} to write (a JSON list; index = class label)")
     answers.add_argument("--min-answer-count", type=int, default=9, help="keep answers seen this often (9)")
 
     coco = sources.add_parser("coco-captions", help="COCO captions (official file or Karpathy split)")

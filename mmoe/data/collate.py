@@ -16,7 +16,7 @@ import torch
 
 from mmoe.data.batches import IMAGE, PAIR, TEXT, BatchKind, CaptionBatch, NLVR2Batch, PretrainBatch, VQABatch
 from mmoe.data.masking import MaskingConfig, image_masks, mask_caption, mask_text
-from mmoe.data.pipelines import Sample
+from mmoe.data.samples import Sample
 from mmoe.data.tokenizer import TextTokenizer
 
 

@@ -1,5 +1,5 @@
 """What flows from shard reading to batching: a sample, the decoder and collator signatures, and the error a decoder
-raises for a sample it cannot use (:mod:`mmoe.data.pipelines` counts those, :mod:`mmoe.data.decoders` raises them)."""
+raises for a sample it cannot use (:mod:`mmoe.data.streams` counts those, :mod:`mmoe.data.decoders` raises them)."""
 
 from __future__ import annotations
 

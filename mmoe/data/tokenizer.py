@@ -19,9 +19,16 @@ import torch
 from mmoe.vocabulary import EOT_ID, MASK_ID, NUM_BPE_TOKENS, OPEN_CLIP_IDS, PAD_ID, SOT_ID, VOCAB_SIZE, TextIds
 
 __all__ = [
-    "EOT_ID", "MASK_ID", "NUM_BPE_TOKENS", "PAD_ID", "SOT_ID", "SPECIAL_IDS", "VOCAB_SIZE", "TextTokenizer",
-    "token_ids_of",
+    "CAPTION_MAX_TEXT_LENGTH", "DEFAULT_MAX_TEXT_LENGTH", "EOT_ID", "MASK_ID", "NUM_BPE_TOKENS", "PAD_ID", "SOT_ID",
+    "SPECIAL_IDS", "VOCAB_SIZE", "TextTokenizer", "token_ids_of",
 ]  # fmt: skip
+
+#: Longest text in tokens, start and end included, where neither a config nor a checkpoint says (BEiT-3's
+#: ``num_max_bpe_tokens`` for questions and sentences).
+DEFAULT_MAX_TEXT_LENGTH = 64
+#: Longest caption in tokens: BEiT-3's captioning recipe, and the captions the routing figures and the claims study's
+#: analysis tokenise (shorter than :data:`DEFAULT_MAX_TEXT_LENGTH` on purpose: COCO captions fit, padding costs).
+CAPTION_MAX_TEXT_LENGTH = 32
 
 SPECIAL_IDS = OPEN_CLIP_IDS.special
 #: XLM-R's ids before and after the SentencePiece pieces (fairseq's dictionary order).
@@ -108,7 +115,8 @@ class TextTokenizer:
     workers do not receive them through pickling.
 
     Args:
-        max_length: longest sequence in tokens, start and end of text included (BEiT-3: 64; captioning: 32).
+        max_length: longest sequence in tokens, start and end of text included (BEiT-3:
+            :data:`DEFAULT_MAX_TEXT_LENGTH`; captioning: :data:`CAPTION_MAX_TEXT_LENGTH`).
         sentencepiece: a SentencePiece model file (BEiT-3's ``beit3.spm``) numbered with XLM-R's ids; None = open_clip's
             BPE.
 
@@ -117,7 +125,7 @@ class TextTokenizer:
         ValueError: it is not a SentencePiece model.
     """
 
-    def __init__(self, max_length: int = 64, sentencepiece: str | Path | None = None) -> None:
+    def __init__(self, max_length: int = DEFAULT_MAX_TEXT_LENGTH, sentencepiece: str | Path | None = None) -> None:
         if max_length < 2:
             raise ValueError(f"TextTokenizer.max_length must be >= 2 (start and end of text), got {max_length!r}")
         self.max_length = max_length

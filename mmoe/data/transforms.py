@@ -25,6 +25,27 @@ def _to_normalized_tensor() -> list:
     return [T.ToTensor(), T.Normalize(IMAGE_MEAN, IMAGE_STD)]
 
 
+def _channel_constants(images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:data:`IMAGE_MEAN` and :data:`IMAGE_STD` as (3, 1, 1) float tensors on ``images``' device (half-precision
+    images are promoted to float, as the transforms compute)."""
+    mean = torch.tensor(IMAGE_MEAN, device=images.device).view(3, 1, 1)
+    std = torch.tensor(IMAGE_STD, device=images.device).view(3, 1, 1)
+    return mean, std
+
+
+def normalize(pixels: torch.Tensor) -> torch.Tensor:
+    """(..., 3, H, W) float pixels in [0, 1] -> the normalised images the transforms give (``(x - mean) / std``)."""
+    mean, std = _channel_constants(pixels)
+    return (pixels - mean) / std
+
+
+def denormalize(images: torch.Tensor) -> torch.Tensor:
+    """The inverse of the transforms' normalisation: (..., 3, H, W) normalised float images -> pixels in [0, 1]
+    (``x * std + mean``; not clamped)."""
+    mean, std = _channel_constants(images)
+    return images * std + mean
+
+
 class RandAugment:
     """BEiT-3's RandAugment for vision-language fine-tuning (``RandomAugment(N=2, M=7)`` of its VQA, NLVR2 and
     captioning recipes): ``num_ops`` operations drawn uniformly (with repetition) from a list without colour changes

@@ -11,8 +11,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mmoe.data.answers import ANSWERS_FILE
 from mmoe.data.converters.coco import CAPTION_TOKENS_FILE
-from mmoe.data.converters.vqav2 import ANSWERS_FILE
+from mmoe.data.synth.convert import (
+    CAPTION_TEST_SPLIT,
+    CAPTION_TRAIN_SPLIT,
+    NLVR2_DEV_SPLIT,
+    VQA_TRAIN_SPLIT,
+    VQA_VAL_SPLIT,
+)
 from mmoe.data.synth.scenes import COLORS
 from mmoe.demo.report import caption_rows, nlvr2_rows, vqa_rows
 from mmoe.demo.settings import DemoRun, DemoSettings
@@ -96,9 +103,9 @@ class Benchmark:
 
 #: The benchmarks in the order the demo runs them.
 BENCHMARKS = (
-    Benchmark(FINETUNING_TASKS["vqav2"], "vqav2-val2014", "val_results.json", score_vqa, vqa_rows,
-              {"answer_vocab": f"shards/vqav2-train2014/{ANSWERS_FILE}"}),
-    Benchmark(FINETUNING_TASKS["nlvr2"], "nlvr2-dev", "dev_predictions.csv", score_nlvr2, nlvr2_rows),
-    Benchmark(FINETUNING_TASKS["captioning"], "coco-karpathy-test", "test_captions.json", score_captions, caption_rows,
-              {"output_vocab": f"shards/coco-karpathy-train-restval/{CAPTION_TOKENS_FILE}"}, caption_options),
+    Benchmark(FINETUNING_TASKS["vqav2"], VQA_VAL_SPLIT, "val_results.json", score_vqa, vqa_rows,
+              {"answer_vocab": f"shards/{VQA_TRAIN_SPLIT}/{ANSWERS_FILE}"}),
+    Benchmark(FINETUNING_TASKS["nlvr2"], NLVR2_DEV_SPLIT, "dev_predictions.csv", score_nlvr2, nlvr2_rows),
+    Benchmark(FINETUNING_TASKS["captioning"], CAPTION_TEST_SPLIT, "test_captions.json", score_captions, caption_rows,
+              {"output_vocab": f"shards/{CAPTION_TRAIN_SPLIT}/{CAPTION_TOKENS_FILE}"}, caption_options),
 )  # fmt: skip

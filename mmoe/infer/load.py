@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from mmoe.data.tokenizer import TextTokenizer
+from mmoe.data.tokenizer import DEFAULT_MAX_TEXT_LENGTH, TextTokenizer
 from mmoe.data.transforms import decode_image, eval_transform
 from mmoe.io import one_line
 from mmoe.safe_load import load_checkpoint_file
@@ -18,9 +18,6 @@ from mmoe.tasks.checkpoint import config_from_dict
 from mmoe.tasks.finetuning import FineTuningTask
 from mmoe.tasks.optimizer import nest_optimizer_arguments
 from mmoe.tasks.pretraining import MaskedPretraining
-
-#: Text tokens when the checkpoint does not record its data's ``max_text_length``.
-DEFAULT_TEXT_LENGTH = 64
 
 
 class InferError(ValueError):
@@ -92,7 +89,9 @@ def load_fine_tuned(
         raise InferError(f"checkpoint {path}: {one_line(error)}{hint}") from None
     data = state.get("datamodule_hyper_parameters")
     length = data.get("max_text_length") if isinstance(data, dict) else None
-    tokenizer = TextTokenizer(max_length=length or DEFAULT_TEXT_LENGTH, sentencepiece=arguments.get("text_tokenizer"))
+    tokenizer = TextTokenizer(
+        max_length=length or DEFAULT_MAX_TEXT_LENGTH, sentencepiece=arguments.get("text_tokenizer")
+    )
     try:
         target = torch.device(device)
         model = model.eval().to(target)

@@ -10,9 +10,9 @@ from pathlib import Path
 import torch
 
 from mmoe.atomic import write_text_atomic
-from mmoe.data.pipelines import ShardStream
 from mmoe.data.samples import CorruptSampleError
 from mmoe.data.shards import expected_samples, resolve_shards
+from mmoe.data.streams import ShardStream
 from mmoe.infer.load import FineTuned, InferError
 from mmoe.infer.routing import draw_routing_map, routing_of
 from mmoe.io import one_line

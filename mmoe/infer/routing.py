@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from mmoe.data.transforms import IMAGE_MEAN, IMAGE_STD
+from mmoe.data.transforms import denormalize
 from mmoe.infer.load import FineTuned, InferError
 from mmoe.metrics.routing import image_diversity_maps, record_key, sort_keys
 from mmoe.moe import RoutingRecord
@@ -41,10 +41,7 @@ def draw_routing_map(
     maps = image_diversity_maps(records, image_len)
     if not maps:
         raise InferError(f"--routing {path}: the checkpoint's backbone has no MoE layer that routes image tokens")
-    mean, std = torch.tensor(IMAGE_MEAN).view(3, 1, 1), torch.tensor(IMAGE_STD).view(3, 1, 1)
-    pixels = [
-        (((image.cpu() * std + mean).clamp(0, 1) * 255).round().byte().permute(1, 2, 0).numpy()) for image in images
-    ]
+    pixels = [(denormalize(image.cpu()).clamp(0, 1) * 255).round().byte().permute(1, 2, 0).numpy() for image in images]
     moe = model.task.backbone.config.moe
     if moe.heads > 1:
         columns = {key: maps[key].cpu().numpy() for key in sort_keys(maps)}

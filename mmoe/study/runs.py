@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mmoe.data.synth.convert import CAPTION_TEST_SPLIT
+from mmoe.data.tokenizer import CAPTION_MAX_TEXT_LENGTH
 from mmoe.demo.benchmarks import BENCHMARKS
 from mmoe.demo.pipeline import evaluation, exporting, fine_tuning
 from mmoe.demo.settings import VARIANTS, DemoRun
@@ -22,7 +24,7 @@ from mmoe.tasks.layout import RunLayout
 #: The measurements of the analysis stage, under ``DIR/analysis`` (the report is recomputed from it).
 MEASURES_FILE = "measures.json"
 #: The held-out split every routing measurement runs on (no run trains on it).
-ANALYSIS_SHARDS = "coco-karpathy-test"
+ANALYSIS_SHARDS = CAPTION_TEST_SPLIT
 #: The variants compared through pre-training and fine-tuning (X-MoE §4.5: SMoE baseline vs X-MoE).
 ROUTERS = ("switch", "xmoe")
 #: The task of the seeds' fine-tuning runs (X-MoE Fig. 3b fine-tunes on one task, XNLI).
@@ -176,7 +178,7 @@ def analysis_stage(study: StudyRun, settings: StudySettings, runs: list[Pretrain
             settings.training.image_size,
             settings.analysis_batches,
             settings.analysis_batch_size,
-            max_text_length=32,
+            max_text_length=CAPTION_MAX_TEXT_LENGTH,
         )
         many = [run for run in runs if run.moe]
         activation = {run.name: {"heads": run.heads} | expert_loads(study.pretrained(run), batches) for run in many}

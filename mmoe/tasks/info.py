@@ -17,6 +17,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from mmoe.data.tokenizer import DEFAULT_MAX_TEXT_LENGTH
 from mmoe.io import one_line, report_error
 from mmoe.model import MultiwayConfig
 from mmoe.model.cost import backbone_cost
@@ -30,9 +31,6 @@ from mmoe.tasks.visual_codebook import PatchCodebook
 
 #: State-dict entries of mmoe tasks that are buffers, not parameters: the pre-training visual codebook's centroids.
 BUFFERS = ("codebook.",)
-
-#: Text tokens per sequence when neither the config nor the command line says (BEiT-3's ``num_max_bpe_tokens``).
-DEFAULT_TEXT_LENGTH = 64
 
 
 class InfoError(ValueError):
@@ -194,7 +192,9 @@ def info_command(argv: Sequence[str]) -> int:
         help="an mmoe fit config (model.init_args.backbone, or pretrained); repeated: the files merge in order",
     )
     source.add_argument("--ckpt", help="a task checkpoint, an exported backbone or a released BEiT-3 checkpoint")
-    parser.add_argument("--text-length", type=int, help="text tokens per sequence (default: the config's or 64)")
+    parser.add_argument(
+        "--text-length", type=int, help=f"text tokens per sequence (default: the config's or {DEFAULT_MAX_TEXT_LENGTH})"
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     args = parser.parse_args(list(argv))
     try:
@@ -204,7 +204,7 @@ def info_command(argv: Sequence[str]) -> int:
             task, config, head, text_length = from_checkpoint(Path(args.ckpt))
     except (FileNotFoundError, ValueError) as error:
         return report_error("info", error)
-    text_length = args.text_length or text_length or DEFAULT_TEXT_LENGTH
+    text_length = args.text_length or text_length or DEFAULT_MAX_TEXT_LENGTH
     result = report(" + ".join(args.config) if args.config else args.ckpt, task, config, head, text_length)
     print(json.dumps(result, indent=2) if args.json else table(result))
     return 0

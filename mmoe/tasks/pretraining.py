@@ -26,7 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mmoe.data.batches import BATCH_KINDS, IMAGE, TEXT, PretrainBatch, PretrainStep, step_batches
+from mmoe.data.batches import BATCH_KINDS, IMAGE, PAIR, TEXT, PretrainBatch, PretrainStep, step_batches
+from mmoe.data.transforms import denormalize
 from mmoe.model import MultiwayConfig, MultiwayTransformer
 from mmoe.moe import RoutingRecord
 from mmoe.tasks.base import BackboneTask, StepLosses
@@ -34,10 +35,7 @@ from mmoe.tasks.checkpoint import config_from_dict
 from mmoe.tasks.optimizer import PRETRAINING_OPTIMIZER, OptimizerConfig
 from mmoe.tasks.visual_codebook import PatchCodebook
 
-__all__ = ["KINDS", "MaskedPretraining"]
-
-#: The pre-training batch kinds (:data:`mmoe.data.batches.BATCH_KINDS`).
-KINDS = BATCH_KINDS
+__all__ = ["MaskedPretraining"]
 
 
 #: The open_clip model of the teacher when a config names none.
@@ -110,8 +108,8 @@ class MaskedPretraining(BackboneTask):
     def masked_losses(self, batch: PretrainBatch) -> tuple[dict[str, torch.Tensor], list[RoutingRecord]]:
         """Cross-entropy of each masked-modeling target present in one single-kind batch, and the routing."""
         kind = batch["kind"]
-        if kind not in KINDS:
-            raise ValueError(f"batch kind must be one of {KINDS}, got {kind!r}")
+        if kind not in BATCH_KINDS:
+            raise ValueError(f"batch kind must be one of {BATCH_KINDS}, got {kind!r}")
         image = batch.get("image") if kind != TEXT else None
         text = batch.get("text_ids") if kind != IMAGE else None
         image_mask = batch.get("image_mask") if image is not None else None
@@ -121,7 +119,7 @@ class MaskedPretraining(BackboneTask):
         losses = {}
         if image_mask is not None and bool(image_mask.any()):
             predicted = self.mim_head(out.image_hidden[:, 1:][image_mask]).float()
-            name = "image" if kind == IMAGE else "pair_image"
+            name = IMAGE if kind == IMAGE else f"{PAIR}_{IMAGE}"  # the loss names: image, pair_image
             if self.codebook is not None:
                 losses[name] = F.cross_entropy(predicted, self.codebook.encode(image)[image_mask])
             else:
@@ -131,9 +129,7 @@ class MaskedPretraining(BackboneTask):
         if text is not None:
             text_mask = batch["text_mask"]
             logits = self.mlm_head(out.text_hidden[text_mask])
-            losses["text" if kind == TEXT else "pair"] = F.cross_entropy(
-                logits.float(), batch["text_targets"][text_mask]
-            )
+            losses[kind] = F.cross_entropy(logits.float(), batch["text_targets"][text_mask])  # text or pair
         return losses, out.routing
 
     def step_losses(self, batch: PretrainStep) -> StepLosses:
@@ -179,12 +175,13 @@ def teacher_width(visual: nn.Module) -> int:
 
 @torch.no_grad()
 def teacher_patch_features(visual: nn.Module, image: torch.Tensor, grid: int) -> torch.Tensor:
-    """Last-block patch features of the teacher for (B, 3, H, W) images normalised with mean = std = 0.5, average-
-    pooled to the backbone's ``grid x grid`` patches: (B, grid^2, C)."""
+    """Last-block patch features of the teacher for (B, 3, H, W) images normalised as the data's transforms normalise
+    them (undone by :func:`mmoe.data.transforms.denormalize`, then normalised the teacher's way), average-pooled to
+    the backbone's ``grid x grid`` patches: (B, grid^2, C)."""
     from open_clip import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
 
     visual.to(image.device)
-    pixels = image.float() * 0.5 + 0.5
+    pixels = denormalize(image.float())
     mean = torch.tensor(OPENAI_DATASET_MEAN, device=image.device)[:, None, None]
     std = torch.tensor(OPENAI_DATASET_STD, device=image.device)[:, None, None]
     pixels = F.interpolate(pixels, size=tuple(visual.image_size), mode="bicubic", align_corners=False)

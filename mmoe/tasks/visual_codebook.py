@@ -15,13 +15,18 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mmoe.data.decoders import ImageDecoder
+from mmoe.data.loader import EpochDataLoader
+from mmoe.data.shards import resolve_shards
+from mmoe.data.streams import ShardStream
+from mmoe.data.transforms import eval_transform
 from mmoe.io import report_error
 from mmoe.safe_load import load_checkpoint_file
 from mmoe.tasks.checkpoint import atomic_save
@@ -133,6 +138,21 @@ def fit_codebook(
     return PatchCodebook(centroids, patch_size, pool)
 
 
+def eval_image_batches(
+    spec: str | Sequence[str], image_size: int, batch_size: int = 64, num_workers: int = 0
+) -> Iterator[torch.Tensor]:
+    """Image tensors (B, 3, image_size, image_size) from any shards holding images (image-only, pairs, VQA, captions),
+    with the evaluation transform, in shard order: what a codebook is fitted on."""
+    stream = ShardStream(
+        resolve_shards(spec),
+        ImageDecoder(eval_transform(image_size), min_side=image_size),
+        collate=lambda items, rng: torch.stack([item["image"] for item in items]),
+        batch_size=batch_size,
+        name="images",
+    )
+    yield from EpochDataLoader(stream, batch_size=None, num_workers=num_workers)
+
+
 def _kmeans_plus_plus(data: torch.Tensor, size: int, generator: torch.Generator) -> torch.Tensor:
     first = torch.randint(0, data.shape[0], (1,), generator=generator)
     centroids = [data[first]]
@@ -159,9 +179,6 @@ def tokenizer_command(argv: Sequence[str]) -> int:
     fit.add_argument("--max-patches", type=int, default=200_000)
     fit.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(list(argv))
-
-    from mmoe.data.pipelines import eval_image_batches
-    from mmoe.tasks.visual_codebook import fit_codebook
 
     try:
         batches = eval_image_batches(args.data, image_size=args.image_size, batch_size=64)

@@ -23,31 +23,17 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from mmoe.data.answers import read_answer_vocab
 from mmoe.data.batches import VQABatch
 from mmoe.data.decoders import VQADecoder
 from mmoe.data.tokenizer import TextTokenizer
 from mmoe.data.transforms import eval_transform
-from mmoe.io import read_json
 from mmoe.metrics.vqa import vqa_accuracy
 from mmoe.model import MultiwayConfig
 from mmoe.model.heads import vqa_pooler_and_head
 from mmoe.moe import RoutingRecord
 from mmoe.tasks.finetuning import FineTuningTask, positive_int, required_argument
 from mmoe.tasks.predictions import as_ids, gather_objects
-
-
-def load_answer_vocab(path: str | Path) -> list[str]:
-    """The answer vocabulary (class label -> answer) from ``answers.json``: a JSON list of answers (index = label) or
-    an object mapping answer -> label."""
-    value = read_json(path, "answer vocabulary", written_by="mmoe data convert vqav2 writes answers.json")
-    if isinstance(value, dict):
-        labels = sorted(value.values())
-        if labels != list(range(len(value))):
-            raise ValueError(f"answer vocabulary {path}: labels must be 0..{len(value) - 1}, each once")
-        value = sorted(value, key=value.__getitem__)
-    if not isinstance(value, list) or not value or not all(isinstance(answer, str) for answer in value):
-        raise ValueError(f"answer vocabulary {path}: expected a non-empty JSON list of answer strings")
-    return value
 
 
 class VQAFineTuning(FineTuningTask):
@@ -58,8 +44,9 @@ class VQAFineTuning(FineTuningTask):
     validation accuracy; ``question_id`` for predictions.
 
     Args:
-        answer_vocab: the training answer vocabulary, ``answers.json`` written by ``mmoe data convert vqav2`` (a JSON
-            list; the index is the class label).
+        answer_vocab: the training answer vocabulary, ``answers.json`` written by ``mmoe data convert vqav2``, read
+            by :func:`mmoe.data.answers.read_answer_vocab` (a JSON list, index = class label, or an object answer ->
+            label), as the DataModule reads it.
         predictions_file: where ``mmoe predict`` writes the submission ``[{"question_id", "answer"}]`` (atomically;
             one entry per question id). None = not written.
         **kwargs: the shared fine-tuning arguments of :class:`mmoe.tasks.finetuning.FineTuningTask` (backbone,
@@ -77,14 +64,14 @@ class VQAFineTuning(FineTuningTask):
     def __init__(self, answer_vocab: str, predictions_file: str | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
         self.predictions_file = predictions_file
-        self.answers = load_answer_vocab(answer_vocab)
+        self.answers = read_answer_vocab(answer_vocab)
         config = self.backbone.config
         self.pooler, self.head = vqa_pooler_and_head(config.dim, len(self.answers), config.layernorm_eps)
         self.load_beit3_head()
 
     @classmethod
     def head_parameters(cls, config: MultiwayConfig, init_args: dict[str, Any]) -> dict[str, int]:
-        answers = len(load_answer_vocab(required_argument(init_args, "answer_vocab")))
+        answers = len(read_answer_vocab(required_argument(init_args, "answer_vocab")))
         return {
             "head": sum(p.numel() for module in vqa_pooler_and_head(config.dim, answers) for p in module.parameters())
         }

@@ -22,9 +22,10 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
+from mmoe.data.batches import IMAGE, PAIR, TEXT, BatchKind
 from mmoe.data.decoders import IMAGE_EXTENSIONS
-from mmoe.data.tokenizer import TextTokenizer
-from mmoe.data.transforms import IMAGE_MEAN, IMAGE_STD, to_rgb
+from mmoe.data.tokenizer import CAPTION_MAX_TEXT_LENGTH, TextTokenizer
+from mmoe.data.transforms import normalize, to_rgb
 
 #: Image files and shard entries read, as the training data's decoders read them.
 IMAGE_SUFFIXES = tuple(f".{extension}" for extension in IMAGE_EXTENSIONS)
@@ -43,8 +44,8 @@ class Sample:
     text: str | None = None
 
     @property
-    def kind(self) -> str:
-        return {(True, True): "pair", (True, False): "image", (False, True): "text"}[
+    def kind(self) -> BatchKind:
+        return {(True, True): PAIR, (True, False): IMAGE, (False, True): TEXT}[
             (self.image is not None, self.text is not None)
         ]
 
@@ -136,8 +137,7 @@ def load_image(sample: Sample, size: int) -> np.ndarray:
 
 def image_tensor(pixels: np.ndarray) -> torch.Tensor:
     """(H, W, 3) uint8 -> (3, H, W) float, normalised as the training data."""
-    mean, std = torch.tensor(IMAGE_MEAN).view(3, 1, 1), torch.tensor(IMAGE_STD).view(3, 1, 1)
-    return (torch.from_numpy(np.array(pixels)).permute(2, 0, 1).float() / 255.0 - mean) / std
+    return normalize(torch.from_numpy(np.array(pixels)).permute(2, 0, 1).float() / 255.0)
 
 
 class TextEncoder:
@@ -150,7 +150,7 @@ class TextEncoder:
             open_clip's BPE.
     """
 
-    def __init__(self, max_length: int = 32, text_tokenizer: str | None = None) -> None:
+    def __init__(self, max_length: int = CAPTION_MAX_TEXT_LENGTH, text_tokenizer: str | None = None) -> None:
         if max_length < 2:
             raise InputError(f"text max length must be >= 2 (start and end tokens), got {max_length}")
         self.max_length = max_length

@@ -9,9 +9,11 @@ import logging
 
 import pytest
 
+from mmoe.data.accounting import UnusableStreamError
 from mmoe.data.decoders import PairDecoder, TextDecoder, json_entry
-from mmoe.data.pipelines import EpochDataLoader, ShardStream, UnusableStreamError
+from mmoe.data.loader import EpochDataLoader
 from mmoe.data.shards import ShardWriter, resolve_shards
+from mmoe.data.streams import ShardStream
 from mmoe.data.tokenizer import TextTokenizer
 from mmoe.data.transforms import eval_transform
 from tests.data.test_shards import png_bytes

@@ -3,25 +3,31 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from mmoe.data.answers import (
+    ANSWERS_FILE,
     VocabIndex,
     answer_accuracy,
     answer_scores,
     build_answer_vocab,
     normalize_answer,
     process_punctuation,
+    read_answer_vocab,
     soft_targets,
 )
+from mmoe.data.converters import ConversionError
 from mmoe.metrics import vqa as metrics
+from mmoe.metrics import vqa_normalize
 
 THIRD, TWO_THIRDS = 1 / 3, 2 / 3
 
 
 def test_normalisation_is_the_metrics_one():
-    assert normalize_answer is metrics.normalize_answer
-    assert process_punctuation is metrics.process_punctuation
+    assert normalize_answer is vqa_normalize.normalize_answer
+    assert process_punctuation is vqa_normalize.process_punctuation
     assert answer_scores is metrics.answer_scores
 
 
@@ -132,3 +138,50 @@ def test_answer_vocabulary_is_normalised_counted_and_ordered():
     assert build_answer_vocab(answers, min_count=9) == ["yes", "2", "no"]
     assert build_answer_vocab(answers, min_count=1) == ["yes", "2", "no", "rare"]
     assert build_answer_vocab(["a", "the"], min_count=1) == []  # nothing left after dropping articles
+
+
+def test_answers_file_as_a_list_or_an_object_in_label_order(tmp_path):
+    listed, mapped = tmp_path / "list.json", tmp_path / "map.json"
+    listed.write_text(json.dumps(["yes", "no", "2"]))
+    mapped.write_text(json.dumps({"no": 1, "2": 2, "yes": 0}))  # keys out of label order
+    assert read_answer_vocab(listed) == read_answer_vocab(mapped) == ["yes", "no", "2"]
+
+
+@pytest.mark.parametrize(
+    "content, why",
+    [
+        (["yes", "no", "yes"], "repeats answers 'yes'"),
+        ({"yes": 0, "no": 2}, "labels must be 0..1, each once"),
+        ({"yes": 0, "no": 0}, "labels must be 0..1, each once"),
+        ({"yes": 0, "no": True}, "labels must be 0..1, each once"),
+        ("yes", "expected a JSON list of answers (index = class label) or an object answer -> label"),
+        (42, "expected a JSON list of answers (index = class label) or an object answer -> label"),
+        ([], "holds no answer"),
+        (["yes", ""], "answer 1 must be a non-empty string, got ''"),
+        (["yes", 2], "answer 1 must be a non-empty string, got 2"),
+    ],
+)
+def test_a_bad_answers_file_is_one_line_naming_it(tmp_path, content, why):
+    path = tmp_path / ANSWERS_FILE
+    path.write_text(json.dumps(content))
+    with pytest.raises(ValueError) as error:
+        read_answer_vocab(path)
+    assert str(error.value) == f"answer vocabulary {path}: {why}"
+    with pytest.raises(ConversionError, match="answer vocabulary .*answers.json"):  # the converters' error type
+        read_answer_vocab(path, ConversionError)
+
+
+def test_only_the_converter_reads_an_empty_answers_file(tmp_path):
+    path = tmp_path / ANSWERS_FILE
+    path.write_text("[]")
+    assert read_answer_vocab(path, allow_empty=True) == []
+    with pytest.raises(ValueError, match="holds no answer"):
+        read_answer_vocab(path)
+
+
+def test_a_missing_or_malformed_answers_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="answers.json does not exist .mmoe data convert vqav2"):
+        read_answer_vocab(tmp_path / ANSWERS_FILE)
+    (tmp_path / ANSWERS_FILE).write_text('["yes",')
+    with pytest.raises(ValueError, match=r"answers.json: malformed JSON at line 1"):
+        read_answer_vocab(tmp_path / ANSWERS_FILE)

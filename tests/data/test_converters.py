@@ -22,8 +22,8 @@ from mmoe.data.converters import (
     image_names,
 )
 from mmoe.data.converters.coco import CAPTION_TOKENS_FILE
-from mmoe.data.pipelines import ShardStream
 from mmoe.data.shards import resolve_shards
+from mmoe.data.streams import ShardStream
 from mmoe.data.tokenizer import SOT_ID, TextTokenizer
 
 

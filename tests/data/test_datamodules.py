@@ -11,10 +11,10 @@ import torch
 
 from mmoe.data.datamodules import CaptioningDataModule, NLVR2DataModule, PretrainDataModule, VQADataModule
 from mmoe.data.masking import MaskingConfig
-from mmoe.data.pipelines import eval_image_batches
 from mmoe.data.synth.convert import convert_layout
 from mmoe.data.synth.corpus import SIZES, build_corpus
 from mmoe.data.tokenizer import MASK_ID, PAD_ID, SOT_ID
+from mmoe.tasks.visual_codebook import eval_image_batches
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,10 @@ from torch.utils.data import DataLoader
 
 from mmoe.data.collate import PretrainCollator
 from mmoe.data.decoders import ImageDecoder, PairDecoder, TextDecoder, json_entry
-from mmoe.data.pipelines import EpochDataLoader, ShardStream, StreamMixture
+from mmoe.data.loader import EpochDataLoader
+from mmoe.data.mixture import StreamMixture
 from mmoe.data.shards import ShardWriter, resolve_shards
+from mmoe.data.streams import SeedDomain, ShardStream, shuffled
 from mmoe.data.tokenizer import TextTokenizer
 from mmoe.data.transforms import eval_transform
 
@@ -102,6 +104,17 @@ def test_shuffle_is_seeded_and_changes_with_the_epoch(tmp_path):
     later = key_stream(paths, shuffle_buffer=8, seed=1)
     later.set_epoch(1)
     assert list(later) != first
+
+
+def test_seed_domains_keep_their_values_and_pick_the_streams(tmp_path):
+    """The salts are part of every saved run's data order: the shuffle buffer draws from (seed, epoch, rank, worker,
+    1), shard order from (seed, epoch) alone."""
+    assert {domain.name: int(domain) for domain in SeedDomain} == {"SHUFFLE": 1, "MIXTURE": 2, "BATCH": 3, "SAMPLE": 4}
+    paths = write_pairs(tmp_path, 30, 5)
+    shard_order = np.random.default_rng([1, 0]).permutation(len(paths))
+    in_order = [index for shard in shard_order for index in range(shard * 5, shard * 5 + 5)]
+    expected = list(shuffled(in_order, 8, np.random.default_rng([1, 0, 0, 0, 1])))
+    assert list(key_stream(paths, shuffle_buffer=8, seed=1)) == expected
 
 
 def write_with_corruption(folder) -> list[str]:

@@ -7,11 +7,23 @@ import torch
 from PIL import Image
 
 from mmoe.data.synth.scenes import render, sample_scene
-from mmoe.data.transforms import RandAugment, eval_transform, train_transform
+from mmoe.data.transforms import RandAugment, denormalize, eval_transform, normalize, train_transform
 
 
 def scene_image(size: int = 80) -> Image.Image:
     return render(sample_scene(np.random.default_rng(3), min_objects=3, max_objects=3), size)
+
+
+def test_denormalize_undoes_the_transforms_normalisation():
+    image = scene_image(64)
+    pixels = torch.from_numpy(np.array(image)).permute(2, 0, 1).float() / 255.0  # (3, H, W) in [0, 1]
+    normalised = eval_transform(64)(image)
+    assert torch.equal(normalize(pixels), normalised)  # the same normalisation as the transforms
+    assert torch.allclose(denormalize(normalised), pixels, atol=1e-6)
+    assert normalised.min() < -0.5 and denormalize(normalised).min() >= 0  # it does change the values
+    batch = torch.stack([normalised, normalised.flip(-1)])  # (B, 3, H, W) too
+    assert torch.allclose(denormalize(batch), torch.stack([pixels, pixels.flip(-1)]), atol=1e-6)
+    assert torch.allclose(normalize(denormalize(batch)), batch, atol=1e-6)
 
 
 def test_train_transform_without_crop_keeps_the_whole_image():

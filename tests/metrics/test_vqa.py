@@ -11,15 +11,8 @@ import json
 import pytest
 
 from mmoe.metrics.files import EvalInputError
-from mmoe.metrics.vqa import (
-    answer_scores,
-    evaluate_vqa,
-    evaluate_vqa_files,
-    normalize_answer,
-    process_digit_article,
-    process_punctuation,
-    vqa_accuracy,
-)
+from mmoe.metrics.vqa import answer_scores, evaluate_vqa, evaluate_vqa_files, vqa_accuracy
+from mmoe.metrics.vqa_normalize import normalize_answer, process_digit_article, process_punctuation
 
 THIRD, TWO_THIRDS = 1 / 3, 2 / 3
 

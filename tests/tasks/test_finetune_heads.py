@@ -10,6 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from mmoe.data.answers import read_answer_vocab
+from mmoe.data.datamodules import VQADataModule
 from mmoe.data.tokenizer import EOT_ID, MASK_ID, PAD_ID, SOT_ID, VOCAB_SIZE
 from mmoe.model import MoEPlan, MultiwayConfig
 from mmoe.tasks.captioning import (
@@ -23,7 +25,7 @@ from mmoe.tasks.decoding import beam_search, greedy_search
 from mmoe.tasks.finetuning import build_backbone
 from mmoe.tasks.nlvr2 import NLVR2FineTuning
 from mmoe.tasks.optimizer import OptimizerConfig, layer_id, parameter_groups
-from mmoe.tasks.vqa import VQAFineTuning, load_answer_vocab
+from mmoe.tasks.vqa import VQAFineTuning
 
 
 def config(moe: bool = True, **overrides) -> MultiwayConfig:
@@ -50,14 +52,23 @@ def texts(count: int, length: int = 6, seed: int = 0) -> tuple[torch.Tensor, tor
 
 
 def test_answer_vocab_forms_and_errors(tmp_path, answers):
-    assert load_answer_vocab(answers) == ["yes", "no", "2", "red"]
+    assert read_answer_vocab(answers) == ["yes", "no", "2", "red"]
     (tmp_path / "map.json").write_text('{"no": 1, "yes": 0}')
-    assert load_answer_vocab(tmp_path / "map.json") == ["yes", "no"]
+    assert read_answer_vocab(tmp_path / "map.json") == ["yes", "no"]
     (tmp_path / "bad.json").write_text('{"no": 1, "yes": 1}')
     with pytest.raises(ValueError, match="labels must be"):
-        load_answer_vocab(tmp_path / "bad.json")
+        read_answer_vocab(tmp_path / "bad.json")
     with pytest.raises(FileNotFoundError, match="mmoe data convert vqav2"):
-        load_answer_vocab(tmp_path / "none.json")
+        read_answer_vocab(tmp_path / "none.json")
+
+
+def test_an_answers_object_gives_the_task_and_the_datamodule_one_vocabulary(tmp_path):
+    path = tmp_path / "answers.json"
+    path.write_text(json.dumps({"red": 2, "no": 1, "yes": 0}))  # key order is not label order
+    task = VQAFineTuning(answer_vocab=str(path), backbone=config(moe=False))
+    data = VQADataModule(answer_vocab=str(path), image_size=32)
+    assert task.answers == data.answers == ["yes", "no", "red"]
+    assert data.vocab == {"yes": 0, "no": 1, "red": 2} and data.num_answers == task.head[-1].out_features
 
 
 def test_vqa_logits_and_soft_target_bce(answers):

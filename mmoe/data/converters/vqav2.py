@@ -26,7 +26,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from mmoe.data.answers import VocabIndex, build_answer_vocab, soft_targets
+from mmoe.data.answers import ANSWERS_FILE, VocabIndex, build_answer_vocab, read_answer_vocab, soft_targets
 from mmoe.data.converters.common import (
     ConversionError,
     Skip,
@@ -41,7 +41,6 @@ from mmoe.data.converters.common import (
 )
 from mmoe.data.shards import Manifest
 
-ANSWERS_FILE = "answers.json"
 _SUBTYPE_IN_NAME = re.compile(r"v2_OpenEnded_mscoco_(.+)_questions\.json$")
 
 
@@ -151,15 +150,6 @@ def held_out_images(questions: list[dict[str, Any]], count: int, seed: int, wher
     return set(random.Random(seed).sample(images, count))
 
 
-def read_answer_vocab(path: Path) -> list[str]:
-    vocab = load_json(path)
-    if not isinstance(vocab, list) or not all(isinstance(answer, str) for answer in vocab):
-        raise ConversionError(f"{path}: an answer vocabulary is a JSON list of strings (index = class label)")
-    if len(set(vocab)) != len(vocab):
-        raise ConversionError(f"{path}: the answer vocabulary repeats answers")
-    return vocab
-
-
 def convert_vqav2(
     questions: str | os.PathLike,
     images: str | os.PathLike,
@@ -206,7 +196,7 @@ def convert_vqav2(
     by_question = read_annotations(Path(annotations), question_list) if annotations is not None else None
     vocab: list[str] | None = None
     if answer_vocab is not None:
-        vocab = read_answer_vocab(Path(answer_vocab))
+        vocab = read_answer_vocab(answer_vocab, ConversionError, allow_empty=True)
     elif by_question is not None:
         if not subtype.startswith("train"):
             raise ConversionError(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from mmoe.data.answers import ANSWERS_FILE
 from mmoe.data.converters import (
     convert_coco_captions,
     convert_images,
@@ -16,6 +17,32 @@ from mmoe.data.converters import (
     convert_vqav2,
 )
 from mmoe.data.shards import Manifest
+
+
+def vqa_split(subtype: str) -> str:
+    """The folder of a VQAv2 split (``train2014``, ``val2014``, ...), named as ``mmoe data convert vqav2`` names it."""
+    return f"vqav2-{subtype}"
+
+
+def karpathy_split(split: str) -> str:
+    """The folder of a Karpathy COCO split (``"train,restval"`` joins its parts with ``-``)."""
+    return f"coco-karpathy-{split.replace(',', '-')}"
+
+
+def nlvr2_split(split: str) -> str:
+    """The folder of an NLVR2 split (``train``, ``dev``, ``test1``)."""
+    return f"nlvr2-{split}"
+
+
+#: The split folders :func:`convert_layout` writes that later stages name (the demo's benchmarks, the claims study).
+VQA_TRAIN_SPLIT = vqa_split("train2014")
+VQA_VAL_SPLIT = vqa_split("val2014")
+NLVR2_DEV_SPLIT = nlvr2_split("dev")
+CAPTION_TRAIN_SPLIT = karpathy_split("train,restval")
+CAPTION_TEST_SPLIT = karpathy_split("test")
+PRETRAIN_IMAGE_SPLIT = "pretrain-images"
+PRETRAIN_PAIR_SPLIT = "pretrain-pairs"
+PRETRAIN_TEXT_SPLIT = "pretrain-text"
 
 
 def convert_layout(root: str | os.PathLike, out: str | os.PathLike, shard_size: int = 1000) -> dict[str, Manifest]:
@@ -30,7 +57,7 @@ def convert_layout(root: str | os.PathLike, out: str | os.PathLike, shard_size: 
     def keep(manifest: Manifest) -> None:
         done[manifest.name] = manifest
 
-    vocab = out / "vqav2-train2014" / "answers.json"
+    vocab = out / VQA_TRAIN_SPLIT / ANSWERS_FILE
     for subtype in ("train2014", "val2014", "test2015", "test-dev2015"):
         questions = vqa / f"v2_OpenEnded_mscoco_{subtype}_questions.json"
         if not questions.exists():
@@ -40,7 +67,7 @@ def convert_layout(root: str | os.PathLike, out: str | os.PathLike, shard_size: 
             convert_vqav2(
                 questions,
                 coco,
-                out / f"vqav2-{subtype}",
+                out / vqa_split(subtype),
                 annotations=annotations if annotations.exists() else None,
                 answer_vocab=vocab if annotations.exists() and subtype != "train2014" else None,
                 shard_size=shard_size,
@@ -53,17 +80,20 @@ def convert_layout(root: str | os.PathLike, out: str | os.PathLike, shard_size: 
     karpathy = coco / "karpathy" / "dataset_coco.json"
     if karpathy.exists():
         for split in ("train,restval", "val", "test"):
-            name = f"coco-karpathy-{split.replace(',', '-')}"
-            keep(convert_karpathy(karpathy, split, coco, out / name, shard_size=shard_size))
+            keep(convert_karpathy(karpathy, split, coco, out / karpathy_split(split), shard_size=shard_size))
     for split in ("train", "dev", "test1"):
         if (nlvr2 / f"{split}.json").exists():
             keep(
-                convert_nlvr2(nlvr2 / f"{split}.json", nlvr2 / "images", out / f"nlvr2-{split}", shard_size=shard_size)
+                convert_nlvr2(
+                    nlvr2 / f"{split}.json", nlvr2 / "images", out / nlvr2_split(split), shard_size=shard_size
+                )
             )
     if (coco / "train2014").is_dir():
-        keep(convert_images(coco / "train2014", out / "pretrain-images", shard_size, name="pretrain-images"))
+        images = out / PRETRAIN_IMAGE_SPLIT
+        keep(convert_images(coco / "train2014", images, shard_size, name=PRETRAIN_IMAGE_SPLIT))
     if (pretrain / "pairs.tsv").exists():
-        keep(convert_tsv(pretrain / "pairs.tsv", coco, out / "pretrain-pairs", shard_size, name="pretrain-pairs"))
+        pairs = out / PRETRAIN_PAIR_SPLIT
+        keep(convert_tsv(pretrain / "pairs.tsv", coco, pairs, shard_size, name=PRETRAIN_PAIR_SPLIT))
     if (pretrain / "text.txt").exists():
-        keep(convert_text([pretrain / "text.txt"], out / "pretrain-text", shard_size, name="pretrain-text"))
+        keep(convert_text([pretrain / "text.txt"], out / PRETRAIN_TEXT_SPLIT, shard_size, name=PRETRAIN_TEXT_SPLIT))
     return done
