@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mmoe.data.shards import MANIFEST
+from mmoe.data.synth.convert import PRETRAIN_IMAGE_SPLIT, PRETRAIN_PAIR_SPLIT, PRETRAIN_TEXT_SPLIT
 from mmoe.data.synth.corpus import ChanceLevels
 from mmoe.demo.benchmarks import BENCHMARKS, Benchmark
 from mmoe.demo.settings import DemoRun
@@ -23,7 +25,7 @@ def corpus_stage(run: DemoRun) -> Stage:
         run_command(key, "data", data_command, ["synth", "--out", str(run.data), "--shards", *run.settings.synth])
         return {"files": [str(run.corpus_summary), str(run.shards)]}
 
-    return Stage(key, run.shards / "pretrain-text" / "manifest.json", build)
+    return Stage(key, run.shards / PRETRAIN_TEXT_SPLIT / MANIFEST, build)
 
 
 def codebook_stage(run: DemoRun) -> Stage:
@@ -32,7 +34,7 @@ def codebook_stage(run: DemoRun) -> Stage:
     key = StageKey.of("codebook")
 
     def fit() -> dict:
-        argv = ["fit", "--data", str(run.shards / "pretrain-images"), str(run.shards / "pretrain-pairs")]
+        argv = ["fit", "--data", str(run.shards / PRETRAIN_IMAGE_SPLIT), str(run.shards / PRETRAIN_PAIR_SPLIT)]
         argv += ["--out", str(run.codebook), "--size", str(run.settings.codebook_size)]
         run_command(key, "tokenizer", tokenizer_command, argv + ["--image-size", str(run.settings.image_size)])
         return {"files": [str(run.codebook)]}
