@@ -28,6 +28,7 @@ from mmoe.data.shards import resolve_shards
 from mmoe.data.streams import ShardStream
 from mmoe.data.transforms import eval_transform
 from mmoe.io import report_error
+from mmoe.model.config import MultiwayConfig
 from mmoe.safe_load import load_checkpoint_file
 from mmoe.tasks.checkpoint import atomic_save
 
@@ -165,6 +166,10 @@ def _kmeans_plus_plus(data: torch.Tensor, size: int, generator: torch.Generator)
     return torch.cat(centroids)
 
 
+#: The tiny preset: the backbone of the tiny configs, whose images the default codebook is fit to.
+TINY = MultiwayConfig.preset("tiny")
+
+
 def tokenizer_command(argv: Sequence[str]) -> int:
     """``mmoe tokenizer fit --data SHARDS --out codebook.pt``: learn the visual codebook (MIM targets)."""
     parser = argparse.ArgumentParser(prog="mmoe tokenizer", description=tokenizer_command.__doc__)
@@ -173,8 +178,14 @@ def tokenizer_command(argv: Sequence[str]) -> int:
     fit.add_argument("--data", required=True, nargs="+", help="shard files, directories or brace patterns with images")
     fit.add_argument("--out", required=True, help="codebook file to write")
     fit.add_argument("--size", type=int, default=512, help="number of visual tokens K")
-    fit.add_argument("--image-size", type=int, default=64, help="image side the backbone sees")
-    fit.add_argument("--patch-size", type=int, default=16)
+    fit.add_argument(
+        "--image-size",
+        type=int,
+        default=TINY.image_size,
+        help=f"image side the backbone sees (default {TINY.image_size}, the tiny configs')",
+    )
+    fit.add_argument("--patch-size", type=int, default=TINY.patch_size,
+                     help=f"the backbone's patch side (default {TINY.patch_size})")  # fmt: skip
     fit.add_argument("--pool", type=int, default=4, help="patches are average-pooled to pool x pool")
     fit.add_argument("--max-patches", type=int, default=200_000)
     fit.add_argument("--seed", type=int, default=0)
