@@ -167,7 +167,7 @@ def test_vqav2_bad_files_name_file_record_field_and_value(tmp_path, mutate, mess
 def test_invalid_json_reports_the_position(tmp_path):
     bad = tmp_path / "v2_OpenEnded_mscoco_val2014_questions.json"
     bad.write_text('{"questions": [\n  {"image_id": 1,,}\n]}')
-    with pytest.raises(ConversionError, match=r"questions.json: not valid JSON at line 2 column"):
+    with pytest.raises(ConversionError, match=r"questions.json: malformed JSON at line 2, column"):
         convert_vqav2(bad, tmp_path, tmp_path / "out")
 
 

@@ -34,6 +34,7 @@ from mmoe.data.converters.staging import (
 )
 from mmoe.data.shards import MANIFEST, Manifest, ShardWriter, check_shard_name
 from mmoe.data.transforms import to_rgb
+from mmoe.io import read_json
 
 #: How many skipped image paths a converter prints (all are counted).
 SHOWN_SKIPS = 5
@@ -54,17 +55,9 @@ class Skip:
 
 
 def load_json(path: str | os.PathLike) -> Any:
-    """Parses a JSON file; a missing file or bad JSON is a :class:`ConversionError` with the position."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as error:
-        raise ConversionError(f"{path}: cannot read ({error.strerror or error})") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as error:
-        position = f"line {error.lineno} column {error.colno}"
-        raise ConversionError(f"{path}: not valid JSON at {position}: {error.msg}") from None
+    """Parses a JSON file; a missing file or bad JSON is a :class:`ConversionError` naming the file (and the line and
+    column of bad JSON)."""
+    return read_json(path, error=ConversionError)
 
 
 def field(record: Any, name: str, kind: type | tuple[type, ...], where: str) -> Any:
