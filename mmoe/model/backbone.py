@@ -22,7 +22,7 @@ from torch.utils.checkpoint import checkpoint
 
 from mmoe.model.config import MultiwayConfig
 from mmoe.model.layers import FeedForward, MultiwayBlock
-from mmoe.moe import MoELayer, RoutingRecord, build_moe_layer
+from mmoe.moe import MoEFeedForward, RoutingRecord, build_moe_layer
 from mmoe.moe.experts import GroupedExperts
 
 
@@ -61,7 +61,7 @@ class MoELayerSlot:
 
     index: int
     modality: str
-    layer: MoELayer
+    layer: MoEFeedForward
 
 
 class MultiwayTransformer(nn.Module):
@@ -121,7 +121,7 @@ class MultiwayTransformer(nn.Module):
     def reset_parameters(self) -> None:
         std = 0.02
         # Routers and MH-MoE split/merge layers keep their papers' init; experts are handled below.
-        inside_moe = {id(sub) for moe in self.modules() if isinstance(moe, MoELayer) for sub in moe.modules()}
+        inside_moe = {id(sub) for moe in self.modules() if isinstance(moe, MoEFeedForward) for sub in moe.modules()}
         for module in self.modules():
             if isinstance(module, nn.Linear) and id(module) not in inside_moe:
                 nn.init.trunc_normal_(module.weight, std=std, a=-std, b=std)

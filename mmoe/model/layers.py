@@ -22,7 +22,7 @@ from timm.layers import DropPath
 from torch import nn
 
 from mmoe.model.config import MultiwayConfig
-from mmoe.moe import MoELayer, RoutingRecord
+from mmoe.moe import MoEFeedForward, RoutingRecord
 
 VISION, LANGUAGE = 0, 1
 MODALITY_NAMES = ("vision", "language")
@@ -119,14 +119,14 @@ class MultiwayBlock(nn.Module):
         # Residual dropout (MultiwayConfig.dropout), before drop path as torchscale's encoder layer does it.
         self.dropout = nn.Dropout(config.dropout) if config.dropout > 0 else nn.Identity()
 
-    def moe_layers(self) -> Iterator[tuple[str, MoELayer]]:
+    def moe_layers(self) -> Iterator[tuple[str, MoEFeedForward]]:
         """``(modality, layer)`` for each MoE FFN of this block, modality as in its routing records ("vision",
         "language", or "shared" for a shared FFN and the VL-FFN); the per-modality FFNs come before the VL-FFN."""
         named = [("shared" if len(self.ffn) == 1 else MODALITY_NAMES[m], ffn) for m, ffn in enumerate(self.ffn)]
         if self.vl_ffn is not None:
             named.append(("shared", self.vl_ffn))
         for modality, ffn in named:
-            if isinstance(ffn, MoELayer):
+            if isinstance(ffn, MoEFeedForward):
                 yield modality, ffn
 
     def forward(

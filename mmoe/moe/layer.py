@@ -17,52 +17,24 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.profiler import record_function
 
+from mmoe.moe.base import MoEFeedForward, RoutingRecord, compute_dtype
 from mmoe.moe.config import MoEConfig
 from mmoe.moe.dispatch import combine, combine_unsorted, dispatch_rows, plan_dispatch
 from mmoe.moe.experts import GroupedExperts
 from mmoe.moe.router import Router, XMoEScorer
 
 
-@dataclass
-class RoutingRecord:
-    """What one MoE layer did in one forward.
+class MoELayer(MoEFeedForward):
+    """Sparse Mixture-of-Experts FFN (top-k, X-MoE, MH-MoE): ``y, routing = layer(x, padding_mask)``.
 
-    Attributes:
-        balance_loss: differentiable scalar (X-MoE Eq. 9 over non-padding (sub-)tokens; 0 with no token).
-        z_loss: differentiable scalar, the router z-loss (ST-MoE Eq. 5 over non-padding (sub-)tokens).
-        expert_counts: (E,) long, (sub-)token choices each expert processed; padding and drops excluded.
-        expert_index: (B, L, heads, top_k) long, the expert of every sub-token choice; -1 at padding and drops.
-        dropped_fraction: scalar, share of non-padding choices dropped by the capacity (0 when dropless).
-        requested_capacity: scalar, mean FFN passes per token (Stratified MoE RC); 1 for a plain MoE layer.
-        router_entropy: scalar, mean entropy of the routing distribution (detached; for logging).
-        layer: index of the backbone layer that produced the record (set by the backbone).
-        modality: "vision", "language" or "shared" (set by the backbone).
-        stratum_path: (B, L, n_strata) long, each gate's first choice, -1 where skipped (Stratified MoE only).
-    """
-
-    balance_loss: torch.Tensor
-    z_loss: torch.Tensor
-    expert_counts: torch.Tensor
-    expert_index: torch.Tensor
-    dropped_fraction: torch.Tensor
-    requested_capacity: torch.Tensor
-    router_entropy: torch.Tensor
-    layer: int | None = None
-    modality: str | None = None
-    stratum_path: torch.Tensor | None = None
-
-
-class MoELayer(nn.Module):
-    """Sparse Mixture-of-Experts FFN: ``y, routing = layer(x, padding_mask)``.
-
-    :func:`mmoe.moe.build_moe_layer` builds this layer, or a :class:`mmoe.moe.stratified.StratifiedMoELayer` when
-    ``config.strata`` is set. Every MoE layer returns the update the block adds to its residual stream.
+    :func:`mmoe.moe.build_moe_layer` builds this layer, or a :class:`mmoe.moe.stratified.StratifiedMoELayer` (another
+    :class:`MoEFeedForward`, not a subclass of this one) when ``config.strata`` is set. Every MoE layer returns the
+    update the block adds to its residual stream. Only this layer can be expert-sharded (:meth:`shard_experts`).
 
     Args:
         config: the layer's :class:`MoEConfig`.
@@ -178,14 +150,6 @@ class MoELayer(nn.Module):
             router_entropy=routed.entropy,
         )
         return y, routing
-
-
-def compute_dtype(x: torch.Tensor) -> torch.dtype:
-    """The dtype expert GEMMs run in: the autocast dtype when autocast is on for x's device, else x's dtype."""
-    device_type = x.device.type
-    if torch.is_autocast_enabled(device_type):
-        return torch.get_autocast_dtype(device_type)
-    return x.dtype
 
 
 @torch.no_grad()
