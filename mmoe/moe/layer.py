@@ -19,12 +19,14 @@ import math
 import warnings
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.profiler import record_function
 
 from mmoe.moe.base import MoEFeedForward, RoutingRecord, compute_dtype
 from mmoe.moe.config import MoEConfig
 from mmoe.moe.dispatch import combine, combine_unsorted, dispatch_rows, plan_dispatch
+from mmoe.moe.expert_parallel import ExpertShard, exchange
 from mmoe.moe.experts import GroupedExperts
 from mmoe.moe.router import Router, XMoEScorer
 
@@ -49,8 +51,8 @@ class MoELayer(MoEFeedForward):
             )
         self.config = config
         self._warned_kernels = False
-        #: Set by :func:`mmoe.moe.expert_parallel.shard_experts`: E/W experts here, rows travel by all-to-all.
-        self.shard = None
+        #: Set by :meth:`shard_experts`: E/W experts here, rows travel by all-to-all; None: every expert here.
+        self.shard: ExpertShard | None = None
         if config.heads > 1:
             # MH-MoE App. E: multi-head layer xavier-uniform with gain 1/sqrt(2) and default bias; merge layer
             # xavier-uniform with zero bias.
@@ -86,6 +88,15 @@ class MoELayer(MoEFeedForward):
             warnings.warn(message + reason, stacklevel=2)
         return False
 
+    def shard_experts(self, group: dist.ProcessGroup) -> ExpertShard:
+        """Keep on this rank only its E/W experts and route the rows through ``group`` (W ranks) from now on; returns
+        the shard. Expert gradients are scaled by 1/W; checkpoints still hold every expert
+        (:mod:`mmoe.moe.expert_parallel`). ValueError (one line) for sizes that do not divide."""
+        shard = ExpertShard.of_group(group, self.config.num_experts)
+        self.experts.keep_shard(shard)
+        self.shard = shard
+        return shard
+
     def gate_routers(self) -> list[Router]:
         """The layer's routers in the order a token meets them: the one router here, one per stratum (gate) in a
         Stratified MoE layer. The first one sees every (sub-)token."""
@@ -116,8 +127,6 @@ class MoELayer(MoEFeedForward):
                 routed.expert_SK, valid_S, config.num_experts, config.active_capacity_factor(self.training)
             )
         if self.shard is not None:
-            from mmoe.moe.expert_parallel import exchange
-
             with record_function("mmoe.moe.permute"):
                 rows_CD = dispatch_rows(x_SD.to(compute_dtype(x_SD)), plan)
             y_CD = exchange(rows_CD, plan.offsets_E, self.shard, self.experts)
