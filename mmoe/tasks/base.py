@@ -40,10 +40,8 @@ BALANCE_REDUCTIONS = ("sum", "mean")
 
 
 def detached(record: RoutingRecord) -> RoutingRecord:
-    """The record with its balance loss and z-loss detached (what ``training_step`` hands to callbacks)."""
-    record.balance_loss = record.balance_loss.detach()
-    record.z_loss = record.z_loss.detach()
-    return record
+    """A copy of the record with its balance loss and z-loss detached (what ``training_step`` hands to callbacks)."""
+    return dataclasses.replace(record, balance_loss=record.balance_loss.detach(), z_loss=record.z_loss.detach())
 
 
 @dataclasses.dataclass
