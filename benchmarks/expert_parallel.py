@@ -26,7 +26,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from mmoe.moe import MoEConfig
-from mmoe.moe.expert_parallel import expert_parallel_groups, shard_experts
+from mmoe.moe.expert_parallel import expert_parallel_groups
 from mmoe.moe.layer import MoELayer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -61,7 +61,7 @@ def worker(rank: int, init_file: str, args: argparse.Namespace) -> None:
     config = MoEConfig(args.dim, args.hidden, args.experts, top_k=args.top_k)
     single, parallel = MoELayer(config), MoELayer(config)
     parallel.load_state_dict(single.state_dict())
-    shard_experts(parallel, expert_parallel_groups(WORLD))
+    parallel.shard_experts(expert_parallel_groups(WORLD))
     generator = torch.Generator().manual_seed(rank)
     x = torch.randn(1, args.tokens, args.dim, generator=generator)
     grad = torch.randn(1, args.tokens, args.dim, generator=generator)

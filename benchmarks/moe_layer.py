@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from mmoe.moe import MoEConfig, MoELayer, build_moe_layer
+from mmoe.moe import MoEConfig, MoEFeedForward, MoELayer, build_moe_layer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from timing import interleaved_medians  # noqa: E402
@@ -57,7 +57,7 @@ class Case:
 class TensorOutputs(nn.Module):
     """``(y, balance_loss)`` of an MoE layer: tensors only, as CUDA-graphed callables must return."""
 
-    def __init__(self, layer: MoELayer) -> None:
+    def __init__(self, layer: MoEFeedForward) -> None:
         super().__init__()
         self.layer = layer
 

@@ -50,6 +50,7 @@ def moe_info(argv: Sequence[str]) -> int:
     from jsonargparse import ArgumentParser
 
     from mmoe.io import report_error
+    from mmoe.model.cost import ffn_flops_per_token, ffn_parameters
     from mmoe.moe import MoEConfig, build_moe_layer
     from mmoe.moe.cost import active_parameters_per_token, flops_per_token, moe_parameter_count
 
@@ -60,15 +61,14 @@ def moe_info(argv: Sequence[str]) -> int:
         config = parser.instantiate(args).moe
     except ValueError as error:
         raise SystemExit(report_error("moe-info", error)) from None
-    dense_parameters = 2 * config.dim * config.ffn_dim + config.ffn_dim + config.dim
     report = {
         "config": {name: getattr(config, name) for name in MoEConfig.__dataclass_fields__},
         "parameters": moe_parameter_count(config),
         "parameters_counted": sum(p.numel() for p in build_moe_layer(config).parameters()),
         "active_parameters_per_token": active_parameters_per_token(config),
         "flops_per_token": flops_per_token(config),
-        "dense_ffn_parameters": dense_parameters,
-        "dense_ffn_flops_per_token": 4 * config.dim * config.ffn_dim,
+        "dense_ffn_parameters": ffn_parameters(config.dim, config.ffn_dim, config.subln),
+        "dense_ffn_flops_per_token": ffn_flops_per_token(config.dim, config.ffn_dim),
     }
     print(json.dumps(report, indent=2))
     return 0

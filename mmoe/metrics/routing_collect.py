@@ -8,7 +8,7 @@ passes.
 
 The MoE layers are found through the backbone's public ``moe_layers()``
 (:meth:`mmoe.model.MultiwayTransformer.moe_layers`) and their routers through ``gate_routers()``
-(:meth:`mmoe.moe.MoELayer.gate_routers`); this module does not import :mod:`mmoe.model`.
+(:meth:`mmoe.moe.MoEFeedForward.gate_routers`); this module does not import :mod:`mmoe.model`.
 """
 
 from __future__ import annotations
@@ -31,22 +31,22 @@ from mmoe.metrics.routing import (
     routing_fluctuation,
     sort_keys,
 )
-from mmoe.moe import MoELayer, RoutingRecord
+from mmoe.moe import MoEFeedForward, RoutingRecord
 from mmoe.moe.router import Router
 
 
-def moe_layers(backbone: nn.Module) -> dict[str, MoELayer]:
+def moe_layers(backbone: nn.Module) -> dict[str, MoEFeedForward]:
     """The MoE layers of ``backbone`` (a :class:`mmoe.model.MultiwayTransformer`), by :func:`record_key` key.
 
     Where two layers share a key (a layer's shared FFN and its VL-FFN), the first one the backbone lists is kept.
     """
-    found: dict[str, MoELayer] = {}
+    found: dict[str, MoEFeedForward] = {}
     for slot in backbone.moe_layers():
         found.setdefault(layer_key(slot.index, slot.modality), slot.layer)
     return found
 
 
-def first_router(layer: MoELayer) -> Router:
+def first_router(layer: MoEFeedForward) -> Router:
     """The router every (sub-)token of ``layer`` meets first: a plain layer's router, a Stratified layer's gate 1."""
     return layer.gate_routers()[0]
 

@@ -21,8 +21,9 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from mmoe.model.config import MultiwayConfig
+from mmoe.model.initialization import BEIT3_INIT_STD, init_beit3_
 from mmoe.model.layers import FeedForward, MultiwayBlock
-from mmoe.moe import MoELayer, RoutingRecord, build_moe_layer
+from mmoe.moe import MoEFeedForward, RoutingRecord, build_moe_layer
 from mmoe.moe.experts import GroupedExperts
 
 
@@ -61,7 +62,7 @@ class MoELayerSlot:
 
     index: int
     modality: str
-    layer: MoELayer
+    layer: MoEFeedForward
 
 
 class MultiwayTransformer(nn.Module):
@@ -119,24 +120,24 @@ class MultiwayTransformer(nn.Module):
                 yield MoELayerSlot(block.index, modality, layer)
 
     def reset_parameters(self) -> None:
-        std = 0.02
+        std = BEIT3_INIT_STD
         # Routers and MH-MoE split/merge layers keep their papers' init; experts are handled below.
-        inside_moe = {id(sub) for moe in self.modules() if isinstance(moe, MoELayer) for sub in moe.modules()}
+        inside_moe = {id(sub) for moe in self.modules() if isinstance(moe, MoEFeedForward) for sub in moe.modules()}
         for module in self.modules():
             if isinstance(module, nn.Linear) and id(module) not in inside_moe:
-                nn.init.trunc_normal_(module.weight, std=std, a=-std, b=std)
+                init_beit3_(module.weight, std)
                 nn.init.zeros_(module.bias)
             elif isinstance(module, nn.LayerNorm):
                 nn.init.ones_(module.weight)
                 nn.init.zeros_(module.bias)
             elif isinstance(module, GroupedExperts):
                 for weight in (module.fc1_weight, module.fc2_weight):
-                    nn.init.trunc_normal_(weight, std=std, a=-std, b=std)
+                    init_beit3_(weight, std)
                 nn.init.zeros_(module.fc1_bias)
                 nn.init.zeros_(module.fc2_bias)
         nn.init.normal_(self.text_embed.weight, std=self.config.dim**-0.5)
         for table in (self.vision_positions, self.text_positions):
-            nn.init.trunc_normal_(table, std=std, a=-std, b=std)
+            init_beit3_(table, std)
         nn.init.zeros_(self.cls_token)
         nn.init.zeros_(self.mask_token)
 

@@ -31,9 +31,9 @@ class MoEPlan:
         layers: explicit 0-based MoE layer indices; overrides ``every`` when given.
         mode: ``"per_modality"`` turns the vision FFN and the language FFN each into its own MoE; ``"shared"`` routes
             all tokens of both modalities through one MoE.
-        expert_parallel: W > 1 holds num_experts / W experts of every (non-stratified) MoE layer on each rank of an
-            expert-parallel group of W ranks in a distributed run (:mod:`mmoe.tasks.expert_parallel`); 1 = every
-            rank holds every expert.
+        expert_parallel: W > 1 holds num_experts / W experts of every MoE layer on each rank of an expert-parallel
+            group of W ranks in a distributed run (:mod:`mmoe.tasks.expert_parallel`); 1 = every rank holds every
+            expert. Refused with ``strata``: Stratified MoE layers are not expert-sharded.
     """
 
     num_experts: int = 8
@@ -63,6 +63,11 @@ class MoEPlan:
             raise ValueError(
                 f"MoEPlan.num_experts={self.num_experts} is not divisible by MoEPlan.expert_parallel="
                 f"{self.expert_parallel}: each rank of the expert-parallel group holds num_experts / expert_parallel"
+            )
+        if self.strata is not None and self.expert_parallel > 1:
+            raise ValueError(
+                f"MoEPlan.strata={self.strata!r} with MoEPlan.expert_parallel={self.expert_parallel}: Stratified MoE "
+                "layers are not expert-sharded (every gate pass indexes all experts); set expert_parallel: 1"
             )
         if self.mode not in ("per_modality", "shared"):
             raise ValueError(f"MoEPlan.mode must be 'per_modality' or 'shared', got {self.mode!r}")

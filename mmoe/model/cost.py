@@ -17,15 +17,25 @@ from mmoe.model.config import MultiwayConfig
 from mmoe.moe.cost import active_parameters_per_token, flops_per_token, moe_parameter_count
 
 
+def ffn_parameters(dim: int, ffn_dim: int, subln: bool) -> int:
+    """One dense FFN ``dim -> ffn_dim -> dim``: both linears with biases, and BEiT-3's Sub-LN before the second."""
+    return 2 * dim * ffn_dim + ffn_dim + dim + (2 * ffn_dim if subln else 0)
+
+
+def ffn_flops_per_token(dim: int, ffn_dim: int) -> int:
+    """Forward FLOPs of one token through a dense FFN's weights (a multiply-add counted as 2)."""
+    return 4 * dim * ffn_dim
+
+
 def dense_ffn_parameters(config: MultiwayConfig) -> int:
-    dim, ffn = config.dim, config.ffn_dim
-    return 2 * dim * ffn + ffn + dim + (2 * ffn if config.subln else 0)
+    """One dense FFN of the backbone (:func:`ffn_parameters` at its width)."""
+    return ffn_parameters(config.dim, config.ffn_dim, config.subln)
 
 
 def layer_parameters(config: MultiwayConfig, index: int) -> int:
     dim = config.dim
     ways = 2 if config.attention == "multiway" else 1
-    attention = ways * (2 * dim + 3 * dim * dim + 3 * dim + (2 * dim if config.subln else 0) + dim * dim + dim)
+    attention = ways * attention_way_parameters(config)
     if config.moe is not None and config.moe.is_moe_layer(index):
         one_ffn = moe_parameter_count(config.moe.layer_config(dim, config.ffn_dim, config.subln))
         ffns = one_ffn * (1 if config.moe.mode == "shared" else 2)
@@ -70,7 +80,8 @@ def layer_cost(config: MultiwayConfig, index: int) -> dict:
     attention = attention_way_parameters(config), 2 * 4 * dim * dim  # q, k, v and output projections
     is_moe = config.moe is not None and config.moe.is_moe_layer(index)
     if not is_moe:
-        dense = dense_ffn_parameters(config) + 2 * dim, 4 * dim * config.ffn_dim  # pre-FFN LayerNorm and FFN
+        # pre-FFN LayerNorm and FFN
+        dense = dense_ffn_parameters(config) + 2 * dim, ffn_flops_per_token(dim, config.ffn_dim)
         least = most = dense
     elif config.moe.strata is not None:  # the layer's own LayerNorms replace the block's pre-FFN LayerNorm
         moe = config.moe.layer_config(dim, config.ffn_dim, config.subln)

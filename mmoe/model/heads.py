@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from mmoe.model.initialization import init_beit3_
+
 #: Scale of the NLVR2 MLP's initial linear weights and biases (BEiT-3 ``TwoLayerMLP`` init for NLVR2).
 BEIT3_HEAD_INIT_SCALE = 1e-3
 
@@ -29,10 +31,11 @@ class Pooler(nn.Module):
 
 
 def init_head(module: nn.Module) -> None:
-    """BEiT-3 head init: truncated normal (std 0.02) linear weights, zero biases, LayerNorm 1 / 0."""
+    """BEiT-3 head init: linear weights from a normal of std 0.02 truncated at ±0.02 (:func:`init_beit3_`), zero
+    biases, LayerNorm 1 / 0."""
     for layer in module.modules():
         if isinstance(layer, nn.Linear):
-            nn.init.trunc_normal_(layer.weight, std=0.02)
+            init_beit3_(layer.weight)
             nn.init.zeros_(layer.bias)
         elif isinstance(layer, nn.LayerNorm):
             nn.init.ones_(layer.weight)

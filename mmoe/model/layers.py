@@ -14,6 +14,7 @@ modalities are carried as two tensors through the layer, so no split position is
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 
 import torch
@@ -22,7 +23,7 @@ from timm.layers import DropPath
 from torch import nn
 
 from mmoe.model.config import MultiwayConfig
-from mmoe.moe import MoELayer, RoutingRecord
+from mmoe.moe import MoEFeedForward, RoutingRecord
 
 VISION, LANGUAGE = 0, 1
 MODALITY_NAMES = ("vision", "language")
@@ -119,14 +120,14 @@ class MultiwayBlock(nn.Module):
         # Residual dropout (MultiwayConfig.dropout), before drop path as torchscale's encoder layer does it.
         self.dropout = nn.Dropout(config.dropout) if config.dropout > 0 else nn.Identity()
 
-    def moe_layers(self) -> Iterator[tuple[str, MoELayer]]:
+    def moe_layers(self) -> Iterator[tuple[str, MoEFeedForward]]:
         """``(modality, layer)`` for each MoE FFN of this block, modality as in its routing records ("vision",
         "language", or "shared" for a shared FFN and the VL-FFN); the per-modality FFNs come before the VL-FFN."""
         named = [("shared" if len(self.ffn) == 1 else MODALITY_NAMES[m], ffn) for m, ffn in enumerate(self.ffn)]
         if self.vl_ffn is not None:
             named.append(("shared", self.vl_ffn))
         for modality, ffn in named:
-            if isinstance(ffn, MoELayer):
+            if isinstance(ffn, MoEFeedForward):
                 yield modality, ffn
 
     def forward(
@@ -144,11 +145,15 @@ class MultiwayBlock(nn.Module):
         hidden = [x + self.drop_path(self.dropout(a)) for (_, x), a in zip(present, attended, strict=True)]
 
         records: list[RoutingRecord] = []
+        joint = None  # one FFN over both modalities: the VL-FFN on image + text, or a shared FFN
         if self.vl_ffn is not None and len(present) == 2:
-            norms = [self.vl_norm, self.vl_norm]
-            updates = self._joint_ffn(self.vl_ffn, norms, hidden, modalities, padding, records)
+            joint = self.vl_ffn, [self.vl_norm, self.vl_norm]
         elif len(self.ffn) == 1:
-            updates = self._joint_ffn(self.ffn[0], self.ffn_norm, hidden, modalities, padding, records)
+            joint = self.ffn[0], self.ffn_norm
+        if joint is not None:
+            updates, record = self._joint_ffn(*joint, hidden, modalities, padding)
+            if record is not None:
+                records.append(_tag(record, self.index, "shared"))
         else:
             updates = []
             for m, h, mask in zip(modalities, hidden, padding, strict=True):
@@ -159,8 +164,9 @@ class MultiwayBlock(nn.Module):
         out = {m: h + self.drop_path(self.dropout(u)) for m, h, u in zip(modalities, hidden, updates, strict=True)}
         return out.get(VISION), out.get(LANGUAGE), records
 
-    def _joint_ffn(self, ffn, norms, hidden, modalities, padding, records) -> list[torch.Tensor]:
-        """One FFN over the concatenated modalities (each normed by its own LayerNorm); the record is "shared"."""
+    def _joint_ffn(self, ffn, norms, hidden, modalities, padding) -> tuple[list[torch.Tensor], RoutingRecord | None]:
+        """One FFN over the concatenated modalities (each normed by its own LayerNorm): the per-modality updates and
+        the FFN's routing record (None for a dense FFN)."""
         joint_mask = None
         if any(mask is not None for mask in padding):
             joint_mask = torch.cat(
@@ -172,11 +178,9 @@ class MultiwayBlock(nn.Module):
             )
         joint = torch.cat([norms[m](h) for m, h in zip(modalities, hidden, strict=True)], dim=1)
         update, record = ffn(joint, joint_mask)
-        if record is not None:
-            records.append(_tag(record, self.index, "shared"))
-        return list(torch.split(update, [h.shape[1] for h in hidden], dim=1))
+        return list(torch.split(update, [h.shape[1] for h in hidden], dim=1)), record
 
 
 def _tag(record: RoutingRecord, layer: int, modality: str) -> RoutingRecord:
-    record.layer, record.modality = layer, modality
-    return record
+    """A copy of ``record`` that names the backbone layer and modality it came from."""
+    return dataclasses.replace(record, layer=layer, modality=modality)

@@ -31,7 +31,7 @@ from torch import nn
 from mmoe.model.backbone import MultiwayTransformer
 from mmoe.model.config import MoEPlan
 from mmoe.model.layers import LANGUAGE, VISION, FeedForward
-from mmoe.moe import MoELayer
+from mmoe.moe import MoEFeedForward
 from mmoe.moe.experts import GroupedExperts
 
 
@@ -72,7 +72,7 @@ def upcycle(dense: MultiwayTransformer, plan: MoEPlan, noise: float = 0.0, seed:
     return moe
 
 
-def copy_experts(layer: MoELayer, ffns: list[FeedForward], generator: torch.Generator, noise: float) -> None:
+def copy_experts(layer: MoEFeedForward, ffns: list[FeedForward], generator: torch.Generator, noise: float) -> None:
     """Fills ``layer``'s experts from the dense ``ffns`` (expert e from ``ffns[e % len(ffns)]``)."""
     experts: GroupedExperts = layer.experts
     heads = layer.config.heads

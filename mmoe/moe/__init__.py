@@ -6,16 +6,24 @@ Public API::
     layer = build_moe_layer(MoEConfig(dim=768, ffn_dim=3072, num_experts=8))  # a MoELayer (StratifiedMoELayer
     y, routing = layer(x, padding_mask=None)                                   # with MoEConfig.strata set)
     first_router = layer.gate_routers()[0]
+
+Both layers are :class:`MoEFeedForward` ("any MoE layer"); only a :class:`MoELayer` can be expert-sharded.
 """
 
+from mmoe.moe.base import MoEFeedForward, RoutingRecord
 from mmoe.moe.config import MoEConfig
+from mmoe.moe.experts import GroupedExperts
 from mmoe.moe.factory import build_moe_layer
-from mmoe.moe.layer import MoELayer, RoutingRecord, restore_expert_embedding_norm
+from mmoe.moe.layer import MoELayer, restore_expert_embedding_norm
+from mmoe.moe.router import Router
 from mmoe.moe.stratified import StratifiedMoELayer
 
 __all__ = [
+    "GroupedExperts",
     "MoEConfig",
+    "MoEFeedForward",
     "MoELayer",
+    "Router",
     "RoutingRecord",
     "StratifiedMoELayer",
     "build_moe_layer",

@@ -27,7 +27,7 @@ def expert_parameters(config: MoEConfig) -> int:
 
 
 def moe_parameter_count(config: MoEConfig) -> int:
-    """All parameters of a plain, multi-head or Stratified :class:`mmoe.moe.MoELayer`."""
+    """All parameters of a plain, multi-head or Stratified MoE layer (:class:`mmoe.moe.MoEFeedForward`)."""
     if config.strata is not None:
         # One LayerNorm and one gate over the visible experts per stratum, one shared expert list.
         gates = sum(

@@ -14,8 +14,13 @@ The splits are read to the host (``all_to_all_single`` takes Python lists), the 
 
 Gradients: an expert's gradient sums the contributions of every rank's tokens; so that an expert-parallel step equals
 a single-process step on the same global batch under data-parallel gradient averaging, each expert gradient is
-scaled by 1/W (:func:`shard_experts` registers the hook). Expert parameters carry ``expert_parallel = True``:
-data-parallel wrappers must not all-reduce them across the expert-parallel group (they are different experts).
+scaled by 1/W (:meth:`mmoe.moe.GroupedExperts.keep_shard` registers the hook). Expert parameters carry
+``expert_parallel = True``: data-parallel wrappers must not all-reduce them across the expert-parallel group (they are
+different experts).
+
+A layer is sharded by its own method, :meth:`mmoe.moe.MoELayer.shard_experts` (its experts keep their slice with
+:meth:`mmoe.moe.GroupedExperts.keep_shard`); this module holds the shard description, the exchange and the hooks.
+Stratified MoE layers are not expert-sharded.
 
 Checkpoints hold every expert whatever the world size: the sharded layer's ``state_dict`` gathers the experts of all
 ranks (a collective: every rank of the group must call it, as Lightning's checkpointing does), and ``load_state_dict``
@@ -77,6 +82,14 @@ class ExpertShard:
     rank: int
     num_experts: int
 
+    @classmethod
+    def of_group(cls, group: dist.ProcessGroup, num_experts: int) -> ExpertShard:
+        """This rank's share of ``num_experts`` experts over ``group``; ValueError (one line) for sizes that do not
+        divide."""
+        size = dist.get_world_size(group)
+        check_expert_parallel(num_experts, size, dist.get_world_size())
+        return cls(group, size, dist.get_rank(group), num_experts)
+
     @property
     def local(self) -> int:
         return self.num_experts // self.size
@@ -119,35 +132,14 @@ def _all_to_all(rows: torch.Tensor, output_splits: list[int], input_splits: list
     return functional_collectives.wait_tensor(exchanged)
 
 
-def _scale_gradient(factor: float):
+def scale_gradient(factor: float):
+    """A tensor hook that multiplies the gradient by ``factor``."""
     return lambda grad: grad * factor
 
 
-def shard_experts(layer, group: dist.ProcessGroup) -> ExpertShard:
-    """Keep on this rank only its E/W experts of ``layer`` (a :class:`mmoe.moe.MoELayer`) and route its rows through
-    ``group`` from now on; returns the shard. Expert gradients are scaled by 1/W (see the module docstring)."""
-    size, rank = dist.get_world_size(group), dist.get_rank(group)
-    num_experts = layer.config.num_experts
-    check_expert_parallel(num_experts, size, dist.get_world_size())
-    shard = ExpertShard(group, size, rank, num_experts)
-    experts = layer.experts
-    with torch.no_grad():
-        for name, parameter in list(experts.named_parameters(recurse=False)):
-            local = torch.nn.Parameter(parameter[shard.first : shard.first + shard.local].clone())
-            setattr(local, EXPERT_PARALLEL_ATTRIBUTE, True)
-            if size > 1:
-                local.register_hook(_scale_gradient(1.0 / size))
-            setattr(experts, name, local)
-    experts.num_experts = shard.local
-    experts.shard = shard
-    experts._register_state_dict_hook(_gather_full_experts)
-    experts._register_load_state_dict_pre_hook(_keep_local_experts, with_module=True)
-    layer.shard = shard
-    return shard
-
-
-def _gather_full_experts(module, state_dict: dict, prefix: str, local_metadata) -> None:
-    """state_dict hook: every expert tensor as the full (E, ...) stack, gathered from the group's ranks."""
+def gather_full_experts(module, state_dict: dict, prefix: str, local_metadata) -> None:
+    """state_dict post-hook of a sharded :class:`mmoe.moe.GroupedExperts`: every expert tensor as the full (E, ...)
+    stack, gathered from the group's ranks."""
     shard: ExpertShard = module.shard
     for name, _ in module.named_parameters(recurse=False):
         key = prefix + name
@@ -157,8 +149,9 @@ def _gather_full_experts(module, state_dict: dict, prefix: str, local_metadata) 
         state_dict[key] = torch.cat(pieces)
 
 
-def _keep_local_experts(module, state_dict: dict, prefix: str, *args) -> None:
-    """load_state_dict pre-hook: a full (E, ...) expert stack keeps this rank's slice (a local stack loads as is)."""
+def keep_local_experts(module, state_dict: dict, prefix: str, *args) -> None:
+    """load_state_dict pre-hook of a sharded :class:`mmoe.moe.GroupedExperts`: a full (E, ...) expert stack keeps
+    this rank's slice (a local stack loads as is)."""
     shard: ExpertShard = module.shard
     for name, _ in module.named_parameters(recurse=False):
         key = prefix + name

@@ -22,6 +22,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from mmoe.moe.dispatch import DispatchPlan
+from mmoe.moe.expert_parallel import (
+    EXPERT_PARALLEL_ATTRIBUTE,
+    ExpertShard,
+    gather_full_experts,
+    keep_local_experts,
+    scale_gradient,
+)
 
 #: Mean rows per expert from which the CPU per-expert addmm loop beats the grouped GEMM (benchmarks/moe_layer.py).
 CPU_LOOP_MIN_ROWS = 256
@@ -49,11 +56,16 @@ class GroupedExperts(nn.Module):
         dim: input and output width D (the sub-token width D/h for MH-MoE).
         hidden_dim: inner width H (``ffn_dim * beta``).
         subln: LayerNorm over the hidden activation before the second linear (BEiT-3 Sub-LN).
+
+    Attributes:
+        num_experts: the experts held here: E, or E/W once sharded (:meth:`keep_shard`).
+        shard: which of the layer's experts this rank holds when expert-parallel; None: all of them.
     """
 
     def __init__(self, num_experts: int, dim: int, hidden_dim: int, subln: bool = False) -> None:
         super().__init__()
         self.num_experts, self.dim, self.hidden_dim = num_experts, dim, hidden_dim
+        self.shard: ExpertShard | None = None
         self.fc1_weight = nn.Parameter(torch.empty(num_experts, dim, hidden_dim))
         self.fc1_bias = nn.Parameter(torch.empty(num_experts, hidden_dim))
         self.fc2_weight = nn.Parameter(torch.empty(num_experts, hidden_dim, dim))
@@ -75,6 +87,32 @@ class GroupedExperts(nn.Module):
             bound = 1.0 / math.sqrt(fan_in)
             nn.init.uniform_(weight, -bound, bound)
             nn.init.uniform_(bias, -bound, bound)
+
+    @torch.no_grad()
+    def keep_shard(self, shard: ExpertShard) -> None:
+        """Keep only this rank's experts ``shard.first .. shard.first + shard.local - 1`` (expert parallelism,
+        :mod:`mmoe.moe.expert_parallel`).
+
+        The expert parameters become new (E/W, ...) parameters marked ``expert_parallel = True``, with their
+        ``requires_grad``; their gradients are scaled by 1/W. ``state_dict`` then gathers every rank's experts (a
+        collective) and ``load_state_dict`` takes a full (E, ...) stack and keeps this rank's slice.
+        """
+        if self.shard is not None:
+            raise ValueError(f"these experts are sharded already ({self.shard.local} of {self.shard.num_experts} here)")
+        if shard.num_experts != self.num_experts:
+            raise ValueError(f"a shard of {shard.num_experts} experts does not fit {self.num_experts} experts")
+        for name, parameter in list(self.named_parameters(recurse=False)):
+            local = nn.Parameter(
+                parameter[shard.first : shard.first + shard.local].clone(), requires_grad=parameter.requires_grad
+            )
+            setattr(local, EXPERT_PARALLEL_ATTRIBUTE, True)
+            if shard.size > 1 and local.requires_grad:
+                local.register_hook(scale_gradient(1.0 / shard.size))
+            setattr(self, name, local)
+        self.num_experts = shard.local
+        self.shard = shard
+        self.register_state_dict_post_hook(gather_full_experts)
+        self.register_load_state_dict_pre_hook(keep_local_experts)
 
     def forward(self, x_RD: torch.Tensor, expert_R: torch.Tensor, offsets_E: torch.Tensor) -> torch.Tensor:
         """Apply expert ``expert_R[r]`` to row r; rows are sorted by expert and ``offsets_E`` ends each slice."""

@@ -1,17 +1,18 @@
 """Build the MoE layer a :class:`mmoe.moe.MoEConfig` describes.
 
-The choice is made here, by the caller's factory, rather than inside ``MoELayer.__new__``, so that
-:mod:`mmoe.moe.layer` does not import :mod:`mmoe.moe.stratified` (which subclasses it).
+The choice is made here, by the caller's factory, rather than inside a layer's ``__new__``: the two layers are
+siblings (both :class:`mmoe.moe.base.MoEFeedForward`), neither knows the other.
 """
 
 from __future__ import annotations
 
+from mmoe.moe.base import MoEFeedForward
 from mmoe.moe.config import MoEConfig
 from mmoe.moe.layer import MoELayer
 from mmoe.moe.stratified import StratifiedMoELayer
 
 
-def build_moe_layer(config: MoEConfig) -> MoELayer:
+def build_moe_layer(config: MoEConfig) -> MoEFeedForward:
     """A :class:`StratifiedMoELayer` (Xu et al., 2023) when ``config.strata`` is set, else a :class:`MoELayer`
     (X-MoE / MH-MoE / top-k, per the config's router, gate and heads)."""
     if config.strata is not None:

@@ -17,52 +17,26 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.profiler import record_function
 
+from mmoe.moe.base import MoEFeedForward, RoutingRecord, compute_dtype
 from mmoe.moe.config import MoEConfig
 from mmoe.moe.dispatch import combine, combine_unsorted, dispatch_rows, plan_dispatch
+from mmoe.moe.expert_parallel import ExpertShard, exchange
 from mmoe.moe.experts import GroupedExperts
 from mmoe.moe.router import Router, XMoEScorer
 
 
-@dataclass
-class RoutingRecord:
-    """What one MoE layer did in one forward.
+class MoELayer(MoEFeedForward):
+    """Sparse Mixture-of-Experts FFN (top-k, X-MoE, MH-MoE): ``y, routing = layer(x, padding_mask)``.
 
-    Attributes:
-        balance_loss: differentiable scalar (X-MoE Eq. 9 over non-padding (sub-)tokens; 0 with no token).
-        z_loss: differentiable scalar, the router z-loss (ST-MoE Eq. 5 over non-padding (sub-)tokens).
-        expert_counts: (E,) long, (sub-)token choices each expert processed; padding and drops excluded.
-        expert_index: (B, L, heads, top_k) long, the expert of every sub-token choice; -1 at padding and drops.
-        dropped_fraction: scalar, share of non-padding choices dropped by the capacity (0 when dropless).
-        requested_capacity: scalar, mean FFN passes per token (Stratified MoE RC); 1 for a plain MoE layer.
-        router_entropy: scalar, mean entropy of the routing distribution (detached; for logging).
-        layer: index of the backbone layer that produced the record (set by the backbone).
-        modality: "vision", "language" or "shared" (set by the backbone).
-        stratum_path: (B, L, n_strata) long, each gate's first choice, -1 where skipped (Stratified MoE only).
-    """
-
-    balance_loss: torch.Tensor
-    z_loss: torch.Tensor
-    expert_counts: torch.Tensor
-    expert_index: torch.Tensor
-    dropped_fraction: torch.Tensor
-    requested_capacity: torch.Tensor
-    router_entropy: torch.Tensor
-    layer: int | None = None
-    modality: str | None = None
-    stratum_path: torch.Tensor | None = None
-
-
-class MoELayer(nn.Module):
-    """Sparse Mixture-of-Experts FFN: ``y, routing = layer(x, padding_mask)``.
-
-    :func:`mmoe.moe.build_moe_layer` builds this layer, or a :class:`mmoe.moe.stratified.StratifiedMoELayer` when
-    ``config.strata`` is set. Every MoE layer returns the update the block adds to its residual stream.
+    :func:`mmoe.moe.build_moe_layer` builds this layer, or a :class:`mmoe.moe.stratified.StratifiedMoELayer` (another
+    :class:`MoEFeedForward`, not a subclass of this one) when ``config.strata`` is set. Every MoE layer returns the
+    update the block adds to its residual stream. Only this layer can be expert-sharded (:meth:`shard_experts`).
 
     Args:
         config: the layer's :class:`MoEConfig`.
@@ -77,8 +51,8 @@ class MoELayer(nn.Module):
             )
         self.config = config
         self._warned_kernels = False
-        #: Set by :func:`mmoe.moe.expert_parallel.shard_experts`: E/W experts here, rows travel by all-to-all.
-        self.shard = None
+        #: Set by :meth:`shard_experts`: E/W experts here, rows travel by all-to-all; None: every expert here.
+        self.shard: ExpertShard | None = None
         if config.heads > 1:
             # MH-MoE App. E: multi-head layer xavier-uniform with gain 1/sqrt(2) and default bias; merge layer
             # xavier-uniform with zero bias.
@@ -114,6 +88,15 @@ class MoELayer(nn.Module):
             warnings.warn(message + reason, stacklevel=2)
         return False
 
+    def shard_experts(self, group: dist.ProcessGroup) -> ExpertShard:
+        """Keep on this rank only its E/W experts and route the rows through ``group`` (W ranks) from now on; returns
+        the shard. Expert gradients are scaled by 1/W; checkpoints still hold every expert
+        (:mod:`mmoe.moe.expert_parallel`). ValueError (one line) for sizes that do not divide."""
+        shard = ExpertShard.of_group(group, self.config.num_experts)
+        self.experts.keep_shard(shard)
+        self.shard = shard
+        return shard
+
     def gate_routers(self) -> list[Router]:
         """The layer's routers in the order a token meets them: the one router here, one per stratum (gate) in a
         Stratified MoE layer. The first one sees every (sub-)token."""
@@ -144,8 +127,6 @@ class MoELayer(nn.Module):
                 routed.expert_SK, valid_S, config.num_experts, config.active_capacity_factor(self.training)
             )
         if self.shard is not None:
-            from mmoe.moe.expert_parallel import exchange
-
             with record_function("mmoe.moe.permute"):
                 rows_CD = dispatch_rows(x_SD.to(compute_dtype(x_SD)), plan)
             y_CD = exchange(rows_CD, plan.offsets_E, self.shard, self.experts)
@@ -178,14 +159,6 @@ class MoELayer(nn.Module):
             router_entropy=routed.entropy,
         )
         return y, routing
-
-
-def compute_dtype(x: torch.Tensor) -> torch.dtype:
-    """The dtype expert GEMMs run in: the autocast dtype when autocast is on for x's device, else x's dtype."""
-    device_type = x.device.type
-    if torch.is_autocast_enabled(device_type):
-        return torch.get_autocast_dtype(device_type)
-    return x.dtype
 
 
 @torch.no_grad()

@@ -32,15 +32,18 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from mmoe.moe.base import MoEFeedForward, RoutingRecord, compute_dtype
 from mmoe.moe.config import MoEConfig
 from mmoe.moe.dispatch import combine, dispatch_rows, plan_dispatch
 from mmoe.moe.experts import GroupedExperts
-from mmoe.moe.layer import MoELayer, RoutingRecord, compute_dtype
 from mmoe.moe.router import Router
 
 
-class StratifiedMoELayer(MoELayer):
+class StratifiedMoELayer(MoEFeedForward):
     """Stratified MoE layer; :func:`mmoe.moe.build_moe_layer` builds one from a ``MoEConfig(..., strata=[...])``.
+
+    A :class:`MoEFeedForward` beside :class:`mmoe.moe.MoELayer` (no multi-head split, no fused kernels, never
+    expert-sharded: its passes index the experts with global ids).
 
     Returns the update ``x_out - x`` (x_out after the last gate, Stratified MoE Eq. 7); the record's ``expert_index``
     holds the choices at the first gate, ``stratum_path`` (B, L, n_strata) each gate's first choice (-1 where
@@ -48,11 +51,10 @@ class StratifiedMoELayer(MoELayer):
     """
 
     def __init__(self, config: MoEConfig) -> None:
-        nn.Module.__init__(self)
+        super().__init__()
         if config.strata is None:
             raise ValueError("StratifiedMoELayer needs MoEConfig.strata")
         self.config = config
-        self.multi_head = self.merge = None
         strata = config.strata
         self.stratum_start = [sum(strata[:i]) for i in range(len(strata))]
         self.visible_experts = [config.num_experts - start for start in self.stratum_start]

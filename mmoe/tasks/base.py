@@ -24,6 +24,7 @@ from mmoe.model import MultiwayTransformer
 from mmoe.moe import RoutingRecord, restore_expert_embedding_norm
 from mmoe.tasks.checkpoint import config_to_dict
 from mmoe.tasks.expert_parallel import (
+    ExpertGroups,
     average_expert_gradients,
     gather_optimizer_states,
     shard_experts,
@@ -39,10 +40,8 @@ BALANCE_REDUCTIONS = ("sum", "mean")
 
 
 def detached(record: RoutingRecord) -> RoutingRecord:
-    """The record with its balance loss and z-loss detached (what ``training_step`` hands to callbacks)."""
-    record.balance_loss = record.balance_loss.detach()
-    record.z_loss = record.z_loss.detach()
-    return record
+    """A copy of the record with its balance loss and z-loss detached (what ``training_step`` hands to callbacks)."""
+    return dataclasses.replace(record, balance_loss=record.balance_loss.detach(), z_loss=record.z_loss.detach())
 
 
 @dataclasses.dataclass
@@ -101,6 +100,12 @@ class BackboneTask(L.LightningModule):
             raise ValueError(f"model.z_loss_coefficient must be >= 0, got {z_loss_coefficient!r}")
         self.z_loss_coefficient = z_loss_coefficient
         self.optimizer_config = OptimizerConfig.from_value(optimizer)
+        #: The expert-parallel process groups once ``setup`` sharded the experts (:mod:`mmoe.tasks.expert_parallel`).
+        self.expert_groups: ExpertGroups | None = None
+        #: Whether ``configure_model`` made the task FSDP2 units already (it runs once per stage).
+        self.fully_sharded = False
+        #: This process's random states from a checkpoint, put back at the first training step after a resume.
+        self.rng_states_to_restore: dict | None = None
         if text_tokenizer is not None:  # a missing or unreadable file fails here, named by the option that gives it
             try:
                 TextTokenizer(sentencepiece=text_tokenizer)
@@ -170,7 +175,7 @@ class BackboneTask(L.LightningModule):
         fully sharded units over the data-parallel mesh (:mod:`mmoe.tasks.fsdp`), with bf16 / fp16 parameters in
         compute when the trainer's precision says so."""
         mesh = self.device_mesh
-        if mesh is None or getattr(self, "_fully_sharded", False):
+        if mesh is None or self.fully_sharded:
             return
         if mesh["tensor_parallel"].size() > 1:
             raise ValueError(
@@ -183,7 +188,7 @@ class BackboneTask(L.LightningModule):
             torch.bfloat16 if precision.startswith("bf16") else torch.float16 if precision.startswith("16") else None
         )
         shard_task(self, mesh["data_parallel"], param_dtype)
-        self._fully_sharded = True
+        self.fully_sharded = True
 
     def on_before_optimizer_step(self, optimizer) -> None:
         average_expert_gradients(self)
@@ -207,13 +212,12 @@ class BackboneTask(L.LightningModule):
         states = checkpoint.get("rng_states")
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
         # Put back at the first training step, not now: loaders are created (and draw worker seeds) in between.
-        self._rng_states_to_restore = states[rank] if states and rank < len(states) else None
+        self.rng_states_to_restore = states[rank] if states and rank < len(states) else None
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
-        states = getattr(self, "_rng_states_to_restore", None)
-        if states is not None:
-            set_random_states(states)
-            self._rng_states_to_restore = None
+        if self.rng_states_to_restore is not None:
+            set_random_states(self.rng_states_to_restore)
+            self.rng_states_to_restore = None
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         self.log_skipped_samples("train")

@@ -11,20 +11,38 @@ under DDP, each rank's is over its own tokens).
 Checkpoints hold every expert and the full optimiser state of every expert whatever W: the model state is gathered
 by the layers' ``state_dict``, the optimiser state here (``on_save_checkpoint``), and both are sliced back to the
 rank's experts when loaded (``on_load_checkpoint``), so a run resumes at another W or in one process. Stratified MoE
-layers stay data-parallel.
+layers are not expert-sharded (``MoEPlan`` refuses ``strata`` with ``expert_parallel`` > 1, and
+:func:`expert_parallel_layers` takes only the plain :class:`mmoe.moe.MoELayer` s).
+
+The groups live in the task's declared ``expert_groups`` attribute (:class:`ExpertGroups`; None until sharded).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from mmoe.moe import MoELayer
 from mmoe.moe.expert_parallel import EXPERT_PARALLEL_ATTRIBUTE, check_expert_parallel, expert_parallel_groups
-from mmoe.moe.expert_parallel import shard_experts as shard_layer
-from mmoe.moe.layer import MoELayer
+
+
+@dataclass(frozen=True)
+class ExpertGroups:
+    """The process groups of an expert-parallel run, as seen from this rank.
+
+    Attributes:
+        group: the W consecutive ranks that together hold every expert (the all-to-all group).
+        replicas: the ranks that hold the same experts as this one (expert gradients are averaged over them).
+        replica_count: R = world / W, the size of ``replicas``.
+    """
+
+    group: dist.ProcessGroup
+    replicas: dist.ProcessGroup
+    replica_count: int
 
 
 def expert_parallel_size(task) -> int:
@@ -32,11 +50,17 @@ def expert_parallel_size(task) -> int:
     return 1 if plan is None else plan.expert_parallel
 
 
+def expert_parallel_layers(backbone) -> list[MoELayer]:
+    """The backbone's MoE layers that expert parallelism shards: the plain :class:`MoELayer` s (a Stratified layer
+    is a different :class:`mmoe.moe.MoEFeedForward` and stays whole on every rank)."""
+    return [slot.layer for slot in backbone.moe_layers() if isinstance(slot.layer, MoELayer)]
+
+
 def shard_experts(task) -> None:
     """Shards the backbone's MoE layers over expert-parallel groups and keeps DDP off their experts (a no-op at
     ``expert_parallel: 1``). ValueError (one line) outside a distributed run or for sizes that do not divide."""
     size = expert_parallel_size(task)
-    if size == 1 or getattr(task, "_expert_groups", None) is not None:
+    if size == 1 or task.expert_groups is not None:
         return
     if not (dist.is_available() and dist.is_initialized()):
         raise ValueError(
@@ -52,10 +76,9 @@ def shard_experts(task) -> None:
         made = dist.new_group(members)
         if dist.get_rank() % size == residue:
             replicas = made
-    for slot in task.backbone.moe_layers():
-        if isinstance(slot.layer, MoELayer):
-            shard_layer(slot.layer, group)
-    task._expert_groups = (group, replicas, world // size)
+    for layer in expert_parallel_layers(task.backbone):
+        layer.shard_experts(group)
+    task.expert_groups = ExpertGroups(group, replicas, world // size)
     ignored = [name for name, parameter in task.named_parameters() if is_expert_parallel(parameter)]
     torch.nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(task, ignored)
 
@@ -66,14 +89,13 @@ def is_expert_parallel(parameter: torch.Tensor) -> bool:
 
 def average_expert_gradients(task) -> None:
     """Averages expert gradients over the ranks that hold the same experts (nothing to do with one replica)."""
-    groups = getattr(task, "_expert_groups", None)
-    if groups is None or groups[2] == 1:
+    groups = task.expert_groups
+    if groups is None or groups.replica_count == 1:
         return
-    _, replicas, count = groups
     for parameter in task.parameters():
         if is_expert_parallel(parameter) and parameter.grad is not None:
-            dist.all_reduce(parameter.grad, group=replicas)
-            parameter.grad /= count
+            dist.all_reduce(parameter.grad, group=groups.replicas)
+            parameter.grad /= groups.replica_count
 
 
 def _expert_states(task, optimizer_names: list[str]) -> dict[int, str]:
@@ -86,11 +108,10 @@ def gather_optimizer_states(task, checkpoint: dict[str, Any], optimizer_names: C
     """Replaces each expert parameter's optimiser state tensors (E/W, ...) by the full (E, ...) stack gathered from
     the expert-parallel group (a collective: every rank saves). ``optimizer_names()``: parameter names in the
     optimiser's order."""
-    groups = getattr(task, "_expert_groups", None)
-    if groups is None:
+    if task.expert_groups is None:
         return
     optimizer_names = optimizer_names()
-    group = groups[0]
+    group = task.expert_groups.group
     size = dist.get_world_size(group)
     for optimizer_state in checkpoint.get("optimizer_states", []):
         for index in sorted(_expert_states(task, optimizer_names)):
@@ -107,11 +128,10 @@ def gather_optimizer_states(task, checkpoint: dict[str, Any], optimizer_names: C
 
 def slice_optimizer_states(task, checkpoint: dict[str, Any], optimizer_names: Callable[[], list[str]]) -> None:
     """The reverse of :func:`gather_optimizer_states` at load: each full expert state keeps this rank's slice."""
-    groups = getattr(task, "_expert_groups", None)
-    if groups is None:
+    if task.expert_groups is None:
         return
     optimizer_names = optimizer_names()
-    group = groups[0]
+    group = task.expert_groups.group
     size, rank = dist.get_world_size(group), dist.get_rank(group)
     num_experts = task.backbone.config.moe.num_experts
     local = num_experts // size

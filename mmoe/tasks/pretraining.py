@@ -29,6 +29,7 @@ from torch import nn
 from mmoe.data.batches import BATCH_KINDS, IMAGE, PAIR, TEXT, PretrainBatch, PretrainStep, step_batches
 from mmoe.data.transforms import denormalize
 from mmoe.model import MultiwayConfig, MultiwayTransformer
+from mmoe.model.initialization import init_beit3_
 from mmoe.moe import RoutingRecord
 from mmoe.tasks.base import BackboneTask, StepLosses
 from mmoe.tasks.checkpoint import config_from_dict
@@ -101,7 +102,7 @@ class MaskedPretraining(BackboneTask):
             self.mim_head = nn.Linear(backbone.dim, teacher_width(teacher))
         self.mlm_head = nn.Linear(backbone.dim, backbone.vocab_size)
         for head in (self.mim_head, self.mlm_head):
-            nn.init.trunc_normal_(head.weight, std=0.02, a=-0.02, b=0.02)
+            init_beit3_(head.weight)
             nn.init.zeros_(head.bias)
 
     # ----------------------------------------------------------------------------------------------- objective

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
+import pytest
 import torch
 from torch import nn
 
 from mmoe.model.heads import init_head, nlvr2_head, vqa_pooler_and_head
+from mmoe.model.initialization import init_beit3_
 
 
 def test_head_builders_match_beit3_initialisation():
@@ -22,3 +26,16 @@ def test_head_builders_match_beit3_initialisation():
     nn.init.constant_(layer.weight, 3.0)
     init_head(layer)
     assert bool((layer.weight == 1).all())
+
+
+def test_heads_draw_beit3_truncated_normal_cut_at_one_std():
+    """BEiT-3 (unilm beit3/modeling_utils.py) truncates its std-0.02 normal at ±std: every weight within ±0.02 and
+    the std that of N(0, 0.02²) cut at ±1 std, 0.02 * sqrt(1 - 2 φ(1) / (Φ(1) - Φ(-1))) ≈ 0.0108 (not 0.02)."""
+    torch.manual_seed(0)
+    _, head = vqa_pooler_and_head(256, 3129)
+    weight = head[3].weight  # (3129, 512)
+    phi, mass = math.exp(-0.5) / math.sqrt(2 * math.pi), math.erf(1 / math.sqrt(2))
+    truncated_std = 0.02 * math.sqrt(1 - 2 * phi / mass)
+    assert float(weight.abs().max()) <= 0.02
+    assert float(weight.std()) == pytest.approx(truncated_std, rel=0.02)
+    assert float(init_beit3_(torch.empty(1000, 1000)).abs().max()) <= 0.02

@@ -49,6 +49,18 @@ def test_moe_info_command_prints_counts(capsys):
     assert report["config"]["routing_dim"] == 4
 
 
+@pytest.mark.parametrize("subln", [False, True])
+def test_moe_info_dense_ffn_is_the_backbone_dense_ffn(capsys, subln):
+    """The dense baseline moe-info reports is the backbone's FFN, Sub-LN included (mmoe.model.cost)."""
+    from mmoe.model.layers import FeedForward
+
+    argv = ["moe-info", "--moe.dim", "64", "--moe.ffn_dim", "256", "--moe.num_experts", "8", "--moe.subln", str(subln)]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["dense_ffn_parameters"] == sum(p.numel() for p in FeedForward(64, 256, subln, 1e-5).parameters())
+    assert report["dense_ffn_flops_per_token"] == 4 * 64 * 256
+
+
 def test_moe_info_rejects_bad_config(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["moe-info", "--moe.dim", "30", "--moe.ffn_dim", "64", "--moe.num_experts", "4", "--moe.heads", "4"])

@@ -13,10 +13,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from mmoe.moe import MoEConfig
+from mmoe.moe import MoEConfig, MoELayer
 from mmoe.moe.expert_parallel import EXPERT_PARALLEL_ATTRIBUTE, check_expert_parallel, expert_parallel_groups
-from mmoe.moe.expert_parallel import shard_experts as shard
-from mmoe.moe.layer import MoELayer
 
 WORLD = 2
 CASES = (
@@ -47,7 +45,7 @@ def check_case(rank: int, options: dict) -> None:
     reference, sharded = MoELayer(config), MoELayer(config)
     sharded.load_state_dict(reference.state_dict())
     full_state = {key: value.clone() for key, value in reference.state_dict().items()}
-    expert_shard = shard(sharded, expert_parallel_groups(WORLD))
+    expert_shard = sharded.shard_experts(expert_parallel_groups(WORLD))
     assert sharded.experts.fc1_weight.shape[0] == 2 and expert_shard.first == 2 * rank
 
     # Reference: one process runs every rank's tokens; data-parallel averaging = mean of the ranks' gradients.
@@ -85,7 +83,7 @@ def check_case(rank: int, options: dict) -> None:
     single = MoELayer(config)
     single.load_state_dict(state)
     resharded = MoELayer(config)
-    shard(resharded, expert_parallel_groups(WORLD))
+    resharded.shard_experts(expert_parallel_groups(WORLD))
     resharded.load_state_dict(full_state)
     assert torch.equal(resharded.experts.fc2_weight, full_state["experts.fc2_weight"][2 * rank : 2 * rank + 2])
 
@@ -164,3 +162,54 @@ def test_expert_parallel_outside_a_distributed_run_is_one_clear_line():
         from mmoe.model import MoEPlan
 
         MoEPlan(num_experts=4, expert_parallel=3)
+
+
+def test_stratified_plans_refuse_expert_parallelism_in_one_line():
+    from mmoe.model import MoEPlan
+
+    with pytest.raises(ValueError, match="Stratified MoE layers are not expert-sharded") as error:
+        MoEPlan(num_experts=4, top_k=2, strata=[2, 2], expert_parallel=2)
+    assert "\n" not in str(error.value)
+    assert MoEPlan(num_experts=4, top_k=2, strata=[2, 2], expert_parallel=1).expert_parallel == 1
+
+
+@pytest.mark.parametrize("strata", [None, [2, 2]])
+def test_expert_parallelism_shards_plain_moe_layers_only(strata):
+    """What a run's setup shards (mmoe.tasks.expert_parallel): every plain MoELayer, never a Stratified layer (even
+    when a plan is changed after its checks: a Stratified layer has no shard_experts)."""
+    from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
+    from mmoe.moe import StratifiedMoELayer
+    from mmoe.tasks.expert_parallel import expert_parallel_layers
+
+    plan = MoEPlan(num_experts=4, top_k=2, strata=strata, every=1)
+    config = MultiwayConfig(dim=32, depth=2, num_heads=4, ffn_dim=64, image_size=32, patch_size=16, moe=plan)
+    backbone = MultiwayTransformer(config)
+    layers = [slot.layer for slot in backbone.moe_layers()]
+    assert len(layers) == 4
+    if strata is None:
+        assert expert_parallel_layers(backbone) == layers
+    else:
+        assert all(type(layer) is StratifiedMoELayer for layer in layers)
+        assert expert_parallel_layers(backbone) == []
+        assert not any(hasattr(layer, "shard_experts") for layer in layers)
+
+
+@pytest.mark.parametrize("frozen", [False, True])
+def test_grouped_experts_keep_their_shard_with_declared_attributes(frozen):
+    """GroupedExperts.keep_shard (no collective until state_dict): the rank's slice of every expert tensor, marked
+    expert-parallel, with its requires_grad (frozen experts stay frozen), and the shard recorded on the module."""
+    from mmoe.moe import GroupedExperts
+    from mmoe.moe.expert_parallel import ExpertShard
+
+    torch.manual_seed(0)
+    experts = GroupedExperts(4, 8, 16, subln=True).requires_grad_(not frozen)
+    assert experts.shard is None
+    full = {name: parameter.detach().clone() for name, parameter in experts.named_parameters()}
+    shard = ExpertShard(group=None, size=2, rank=1, num_experts=4)
+    experts.keep_shard(shard)
+    assert experts.shard is shard and experts.num_experts == 2
+    for name, parameter in experts.named_parameters():
+        assert torch.equal(parameter, full[name][2:4]), name
+        assert getattr(parameter, EXPERT_PARALLEL_ATTRIBUTE) and parameter.requires_grad is not frozen
+    with pytest.raises(ValueError, match="sharded already"):
+        experts.keep_shard(shard)

@@ -9,7 +9,7 @@ import torch
 
 from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
 from mmoe.model.cost import backbone_parameters
-from mmoe.moe import MoEConfig, MoELayer, StratifiedMoELayer, build_moe_layer
+from mmoe.moe import MoEConfig, MoEFeedForward, MoELayer, StratifiedMoELayer, build_moe_layer
 from mmoe.moe.cost import moe_parameter_count
 from tests.moe.reference import reference_stratified
 
@@ -191,6 +191,19 @@ def test_build_moe_layer_picks_the_layer_kind():
     assert len(build_moe_layer(plain).gate_routers()) == 1 and len(build_moe_layer(stratified).gate_routers()) == 2
     with pytest.raises(ValueError, match="build_moe_layer"):
         MoELayer(stratified)
+
+
+def test_stratified_layer_is_a_sibling_of_the_plain_layer():
+    """Both are MoE layers (MoEFeedForward); a Stratified layer is no MoELayer, so nothing that means "the shardable
+    plain layer" (expert parallelism, fused kernels, the multi-head split) takes it for one."""
+    layer = make_layer()
+    assert isinstance(layer, MoEFeedForward) and not isinstance(layer, MoELayer)
+    assert not hasattr(layer, "shard_experts") and not hasattr(layer, "multi_head")
+    plan = MoEPlan(num_experts=4, top_k=2, strata=[2, 2], layers=[1])
+    config = MultiwayConfig(dim=32, depth=2, num_heads=4, ffn_dim=64, image_size=32, patch_size=16, vocab_size=100,
+                            max_text_positions=16, moe=plan)  # fmt: skip
+    backbone = MultiwayTransformer(config)
+    assert [type(slot.layer) for slot in backbone.moe_layers()] == [StratifiedMoELayer, StratifiedMoELayer]
 
 
 def test_raw_gate_values_as_stratified_moe_eq6():

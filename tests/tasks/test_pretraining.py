@@ -165,3 +165,17 @@ def test_exactly_one_image_target(codebook_path, tmp_path):
         MaskedPretraining(MultiwayConfig(**BACKBONE))
     with pytest.raises(FileNotFoundError, match="teacher_checkpoint"):
         MaskedPretraining(MultiwayConfig(**BACKBONE), teacher_checkpoint=str(tmp_path / "missing.pt"))
+
+
+def test_training_step_records_are_detached_copies():
+    """training_step hands callbacks detached copies of the routing records; the step's own records (and their
+    graph) stay as the backbone returned them."""
+    from mmoe.moe import MoEConfig, build_moe_layer
+    from mmoe.tasks.base import detached
+
+    layer = build_moe_layer(MoEConfig(dim=16, ffn_dim=32, num_experts=4, top_k=2))
+    _, record = layer(torch.randn(2, 3, 16))
+    copy = detached(record)
+    assert copy is not record and record.balance_loss.requires_grad and record.z_loss.requires_grad
+    assert not copy.balance_loss.requires_grad and not copy.z_loss.requires_grad
+    assert torch.equal(copy.balance_loss, record.balance_loss) and copy.expert_index is record.expert_index
