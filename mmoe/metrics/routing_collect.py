@@ -31,8 +31,7 @@ from mmoe.metrics.routing import (
     routing_fluctuation,
     sort_keys,
 )
-from mmoe.moe import MoEFeedForward, RoutingRecord
-from mmoe.moe.router import Router
+from mmoe.moe import MoEFeedForward, Router, RoutingRecord
 
 
 def moe_layers(backbone: nn.Module) -> dict[str, MoEFeedForward]:

@@ -23,8 +23,7 @@ from torch.utils.checkpoint import checkpoint
 from mmoe.model.config import MultiwayConfig
 from mmoe.model.initialization import BEIT3_INIT_STD, init_beit3_
 from mmoe.model.layers import FeedForward, MultiwayBlock
-from mmoe.moe import MoEFeedForward, RoutingRecord, build_moe_layer
-from mmoe.moe.experts import GroupedExperts
+from mmoe.moe import GroupedExperts, MoEFeedForward, RoutingRecord, build_moe_layer
 
 
 @dataclass

@@ -31,8 +31,7 @@ from torch import nn
 from mmoe.model.backbone import MultiwayTransformer
 from mmoe.model.config import MoEPlan
 from mmoe.model.layers import LANGUAGE, VISION, FeedForward
-from mmoe.moe import MoEFeedForward
-from mmoe.moe.experts import GroupedExperts
+from mmoe.moe import GroupedExperts, MoEFeedForward
 
 
 def upcycle(dense: MultiwayTransformer, plan: MoEPlan, noise: float = 0.0, seed: int = 0) -> MultiwayTransformer:

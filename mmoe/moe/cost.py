@@ -65,7 +65,7 @@ def flops_per_token(config: MoEConfig, gates: Sequence[int] | None = None) -> in
 
 
 def router_flops(config: MoEConfig, num_experts: int) -> int:
-    """Scores of one token's sub-tokens over ``num_experts`` experts (MH-MoE Eq. 12, 15; X-MoE Eq. 9: projection
+    """Scores of one token's sub-tokens over ``num_experts`` experts (MH-MoE Eq. 12, 15; X-MoE Eq. 7: projection
     to the routing dimension, then the expert embeddings)."""
     if config.router == "xmoe":
         return 2 * config.heads * (config.head_dim * config.routing_dim + config.routing_dim * num_experts)
