@@ -111,14 +111,14 @@ def markdown(claims: list[Claim], figures: dict[str, Path], header: str, root: P
     """The report as Markdown; figure links relative to ``root`` (where report.md lies)."""
     lines = [header, "", "| # | claim | paper | mmoe | verdict |", "| --- | --- | --- | --- | --- |"]
     for number, claim in enumerate(claims, 1):
-        lines.append(f"| {number} | {claim['title']} | {claim['paper']} | {claim['summary']} | {claim['verdict']} |")
+        lines.append(f"| {number} | {claim.title} | {claim.paper} | {claim.summary} | {claim.verdict} |")
     for number, claim in enumerate(claims, 1):
-        lines += ["", f"## {number}. {claim['title']}", "", f"**Paper.** {claim['paper']}.", ""]
-        lines += [f"**mmoe.** {claim['summary']}. **Verdict: {claim['verdict']}.**", ""]
+        lines += ["", f"## {number}. {claim.title}", "", f"**Paper.** {claim.paper}.", ""]
+        lines += [f"**mmoe.** {claim.summary}. **Verdict: {claim.verdict}.**", ""]
         if claim.id == "tasks":
             lines += _score_table(claim.measured["scores"], chance)
         if claim.id in figures:
-            lines += [f"![{claim['title']}]({figures[claim['id']].relative_to(root)})"]
+            lines += [f"![{claim.title}]({figures[claim.id].relative_to(root)})"]
     return "\n".join(lines) + "\n"
 
 

@@ -34,6 +34,7 @@ from mmoe.study.claims import (
     tasks_claim,
 )
 from mmoe.study.measures import held_out_batches, inputs, object_patches
+from mmoe.study.report import write_report
 from mmoe.study.runs import Measures
 from mmoe.tasks.checkpoint import load_backbone
 
@@ -245,3 +246,32 @@ def test_fast_study_reuses_its_stages_and_refuses_other_settings(fast_study, cap
     assert (fast_study / "report.json").stat().st_mtime_ns >= before
     assert main(["study", "claims", "--out", str(fast_study)]) == 1
     assert "other settings" in capsys.readouterr().err
+
+
+def test_a_report_of_hand_made_claims_is_written_whole(tmp_path):
+    """The report from claims (Markdown, JSON, one figure per claim that has one) without training anything."""
+    activation = {
+        "xmoe": {"heads": 1, "loads": {"layer1/vision": [50, 50] + [0] * 30}, "tokens": {"layer1/vision": 100.0}},
+        "mhmoe-h4": {"heads": 4, "loads": {"layer1/vision": [12] * 16 + [13] * 16}, "tokens": {"layer1/vision": 100.0}},
+    }
+    region = {"object_sum": 30.0, "object_patches": 10, "background_sum": 20.0, "background_patches": 20}
+    snapshots = {name: [_snapshot(0, 5.0, None), _snapshot(10, 4.0, 0.5), _snapshot(20, 3.0, 0.4)]
+                 for name in ("switch", "xmoe")}  # fmt: skip
+    windows = {"steps": [10, 20], "windows": [{"mean": 0.1}, {"mean": 0.2}]}
+    scores = {name: _scores([40.0, 42.0], [0.5], [0.3]) for name in ("dense", "switch", "xmoe", "mhmoe", "stratified")}
+    claims = [
+        activation_claim(activation),
+        diversity_claim({"mhmoe": {"layer1/vision": region}}),
+        collapse_claim(snapshots),
+        fluctuation_claim(snapshots),
+        consistency_claim({"switch": windows, "xmoe": windows}),
+        tasks_claim(scores),
+    ]
+    chance = {"vqav2": 39.4, "nlvr2": 0.5, "captioning": 0.31}
+    report = write_report(claims, tmp_path, "# header", {"command": "test"}, chance)
+    assert report["claims"] == [claim.to_json() for claim in claims]
+    assert json.loads((tmp_path / "report.json").read_text()) == json.loads(json.dumps(report))
+    markdown = (tmp_path / "report.md").read_text()
+    for number, claim in enumerate(claims, 1):
+        assert f"## {number}. {claim.title}" in markdown and f"**Verdict: {claim.verdict}.**" in markdown
+    assert report["figures"] and all(Path(path).stat().st_size > 0 for path in report["figures"].values())
