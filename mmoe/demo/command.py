@@ -12,7 +12,7 @@ from pathlib import Path
 
 from mmoe.demo.pipeline import codebook_stage, corpus_stage, variant_rows, variant_stages
 from mmoe.demo.report import format_table, results, say
-from mmoe.demo.settings import FAST, FULL, VARIANTS, DemoError, DemoRun
+from mmoe.demo.settings import FAST, FULL, MAPPING_FIELDS, VARIANTS, DemoError, DemoRun
 from mmoe.demo.stages import run_stage
 from mmoe.io import read_json, report_error, write_json
 
@@ -31,11 +31,9 @@ def upgraded_settings(stored: dict) -> dict:
     or the learning-rate overrides has neither (those runs trained in 32-true with the configs' learning rates), and
     the per-name fields were lists of ``[name, value]`` pairs."""
     stored = {"precision": "32-true", "finetune_learning_rates": {}} | stored
-    return stored | {key: dict(value) for key, value in stored.items() if key in MAPPINGS and isinstance(value, list)}
-
-
-#: The per-name fields of :class:`DemoSettings`.
-MAPPINGS = ("backbone", "finetune_steps", "finetune_learning_rates")
+    return stored | {
+        key: dict(value) for key, value in stored.items() if key in MAPPING_FIELDS and isinstance(value, list)
+    }
 
 
 def refuse_other_settings(

@@ -67,6 +67,10 @@ class DemoSettings:
         return dataclasses.replace(self, **changes)
 
 
+#: The fields of :class:`DemoSettings` that map a name to a value.
+MAPPING_FIELDS = ("backbone", "finetune_steps", "finetune_learning_rates")
+
+
 FULL = DemoSettings(
     synth=("--size", "small"),
     codebook_size=256,

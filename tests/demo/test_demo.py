@@ -29,8 +29,7 @@ from mmoe.demo import (
     pretrain_launch,
     run_stage,
 )
-from mmoe.demo.command import MAPPINGS
-from mmoe.demo.settings import CONFIGS
+from mmoe.demo.settings import CONFIGS, MAPPING_FIELDS
 from mmoe.metrics.caption_words import word_precision
 from mmoe.metrics.captions import load_karpathy_references
 from mmoe.metrics.nlvr2 import evaluate_nlvr2_files
@@ -183,7 +182,7 @@ def test_a_directory_from_before_the_learning_rate_overrides_used_the_configs_ra
 
 def test_a_directory_whose_settings_list_name_value_pairs_is_the_same_run(tmp_path):
     settings = FAST.to_json()
-    pairs = {key: [[name, value] for name, value in settings[key].items()] for key in MAPPINGS}
+    pairs = {key: [[name, value] for name, value in settings[key].items()] for key in MAPPING_FIELDS}
     (tmp_path / "demo.json").write_text(json.dumps({"settings": settings | pairs}))
     check_settings(DemoRun(tmp_path, FAST))
     with pytest.raises(DemoError, match="finetune_steps"):
