@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], object]) -> Pa
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    handle, temporary = tempfile.mkstemp(prefix=temporary_prefix(path), dir=path.parent)
     try:
         os.fchmod(handle, file_mode(path))
     finally:
@@ -34,6 +36,31 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], object]) -> Pa
         Path(temporary).unlink(missing_ok=True)
         raise
     return path
+
+
+def temporary_prefix(path: Path) -> str:
+    """How the names of :func:`atomic_write`'s temporary files for ``path`` start (``last.ckpt`` -> ``.last.ckpt.``;
+    ``tempfile.mkstemp`` adds 8 random characters)."""
+    return f".{path.name}."
+
+
+def remove_stale_temporaries(path: str | os.PathLike, older_than_s: float) -> list[Path]:
+    """Removes the temporary files of :func:`atomic_write` for ``path`` that a killed process left beside it (a
+    SIGKILL or a power cut runs no clean-up), those untouched for more than ``older_than_s`` seconds: a younger one
+    may be another writer's, still growing. Returns the files removed."""
+    path = Path(path)
+    pattern = re.compile(re.escape(temporary_prefix(path)) + r"[a-z0-9_]{8}")
+    removed = []
+    now = time.time()
+    for candidate in path.parent.glob(temporary_prefix(path) + "*"):
+        try:
+            stale = pattern.fullmatch(candidate.name) and now - candidate.stat().st_mtime > older_than_s
+            if stale:
+                candidate.unlink()
+                removed.append(candidate)
+        except FileNotFoundError:  # its writer renamed or removed it meanwhile
+            continue
+    return removed
 
 
 def file_mode(path: Path) -> int:

@@ -16,7 +16,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from mmoe.io import one_line, report_error
-from mmoe.safe_load import load_checkpoint_file
+from mmoe.tasks.checkpoint_saving import checkpoint_saving_arguments
 from mmoe.tasks.ckpt_hparams import (
     command_line_model_arguments,
     differences,
@@ -31,6 +31,7 @@ from mmoe.tasks.ckpt_hparams import (
 )
 from mmoe.tasks.layout import RunLayout
 from mmoe.tasks.optimizer import nest_optimizer_arguments
+from mmoe.tasks.resume import LAST, checkpoint_folders, read_checkpoint
 from mmoe.tasks.routing_callback import RoutingStatsCallback
 
 #: What ``--ckpt_path`` must be, as its errors name it.
@@ -170,15 +171,18 @@ class MMoECLI(LightningCLI):
 
     def _parse_ckpt_path(self) -> None:
         """LightningCLI's merge of the checkpoint's hyper-parameters into the config, less the arguments named on the
-        command line, once the checkpoint is known to be a readable one of the config's task."""
+        command line, once the checkpoint is known to be a readable one of the config's task; ``last`` is first resolved
+        to the run's latest checkpoint file (:func:`mmoe.tasks.resume.read_checkpoint`)."""
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
-        if not ckpt_path or not is_file_name(str(ckpt_path)):
+        if not ckpt_path or (ckpt_path != LAST and not is_file_name(str(ckpt_path))):
             return
+        folders = checkpoint_folders(self.config[subcommand].get("trainer"), self.trainer_defaults.get("callbacks"))
         try:
-            state = load_checkpoint_file(ckpt_path, "--ckpt_path", TASK_CHECKPOINT)
+            ckpt_path, state = read_checkpoint(str(ckpt_path), folders, subcommand, TASK_CHECKPOINT)
         except (FileNotFoundError, ValueError) as error:
             self.fail(str(error))
+        self.config[subcommand].ckpt_path = ckpt_path  # ``last`` as the file it is, for Lightning too
         hparams = nest_optimizer_arguments(dict(state.get("hyper_parameters") or {}))
         del state  # the weights: Lightning loads the file again to restore them
         hparams.pop("_instantiator", None)
@@ -254,6 +258,11 @@ class MMoECLI(LightningCLI):
                 tokenizer.ids.check_embedding(backbone.config.vocab_size, f"the text tokenizer {name}")
             except ValueError as error:
                 self.fail(str(error))
+
+    def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
+        """LightningCLI's, with checkpoints saved whole and at the last step (:func:`checkpoint_saving_arguments`)."""
+        trainer = self._get(self.config_init, "trainer", default={})
+        return super().instantiate_trainer(**kwargs | checkpoint_saving_arguments({**trainer, **kwargs}))
 
     def given_linked_values(self) -> dict[str, Any]:
         """The values the config gives to linked data arguments (:data:`DATA_LINKS`), less those equal to the

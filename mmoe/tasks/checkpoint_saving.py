@@ -1,0 +1,104 @@
+"""How every ``mmoe fit`` writes its checkpoints: whole or not at all, its last step always among them, and in its
+own run folder after a resume.
+
+* :class:`AtomicCheckpointIO`: each checkpoint is written to a temporary file in its own folder, flushed to disk and
+  renamed over the old one (:func:`mmoe.atomic.atomic_write`), so a process killed mid-save leaves the previous
+  checkpoint whole, on any filesystem. Lightning's own writer goes through a temporary file in ``$TMPDIR`` and, when
+  that is another filesystem than the checkpoint's, copies it over the old file in place.
+* :class:`LastStepCheckpoint`: a ``ModelCheckpoint(save_last=...)`` saves ``last.ckpt`` only every
+  ``every_n_train_steps``; at the end of training this saves it at the final step when the newest one is older. On a
+  resume from a checkpoint of the callback's own folder, that folder's ``last.ckpt`` is the run's (Lightning, seeing
+  another folder recorded in a moved or copied checkpoint, would write ``last-v1.ckpt`` beside a stale one).
+
+:func:`checkpoint_saving_arguments` adds both to a trainer's arguments; :class:`mmoe.tasks.cli.MMoECLI` calls it for
+every trainer it builds, ``mmoe.tasks.launch.run_lightning``'s included.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.fabric.plugins import CheckpointIO, TorchCheckpointIO
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from mmoe.atomic import atomic_write, remove_stale_temporaries
+
+#: A temporary checkpoint file untouched for this long belongs to a killed writer and is removed at the next save of
+#: the same checkpoint; a younger one may be another process's save in progress.
+STALE_AFTER_S = 60.0
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's ``torch.save`` checkpoint IO, writing local files whole or not at all (see the module docstring);
+    a URL (``s3://...``) goes to Lightning's writer. Before each save, temporary files of the same checkpoint that a
+    killed process left (:data:`STALE_AFTER_S`) are removed."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+        if storage_options is not None or "://" in str(path):
+            super().save_checkpoint(checkpoint, path, storage_options)
+            return
+        remove_stale_temporaries(path, STALE_AFTER_S)
+        atomic_write(path, lambda temporary: save_synced(checkpoint, temporary))
+
+
+def save_synced(checkpoint: dict[str, Any], path: Path) -> None:
+    """``torch.save`` to ``path``, flushed to the disk before it is renamed over the checkpoint (a rename can reach
+    the disk before the data does)."""
+    with open(path, "wb") as file:
+        torch.save(checkpoint, file)
+        file.flush()
+        os.fsync(file.fileno())
+
+
+class LastStepCheckpoint(L.Callback):
+    """Saves the last checkpoint of each ``ModelCheckpoint(save_last=...)`` at the final step of training when its
+    newest save is older, and keeps ``last.ckpt`` in the callback's folder on a resume from that folder (see the
+    module docstring)."""
+
+    def __init__(self) -> None:
+        self.start_step = 0
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.start_step = trainer.global_step  # a resumed run's step: nothing of its own is saved yet
+        resumed = Path(trainer.ckpt_path).resolve() if trainer.ckpt_path else None
+        for callback in last_saving_callbacks(trainer):
+            if resumed is not None and callback.dirpath and resumed.parent == Path(callback.dirpath).resolve():
+                # The name the callback gives its last checkpoint is taken as its own: it is written over, not
+                # beside (Lightning restores last_model_path only when the checkpoint recorded this very folder).
+                callback.last_model_path = callback.format_checkpoint_name({}, callback.CHECKPOINT_NAME_LAST)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.fast_dev_run or trainer.global_step <= self.start_step:
+            return
+        for callback in last_saving_callbacks(trainer):
+            # ModelCheckpoint has no public way to save its last checkpoint now; its own method keeps its naming,
+            # its record of the last file and its loggers' notifications.
+            if callback._last_global_step_saved < trainer.global_step:
+                callback._save_last_checkpoint(trainer, callback._monitor_candidates(trainer))
+
+
+def last_saving_callbacks(trainer: L.Trainer) -> list[ModelCheckpoint]:
+    return [callback for callback in trainer.checkpoint_callbacks if getattr(callback, "save_last", False)]
+
+
+def checkpoint_saving_arguments(trainer: Mapping[str, Any]) -> dict[str, Any]:
+    """``plugins`` and ``callbacks`` of the instantiated trainer arguments ``trainer`` with :class:`AtomicCheckpointIO`
+    and :class:`LastStepCheckpoint` added. A checkpoint IO the arguments already give (a plugin, or a strategy
+    object's own) is kept instead of ours."""
+    plugins = as_list(trainer.get("plugins"))
+    strategy = trainer.get("strategy")
+    own_io = any(isinstance(plugin, CheckpointIO) for plugin in plugins)
+    if not own_io and getattr(strategy, "_checkpoint_io", None) is None:
+        plugins.append(AtomicCheckpointIO())
+    return {"plugins": plugins, "callbacks": [*as_list(trainer.get("callbacks")), LastStepCheckpoint()]}
+
+
+def as_list(value: Any) -> list:
+    if value is None:
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else [value]
