@@ -22,7 +22,7 @@ from jsonargparse.typing import import_object
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from mmoe.safe_load import load_checkpoint_file
+from mmoe.safe_load import load_checkpoint_file, unreadable_reason
 from mmoe.tasks.checkpoint_saving import as_list
 from mmoe.tasks.layout import RunLayout
 
@@ -69,7 +69,7 @@ def latest_last_file(folders: Iterable[Path]) -> Path | None:
 def read_checkpoint(ckpt_path: str, folders: list[Path], command: str, expected: str) -> tuple[str, dict[str, Any]]:
     """(file, its contents) that ``--ckpt_path ckpt_path`` resumes from: the file itself, or for ``last`` the run's
     latest checkpoint in ``folders`` (see the module docstring); a fall-back to an older file is said on stderr,
-    prefixed ``mmoe <command>:``.
+    prefixed ``mmoe <command>:``, and an error with no checkpoint at all says how to go on without one.
 
     Raises:
         FileNotFoundError: the file, or any last checkpoint in ``folders``, does not exist (naming the folders).
@@ -80,9 +80,8 @@ def read_checkpoint(ckpt_path: str, folders: list[Path], command: str, expected:
     last = latest_last_file(folders)
     if last is None:
         looked_in = " or ".join(str(folder) for folder in folders)
-        raise FileNotFoundError(
-            f"--ckpt_path last: there is no checkpoint to resume in {looked_in} (drop --ckpt_path to start a new run)"
-        )
+        hint = "drop --ckpt_path to start a new run" if command == "fit" else "name a checkpoint file instead"
+        raise FileNotFoundError(f"--ckpt_path last: there is no checkpoint to resume in {looked_in} ({hint})")
     try:
         return str(last), load_checkpoint_file(last, "--ckpt_path last:", expected)
     except ValueError as error:
@@ -93,8 +92,8 @@ def read_checkpoint(ckpt_path: str, folders: list[Path], command: str, expected:
     path, state = older
     if rank_zero_only.rank == 0:
         print(
-            f"mmoe {command}: --ckpt_path last: {last} cannot be read, resuming from {path} (step "
-            f"{state.get('global_step')}), the newest readable checkpoint beside it",
+            f"mmoe {command}: --ckpt_path last: {last} cannot be read ({unreadable_reason(last)}); using {path}, "
+            f"the newest readable checkpoint beside it (step {state.get('global_step')})",
             file=sys.stderr,
         )
     return str(path), state

@@ -5,15 +5,19 @@ folder keeps writing its own ``last.ckpt``."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
+from jsonargparse import Namespace
+from lightning.pytorch.callbacks import ModelCheckpoint
 
 from mmoe.model.config import PRESETS
 from mmoe.tasks.launch import run_lightning
+from mmoe.tasks.resume import checkpoint_folders, latest_last_file
 from tests.cli_fixtures import run_mmoe, small_shards
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -84,8 +88,6 @@ def test_the_last_step_is_saved_and_a_resume_saves_its_own(shards, tmp_path, cap
 @pytest.mark.slow
 def test_runs_started_from_python_save_their_last_step_too(shards, tmp_path):
     """The demo's way: ``run_lightning`` with a ``ModelCheckpoint`` object among its callbacks."""
-    from lightning.pytorch.callbacks import ModelCheckpoint
-
     config = nlvr2_config(shards, tmp_path / "run", steps=3)
     config["trainer"]["callbacks"] = []
     checkpoints = tmp_path / "run" / "checkpoints"
@@ -140,9 +142,10 @@ def test_a_truncated_last_checkpoint_resumes_from_the_newest_readable_one_and_sa
     with open(last, "r+b") as file:  # a save cut short
         file.truncate(last.stat().st_size // 2)
     err = fit(capsys, config, "--trainer.max_steps", str(EVERY * 2 + 2), "--ckpt_path", "last")
-    notice = f"mmoe fit: --ckpt_path last: {last} cannot be read, resuming from "
+    notice = f"mmoe fit: --ckpt_path last: {last} cannot be read (the file is truncated or corrupted"
     lines = [line for line in err.splitlines() if line.startswith(notice)]
-    assert lines == [f"{notice}{newest_readable} (step 10), the newest readable checkpoint beside it"]
+    assert len(lines) == 1, err[-3000:]
+    assert lines[0].endswith(f"; using {newest_readable}, the newest readable checkpoint beside it (step 10)")
     assert saved(last)["global_step"] == EVERY * 2 + 2  # written over the truncated file, not beside it
     assert sorted(path.name for path in checkpoints.glob("last*")) == ["last.ckpt"]
 
@@ -159,3 +162,27 @@ def test_a_moved_run_folder_keeps_writing_its_own_last_checkpoint(shards, tmp_pa
     assert sorted(path.name for path in checkpoints.glob("last*")) == ["last.ckpt"]
     assert saved(checkpoints / "last.ckpt")["global_step"] == 6
     assert saved(first / "checkpoints" / "last.ckpt")["global_step"] == 3  # the original is left alone
+
+
+def test_last_is_the_newest_last_checkpoint_where_the_run_saves_them(tmp_path):
+    def trainer(dirpath: str | None) -> Namespace:
+        init_args = Namespace(dirpath=dirpath, save_last=True)
+        callback = Namespace(class_path="lightning.pytorch.callbacks.ModelCheckpoint", init_args=init_args)
+        return Namespace(default_root_dir=str(tmp_path / "run"), callbacks=[callback])
+
+    assert checkpoint_folders(trainer(None)) == [tmp_path / "run" / "checkpoints"]
+    assert checkpoint_folders(Namespace(default_root_dir=str(tmp_path / "run"), callbacks=None)) == [
+        tmp_path / "run" / "checkpoints"
+    ]
+    objects = ModelCheckpoint(dirpath=tmp_path / "objects")
+    folders = checkpoint_folders(trainer(str(tmp_path / "given")), [objects])
+    assert folders == [tmp_path / "given", tmp_path / "objects"]
+    for folder in folders:
+        folder.mkdir()
+    (tmp_path / "given" / "last.ckpt").write_bytes(b"older")
+    os.utime(tmp_path / "given" / "last.ckpt", (1, 1))
+    (tmp_path / "objects" / "last-v1.ckpt").write_bytes(b"newer")
+    for not_last in (".last.ckpt.abcd1234", "epoch=0-step=9.ckpt", "last.ckpt.bak"):
+        (tmp_path / "given" / not_last).write_bytes(b"newest, not a last checkpoint")
+    assert latest_last_file(folders) == tmp_path / "objects" / "last-v1.ckpt"
+    assert latest_last_file([tmp_path / "nowhere"]) is None
