@@ -47,7 +47,7 @@ def checkpoint_folders(trainer: Namespace | None, callbacks: Any = None) -> list
     for callback in [*as_list(given), *as_list(callbacks)]:
         if isinstance(callback, ModelCheckpoint):
             dirpath = callback.dirpath
-        elif isinstance(callback, Namespace) and issubclass(import_object(callback.class_path), ModelCheckpoint):
+        elif is_model_checkpoint(callback):
             dirpath = (callback.get("init_args") or Namespace()).get("dirpath")
         else:
             continue
@@ -56,6 +56,14 @@ def checkpoint_folders(trainer: Namespace | None, callbacks: Any = None) -> list
         if folder not in folders:
             folders.append(folder)
     return folders if found else [run_folder]
+
+
+def is_model_checkpoint(callback: Any) -> bool:
+    """Whether a parsed callback config (``class_path`` and ``init_args``) is a ``ModelCheckpoint``'s."""
+    if not isinstance(callback, Namespace) or not isinstance(callback.get("class_path"), str):
+        return False
+    kind = import_object(callback.class_path)
+    return isinstance(kind, type) and issubclass(kind, ModelCheckpoint)
 
 
 def latest_last_file(folders: Iterable[Path]) -> Path | None:
@@ -79,7 +87,7 @@ def read_checkpoint(ckpt_path: str, folders: list[Path], command: str, expected:
         return ckpt_path, load_checkpoint_file(ckpt_path, "--ckpt_path", expected)
     last = latest_last_file(folders)
     if last is None:
-        looked_in = " or ".join(str(folder) for folder in folders)
+        looked_in = " or ".join(str(folder.absolute()) for folder in folders)
         hint = "drop --ckpt_path to start a new run" if command == "fit" else "name a checkpoint file instead"
         raise FileNotFoundError(f"--ckpt_path last: there is no checkpoint to resume in {looked_in} ({hint})")
     try:
