@@ -58,7 +58,8 @@ def save_synced(checkpoint: dict[str, Any], path: Path) -> None:
 class LastStepCheckpoint(L.Callback):
     """Saves the last checkpoint of each ``ModelCheckpoint(save_last=...)`` at the final step of training when its
     newest save is older, and keeps ``last.ckpt`` in the callback's folder on a resume from that folder (see the
-    module docstring)."""
+    module docstring). With ``save_last="link"`` the last checkpoint stays a link to the newest top-k file, as
+    Lightning makes it."""
 
     def __init__(self) -> None:
         self.start_step = 0
@@ -83,7 +84,12 @@ class LastStepCheckpoint(L.Callback):
 
 
 def last_saving_callbacks(trainer: L.Trainer) -> list[ModelCheckpoint]:
-    return [callback for callback in trainer.checkpoint_callbacks if getattr(callback, "save_last", False)]
+    """The trainer's ``ModelCheckpoint`` callbacks that keep a last checkpoint (``save_last``)."""
+    return [
+        callback
+        for callback in trainer.checkpoint_callbacks
+        if isinstance(callback, ModelCheckpoint) and callback.save_last
+    ]
 
 
 def checkpoint_saving_arguments(trainer: Mapping[str, Any]) -> dict[str, Any]:
