@@ -28,22 +28,30 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from mmoe.atomic import atomic_write, remove_stale_temporaries
 
-#: A temporary checkpoint file untouched for this long belongs to a killed writer and is removed at the next save of
-#: the same checkpoint; a younger one may be another process's save in progress.
+#: A temporary checkpoint file untouched for this long belongs to a killed writer and is removed at the next save in
+#: its folder; a younger one may be another process's save in progress.
 STALE_AFTER_S = 60.0
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning's ``torch.save`` checkpoint IO, writing local files whole or not at all (see the module docstring);
-    a URL (``s3://...``) goes to Lightning's writer. Before each save, temporary files of the same checkpoint that a
-    killed process left (:data:`STALE_AFTER_S`) are removed."""
+    a URL (``s3://...``) goes to Lightning's writer. Before each save, the temporary files killed saves left in the
+    checkpoint's folder are removed (:func:`remove_killed_saves`)."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
         if storage_options is not None or "://" in str(path):
             super().save_checkpoint(checkpoint, path, storage_options)
             return
-        remove_stale_temporaries(path, STALE_AFTER_S)
+        remove_killed_saves(Path(path).parent)
         atomic_write(path, lambda temporary: save_synced(checkpoint, temporary))
+
+
+def remove_killed_saves(folder: Path) -> None:
+    """Removes the temporary files that killed saves of any checkpoint left in ``folder`` (:data:`STALE_AFTER_S`):
+    ``.epoch=0-step=10.ckpt.x1y2z3w4`` is ``epoch=0-step=10.ckpt``'s, a name a later save may never use again."""
+    extension = ModelCheckpoint.FILE_EXTENSION
+    for name in {temporary.name[1:].rsplit(".", 1)[0] for temporary in folder.glob(f".*{extension}.*")}:
+        remove_stale_temporaries(folder / name, STALE_AFTER_S)
 
 
 def save_synced(checkpoint: dict[str, Any], path: Path) -> None:

@@ -1,5 +1,5 @@
 """Checkpoints written whole or not at all (:mod:`mmoe.tasks.checkpoint_saving`): a failed save leaves the previous
-checkpoint and no temporary file, a killed writer's temporary file is removed at a later save, every trainer of the
+checkpoint and no temporary file, killed saves' temporary files are removed at a later save, every trainer of the
 CLI saves through it, and a real ``mmoe fit`` killed with SIGKILL while it saves into a checkpoint folder on another
 filesystem than ``$TMPDIR`` leaves its previous ``last.ckpt`` whole, to resume from."""
 
@@ -45,21 +45,20 @@ def test_a_failed_save_leaves_the_previous_checkpoint_and_no_temporary_file(tmp_
     assert temporaries(path.parent) == []
 
 
-def test_a_killed_writers_temporary_file_is_removed_at_the_next_save_of_the_same_checkpoint(tmp_path):
+def test_temporary_files_of_killed_saves_are_removed_at_the_next_save_in_their_folder(tmp_path):
     path = tmp_path / "last.ckpt"
-    stale, fresh, other = (
-        tmp_path / name for name in (".last.ckpt.k1ll3d_x", ".last.ckpt.wr1t1ng_", ".best.ckpt.k1ll3d_x")
-    )
-    for leftover in (stale, fresh, other):
+    names = (".last.ckpt.k1ll3d_x", ".epoch=0-step=5.ckpt.k1ll3d_y", ".last.ckpt.wr1t1ng_", ".notes.k1ll3d_z")
+    stale, stale_other, fresh, not_ours = (tmp_path / name for name in names)
+    for leftover in (stale, stale_other, fresh, not_ours):
         leftover.write_bytes(b"PK\x03\x04 part of a checkpoint")
     old = time.time() - 2 * STALE_AFTER_S
-    for leftover in (stale, other):
+    for leftover in (stale, stale_other, not_ours):
         os.utime(leftover, (old, old))
     AtomicCheckpointIO().save_checkpoint({"global_step": 3}, path)
     assert torch.load(path, weights_only=True)["global_step"] == 3
-    assert not stale.exists()
+    assert not stale.exists() and not stale_other.exists()
     assert fresh.exists()  # may be another process's save in progress
-    assert other.exists()  # another checkpoint's: removed at its own next save
+    assert not_ours.exists()  # not a checkpoint's
 
 
 def test_every_cli_trainer_saves_whole_checkpoints_at_the_last_step_unless_the_config_gives_its_own_io(
