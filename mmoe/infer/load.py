@@ -12,7 +12,7 @@ from PIL import Image, UnidentifiedImageError
 from mmoe.data.tokenizer import DEFAULT_MAX_TEXT_LENGTH, TextTokenizer
 from mmoe.data.transforms import decode_image, eval_transform
 from mmoe.io import one_line
-from mmoe.safe_load import load_checkpoint_file
+from mmoe.safe_load import load_checkpoint_file, require_finite_weights
 from mmoe.tasks.catalog import class_path, task_of_class_path
 from mmoe.tasks.checkpoint import config_from_dict
 from mmoe.tasks.finetuning import FineTuningTask
@@ -58,6 +58,7 @@ def load_fine_tuned(
     vocabulary, the SentencePiece tokenizer; the caption beams)."""
     path = Path(path)
     state = load_checkpoint_file(path, "checkpoint")
+    require_finite_weights(state, path)
     hyper_parameters, weights = state.get("hyper_parameters"), state.get("state_dict")
     if not isinstance(hyper_parameters, dict) or not isinstance(weights, dict) or "backbone" not in hyper_parameters:
         raise InferError(

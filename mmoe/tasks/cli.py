@@ -16,7 +16,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from mmoe.io import one_line, report_error
-from mmoe.safe_load import load_checkpoint_file
+from mmoe.safe_load import load_checkpoint_file, require_finite_weights
 from mmoe.tasks.ckpt_hparams import (
     command_line_model_arguments,
     differences,
@@ -177,6 +177,7 @@ class MMoECLI(LightningCLI):
             return
         try:
             state = load_checkpoint_file(ckpt_path, "--ckpt_path", TASK_CHECKPOINT)
+            require_finite_weights(state, ckpt_path, "--ckpt_path")
         except (FileNotFoundError, ValueError) as error:
             self.fail(str(error))
         hparams = nest_optimizer_arguments(dict(state.get("hyper_parameters") or {}))
