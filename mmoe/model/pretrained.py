@@ -161,6 +161,7 @@ def write_folder(
 
     def fill(staging: Path) -> None:
         save_file(separate_storages(weights), staging / WEIGHTS_FILE, metadata={"format": "pt"})
+        os.chmod(staging / WEIGHTS_FILE, 0o666 & ~current_umask())  # safetensors writes it private (0600)
         for name, source in (files or {}).items():
             (staging / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(source, staging / name)

@@ -4,6 +4,8 @@ folder is written whole or not at all, and a bad folder is one line naming the f
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -132,6 +134,16 @@ def test_a_bad_folder_is_one_line_naming_the_file(tmp_path, case):
     assert words.get(case, "") in message
 
 
+def test_a_folder_gets_the_permissions_of_a_new_folder(tmp_path):
+    umask = os.umask(0o027)
+    try:
+        save_pretrained(moe_backbone(), tmp_path / "folder")
+    finally:
+        os.umask(umask)
+    assert stat.S_IMODE((tmp_path / "folder").stat().st_mode) == 0o750
+    assert {stat.S_IMODE(path.stat().st_mode) for path in (tmp_path / "folder").iterdir()} == {0o640}
+
+
 def test_a_path_that_is_no_folder_is_named(tmp_path):
     (tmp_path / "file").write_text("x")
     for path, says in ((tmp_path / "nowhere", "does not exist"), (tmp_path / "file", "is not a folder")):
@@ -146,6 +158,11 @@ def test_non_finite_weights_are_counted_and_the_first_is_named():
         require_finite_weights(state, "run/last.ckpt")
     assert str(error.value).startswith("checkpoint run/last.ckpt holds non-finite weights: 2 of its 4 tensors")
     assert "the first b " in str(error.value)
-    require_finite_weights({"state_dict": {"a": torch.ones(3), "steps": torch.tensor([7])}}, "fine.ckpt")
+    large = {
+        "a": torch.full((100,), 3e38),
+        "b": torch.full((100,), 6e4, dtype=torch.float16),
+        "steps": torch.tensor([7]),
+    }
+    require_finite_weights({"state_dict": large}, "fine.ckpt")  # sums overflow, every element is finite
     with pytest.raises(ValueError, match="1 of its 1 tensors hold NaN or Inf, the first encoder.layers.0.w"):
         require_finite_weights({"model": {"encoder": {"layers": [{"w": torch.tensor([float("-inf")])}]}}}, "x.pth")
