@@ -164,11 +164,16 @@ def refusing_commands(trained, out: Path) -> dict[str, tuple[list[str], Path, st
         "export-backbone": (["export-backbone", "--ckpt", nan, "--out", str(out / "bb.pt")], spoiled, SPOILED),
         "upcycle": (["upcycle", "--ckpt", dense, "--config", str(trained["root"] / "moe.yaml"), "--out",
                      str(out / "init.pt")], trained["nan_dense"], dense_first),
+        "fit --ckpt_path": (["fit", "--config", str(trained["config"]), "--ckpt_path", nan,
+                             "--trainer.default_root_dir", str(out)], spoiled, SPOILED),
+        "fit pretrained": (["fit", "--config", str(trained["config"]), "--model.init_args.backbone=null",
+                            f"--model.init_args.pretrained={dense}", "--trainer.default_root_dir", str(out)],
+                           trained["nan_dense"], dense_first),
     }  # fmt: skip
 
 
 @pytest.mark.parametrize("command", ["infer", "predict", "export", "export --backbone-only", "export-backbone",
-                                     "upcycle"])  # fmt: skip
+                                     "upcycle", "fit --ckpt_path", "fit pretrained"])  # fmt: skip
 def test_a_checkpoint_with_a_nan_is_refused_in_one_line(trained, tmp_path, command, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     argv, spoiled, first = refusing_commands(trained, tmp_path / "out")[command]
@@ -179,3 +184,39 @@ def test_a_checkpoint_with_a_nan_is_refused_in_one_line(trained, tmp_path, comma
     assert line.startswith(f"mmoe {argv[0]}: "), line
     assert f"{spoiled} holds non-finite weights: 1 of its " in line and f"the first {first} " in line, line
     assert not (tmp_path / "out").exists() and out == ""
+
+
+class Payload:
+    """Unpickled, it creates the file ``marker``: what a crafted checkpoint could run."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return open, (str(self.marker), "w")
+
+
+def unexportable(trained, folder: Path) -> dict[str, tuple[Path, str]]:
+    """Checkpoints ``mmoe export`` refuses: (file, what the error says)."""
+    state = torch.load(trained["ckpt"], map_location="cpu", weights_only=True)
+    hyper_parameters = state["hyper_parameters"]
+    files = {
+        "pre-training": ({"_class_path": "mmoe.tasks.pretraining.MaskedPretraining"}, "pass --backbone-only"),
+        "answers moved": ({"answer_vocab": str(folder / "moved" / "answers.json")}, "model argument answer_vocab"),
+        "crafted": ({"note": Payload(folder / "ran")}, "asks to import io.open"),
+    }
+    made = {}
+    for case, (changes, says) in files.items():
+        torch.save(state | {"hyper_parameters": hyper_parameters | changes}, folder / f"{case}.ckpt")
+        made[case] = (folder / f"{case}.ckpt", says)
+    return made
+
+
+@pytest.mark.parametrize("case", ["pre-training", "answers moved", "crafted"])
+def test_what_cannot_be_exported_is_one_line(trained, tmp_path, case, capsys):
+    path, says = unexportable(trained, tmp_path)[case]
+    code, out, err = run_mmoe(["export", "--ckpt", str(path), "--out", str(tmp_path / "folder")], capsys)
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith(f"mmoe export: error: checkpoint {path}") and says in err, err
+    assert not (tmp_path / "folder").exists() and not (tmp_path / "ran").exists()
+    assert all(path.suffix == ".ckpt" for path in tmp_path.iterdir())  # no staging folder left behind
