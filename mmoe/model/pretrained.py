@@ -61,16 +61,22 @@ def from_pretrained(folder: str | Path) -> MultiwayTransformer:
         PretrainedFolderError: a missing or unreadable file, a config this mmoe cannot build, weights that do not fit
             it or hold NaN/Inf; one line naming the file.
     """
-    folder = Path(folder)
-    config = read_folder_config(folder)
-    prefix = TASK_BACKBONE_PREFIX if config.get("task") else ""
-    weights = read_weights(folder, prefix)
-    backbone = MultiwayTransformer(backbone_config(folder, config))
+    config, weights = read_backbone(folder)
+    backbone = MultiwayTransformer(config)
     try:
-        load_weights(backbone, weights, f"{folder / WEIGHTS_FILE} does not fit its {CONFIG_FILE}", assign=True)
+        load_weights(backbone, weights, f"{Path(folder) / WEIGHTS_FILE} does not fit its {CONFIG_FILE}", assign=True)
     except ValueError as error:
         raise PretrainedFolderError(str(error)) from None
     return backbone
+
+
+def read_backbone(folder: str | Path) -> tuple[MultiwayConfig, dict[str, torch.Tensor]]:
+    """The backbone config and weights of a pretrained folder (of a backbone or of a task model), not yet built:
+    what ``model.init_args.pretrained`` and the other readers of backbone files take from a folder."""
+    folder = Path(folder)
+    config = read_folder_config(folder)
+    weights = read_weights(folder, TASK_BACKBONE_PREFIX if config.get("task") else "")
+    return backbone_config(folder, config), weights
 
 
 def read_folder_config(folder: Path) -> dict[str, Any]:

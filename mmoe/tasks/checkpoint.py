@@ -3,7 +3,8 @@
 An exported backbone is one ``torch.save``d dict ``{"format": "mmoe-backbone", "config": {...}, "state_dict": {...}}``
 (written atomically). A Lightning checkpoint of an mmoe task holds the task's init arguments under
 ``hyper_parameters`` (``backbone``: the :class:`MultiwayConfig` as a dict; older pre-training checkpoints hold the
-instance) and the weights under ``state_dict`` with the ``backbone.`` prefix; both load with :func:`load_backbone`.
+instance) and the weights under ``state_dict`` with the ``backbone.`` prefix; both load with :func:`load_backbone`, as
+does a folder written by ``mmoe export`` (safetensors, :mod:`mmoe.model.pretrained`).
 
 Every file is read with ``torch.load(weights_only=True)`` (:func:`mmoe.safe_load.load_checkpoint_file`): unpickling
 a checkpoint rebuilds only tensors, containers, numbers, strings and the configs registered below, never an arbitrary
@@ -21,7 +22,7 @@ from mmoe.atomic import atomic_write
 from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
 from mmoe.model.beit3 import beit3_config, is_beit3_state, mmoe_state, read_beit3
 from mmoe.model.config import config_from_dict, config_to_dict
-from mmoe.model.pretrained import load_weights
+from mmoe.model.pretrained import load_weights, read_backbone
 from mmoe.safe_load import load_checkpoint_file, require_finite_weights
 
 BACKBONE_FORMAT = "mmoe-backbone"
@@ -75,7 +76,10 @@ def read_pretrained(path: str | Path) -> PretrainedWeights:
     """The backbone (and, for a released BEiT-3 file, the heads) of an exported backbone, a Lightning checkpoint of
     an mmoe task or a BEiT-3 checkpoint (:mod:`mmoe.model.beit3`); errors as :func:`load_checkpoint_file`'s, and
     weights that hold NaN or Inf (:func:`require_finite_weights`) or a BEiT-3 backbone key mmoe has no place for are
-    errors naming the file."""
+    errors naming the file. A folder written by ``mmoe export`` (:mod:`mmoe.model.pretrained`) gives its backbone."""
+    if Path(path).is_dir():
+        config, weights = read_backbone(path)
+        return PretrainedWeights(config, weights, source=str(path))
     state = load_checkpoint_file(path, "checkpoint", BACKBONE_FILES)
     require_finite_weights(state, path)
     return pretrained_of(state, path)

@@ -19,7 +19,7 @@ from mmoe.cli import main
 from mmoe.infer.load import load_fine_tuned
 from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer, from_pretrained
 from mmoe.model.pretrained import PretrainedFolderError
-from mmoe.tasks.checkpoint import config_to_dict, export_backbone
+from mmoe.tasks.checkpoint import config_to_dict, export_backbone, load_backbone
 from mmoe.tasks.vqa import VQAFineTuning
 from tests.cli_fixtures import run_mmoe, small_shards
 
@@ -134,6 +134,24 @@ def test_backbone_only_writes_the_backbone_which_the_task_loader_refuses(trained
     code, _, err = run_mmoe(["export", "--ckpt", str(tmp_path / "bb.pt"), "--out", str(tmp_path / "bb2")], capsys)
     assert code == 0, err
     assert_same_tensors(from_pretrained(tmp_path / "bb2").state_dict(), backbone)
+
+
+def test_a_folder_is_read_wherever_a_backbone_file_is(trained, tmp_path, capsys):
+    code, _, err = run_mmoe(["export", "--ckpt", str(trained["ckpt"]), "--out", str(tmp_path / "vqa")], capsys)
+    assert code == 0, err
+    saved = torch.load(trained["ckpt"], map_location="cpu", weights_only=True)["state_dict"]
+    backbone = {k[9:]: v for k, v in saved.items() if k.startswith("backbone.")}
+    task = VQAFineTuning(answer_vocab=str(trained["answers"]), pretrained=str(tmp_path / "vqa"))
+    assert_same_tensors(task.backbone.state_dict(), backbone)  # fine-tuning starts from the folder's backbone
+    argv = ["export-backbone", "--ckpt", str(tmp_path / "vqa"), "--out", str(tmp_path / "bb.pt")]
+    code, _, err = run_mmoe(argv, capsys)
+    assert code == 0, err
+    assert_same_tensors(load_backbone(tmp_path / "bb.pt").state_dict(), backbone)
+    missing = tmp_path / "vqa" / "model.safetensors"
+    missing.unlink()
+    code, _, err = run_mmoe([*argv[:-1], str(tmp_path / "again.pt")], capsys)
+    assert code == 2 and err.startswith(f"mmoe export-backbone: error: {missing} does not exist (expected a folder")
+    assert err.count("\n") == 1 and not (tmp_path / "again.pt").exists()
 
 
 def test_an_output_that_is_not_a_folder_of_ours_is_refused_before_any_work(trained, tmp_path, capsys):
