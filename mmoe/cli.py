@@ -8,8 +8,8 @@ Subcommands:
 * ``mmoe export --ckpt task.ckpt --out FOLDER [--backbone-only]`` — a fine-tuned task model (or its backbone) as a
   folder of ``model.safetensors`` and ``config.json``, for ``mmoe.tasks.from_pretrained`` /
   ``mmoe.model.from_pretrained``.
-* ``mmoe export-backbone --ckpt task.ckpt --out backbone.pt`` — the backbone weights of a task checkpoint (torch format,
-  for ``model.init_args.pretrained``).
+* ``mmoe export-backbone --ckpt task.ckpt --out backbone.pt`` — the backbone weights of a task checkpoint in torch's
+  format (``model.init_args.pretrained`` reads it, or a folder of ``mmoe export``).
 * ``mmoe upcycle --ckpt beit3.pth --config moe.yaml --out init.pt`` — a MoE backbone whose experts start as copies of
   a dense backbone's FFNs (sparse upcycling), e.g. from released BEiT-3 weights.
 * ``mmoe infer vqav2|nlvr2|captioning --ckpt C --image photo.jpg ...`` — a fine-tuned checkpoint on your own images

@@ -159,7 +159,7 @@ def export_command(argv: Sequence[str]) -> int:
     parser.add_argument(
         "--ckpt",
         required=True,
-        help="Lightning checkpoint of an mmoe task (or, with --backbone-only, any backbone file)",
+        help="Lightning checkpoint of an mmoe task; an exported backbone or a released BEiT-3 file gives its backbone",
     )
     parser.add_argument(
         "--out", required=True, help="folder to write (whole or not at all; an earlier export replaced)"
@@ -177,6 +177,7 @@ def export_command(argv: Sequence[str]) -> int:
     except (FileNotFoundError, ValueError) as error:
         return report_error("export", error)
     except OSError as error:
-        return report_error("export", f"--out {out} cannot be written: {error.strerror or error}")
+        where = f" ({error.filename})" if error.filename else ""
+        return report_error("export", f"--out {out} cannot be written: {error.strerror or error}{where}")
     print(json.dumps({"folder": str(out), **written}))
     return 0

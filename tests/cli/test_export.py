@@ -162,6 +162,11 @@ def test_an_output_that_is_not_a_folder_of_ours_is_refused_before_any_work(train
     assert code == 2 and err.count("\n") == 1 and "Traceback" not in err
     assert f"{tmp_path / 'mine'} is a folder with other files in it" in err  # named before the checkpoint is read
     assert [path.name for path in (tmp_path / "mine").iterdir()] == ["notes.txt"]
+    argv = ["export", "--ckpt", str(trained["ckpt"]), "--out", str(tmp_path / "mine" / "notes.txt" / "folder")]
+    code, _, err = run_mmoe(argv, capsys)
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert f"notes.txt/folder cannot be written: File exists ({tmp_path / 'mine' / 'notes.txt'})" in err, err
+    assert [path.name for path in (tmp_path / "mine").iterdir()] == ["notes.txt"]
 
 
 def refusing_commands(trained, out: Path) -> dict[str, tuple[list[str], Path, str]]:
