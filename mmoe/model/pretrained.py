@@ -28,7 +28,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from mmoe.atomic import current_umask
-from mmoe.io import read_json, write_json
+from mmoe.io import one_line, read_json, write_json
 from mmoe.model.backbone import MultiwayTransformer
 from mmoe.model.config import MultiwayConfig, config_from_dict, config_to_dict
 from mmoe.safe_load import require_finite_weights
@@ -122,7 +122,7 @@ def read_weights(folder: Path, prefix: str = "") -> dict[str, torch.Tensor]:
             }
     except (SafetensorError, OSError) as error:
         raise PretrainedFolderError(
-            f"{path} could not be read: {' '.join(str(error).split())} (expected a safetensors file written by mmoe "
+            f"{path} could not be read: {one_line(error)} (expected a safetensors file written by mmoe "
             "export; truncated or corrupted?)"
         ) from None
     try:

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from mmoe.io import report_error
+from mmoe.io import one_line, report_error
 from mmoe.model import MultiwayConfig, MultiwayTransformer
 from mmoe.model.config import config_to_dict
 from mmoe.model.pretrained import (
@@ -68,15 +68,26 @@ def from_pretrained(folder: str | Path) -> FineTuningTask:
     arguments = dict(task_entry["init_args"])
     for name in task.infer_files:
         if arguments.get(name) is not None:
-            arguments[name] = str(folder / arguments[name])
+            arguments[name] = str(folder_file(folder, name, arguments[name]))
     arguments |= {"backbone": backbone_config(folder, config), "pretrained": None}
     weights = read_weights(folder)
     try:
         model = task(**arguments)
         load_weights(model, weights, f"{folder / WEIGHTS_FILE} does not fit its {task.name} task", assign=True)
     except (FileNotFoundError, TypeError, ValueError) as error:
-        raise PretrainedFolderError(f"{folder}: {' '.join(str(error).split())}") from None
+        raise PretrainedFolderError(f"{folder}: {one_line(error)}") from None
     return model.eval()
+
+
+def folder_file(folder: Path, argument: str, name: object) -> Path:
+    """The file a task folder's ``config.json`` names for ``argument``: one inside the folder, never elsewhere."""
+    path = (folder / str(name)).resolve()
+    if not path.is_relative_to(folder.resolve()):
+        raise PretrainedFolderError(
+            f"{folder / 'config.json'}: {argument} {name!r} lies outside the folder (expected a path inside it, as "
+            f"mmoe export writes: {FILES_FOLDER}/...)"
+        )
+    return path
 
 
 def export_task(state: dict, ckpt: Path, out: Path) -> dict[str, Any]:
@@ -95,7 +106,7 @@ def export_task(state: dict, ckpt: Path, out: Path) -> dict[str, Any]:
         model = task(**(arguments | {"pretrained": None}))
         load_weights(model, weights, f"checkpoint {ckpt} does not fit its own {task.name} task")
     except (FileNotFoundError, TypeError, ValueError) as error:
-        raise ValueError(f"checkpoint {ckpt}: {' '.join(str(error).split())}") from None
+        raise ValueError(f"checkpoint {ckpt}: {one_line(error)}") from None
     backbone = arguments.pop("backbone")
     arguments.pop("pretrained", None)
     arguments |= {name: relative for name, (relative, _) in files.items()}

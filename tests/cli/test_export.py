@@ -6,6 +6,7 @@ work."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -102,6 +103,26 @@ def test_a_fine_tuned_task_comes_back_bit_for_bit_from_a_moved_folder(trained, t
     assert torch.equal(vqa_logits(task), vqa_logits(load_fine_tuned(trained["ckpt"], VQAFineTuning).task))
     backbone = from_pretrained(tmp_path / "elsewhere")  # the backbone of a task folder
     assert_same_tensors(backbone.state_dict(), {k[9:]: v for k, v in saved.items() if k.startswith("backbone.")})
+
+
+def test_a_task_folder_reads_its_files_from_itself_only(trained, tmp_path, capsys):
+    code, _, err = run_mmoe(["export", "--ckpt", str(trained["ckpt"]), "--out", str(tmp_path / "vqa")], capsys)
+    assert code == 0, err
+    config_file = tmp_path / "vqa" / "config.json"
+    config = json.loads(config_file.read_text())
+    for elsewhere in (str(trained["answers"]), "../answers.json"):
+        config["task"]["init_args"]["answer_vocab"] = elsewhere
+        config_file.write_text(json.dumps(config))
+        with pytest.raises(
+            PretrainedFolderError, match=f"answer_vocab '{re.escape(elsewhere)}' lies outside the folder"
+        ):
+            mmoe.tasks.from_pretrained(tmp_path / "vqa")
+    config["task"]["init_args"]["answer_vocab"] = "files/answer_vocab.json"
+    config_file.write_text(json.dumps(config))
+    (tmp_path / "vqa" / "files" / "answer_vocab.json").unlink()
+    with pytest.raises(PretrainedFolderError, match="answer_vocab.json") as error:
+        mmoe.tasks.from_pretrained(tmp_path / "vqa")
+    assert str(error.value).startswith(f"{tmp_path / 'vqa'}: ") and "\n" not in str(error.value)
 
 
 def test_a_bfloat16_checkpoint_keeps_its_dtype(trained, tmp_path, capsys):
