@@ -2,11 +2,12 @@
 and ``config.json``, :mod:`mmoe.model.pretrained`), and :func:`from_pretrained`, the task model of such a folder
 rebuilt from the task catalog (:mod:`mmoe.tasks.catalog`).
 
-A task model's ``config.json`` names its task (``class_path``, ``name``) and its init arguments as the checkpoint's
-hyper-parameters hold them, less the backbone (stored once, as the folder's ``backbone``) and the ``pretrained`` file
-(the folder's weights replace it). The files those arguments name (:attr:`FineTuningTask.infer_files`: the VQA answer
-list, the captioning output vocabulary, the SentencePiece model) are copied into ``files/`` and named relative to the
-folder, so a folder can be moved or shared whole. Nothing from the folder is run: the class comes from the catalog.
+A task model's ``config.json`` names its task (``class_path``, ``name``), the text length its data had
+(``max_text_length``, for ``mmoe infer``) and its init arguments as the checkpoint's hyper-parameters hold them, less
+the backbone (stored once, as the folder's ``backbone``) and the ``pretrained`` file (the folder's weights replace it).
+The files those arguments name (:attr:`FineTuningTask.infer_files`: the VQA answer list, the captioning output
+vocabulary, the SentencePiece model) are copied into ``files/`` and named relative to the folder, so a folder can be
+moved or shared whole. Nothing from the folder is run: the class comes from the catalog.
 """
 
 from __future__ import annotations
@@ -42,9 +43,9 @@ from mmoe.tasks.finetuning import FineTuningTask
 from mmoe.tasks.optimizer import nest_optimizer_arguments
 
 
-def from_pretrained(folder: str | Path) -> FineTuningTask:
+def from_pretrained(folder: str | Path, replaced: dict[str, Any] | None = None) -> FineTuningTask:
     """The fine-tuned task model of a folder written by ``mmoe export`` (not ``--backbone-only``), in eval mode, every
-    tensor as saved (dtype kept).
+    tensor as saved (dtype kept); ``replaced``: init arguments given over the folder's (``mmoe infer``'s options).
 
     Raises:
         PretrainedFolderError: a backbone folder, a task this mmoe's catalog does not have, a missing or unreadable
@@ -69,6 +70,7 @@ def from_pretrained(folder: str | Path) -> FineTuningTask:
     for name in task.infer_files:
         if arguments.get(name) is not None:
             arguments[name] = str(folder_file(folder, name, arguments[name]))
+    arguments |= {name: value for name, value in (replaced or {}).items() if name in arguments}
     arguments |= {"backbone": backbone_config(folder, config), "pretrained": None}
     weights = read_weights(folder)
     try:
@@ -77,6 +79,12 @@ def from_pretrained(folder: str | Path) -> FineTuningTask:
     except (FileNotFoundError, TypeError, ValueError) as error:
         raise PretrainedFolderError(f"{folder}: {one_line(error)}") from None
     return model.eval()
+
+
+def text_length(folder: str | Path) -> int | None:
+    """The text length the task of an exported folder was trained with (its data's ``max_text_length``), if known."""
+    task = read_folder_config(Path(folder)).get("task")
+    return task.get("max_text_length") if isinstance(task, dict) else None
 
 
 def folder_file(folder: Path, argument: str, name: object) -> Path:
@@ -110,10 +118,12 @@ def export_task(state: dict, ckpt: Path, out: Path) -> dict[str, Any]:
     backbone = arguments.pop("backbone")
     arguments.pop("pretrained", None)
     arguments |= {name: relative for name, (relative, _) in files.items()}
+    data = state.get("datamodule_hyper_parameters")
+    length = data.get("max_text_length") if isinstance(data, dict) else None
     config = {
         "format": FOLDER_FORMAT,
         "backbone": backbone,
-        "task": {"class_path": class_path(task), "name": task.name, "init_args": arguments},
+        "task": {"class_path": class_path(task), "name": task.name, "init_args": arguments, "max_text_length": length},
     }
     write_folder(out, config, weights, {relative: source for relative, source in files.values()})
     return {"task": task.name, "tensors": len(weights), "parameters": sum(p.numel() for p in model.parameters())}

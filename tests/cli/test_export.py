@@ -125,6 +125,22 @@ def test_a_task_folder_reads_its_files_from_itself_only(trained, tmp_path, capsy
     assert str(error.value).startswith(f"{tmp_path / 'vqa'}: ") and "\n" not in str(error.value)
 
 
+def test_infer_answers_from_a_folder_as_from_its_checkpoint(trained, tmp_path, capsys):
+    code, _, err = run_mmoe(["export", "--ckpt", str(trained["ckpt"]), "--out", str(tmp_path / "vqa")], capsys)
+    assert code == 0, err
+    question = ["--image", str(trained["image"]), "--question", "what color is the square?", "--top-k", "3", "--json"]
+    answers = {}
+    for source in (trained["ckpt"], tmp_path / "vqa"):
+        code, out, err = run_mmoe(["infer", "vqa", "--ckpt", str(source), *question], capsys)
+        assert code == 0, err
+        answers[source] = json.loads(out)
+    assert answers[tmp_path / "vqa"] == answers[trained["ckpt"]] and answers[trained["ckpt"]]["answers"]
+    image = str(trained["image"])
+    argv = ["infer", "nlvr2", "--ckpt", str(tmp_path / "vqa"), "--left", image, "--right", image, "--sentence", "two"]
+    code, _, err = run_mmoe(argv, capsys)
+    assert code == 2 and err == f"mmoe infer: error: {tmp_path / 'vqa'} holds a vqav2 model, not a nlvr2 one\n"
+
+
 def test_a_bfloat16_checkpoint_keeps_its_dtype(trained, tmp_path, capsys):
     state = torch.load(trained["ckpt"], map_location="cpu", weights_only=True)
     state["state_dict"] = {name: tensor.to(torch.bfloat16) for name, tensor in state["state_dict"].items()}
