@@ -178,18 +178,28 @@ def write_folder(
 
 def check_destination(folder: Path) -> None:
     """Refuses to write a pretrained folder over a file, or over a non-empty folder that is not a pretrained folder
-    (it would be replaced whole)."""
+    of mmoe (it would be replaced whole: another model's folder with its own ``config.json`` is kept)."""
     if folder.exists() and not folder.is_dir():
         raise PretrainedFolderError(f"{folder} is a file (expected a new folder, or {PRETRAINED_FOLDER}, to replace)")
-    if folder.is_dir() and any(folder.iterdir()) and not (folder / CONFIG_FILE).is_file():
+    if folder.is_dir() and any(folder.iterdir()) and not is_pretrained_folder(folder):
         raise PretrainedFolderError(
             f"{folder} is a folder with other files in it (expected a new folder, or {PRETRAINED_FOLDER}, to replace)"
         )
 
 
+def is_pretrained_folder(folder: Path) -> bool:
+    """Whether ``folder``'s ``config.json`` is the config of a pretrained folder of mmoe."""
+    try:
+        read_folder_config(folder)
+    except PretrainedFolderError:
+        return False
+    return True
+
+
 def replace_folder(folder: Path, fill: Callable[[Path], None]) -> Path:
     """``fill(staging)`` on a new folder beside ``folder``, then rename it to ``folder`` (the old one, if any, moved
-    aside first and removed after): ``folder`` is the old whole folder or the new whole one, never a part."""
+    aside first and removed after): ``folder`` is the old whole folder or the new whole one, never a part (a kill
+    between the two renames leaves no ``folder``, and the old one beside it as ``.<name>.*.old``)."""
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     old = staging.with_name(f"{staging.name}.old")

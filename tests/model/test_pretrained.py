@@ -72,11 +72,15 @@ def test_a_file_or_a_folder_of_other_files_is_not_overwritten(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     (tmp_path / "photos").mkdir()
     (tmp_path / "photos" / "a.jpg").write_bytes(b"jpeg")
-    for destination, says in ((tmp_path / "notes.txt", "is a file"), (tmp_path / "photos", "other files in it")):
+    (tmp_path / "bert").mkdir()  # another library's model folder, with a config.json of its own
+    (tmp_path / "bert" / "config.json").write_text(json.dumps({"architectures": ["BertModel"]}))
+    for destination, says in ((tmp_path / "notes.txt", "is a file"), (tmp_path / "photos", "other files in it"),
+                              (tmp_path / "bert", "other files in it")):  # fmt: skip
         with pytest.raises(PretrainedFolderError, match=says):
             save_pretrained(moe_backbone(), destination)
     assert (tmp_path / "notes.txt").read_text() == "mine"
     assert [path.name for path in (tmp_path / "photos").iterdir()] == ["a.jpg"]
+    assert json.loads((tmp_path / "bert" / "config.json").read_text()) == {"architectures": ["BertModel"]}
     (tmp_path / "empty").mkdir()
     save_pretrained(moe_backbone(), tmp_path / "empty")
     assert from_pretrained(tmp_path / "empty").config == BACKBONE
