@@ -5,7 +5,11 @@ Subcommands:
 * ``mmoe fit|validate|test|predict --config configs/....yaml [--config part.yaml ...]`` — LightningCLI over the mmoe
   tasks (config files merge in order; ``--help`` lists every option; ``--print_config`` shows the resolved config).
 * ``mmoe tokenizer fit --data SHARDS --out codebook.pt`` — learn the visual codebook for masked image modeling.
-* ``mmoe export-backbone --ckpt task.ckpt --out backbone.pt`` — the backbone weights of a task checkpoint.
+* ``mmoe export --ckpt task.ckpt --out FOLDER [--backbone-only]`` — a fine-tuned task model (or its backbone) as a
+  folder of ``model.safetensors`` and ``config.json``, for ``mmoe.tasks.from_pretrained`` /
+  ``mmoe.model.from_pretrained``.
+* ``mmoe export-backbone --ckpt task.ckpt --out backbone.pt`` — the backbone weights of a task checkpoint in torch's
+  format (``model.init_args.pretrained`` reads it, or a folder of ``mmoe export``).
 * ``mmoe upcycle --ckpt beit3.pth --config moe.yaml --out init.pt`` — a MoE backbone whose experts start as copies of
   a dense backbone's FFNs (sparse upcycling), e.g. from released BEiT-3 weights.
 * ``mmoe infer vqav2|nlvr2|captioning --ckpt C --image photo.jpg ...`` — a fine-tuned checkpoint on your own images
@@ -80,6 +84,7 @@ COMMANDS: dict[str, Command] = {
     "infer": Command("mmoe.infer", "infer_command"),
     **{name: Command("mmoe.tasks.cli", "lightning_command") for name in LIGHTNING_SUBCOMMANDS},
     "tokenizer": Command("mmoe.tasks.visual_codebook", "tokenizer_command"),
+    "export": Command("mmoe.tasks.pretrained", "export_command"),
     "export-backbone": Command("mmoe.tasks.backbone_commands", "export_command"),
     "upcycle": Command("mmoe.tasks.backbone_commands", "upcycle_command"),
     "eval": Command("mmoe.metrics.cli", "eval_command"),

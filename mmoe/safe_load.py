@@ -5,6 +5,9 @@ Unpickling with ``weights_only=True`` rebuilds only tensors, containers, numbers
 ``torch.serialization.add_safe_globals`` (mmoe registers its backbone configs in :mod:`mmoe.tasks.checkpoint`), never
 an arbitrary callable, so a crafted file cannot run code. The format is found from the bytes, not the file name: a
 ``.pth`` saved as ``.zip`` (a torch zip archive under another name) reads like any other.
+
+:func:`require_finite_weights` is the one check every command that uses a checkpoint's weights (``mmoe infer``,
+``predict``, ``export``, ``export-backbone``, ``upcycle``) runs before any work: NaN or infinite weights are refused.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import pickle
 import re
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -66,3 +70,46 @@ def unreadable_reason(path: Path) -> str:
     if head == ZIP_MAGIC:
         return "the file is truncated or corrupted (its zip archive cannot be read)"
     return "the file is not in torch.save's format"
+
+
+def named_tensors(value: object, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
+    """(dotted name, tensor) for every tensor in ``value``, nested dicts and lists walked, in the order stored."""
+    if isinstance(value, torch.Tensor):
+        yield prefix.removesuffix("."), value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from named_tensors(item, f"{prefix}{key}.")
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            yield from named_tensors(item, f"{prefix}{index}.")
+
+
+def require_finite_weights(state: dict, path: str | Path, what: str = "checkpoint") -> None:
+    """Refuses weights that hold NaN or infinity (a diverged run's): inference would answer ``nan`` and an export
+    would hand them on, both without a word.
+
+    Args:
+        state: what :func:`load_checkpoint_file` returned, or a plain dict of weights: its ``state_dict`` (a Lightning
+            checkpoint, an exported backbone), its ``model`` (a released BEiT-3 file) or the dict itself is checked.
+        path: the file, named in the error.
+        what: what the file is to the caller, first word of the error.
+
+    Raises:
+        ValueError: one line naming ``path``, how many of its tensors are not finite and the first of them.
+    """
+    weights = next((state[key] for key in ("state_dict", "model") if isinstance(state.get(key), dict)), state)
+    tensors = list(named_tensors(weights))
+    bad = [name for name, tensor in tensors if tensor.is_floating_point() and not is_finite(tensor)]
+    if bad:
+        raise ValueError(
+            f"{what} {path} holds non-finite weights: {len(bad)} of its {len(tensors)} tensors hold NaN or Inf, the "
+            f"first {bad[0]} (a diverged run? use a checkpoint saved before its loss became NaN)"
+        )
+
+
+def is_finite(tensor: torch.Tensor) -> bool:
+    """Whether every element of a floating-point ``tensor`` is finite. A sum is finite only if every element is (NaN
+    and infinities carry through it), and summing is several times faster than testing each element, which is done
+    only when the sum is not finite (an element is not, or the sum overflowed)."""
+    total = tensor.sum(dtype=torch.float32 if tensor.element_size() < 4 else None)
+    return bool(torch.isfinite(total)) or bool(torch.isfinite(tensor).all())

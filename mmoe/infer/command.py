@@ -38,7 +38,11 @@ def option(name: str) -> str:
 def add_task_parser(tasks, task: type[FineTuningTask]) -> None:
     parser = tasks.add_parser(task.name, aliases=list(task.infer_aliases), help=(task.__doc__ or "").split("\n")[0])
     parser.set_defaults(task=task)
-    parser.add_argument("--ckpt", required=True, help=f"a checkpoint of `mmoe fit` with {class_path(task)}")
+    parser.add_argument(
+        "--ckpt",
+        required=True,
+        help=f"a checkpoint of `mmoe fit` with {class_path(task)}, or a folder of `mmoe export`",
+    )
     inputs = parser.add_mutually_exclusive_group(required=True)
     inputs.add_argument("--shards", help="a converted split (folder, shard or glob): results file (needs --out)")
     first, *others = task.infer_images

@@ -12,11 +12,12 @@ from PIL import Image, UnidentifiedImageError
 from mmoe.data.tokenizer import DEFAULT_MAX_TEXT_LENGTH, TextTokenizer
 from mmoe.data.transforms import decode_image, eval_transform
 from mmoe.io import one_line
-from mmoe.safe_load import load_checkpoint_file
+from mmoe.safe_load import load_checkpoint_file, require_finite_weights
 from mmoe.tasks.catalog import class_path, task_of_class_path
 from mmoe.tasks.checkpoint import config_from_dict
 from mmoe.tasks.finetuning import FineTuningTask
 from mmoe.tasks.optimizer import nest_optimizer_arguments
+from mmoe.tasks.pretrained import from_pretrained, text_length
 from mmoe.tasks.pretraining import MaskedPretraining
 
 
@@ -55,9 +56,12 @@ def load_fine_tuned(
 ) -> FineTuned:
     """The ``task`` of a Lightning checkpoint of ``mmoe fit``, rebuilt from its saved arguments and weights, with the
     arguments the task's ``mmoe infer`` ``options`` replace (moved files: the VQA answer list, the captioning output
-    vocabulary, the SentencePiece tokenizer; the caption beams)."""
+    vocabulary, the SentencePiece tokenizer; the caption beams). A folder written by ``mmoe export`` reads as well."""
     path = Path(path)
+    if path.is_dir():
+        return load_exported(path, task, device, options)
     state = load_checkpoint_file(path, "checkpoint")
+    require_finite_weights(state, path)
     hyper_parameters, weights = state.get("hyper_parameters"), state.get("state_dict")
     if not isinstance(hyper_parameters, dict) or not isinstance(weights, dict) or "backbone" not in hyper_parameters:
         raise InferError(
@@ -88,9 +92,25 @@ def load_fine_tuned(
         hint = f" (a moved file: {', '.join(named)} name its new path)" if isinstance(error, FileNotFoundError) else ""
         raise InferError(f"checkpoint {path}: {one_line(error)}{hint}") from None
     data = state.get("datamodule_hyper_parameters")
-    length = data.get("max_text_length") if isinstance(data, dict) else None
+    return ready(model, data.get("max_text_length") if isinstance(data, dict) else None, device)
+
+
+def load_exported(folder: Path, task: type[FineTuningTask], device: str, options: dict[str, Any] | None) -> FineTuned:
+    """The ``task`` of a folder written by ``mmoe export`` (:func:`mmoe.tasks.pretrained.from_pretrained`), with the
+    arguments the task's ``mmoe infer`` ``options`` replace."""
+    try:
+        model = from_pretrained(folder, task.infer_arguments(options or {}))
+    except (FileNotFoundError, ValueError) as error:
+        raise InferError(one_line(error)) from None
+    if not isinstance(model, task):
+        raise InferError(f"{folder} holds a {model.name} model, not a {task.name} one")
+    return ready(model, text_length(folder), device)
+
+
+def ready(model: FineTuningTask, length: int | None, device: str) -> FineTuned:
+    """``model`` in eval mode on ``device``, with the tokenizer of its text (``length`` tokens; default when None)."""
     tokenizer = TextTokenizer(
-        max_length=length or DEFAULT_MAX_TEXT_LENGTH, sentencepiece=arguments.get("text_tokenizer")
+        max_length=length or DEFAULT_MAX_TEXT_LENGTH, sentencepiece=model.hparams.get("text_tokenizer")
     )
     try:
         target = torch.device(device)

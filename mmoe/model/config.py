@@ -198,3 +198,24 @@ PRESETS: dict[str, dict] = {
         max_text_positions=1024, position_offset=2,
     ),
 }  # fmt: skip
+
+
+def config_to_dict(config: MultiwayConfig) -> dict:
+    """``config`` as plain JSON-safe values: what checkpoints' hyper-parameters and ``config.json`` files hold."""
+    return {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.init} | {
+        "moe": None if config.moe is None else dataclasses.asdict(config.moe)
+    }
+
+
+def config_from_dict(fields: dict) -> MultiwayConfig:
+    """The backbone config of a checkpoint, as one process runs it: a checkpoint holds every expert whatever the
+    expert-parallel size it was trained with, so ``expert_parallel`` is not carried over (a run sets its own).
+
+    Raises:
+        TypeError: a field this :class:`MultiwayConfig` or :class:`MoEPlan` does not have.
+        ValueError: a value the config refuses.
+    """
+    fields = dict(fields)
+    if isinstance(fields.get("moe"), dict):
+        fields["moe"] = MoEPlan(**{key: value for key, value in fields["moe"].items() if key != "expert_parallel"})
+    return MultiwayConfig(**fields)

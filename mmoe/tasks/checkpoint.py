@@ -3,7 +3,8 @@
 An exported backbone is one ``torch.save``d dict ``{"format": "mmoe-backbone", "config": {...}, "state_dict": {...}}``
 (written atomically). A Lightning checkpoint of an mmoe task holds the task's init arguments under
 ``hyper_parameters`` (``backbone``: the :class:`MultiwayConfig` as a dict; older pre-training checkpoints hold the
-instance) and the weights under ``state_dict`` with the ``backbone.`` prefix; both load with :func:`load_backbone`.
+instance) and the weights under ``state_dict`` with the ``backbone.`` prefix; both load with :func:`load_backbone`, as
+does a folder written by ``mmoe export`` (safetensors, :mod:`mmoe.model.pretrained`).
 
 Every file is read with ``torch.load(weights_only=True)`` (:func:`mmoe.safe_load.load_checkpoint_file`): unpickling
 a checkpoint rebuilds only tensors, containers, numbers, strings and the configs registered below, never an arbitrary
@@ -20,7 +21,9 @@ import torch
 from mmoe.atomic import atomic_write
 from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
 from mmoe.model.beit3 import beit3_config, is_beit3_state, mmoe_state, read_beit3
-from mmoe.safe_load import load_checkpoint_file
+from mmoe.model.config import config_from_dict, config_to_dict
+from mmoe.model.pretrained import load_weights, read_backbone
+from mmoe.safe_load import load_checkpoint_file, require_finite_weights
 
 BACKBONE_FORMAT = "mmoe-backbone"
 PREFIX = "backbone."
@@ -53,21 +56,6 @@ class PretrainedWeights:
 torch.serialization.add_safe_globals([MultiwayConfig, MoEPlan])
 
 
-def config_to_dict(config: MultiwayConfig) -> dict:
-    return {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.init} | {
-        "moe": None if config.moe is None else dataclasses.asdict(config.moe)
-    }
-
-
-def config_from_dict(fields: dict) -> MultiwayConfig:
-    """The backbone config of a checkpoint, as one process runs it: a checkpoint holds every expert whatever the
-    expert-parallel size it was trained with, so ``expert_parallel`` is not carried over (a run sets its own)."""
-    fields = dict(fields)
-    if isinstance(fields.get("moe"), dict):
-        fields["moe"] = MoEPlan(**{key: value for key, value in fields["moe"].items() if key != "expert_parallel"})
-    return MultiwayConfig(**fields)
-
-
 def atomic_save(obj: object, path: str | Path) -> None:
     """``torch.save`` to a temporary file beside ``path``, then rename: a reader never sees a partial file."""
     atomic_write(path, lambda temporary: torch.save(obj, temporary))
@@ -86,9 +74,19 @@ def read_backbone_state(path: str | Path) -> tuple[MultiwayConfig, dict[str, tor
 
 def read_pretrained(path: str | Path) -> PretrainedWeights:
     """The backbone (and, for a released BEiT-3 file, the heads) of an exported backbone, a Lightning checkpoint of
-    an mmoe task or a BEiT-3 checkpoint (:mod:`mmoe.model.beit3`); errors as :func:`load_checkpoint_file`'s, and a
-    BEiT-3 backbone key mmoe has no place for is an error naming it."""
+    an mmoe task or a BEiT-3 checkpoint (:mod:`mmoe.model.beit3`); errors as :func:`load_checkpoint_file`'s, and
+    weights that hold NaN or Inf (:func:`require_finite_weights`) or a BEiT-3 backbone key mmoe has no place for are
+    errors naming the file. A folder written by ``mmoe export`` (:mod:`mmoe.model.pretrained`) gives its backbone."""
+    if Path(path).is_dir():
+        config, weights = read_backbone(path)
+        return PretrainedWeights(config, weights, source=str(path))
     state = load_checkpoint_file(path, "checkpoint", BACKBONE_FILES)
+    require_finite_weights(state, path)
+    return pretrained_of(state, path)
+
+
+def pretrained_of(state: dict, path: str | Path) -> PretrainedWeights:
+    """:func:`read_pretrained` of the dict already loaded from ``path``."""
     if is_beit3_state(state):
         released = read_beit3(state, name=str(path))
         weights, unexpected = mmoe_state(released)
@@ -114,25 +112,6 @@ def read_pretrained(path: str | Path) -> PretrainedWeights:
             "BEiT-3 checkpoint (expected hyper_parameters.backbone and state_dict, or BEiT-3's encoder.layers keys)"
         )
     return PretrainedWeights(config, weights, source=str(path))
-
-
-def load_weights(backbone: MultiwayTransformer, weights: dict[str, torch.Tensor], message: str) -> None:
-    """Loads ``weights`` into ``backbone``; a ``ValueError`` starting with ``message`` names the first weight whose
-    shape differs (both shapes), or how many are missing and unexpected, in one line."""
-    expected = backbone.state_dict()
-    for key, value in weights.items():
-        if key in expected and expected[key].shape != value.shape:
-            raise ValueError(
-                f"{message}: {key} has shape {tuple(value.shape)} there, {tuple(expected[key].shape)} here"
-            )
-    missing = [key for key in expected if key not in weights]
-    unexpected = [key for key in weights if key not in expected]
-    if missing or unexpected:
-        examples = ", ".join(
-            f"{name} e.g. {keys[0]}" for name, keys in (("missing", missing), ("unexpected", unexpected)) if keys
-        )
-        raise ValueError(f"{message}: {len(missing)} weights missing, {len(unexpected)} unexpected ({examples})")
-    backbone.load_state_dict(weights)
 
 
 def load_backbone(path: str | Path, **config_overrides) -> MultiwayTransformer:

@@ -16,6 +16,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from mmoe.io import one_line, report_error
+from mmoe.safe_load import require_finite_weights
 from mmoe.tasks.checkpoint_saving import checkpoint_saving_arguments
 from mmoe.tasks.ckpt_hparams import (
     command_line_model_arguments,
@@ -180,6 +181,7 @@ class MMoECLI(LightningCLI):
         folders = checkpoint_folders(self.config[subcommand].get("trainer"), self.trainer_defaults.get("callbacks"))
         try:
             ckpt_path, state = read_checkpoint(str(ckpt_path), folders, subcommand, TASK_CHECKPOINT)
+            require_finite_weights(state, ckpt_path, "--ckpt_path")
         except (FileNotFoundError, ValueError) as error:
             self.fail(str(error))
         self.config[subcommand].ckpt_path = ckpt_path  # ``last`` as the file it is, for Lightning too

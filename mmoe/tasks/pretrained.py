@@ -1,0 +1,204 @@
+"""``mmoe export``: a checkpoint's backbone or whole fine-tuned task model as a pretrained folder (``model.safetensors``
+and ``config.json``, :mod:`mmoe.model.pretrained`), and :func:`from_pretrained`, the task model of such a folder
+rebuilt from the task catalog (:mod:`mmoe.tasks.catalog`).
+
+A task model's ``config.json`` names its task (``class_path``, ``name``), the text length its data had
+(``max_text_length``, for ``mmoe infer``) and its init arguments as the checkpoint's hyper-parameters hold them, less
+the backbone (stored once, as the folder's ``backbone``) and the ``pretrained`` file (the folder's weights replace it).
+The files those arguments name (:attr:`FineTuningTask.infer_files`: the VQA answer list, the captioning output
+vocabulary, the SentencePiece model) are copied into ``files/`` and named relative to the folder, so a folder can be
+moved or shared whole. Nothing from the folder is run: the class comes from the catalog.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mmoe.io import one_line, report_error
+from mmoe.model import MultiwayConfig, MultiwayTransformer
+from mmoe.model.config import config_to_dict
+from mmoe.model.pretrained import (
+    FILES_FOLDER,
+    FOLDER_FORMAT,
+    WEIGHTS_FILE,
+    PretrainedFolderError,
+    backbone_config,
+    check_destination,
+    load_weights,
+    read_folder_config,
+    read_weights,
+    save_pretrained,
+    write_folder,
+)
+from mmoe.safe_load import load_checkpoint_file, require_finite_weights
+from mmoe.tasks.catalog import FINETUNING_TASKS, class_path, task_of_class_path
+from mmoe.tasks.checkpoint import BACKBONE_FILES, pretrained_of
+from mmoe.tasks.finetuning import FineTuningTask
+from mmoe.tasks.optimizer import nest_optimizer_arguments
+
+
+def from_pretrained(folder: str | Path, replaced: dict[str, Any] | None = None) -> FineTuningTask:
+    """The fine-tuned task model of a folder written by ``mmoe export`` (not ``--backbone-only``), in eval mode, every
+    tensor as saved (dtype kept); ``replaced``: init arguments given over the folder's (``mmoe infer``'s options).
+
+    Raises:
+        PretrainedFolderError: a backbone folder, a task this mmoe's catalog does not have, a missing or unreadable
+            file, arguments or weights that do not fit the task; one line naming the file.
+    """
+    folder = Path(folder)
+    config = read_folder_config(folder)
+    task_entry = config.get("task")
+    if not task_entry:
+        raise PretrainedFolderError(
+            f"{folder} holds a backbone only (exported with --backbone-only): load it with mmoe.model.from_pretrained"
+        )
+    saved = task_entry.get("class_path") if isinstance(task_entry, dict) else None
+    task = task_of_class_path(str(saved))
+    if task is None or not isinstance(task_entry.get("init_args"), dict):
+        known = ", ".join(class_path(task) for task in FINETUNING_TASKS.values())
+        raise PretrainedFolderError(
+            f"{folder / 'config.json'}: task class_path {saved!r} is not a fine-tuning task of this mmoe, or it has "
+            f"no init_args (expected one of {known})"
+        )
+    arguments = dict(task_entry["init_args"])
+    for name in task.infer_files:
+        if arguments.get(name) is not None:
+            arguments[name] = str(folder_file(folder, name, arguments[name]))
+    arguments |= {name: value for name, value in (replaced or {}).items() if name in arguments}
+    arguments |= {"backbone": backbone_config(folder, config), "pretrained": None}
+    weights = read_weights(folder)
+    try:
+        model = task(**arguments)
+        load_weights(model, weights, f"{folder / WEIGHTS_FILE} does not fit its {task.name} task", assign=True)
+    except (FileNotFoundError, TypeError, ValueError) as error:
+        raise PretrainedFolderError(f"{folder}: {one_line(error)}") from None
+    return model.eval()
+
+
+def text_length(folder: str | Path) -> int | None:
+    """The text length the task of an exported folder was trained with (its data's ``max_text_length``), if known."""
+    task = read_folder_config(Path(folder)).get("task")
+    return task.get("max_text_length") if isinstance(task, dict) else None
+
+
+def folder_file(folder: Path, argument: str, name: object) -> Path:
+    """The file a task folder's ``config.json`` names for ``argument``: one inside the folder, never elsewhere."""
+    path = (folder / str(name)).resolve()
+    if not path.is_relative_to(folder.resolve()):
+        raise PretrainedFolderError(
+            f"{folder / 'config.json'}: {argument} {name!r} lies outside the folder (expected a path inside it, as "
+            f"mmoe export writes: {FILES_FOLDER}/...)"
+        )
+    return path
+
+
+def export_task(state: dict, ckpt: Path, out: Path) -> dict[str, Any]:
+    """Writes the fine-tuned task model of a loaded Lightning checkpoint ``state`` (of the file ``ckpt``) as the
+    folder ``out``; returns what was written, for the command's summary line."""
+    hyper_parameters, weights = state.get("hyper_parameters"), state.get("state_dict")
+    saved = str(hyper_parameters.get("_class_path", "")) if isinstance(hyper_parameters, dict) else ""
+    task = task_of_class_path(saved)
+    if task is None or not isinstance(weights, dict):
+        kind = f"a checkpoint of {saved}" if saved else "not a fine-tuning checkpoint"
+        raise ValueError(f"checkpoint {ckpt} is {kind}, not of a fine-tuning task: pass --backbone-only to export "
+                         "its backbone")  # fmt: skip
+    arguments = task_arguments(hyper_parameters, ckpt)
+    files = task_files(task, arguments, ckpt)
+    try:
+        model = task(**(arguments | {"pretrained": None}))
+        load_weights(model, weights, f"checkpoint {ckpt} does not fit its own {task.name} task")
+    except (FileNotFoundError, TypeError, ValueError) as error:
+        raise ValueError(f"checkpoint {ckpt}: {one_line(error)}") from None
+    backbone = arguments.pop("backbone")
+    arguments.pop("pretrained", None)
+    arguments |= {name: relative for name, (relative, _) in files.items()}
+    data = state.get("datamodule_hyper_parameters")
+    length = data.get("max_text_length") if isinstance(data, dict) else None
+    config = {
+        "format": FOLDER_FORMAT,
+        "backbone": backbone,
+        "task": {"class_path": class_path(task), "name": task.name, "init_args": arguments, "max_text_length": length},
+    }
+    write_folder(out, config, weights, {relative: source for relative, source in files.values()})
+    return {"task": task.name, "tensors": len(weights), "parameters": sum(p.numel() for p in model.parameters())}
+
+
+def task_arguments(hyper_parameters: dict[str, Any], ckpt: Path) -> dict[str, Any]:
+    """A task checkpoint's init arguments as JSON values: flat optimiser arguments nested, Lightning's own keys
+    (``_class_path``, ``_instantiator``) left out, the backbone as a dict; a value JSON cannot hold is an error naming
+    it."""
+    arguments = {k: v for k, v in nest_optimizer_arguments(dict(hyper_parameters)).items() if not k.startswith("_")}
+    if isinstance(arguments.get("backbone"), MultiwayConfig):
+        arguments["backbone"] = config_to_dict(arguments["backbone"])
+    for name, value in arguments.items():
+        try:
+            arguments[name] = json.loads(json.dumps(value))  # tuples become lists, as a config file gives them
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"checkpoint {ckpt}: model argument {name} is a {type(value).__name__}, which config.json cannot hold"
+            ) from None
+    return arguments
+
+
+def task_files(task: type[FineTuningTask], arguments: dict[str, Any], ckpt: Path) -> dict[str, tuple[str, Path]]:
+    """argument -> (its file's name in the folder, the file now) for each file the task's arguments name."""
+    files = {}
+    for name in task.infer_files:
+        if arguments.get(name) is None:
+            continue
+        source = Path(arguments[name])
+        if not source.is_file():
+            raise FileNotFoundError(
+                f"checkpoint {ckpt}: model argument {name} names {source}, which does not exist (the folder holds a "
+                "copy: restore the file where the checkpoint's run had it)"
+            )
+        files[name] = (f"{FILES_FOLDER}/{name}{''.join(source.suffixes)}", source)
+    return files
+
+
+def export_backbone_folder(state: dict, ckpt: Path, out: Path) -> dict[str, Any]:
+    """Writes the backbone of a loaded checkpoint of any kind :func:`mmoe.tasks.checkpoint.read_pretrained` reads as
+    the folder ``out``, every tensor in its stored dtype; returns what was written."""
+    weights = pretrained_of(state, ckpt)
+    backbone = MultiwayTransformer(weights.config)
+    load_weights(backbone, weights.backbone, f"checkpoint {ckpt} does not match its own config", assign=True)
+    save_pretrained(backbone, out)
+    return {"task": None, "tensors": len(weights.backbone), "parameters": sum(p.numel() for p in backbone.parameters())}
+
+
+def export_command(argv: Sequence[str]) -> int:
+    """``mmoe export --ckpt CKPT --out FOLDER [--backbone-only]``: a checkpoint's fine-tuned task model (or, with
+    ``--backbone-only``, its backbone) as a folder of ``model.safetensors`` and ``config.json``, loaded by
+    ``mmoe.tasks.from_pretrained`` (task) or ``mmoe.model.from_pretrained`` (the backbone of either)."""
+    parser = argparse.ArgumentParser(prog="mmoe export", description=export_command.__doc__)
+    parser.add_argument(
+        "--ckpt",
+        required=True,
+        help="Lightning checkpoint of an mmoe task; an exported backbone or a released BEiT-3 file gives its backbone",
+    )
+    parser.add_argument(
+        "--out", required=True, help="folder to write (whole or not at all; an earlier export replaced)"
+    )
+    parser.add_argument("--backbone-only", action="store_true", help="write the backbone only, without the task head")
+    args = parser.parse_args(list(argv))
+    ckpt, out = Path(args.ckpt), Path(args.out)
+    try:
+        check_destination(out)
+        state = load_checkpoint_file(ckpt, "checkpoint", BACKBONE_FILES)
+        require_finite_weights(state, ckpt)
+        export = export_backbone_folder if args.backbone_only or "hyper_parameters" not in state else export_task
+        with torch.no_grad():
+            written = export(state, ckpt, out)
+    except (FileNotFoundError, ValueError) as error:
+        return report_error("export", error)
+    except OSError as error:
+        where = f" ({error.filename})" if error.filename else ""
+        return report_error("export", f"--out {out} cannot be written: {error.strerror or error}{where}")
+    print(json.dumps({"folder": str(out), **written}))
+    return 0
