@@ -1,6 +1,6 @@
 """An output that cannot be written (a read-only folder, ``--out`` naming a folder) is one line naming the user's path
 (never the hidden temporary file beside it), exit 2, before the command does its work: ``mmoe infer``,
-``mmoe export-backbone``, ``mmoe upcycle``."""
+``mmoe export-backbone``, ``mmoe upcycle``, ``mmoe tokenizer fit``."""
 
 from __future__ import annotations
 
@@ -72,10 +72,14 @@ def commands(inputs: dict, out: Path) -> dict[str, list[str]]:
                             str(inputs["images"] / "1.png"), "--routing", str(out)],
         "export-backbone": ["export-backbone", "--ckpt", str(inputs["caption"]), "--out", str(out)],
         "upcycle": ["upcycle", "--ckpt", str(inputs["dense"]), "--config", str(inputs["moe"]), "--out", str(out)],
+        "tokenizer fit": ["tokenizer", "fit", "--data", str(inputs["images"]), "--size", "2", "--out", str(out)],
     }  # fmt: skip
 
 
-COMMANDS = ["infer --image DIR", "infer --routing", "export-backbone", "upcycle"]
+#: command -> (its error prefix, the output option)
+COMMANDS = {"infer --image DIR": ("infer", "--out"), "infer --routing": ("infer", "--routing"),
+            "export-backbone": ("export-backbone", "--out"), "upcycle": ("upcycle", "--out"),
+            "tokenizer fit": ("tokenizer fit", "--out")}  # fmt: skip
 
 
 @pytest.mark.parametrize("command", COMMANDS)
@@ -83,8 +87,7 @@ def test_an_output_in_a_read_only_folder_is_one_line_before_the_work(command, in
     out = read_only / "result.out"
     code, stdout, err = run_mmoe(commands(inputs, out)[command], capsys)
     assert (code, stdout) == (2, "")
-    option = "--routing" if command == "infer --routing" else "--out"
-    name = command.split()[0]
+    name, option = COMMANDS[command]
     # One line: no progress bar, no result, no traceback; the user's path, not the temporary file's.
     assert len(err.splitlines()) == 1, err
     assert err.startswith(f"mmoe {name}: error: {option} {out} cannot be written: {read_only}: ")
@@ -98,10 +101,8 @@ def test_an_output_naming_a_folder_is_one_line_before_the_work(command, inputs, 
     out.mkdir()
     code, stdout, err = run_mmoe(commands(inputs, out)[command], capsys)
     assert (code, stdout) == (2, "")
-    option = "--routing" if command == "infer --routing" else "--out"
-    assert (
-        err == f"mmoe {command.split()[0]}: error: {option} {out} is a folder; expected the path of a file to write\n"
-    )
+    name, option = COMMANDS[command]
+    assert err == f"mmoe {name}: error: {option} {out} is a folder; expected the path of a file to write\n"
     assert list(out.iterdir()) == []
 
 
