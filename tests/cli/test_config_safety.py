@@ -4,6 +4,8 @@ is imported; long values quoted in errors are cut short."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -148,3 +150,18 @@ def test_a_long_value_in_an_error_is_cut_short(tmp_path, capsys):
     line = only_line(err)
     assert len(line) < MAX_ERROR_CHARACTERS + 100
     assert line.startswith("mmoe fit: error: ") and "seed_everything" in line and "more characters)" in line
+
+
+@pytest.mark.slow
+def test_the_mmoe_process_refuses_an_outside_class_and_an_alias_bomb_without_running_either(tmp_path):
+    """As a user meets them: ``mmoe fit`` in its own process, where nothing is imported beforehand."""
+    (tmp_path / "callback.yaml").write_text(f"trainer:\n  callbacks:\n    - class_path: {CLASS_OUTSIDE}\n")
+    (tmp_path / "bomb.yaml").write_text(alias_bomb(9))
+    command = [sys.executable, "-c", "import sys; from mmoe.cli import main; sys.exit(main(sys.argv[1:]))"]
+    environment = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for extra, message in (("callback.yaml", f"class path {CLASS_OUTSIDE} is not"), ("bomb.yaml", "expand to more")):
+        argv = ["fit", "--config", str(SHIPPED), "--config", str(tmp_path / extra), "--print_config"]
+        done = subprocess.run([*command, *argv], capture_output=True, text=True, env=environment, timeout=120)
+        assert done.returncode == 2 and done.stdout == "", done.stderr[-2000:]
+        assert "Beautiful is better than ugly" not in done.stderr
+        assert len(done.stderr.splitlines()) == 1 and message in done.stderr
