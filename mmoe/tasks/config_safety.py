@@ -1,10 +1,11 @@
 """What every ``mmoe`` config read is protected by, installed once per process (:func:`install_config_safety`):
 
-* config files and command-line values are read by :func:`mmoe.tasks.config_yaml.load_yaml_config` (no duplicate
-  key, aliases bounded);
+* config files (and the files they name) are read by :func:`mmoe.tasks.config_yaml.load_yaml_config`: no duplicate
+  key, aliases bounded (a value typed on the command line is parsed by jsonargparse itself, without these checks);
 * a ``class_path`` (or a class named by itself, ``--model X``, ``--trainer.callbacks+=X``) is imported only from
-  :data:`ALLOWED_PACKAGES`; any other is refused before its module is imported, since importing a module runs its
-  code.
+  :data:`ALLOWED_PACKAGES`, in files and on the command line alike; any other is refused before its module is
+  imported, since importing a module runs its code. From Python, ``jsonargparse.set_parsing_settings(
+  import_path_allowlist=[...])`` allows more.
 
 :func:`config_error_line` turns a parse error into the one line ``mmoe <command>: error: ...`` prints, with the
 values it quotes cut short.
