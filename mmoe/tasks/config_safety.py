@@ -43,12 +43,25 @@ def install_config_safety() -> None:
         return
 
     def load(text: str, path: Any = "") -> Any:
-        # jsonargparse passes the base name, with the working folder set to the file's own
-        return load_yaml_config(text, os.path.abspath(path) if path else "", current)
+        return load_yaml_config(text, file_being_read(path), current)
 
     load.checks_config = True  # type: ignore[attr-defined]
     set_loader("yaml", load, exceptions=(yaml.YAMLError,))
     set_parsing_settings(import_path_denylist=["*"], import_path_allowlist=list(ALLOWED_PACKAGES))
+
+
+def file_being_read(path: Any) -> str:
+    """The full path of the config file jsonargparse is reading: ``path`` is its base name, read with the working
+    folder set to the file's own; a file named inside a config (``--moe moe.yaml``, ``model: model.yaml``) comes
+    without a name, and is found on jsonargparse's stack of files being read. "" for a command-line value."""
+    if path:
+        return os.path.abspath(path)
+    try:
+        from jsonargparse._util import config_load_stack  # not public: without it the file goes unnamed
+    except ImportError:
+        return ""
+    stack = config_load_stack.get()
+    return stack[-1][0] if stack else ""
 
 
 def config_error_line(error: BaseException) -> str:

@@ -165,3 +165,11 @@ def test_the_mmoe_process_refuses_an_outside_class_and_an_alias_bomb_without_run
         assert done.returncode == 2 and done.stdout == "", done.stderr[-2000:]
         assert "Beautiful is better than ugly" not in done.stderr
         assert len(done.stderr.splitlines()) == 1 and message in done.stderr
+
+
+def test_moe_info_reads_its_config_file_safely_too(tmp_path, capsys):
+    config = tmp_path / "moe.yaml"
+    config.write_text("dim: 64\nffn_dim: 256\nnum_experts: 4\ndim: 128\n")
+    code, out, err = run_mmoe(["moe-info", "--moe", str(config)], capsys)
+    assert (code, out) == (2, "")
+    assert only_line(err).startswith(f"mmoe moe-info: error: config {config}: key 'dim' is given twice")
