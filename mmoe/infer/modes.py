@@ -72,9 +72,11 @@ def run_shards(model: FineTuned, args: argparse.Namespace) -> dict:
         model.task.write_predictions(entries, args.out)  # atomically, one entry per sample, as `mmoe predict`
     shortfall = None
     if total is not None and len(entries) < total:
+        missing = total - len(entries)
         shortfall = (
             f"results were written for {len(entries)} of the {total} samples the manifests of --shards {args.shards} "
-            f"hold ({total - len(entries)} missing: {corrupt} corrupt, the rest lost; see 'skipped' and 'lost' above)"
+            f"hold ({missing} missing: {corrupt} corrupt, {max(missing - corrupt, 0)} lost; see 'skipped' and 'lost' "
+            "above)"
         )
     return {"results_file": str(args.out), "samples": len(entries), "corrupt_skipped": corrupt, "shortfall": shortfall}
 

@@ -155,8 +155,8 @@ def test_a_shard_split_that_lost_samples_exits_2_naming_the_shortfall_and_writes
     assert summary.startswith(f"{written} samples -> {out}")
     assert err.strip().splitlines()[-1] == (
         f"mmoe infer: error: results were written for {written} of the {promised} samples the manifests of --shards "
-        f"{split} hold ({promised - written} missing: 0 corrupt, the rest lost; see 'skipped' and 'lost' above) "
-        "(pass --allow-partial-results to accept them)"
+        f"{split} hold ({promised - written} missing: 0 corrupt, {promised - written} lost; see 'skipped' and 'lost' "
+        "above) (pass --allow-partial-results to accept them)"
     )
     code, _, err = run_mmoe([*argv, "--allow-partial-results"], capsys)
     assert code == 0
