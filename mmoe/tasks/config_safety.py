@@ -25,9 +25,10 @@ from jsonargparse import ArgumentError, ArgumentParser, get_loader, set_loader, 
 from mmoe.io import one_line, report_error
 from mmoe.tasks.config_yaml import ConfigFileError, load_yaml_config, shorten
 
-#: The packages a config may name classes from: mmoe's tasks, DataModules and callbacks, Lightning's callbacks,
-#: loggers, strategies and plugins, and torch's classes.
-ALLOWED_PACKAGES = ("mmoe", "lightning", "pytorch_lightning", "lightning_fabric", "torch")
+#: The packages a config may name classes from: mmoe's tasks, DataModules and callbacks, and Lightning's callbacks,
+#: loggers, strategies and plugins (what the shipped configs and the README name). Not all of torch: a module such as
+#: ``torch.utils.model_dump.__main__`` runs a program when imported.
+ALLOWED_PACKAGES = ("mmoe", "lightning.pytorch", "lightning.fabric", "pytorch_lightning", "lightning_fabric")
 
 #: The longest parse error printed; a longer one is cut, saying how much was left out.
 MAX_ERROR_CHARACTERS = 2000

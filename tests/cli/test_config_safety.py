@@ -123,21 +123,28 @@ CLASS_OUTSIDE = "this.Whatever"  # importing `this` prints the Zen of Python: it
     "where",
     ["config file", "--trainer.callbacks+=", "--model", "--trainer.callbacks=[...]", "--data.class_path"],
 )
-def test_a_class_outside_the_allowed_packages_is_refused_before_it_is_imported(where, tmp_path, capsys, monkeypatch):
-    monkeypatch.delitem(sys.modules, "this", raising=False)
+@pytest.mark.parametrize(
+    ("outside", "module"),
+    [(CLASS_OUTSIDE, "this"), ("torch.utils.model_dump.__main__.Dump", "torch.utils.model_dump.__main__")],
+)
+def test_a_class_outside_the_allowed_packages_is_refused_before_it_is_imported(
+    where, outside, module, tmp_path, capsys, monkeypatch
+):
+    """``this`` prints the Zen of Python when imported; torch's model_dump ``__main__`` runs its program on argv."""
+    monkeypatch.delitem(sys.modules, module, raising=False)
     if where == "config file":
         config = tmp_path / "callback.yaml"
-        config.write_text(f"trainer:\n  callbacks:\n    - class_path: {CLASS_OUTSIDE}\n")
+        config.write_text(f"trainer:\n  callbacks:\n    - class_path: {outside}\n")
         args = ["--config", str(config)]
     elif where == "--trainer.callbacks=[...]":
-        args = [f'--trainer.callbacks=[{{"class_path": "{CLASS_OUTSIDE}"}}]']
+        args = [f'--trainer.callbacks=[{{"class_path": "{outside}"}}]']
     else:
-        args = [f"{where}{'' if where.endswith('=') else '='}{CLASS_OUTSIDE}"]
+        args = [f"{where}{'' if where.endswith('=') else '='}{outside}"]
     code, out, err = fit(tmp_path, capsys, *args)
-    assert "this" not in sys.modules and "Beautiful is better than ugly" not in out + err
+    assert module not in sys.modules and "Beautiful is better than ugly" not in out + err
     assert code == 2
     assert only_line(err) == (
-        f"mmoe fit: error: class path {CLASS_OUTSIDE} is not in an allowed package ({', '.join(ALLOWED_PACKAGES)}); "
+        f"mmoe fit: error: class path {outside} is not in an allowed package ({', '.join(ALLOWED_PACKAGES)}); "
         "it was not imported"
     )
 
