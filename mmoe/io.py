@@ -78,8 +78,8 @@ class OutputPathError(ValueError):
 
 def check_output_path(path: str | os.PathLike, option: str = "--out") -> Path:
     """``path`` if a command can write its output there: not a folder, and its parent folder creatable and writable
-    (checked by creating and removing a file in the nearest existing folder, so that a read-only file system or a
-    permission counts even for root). Call it before the work whose result it will hold.
+    (checked by creating and removing a file in the nearest existing folder: permission bits alone do not stop root,
+    a read-only file system does). Call it before the work whose result it will hold.
 
     Raises:
         OutputPathError: ``<option> <path> ...`` saying what is in the way.
