@@ -57,10 +57,13 @@ def moe_info(argv: Sequence[str]) -> int:
     from mmoe.model.cost import ffn_flops_per_token, ffn_parameters
     from mmoe.moe import MoEConfig, build_moe_layer
     from mmoe.moe.cost import active_parameters_per_token, flops_per_token, moe_parameter_count
+    from mmoe.tasks.config_safety import install_config_safety, parse_errors_in_one_line
 
+    install_config_safety()
     parser = ArgumentParser(prog="mmoe moe-info", description="Parameter and FLOP counts of one MoE layer.")
     parser.add_class_arguments(MoEConfig, "moe")
-    args = parser.parse_args(list(argv))
+    with parse_errors_in_one_line([parser], ["moe-info"]):
+        args = parser.parse_args(list(argv))
     try:
         config = parser.instantiate(args).moe
     except ValueError as error:

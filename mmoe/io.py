@@ -5,6 +5,8 @@
 * :func:`write_json`: a JSON file written whole or not at all (:mod:`mmoe.atomic`).
 * :func:`one_line` and :func:`report_error`: every command ends on bad input with one line on stderr,
   ``mmoe <command>: error: <message>``, and exit code 2 (:data:`INPUT_ERROR_EXIT`).
+* :func:`check_output_path` and :func:`writing_output`: an output file that cannot be written is named (the user's
+  path, never the hidden temporary file) before a command starts its work, and again if writing it fails after.
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -65,3 +70,41 @@ def read_json(
         return json.loads(text)
     except json.JSONDecodeError as cause:
         raise error(f"{named}: malformed JSON at line {cause.lineno}, column {cause.colno}: {cause.msg}") from None
+
+
+class OutputPathError(ValueError):
+    """An output file that cannot be written; the message names the option and the user's path."""
+
+
+def check_output_path(path: str | os.PathLike, option: str = "--out") -> Path:
+    """``path`` if a command can write its output there: not a folder, and its parent folder creatable and writable
+    (checked by creating and removing a file in the nearest existing folder: permission bits alone do not stop root,
+    a read-only file system does). Call it before the work whose result it will hold.
+
+    Raises:
+        OutputPathError: ``<option> <path> ...`` saying what is in the way.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise OutputPathError(f"{option} {path} is a folder; expected the path of a file to write")
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise OutputPathError(f"{option} {path} cannot be written: {folder} is a file, not a folder")
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as error:
+        raise OutputPathError(f"{option} {path} cannot be written: {folder}: {error.strerror or error}") from None
+    return path
+
+
+@contextmanager
+def writing_output(path: str | os.PathLike, option: str = "--out") -> Iterator[None]:
+    """Within, an ``OSError`` (a full disk, a folder made read-only meanwhile) becomes an :class:`OutputPathError`
+    naming ``option`` and the user's ``path``, not the temporary file the atomic write was filling."""
+    try:
+        yield
+    except OSError as error:
+        raise OutputPathError(f"{option} {path} cannot be written: {error.strerror or one_line(error)}") from None

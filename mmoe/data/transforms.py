@@ -8,7 +8,7 @@ import io
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, ImageOps
 from torchvision import transforms as T
 from torchvision.transforms import functional as TF
 
@@ -132,11 +132,18 @@ def to_rgb(image: Image.Image) -> Image.Image:
     return image.convert("RGB")
 
 
-def decode_image(data: bytes, min_side: int | None = None) -> Image.Image:
+def decode_image(data: bytes, min_side: int | None = None, upright: bool = False) -> Image.Image:
     """Decodes image bytes to 8-bit RGB (16-bit greyscale scaled, :func:`to_rgb`). For JPEGs ``min_side`` lets
     libjpeg decode at a reduced scale (1/2, 1/4, 1/8) that keeps both sides at least ``min_side`` pixels, which is
-    much faster for large photos."""
+    much faster for large photos.
+
+    ``upright`` turns the pixels as the file's EXIF orientation tag says (a phone photo stored sideways), for a
+    user's own images (``mmoe infer``). The training and evaluation decoders leave it off: they read the benchmarks'
+    files as the reference implementations do (``Image.open(...).convert("RGB")``), so that scores compare with the
+    published ones."""
     image = Image.open(io.BytesIO(data))
     if min_side is not None and image.format == "JPEG":
         image.draft("RGB", (min_side, min_side))
+    if upright:
+        image = ImageOps.exif_transpose(image)
     return to_rgb(image)

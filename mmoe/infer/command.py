@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from mmoe.infer.folder import run_folder
 from mmoe.infer.load import InferError, load_fine_tuned
-from mmoe.infer.modes import run_folder, run_shards, run_single
-from mmoe.io import INPUT_ERROR_EXIT, report_error
+from mmoe.infer.modes import run_shards, run_single
+from mmoe.io import INPUT_ERROR_EXIT, check_output_path, report_error
 from mmoe.tasks.catalog import FINETUNING_TASKS, class_path
 from mmoe.tasks.finetuning import FineTuningTask
 
@@ -56,6 +58,12 @@ def add_task_parser(tasks, task: type[FineTuningTask]) -> None:
         "--routing", help="single input: write the image's expert map to this PNG and list the text's experts"
     )
     parser.add_argument("--out", help="results file (JSON) for a folder of images or a shard split")
+    parser.add_argument(
+        "--allow-partial-results",
+        action="store_true",
+        help="--shards: exit 0 when results were written for fewer samples than the split's manifests hold (the "
+        "shortfall is still reported)",
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
     parser.add_argument("--device", default="cpu", help="torch device (default cpu; e.g. cuda)")
 
@@ -117,6 +125,9 @@ def infer_command(argv: Sequence[str]) -> int:
             raise InferError(f"{missing} needed (or --shards)")
         if args.routing and (args.shards or folder_input(args)):
             raise InferError("--routing works on a single input (one image or one pair)")
+        for name, path in (("--out", args.out), ("--routing", args.routing)):
+            if path is not None:
+                check_output_path(path, name)  # before the work, not after it
         model = load_fine_tuned(args.ckpt, args.task, args.device, vars(args))
         if args.shards:
             result = run_shards(model, args)
@@ -127,4 +138,9 @@ def infer_command(argv: Sequence[str]) -> int:
     except (InferError, FileNotFoundError, ValueError) as error:
         return report_error("infer", error)
     print(json.dumps(result) if args.json else printed(result))
+    shortfall = result.get("shortfall")
+    if shortfall and not args.allow_partial_results:
+        return report_error("infer", f"{shortfall} (pass --allow-partial-results to accept them)")
+    if shortfall:
+        print(f"mmoe infer: {shortfall} (accepted: --allow-partial-results)", file=sys.stderr)
     return 0

@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from PIL import Image, UnidentifiedImageError
 
 from mmoe.data.tokenizer import DEFAULT_MAX_TEXT_LENGTH, TextTokenizer
-from mmoe.data.transforms import decode_image, eval_transform
+from mmoe.data.transforms import eval_transform
+from mmoe.infer.images import ImageFileError, read_user_image
 from mmoe.io import one_line
 from mmoe.safe_load import load_checkpoint_file, require_finite_weights
 from mmoe.tasks.catalog import class_path, task_of_class_path
@@ -35,14 +35,12 @@ class FineTuned:
     device: torch.device
 
     def image(self, path: str | Path) -> torch.Tensor:
-        """(3, S, S) as the checkpoint's evaluation data: decoded (any size and mode), resized, cropped, normalised."""
-        path = Path(path)
+        """(3, S, S) as the checkpoint's evaluation data: decoded (any size and mode, upright as its EXIF orientation
+        says), resized, cropped, normalised."""
         try:
-            image = decode_image(path.read_bytes(), self.image_size)
-        except FileNotFoundError:
-            raise InferError(f"image {path} does not exist") from None
-        except (OSError, UnidentifiedImageError, ValueError, Image.DecompressionBombError) as error:
-            raise InferError(f"image {path} could not be read: {one_line(error)}") from None
+            image = read_user_image(path, self.image_size)
+        except ImageFileError as error:
+            raise InferError(str(error)) from None
         return eval_transform(self.image_size)(image)
 
     def text(self, text: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,24 +1,19 @@
-"""The three ways ``mmoe infer`` reads its input: one input, a folder of images, a converted shard split."""
+"""Two of the ways ``mmoe infer`` reads its input: one input, and a converted shard split (a folder of images:
+:mod:`mmoe.infer.folder`)."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 
 import torch
 
-from mmoe.atomic import write_text_atomic
 from mmoe.data.samples import CorruptSampleError
 from mmoe.data.shards import expected_samples, resolve_shards
 from mmoe.data.streams import ShardStream
 from mmoe.infer.load import FineTuned, InferError
 from mmoe.infer.routing import draw_routing_map, routing_of
-from mmoe.io import one_line
-
-#: Image files read from a folder.
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+from mmoe.io import one_line, writing_output
 
 
 def options_of(args: argparse.Namespace) -> dict:
@@ -29,36 +24,6 @@ def options_of(args: argparse.Namespace) -> dict:
 def text_of(model: FineTuned, args: argparse.Namespace) -> str | None:
     option = model.task.infer_text
     return None if option is None else getattr(args, option)
-
-
-def folder_images(folder: Path) -> list[Path]:
-    images = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
-    if not images:
-        raise InferError(f"--image {folder} holds no image ({', '.join(IMAGE_SUFFIXES)})")
-    return images
-
-
-def run_folder(model: FineTuned, args: argparse.Namespace) -> dict:
-    """Every readable image of the folder ``--image`` with the same text: the task's ``folder_entry`` of each, in
-    ``--out`` (whole or absent)."""
-    from tqdm import tqdm
-
-    if args.out is None:
-        raise InferError(f"--image {args.image} is a folder: give --out for the results file")
-    text, results, unreadable = text_of(model, args), [], 0
-    for path in tqdm(folder_images(Path(args.image)), desc="mmoe infer", unit="image", file=sys.stderr):
-        try:
-            image = model.image(path)
-        except InferError as error:
-            unreadable += 1
-            print(f"mmoe infer: skipped: {error}", file=sys.stderr)
-            continue
-        result, _ = model.task.infer(image[None].to(model.device), text, model.text, options_of(args))
-        results.append(model.task.folder_entry(path, result, text))
-    if not results:
-        raise InferError(f"--image {args.image}: no image could be read")
-    write_text_atomic(args.out, json.dumps(results) + "\n")
-    return {"results_file": str(args.out), "images": len(results), "unreadable_skipped": unreadable}
 
 
 def single_batch(item: dict, device: torch.device) -> dict:
@@ -78,7 +43,9 @@ def single_batch(item: dict, device: torch.device) -> dict:
 @torch.no_grad()
 def run_shards(model: FineTuned, args: argparse.Namespace) -> dict:
     """Every sample of the split ``--shards``, decoded by the task's prediction decoder: the task's prediction
-    entries in its predictions file ``--out``, as ``mmoe predict`` writes it; corrupt samples skipped and counted."""
+    entries in its predictions file ``--out``, as ``mmoe predict`` writes it; corrupt samples skipped and counted.
+    The result's ``shortfall`` says how many samples the split's manifests hold that have no entry (corrupt, or
+    lost from a damaged shard), None when none is missing or the manifests give no count."""
     from tqdm import tqdm
 
     if args.out is None:
@@ -101,8 +68,17 @@ def run_shards(model: FineTuned, args: argparse.Namespace) -> dict:
         entries += model.task.prediction_entries(single_batch(item, model.device))
     if not entries:
         raise InferError(f"--shards {args.shards}: no sample could be read")
-    model.task.write_predictions(entries, args.out)  # atomically, one entry per sample, as `mmoe predict`
-    return {"results_file": str(args.out), "samples": len(entries), "corrupt_skipped": corrupt}
+    with writing_output(args.out):
+        model.task.write_predictions(entries, args.out)  # atomically, one entry per sample, as `mmoe predict`
+    shortfall = None
+    if total is not None and len(entries) < total:
+        missing = total - len(entries)
+        shortfall = (
+            f"results were written for {len(entries)} of the {total} samples the manifests of --shards {args.shards} "
+            f"hold ({missing} missing: {corrupt} corrupt, {max(missing - corrupt, 0)} lost; see 'skipped' and 'lost' "
+            "above)"
+        )
+    return {"results_file": str(args.out), "samples": len(entries), "corrupt_skipped": corrupt, "shortfall": shortfall}
 
 
 def run_single(model: FineTuned, args: argparse.Namespace) -> dict:
@@ -115,6 +91,7 @@ def run_single(model: FineTuned, args: argparse.Namespace) -> dict:
             raise InferError(f"--routing {args.routing}: the checkpoint's backbone is dense (no MoE layer)")
         tokens, records, image_len = routing_of(model, images, routed_text)
         title = f"{model.task.name}: distinct experts per patch"
-        draw_routing_map(model, images, records, image_len, title, args.routing)
+        with writing_output(args.routing, "--routing"):
+            draw_routing_map(model, images, records, image_len, title, args.routing)
         result.update(tokens, routing_map=str(args.routing))
     return result

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from mmoe.io import report_error
+from mmoe.io import check_output_path, report_error, writing_output
 from mmoe.model import MoEPlan
 
 
@@ -27,10 +27,12 @@ def export_command(argv: Sequence[str]) -> int:
     from mmoe.tasks.checkpoint import export_backbone, load_backbone
 
     try:
+        check_output_path(args.out)
         backbone = load_backbone(args.ckpt)
+        with writing_output(args.out):
+            export_backbone(backbone, args.out)
     except (FileNotFoundError, ValueError) as error:
         return report_error("export-backbone", error)
-    export_backbone(backbone, args.out)
     print(json.dumps({"backbone": args.out, "parameters": sum(p.numel() for p in backbone.parameters())}))
     return 0
 
@@ -57,13 +59,15 @@ def upcycle_command(argv: Sequence[str]) -> int:
     from mmoe.tasks.checkpoint import export_backbone, load_backbone
 
     try:
+        check_output_path(args.out)
         plan = moe_plan_of(args.config)
         dense = load_backbone(args.ckpt)
         torch.manual_seed(args.seed)
         moe = upcycle(dense, plan, noise=args.noise, seed=args.seed)
+        with writing_output(args.out):
+            export_backbone(moe, args.out)
     except (FileNotFoundError, ValueError) as error:
         return report_error("upcycle", error)
-    export_backbone(moe, args.out)
     layers = sorted({slot.index for slot in moe.moe_layers()})
     print(
         json.dumps({"backbone": args.out, "moe_layers": layers, "parameters": sum(p.numel() for p in moe.parameters())})

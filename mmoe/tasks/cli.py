@@ -30,6 +30,7 @@ from mmoe.tasks.ckpt_hparams import (
     stored_by_design,
     without_keys,
 )
+from mmoe.tasks.config_safety import install_config_safety, parse_errors_in_one_line
 from mmoe.tasks.layout import RunLayout
 from mmoe.tasks.optimizer import nest_optimizer_arguments
 from mmoe.tasks.resume import LAST, checkpoint_folders, read_checkpoint
@@ -109,6 +110,7 @@ class MMoECLI(LightningCLI):
         Python, :func:`mmoe.tasks.launch.run_lightning`), the dotted model arguments below ``init_args`` that count as
         named on the command line (argv ``args`` say so themselves)."""
         self.named_model_arguments = set(named_model_arguments or ())
+        install_config_safety()
         super().__init__(*args, **kwargs)
 
     @staticmethod
@@ -145,7 +147,10 @@ class MMoECLI(LightningCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         self.command_line_model_arguments = command_line_model_arguments(sys.argv[1:] if args is None else args)
         self.command_line_model_arguments |= self.named_model_arguments
-        super().parse_arguments(parser, args)
+        with parse_errors_in_one_line(
+            [parser, *self._subcommand_parsers.values()], sys.argv[1:] if args is None else args
+        ):
+            super().parse_arguments(parser, args)
 
     def fail(self, message: str) -> NoReturn:
         """Ends the command with ``message`` in one line on stderr and exit code 2."""

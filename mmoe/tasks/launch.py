@@ -17,8 +17,8 @@ from typing import Any
 import lightning as L
 from jsonargparse import ArgumentError, Namespace
 
-from mmoe.io import one_line
 from mmoe.tasks.cli import MMoECLI, cli_arguments
+from mmoe.tasks.config_safety import config_error_line
 
 
 class ParsedOnly(MMoECLI):
@@ -60,7 +60,7 @@ def read_config(
                 parser_kwargs={"exit_on_error": False},
             )
         except ArgumentError as error:
-            raise ValueError(f"{', '.join(map(str, configs))}: {one_line(error)}") from None
+            raise ValueError(f"{', '.join(map(str, configs))}: {config_error_line(error)}") from None
     if not overrides:
         return parsed.config
     overrides = copy.deepcopy(dict(overrides))  # the parser turns nested dicts into Namespaces in place
@@ -70,7 +70,7 @@ def read_config(
     try:
         return parsed.parser.parse_object({subcommand: overrides}, parsed.config)
     except ArgumentError as error:
-        raise ValueError(f"{', '.join(map(str, configs))} with {overrides}: {one_line(error)}") from None
+        raise ValueError(f"{', '.join(map(str, configs))} with {overrides}: {config_error_line(error)}") from None
 
 
 def run_lightning(

@@ -27,7 +27,7 @@ from mmoe.data.loader import EpochDataLoader
 from mmoe.data.shards import resolve_shards
 from mmoe.data.streams import ShardStream
 from mmoe.data.transforms import eval_transform
-from mmoe.io import report_error
+from mmoe.io import check_output_path, report_error, writing_output
 from mmoe.model.config import MultiwayConfig
 from mmoe.safe_load import load_checkpoint_file
 from mmoe.tasks.checkpoint import atomic_save
@@ -192,12 +192,14 @@ def tokenizer_command(argv: Sequence[str]) -> int:
     args = parser.parse_args(list(argv))
 
     try:
+        check_output_path(args.out)
         batches = eval_image_batches(args.data, image_size=args.image_size, batch_size=64)
         codebook = fit_codebook(
             batches, args.size, args.patch_size, args.pool, max_patches=args.max_patches, seed=args.seed
         )
+        with writing_output(args.out):
+            codebook.save(args.out)
     except (FileNotFoundError, ValueError) as error:
         return report_error("tokenizer fit", error)
-    codebook.save(args.out)
     print(json.dumps({"codebook": args.out, "size": codebook.size, "patch_size": args.patch_size}))
     return 0

@@ -99,7 +99,7 @@ class VQAFineTuning(FineTuningTask):
         return VQADecoder(eval_transform(image_size), tokenizer, min_side=image_size)
 
     def folder_entry(self, image: Path, result: dict, text: str | None) -> dict:
-        return {"image": image.name, "question": text, **result["answers"][0]}
+        return {"question": text, **result["answers"][0]}
 
     def forward(self, image: torch.Tensor, text: torch.Tensor, text_padding_mask: torch.Tensor | None = None):
         """(B, num_answers) logits and the routing records."""

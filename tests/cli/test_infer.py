@@ -158,7 +158,7 @@ def test_bad_input_is_one_line_and_exit_2(runs, tmp_path, capsys):
     export_backbone(MultiwayTransformer(BACKBONE), tmp_path / "backbone.pt")
     good = ["--image", str(tmp_path / "broken.jpg")]
     cases = [
-        (["vqa", "--ckpt", str(vqa), *good, "--question", "q"], "broken.jpg could not be read"),
+        (["vqa", "--ckpt", str(vqa), *good, "--question", "q"], "broken.jpg is not an image"),
         (["vqa", "--ckpt", str(vqa), "--image", str(tmp_path / "none.png"), "--question", "q"], "none.png does not"),
         (["vqa", "--ckpt", str(tmp_path / "missing.ckpt"), *good, "--question", "q"], "missing.ckpt"),
         (["vqa", "--ckpt", str(caption), *good, "--question", "q"], "is a captioning checkpoint, not a vqav2 one"),
@@ -225,7 +225,7 @@ def test_a_folder_skips_unreadable_images_and_caption_routing_reads_the_caption_
     out = tmp_path / "captions.json"
     code, result, err = infer(["caption", "--ckpt", str(checkpoint), "--image", str(folder), "--out", str(out)], capsys)
     assert code == 0, err
-    assert (result["images"], result["unreadable_skipped"]) == (1, 1) and "2.jpg could not be read" in err
+    assert (result["images"], result["unreadable_skipped"]) == (1, 1) and "2.jpg is not an image" in err
     argv = [
         "caption",
         "--ckpt",

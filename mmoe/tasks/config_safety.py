@@ -1,0 +1,105 @@
+"""What every ``mmoe`` config read is protected by, installed once per process (:func:`install_config_safety`):
+
+* config files (and the files they name) are read by :func:`mmoe.tasks.config_yaml.load_yaml_config`: no duplicate
+  key, aliases bounded (a value typed on the command line is parsed by jsonargparse itself, without these checks);
+* a ``class_path`` (or a class named by itself, ``--model X``, ``--trainer.callbacks+=X``) is imported only from
+  :data:`ALLOWED_PACKAGES`, in files and on the command line alike; any other is refused before its module is
+  imported, since importing a module runs its code. From Python, ``jsonargparse.set_parsing_settings(
+  import_path_allowlist=[...])`` allows more.
+
+:func:`config_error_line` turns a parse error into the one line ``mmoe <command>: error: ...`` prints, with the
+values it quotes cut short.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import yaml
+from jsonargparse import ArgumentError, ArgumentParser, get_loader, set_loader, set_parsing_settings
+
+from mmoe.io import one_line, report_error
+from mmoe.tasks.config_yaml import ConfigFileError, load_yaml_config, shorten
+
+#: The packages a config may name classes from: mmoe's tasks, DataModules and callbacks, and Lightning's callbacks,
+#: loggers, strategies and plugins (what the shipped configs and the README name). Not all of torch: a module such as
+#: ``torch.utils.model_dump.__main__`` runs a program when imported.
+ALLOWED_PACKAGES = ("mmoe", "lightning.pytorch", "lightning.fabric", "pytorch_lightning", "lightning_fabric")
+
+#: The longest parse error printed; a longer one is cut, saying how much was left out.
+MAX_ERROR_CHARACTERS = 2000
+
+_DENIED_IMPORT = re.compile(r"Importing '([\w.]+)' is not allowed")
+
+
+def install_config_safety() -> None:
+    """Makes jsonargparse read YAML with :func:`load_yaml_config` and import classes named by a config only from
+    :data:`ALLOWED_PACKAGES`. Idempotent; the settings are the process's (jsonargparse keeps them globally)."""
+    current = get_loader("yaml")
+    if getattr(current, "checks_config", False):
+        return
+
+    def load(text: str, path: Any = "") -> Any:
+        return load_yaml_config(text, file_being_read(path), current)
+
+    load.checks_config = True  # type: ignore[attr-defined]
+    set_loader("yaml", load, exceptions=(yaml.YAMLError,))
+    set_parsing_settings(import_path_denylist=["*"], import_path_allowlist=list(ALLOWED_PACKAGES))
+
+
+def file_being_read(path: Any) -> str:
+    """The full path of the config file jsonargparse is reading: ``path`` is its base name, read with the working
+    folder set to the file's own; a file named inside a config (``--moe moe.yaml``, ``model: model.yaml``) comes
+    without a name, and is found on jsonargparse's stack of files being read. "" for a command-line value."""
+    if path:
+        return os.path.abspath(path)
+    try:
+        from jsonargparse._util import config_load_stack  # not public: without it the file goes unnamed
+    except ImportError:
+        return ""
+    stack = config_load_stack.get()
+    return stack[-1][0] if stack else ""
+
+
+def config_error_line(error: BaseException) -> str:
+    """The one line that says why a config did not parse: the loader's own message when it refused the file, the
+    class path outside :data:`ALLOWED_PACKAGES` when one was named, else jsonargparse's message folded on one line and
+    cut to :data:`MAX_ERROR_CHARACTERS`."""
+    cause: BaseException | None = error
+    while cause is not None:
+        if isinstance(cause, ConfigFileError):
+            return one_line(cause)
+        cause = cause.__cause__ or cause.__context__
+    message = str(error)
+    denied = _DENIED_IMPORT.search(message)
+    if denied:
+        allowed = ", ".join(ALLOWED_PACKAGES)
+        return f"class path {denied.group(1)} is not in an allowed package ({allowed}); it was not imported"
+    return shorten(one_line(message), MAX_ERROR_CHARACTERS)
+
+
+@contextmanager
+def parse_errors_in_one_line(parsers: Sequence[ArgumentParser], args: Any) -> Iterator[None]:
+    """Within, a parse error of ``parsers`` (a parser and its subcommands' parsers) that would print the usage and
+    exit ends the command instead with :func:`config_error_line` on stderr, exit code 2, as ``mmoe <command>``
+    (the first word of the argv list ``args``). Parsers that raise their errors (``exit_on_error=False``,
+    :func:`mmoe.tasks.launch.read_config`) are left to do so."""
+    words = [arg for arg in args if isinstance(arg, str) and not arg.startswith("-")] if isinstance(args, list) else []
+    command = words[0] if words else "fit"
+    exiting = [parser for parser in parsers if parser.exit_on_error]
+    if len(exiting) < len(parsers):
+        yield
+        return
+    for parser in exiting:
+        parser.exit_on_error = False
+    try:
+        yield
+    except ArgumentError as error:
+        raise SystemExit(report_error(command, config_error_line(error))) from None
+    finally:
+        for parser in exiting:
+            parser.exit_on_error = True
