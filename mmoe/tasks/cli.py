@@ -33,6 +33,7 @@ from mmoe.tasks.layout import RunLayout
 from mmoe.tasks.non_finite import NonFiniteGuard, NonFiniteTraining, report_divergence
 from mmoe.tasks.optimizer import nest_optimizer_arguments
 from mmoe.tasks.routing_callback import RoutingStatsCallback
+from mmoe.tasks.throughput import Throughput
 
 #: What ``--ckpt_path`` must be, as its errors name it.
 TASK_CHECKPOINT = "a Lightning checkpoint of an mmoe task, written by mmoe fit"
@@ -116,8 +117,9 @@ class MMoECLI(LightningCLI):
         return {name: skip | {"weights_only"} for name, skip in LightningCLI.subcommands().items()}
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        # Callbacks of every run, set by their own config sections (``non_finite:``).
+        # Callbacks of every run, set by their own config sections (``non_finite:``, ``throughput:``).
         parser.add_lightning_class_args(NonFiniteGuard, "non_finite")
+        parser.add_lightning_class_args(Throughput, "throughput")
         for name, link in DATA_LINKS.items():
             source = f"model.{link.attribute}"
             parser.link_arguments(source, f"data.init_args.{name}", compute_fn=link.value, apply_on="instantiate")
