@@ -35,6 +35,7 @@ import torch
 from mmoe.model import MultiwayTransformer
 from mmoe.model.config import MultiwayConfig
 from mmoe.model.cost import backbone_cost
+from mmoe.tasks.base import BackboneTask
 
 #: FLOPs of a training step over those of the forward pass (forward + backward of about twice the forward).
 TRAINING_FLOPS_FACTOR = 3
@@ -125,7 +126,7 @@ class Throughput(L.Callback):
             ``log_every_n_steps``. The last step always gets a line.
         peak_flops: the peak FLOP/s of one device at the run's precision (989e12: H100 SXM, dense bf16); None logs
             no MFU.
-        label: what the progress lines start with; None: ``mmoe <stage>``.
+        label: what the progress lines start with; None: ``mmoe fit``.
     """
 
     def __init__(self, every_n_steps: int | None = None, peak_flops: float | None = None, label: str | None = None):
@@ -148,9 +149,8 @@ class Throughput(L.Callback):
 
     # ---------------------------------------------------------------------------------------------- counting
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        backbone = getattr(pl_module, "backbone", None)  # a task of mmoe.tasks; other modules count no tokens
-        if isinstance(backbone, MultiwayTransformer) and self._tokens is None:
-            self._tokens = BackboneTokens(backbone)
+        if isinstance(pl_module, BackboneTask) and self._tokens is None:  # other modules count no tokens
+            self._tokens = BackboneTokens(pl_module.backbone)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if self._tokens is not None:
@@ -220,16 +220,17 @@ class Throughput(L.Callback):
 
     def _progress_line(self, trainer: L.Trainer, step: int, loss: Any, rates: dict[str, float]) -> str:
         total = trainer.max_steps if trainer.max_steps > 0 else trainer.estimated_stepping_batches
+        known = total != float("inf")  # an iterable loader without a length and no max_steps: no ETA
         done = step - self._first_step
         elapsed = self._stage.seconds
-        parts = [f"{self.label or 'mmoe fit'}: step {step}/{total}"]
+        parts = [f"{self.label or 'mmoe fit'}: step {step}" + (f"/{int(total)}" if known else "")]
         if loss is not None:
             parts.append(f"loss {float(loss):.4g}")
         parts.append(f"{rates['tokens_per_s']:,.0f} tokens/s")
         if "mfu" in rates:
             parts.append(f"MFU {rates['mfu']:.2%}")
         parts.append(f"elapsed {clock(elapsed)}")
-        if done > 0 and total != float("inf"):
+        if done > 0 and known:
             parts.append(f"ETA {clock(elapsed / done * max(total - step, 0))}")
         return "  ".join(parts)
 
@@ -259,7 +260,7 @@ class Throughput(L.Callback):
             self._stage, self._window, self._window_counts = self._saved
             self._mark = time.perf_counter()
             return
-        self._summary(trainer, command, "evaluated" if command != "predict" else "predicted")
+        self._summary(trainer, command, "evaluated" if command != "predict" else "predicted from")
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._evaluation_start(trainer)
