@@ -37,6 +37,12 @@ from mmoe.tasks.base import BackboneTask
 #: so a script can tell a diverged run (resume from the last checkpoint with other settings) from the others.
 DIVERGED_EXIT = 3
 
+#: What a stopped run did, as its error line says.
+STOPPED = (
+    "training stopped before the update, and no checkpoint is written at this step (the last one saved, if any, holds "
+    "finite weights)"
+)
+
 #: The skipped steps named at the end of training (the first ones; the count is always whole).
 NAMED_STEPS = 10
 
@@ -115,16 +121,13 @@ class NonFiniteGuard(L.Callback):
         found = f"non-finite {what} at step {step}" + (f" ({losses})" if losses else "")
         if self.action == "stop":
             raise NonFiniteTraining(
-                f"{found}: training stopped before the update, and no checkpoint is written at this step (the last "
-                "one saved holds good weights); lower the learning rate, or pass --non_finite.action skip to skip "
-                "such steps"
+                f"{found}: {STOPPED}; lower the learning rate, or pass --non_finite.action skip to skip such steps"
             )
         self.consecutive_skips += 1
         if self.consecutive_skips >= self.max_consecutive_skips:
             raise NonFiniteTraining(
                 f"{found}: {self.consecutive_skips} non-finite steps in a row "
-                f"(--non_finite.max_consecutive_skips {self.max_consecutive_skips}): training stopped before the "
-                "update, and no checkpoint is written at this step (the last one saved holds good weights)"
+                f"(--non_finite.max_consecutive_skips {self.max_consecutive_skips}): {STOPPED}"
             )
         optimizer.zero_grad(set_to_none=True)
         self.skipped += 1
