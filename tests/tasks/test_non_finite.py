@@ -175,3 +175,20 @@ def test_a_diverging_fit_stops_with_one_line_and_keeps_only_finite_checkpoints(t
         tensors = list(checkpoint["state_dict"].values())
         tensors += [value for state in checkpoint["optimizer_states"][0]["state"].values() for value in state.values()]
         assert all(torch.isfinite(tensor).all() for tensor in tensors)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("action", ["stop", "skip"])
+def test_a_nan_in_one_process_stops_or_skips_the_step_in_every_process(action, tmp_path):
+    script = Path(__file__).resolve().parents[1] / "scripts" / "non_finite_ddp.py"
+    done = subprocess.run([sys.executable, str(script), action, str(tmp_path)], capture_output=True, text=True,
+                          timeout=600, cwd=script.parents[2], env=os.environ | {"OMP_NUM_THREADS": "1"})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    outcomes = [(tmp_path / f"rank{rank}.txt").read_text() for rank in (0, 1)]
+    if action == "skip":
+        assert outcomes == ["skipped [2]", "skipped [2]"]
+    else:  # rank 0's loss is finite; the NaN reached its gradients through DDP's all-reduce
+        assert [outcome.split(" (")[0] for outcome in outcomes] == [
+            "stopped: non-finite gradients at step 2",
+            "stopped: non-finite loss at step 2",
+        ]
