@@ -49,8 +49,9 @@ def sequence_lengths(config: MultiwayConfig, image: Any, text: Any, text_padding
         patches = (image.shape[-2] // config.patch_size) * (image.shape[-1] // config.patch_size)
         lengths = torch.full((image.shape[0],), patches + 1, device=image.device)
     if text is not None:
-        real = text.shape[1] - text_padding_mask.sum(dim=1) if text_padding_mask is not None else None
-        text_lengths = real if real is not None else torch.full((text.shape[0],), text.shape[1], device=text.device)
+        text_lengths = torch.full((text.shape[0],), text.shape[1], device=text.device)
+        if text_padding_mask is not None:
+            text_lengths = text_lengths - text_padding_mask.sum(dim=1)
         lengths = text_lengths if lengths is None else lengths + text_lengths
     return lengths
 
