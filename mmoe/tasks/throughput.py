@@ -216,7 +216,7 @@ class Throughput(L.Callback):
         rates = window.rates(self.peak_flops, trainer.world_size)
         for logger in trainer.loggers:
             logger.log_metrics({f"train/{name}": value for name, value in rates.items()}, step=step)
-        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         self._print(trainer, self._progress_line(trainer, step, loss, rates))
 
     def _progress_line(self, trainer: L.Trainer, step: int, loss: Any, rates: dict[str, float]) -> str:
