@@ -151,16 +151,20 @@ def test_a_diverging_fit_stops_with_one_line_and_keeps_only_finite_checkpoints(t
             callback["init_args"] = {"save_last": True, "every_n_train_steps": 1, "save_top_k": -1}
     path = tmp_path / "vqa.yaml"
     path.write_text(yaml.safe_dump(config))
+
+    def fit(run: Path, *options: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-c", "import sys; from mmoe.cli import main; sys.exit(main(sys.argv[1:]))", "fit",
+                   "--config", str(path), "--trainer.max_steps", "10", "--trainer.default_root_dir", str(run),
+                   "--trainer.enable_progress_bar", "false", "--data.init_args.data_root", str(shards.parent),
+                   "--model.init_args.answer_vocab", str(shards / "vqav2-train2014" / "answers.json"),
+                   "--data.init_args.batch_size", "4", "--data.init_args.num_workers", "0",
+                   "--model.init_args.optimizer.learning_rate", "1e4",
+                   "--model.init_args.optimizer.warmup_steps", "0", *options]  # fmt: skip
+        return subprocess.run(command, cwd=tmp_path, env=os.environ | {"OMP_NUM_THREADS": "1"}, capture_output=True,
+                              text=True, timeout=600)  # fmt: skip
+
     run = tmp_path / "run"
-    command = [sys.executable, "-c", "import sys; from mmoe.cli import main; sys.exit(main(sys.argv[1:]))", "fit",
-               "--config", str(path), "--trainer.max_steps", "10", "--trainer.default_root_dir", str(run),
-               "--trainer.enable_progress_bar", "false", "--data.init_args.data_root", str(shards.parent),
-               "--model.init_args.answer_vocab", str(shards / "vqav2-train2014" / "answers.json"),
-               "--data.init_args.batch_size", "4", "--data.init_args.num_workers", "0",
-               "--model.init_args.optimizer.learning_rate", "1e4",
-               "--model.init_args.optimizer.warmup_steps", "0"]  # fmt: skip
-    done = subprocess.run(command, cwd=tmp_path, env=os.environ | {"OMP_NUM_THREADS": "1"}, capture_output=True,
-                          text=True, timeout=600)  # fmt: skip
+    done = fit(run)
     assert done.returncode == DIVERGED_EXIT, done.stderr[-3000:]
     assert "Traceback" not in done.stderr
     errors = [line for line in done.stderr.splitlines() if line.startswith("mmoe fit: error:")]
@@ -171,7 +175,26 @@ def test_a_diverging_fit_stops_with_one_line_and_keeps_only_finite_checkpoints(t
     saved = {path.name: torch.load(path, weights_only=True) for path in (run / "checkpoints").glob("*.ckpt")}
     assert saved["last.ckpt"]["global_step"] == 1  # the checkpoint after step 0, the last good one
     assert max(checkpoint["global_step"] for checkpoint in saved.values()) == 1
-    for checkpoint in saved.values():
+    assert_finite(saved.values())
+
+    # Skipping instead: steps 1-9 are all non-finite (9 in a row, under the default limit of 10) and update nothing.
+    skipping = fit(tmp_path / "skipping", "--non_finite.action", "skip")
+    assert skipping.returncode == 0, skipping.stderr[-3000:]
+    assert (
+        "mmoe fit: 9 training steps skipped for a non-finite loss or gradients (steps 1, 2, 3, 4, 5, 6, 7, 8, 9)\n"
+        in (skipping.stderr)
+    )
+    last = torch.load(tmp_path / "skipping" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert last["global_step"] == 10 and last["callbacks"]["NonFiniteGuard"]["skipped"] == 9
+    assert_finite([last])
+    for name, weights in saved["last.ckpt"]["state_dict"].items():  # step 0's update, then none
+        # X-MoE's expert-embedding norm restore runs after every step, skipped or not: equal up to rounding there.
+        torch.testing.assert_close(last["state_dict"][name], weights, rtol=1e-6, atol=0, msg=name)
+
+
+def assert_finite(checkpoints) -> None:
+    """Every weight and optimiser state of every checkpoint is finite."""
+    for checkpoint in checkpoints:
         tensors = list(checkpoint["state_dict"].values())
         tensors += [value for state in checkpoint["optimizer_states"][0]["state"].values() for value in state.values()]
         assert all(torch.isfinite(tensor).all() for tensor in tensors)
