@@ -9,12 +9,12 @@ the verdict is any process's. A non-finite step:
 * ``action: stop`` (the default): the weights are not updated, :class:`NonFiniteTraining` ends the run, and the
   command prints one line naming the step and the losses the task logged (``train/loss``, ``train/task_loss``,
   ``train/balance_loss``, ``train/z_loss``, ...) and exits with :data:`DIVERGED_EXIT`. No checkpoint is written at
-  that step: the last one saved holds the last good weights.
+  that step: the last one saved holds finite weights.
 * ``action: skip``: the gradients are dropped (set to None, so AdamW updates nothing, its moments and step count
   included), the step is counted (``train/skipped_nonfinite_steps``, printed at the end of training) and training
   goes on; the learning-rate schedule still advances (and X-MoE's expert-embedding norm restore runs, a no-op up to
-  rounding). ``max_consecutive_skips`` non-finite steps in a row stop the
-  run as ``stop`` does. The counts are saved in checkpoints, so a resumed run goes on counting.
+  rounding). ``max_consecutive_skips`` non-finite steps in a row stop the run as ``stop`` does. The counts are saved
+  in checkpoints, so a resumed run goes on counting.
 
 Under fp16 mixed precision the gradient scaler already skips steps with overflowing gradients (and lowers its
 scale): there only the loss is checked.
