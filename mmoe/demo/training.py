@@ -15,7 +15,6 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 
 from mmoe.demo.report import say
 from mmoe.demo.settings import CONFIGS, DemoError, DemoRun
-from mmoe.tasks.callbacks import StepProgress
 from mmoe.tasks.finetuning import FineTuningTask
 from mmoe.tasks.launch import read_config, run_lightning
 from mmoe.tasks.layout import RunLayout
@@ -85,11 +84,11 @@ def pretrain_configs(variant: str) -> tuple[Path, ...]:
 
 
 def trainer_options(
-    run: DemoRun, layout: RunLayout, steps: int, label: str, routing_every: int, extra: Sequence[L.Callback] = ()
+    run: DemoRun, layout: RunLayout, steps: int, routing_every: int, extra: Sequence[L.Callback] = ()
 ) -> tuple[dict[str, Any], tuple[L.Callback, ...]]:
     """The trainer of a demo stage and its callbacks: ``steps`` steps without validation, one CSV logger, the latest
-    checkpoint as ``layout.last_checkpoint``, routing statistics every ``routing_every`` steps in ``layout``, progress
-    lines instead of a progress bar, and ``extra`` callbacks."""
+    checkpoint as ``layout.last_checkpoint``, routing statistics every ``routing_every`` steps in ``layout``, no
+    progress bar (:func:`progress_lines` instead), and ``extra`` callbacks."""
     csv = {"save_dir": str(layout.root), "name": layout.csv_logs.name, "version": 0}
     trainer = {"max_steps": steps, "val_check_interval": steps, "limit_val_batches": 0,
                "default_root_dir": str(layout.root), "enable_progress_bar": False, "enable_model_summary": False,
@@ -102,10 +101,15 @@ def trainer_options(
         ),
         LearningRateMonitor(logging_interval="step"),
         RoutingStatsCallback(every_n_steps=routing_every, save_dir=layout.root),
-        StepProgress(label=label, every_n_steps=max(10, steps // 6)),
         *extra,
     )
     return trainer, callbacks
+
+
+def progress_lines(label: str, steps: int) -> dict[str, Any]:
+    """The options of a demo stage's progress lines (:class:`mmoe.tasks.throughput.Throughput`, which every run
+    has): about six lines for ``steps`` steps, each starting with ``label``."""
+    return {"label": label, "every_n_steps": max(10, steps // 6)}
 
 
 def pretrain_launch(
@@ -121,10 +125,11 @@ def pretrain_launch(
     backbone's MoE plan."""
     steps = run.settings.pretrain_steps if steps is None else steps
     label = f"pretrain {layout.root.name if layout.root.name != 'pretrain' else variant}"
-    trainer, callbacks = trainer_options(run, layout, steps, label, 50, extra_callbacks)
+    trainer, callbacks = trainer_options(run, layout, steps, 50, extra_callbacks)
     backbone = {**run.settings.backbone, "image_size": run.settings.image_size} | ({"moe": moe} if moe else {})
     overrides = {
         "trainer": trainer,
+        "throughput": progress_lines(label, steps),
         "model": {"init_args": {"backbone": backbone, "visual_codebook": str(run.codebook)}},
         "data": {"init_args": {"data_root": str(run.data), "batch_size": run.settings.batch_size,
                                "batches_per_epoch": steps}},
@@ -145,13 +150,14 @@ def finetune_launch(
     ``backbone`` (whose architecture it keeps), with the task's ``model_options`` (files in the demo's corpus, decoding
     settings); ``seed`` replaces the config's ``seed_everything``; routing statistics every ``routing_every`` steps."""
     steps = run.settings.steps(task.name)
-    trainer, callbacks = trainer_options(run, layout, steps, f"fine-tune {task.name}", routing_every)
+    trainer, callbacks = trainer_options(run, layout, steps, routing_every)
     model = {"backbone": None, "pretrained": str(backbone), **model_options}
     rates = run.settings.finetune_learning_rates
     if task.name in rates:
         model["optimizer"] = {"learning_rate": rates[task.name]}
     overrides = {
         "trainer": trainer,
+        "throughput": progress_lines(f"fine-tune {task.name}", steps),
         "model": {"init_args": model},
         "data": {"init_args": {"data_root": str(run.data), "batch_size": run.settings.batch_size}},
     }

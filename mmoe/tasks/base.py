@@ -106,6 +106,9 @@ class BackboneTask(L.LightningModule):
         self.fully_sharded = False
         #: This process's random states from a checkpoint, put back at the first training step after a resume.
         self.rng_states_to_restore: dict | None = None
+        #: The losses the latest training step logged (``train/loss``, ``train/balance_loss``, ...; detached): what a
+        #: non-finite step is reported with (:mod:`mmoe.tasks.non_finite`), read before the optimiser step.
+        self.latest_train_losses: dict[str, torch.Tensor] = {}
         if text_tokenizer is not None:  # a missing or unreadable file fails here, named by the option that gives it
             try:
                 TextTokenizer(sentencepiece=text_tokenizer)
@@ -159,6 +162,8 @@ class BackboneTask(L.LightningModule):
                 torch.stack([r.requested_capacity for r in step.routing]).float().mean()
             )
         sync = stage != "train"
+        if stage == "train":
+            self.latest_train_losses = {name: value for name, value in log.items() if name.endswith("loss")}
         self.log_dict(log, batch_size=step.size, sync_dist=sync)
         self.log(f"{stage}_loss", loss.detach(), batch_size=step.size, prog_bar=True, logger=False, sync_dist=sync)
         return loss, step.routing, step.output

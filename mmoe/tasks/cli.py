@@ -32,9 +32,11 @@ from mmoe.tasks.ckpt_hparams import (
 )
 from mmoe.tasks.config_safety import install_config_safety, parse_errors_in_one_line
 from mmoe.tasks.layout import RunLayout
+from mmoe.tasks.non_finite import NonFiniteGuard, NonFiniteTraining, report_divergence
 from mmoe.tasks.optimizer import nest_optimizer_arguments
 from mmoe.tasks.resume import LAST, checkpoint_folders, read_checkpoint
 from mmoe.tasks.routing_callback import RoutingStatsCallback
+from mmoe.tasks.throughput import Throughput
 
 #: What ``--ckpt_path`` must be, as its errors name it.
 TASK_CHECKPOINT = "a Lightning checkpoint of an mmoe task, written by mmoe fit"
@@ -119,6 +121,9 @@ class MMoECLI(LightningCLI):
         return {name: skip | {"weights_only"} for name, skip in LightningCLI.subcommands().items()}
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        # Callbacks of every run, set by their own config sections (``non_finite:``, ``throughput:``).
+        parser.add_lightning_class_args(NonFiniteGuard, "non_finite")
+        parser.add_lightning_class_args(Throughput, "throughput")
         for name, link in DATA_LINKS.items():
             source = f"model.{link.attribute}"
             parser.link_arguments(source, f"data.init_args.{name}", compute_fn=link.value, apply_on="instantiate")
@@ -174,6 +179,8 @@ class MMoECLI(LightningCLI):
                 raise
             ckpt_path = self.config[subcommand].get("ckpt_path")
             self.fail(f"--ckpt_path {ckpt_path} does not fit the model the config builds: {one_line(error)}")
+        except NonFiniteTraining as error:
+            raise SystemExit(report_divergence(subcommand, error)) from None
 
     def _parse_ckpt_path(self) -> None:
         """LightningCLI's merge of the checkpoint's hyper-parameters into the config, less the arguments named on the

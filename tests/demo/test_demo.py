@@ -34,7 +34,6 @@ from mmoe.metrics.caption_words import word_precision
 from mmoe.metrics.captions import load_karpathy_references
 from mmoe.metrics.nlvr2 import evaluate_nlvr2_files
 from mmoe.metrics.vqa import evaluate_vqa_files
-from mmoe.tasks.callbacks import StepProgress
 from mmoe.tasks.launch import read_config
 from mmoe.tasks.routing_callback import RoutingStatsCallback
 
@@ -119,7 +118,8 @@ def test_stage_launches_point_the_shipped_configs_at_the_run_directory(tmp_path)
         callbacks = {type(callback): callback for callback in launches[name].callbacks}
         assert Path(callbacks[ModelCheckpoint].dirpath) == out / "checkpoints"
         assert callbacks[RoutingStatsCallback].save_dir == out
-        assert StepProgress in callbacks
+        label = "pretrain mhmoe" if name == "pretrain" else f"fine-tune {name}"
+        assert config.throughput.label == label and config.throughput.every_n_steps >= 10  # the progress lines
         # No path is left pointing at the configs' own corpus or run folders.
         assert not [text for text in strings(config) if text.startswith(("data/synthetic", "runs/"))]
     for benchmark in BENCHMARKS:
