@@ -31,6 +31,7 @@ from mmoe.tasks.ckpt_hparams import (
 )
 from mmoe.tasks.layout import RunLayout
 from mmoe.tasks.optimizer import nest_optimizer_arguments
+from mmoe.tasks.preemption import with_preemption
 from mmoe.tasks.routing_callback import RoutingStatsCallback
 
 #: What ``--ckpt_path`` must be, as its errors name it.
@@ -141,6 +142,7 @@ class MMoECLI(LightningCLI):
             print(f"mmoe predict: {shortfall} (accepted: --allow_partial_predictions)", file=sys.stderr)
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
+        self.argv = sys.argv[1:] if args is None else args if isinstance(args, list | tuple) else None
         self.command_line_model_arguments = command_line_model_arguments(sys.argv[1:] if args is None else args)
         self.command_line_model_arguments |= self.named_model_arguments
         super().parse_arguments(parser, args)
@@ -218,6 +220,11 @@ class MMoECLI(LightningCLI):
                 else:
                     choice = f"checkpoint {show(ours)} used over config {show(theirs)}"
                 print(f"mmoe {self.config['subcommand']}: --ckpt_path {ckpt_path}: {key}: {choice}", file=sys.stderr)
+
+    def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
+        """LightningCLI's trainer, which stops on a termination signal after the step in progress and saves it
+        (:mod:`mmoe.tasks.preemption`)."""
+        return with_preemption(super().instantiate_trainer(**kwargs), self.argv)
 
     def before_instantiate_classes(self) -> None:
         trainer = self._get(self.config, "trainer")
