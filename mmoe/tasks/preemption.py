@@ -81,8 +81,8 @@ class Preemption(L.Callback):
         self.received: signal.Signals | None = None
         self._before: dict[signal.Signals, Any] = {}
         self._trained_steps = 0
-        self._saved: str | None = None
-        self._saved_path = ""
+        self._saved_path: str | None = None
+        self._saved_step = 0
 
     # --- the handlers -------------------------------------------------------------------------------------------------
 
@@ -111,7 +111,7 @@ class Preemption(L.Callback):
     # --- where the run stops ------------------------------------------------------------------------------------------
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self.received, self._saved, self._trained_steps, self._before = None, None, 0, {}
+        self.received, self._saved_path, self._trained_steps, self._before = None, None, 0, {}
         trainer._signal_connector = PreemptionSignalConnector(trainer, self)
         self.install()
 
@@ -123,23 +123,23 @@ class Preemption(L.Callback):
         if (batch_idx + 1) % trainer.accumulate_grad_batches and not last_batch:
             return  # part of a step: it ends, and can be saved, with its optimiser update
         self._trained_steps += 1
-        if self._saved is None and self._decided(trainer):
-            self._saved = self._save(trainer)
+        if self._saved_path is None and self._decided(trainer):
+            self._save(trainer)
 
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        if self._saved is not None:
-            self._stop(trainer, f"{self._saved}; {self._resume_hint()}")
+        if self._saved_path is not None:
+            self._stop(trainer, f"after {self._saved()}; {self._resume_hint()}")
         if self._trained_steps == 0 and self._decided(trainer):
             self._stop(trainer, "before any step was trained: nothing saved")
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """A signal after the last step, or during the validation after it: the finished run is saved as well."""
-        if self._saved is None and self._decided(trainer):
-            self._saved = self._save(trainer)
-        if self._saved is not None:
-            self._stop(trainer, f"{self._saved} (training was complete)")
+        if self._saved_path is None and self._decided(trainer):
+            self._save(trainer)
+        if self._saved_path is not None:
+            self._stop(trainer, f"after the last step, {self._saved()}")
 
     def on_validation_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int, *_: Any
@@ -147,13 +147,13 @@ class Preemption(L.Callback):
         if trainer.sanity_checking and self._decided(trainer):
             self._stop(trainer, "in the sanity check, before any step was trained: nothing saved")
         if trainer.state.fn == TrainerFn.VALIDATING and self._decided(trainer):
-            self._stop(trainer, f"after {batch_idx + 1} validation batches: no metrics reported")
+            self._stop(trainer, f"after {batches(batch_idx + 1)} of validation: no metrics reported")
 
     def on_test_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int, *_: Any
     ) -> None:
         if self._decided(trainer):
-            self._stop(trainer, f"after {batch_idx + 1} test batches: no metrics reported")
+            self._stop(trainer, f"after {batches(batch_idx + 1)} of test: no metrics reported")
 
     def on_predict_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int, *_: Any
@@ -161,7 +161,7 @@ class Preemption(L.Callback):
         if self._decided(trainer):
             written = getattr(pl_module, "predictions_file", None)
             what = f"{written} was not written" if written else "no predictions were written"
-            self._stop(trainer, f"after {batch_idx + 1} predicted batches: {what}")
+            self._stop(trainer, f"after predicting {batches(batch_idx + 1)}: {what}")
 
     def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._decided(trainer):
@@ -176,17 +176,20 @@ class Preemption(L.Callback):
             self.received = None if number is None else signal.Signals(number)
         return self.received is not None
 
-    def _save(self, trainer: L.Trainer) -> str:
-        """Saves the run to its ``last`` checkpoint (the one ``--ckpt_path last`` resumes from); says what it saved."""
+    def _save(self, trainer: L.Trainer) -> None:
+        """Saves the whole run (weights, optimiser, loops, data position) to its ``last`` checkpoint, the one
+        ``--ckpt_path last`` resumes from."""
         path = last_checkpoint_path(trainer)
-        trainer.save_checkpoint(path)
-        self._saved_path = path
-        return f"global step {trainer.global_step} saved to {path}"
+        trainer.save_checkpoint(path, weights_only=False)
+        self._saved_path, self._saved_step = path, trainer.global_step
+
+    def _saved(self) -> str:
+        return f"global step {self._saved_step}, saved to {self._saved_path}"
 
     def _stop(self, trainer: L.Trainer, what: str) -> None:
         command = self.command[0] if self.command else trainer.state.fn.value
         if trainer.is_global_zero:
-            print(f"mmoe {command}: stopped by {self.received.name}, {what}", file=sys.stderr, flush=True)
+            print(f"mmoe {command}: stopped by {self.received.name} {what}", file=sys.stderr, flush=True)
         raise Preempted(128 + int(self.received))
 
     def _resume_hint(self) -> str:
@@ -211,6 +214,10 @@ class PreemptionSignalConnector(_SignalConnector):
     def teardown(self) -> None:
         super().teardown()
         self.preemption.restore()
+
+
+def batches(count: int) -> str:
+    return f"{count} batch" if count == 1 else f"{count} batches"
 
 
 def last_checkpoint_path(trainer: L.Trainer) -> str:

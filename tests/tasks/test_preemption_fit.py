@@ -37,14 +37,14 @@ def stop_line(stderr: str, name: str) -> str:
     """The last stderr line, checked to be the one the signal ``name`` ends `mmoe fit` with."""
     assert "Traceback" not in stderr, stderr[-3000:]
     last = stderr.strip().splitlines()[-1]
-    assert last.startswith(f"mmoe fit: stopped by {name}, global step "), stderr[-3000:]
+    assert last.startswith(f"mmoe fit: stopped by {name} after global step "), stderr[-3000:]
     return last
 
 
 def saved_step_in(line: str, checkpoint: Path) -> int:
     """The step the line says it saved, checked against the checkpoint it names."""
     said = line.split("global step ", 1)[1]
-    step, rest = said.split(" saved to ", 1)
+    step, rest = said.split(", saved to ", 1)
     assert rest.startswith(f"{checkpoint}; resume with: mmoe fit ")
     assert saved_step(checkpoint) == int(step)
     return int(step)
