@@ -180,6 +180,11 @@ class Preemption(L.Callback):
         """Saves the whole run (weights, optimiser, loops, data position) to its ``last`` checkpoint, the one
         ``--ckpt_path last`` resumes from."""
         path = last_checkpoint_path(trainer)
+        callback = trainer.checkpoint_callback
+        if isinstance(callback, ModelCheckpoint) and Path(path).parent == Path(callback.dirpath or ""):
+            # Saved as the callback's own last checkpoint, so the resumed run's callback writes over it (a file it
+            # did not write would be kept, and the next one named last-v1.ckpt).
+            callback.last_model_path = path
         trainer.save_checkpoint(path, weights_only=False)
         self._saved_path, self._saved_step = path, trainer.global_step
 
