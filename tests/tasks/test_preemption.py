@@ -5,7 +5,12 @@ names are checked."""
 
 from __future__ import annotations
 
+import json
+import os
 import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import lightning as L
 import pytest
@@ -25,12 +30,13 @@ from tests.tasks.test_launch import nlvr2_config
 class SignalDuringStep(L.Callback):
     """Sends ``signum`` to this process in the middle of step ``step`` (between its loss and its backward pass)."""
 
-    def __init__(self, signum: signal.Signals, step: int) -> None:
-        self.signum, self.step = signum, step
+    def __init__(self, signum: signal.Signals, step: int, times: int = 1) -> None:
+        self.signum, self.step, self.times = signum, step, times
 
     def on_before_backward(self, trainer, pl_module, loss) -> None:
         if trainer.global_step == self.step:
-            signal.raise_signal(self.signum)
+            for _ in range(self.times):
+                signal.raise_signal(self.signum)
 
 
 class SignalBeforeTraining(L.Callback):
@@ -89,6 +95,19 @@ def test_the_resumed_run_finishes_and_a_run_without_a_signal_is_untouched(shards
     assert sum(isinstance(callback, Preemption) for callback in cli.trainer.callbacks) == 1
     assert signal.getsignal(signal.SIGINT) is before
     assert "stopped by" not in capsys.readouterr().err
+
+
+def test_a_second_signal_goes_to_the_handler_from_before_the_run(shards, tmp_path):
+    config, layout = nlvr2_run(shards, tmp_path)
+    received = []
+    before = signal.signal(signal.SIGUSR2, lambda number, frame: received.append(number))
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            run_lightning("fit", [config], callbacks=[Preemption(["SIGUSR2"]), SignalDuringStep(signal.SIGUSR2, 1, 2)])
+    finally:
+        signal.signal(signal.SIGUSR2, before)
+    assert received == [signal.SIGUSR2]  # the second one (by default it would end the process at once)
+    assert stopped.value.code == 140 and global_step(layout.last_checkpoint) == 2
 
 
 def test_a_signal_before_the_first_step_saves_nothing(shards, tmp_path, capsys):
@@ -151,3 +170,17 @@ def test_the_resume_command_replaces_the_checkpoint_argument():
     given = ["fit", "--config", "a.yaml", "--ckpt_path", "old.ckpt", "--ckpt_path=x", "--trainer.max_steps", "9"]
     assert resume_arguments(given, "last") == [
         "fit", "--config", "a.yaml", "--trainer.max_steps", "9", "--ckpt_path", "last"]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_in_ddp_rank_zeros_signal_stops_both_ranks_after_the_same_step(synthetic_corpus, tmp_path):
+    script = Path(__file__).resolve().parents[1] / "scripts" / "ddp_preempt.py"
+    shards = synthetic_corpus / "shards" / "pretrain-pairs"
+    done = subprocess.run([sys.executable, str(script), str(tmp_path), str(synthetic_corpus / "codebook.pt"),
+                           str(shards)], capture_output=True, text=True, timeout=600,
+                          env=os.environ | {"OMP_NUM_THREADS": "1"})  # fmt: skip
+    assert done.returncode == 128 + signal.SIGUSR2, done.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]
+    assert ranks == [{"step": 2, "code": 140}] * 2  # rank 1 got no signal, and stopped with rank 0
+    assert global_step(tmp_path / "checkpoints" / "last.ckpt") == 2
+    assert done.stderr.count("stopped by") == 1  # said once, by rank 0

@@ -86,17 +86,18 @@ def test_sigterm_saves_the_step_in_progress_and_the_resumed_run_continues_exactl
     assert before == {s: expected[s] for s in before}
 
 
-def test_sigterm_to_the_process_group_stops_the_workers_without_a_traceback(synthetic_corpus, tmp_path):
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])  # `timeout`, SLURM, `kill -- -PGID`; Ctrl-C
+def test_a_signal_to_the_process_group_stops_the_workers_without_a_traceback(stop, synthetic_corpus, tmp_path):
     config = resumable_config(synthetic_corpus, tmp_path, "first")
     assert yaml.safe_load(config.read_text())["data"]["init_args"]["num_workers"] == 1
     checkpoint = tmp_path / "checkpoints" / "last.ckpt"
     process = start_fit(config, tmp_path)
     wait_for_checkpoint(process, checkpoint, 10)
-    os.killpg(process.pid, signal.SIGTERM)  # as `timeout`, SLURM and `kill -- -PGID` do: the loader worker too
+    os.killpg(process.pid, stop)  # the loader worker gets it too
     _, stderr = process.communicate(timeout=600)
-    assert process.returncode == 143
-    assert "DataLoader worker" not in stderr
-    step = saved_step_in(stop_line(stderr, "SIGTERM"), checkpoint)
+    assert process.returncode == 128 + stop
+    assert "DataLoader worker" not in stderr and "KeyboardInterrupt" not in stderr
+    step = saved_step_in(stop_line(stderr, stop.name), checkpoint)
     assert sorted(losses(tmp_path, "first")) == list(range(step))
     deadline = time.monotonic() + 30
     while group_alive(process.pid):  # the worker is shut down with its main process
