@@ -86,7 +86,8 @@ def test_sigterm_saves_the_step_in_progress_and_the_resumed_run_continues_exactl
     assert before == {s: expected[s] for s in before}
 
 
-@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])  # `timeout`, SLURM, `kill -- -PGID`; Ctrl-C
+# SIGTERM from `timeout`, SLURM or `kill -- -PGID`; SIGINT from Ctrl-C in a terminal.
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_to_the_process_group_stops_the_workers_without_a_traceback(stop, synthetic_corpus, tmp_path):
     config = resumable_config(synthetic_corpus, tmp_path, "first")
     assert yaml.safe_load(config.read_text())["data"]["init_args"]["num_workers"] == 1
