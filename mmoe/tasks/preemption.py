@@ -4,7 +4,9 @@ SLURM, SIGINT from Ctrl-C, SIGUSR1 from a scheduler's pre-emption warning), with
 :class:`Preemption` replaces Lightning's own SIGTERM handling (which finishes the batch, saves nothing and exits 0
 through ``SIGTERMException``) for the run: the handler only records the signal; the callback acts between steps.
 ``fit`` finishes the step in progress, saves it to the run's ``last.ckpt`` through ``trainer.save_checkpoint`` (so
-the checkpoint IO plugins apply) and exits; ``predict`` stops before its predictions file is written; ``validate``
+the checkpoint IO plugins apply), lets the loop log it and exits before the next batch (a signal during a validation
+inside ``fit`` is acted on after the validation and the next step: a checkpoint taken mid-validation would not resume
+exactly); ``predict`` stops before its predictions file is written; ``validate``
 and ``test`` stop before their metrics. Each ends with one line on stderr naming the signal and what was saved, and
 exit code 128 + the signal's number (143 for SIGTERM, 130 for SIGINT), as a shell reports a process the signal
 killed.
@@ -63,8 +65,8 @@ class Preemption(L.Callback):
     """Stops the run on any of ``signals`` after the step in progress, saving it (see the module docstring).
 
     Added to every ``mmoe`` Lightning command by :class:`mmoe.tasks.cli.MMoECLI`; a config's ``trainer.callbacks``
-    may list it to choose the signals. A second signal while the first is being acted on ends the process at once,
-    as it would without the handler.
+    may list it to choose the signals (those it leaves out keep Lightning's and Python's handling). A second signal
+    goes to the handler from before the run: by default, the process ends at once.
 
     Args:
         signals: names of the signals that stop the run (``SIGTERM``, ``SIGINT``, ``SIGUSR1``, ``SIGUSR2``, ...).
@@ -83,6 +85,7 @@ class Preemption(L.Callback):
         self._trained_steps = 0
         self._saved_path: str | None = None
         self._saved_step = 0
+        self._resume_from = "last"
 
     # --- the handlers -------------------------------------------------------------------------------------------------
 
@@ -177,14 +180,17 @@ class Preemption(L.Callback):
         return self.received is not None
 
     def _save(self, trainer: L.Trainer) -> None:
-        """Saves the whole run (weights, optimiser, loops, data position) to its ``last`` checkpoint, the one
-        ``--ckpt_path last`` resumes from."""
-        path = last_checkpoint_path(trainer)
+        """Saves the whole run (weights, optimiser, loops, data position) to ``last.ckpt`` in the folder of the
+        trainer's ``ModelCheckpoint``, the one ``--ckpt_path last`` resumes from; without one, in the run folder's
+        ``checkpoints/`` (and the resume command names the file)."""
         callback = trainer.checkpoint_callback
-        if isinstance(callback, ModelCheckpoint) and Path(path).parent == Path(callback.dirpath or ""):
+        if isinstance(callback, ModelCheckpoint) and callback.dirpath is not None:
+            path = str(Path(callback.dirpath) / f"{callback.CHECKPOINT_NAME_LAST}{callback.FILE_EXTENSION}")
             # Saved as the callback's own last checkpoint, so the resumed run's callback writes over it (a file it
             # did not write would be kept, and the next one named last-v1.ckpt).
-            callback.last_model_path = path
+            callback.last_model_path, self._resume_from = path, "last"
+        else:
+            path = self._resume_from = str(RunLayout(Path(trainer.default_root_dir)).last_checkpoint)
         trainer.save_checkpoint(path, weights_only=False)
         self._saved_path, self._saved_step = path, trainer.global_step
 
@@ -198,10 +204,9 @@ class Preemption(L.Callback):
         raise Preempted(128 + int(self.received))
 
     def _resume_hint(self) -> str:
-        ckpt = "last" if Path(self._saved_path).name == "last.ckpt" else self._saved_path
         if self.command is None:
-            return f"resume with ckpt_path={ckpt!r}"
-        return f"resume with: mmoe {shlex.join(resume_arguments(self.command, ckpt))}"
+            return f"resume with ckpt_path={self._resume_from!r}"
+        return f"resume with: mmoe {shlex.join(resume_arguments(self.command, self._resume_from))}"
 
 
 class PreemptionSignalConnector(_SignalConnector):
@@ -223,18 +228,6 @@ class PreemptionSignalConnector(_SignalConnector):
 
 def batches(count: int) -> str:
     return f"{count} batch" if count == 1 else f"{count} batches"
-
-
-def last_checkpoint_path(trainer: L.Trainer) -> str:
-    """``last.ckpt`` in the folder of the trainer's ``ModelCheckpoint`` (where ``--ckpt_path last`` looks), or in the
-    run folder's ``checkpoints/`` without one."""
-    callback = trainer.checkpoint_callback
-    if isinstance(callback, ModelCheckpoint) and callback.dirpath is not None:
-        folder = Path(callback.dirpath)
-        name = callback.CHECKPOINT_NAME_LAST + callback.FILE_EXTENSION
-    else:
-        folder, name = RunLayout(Path(trainer.default_root_dir)).checkpoints, "last.ckpt"
-    return str(folder / name)
 
 
 def resume_arguments(command: Sequence[str], ckpt: str) -> list[str]:

@@ -120,6 +120,31 @@ def test_a_signal_before_the_first_step_saves_nothing(shards, tmp_path, capsys):
     assert last == "mmoe fit: stopped by SIGINT before any step was trained: nothing saved"
 
 
+class SignalDuringValidation(L.Callback):
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+        signal.raise_signal(signal.SIGUSR2)
+
+
+def test_validate_stops_without_metrics(shards, tmp_path, capsys):
+    config, _ = nlvr2_run(shards, tmp_path)
+    with pytest.raises(SystemExit) as stopped:
+        run_lightning("validate", [config], {"trainer": {"limit_val_batches": 2}},
+                      callbacks=[Preemption(["SIGUSR2"]), SignalDuringValidation()])  # fmt: skip
+    assert stopped.value.code == 140
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == "mmoe validate: stopped by SIGUSR2 after 1 batch of validation: no metrics reported"
+
+
+def test_without_a_checkpoint_callback_the_run_folder_holds_it_and_the_resume_names_it(shards, tmp_path, capsys):
+    config, layout = nlvr2_run(shards, tmp_path)
+    options = {"trainer": {"callbacks": [], "enable_checkpointing": False}}
+    with pytest.raises(SystemExit):
+        run_lightning("fit", [config], options, [Preemption(["SIGUSR2"]), SignalDuringStep(signal.SIGUSR2, step=0)])
+    assert global_step(layout.last_checkpoint) == 1
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.endswith(f"saved to {layout.last_checkpoint}; resume with ckpt_path='{layout.last_checkpoint}'")
+
+
 class WorkerSignals(IterableDataset):
     """Yields, from a DataLoader worker, how that worker handles each stop signal."""
 
