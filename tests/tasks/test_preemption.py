@@ -120,6 +120,21 @@ def test_a_signal_before_the_first_step_saves_nothing(shards, tmp_path, capsys):
     assert last == "mmoe fit: stopped by SIGINT before any step was trained: nothing saved"
 
 
+class SignalAtSanityCheck(L.Callback):
+    def on_sanity_check_start(self, trainer, pl_module) -> None:
+        signal.raise_signal(signal.SIGUSR2)
+
+
+def test_a_signal_in_the_sanity_check_stops_before_training(shards, tmp_path, capsys):
+    config, layout = nlvr2_run(shards, tmp_path)
+    options = {"trainer": {"limit_val_batches": 1, "num_sanity_val_steps": 1}}
+    with pytest.raises(SystemExit) as stopped:
+        run_lightning("fit", [config], options, [Preemption(["SIGUSR2"]), SignalAtSanityCheck()])
+    assert stopped.value.code == 140 and not layout.last_checkpoint.exists()
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == "mmoe fit: stopped by SIGUSR2 in the sanity check, before any step was trained: nothing saved"
+
+
 class SignalDuringValidation(L.Callback):
     def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
         signal.raise_signal(signal.SIGUSR2)
