@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader
 
 from mmoe.data.accounting import END, Delivery, SkipCount, UnusableStreamError, add_skips
 from mmoe.data.streams import ResumableStream
+from mmoe.data.workers import ignoring_stop_signals
 
 
 class EpochDataLoader(DataLoader):
@@ -27,6 +28,9 @@ class EpochDataLoader(DataLoader):
     the next batch before it runs the current one (it prefetches one to see the end of a loader without a length), so
     at a checkpoint every batch up to the one just trained on is consumed, and the one held back is not.
 
+    Its workers ignore termination signals (:mod:`mmoe.data.workers`): the main process handles them and shuts the
+    workers down.
+
     Args:
         skipped: the dict to count skipped samples in (see Attributes); a new one by default. Lightning builds a new
             loader from this one's arguments for ``predict``: passing the dict keeps both counting in one place.
@@ -37,6 +41,7 @@ class EpochDataLoader(DataLoader):
     """
 
     def __init__(self, *args, skipped: dict[str, SkipCount] | None = None, **kwargs) -> None:
+        kwargs["worker_init_fn"] = ignoring_stop_signals(kwargs.get("worker_init_fn"))
         super().__init__(*args, **kwargs)
         self._epochs_started = 0
         self.resumable = isinstance(self.dataset, ResumableStream)

@@ -34,6 +34,7 @@ from mmoe.tasks.config_safety import install_config_safety, parse_errors_in_one_
 from mmoe.tasks.layout import RunLayout
 from mmoe.tasks.non_finite import NonFiniteGuard, NonFiniteTraining, report_divergence
 from mmoe.tasks.optimizer import nest_optimizer_arguments
+from mmoe.tasks.preemption import with_preemption
 from mmoe.tasks.resume import LAST, checkpoint_folders, read_checkpoint
 from mmoe.tasks.routing_callback import RoutingStatsCallback
 from mmoe.tasks.throughput import Throughput
@@ -150,6 +151,7 @@ class MMoECLI(LightningCLI):
             print(f"mmoe predict: {shortfall} (accepted: --allow_partial_predictions)", file=sys.stderr)
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
+        self.argv = sys.argv[1:] if args is None else args if isinstance(args, list | tuple) else None
         self.command_line_model_arguments = command_line_model_arguments(sys.argv[1:] if args is None else args)
         self.command_line_model_arguments |= self.named_model_arguments
         with parse_errors_in_one_line(
@@ -274,9 +276,11 @@ class MMoECLI(LightningCLI):
                 self.fail(str(error))
 
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
-        """LightningCLI's, with checkpoints saved whole and at the last step (:func:`checkpoint_saving_arguments`)."""
+        """LightningCLI's, with checkpoints saved whole and at the last step (:func:`checkpoint_saving_arguments`),
+        which stops on a termination signal after the step in progress and saves it (:mod:`mmoe.tasks.preemption`)."""
         trainer = self._get(self.config_init, "trainer", default={})
-        return super().instantiate_trainer(**kwargs | checkpoint_saving_arguments({**trainer, **kwargs}))
+        kwargs = kwargs | checkpoint_saving_arguments({**trainer, **kwargs})
+        return with_preemption(super().instantiate_trainer(**kwargs), self.argv)
 
     def given_linked_values(self) -> dict[str, Any]:
         """The values the config gives to linked data arguments (:data:`DATA_LINKS`), less those equal to the

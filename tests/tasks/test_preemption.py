@@ -1,0 +1,226 @@
+"""Stopping a run on a signal (:mod:`mmoe.tasks.preemption`), in this process through ``run_lightning`` (the demo's and
+the claims study's way in): the step the signal interrupts is finished and saved, the exit code is 128 + the
+signal's number, the handlers from before the run are back afterwards; DataLoader workers ignore stop signals; signal
+names are checked."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+import yaml
+from torch.utils.data import IterableDataset
+
+from mmoe.data.loader import EpochDataLoader
+from mmoe.data.workers import STOP_SIGNALS
+from mmoe.tasks.launch import run_lightning
+from mmoe.tasks.layout import RunLayout
+from mmoe.tasks.preemption import Preemption, resume_arguments, signal_numbers
+from tests.cli_fixtures import run_mmoe, small_shards
+from tests.tasks.test_launch import nlvr2_config
+
+
+class SignalDuringStep(L.Callback):
+    """Sends ``signum`` to this process in the middle of step ``step`` (between its loss and its backward pass)."""
+
+    def __init__(self, signum: signal.Signals, step: int, times: int = 1) -> None:
+        self.signum, self.step, self.times = signum, step, times
+
+    def on_before_backward(self, trainer, pl_module, loss) -> None:
+        if trainer.global_step == self.step:
+            for _ in range(self.times):
+                signal.raise_signal(self.signum)
+
+
+class SignalBeforeTraining(L.Callback):
+    def __init__(self, signum: signal.Signals) -> None:
+        self.signum = signum
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        signal.raise_signal(self.signum)
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    return small_shards(tmp_path_factory.mktemp("preemption"))
+
+
+def nlvr2_run(shards, tmp_path, max_steps: int = 6) -> tuple[str, RunLayout]:
+    layout = RunLayout(tmp_path / "run")
+    config = nlvr2_config(shards, layout.root)
+    config["trainer"].update(max_steps=max_steps, callbacks=[
+        {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+         "init_args": {"save_last": True, "every_n_train_steps": 4}}])  # fmt: skip
+    path = tmp_path / "nlvr2.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return str(path), layout
+
+
+def global_step(path) -> int:
+    return torch.load(path, map_location="cpu", weights_only=True)["global_step"]
+
+
+def test_a_signal_mid_step_saves_that_step_and_exits_with_128_plus_its_number(shards, tmp_path, capsys):
+    config, layout = nlvr2_run(shards, tmp_path)
+    before = signal.getsignal(signal.SIGUSR2)
+    preemption = Preemption(signals=["SIGUSR2"])  # the caller's choice of signals is kept
+    with pytest.raises(SystemExit) as stopped:
+        run_lightning("fit", [config], callbacks=[preemption, SignalDuringStep(signal.SIGUSR2, step=1)])
+    assert stopped.value.code == 128 + signal.SIGUSR2
+    assert global_step(layout.last_checkpoint) == 2  # the interrupted step (global step 1 -> 2) was finished
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    saved = f"global step 2, saved to {layout.last_checkpoint}"
+    assert last == f"mmoe fit: stopped by SIGUSR2 after {saved}; resume with ckpt_path='last'"
+    assert signal.getsignal(signal.SIGUSR2) is before
+
+
+def test_the_resumed_run_finishes_and_a_run_without_a_signal_is_untouched(shards, tmp_path, capsys):
+    config, layout = nlvr2_run(shards, tmp_path, max_steps=4)
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(SystemExit) as stopped:
+        run_lightning("fit", [config], callbacks=[SignalDuringStep(signal.SIGINT, step=0)])
+    assert stopped.value.code == 130
+    assert global_step(layout.last_checkpoint) == 1
+    assert signal.getsignal(signal.SIGINT) is before
+    assert "mmoe fit: stopped by SIGINT after global step 1, saved to " in capsys.readouterr().err
+    cli = run_lightning("fit", [config], {"ckpt_path": str(layout.last_checkpoint)})
+    assert cli.trainer.global_step == 4 and global_step(layout.last_checkpoint) == 4
+    assert sum(isinstance(callback, Preemption) for callback in cli.trainer.callbacks) == 1
+    assert signal.getsignal(signal.SIGINT) is before
+    assert "stopped by" not in capsys.readouterr().err
+
+
+def test_a_second_signal_goes_to_the_handler_from_before_the_run(shards, tmp_path):
+    config, layout = nlvr2_run(shards, tmp_path)
+    received = []
+    before = signal.signal(signal.SIGUSR2, lambda number, frame: received.append(number))
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            run_lightning("fit", [config], callbacks=[Preemption(["SIGUSR2"]), SignalDuringStep(signal.SIGUSR2, 1, 2)])
+    finally:
+        signal.signal(signal.SIGUSR2, before)
+    assert received == [signal.SIGUSR2]  # the second one (by default it would end the process at once)
+    assert stopped.value.code == 140 and global_step(layout.last_checkpoint) == 2
+
+
+def test_a_signal_before_the_first_step_saves_nothing(shards, tmp_path, capsys):
+    config, layout = nlvr2_run(shards, tmp_path)
+    with pytest.raises(SystemExit) as stopped:
+        run_lightning("fit", [config], callbacks=[SignalBeforeTraining(signal.SIGINT)])
+    assert stopped.value.code == 130
+    assert not layout.last_checkpoint.exists()
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == "mmoe fit: stopped by SIGINT before any step was trained: nothing saved"
+
+
+class SignalAtSanityCheck(L.Callback):
+    def on_sanity_check_start(self, trainer, pl_module) -> None:
+        signal.raise_signal(signal.SIGUSR2)
+
+
+def test_a_signal_in_the_sanity_check_stops_before_training(shards, tmp_path, capsys):
+    config, layout = nlvr2_run(shards, tmp_path)
+    options = {"trainer": {"limit_val_batches": 1, "num_sanity_val_steps": 1}}
+    with pytest.raises(SystemExit) as stopped:
+        run_lightning("fit", [config], options, [Preemption(["SIGUSR2"]), SignalAtSanityCheck()])
+    assert stopped.value.code == 140 and not layout.last_checkpoint.exists()
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == "mmoe fit: stopped by SIGUSR2 in the sanity check, before any step was trained: nothing saved"
+
+
+class SignalDuringValidation(L.Callback):
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+        signal.raise_signal(signal.SIGUSR2)
+
+
+def test_validate_stops_without_metrics(shards, tmp_path, capsys):
+    config, _ = nlvr2_run(shards, tmp_path)
+    with pytest.raises(SystemExit) as stopped:
+        run_lightning("validate", [config], {"trainer": {"limit_val_batches": 2}},
+                      callbacks=[Preemption(["SIGUSR2"]), SignalDuringValidation()])  # fmt: skip
+    assert stopped.value.code == 140
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == "mmoe validate: stopped by SIGUSR2 after 1 batch of validation: no metrics reported"
+
+
+def test_without_a_checkpoint_callback_the_run_folder_holds_it_and_the_resume_names_it(shards, tmp_path, capsys):
+    config, layout = nlvr2_run(shards, tmp_path)
+    options = {"trainer": {"callbacks": [], "enable_checkpointing": False}}
+    with pytest.raises(SystemExit):
+        run_lightning("fit", [config], options, [Preemption(["SIGUSR2"]), SignalDuringStep(signal.SIGUSR2, step=0)])
+    assert global_step(layout.last_checkpoint) == 1
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.endswith(f"saved to {layout.last_checkpoint}; resume with ckpt_path='{layout.last_checkpoint}'")
+
+
+class WorkerSignals(IterableDataset):
+    """Yields, from a DataLoader worker, how that worker handles each stop signal."""
+
+    def __iter__(self):
+        yield {int(stop): signal.getsignal(stop) == signal.SIG_IGN for stop in STOP_SIGNALS}
+
+
+def test_loader_workers_ignore_stop_signals_and_run_the_loaders_own_init(tmp_path):
+    marker = tmp_path / "init_ran"
+    loader = EpochDataLoader(WorkerSignals(), batch_size=None, num_workers=1, worker_init_fn=TouchFile(marker))
+    (ignored,) = list(loader)
+    assert ignored == {int(stop): True for stop in STOP_SIGNALS}
+    assert marker.exists()
+    assert signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN  # this process still handles them
+
+
+class TouchFile:
+    def __init__(self, path) -> None:
+        self.path = path
+
+    def __call__(self, worker_id: int) -> None:
+        self.path.touch()
+
+
+def test_signal_names_are_checked():
+    assert signal_numbers(["SIGTERM", "INT", "sigusr1"]) == [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1]
+    for bad in ("SIGKILL", "SIGTERMINATE", "9"):
+        with pytest.raises(ValueError, match=f"Preemption signals: '{bad}' is not a signal that can be handled"):
+            signal_numbers([bad])
+
+
+def test_a_config_naming_a_bad_signal_fails_in_one_line(shards, tmp_path, capsys):
+    config, _ = nlvr2_run(shards, tmp_path)
+    values = yaml.safe_load(open(config))
+    values["trainer"]["callbacks"].append(
+        {"class_path": "mmoe.tasks.preemption.Preemption", "init_args": {"signals": ["SIGTERM", "SIGKILL"]}}
+    )
+    yaml.safe_dump(values, open(config, "w"))
+    code, _, err = run_mmoe(["fit", "--config", config], capsys)
+    assert code == 2
+    assert err.strip().splitlines()[-1] == (
+        "mmoe fit: error: Preemption signals: 'SIGKILL' is not a signal that can be handled (expected a name such "
+        "as SIGTERM, SIGINT, SIGUSR1; not SIGKILL or SIGSTOP)"
+    )
+
+
+def test_the_resume_command_replaces_the_checkpoint_argument():
+    given = ["fit", "--config", "a.yaml", "--ckpt_path", "old.ckpt", "--ckpt_path=x", "--trainer.max_steps", "9"]
+    assert resume_arguments(given, "last") == [
+        "fit", "--config", "a.yaml", "--trainer.max_steps", "9", "--ckpt_path", "last"]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_in_ddp_rank_zeros_signal_stops_both_ranks_after_the_same_step(synthetic_corpus, tmp_path):
+    script = Path(__file__).resolve().parents[1] / "scripts" / "ddp_preempt.py"
+    shards = synthetic_corpus / "shards" / "pretrain-pairs"
+    done = subprocess.run([sys.executable, str(script), str(tmp_path), str(synthetic_corpus / "codebook.pt"),
+                           str(shards)], capture_output=True, text=True, timeout=600,
+                          env=os.environ | {"OMP_NUM_THREADS": "1"})  # fmt: skip
+    assert done.returncode == 128 + signal.SIGUSR2, done.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]
+    assert ranks == [{"step": 2, "code": 140}] * 2  # rank 1 got no signal, and stopped with rank 0
+    assert global_step(tmp_path / "checkpoints" / "last.ckpt") == 2
+    assert done.stderr.count("stopped by") == 1  # said once, by rank 0
