@@ -32,6 +32,11 @@ from mmoe.tasks.ckpt_hparams import (
 from mmoe.tasks.layout import RunLayout
 from mmoe.tasks.optimizer import nest_optimizer_arguments
 from mmoe.tasks.routing_callback import RoutingStatsCallback
+from mmoe.tasks.run_lock import RunFolderError, RunFolderLocks
+from mmoe.tasks.run_logs import CSV_LOGGER, ContinueCSVLogs
+
+#: The TensorBoard logger of a run folder (:func:`fill_run_folder`; TensorBoard's event files continue by themselves).
+TENSORBOARD_LOGGER = "lightning.pytorch.loggers.TensorBoardLogger"
 
 #: What ``--ckpt_path`` must be, as its errors name it.
 TASK_CHECKPOINT = "a Lightning checkpoint of an mmoe task, written by mmoe fit"
@@ -107,7 +112,11 @@ class MMoECLI(LightningCLI):
         Python, :func:`mmoe.tasks.launch.run_lightning`), the dotted model arguments below ``init_args`` that count as
         named on the command line (argv ``args`` say so themselves)."""
         self.named_model_arguments = set(named_model_arguments or ())
-        super().__init__(*args, **kwargs)
+        self.run_folder_locks = RunFolderLocks()
+        try:
+            super().__init__(*args, **kwargs)
+        finally:
+            self.run_folder_locks.release()
 
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
@@ -223,6 +232,16 @@ class MMoECLI(LightningCLI):
         trainer = self._get(self.config, "trainer")
         if isinstance(trainer, Namespace):
             fill_run_folder(trainer)
+            try:
+                self.run_folder_locks.hold(self.subcommand, trainer, self.trainer_defaults)
+            except RunFolderError as error:
+                self.fail(str(error))
+
+    def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
+        """LightningCLI's trainer, with a resumed run's CSV logs continuing the earlier ones (``ContinueCSVLogs``)."""
+        trainer = super().instantiate_trainer(**kwargs)
+        trainer.callbacks.append(ContinueCSVLogs())
+        return trainer
 
     def instantiate_classes(self) -> None:
         """LightningCLI's, with an invalid value (a config's ``ValueError``, a missing file) reported in one line, the
@@ -282,9 +301,9 @@ def fill_run_folder(trainer: Namespace) -> None:
     layout = RunLayout(Path(root))
     if trainer.get("logger") is None:
         trainer.logger = []
-        for kind, logs in (("TensorBoardLogger", layout.tensorboard_logs), ("CSVLogger", layout.csv_logs)):
+        for class_path, logs in ((TENSORBOARD_LOGGER, layout.tensorboard_logs), (CSV_LOGGER, layout.csv_logs)):
             init_args = Namespace(save_dir=str(layout.root), name=logs.name)
-            trainer.logger.append(Namespace(class_path=f"lightning.pytorch.loggers.{kind}", init_args=init_args))
+            trainer.logger.append(Namespace(class_path=class_path, init_args=init_args))
     for callback in trainer.get("callbacks") or []:
         if not isinstance(callback, Namespace) or not isinstance(callback.get("init_args"), Namespace):
             continue
