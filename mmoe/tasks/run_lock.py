@@ -46,18 +46,20 @@ def holder_text() -> str:
     return f"host {socket.gethostname()} pid {os.getpid()} started {started}"
 
 
-def check_writable(folder: Path) -> None:
-    """Creates ``folder`` (and its parents) and a file in it, which is removed again.
+def check_writable(folder: Path, what: str = "run folder") -> None:
+    """Creates ``folder`` (and its parents) and a file in it, which is removed again: a run fails here, before it
+    trains, rather than at its first checkpoint.
 
     Raises:
-        RunFolderError: the folder cannot be created or written (a read-only filesystem, no permission).
+        RunFolderError: the folder cannot be created or written (a read-only filesystem, no permission), named as
+            ``what``.
     """
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=folder):
             pass
     except OSError as error:
-        raise RunFolderError(f"run folder {folder} cannot be written: {one_line(error)}") from None
+        raise RunFolderError(f"{what} {folder} cannot be written: {one_line(error)}") from None
 
 
 class FolderLock:
@@ -66,12 +68,14 @@ class FolderLock:
     Args:
         folder: the folder.
         command: the command that takes it (``fit``), named in the line about a lock taken over.
+        what: what the folder is to the run, as messages name it.
     """
 
-    def __init__(self, folder: str | os.PathLike, command: str) -> None:
+    def __init__(self, folder: str | os.PathLike, command: str, what: str = "run folder") -> None:
         self.folder = Path(folder)
         self.path = self.folder / LOCK_FILE
         self.command = command
+        self.what = what
         self._file: IO[str] | None = None
 
     def acquire(self) -> None:
@@ -81,7 +85,7 @@ class FolderLock:
             RunFolderError: another live process holds it (the message names the folder, its host and pid), or the
                 folder cannot be written.
         """
-        check_writable(self.folder)
+        check_writable(self.folder, self.what)
         while self._file is None:
             handle = self._open()
             try:
@@ -91,7 +95,7 @@ class FolderLock:
                 holder = handle.read().strip() or "a process that has not written its name yet"
                 handle.close()
                 raise RunFolderError(
-                    f"run folder {self.folder} is in use by another run ({holder}; lock file {self.path}): "
+                    f"{self.what} {self.folder} is in use by another run ({holder}; lock file {self.path}): "
                     "wait for it to end, or give this run another trainer.default_root_dir"
                 ) from None
             if not self._still_named(handle):
@@ -101,9 +105,9 @@ class FolderLock:
 
     def _open(self) -> IO[str]:
         try:
-            return open(self.path, "a+", encoding="utf-8")  # noqa: SIM115 (held open until release)
+            return open(self.path, "a+", encoding="utf-8")  # held open until release
         except OSError as error:
-            raise RunFolderError(f"run folder {self.folder} cannot be written: {one_line(error)}") from None
+            raise RunFolderError(f"{self.what} {self.folder} cannot be written: {one_line(error)}") from None
 
     def _still_named(self, handle: IO[str]) -> bool:
         """Whether the locked file is still the one at :attr:`path` (not removed by a releasing holder)."""
@@ -117,7 +121,7 @@ class FolderLock:
         previous = handle.read().strip()
         if previous:  # the flock is free, so whoever wrote this has ended without releasing it
             print(
-                f"mmoe {self.command}: run folder {self.folder}: taking over the lock of a run that ended without "
+                f"mmoe {self.command}: {self.what} {self.folder}: taking over the lock of a run that ended without "
                 f"releasing it ({previous})",
                 file=sys.stderr,
             )
@@ -166,21 +170,21 @@ class RunFolderLocks:
             return
         root = Path(root).absolute()
         try:
-            self._lock(root, command)
+            self._lock(root, command, "run folder")
             for folder in map(Path, checkpoint_folders):
                 folder = folder.absolute()
                 if folder.is_relative_to(root):
-                    check_writable(folder)
+                    check_writable(folder, "checkpoint folder")
                 else:
-                    self._lock(folder, command)
+                    self._lock(folder, command, "checkpoint folder")
         except RunFolderError:
             self.release()
             raise
 
-    def _lock(self, folder: Path, command: str) -> None:
+    def _lock(self, folder: Path, command: str, what: str) -> None:
         if any(lock.folder == folder for lock in self.held):
             return
-        lock = FolderLock(folder, command)
+        lock = FolderLock(folder, command, what)
         lock.acquire()
         self.held.append(lock)
 
