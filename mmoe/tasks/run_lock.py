@@ -6,7 +6,9 @@ before anything is built, and a second command into a held folder is refused wit
 time.
 
 The lock is ``fcntl.flock`` on the open file: the kernel releases it when the holding process ends, however it ends
-(SIGKILL included), so a lock is never stale while its file is. The file's text (host, pid, start time) is only what
+(SIGKILL included), so a lock is never stale while its file is. Processes forked from the holder (DataLoader workers)
+close their copy of the file at once, so a killed run's workers, which outlive it for a moment, do not keep its
+folder locked. The file's text (host, pid, start time) is only what
 the refusal names; a file left behind by a killed run is taken over with a line saying whose it was. The file is
 removed on release; a run that finds it removed under its lock (the holder released it meanwhile) locks afresh.
 
@@ -21,6 +23,7 @@ import os
 import socket
 import sys
 import tempfile
+import weakref
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import IO, Any
@@ -60,6 +63,19 @@ def check_writable(folder: Path, what: str = "run folder") -> None:
             pass
     except OSError as error:
         raise RunFolderError(f"{what} {folder} cannot be written: {one_line(error)}") from None
+
+
+#: The locks this process holds, which a forked child lets go of (:func:`close_in_forked_child`).
+HELD: weakref.WeakSet[FolderLock] = weakref.WeakSet()
+
+
+def close_in_forked_child() -> None:
+    """Closes a forked child's copies of its parent's lock files (without unlocking: the lock is the parent's)."""
+    for lock in list(HELD):
+        lock.forget()
+
+
+os.register_at_fork(after_in_child=close_in_forked_child)
 
 
 class FolderLock:
@@ -130,14 +146,22 @@ class FolderLock:
         handle.write(holder_text() + "\n")
         handle.flush()
         self._file = handle
+        HELD.add(self)
 
     def release(self) -> None:
         """Removes the lock file and unlocks it (nothing when not held)."""
         if self._file is None:
             return
         self.path.unlink(missing_ok=True)  # before unlocking: a run waiting on this file sees it gone and retries
-        self._file.close()
-        self._file = None
+        fcntl.flock(self._file, fcntl.LOCK_UN)  # for every process sharing the open file, not only this one
+        self.forget()
+
+    def forget(self) -> None:
+        """Closes this process's copy of the lock file, leaving the lock and the file as they are."""
+        HELD.discard(self)
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
 
 class RunFolderLocks:

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -87,6 +88,35 @@ def test_a_folder_held_by_a_live_process_is_refused_and_taken_over_once_it_is_ki
     assert f"pid {os.getpid()} " in (tmp_path / LOCK_FILE).read_text()
     lock.release()
     assert not (tmp_path / LOCK_FILE).exists()
+
+
+def test_the_forked_children_of_a_killed_holder_do_not_keep_its_folder_locked(tmp_path, capsys):
+    """As DataLoader workers outlive a killed run for a moment."""
+    read_end, write_end = os.pipe()
+    holder = os.fork()
+    if holder == 0:  # the run: takes the lock (held while ``held`` lives), forks a worker, ends without releasing
+        try:
+            held = FolderLock(tmp_path, "fit")
+            held.acquire()
+            worker = os.fork()
+            if worker == 0:
+                time.sleep(60)
+                os._exit(0)
+            os.write(write_end, f"{worker}\n".encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end) as pipe:
+        worker = int(pipe.readline())
+    os.waitpid(holder, 0)
+    try:
+        lock = FolderLock(tmp_path, "fit")
+        lock.acquire()
+        assert f"taking over the lock of a run that ended without releasing it (host {socket.gethostname()} pid " \
+            f"{holder} started" in capsys.readouterr().err  # fmt: skip
+        lock.release()
+    finally:
+        os.kill(worker, signal.SIGKILL)
 
 
 def test_a_released_lock_is_taken_again_without_a_word_and_held_against_this_process_too(tmp_path, capsys):
