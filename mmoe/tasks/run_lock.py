@@ -190,7 +190,7 @@ class RunFolderLocks:
             RunFolderError: a folder held by another run, or one that cannot be written; the locks taken so far are
                 released.
         """
-        if root is None or rank_zero_only.rank != 0:
+        if root is None or not global_rank_zero():
             return
         root = Path(root).absolute()
         try:
@@ -216,6 +216,12 @@ class RunFolderLocks:
         """Releases every lock held, last taken first."""
         while self.held:
             self.held.pop().release()
+
+
+def global_rank_zero() -> bool:
+    """Whether this process is global rank 0 of its run, before the Trainer exists: Lightning's rank from the
+    environment (``RANK``, ``LOCAL_RANK``, ...) and, in a multi-node run started once per node, ``NODE_RANK``."""
+    return rank_zero_only.rank == 0 and os.environ.get("NODE_RANK", "0") == "0"
 
 
 def run_folders(
