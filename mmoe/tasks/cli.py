@@ -32,7 +32,7 @@ from mmoe.tasks.ckpt_hparams import (
 from mmoe.tasks.layout import RunLayout
 from mmoe.tasks.optimizer import nest_optimizer_arguments
 from mmoe.tasks.routing_callback import RoutingStatsCallback
-from mmoe.tasks.run_lock import RunFolderError, RunFolderLocks
+from mmoe.tasks.run_lock import RunFolderLocks
 from mmoe.tasks.run_logs import CSV_LOGGER, ContinueCSVLogs
 
 #: The TensorBoard logger of a run folder (:func:`fill_run_folder`; TensorBoard's event files continue by themselves).
@@ -165,6 +165,7 @@ class MMoECLI(LightningCLI):
         """LightningCLI's, with mmoe's errors about the input (a missing shard, a schedule without a length) and
         weights that do not fit the model reported in one line."""
         try:
+            self.run_folder_locks.hold(subcommand, self._get(self.config, "trainer"), self.trainer_defaults)
             super()._run_subcommand(subcommand)
         except (FileNotFoundError, ValueError) as error:
             cause = input_error(error)
@@ -232,10 +233,6 @@ class MMoECLI(LightningCLI):
         trainer = self._get(self.config, "trainer")
         if isinstance(trainer, Namespace):
             fill_run_folder(trainer)
-            try:
-                self.run_folder_locks.hold(self.subcommand, trainer, self.trainer_defaults)
-            except RunFolderError as error:
-                self.fail(str(error))
 
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
         """LightningCLI's trainer, with a resumed run's CSV logs continuing the earlier ones (``ContinueCSVLogs``)."""

@@ -17,6 +17,7 @@ Under DDP only global rank 0 takes the lock: the other ranks are part of the sam
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import fcntl
 import os
@@ -49,20 +50,22 @@ def holder_text() -> str:
     return f"host {socket.gethostname()} pid {os.getpid()} started {started}"
 
 
-def check_writable(folder: Path, what: str = "run folder") -> None:
+def check_writable(folder: Path, what: str = "run folder") -> list[Path]:
     """Creates ``folder`` (and its parents) and a file in it, which is removed again: a run fails here, before it
-    trains, rather than at its first checkpoint.
+    trains, rather than at its first checkpoint. Returns the folders it created, deepest first.
 
     Raises:
         RunFolderError: the folder cannot be created or written (a read-only filesystem, no permission), named as
             ``what``.
     """
+    created = [parent for parent in [folder, *folder.parents] if not parent.exists()]
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=folder):
             pass
     except OSError as error:
         raise RunFolderError(f"{what} {folder} cannot be written: {one_line(error)}") from None
+    return created
 
 
 #: The locks this process holds, which a forked child lets go of (:func:`close_in_forked_child`).
@@ -92,6 +95,7 @@ class FolderLock:
         self.path = self.folder / LOCK_FILE
         self.command = command
         self.what = what
+        self.created: list[Path] = []  # the folders acquire created, deepest first
         self._file: IO[str] | None = None
 
     def acquire(self) -> None:
@@ -101,7 +105,7 @@ class FolderLock:
             RunFolderError: another live process holds it (the message names the folder, its host and pid), or the
                 folder cannot be written.
         """
-        check_writable(self.folder, self.what)
+        self.created = check_writable(self.folder, self.what)
         while self._file is None:
             handle = self._open()
             try:
@@ -169,11 +173,13 @@ class RunFolderLocks:
 
     def __init__(self) -> None:
         self.held: list[FolderLock] = []
+        self.created: list[Path] = []  # folders made by hold, removed on release while still empty
 
     def hold(self, subcommand: str | None, trainer: Namespace, trainer_defaults: Mapping[str, Any]) -> None:
         """Locks the folders ``mmoe <subcommand>`` writes (:func:`run_folders`) with the parsed ``trainer`` config and
         LightningCLI's ``trainer_defaults`` (:meth:`hold_folders`)."""
-        self.hold_folders(subcommand or "fit", *run_folders(subcommand, trainer, trainer_defaults))
+        if isinstance(trainer, Namespace):
+            self.hold_folders(subcommand or "fit", *run_folders(subcommand, trainer, trainer_defaults))
 
     def hold_folders(
         self, command: str, root: str | os.PathLike | None, checkpoint_folders: Iterable[str | os.PathLike] = ()
@@ -198,7 +204,7 @@ class RunFolderLocks:
             for folder in map(Path, checkpoint_folders):
                 folder = folder.absolute()
                 if folder.is_relative_to(root):
-                    check_writable(folder, "checkpoint folder")
+                    self.created += check_writable(folder, "checkpoint folder")
                 else:
                     self._lock(folder, command, "checkpoint folder")
         except RunFolderError:
@@ -211,11 +217,17 @@ class RunFolderLocks:
         lock = FolderLock(folder, command, what)
         lock.acquire()
         self.held.append(lock)
+        self.created += lock.created
 
     def release(self) -> None:
-        """Releases every lock held, last taken first."""
+        """Releases every lock held, last taken first, and removes the folders it made that are still empty (a run
+        that stopped before writing anything leaves no trace)."""
         while self.held:
             self.held.pop().release()
+        for folder in sorted(self.created, key=lambda path: len(path.parts), reverse=True):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        self.created = []
 
 
 def global_rank_zero() -> bool:

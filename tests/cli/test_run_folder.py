@@ -18,7 +18,7 @@ import yaml
 
 from mmoe.tasks.run_lock import LOCK_FILE
 from mmoe.tasks.run_logs import CSV_LOGGER
-from tests.cli_fixtures import run_mmoe, tiny_pretraining
+from tests.cli_fixtures import run_mmoe
 from tests.tasks.test_pretraining_run import tiny_config
 from tests.tasks.test_run_lock import holding_process, read_only
 
@@ -30,11 +30,13 @@ def fit_command(config: Path, *extra: str) -> list[str]:
             "--config", str(config), *extra]  # fmt: skip
 
 
-def tiny_config_file(tmp_path: Path, root: Path) -> Path:
-    """The tiny pre-training config into the run folder ``root``; refused runs never read its data paths."""
-    config = tiny_pretraining("xmoe")
+def tiny_config_file(corpus: Path, tmp_path: Path, root: Path) -> Path:
+    """The tiny pre-training config (written in ``tmp_path``) into the run folder ``root``, with its default
+    loggers."""
+    path = tiny_config("xmoe", corpus, tmp_path, steps=2)
+    config = yaml.safe_load(path.read_text())
     config["trainer"]["default_root_dir"] = str(root)
-    path = tmp_path / "tiny.yaml"
+    del config["trainer"]["logger"]
     path.write_text(yaml.safe_dump(config))
     return path
 
@@ -44,33 +46,38 @@ def error_line(stderr: str) -> str:
     return stderr.strip().splitlines()[-1]
 
 
-def test_fit_into_a_folder_another_process_holds_is_refused_naming_its_host_and_pid(tmp_path, capsys):
+@pytest.mark.parametrize("subcommand", ["fit", "validate", "test", "predict"])
+def test_a_command_into_a_folder_another_process_holds_is_refused_naming_its_host_and_pid(
+    subcommand, synthetic_corpus, tmp_path, capsys
+):
     root = tmp_path / "run"
     root.mkdir()
     with holding_process(root) as holder:
-        code, _, stderr = run_mmoe(["fit", "--config", str(tiny_config_file(tmp_path, root))], capsys)
+        config = tiny_config_file(synthetic_corpus, tmp_path, root)
+        code, _, stderr = run_mmoe([subcommand, "--config", str(config)], capsys)
         assert code == 2
         assert error_line(stderr).startswith(
-            f"mmoe fit: error: run folder {root} is in use by another run (host {socket.gethostname()} "
+            f"mmoe {subcommand}: error: run folder {root} is in use by another run (host {socket.gethostname()} "
             f"pid {holder.pid} started now; lock file {root / LOCK_FILE})"
         )
         assert sorted(path.name for path in root.iterdir()) == [LOCK_FILE]  # nothing written beside it
 
 
-def test_fit_into_a_read_only_run_folder_is_one_line_at_start(tmp_path, capsys):
+def test_fit_into_a_read_only_run_folder_is_one_line_at_start(synthetic_corpus, tmp_path, capsys):
     with read_only(tmp_path / "ro") as folder:
-        code, _, stderr = run_mmoe(["fit", "--config", str(tiny_config_file(tmp_path, folder / "run"))], capsys)
+        config = tiny_config_file(synthetic_corpus, tmp_path, folder / "run")
+        code, _, stderr = run_mmoe(["fit", "--config", str(config)], capsys)
     assert code == 2
     assert error_line(stderr).startswith(f"mmoe fit: error: run folder {folder / 'run'} cannot be written: ")
 
 
-def test_fit_with_a_read_only_checkpoint_folder_is_one_line_at_start(tmp_path, capsys):
+def test_fit_with_a_read_only_checkpoint_folder_is_one_line_at_start(synthetic_corpus, tmp_path, capsys):
     root = tmp_path / "run"
     with read_only(root / "checkpoints") as checkpoints:
-        code, _, stderr = run_mmoe(["fit", "--config", str(tiny_config_file(tmp_path, root))], capsys)
-    assert code == 2
-    assert error_line(stderr).startswith(f"mmoe fit: error: checkpoint folder {checkpoints} cannot be written: ")
-    assert not (root / LOCK_FILE).exists()
+        code, _, stderr = run_mmoe(["fit", "--config", str(tiny_config_file(synthetic_corpus, tmp_path, root))], capsys)
+        assert code == 2
+        assert error_line(stderr).startswith(f"mmoe fit: error: checkpoint folder {checkpoints} cannot be written: ")
+        assert sorted(path.name for path in root.iterdir()) == ["checkpoints"]  # no lock left, nothing written
 
 
 def metrics_steps(root: Path) -> list[int]:

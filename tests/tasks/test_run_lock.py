@@ -172,3 +172,16 @@ def test_run_folders_are_the_root_and_for_fit_the_checkpoint_folders_of_config_a
     assert run_folders("fit", trainer, defaults) == ("runs/a", ["ck/a", str(tmp_path / "ck_b")])
     assert run_folders("predict", trainer, defaults) == ("runs/a", [])
     assert run_folders("fit", Namespace(default_root_dir=None, callbacks=None), {}) == (None, [])
+
+
+def test_folders_the_lock_made_are_removed_on_release_while_empty(tmp_path):
+    root = tmp_path / "new" / "run"
+    locks = RunFolderLocks()
+    locks.hold_folders("fit", root, [root / "checkpoints"])
+    assert (root / "checkpoints").is_dir()
+    locks.release()  # a run that stopped before writing anything
+    assert list(tmp_path.iterdir()) == []
+    locks.hold_folders("fit", root, [root / "checkpoints"])
+    (root / "checkpoints" / "last.ckpt").write_bytes(b"weights")
+    locks.release()
+    assert sorted(path.name for path in root.rglob("*")) == ["checkpoints", "last.ckpt"]
