@@ -288,9 +288,10 @@ class MMoECLI(LightningCLI):
 
 def fill_run_folder(trainer: Namespace) -> None:
     """Puts what the parsed ``trainer`` config leaves out in its run folder, ``default_root_dir``
-    (:class:`RunLayout`): without ``logger`` (null), a TensorBoard and a CSV logger there (``tensorboard/``, ``csv/``);
-    a ``ModelCheckpoint`` of ``callbacks`` without ``dirpath`` writes to ``checkpoints/``, a ``RoutingStatsCallback``
-    without ``save_dir`` ``routing_stats.json`` in the folder. Nothing changes without ``default_root_dir``, nor
+    (:class:`RunLayout`): without ``logger`` (null), a TensorBoard and a CSV logger there (``tensorboard/``, ``csv/``;
+    the CSV one a :class:`mmoe.tasks.run_logs.ContinuingCSVLogger`, which keeps earlier rows); a ``ModelCheckpoint``
+    of ``callbacks`` without ``dirpath`` writes to ``checkpoints/``, a ``RoutingStatsCallback`` without ``save_dir``
+    ``routing_stats.json`` in the folder. Nothing changes without ``default_root_dir``, nor
     what the config gives (``logger: false`` logs nothing); callbacks given as objects are left alone."""
     root = trainer.get("default_root_dir")
     if root is None:

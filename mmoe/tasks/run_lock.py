@@ -2,15 +2,15 @@
 
 Two runs writing into one folder mix their logs, checkpoints and configs silently. Each command therefore takes
 :data:`LOCK_FILE` in ``trainer.default_root_dir`` (and, for ``fit``, in every ``ModelCheckpoint`` folder outside it)
-before anything is built, and a second command into a held folder is refused with the holder's host, pid and start
-time.
+once its config is instantiated and before it runs, and a second command into a held folder is refused with the
+holder's host, pid and start time. A folder that cannot be written is refused at the same point, before any step.
 
 The lock is ``fcntl.flock`` on the open file: the kernel releases it when the holding process ends, however it ends
-(SIGKILL included), so a lock is never stale while its file is. Processes forked from the holder (DataLoader workers)
-close their copy of the file at once, so a killed run's workers, which outlive it for a moment, do not keep its
-folder locked. The file's text (host, pid, start time) is only what
-the refusal names; a file left behind by a killed run is taken over with a line saying whose it was. The file is
-removed on release; a run that finds it removed under its lock (the holder released it meanwhile) locks afresh.
+(SIGKILL included), so a lock is never stale while its file is, and no pid needs checking for liveness. The file's
+text (host, pid, start time) is only what the refusal names; a file left behind by a killed run is taken over with a
+line saying whose it was. The file is removed on release; a run that finds it removed under its lock (the holder
+released it meanwhile) locks afresh. Processes forked from the holder (DataLoader workers) close their copy of the
+file at once, so a killed run's workers, which outlive it for a moment, do not keep its folder locked.
 
 Under DDP only global rank 0 takes the lock: the other ranks are part of the same run.
 """
