@@ -7,6 +7,7 @@ into a fixed version (``version: 0``, as the demo's) loses the rows logged befor
 starts from (the checkpoint's, 0 for a run from scratch), and it keeps the rows of the steps before it and drops the
 rows of the steps the run logs again. Outside training (``mmoe validate``, ``test``) the earlier rows are kept and
 the new ones appended. A logger without a fixed ``version`` writes a new version folder per run, as Lightning's.
+The earlier rows are read and rewritten on the local filesystem.
 """
 
 from __future__ import annotations
@@ -123,4 +124,5 @@ class ContinueCSVLogs(L.Callback):
             return
         for logger in trainer.loggers:
             if isinstance(logger, ContinuingCSVLogger):
+                # Rows are logged at the optimizer step reached (``step`` column): those before it are the earlier run's.
                 logger.continue_from(trainer.global_step)
