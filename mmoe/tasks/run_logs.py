@@ -124,5 +124,5 @@ class ContinueCSVLogs(L.Callback):
             return
         for logger in trainer.loggers:
             if isinstance(logger, ContinuingCSVLogger):
-                # Rows are logged at the optimizer step reached (``step`` column): those before it are the earlier run's.
+                # Rows carry the optimizer step reached (``step``): those before it are the earlier run's.
                 logger.continue_from(trainer.global_step)
