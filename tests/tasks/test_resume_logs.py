@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -94,3 +95,40 @@ def test_a_killed_and_resumed_run_logs_the_rows_and_routing_windows_of_the_unint
     assert stats["total_tokens"] == expected_stats["total_tokens"]
     assert stats["total_loads"] == expected_stats["total_loads"]
     assert stats["windows"] == expected_stats["windows"]
+
+
+def two_process_config(corpus: Path, root: Path, steps: int) -> Path:
+    """The tiny pre-training in two CPU processes (DDP) into ``root``: a checkpoint every 3 steps, all kept, and a
+    routing statistics window every 2, so the checkpoint at step 3 lies inside a window."""
+    path = logged_config(corpus, root)
+    config = yaml.safe_load(path.read_text())
+    config["trainer"].update(max_steps=steps, devices=2, strategy="ddp_find_unused_parameters_true",
+                             limit_val_batches=0)  # fmt: skip
+    for callback in config["trainer"]["callbacks"]:
+        if callback["class_path"].endswith("ModelCheckpoint"):
+            callback["init_args"].update(every_n_train_steps=3, save_top_k=-1)
+        if callback["class_path"].endswith("RoutingStatsCallback"):
+            callback["init_args"].update(every_n_steps=2)
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_a_two_process_run_resumed_inside_a_routing_window_writes_the_uninterrupted_run_s_statistics(
+    synthetic_corpus, tmp_path
+):
+    def fit(root: Path, steps: int, *extra: str) -> None:
+        root.mkdir(exist_ok=True)
+        command = [sys.executable, "-m", "mmoe.cli", "fit", "--config", str(two_process_config(synthetic_corpus,
+                   root, steps)), *extra]  # fmt: skip
+        done = subprocess.run(command, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stderr[-3000:]  # the second process takes no lock of its own
+        assert not (root / LOCK_FILE).exists()
+
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    fit(straight, 8)
+    fit(stopped, 5)
+    fit(stopped, 8, "--ckpt_path", str(stopped / "checkpoints" / "epoch=0-step=3.ckpt"))
+    expected, stats = (json.loads((root / "routing_stats.json").read_text()) for root in (straight, stopped))
+    assert [window["step"] for window in expected["windows"]] == [2, 4, 6, 8]
+    assert stats == expected  # the window open at step 3 summed both processes' counts
+    assert [row["step"] for row in metrics(stopped)] == [row["step"] for row in metrics(straight)]
