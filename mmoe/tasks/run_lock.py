@@ -114,9 +114,10 @@ class FolderLock:
                 handle.seek(0)
                 holder = handle.read().strip() or "a process that has not written its name yet"
                 handle.close()
+                other = "trainer.default_root_dir" if self.what == "run folder" else "ModelCheckpoint dirpath"
                 raise RunFolderError(
                     f"{self.what} {self.folder} is in use by another run ({holder}; lock file {self.path}): "
-                    "wait for it to end, or give this run another trainer.default_root_dir"
+                    f"wait for it to end, or give this run another {other}"
                 ) from None
             if not self._still_named(handle):
                 handle.close()  # released and removed by its holder between our open and our lock: try again

@@ -58,7 +58,8 @@ def test_a_command_into_a_folder_another_process_holds_is_refused_naming_its_hos
         assert code == 2
         assert error_line(stderr).startswith(
             f"mmoe {subcommand}: error: run folder {root} is in use by another run (host {socket.gethostname()} "
-            f"pid {holder.pid} started now; lock file {root / LOCK_FILE})"
+            f"pid {holder.pid} started now; lock file {root / LOCK_FILE}): wait for it to end, or give this run "
+            "another trainer.default_root_dir"
         )
         assert sorted(path.name for path in root.iterdir()) == [LOCK_FILE]  # nothing written beside it
 

@@ -137,8 +137,9 @@ def test_a_checkpoint_folder_outside_the_run_folder_is_locked_too(tmp_path):
     locks.hold_folders("fit", root, [root / "checkpoints", elsewhere])
     assert (root / LOCK_FILE).is_file() and (elsewhere / LOCK_FILE).is_file()
     assert not (root / "checkpoints" / LOCK_FILE).exists()  # inside the locked run folder: only checked writable
-    with pytest.raises(RunFolderError, match=f"checkpoint folder {elsewhere} is in use by another run"):
+    with pytest.raises(RunFolderError, match=f"checkpoint folder {elsewhere} is in use by another run") as refused:
         RunFolderLocks().hold_folders("fit", tmp_path / "other_run", [elsewhere])
+    assert str(refused.value).endswith("wait for it to end, or give this run another ModelCheckpoint dirpath")
     assert not (tmp_path / "other_run" / LOCK_FILE).exists()  # a refused run keeps no lock
     locks.release()
     assert not (root / LOCK_FILE).exists() and not (elsewhere / LOCK_FILE).exists()
