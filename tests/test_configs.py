@@ -111,7 +111,7 @@ def test_a_tiny_part_sets_the_moe_layers_and_the_run_folder_and_nothing_else(var
     root = f"runs/pretrain/tiny_{variant}"
     loggers = [(logger.class_path.rsplit(".", 1)[1], logger.init_args.save_dir, logger.init_args.name)
                for logger in composed.trainer.logger]  # fmt: skip
-    assert loggers == [("TensorBoardLogger", root, "tensorboard"), ("CSVLogger", root, "csv")]
+    assert loggers == [("TensorBoardLogger", root, "tensorboard"), ("ContinuingCSVLogger", root, "csv")]
     callbacks = {callback.class_path.rsplit(".", 1)[1]: callback.init_args for callback in composed.trainer.callbacks}
     assert callbacks["ModelCheckpoint"].dirpath == f"{root}/checkpoints"
     assert callbacks["RoutingStatsCallback"].save_dir == root

@@ -19,6 +19,7 @@ from mmoe.tasks.finetuning import FineTuningTask
 from mmoe.tasks.launch import read_config, run_lightning
 from mmoe.tasks.layout import RunLayout
 from mmoe.tasks.routing_callback import RoutingStatsCallback
+from mmoe.tasks.run_logs import CSV_LOGGER
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +94,7 @@ def trainer_options(
     trainer = {"max_steps": steps, "val_check_interval": steps, "limit_val_batches": 0,
                "default_root_dir": str(layout.root), "enable_progress_bar": False, "enable_model_summary": False,
                "precision": run.settings.precision, "callbacks": [],
-               "logger": [{"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": csv}]}  # fmt: skip
+               "logger": [{"class_path": CSV_LOGGER, "init_args": csv}]}  # fmt: skip
     callbacks = (
         # No validation metric: keep only the latest checkpoint.
         ModelCheckpoint(

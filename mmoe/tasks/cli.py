@@ -37,7 +37,12 @@ from mmoe.tasks.optimizer import nest_optimizer_arguments
 from mmoe.tasks.preemption import with_preemption
 from mmoe.tasks.resume import LAST, checkpoint_folders, read_checkpoint
 from mmoe.tasks.routing_callback import RoutingStatsCallback
+from mmoe.tasks.run_lock import RunFolderLocks
+from mmoe.tasks.run_logs import CSV_LOGGER, ContinueCSVLogs
 from mmoe.tasks.throughput import Throughput
+
+#: The TensorBoard logger of a run folder (:func:`fill_run_folder`; TensorBoard's event files continue by themselves).
+TENSORBOARD_LOGGER = "lightning.pytorch.loggers.TensorBoardLogger"
 
 #: What ``--ckpt_path`` must be, as its errors name it.
 TASK_CHECKPOINT = "a Lightning checkpoint of an mmoe task, written by mmoe fit"
@@ -114,7 +119,11 @@ class MMoECLI(LightningCLI):
         named on the command line (argv ``args`` say so themselves)."""
         self.named_model_arguments = set(named_model_arguments or ())
         install_config_safety()
-        super().__init__(*args, **kwargs)
+        self.run_folder_locks = RunFolderLocks()
+        try:
+            super().__init__(*args, **kwargs)
+        finally:
+            self.run_folder_locks.release()
 
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
@@ -170,6 +179,7 @@ class MMoECLI(LightningCLI):
         """LightningCLI's, with mmoe's errors about the input (a missing shard, a schedule without a length) and
         weights that do not fit the model reported in one line."""
         try:
+            self.run_folder_locks.hold(subcommand, self._get(self.config, "trainer"), self.trainer_defaults)
             super()._run_subcommand(subcommand)
         except (FileNotFoundError, ValueError) as error:
             cause = input_error(error)
@@ -276,11 +286,14 @@ class MMoECLI(LightningCLI):
                 self.fail(str(error))
 
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
-        """LightningCLI's, with checkpoints saved whole and at the last step (:func:`checkpoint_saving_arguments`),
-        which stops on a termination signal after the step in progress and saves it (:mod:`mmoe.tasks.preemption`)."""
-        trainer = self._get(self.config_init, "trainer", default={})
-        kwargs = kwargs | checkpoint_saving_arguments({**trainer, **kwargs})
-        return with_preemption(super().instantiate_trainer(**kwargs), self.argv)
+        """LightningCLI's, with checkpoints saved whole and at the last step (:func:`checkpoint_saving_arguments`), a
+        resumed run's CSV logs continuing the earlier ones (``ContinueCSVLogs``), and which stops on a termination
+        signal after the step in progress and saves it (:mod:`mmoe.tasks.preemption`)."""
+        trainer_config = self._get(self.config_init, "trainer", default={})
+        kwargs = kwargs | checkpoint_saving_arguments({**trainer_config, **kwargs})
+        trainer = super().instantiate_trainer(**kwargs)
+        trainer.callbacks.append(ContinueCSVLogs())
+        return with_preemption(trainer, self.argv)
 
     def given_linked_values(self) -> dict[str, Any]:
         """The values the config gives to linked data arguments (:data:`DATA_LINKS`), less those equal to the
@@ -299,9 +312,10 @@ class MMoECLI(LightningCLI):
 
 def fill_run_folder(trainer: Namespace) -> None:
     """Puts what the parsed ``trainer`` config leaves out in its run folder, ``default_root_dir``
-    (:class:`RunLayout`): without ``logger`` (null), a TensorBoard and a CSV logger there (``tensorboard/``, ``csv/``);
-    a ``ModelCheckpoint`` of ``callbacks`` without ``dirpath`` writes to ``checkpoints/``, a ``RoutingStatsCallback``
-    without ``save_dir`` ``routing_stats.json`` in the folder. Nothing changes without ``default_root_dir``, nor
+    (:class:`RunLayout`): without ``logger`` (null), a TensorBoard and a CSV logger there (``tensorboard/``, ``csv/``;
+    the CSV one a :class:`mmoe.tasks.run_logs.ContinuingCSVLogger`, which keeps earlier rows); a ``ModelCheckpoint``
+    of ``callbacks`` without ``dirpath`` writes to ``checkpoints/``, a ``RoutingStatsCallback`` without ``save_dir``
+    ``routing_stats.json`` in the folder. Nothing changes without ``default_root_dir``, nor
     what the config gives (``logger: false`` logs nothing); callbacks given as objects are left alone."""
     root = trainer.get("default_root_dir")
     if root is None:
@@ -309,9 +323,9 @@ def fill_run_folder(trainer: Namespace) -> None:
     layout = RunLayout(Path(root))
     if trainer.get("logger") is None:
         trainer.logger = []
-        for kind, logs in (("TensorBoardLogger", layout.tensorboard_logs), ("CSVLogger", layout.csv_logs)):
+        for class_path, logs in ((TENSORBOARD_LOGGER, layout.tensorboard_logs), (CSV_LOGGER, layout.csv_logs)):
             init_args = Namespace(save_dir=str(layout.root), name=logs.name)
-            trainer.logger.append(Namespace(class_path=f"lightning.pytorch.loggers.{kind}", init_args=init_args))
+            trainer.logger.append(Namespace(class_path=class_path, init_args=init_args))
     for callback in trainer.get("callbacks") or []:
         if not isinstance(callback, Namespace) or not isinstance(callback.get("init_args"), Namespace):
             continue

@@ -19,15 +19,20 @@ batches it sums them over the ranks (``trainer.strategy.reduce``), logs per laye
 and, with ``save_dir``, appends the window's loads to ``save_dir/routing_stats.json``
 (:mod:`mmoe.metrics.routing_stats`) for :mod:`mmoe.viz`.
 
+The callback's state (batches seen, the window being accumulated, the windows and totals so far) is saved in the
+checkpoint, so a resumed run writes the windows and totals of the run that was never interrupted.
+
 Lightning writes ``on_step`` values at its ``log_every_n_steps``; choose ``every_n_steps`` as a multiple of it (a
 warning says so otherwise), or a window's values are written at the next logging step or overwritten.
 """
 
 from __future__ import annotations
 
+import copy
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import torch
@@ -92,6 +97,9 @@ class RoutingStatsCallback(L.Callback):
         self._total_loads: dict[str, list[int]] = {}
         self._total_tokens: dict[str, float] = {}
         self._warned_no_routing = False
+        self._global_zero = True
+        self._strategy = None  # the trainer's, for summing the open window over the ranks when it is saved
+        self._restored: dict[str, Any] | None = None  # a checkpoint's state, until the accumulators exist
 
     # -- accumulation ------------------------------------------------------------------------------------------------
 
@@ -101,6 +109,10 @@ class RoutingStatsCallback(L.Callback):
         self._num_experts = moe_experts(pl_module)
         self._keys = {key: row for row, key in enumerate(sort_keys(self._num_experts))}
         self._allocate(pl_module.device)
+        self._strategy = trainer.strategy
+        self._global_zero = trainer.is_global_zero
+        if self._restored is not None:
+            self._restore(self._restored)
         log_every = getattr(trainer, "log_every_n_steps", 0)
         if log_every and self.every_n_steps % log_every:
             warnings.warn(
@@ -155,6 +167,48 @@ class RoutingStatsCallback(L.Callback):
             values = torch.stack([record.router_entropy, record.dropped_fraction, record.requested_capacity])
             self._sums[row, 0] += tokens
             self._sums[row, 1:] += tokens * values.detach().to(self._sums)
+
+    # -- checkpointing ----------------------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed run continues from: the batches seen, the open window's sums per layer key (summed over
+        the ranks: every rank saves a checkpoint, global rank 0 writes it), and the windows and totals so far."""
+        open_window = {}
+        if self._counts is not None:
+            counts, sums = self._counts, self._sums
+            if self._strategy is not None and self._strategy.world_size > 1:
+                counts = self._strategy.reduce(counts.clone(), reduce_op="sum")
+                sums = self._strategy.reduce(sums.clone(), reduce_op="sum")
+            for key, row in self._keys.items():
+                open_window[key] = {"counts": counts[row, : self._num_experts[key]].cpu(), "sums": sums[row].cpu()}
+        return {
+            "batches": self._batches,
+            "open_window": open_window,
+            "windows": copy.deepcopy(self._windows),
+            "total_loads": copy.deepcopy(self._total_loads),
+            "total_tokens": dict(self._total_tokens),
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Continues from a checkpoint's :meth:`state_dict` (applied once the accumulators exist, at fit start)."""
+        if self._counts is None:
+            self._restored = state_dict
+        else:
+            self._restore(state_dict)
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        self._restored = None
+        self._batches = state["batches"]
+        self._windows = copy.deepcopy(state["windows"])
+        self._total_loads = copy.deepcopy(state["total_loads"])
+        self._total_tokens = dict(state["total_tokens"])
+        if not self._global_zero:
+            return  # the open window's sums over all ranks go to one rank only, so that their sum stays the same
+        for key, window in state["open_window"].items():
+            if key in self._keys:
+                counts = window["counts"]
+                self._counts[self._keys[key], : counts.numel()] = counts.to(self._counts)
+                self._sums[self._keys[key]] = window["sums"].to(self._sums)
 
     # -- reporting ---------------------------------------------------------------------------------------------------
 

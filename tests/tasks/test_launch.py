@@ -92,7 +92,7 @@ def test_the_run_folder_is_stated_once_and_the_loggers_and_callbacks_write_there
     path = tmp_path / "nlvr2.yaml"
     path.write_text(yaml.safe_dump(config))
     cli = run_lightning("fit", [path], {"trainer": {"max_steps": 2}})
-    assert [type(logger).__name__ for logger in cli.trainer.loggers] == ["TensorBoardLogger", "CSVLogger"]
+    assert [type(logger).__name__ for logger in cli.trainer.loggers] == ["TensorBoardLogger", "ContinuingCSVLogger"]
     assert layout.last_checkpoint.is_file() and layout.routing_stats.is_file()
     assert (layout.csv_logs / "version_0").is_dir() and (layout.tensorboard_logs / "version_0").is_dir()
 

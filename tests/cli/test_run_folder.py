@@ -1,0 +1,129 @@
+"""One run per run folder: `mmoe fit` into a folder another run holds, or into one it cannot write, stops at start
+with one line and exit code 2, and leaves the other run's files alone."""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from mmoe.tasks.run_lock import LOCK_FILE
+from mmoe.tasks.run_logs import CSV_LOGGER
+from tests.cli_fixtures import run_mmoe
+from tests.tasks.test_pretraining_run import tiny_config
+from tests.tasks.test_run_lock import holding_process, read_only
+
+ENV = os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def fit_command(config: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-c", "import sys; from mmoe.cli import main; sys.exit(main(sys.argv[1:]))", "fit",
+            "--config", str(config), *extra]  # fmt: skip
+
+
+def tiny_config_file(corpus: Path, tmp_path: Path, root: Path) -> Path:
+    """The tiny pre-training config (written in ``tmp_path``) into the run folder ``root``, with its default
+    loggers."""
+    path = tiny_config("xmoe", corpus, tmp_path, steps=2)
+    config = yaml.safe_load(path.read_text())
+    config["trainer"]["default_root_dir"] = str(root)
+    del config["trainer"]["logger"]
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def error_line(stderr: str) -> str:
+    assert "Traceback" not in stderr, stderr
+    return stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("subcommand", ["fit", "validate", "test", "predict"])
+def test_a_command_into_a_folder_another_process_holds_is_refused_naming_its_host_and_pid(
+    subcommand, synthetic_corpus, tmp_path, capsys
+):
+    root = tmp_path / "run"
+    root.mkdir()
+    with holding_process(root) as holder:
+        config = tiny_config_file(synthetic_corpus, tmp_path, root)
+        code, _, stderr = run_mmoe([subcommand, "--config", str(config)], capsys)
+        assert code == 2
+        assert error_line(stderr).startswith(
+            f"mmoe {subcommand}: error: run folder {root} is in use by another run (host {socket.gethostname()} "
+            f"pid {holder.pid} started now; lock file {root / LOCK_FILE}): wait for it to end, or give this run "
+            "another trainer.default_root_dir"
+        )
+        assert sorted(path.name for path in root.iterdir()) == [LOCK_FILE]  # nothing written beside it
+
+
+def test_fit_into_a_read_only_run_folder_is_one_line_at_start(synthetic_corpus, tmp_path, capsys):
+    with read_only(tmp_path / "ro") as folder:
+        config = tiny_config_file(synthetic_corpus, tmp_path, folder / "run")
+        code, _, stderr = run_mmoe(["fit", "--config", str(config)], capsys)
+    assert code == 2
+    assert error_line(stderr).startswith(f"mmoe fit: error: run folder {folder / 'run'} cannot be written: ")
+
+
+def test_fit_with_a_read_only_checkpoint_folder_is_one_line_at_start(synthetic_corpus, tmp_path, capsys):
+    root = tmp_path / "run"
+    with read_only(root / "checkpoints") as checkpoints:
+        code, _, stderr = run_mmoe(["fit", "--config", str(tiny_config_file(synthetic_corpus, tmp_path, root))], capsys)
+        assert code == 2
+        assert error_line(stderr).startswith(f"mmoe fit: error: checkpoint folder {checkpoints} cannot be written: ")
+        assert sorted(path.name for path in root.iterdir()) == ["checkpoints"]  # no lock left, nothing written
+
+
+def metrics_steps(root: Path) -> list[int]:
+    with open(root / "csv" / "version_0" / "metrics.csv") as handle:
+        return [int(row["step"]) for row in csv.DictReader(handle) if row.get("train/loss")]
+
+
+@pytest.mark.slow
+def test_a_second_fit_into_a_running_fit_s_folder_is_refused_and_the_first_finishes_untouched(
+    synthetic_corpus, tmp_path
+):
+    steps = 12
+    root = tmp_path / "run"
+    root.mkdir()
+    path = tiny_config("xmoe", synthetic_corpus, root, steps=steps)
+    config = yaml.safe_load(path.read_text())
+    config["seed_everything"] = 1
+    csv_logs = {"save_dir": str(root), "name": "csv", "version": 0, "flush_logs_every_n_steps": 1}
+    config["trainer"]["logger"] = [{"class_path": CSV_LOGGER, "init_args": csv_logs}]
+    path.write_text(yaml.safe_dump(config))
+    first = subprocess.Popen(fit_command(path), cwd=tmp_path, env=ENV, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        metrics = root / "csv" / "version_0" / "metrics.csv"
+        deadline = time.monotonic() + 600
+        while not metrics.is_file() and first.poll() is None:  # training has started
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        first.send_signal(signal.SIGSTOP)  # paused, holding the folder, while the second run starts
+        second = subprocess.run(fit_command(path, "--seed_everything", "2"), cwd=tmp_path, env=ENV,
+                                capture_output=True, text=True, timeout=600)  # fmt: skip
+        first.send_signal(signal.SIGCONT)
+        assert second.returncode == 2, second.stderr[-3000:]
+        assert error_line(second.stderr).startswith(
+            f"mmoe fit: error: run folder {root} is in use by another run (host {socket.gethostname()} "
+            f"pid {first.pid} started "
+        )
+        _, stderr = first.communicate(timeout=600)
+    finally:
+        first.kill()
+        first.wait()
+    assert first.returncode == 0, stderr[-3000:]
+    assert metrics_steps(root) == list(range(steps))
+    assert yaml.safe_load((root / "csv" / "version_0" / "config.yaml").read_text())["seed_everything"] == 1
+    assert sorted(path.name for path in (root / "checkpoints").iterdir()) == ["last.ckpt"]
+    checkpoint = torch.load(root / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert checkpoint["global_step"] == steps
+    assert not (root / LOCK_FILE).exists()

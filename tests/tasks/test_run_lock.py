@@ -1,0 +1,188 @@
+"""The run-folder lock: a folder held by a live process is refused naming its host and pid, a lock left by a killed
+process is taken over, unwritable folders are refused before anything runs."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from jsonargparse import Namespace
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from mmoe.tasks.run_lock import LOCK_FILE, FolderLock, RunFolderError, RunFolderLocks, run_folders
+
+#: Another process holding the lock of the folder argv[1] as mmoe does (flock on the file, its name in it) until
+#: killed; it prints a line once it holds it.
+HOLDER = """
+import fcntl, os, socket, sys, time
+handle = open(os.path.join(sys.argv[1], ".mmoe-run.lock"), "a+")
+fcntl.flock(handle, fcntl.LOCK_EX)
+handle.write(f"host {socket.gethostname()} pid {os.getpid()} started now\\n")
+handle.flush()
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+@contextlib.contextmanager
+def holding_process(folder: Path) -> Iterator[subprocess.Popen]:
+    """A live process that holds ``folder``'s lock; killed (SIGKILL) at the end if still running."""
+    process = subprocess.Popen([sys.executable, "-c", HOLDER, str(folder)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout.readline().strip() == "held"
+        yield process
+    finally:
+        process.kill()
+        process.wait()
+
+
+@contextlib.contextmanager
+def read_only(folder: Path) -> Iterator[Path]:
+    """``folder`` made read-only: a read-only tmpfs mounted on it as root (chmod does not stop root), else chmod."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() == 0:
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(folder)],
+                                 capture_output=True, text=True)  # fmt: skip
+        if mounted.returncode != 0:
+            pytest.skip(
+                f"running as root, where chmod does not stop writes, and cannot mount: {mounted.stderr.strip()}"
+            )
+        try:
+            yield folder
+        finally:
+            subprocess.run(["umount", str(folder)], check=True)
+    else:
+        folder.chmod(0o555)
+        try:
+            yield folder
+        finally:
+            folder.chmod(0o755)
+
+
+def test_a_folder_held_by_a_live_process_is_refused_and_taken_over_once_it_is_killed(tmp_path, capsys):
+    with holding_process(tmp_path) as holder:
+        with pytest.raises(RunFolderError) as refused:
+            FolderLock(tmp_path, "fit").acquire()
+        message = str(refused.value)
+        assert f"run folder {tmp_path} is in use by another run" in message
+        assert f"host {socket.gethostname()} pid {holder.pid}" in message and "\n" not in message
+        assert f"pid {holder.pid}" in (tmp_path / LOCK_FILE).read_text()  # the holder's lock is left alone
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert (tmp_path / LOCK_FILE).is_file()  # a SIGKILL leaves the file behind, but not the flock
+    lock = FolderLock(tmp_path, "fit")
+    lock.acquire()
+    taken = capsys.readouterr().err.strip().splitlines()
+    assert taken == [
+        f"mmoe fit: run folder {tmp_path}: taking over the lock of a run that ended without releasing it "
+        f"(host {socket.gethostname()} pid {holder.pid} started now)"
+    ]
+    assert f"pid {os.getpid()} " in (tmp_path / LOCK_FILE).read_text()
+    lock.release()
+    assert not (tmp_path / LOCK_FILE).exists()
+
+
+def test_the_forked_children_of_a_killed_holder_do_not_keep_its_folder_locked(tmp_path, capsys):
+    """As DataLoader workers outlive a killed run for a moment."""
+    read_end, write_end = os.pipe()
+    holder = os.fork()
+    if holder == 0:  # the run: takes the lock (held while ``held`` lives), forks a worker, ends without releasing
+        try:
+            held = FolderLock(tmp_path, "fit")
+            held.acquire()
+            worker = os.fork()
+            if worker == 0:
+                time.sleep(60)
+                os._exit(0)
+            os.write(write_end, f"{worker}\n".encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end) as pipe:
+        worker = int(pipe.readline())
+    os.waitpid(holder, 0)
+    try:
+        lock = FolderLock(tmp_path, "fit")
+        lock.acquire()
+        assert f"taking over the lock of a run that ended without releasing it (host {socket.gethostname()} pid " \
+            f"{holder} started" in capsys.readouterr().err  # fmt: skip
+        lock.release()
+    finally:
+        os.kill(worker, signal.SIGKILL)
+
+
+def test_a_released_lock_is_taken_again_without_a_word_and_held_against_this_process_too(tmp_path, capsys):
+    first = FolderLock(tmp_path, "fit")
+    first.acquire()
+    with pytest.raises(RunFolderError, match=f"pid {os.getpid()} started"):
+        FolderLock(tmp_path, "predict").acquire()
+    first.release()
+    second = FolderLock(tmp_path, "fit")
+    second.acquire()
+    second.release()
+    assert capsys.readouterr().err == ""
+
+
+def test_a_checkpoint_folder_outside_the_run_folder_is_locked_too(tmp_path):
+    root, elsewhere = tmp_path / "run", tmp_path / "elsewhere" / "checkpoints"
+    locks = RunFolderLocks()
+    locks.hold_folders("fit", root, [root / "checkpoints", elsewhere])
+    assert (root / LOCK_FILE).is_file() and (elsewhere / LOCK_FILE).is_file()
+    assert not (root / "checkpoints" / LOCK_FILE).exists()  # inside the locked run folder: only checked writable
+    with pytest.raises(RunFolderError, match=f"checkpoint folder {elsewhere} is in use by another run") as refused:
+        RunFolderLocks().hold_folders("fit", tmp_path / "other_run", [elsewhere])
+    assert str(refused.value).endswith("wait for it to end, or give this run another ModelCheckpoint dirpath")
+    assert not (tmp_path / "other_run" / LOCK_FILE).exists()  # a refused run keeps no lock
+    locks.release()
+    assert not (root / LOCK_FILE).exists() and not (elsewhere / LOCK_FILE).exists()
+
+
+def test_a_read_only_run_folder_is_refused_naming_it(tmp_path):
+    with read_only(tmp_path / "ro") as folder:
+        with pytest.raises(RunFolderError) as refused:
+            RunFolderLocks().hold_folders("fit", folder / "run")
+    assert str(refused.value).startswith(f"run folder {folder / 'run'} cannot be written: ")
+
+
+def test_a_read_only_checkpoint_folder_is_refused_naming_it_and_the_run_folder_is_released(tmp_path):
+    root = tmp_path / "run"
+    with read_only(root / "checkpoints") as checkpoints:
+        with pytest.raises(RunFolderError) as refused:
+            RunFolderLocks().hold_folders("fit", root, [checkpoints])
+    assert str(refused.value).startswith(f"checkpoint folder {checkpoints} cannot be written: ")
+    assert not (root / LOCK_FILE).exists()
+
+
+def test_run_folders_are_the_root_and_for_fit_the_checkpoint_folders_of_config_and_objects(tmp_path):
+    trainer = Namespace(
+        default_root_dir="runs/a",
+        callbacks=[
+            Namespace(class_path="lightning.pytorch.callbacks.ModelCheckpoint", init_args=Namespace(dirpath="ck/a")),
+            Namespace(class_path="lightning.pytorch.callbacks.LearningRateMonitor", init_args=Namespace()),
+        ],
+    )
+    defaults = {"callbacks": [ModelCheckpoint(dirpath=tmp_path / "ck_b")]}
+    assert run_folders("fit", trainer, defaults) == ("runs/a", ["ck/a", str(tmp_path / "ck_b")])
+    assert run_folders("predict", trainer, defaults) == ("runs/a", [])
+    assert run_folders("fit", Namespace(default_root_dir=None, callbacks=None), {}) == (None, [])
+
+
+def test_folders_the_lock_made_are_removed_on_release_while_empty(tmp_path):
+    root = tmp_path / "new" / "run"
+    locks = RunFolderLocks()
+    locks.hold_folders("fit", root, [root / "checkpoints"])
+    assert (root / "checkpoints").is_dir()
+    locks.release()  # a run that stopped before writing anything
+    assert list(tmp_path.iterdir()) == []
+    locks.hold_folders("fit", root, [root / "checkpoints"])
+    (root / "checkpoints" / "last.ckpt").write_bytes(b"weights")
+    locks.release()
+    assert sorted(path.name for path in root.rglob("*")) == ["checkpoints", "last.ckpt"]
