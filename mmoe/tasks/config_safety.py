@@ -28,7 +28,17 @@ from mmoe.tasks.config_yaml import ConfigFileError, load_yaml_config, shorten
 #: The packages a config may name classes from: mmoe's tasks, DataModules and callbacks, and Lightning's callbacks,
 #: loggers, strategies and plugins (what the shipped configs and the README name). Not all of torch: a module such as
 #: ``torch.utils.model_dump.__main__`` runs a program when imported.
-ALLOWED_PACKAGES = ("mmoe", "lightning.pytorch", "lightning.fabric", "pytorch_lightning", "lightning_fabric")
+#: ``lightning.LightningModule`` / ``lightning.LightningDataModule`` are the base classes the mmoe CLI names when a
+#: config gives no ``class_path`` (the top-level ``lightning`` package itself is not allowed).
+ALLOWED_PACKAGES = (
+    "mmoe",
+    "lightning.pytorch",
+    "lightning.fabric",
+    "pytorch_lightning",
+    "lightning_fabric",
+    "lightning.LightningModule",
+    "lightning.LightningDataModule",
+)
 
 #: The longest parse error printed; a longer one is cut, saying how much was left out.
 MAX_ERROR_CHARACTERS = 2000
