@@ -6,10 +6,12 @@ names are checked."""
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import lightning as L
@@ -19,7 +21,7 @@ import yaml
 from torch.utils.data import IterableDataset
 
 from mmoe.data.loader import EpochDataLoader
-from mmoe.data.workers import STOP_SIGNALS
+from mmoe.data.workers import STOP_SIGNALS, IgnoringStopSignals
 from mmoe.tasks.launch import run_lightning
 from mmoe.tasks.layout import RunLayout
 from mmoe.tasks.preemption import Preemption, resume_arguments, signal_numbers
@@ -161,10 +163,12 @@ def test_without_a_checkpoint_callback_the_run_folder_holds_it_and_the_resume_na
 
 
 class WorkerSignals(IterableDataset):
-    """Yields, from a DataLoader worker, how that worker handles each stop signal."""
+    """Yields, from a DataLoader worker, how that worker handles each stop signal: ignored, or (SIGTERM) blocked for
+    the thread that takes it."""
 
     def __iter__(self):
-        yield {int(stop): signal.getsignal(stop) == signal.SIG_IGN for stop in STOP_SIGNALS}
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+        yield {int(stop): signal.getsignal(stop) == signal.SIG_IGN or stop in blocked for stop in STOP_SIGNALS}
 
 
 def test_loader_workers_ignore_stop_signals_and_run_the_loaders_own_init(tmp_path):
@@ -174,6 +178,32 @@ def test_loader_workers_ignore_stop_signals_and_run_the_loaders_own_init(tmp_pat
     assert ignored == {int(stop): True for stop in STOP_SIGNALS}
     assert marker.exists()
     assert signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN  # this process still handles them
+
+
+def worker_until_ended(ready) -> None:
+    IgnoringStopSignals()(0)
+    ready.set()
+    time.sleep(60)
+
+
+def test_a_worker_drops_a_sigterm_from_others_and_ends_on_its_parents():
+    """A group SIGTERM (sent by ``kill``, ``timeout``) leaves the worker to its parent; the parent's own SIGTERM
+    (``multiprocessing``'s exit handler, torch's loader shutdown) ends it, so the parent never waits forever."""
+    context = multiprocessing.get_context("fork")
+    ready = context.Event()
+    worker = context.Process(target=worker_until_ended, args=(ready,), daemon=True)
+    worker.start()
+    try:
+        assert ready.wait(30)
+        subprocess.run(["kill", "-TERM", str(worker.pid)], check=True)  # another process sends it
+        worker.join(2)
+        assert worker.is_alive()
+        worker.terminate()  # the parent sends it
+        worker.join(10)
+        assert not worker.is_alive() and worker.exitcode == 128 + signal.SIGTERM
+    finally:
+        if worker.is_alive():
+            worker.kill()
 
 
 class TouchFile:
