@@ -199,6 +199,9 @@ class Preemption(L.Callback):
 
     def _stop(self, trainer: L.Trainer, what: str) -> None:
         command = self.command[0] if self.command else trainer.state.fn.value
+        report_skips = getattr(trainer.datamodule, "report_skips", None)
+        if callable(report_skips):
+            report_skips(trainer.state.fn)
         if trainer.is_global_zero:
             print(f"mmoe {command}: stopped by {self.received.name} {what}", file=sys.stderr, flush=True)
         raise Preempted(128 + int(self.received))

@@ -156,6 +156,11 @@ class ShardDataModule(L.LightningDataModule):
 
     def teardown(self, stage: str) -> None:
         """Says on stderr how many samples each stream skipped in this ``stage`` (fit, validate, test, predict)."""
+        self.report_skips(stage)
+
+    def report_skips(self, stage: str) -> None:
+        """One stderr line: how many samples each stream skipped so far in ``stage`` (also said when a run is stopped
+        by a signal, where Lightning calls no ``teardown``)."""
         stage = getattr(stage, "value", stage)  # Lightning passes its TrainerFn enum
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else None
         where = "" if rank is None else f" (rank {rank})"
