@@ -14,7 +14,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.tasks.test_resume_exact import ENV, STEPS, fit_command, losses, resumable_config, saved_step
+from tests.tasks.test_resume_exact import (
+    ENV,
+    STEPS,
+    fit_command,
+    losses,
+    resumable_config,
+    saved_step,
+    uninterrupted_losses,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -51,12 +59,7 @@ def saved_step_in(line: str, checkpoint: Path) -> int:
 
 
 def test_sigterm_saves_the_step_in_progress_and_the_resumed_run_continues_exactly(synthetic_corpus, tmp_path):
-    straight = tmp_path / "straight"
-    straight.mkdir()
-    done = subprocess.run(fit_command(resumable_config(synthetic_corpus, straight, "v")), cwd=tmp_path, env=ENV,
-                          capture_output=True, text=True, timeout=900)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    expected = losses(straight, "v")
+    expected = uninterrupted_losses(synthetic_corpus, tmp_path)
 
     run = tmp_path / "signalled"
     run.mkdir()

@@ -60,13 +60,18 @@ def losses(out: Path, version: str) -> dict[int, str]:
         return {int(row["step"]): row["train/loss"] for row in csv.DictReader(handle) if row.get("train/loss")}
 
 
-def test_killed_and_resumed_run_logs_the_losses_of_the_uninterrupted_run(synthetic_corpus, tmp_path):
+def uninterrupted_losses(corpus: Path, tmp_path: Path) -> dict[int, str]:
+    """The losses of the run never interrupted (in ``tmp_path / "straight"``), step by step."""
     straight = tmp_path / "straight"
     straight.mkdir()
-    done = subprocess.run(fit_command(resumable_config(synthetic_corpus, straight, "v")), cwd=tmp_path, env=ENV,
+    done = subprocess.run(fit_command(resumable_config(corpus, straight, "v")), cwd=tmp_path, env=ENV,
                           capture_output=True, text=True, timeout=900)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    expected = losses(straight, "v")
+    return losses(straight, "v")
+
+
+def test_killed_and_resumed_run_logs_the_losses_of_the_uninterrupted_run(synthetic_corpus, tmp_path):
+    expected = uninterrupted_losses(synthetic_corpus, tmp_path)
     assert sorted(expected) == list(range(STEPS))  # two epochs of 15 steps and part of a third
 
     run = tmp_path / "killed"
