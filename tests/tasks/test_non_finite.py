@@ -205,7 +205,8 @@ def assert_finite(checkpoints) -> None:
 def test_a_nan_in_one_process_stops_or_skips_the_step_in_every_process(action, tmp_path):
     script = Path(__file__).resolve().parents[1] / "scripts" / "non_finite_ddp.py"
     done = subprocess.run([sys.executable, str(script), action, str(tmp_path)], capture_output=True, text=True,
-                          timeout=600, cwd=script.parents[2], env=os.environ | {"OMP_NUM_THREADS": "1"})  # fmt: skip
+                          timeout=600, cwd=script.parents[2],
+                          env=os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(script.parents[2])})  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     outcomes = [(tmp_path / f"rank{rank}.txt").read_text() for rank in (0, 1)]
     if action == "skip":
