@@ -42,9 +42,15 @@ def logged_config(corpus: Path, root: Path) -> Path:
     return path
 
 
+#: Logged by ``Throughput`` over its own windows, which a resumed run starts afresh (not compared here).
+THROUGHPUT_METRICS = {"step", "train/tokens_per_s", "train/mfu"}
+
+
 def metrics(root: Path) -> list[dict[str, str]]:
+    """The rows of the run's metrics.csv, less those holding only throughput."""
     with open(root / "csv" / "version_0" / "metrics.csv", newline="") as handle:
-        return list(csv.DictReader(handle))
+        rows = list(csv.DictReader(handle))
+    return [row for row in rows if any(value for key, value in row.items() if key not in THROUGHPUT_METRICS)]
 
 
 def losses(rows: list[dict[str, str]]) -> dict[int, str]:
