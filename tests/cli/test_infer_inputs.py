@@ -5,7 +5,6 @@ what it is, files named alike get told apart in a folder's results, and a shard 
 from __future__ import annotations
 
 import json
-import shutil
 
 import numpy as np
 import pytest
@@ -19,6 +18,7 @@ from mmoe.model import MultiwayConfig
 from mmoe.tasks.captioning import CaptioningFineTuning
 from mmoe.tasks.catalog import class_path
 from mmoe.tasks.vqa import VQAFineTuning
+from tests.cli.test_predict_partial import truncated_copy
 from tests.cli_fixtures import run_mmoe, small_shards
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -131,16 +131,6 @@ def test_distinct_numbered_files_keep_their_ids_and_mmoe_eval_scores_the_results
     code, report, err = run_mmoe(argv, capsys)
     assert code == 0, err
     assert json.loads(report)["images_scored"] == 2
-
-
-def truncated_copy(split, out):
-    """``split`` copied to ``out`` with its first shard cut in half: its manifest promises samples it no longer
-    holds."""
-    shutil.copytree(split, out)
-    shard = resolve_shards(out)[0]
-    data = open(shard, "rb").read()
-    open(shard, "wb").write(data[: len(data) // 2])
-    return out
 
 
 def test_a_shard_split_that_lost_samples_exits_2_naming_the_shortfall_and_writes_the_results(made, tmp_path, capsys):
