@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from mmoe.model.initialization import init_beit3_
+
 #: Scale of the NLVR2 MLP's initial linear weights and biases (BEiT-3 ``TwoLayerMLP`` init for NLVR2).
 BEIT3_HEAD_INIT_SCALE = 1e-3
 
@@ -29,17 +31,11 @@ class Pooler(nn.Module):
 
 
 def init_head(module: nn.Module) -> None:
-    """Head init: linear weights from a normal of std 0.02 (torch's ``trunc_normal_`` default cut at ±2, in effect
-    untruncated), zero biases, LayerNorm 1 / 0.
-
-    BEiT-3 cuts its std-0.02 normal at ±std (:func:`init_beit3_`, what the backbone draws), which leaves the head a
-    std of 0.0108. The tiny configs' learning rates and step counts were chosen with heads of std 0.02, and measured
-    with the ±std cut they learn far less in the demo's steps (``mmoe demo --fast``: VQA val 37.17 against a prior of
-    39.43, NLVR2 dev 0.506), so the heads keep std 0.02 until the demo's recipe is re-measured with BEiT-3's cut.
-    """
+    """BEiT-3's head init (unilm ``beit3/modeling_utils.py`` ``_init_weights``): linear weights from a normal of std
+    0.02 truncated at ±std (:func:`mmoe.model.initialization.init_beit3_`), zero biases, LayerNorm 1 / 0."""
     for layer in module.modules():
         if isinstance(layer, nn.Linear):
-            nn.init.trunc_normal_(layer.weight, std=0.02)
+            init_beit3_(layer.weight)
             nn.init.zeros_(layer.bias)
         elif isinstance(layer, nn.LayerNorm):
             nn.init.ones_(layer.weight)

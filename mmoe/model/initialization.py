@@ -1,7 +1,7 @@
 """BEiT-3's weight initialisation (unilm ``beit3/modeling_utils.py``, ``_init_weights`` and ``trunc_normal_``): a
 normal of std 0.02 truncated at ±std (not torch's default cut at ±2, which leaves a std-0.02 normal in effect
-untruncated). The backbone and the pre-training heads draw with :func:`init_beit3_`; the fine-tuning heads do not
-yet (see :func:`mmoe.model.heads.init_head`).
+untruncated). The backbone, the pre-training heads and the fine-tuning heads (:func:`mmoe.model.heads.init_head`) draw
+with :func:`init_beit3_`.
 """
 
 from __future__ import annotations

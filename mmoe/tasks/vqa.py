@@ -16,6 +16,7 @@ vocabulary). ``mmoe predict`` writes the test-dev submission ``[{"question_id", 
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,11 @@ class VQAFineTuning(FineTuningTask):
             label), as the DataModule reads it.
         predictions_file: where ``mmoe predict`` writes the submission ``[{"question_id", "answer"}]`` (atomically;
             one entry per question id). None = not written.
+        prior_bias: start the classifier's output biases at the log-odds of a uniform answer prior, -log(K - 1) for
+            K answers (RetinaNet's prior initialisation for sigmoid classifiers with many negatives, Lin et al., 2017,
+            §4.1), instead of BEiT-3's zero. With zero biases every one of the K sigmoids starts at 0.5 and the first
+            steps' gradient pushes the whole network to lower all logits at once (tasks/vqav2/README.md). A BEiT-3
+            head loaded from a released file keeps its biases.
         **kwargs: the shared fine-tuning arguments of :class:`mmoe.tasks.finetuning.FineTuningTask` (backbone,
             pretrained, frozen_routing, balance and optimiser settings).
     """
@@ -61,12 +67,16 @@ class VQAFineTuning(FineTuningTask):
     infer_text = "question"
     infer_files = ("answer_vocab", "text_tokenizer")
 
-    def __init__(self, answer_vocab: str, predictions_file: str | None = None, **kwargs) -> None:
+    def __init__(
+        self, answer_vocab: str, predictions_file: str | None = None, prior_bias: bool = False, **kwargs
+    ) -> None:
         super().__init__(**kwargs)
         self.predictions_file = predictions_file
         self.answers = read_answer_vocab(answer_vocab)
         config = self.backbone.config
         self.pooler, self.head = vqa_pooler_and_head(config.dim, len(self.answers), config.layernorm_eps)
+        if prior_bias and len(self.answers) > 1:
+            torch.nn.init.constant_(self.head[-1].bias, -math.log(len(self.answers) - 1))
         self.load_beit3_head()
 
     @classmethod

@@ -360,3 +360,19 @@ def test_output_paths_stay_out_of_the_checkpoint_hyperparameters(answers):
     assert "answer_vocab" in task.hparams and task.hparams.optimizer["learning_rate"] == 1e-4
     captions = captioner(results_dir="val", predictions_file="test.json")
     assert captions.results_dir == "val" and "results_dir" not in captions.hparams
+
+
+def test_vqa_prior_bias_starts_each_sigmoid_at_one_in_k_and_beit3_starts_at_zero(answers):
+    """RetinaNet's prior init (Lin et al., 2017, §4.1): b = -log((1 - π) / π) with π = 1 / K, so every answer's sigmoid
+    starts at 1 / K (the share of the K answers one question's target takes) whatever the features; BEiT-3's zero
+    biases start every sigmoid at 0.5 - 0.5 plus what the untrained weights add."""
+    torch.manual_seed(0)
+    task = VQAFineTuning(answer_vocab=answers, backbone=config(moe=False), prior_bias=True)
+    bias = task.head[-1].bias
+    assert torch.allclose(torch.sigmoid(bias), torch.full((4,), 1 / 4))
+    weights = dict(task.head[-1].named_parameters())["weight"]
+    assert float(weights.abs().max()) <= 0.02  # the weights keep BEiT-3's cut normal
+    torch.manual_seed(0)
+    beit3 = VQAFineTuning(answer_vocab=answers, backbone=config(moe=False))
+    assert bool((beit3.head[-1].bias == 0).all())
+    torch.testing.assert_close(beit3.head[-1].weight, weights)  # only the biases differ
