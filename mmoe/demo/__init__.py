@@ -1,7 +1,8 @@
 """``mmoe demo``: the whole pipeline on the embedded synthetic corpus, in minutes on a CPU.
 
 ```
-mmoe demo [--out runs/demo] [--variant dense|switch|xmoe|mhmoe|stratified|all] [--fast] [--precision bf16-mixed]
+mmoe demo [--out runs/demo] [--variant dense|switch|xmoe|mhmoe|stratified|all] [--fast] [--random-init]
+          [--precision bf16-mixed]
 ```
 
 The package: :mod:`~mmoe.demo.settings` (FULL, FAST, the run directory), :mod:`~mmoe.demo.stages` (a pipeline of
@@ -21,7 +22,9 @@ then for each variant, under ``DIR/<variant>/``:
 4. ``export``       the pre-trained backbone as ``backbone_pretrained.pt``;
 5. ``vqav2``, ``nlvr2``, ``captioning``: ``mmoe fit`` with ``configs/finetune/<task>_tiny.yaml`` from that backbone,
    ``mmoe predict`` on the evaluation split, and the official scorers (:mod:`mmoe.metrics`);
-6. ``figures``      ``mmoe viz subtoken-map`` (pre-trained vs VQA fine-tuned backbone) and ``mmoe viz heatmap``.
+6. ``figures``      ``mmoe viz subtoken-map`` (pre-trained vs VQA fine-tuned backbone) and ``mmoe viz heatmap``;
+7. with ``--random-init``, under ``DIR/<variant>/random-init/``: ``init`` (a backbone of the pre-trained one's
+   architecture with fresh weights, seed 0), then step 5 from it: what pre-training adds at equal steps.
 
 A stage is done when its output file exists and its marker ``DIR/stages/<stage>.json`` says so; a re-run reuses done
 stages, and an interrupted training resumes from its last checkpoint. Every file is written atomically or under its

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from mmoe.demo.pipeline import codebook_stage, corpus_stage, variant_rows, variant_stages
+from mmoe.demo.pipeline import codebook_stage, corpus_stage, random_init_stages, variant_rows, variant_stages
 from mmoe.demo.report import format_table, results, say
 from mmoe.demo.settings import FAST, FULL, MAPPING_FIELDS, VARIANTS, DemoError, DemoRun
 from mmoe.demo.stages import run_stage
@@ -66,6 +66,12 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--variant", choices=(*VARIANTS, "all"), default="mhmoe", help="MoE variant (default mhmoe)")
     parser.add_argument("--fast", action="store_true", help="smaller corpus, model and step counts (for tests)")
     parser.add_argument(
+        "--random-init",
+        action="store_true",
+        help="also fine-tune each task from a randomly initialised backbone of the same architecture, with the same "
+        "steps, and show it beside the pre-trained start (what pre-training adds)",
+    )
+    parser.add_argument(
         "--precision",
         choices=("32-true", "bf16-mixed", "16-mixed"),
         default="32-true",
@@ -92,11 +98,16 @@ def demo_command(argv: Sequence[str]) -> int:
         stages = [corpus_stage(run), codebook_stage(run)]
         for variant in variants:
             stages += variant_stages(run, variant)
+            stages += random_init_stages(run, variant) if args.random_init else []
         records = {stage.key: run_stage(run, stage) for stage in stages}
     except DemoError as error:
         print(f"mmoe demo: error: {error}", file=sys.stderr)
         return 1
-    rows = {variant: variant_rows(run, variant, records) for variant in variants}
+    rows = {}
+    for variant in variants:
+        rows[variant] = variant_rows(run, variant, records)
+        if args.random_init:
+            rows[f"{variant}, random init"] = variant_rows(run, variant, records, random_init=True)
     report = results(run, rows, records, time.perf_counter() - start)
     write_json(run.out / RESULTS_FILE, report)
     say(f"\nResults ({report['seconds_this_run']:.0f} s this run, {report['device']})\n")

@@ -9,7 +9,7 @@ from mmoe.data.shards import MANIFEST
 from mmoe.data.synth.convert import PRETRAIN_IMAGE_SPLIT, PRETRAIN_PAIR_SPLIT, PRETRAIN_TEXT_SPLIT
 from mmoe.data.synth.corpus import ChanceLevels
 from mmoe.demo.benchmarks import BENCHMARKS, Benchmark
-from mmoe.demo.settings import DemoRun
+from mmoe.demo.settings import RANDOM_INIT, DemoRun
 from mmoe.demo.stages import Stage, StageKey, run_command
 from mmoe.demo.training import finetune_launch, predict_launch, pretrain_launch, train
 from mmoe.io import write_json
@@ -150,9 +150,50 @@ def variant_stages(run: DemoRun, variant: str) -> list[Stage]:
     return stages
 
 
-def variant_rows(run: DemoRun, variant: str, records: dict[StageKey, dict]) -> list[dict]:
+def random_backbone_stage(run: DemoRun, variant: str, seed: int = 0) -> Stage:
+    """A backbone of the pre-trained one's architecture (its exported config) with fresh weights from the backbone's
+    own initialisation under ``seed``: the start of the fine-tunings that show what pre-training adds."""
+    target = run.random_backbone(variant)
+    key = StageKey.of(variant, RANDOM_INIT, "init")
+
+    def initialise() -> dict:
+        import torch
+
+        from mmoe.model import MultiwayTransformer
+        from mmoe.tasks.checkpoint import export_backbone, read_backbone_state
+
+        config, _ = read_backbone_state(run.backbone(variant))
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            backbone = MultiwayTransformer(config)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        export_backbone(backbone, target)
+        return {"files": [str(target)], "seed": seed}
+
+    return Stage(key, target, initialise)
+
+
+def random_init_stages(run: DemoRun, variant: str) -> list[Stage]:
+    """``mmoe demo --random-init``: each benchmark fine-tuned and scored as in :func:`variant_stages`, with the same
+    steps and settings, from :func:`random_backbone_stage` instead of the pre-trained backbone (run after the
+    variant's stages, whose exported backbone gives the architecture)."""
+    backbone = run.random_backbone(variant)
+    stages = [random_backbone_stage(run, variant)]
+    for benchmark in BENCHMARKS:
+        layout = run.finetuning_from_random(variant, benchmark.name)
+        key = StageKey.of(variant, RANDOM_INIT, benchmark.name)
+        stages += [
+            fine_tuning(run, key, benchmark, backbone, layout),
+            evaluation(run, StageKey.of(str(key), "eval"), benchmark, backbone, layout),
+        ]
+    return stages
+
+
+def variant_rows(run: DemoRun, variant: str, records: dict[StageKey, dict], random_init: bool = False) -> list[dict]:
+    """The table rows of ``variant``'s scored benchmarks (``random_init``: of its fine-tunings from random init)."""
     chance = ChanceLevels.from_summary(run.chance())
+    group = (variant, RANDOM_INIT) if random_init else (variant,)
     rows = []
     for benchmark in BENCHMARKS:
-        rows += benchmark.rows(records[StageKey.of(variant, benchmark.name, "eval")]["result"]["scores"], chance)
+        rows += benchmark.rows(records[StageKey.of(*group, benchmark.name, "eval")]["result"]["scores"], chance)
     return rows

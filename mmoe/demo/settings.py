@@ -18,6 +18,9 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 VARIANTS = ("dense", "switch", "xmoe", "mhmoe", "stratified")
 
+#: The folder (under a variant's) and stage-name part of the fine-tunings from random init (``--random-init``).
+RANDOM_INIT = "random-init"
+
 
 class DemoError(RuntimeError):
     """A stage failed; the message names the stage and the command."""
@@ -134,6 +137,13 @@ class DemoRun:
 
     def finetuning(self, variant: str, task: str) -> RunLayout:
         return RunLayout(self.variant(variant) / task)
+
+    def random_backbone(self, variant: str) -> Path:
+        """A randomly initialised backbone of the variant's architecture (``mmoe demo --random-init``)."""
+        return self.variant(variant) / RANDOM_INIT / "backbone_random.pt"
+
+    def finetuning_from_random(self, variant: str, task: str) -> RunLayout:
+        return RunLayout(self.variant(variant) / RANDOM_INIT / task)
 
     def chance(self) -> dict:
         """The chance levels of the corpus summary."""

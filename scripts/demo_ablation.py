@@ -1,0 +1,116 @@
+"""Fine-tune one of the demo's benchmarks from a backbone file with option overrides, predict its evaluation split
+and score it, as ``mmoe demo`` does (the demo's launches, :mod:`mmoe.demo.training`): the command behind the
+ablations in ``tasks/*/README.md``.
+
+    .venv/bin/python scripts/demo_ablation.py vqav2 runs/demo/mhmoe/backbone_pretrained.pt /tmp/ablation/lr1e-3 \
+        --corpus runs/demo/data --steps 300 --set '{"model": {"init_args": {"optimizer": {"learning_rate": 1e-3}}}}'
+
+``--set`` takes options nested as in a config file, merged over the demo's; the scores go to ``OUT/result.json``
+(and are printed). A random backbone of a pre-trained one's architecture: ``mmoe demo --random-init`` writes one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+from mmoe.demo.benchmarks import BENCHMARKS
+from mmoe.demo.settings import FULL, DemoRun
+from mmoe.demo.training import finetune_launch, predict_launch, train
+from mmoe.io import write_json
+from mmoe.tasks.layout import RunLayout
+
+
+def merged(base: dict, changes: dict) -> dict:
+    """``base`` with ``changes`` merged in, nested dicts key by key."""
+    out = dict(base)
+    for key, value in changes.items():
+        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+#: Kinds of the synthetic VQA questions (mmoe.data.synth.language), by their leading words.
+QUESTION_KINDS = ("what color", "what shape", "what pattern", "what size", "is there a", "is the",
+                  "how many shapes are", "how many")  # fmt: skip
+
+
+def question_kind(question: str) -> str:
+    return next(kind for kind in (*QUESTION_KINDS, "") if question.startswith(kind))
+
+
+def vqa_by_kind(corpus: Path, predictions: Path) -> dict:
+    """Official per-question accuracy of ``predictions`` (val2014) and of the image-blind answerer (the most common
+    training answer of the same question text) per question kind."""
+    from collections import Counter, defaultdict
+
+    from mmoe.io import read_json
+    from mmoe.metrics.vqa import vqa_accuracy
+
+    def read(subtype: str) -> tuple[dict, dict]:
+        vqa = corpus / "vqav2"
+        questions = read_json(vqa / f"v2_OpenEnded_mscoco_{subtype}_questions.json", "questions")["questions"]
+        annotations = read_json(vqa / f"v2_mscoco_{subtype}_annotations.json", "annotations")["annotations"]
+        return {q["question_id"]: q["question"] for q in questions}, {a["question_id"]: a for a in annotations}
+
+    train_questions, train_annotations = read("train2014")
+    answers_by_text = defaultdict(Counter)
+    for question_id, text in train_questions.items():
+        answers_by_text[text][train_annotations[question_id]["multiple_choice_answer"]] += 1
+    questions, annotations = read("val2014")
+    model, blind = defaultdict(list), defaultdict(list)
+    for entry in read_json(predictions, "predictions"):
+        text = questions[entry["question_id"]]
+        humans = [answer["answer"] for answer in annotations[entry["question_id"]]["answers"]]
+        guess = answers_by_text[text].most_common(1)[0][0] if text in answers_by_text else "yes"
+        model[question_kind(text)].append(vqa_accuracy(entry["answer"], humans))
+        blind[question_kind(text)].append(vqa_accuracy(guess, humans))
+    mean = lambda values: round(100 * sum(values) / len(values), 2)  # noqa: E731
+    return {kind: {"model": mean(model[kind]), "image_blind": mean(blind[kind]), "questions": len(model[kind])}
+            for kind in model}  # fmt: skip
+
+
+def main() -> None:
+    benchmarks = {benchmark.name: benchmark for benchmark in BENCHMARKS}
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("task", choices=sorted(benchmarks))
+    parser.add_argument("backbone", type=Path, help="exported backbone to start from")
+    parser.add_argument("out", type=Path, help="run folder (its data/ links to --corpus)")
+    parser.add_argument("--corpus", type=Path, default=Path("runs/demo/data"), help="a demo run's data folder")
+    parser.add_argument("--steps", type=int, help="fine-tuning steps (default: the default demo's)")
+    parser.add_argument("--seed", type=int, help="seed_everything (default: the config's)")
+    parser.add_argument("--set", default="{}", help="JSON options merged over the demo's launch")
+    args = parser.parse_args()
+
+    benchmark = benchmarks[args.task]
+    args.out.mkdir(parents=True, exist_ok=True)
+    if not (args.out / "data").exists():
+        (args.out / "data").symlink_to(args.corpus.resolve())
+    steps = FULL.finetune_steps | ({args.task: args.steps} if args.steps else {})
+    run = DemoRun(args.out, FULL.replace(finetune_steps=steps))
+    layout = RunLayout(args.out / args.task)
+    fit = finetune_launch(run, benchmark.task, benchmark.model_options(run), args.backbone, layout, args.seed)
+    fit = dataclasses.replace(fit, overrides=merged(fit.overrides, json.loads(args.set)))
+    start = time.perf_counter()
+    train(args.task, fit, layout)
+    seconds = time.perf_counter() - start
+    predictions = layout.predictions(benchmark.predictions)
+    predict_launch(fit, layout, run.shards / benchmark.eval_split, predictions).run(f"{args.task}/eval")
+    result = {
+        "task": args.task,
+        "backbone": str(args.backbone),
+        "set": json.loads(args.set),
+        "steps": run.settings.steps(args.task),
+        "fit_seconds": seconds,
+        "scores": benchmark.score(run, predictions),
+    }
+    if args.task == "vqav2":
+        result["by_question_kind"] = vqa_by_kind(run.data, predictions)
+    write_json(args.out / "result.json", result)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
