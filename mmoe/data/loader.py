@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 
 from mmoe.data.accounting import END, Delivery, SkipCount, UnusableStreamError, add_skips
 from mmoe.data.streams import ResumableStream
-from mmoe.data.workers import ignoring_stop_signals
+from mmoe.data.workers import ignoring_stop_signals, started_with_stop_signals_blocked
 
 
 class EpochDataLoader(DataLoader):
@@ -68,11 +68,11 @@ class EpochDataLoader(DataLoader):
             self.dataset.set_epoch(epoch)
         self._epochs_started += 1
         if not self.resumable:
-            return super().__iter__()
+            return started_with_stop_signals_blocked(super().__iter__)
         self.dataset.start = start
         self._epoch, self._finished, self._held = epoch, False, None
         self._positions, self._next_worker = dict(start), next_worker
-        return self._consume(super().__iter__())
+        return self._consume(started_with_stop_signals_blocked(super().__iter__))
 
     def _consume(self, deliveries: Iterator[Delivery]) -> Iterator[Any]:
         rank = self.dataset.process_rank()

@@ -5,6 +5,10 @@ killed by SIGTERM makes the main process fail with ``DataLoader worker (pid N) i
 stop cleanly; a worker that ignores the signal keeps serving batches until the main process, which handles the
 signal, shuts it down (or, if the main process dies, until the worker sees its parent gone and exits).
 
+A worker starts with those signals blocked (:func:`started_with_stop_signals_blocked` blocks them in the main process
+while it forks the workers), so a signal to the group in the moment between a worker's start and its
+``worker_init_fn`` cannot end it either; the main process gets a signal that came meanwhile once it unblocks them.
+
 A SIGTERM from the worker's own parent is obeyed: that is how the parent ends a worker that did not stop when asked
 (torch's loader shutdown, ``multiprocessing``'s exit handler); a worker ignoring it would leave the parent waiting
 for it forever.
@@ -15,7 +19,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 #: What a scheduler or a user sends to ask a job to stop (Ctrl-C, ``kill``, ``timeout``, SLURM's pre-emption warning).
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
@@ -30,9 +34,10 @@ class IgnoringStopSignals:
         self.init = init
 
     def __call__(self, worker_id: int) -> None:
-        for stop_signal in STOP_SIGNALS:
-            if stop_signal != signal.SIGTERM:
-                signal.signal(stop_signal, signal.SIG_IGN)
+        others = {stop_signal for stop_signal in STOP_SIGNALS if stop_signal != signal.SIGTERM}
+        for stop_signal in others:
+            signal.signal(stop_signal, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, others)  # one that came since the fork is ignored now
         # SIGTERM stays blocked and is taken by a thread that can see who sent it (a handler cannot).
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
         threading.Thread(target=end_on_parents_sigterm, args=(os.getppid(),), daemon=True).start()
@@ -52,3 +57,14 @@ def ignoring_stop_signals(init: Callable[[int], None] | None) -> IgnoringStopSig
     """``init`` wrapped in :class:`IgnoringStopSignals`, once (a loader rebuilt from another's arguments, as Lightning
     does for ``predict``, passes the wrapped one again)."""
     return init if isinstance(init, IgnoringStopSignals) else IgnoringStopSignals(init)
+
+
+def started_with_stop_signals_blocked(start: Callable[[], Iterator]) -> Iterator:
+    """``start()`` (a DataLoader's ``__iter__``, which forks its workers) with :data:`STOP_SIGNALS` blocked in this
+    thread, so each worker begins with them blocked until :class:`IgnoringStopSignals` has set it up; the mask is
+    restored after, and a stop signal that arrived meanwhile is then delivered to this process's handler."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        return start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)

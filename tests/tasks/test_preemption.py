@@ -21,7 +21,7 @@ import yaml
 from torch.utils.data import IterableDataset
 
 from mmoe.data.loader import EpochDataLoader
-from mmoe.data.workers import STOP_SIGNALS, IgnoringStopSignals
+from mmoe.data.workers import STOP_SIGNALS, IgnoringStopSignals, started_with_stop_signals_blocked
 from mmoe.tasks.launch import run_lightning
 from mmoe.tasks.layout import RunLayout
 from mmoe.tasks.preemption import Preemption, resume_arguments, signal_numbers
@@ -205,6 +205,38 @@ def test_a_worker_drops_a_sigterm_from_others_and_ends_on_its_parents():
     finally:
         if worker.is_alive():
             worker.kill()
+
+
+def report_blocked_signals(queue) -> None:
+    queue.put(sorted(int(blocked) for blocked in signal.pthread_sigmask(signal.SIG_BLOCK, [])))
+
+
+def test_workers_start_with_stop_signals_blocked_and_the_parent_gets_one_sent_meanwhile():
+    """The moment between a worker's fork and its ``worker_init_fn``: a group signal then would end the worker with
+    the default action (the main process then fails with "DataLoader worker exited unexpectedly"). Forked under
+    :func:`started_with_stop_signals_blocked`, the worker starts with every stop signal blocked; the parent's mask is
+    restored after, and a SIGUSR2 sent to the parent while it forked reaches the parent's handler then."""
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    received = []
+    previous = signal.signal(signal.SIGUSR2, lambda number, frame: received.append(number))
+    mask_before = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    try:
+
+        def start():
+            os.kill(os.getpid(), signal.SIGUSR2)  # arrives while the workers start: held, not lost
+            assert received == []
+            worker = context.Process(target=report_blocked_signals, args=(queue,))
+            worker.start()
+            return iter([worker])
+
+        (worker,) = list(started_with_stop_signals_blocked(start))
+        assert set(queue.get(timeout=30)) >= {int(stop) for stop in STOP_SIGNALS}
+        worker.join(30)
+        assert received == [signal.SIGUSR2]
+        assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == mask_before
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
 
 
 class TouchFile:
