@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -215,7 +216,7 @@ def test_workers_start_with_stop_signals_blocked_and_the_parent_gets_one_sent_me
     """The moment between a worker's fork and its ``worker_init_fn``: a group signal then would end the worker with
     the default action (the main process then fails with "DataLoader worker exited unexpectedly"). Forked under
     :func:`started_with_stop_signals_blocked`, the worker starts with every stop signal blocked; the parent's mask is
-    restored after, and a SIGUSR2 sent to the parent while it forked reaches the parent's handler then."""
+    restored after, and a SIGUSR2 sent to the forking thread meanwhile reaches the parent's handler then."""
     context = multiprocessing.get_context("fork")
     queue = context.Queue()
     received = []
@@ -224,7 +225,9 @@ def test_workers_start_with_stop_signals_blocked_and_the_parent_gets_one_sent_me
     try:
 
         def start():
-            os.kill(os.getpid(), signal.SIGUSR2)  # arrives while the workers start: held, not lost
+            # Sent to this thread (a signal to the process may go to another thread, which has not blocked it) while
+            # the workers start: held, not lost.
+            signal.pthread_kill(threading.get_ident(), signal.SIGUSR2)
             assert received == []
             worker = context.Process(target=report_blocked_signals, args=(queue,))
             worker.start()
