@@ -42,31 +42,31 @@ def question_kind(question: str) -> str:
 
 
 def vqa_by_kind(corpus: Path, predictions: Path) -> dict:
-    """Official per-question accuracy of ``predictions`` (val2014) and of the image-blind answerer (the most common
-    training answer of the same question text) per question kind."""
-    from collections import Counter, defaultdict
+    """Official per-question accuracy of ``predictions`` (val2014) and of the image-blind answerer
+    (:func:`mmoe.data.synth.corpus.image_blind_answers`: the most common training answer of the same question text)
+    per question kind."""
+    from collections import defaultdict
 
+    from mmoe.data.synth.corpus import image_blind_answers
     from mmoe.io import read_json
     from mmoe.metrics.vqa import vqa_accuracy
 
-    def read(subtype: str) -> tuple[dict, dict]:
+    def read(subtype: str) -> tuple[dict, list]:
         vqa = corpus / "vqav2"
         questions = read_json(vqa / f"v2_OpenEnded_mscoco_{subtype}_questions.json", "questions")["questions"]
         annotations = read_json(vqa / f"v2_mscoco_{subtype}_annotations.json", "annotations")["annotations"]
-        return {q["question_id"]: q["question"] for q in questions}, {a["question_id"]: a for a in annotations}
+        return {q["question_id"]: q["question"] for q in questions}, annotations
 
-    train_questions, train_annotations = read("train2014")
-    answers_by_text = defaultdict(Counter)
-    for question_id, text in train_questions.items():
-        answers_by_text[text][train_annotations[question_id]["multiple_choice_answer"]] += 1
-    questions, annotations = read("val2014")
+    train_questions, train = read("train2014")
+    val_questions, val = read("val2014")
+    guesses = image_blind_answers(train, val, train_questions | val_questions)
+    humans = {a["question_id"]: [answer["answer"] for answer in a["answers"]] for a in val}
     model, blind = defaultdict(list), defaultdict(list)
     for entry in read_json(predictions, "predictions"):
-        text = questions[entry["question_id"]]
-        humans = [answer["answer"] for answer in annotations[entry["question_id"]]["answers"]]
-        guess = answers_by_text[text].most_common(1)[0][0] if text in answers_by_text else "yes"
-        model[question_kind(text)].append(vqa_accuracy(entry["answer"], humans))
-        blind[question_kind(text)].append(vqa_accuracy(guess, humans))
+        question_id = entry["question_id"]
+        kind = question_kind(val_questions[question_id])
+        model[kind].append(vqa_accuracy(entry["answer"], humans[question_id]))
+        blind[kind].append(vqa_accuracy(guesses[question_id], humans[question_id]))
     mean = lambda values: round(100 * sum(values) / len(values), 2)  # noqa: E731
     return {kind: {"model": mean(model[kind]), "image_blind": mean(blind[kind]), "questions": len(model[kind])}
             for kind in model}  # fmt: skip

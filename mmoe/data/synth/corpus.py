@@ -259,6 +259,25 @@ def _pretrain_files(root: Path, seed: int, train: list[_Image], texts: int) -> N
     (folder / "pairs.tsv").write_text("\n".join(pairs) + "\n")
 
 
+def image_blind_answers(
+    train: list[dict[str, Any]], val: list[dict[str, Any]], questions: dict[int, str] | None = None
+) -> dict[int, str]:
+    """Question id -> the answer of :func:`vqa_prior_accuracy`'s image-blind answerer for each ``val`` annotation."""
+    by_type: dict[str, Counter] = defaultdict(Counter)
+    by_text: dict[str, Counter] = defaultdict(Counter)
+    for annotation in train:
+        answer = normalize_answer(annotation["multiple_choice_answer"])
+        by_type[annotation["question_type"]][answer] += 1
+        if questions is not None:
+            by_text[questions[annotation["question_id"]]][answer] += 1
+    guesses = {}
+    for annotation in val:
+        counts = by_text.get(questions[annotation["question_id"]]) if questions is not None else None
+        counts = counts or by_type.get(annotation["question_type"])
+        guesses[annotation["question_id"]] = counts.most_common(1)[0][0] if counts else ""
+    return guesses
+
+
 def vqa_prior_accuracy(
     train: list[dict[str, Any]], val: list[dict[str, Any]], questions: dict[int, str] | None = None
 ) -> dict[str, Any]:
@@ -272,18 +291,10 @@ def vqa_prior_accuracy(
     text-only model can score somewhat higher by sharing answers across similar texts, so a model near this level has
     not shown that it reads the image.
     """
-    by_type: dict[str, Counter] = defaultdict(Counter)
-    by_text: dict[str, Counter] = defaultdict(Counter)
-    for annotation in train:
-        answer = normalize_answer(annotation["multiple_choice_answer"])
-        by_type[annotation["question_type"]][answer] += 1
-        if questions is not None:
-            by_text[questions[annotation["question_id"]]][answer] += 1
+    guesses = image_blind_answers(train, val, questions)
     overall, per_answer_type = [], defaultdict(list)
     for annotation in val:
-        counts = by_text.get(questions[annotation["question_id"]]) if questions is not None else None
-        counts = counts or by_type.get(annotation["question_type"])
-        guess = counts.most_common(1)[0][0] if counts else ""
+        guess = guesses[annotation["question_id"]]
         score = answer_scores([a["answer"] for a in annotation["answers"]]).get(guess, 0.0)
         overall.append(score)
         per_answer_type[annotation["answer_type"]].append(score)
