@@ -59,10 +59,11 @@ class MoEConfig:
         subln: apply a LayerNorm to each expert's hidden activation before its second linear (BEiT-3's Sub-LN FFN),
             so that a one-expert layer equals the backbone's dense FFN.
         expert_kernels: ``"torch"`` (default): the reference path, gather rows, grouped GEMMs, gather back.
-            ``"triton"``: the first expert linear gathers its rows and the second scatters its outputs inside the GEMM
-            (:mod:`mmoe.moe.triton_experts`); used on CUDA tensors (and on the CPU under ``TRITON_INTERPRET=1``),
-            elsewhere the layer warns once and keeps the reference path. Stratified layers always use the reference
-            path. Equal to the reference within float tolerance (tested); its speed on a GPU is not yet measured.
+            ``"triton"``: the first expert linear gathers its rows (bias and GELU in its epilogue) and the second
+            scatters its outputs inside the GEMM (:mod:`mmoe.moe.triton_experts`, Hopper wgmma tiles); used on CUDA
+            tensors (and on the CPU under ``TRITON_INTERPRET=1``), elsewhere the layer warns once and keeps the
+            reference path. Stratified layers always use the reference path. Equal to the reference within float
+            tolerance (tested); its speed on a GPU is not yet measured.
     """
 
     dim: int

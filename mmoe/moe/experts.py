@@ -147,22 +147,11 @@ class GroupedExperts(nn.Module):
         """The experts on the (sub-)tokens ``x_SD`` with the dispatch gather fused into the first linear and the
         inverse permutation into the second (:mod:`mmoe.moe.triton_experts`); returns the (K*S, D) outputs in choice
         order, for :func:`mmoe.moe.dispatch.combine_unsorted`."""
-        from mmoe.moe.triton_experts import GatherLinear, block_schedule
+        from mmoe.moe.triton_experts import fused_expert_ffn
 
-        top_k = plan.kept_SK.shape[1]
-        schedule = block_schedule(plan.offsets_E, plan.expert_C.numel())
-        hidden_CH = GatherLinear.apply(
-            x_SD, self.fc1_weight, self.fc1_bias, plan.offsets_E, plan.expert_C, plan.token_C, plan.inverse_C, None,
-            top_k, schedule,
-        )  # fmt: skip
-        hidden_CH = F.gelu(hidden_CH)
-        if self.ln_weight is not None:
-            hidden_CH = F.layer_norm(hidden_CH, (self.hidden_dim,)).to(x_SD.dtype)
-            ln_weight = self.ln_weight.to(x_SD.dtype).index_select(0, plan.expert_C)
-            hidden_CH = torch.addcmul(self.ln_bias.to(x_SD.dtype).index_select(0, plan.expert_C), hidden_CH, ln_weight)
-        return GatherLinear.apply(
-            hidden_CH, self.fc2_weight, self.fc2_bias, plan.offsets_E, plan.expert_C, None, None, plan.order_C, 1,
-            schedule,
+        return fused_expert_ffn(
+            x_SD, self.fc1_weight, self.fc1_bias, self.fc2_weight, self.fc2_bias, self.ln_weight, self.ln_bias,
+            plan.token_C, plan.order_C, plan.expert_C, plan.offsets_E, plan.kept_SK.shape[1],
         )  # fmt: skip
 
     def forward_loop(self, x_RD: torch.Tensor, offsets_E: torch.Tensor) -> torch.Tensor:

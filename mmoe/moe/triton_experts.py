@@ -1,33 +1,47 @@
-"""Expert linears with the row permutations fused into the GEMMs (ScatterMoE-style), as Triton kernels.
+"""Expert FFNs with the row permutations fused into the GEMMs (ScatterMoE-style), as Triton kernels.
 
 The reference path (:mod:`mmoe.moe.dispatch` + :class:`mmoe.moe.experts.GroupedExperts`) moves rows three times
 around the expert GEMMs: gather the choices into expert order, run the grouped GEMMs, gather the outputs back. Here
 the first linear reads its rows straight from the (sub-)token matrix (``x[token_C[r]]``) and the second writes each
 output row straight to its choice's place (``y[order_C[r]]``), so no permuted copy of the activations is written:
 
-    Y[out[r]] = X[in[r]] @ W[e(r)] + b[e(r)]      for every sorted choice r, e(r) its expert
+    A[r] = X[token[r]] @ W1[e(r)] + b1[e(r)],   G = GELU(A)        (fc1; bias and GELU in the GEMM's epilogue)
+    Y[order[r]] = G[r] @ W2[e(r)] + b2[e(r)]                      (fc2; with Sub-LN, G is normalised first)
 
-Rows are processed in blocks of one expert each; the block schedule is built on the device from the slice ends
-``offsets_E`` with a static grid of ``ceil(R / BLOCK_M) + E`` programs (the most blocks any split of R rows over E
-experts can need), so nothing is read back to the host. The backward uses the same kernel for the input gradient
-(``dY[out[r]] @ W[e]^T``) and a per-expert kernel for the weight gradient (``Σ_r X[in[r]]^T dY[out[r]]``).
+for every sorted choice r, e(r) its expert. Rows are processed in blocks of one expert each; the block schedule is
+built on the device in one launch from the slice ends ``offsets_E``, over a static grid of ``ceil(R / BLOCK_M) + E``
+row blocks (the most any split of R rows over E experts can need), so nothing is read back to the host and the layer
+can be captured in a CUDA graph. The backward reuses the GEMM kernel for the input gradients (``dY[order[r]] @
+W2[e]^T`` with GELU' in its epilogue, then ``dA @ W1^T`` scattered to the choice's place) and a per-expert kernel for
+the weight gradients (``Σ_r X[in[r]]^T dY[r]`` over 128×128 output tiles, the bias gradient summed in the same pass).
+No gradient is accumulated with atomics; per-expert sums (biases, Sub-LN affine) accumulate in fp32.
+
+Tiles follow Hopper's rules (Triton uses wgmma when a tile's M is a multiple of 64 and the warps a multiple of 4):
+:func:`gemm_tiles` picks 128×128×64 over 8 warps where the experts' slices fill 128-row blocks and 64×128×64 over 4
+warps for small slices (E = 32, short sequences); fp32 inputs multiply in true fp32 (``input_precision="ieee"``, not
+TF32). ``tests/moe/test_triton_compile.py`` compiles every variant the layer launches for sm_90 on the CPU and checks
+wgmma, register spills and shared memory.
 
 Off by default (``MoEConfig.expert_kernels = "triton"`` turns it on). It runs on CUDA tensors, and on CPU tensors
 under Triton's interpreter (``TRITON_INTERPRET=1`` set before this module is imported), which is how the test suite
 checks it against the reference path without a GPU.
 
-Shape legend: R rows (sorted choices), S (sub-)tokens, E experts, K input width, N output width.
+Shape legend: R rows (sorted choices), S (sub-)tokens, E experts, K input width, N output width, P row blocks.
 """
 
 from __future__ import annotations
 
+import math
 import os
+from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-BLOCK_M, BLOCK_N, BLOCK_K = 32, 64, 32
+#: Epilogues of :func:`_gather_gemm_kernel`: none; store A and GELU(A); multiply by GELU'(A) of a saved A.
+NO_EPILOGUE, GELU, GELU_GRAD = 0, 1, 2
 
 
 def interpreting() -> bool:
@@ -40,85 +54,256 @@ def usable_on(x: torch.Tensor) -> bool:
     return x.is_cuda or (x.device.type == "cpu" and interpreting())
 
 
-def block_schedule(offsets_E: torch.Tensor, num_rows: int, block_m: int = BLOCK_M) -> tuple[torch.Tensor, torch.Tensor]:
-    """Expert and first row of each program's block: (P,) int32 each, P = ceil(R / block_m) + E; programs past the
-    last block get expert E (they do nothing)."""
-    num_experts = offsets_E.numel()
-    offsets = offsets_E.long()
-    starts = torch.cat([offsets.new_zeros(1), offsets[:-1]])
-    blocks_E = (offsets - starts + block_m - 1) // block_m
-    ends_E = blocks_E.cumsum(0)
-    programs = torch.arange(triton.cdiv(num_rows, block_m) + num_experts, device=offsets.device)
-    expert_P = torch.searchsorted(ends_E, programs, right=True)
-    inside = expert_P < num_experts
-    safe = expert_P.clamp_max(num_experts - 1)
-    first_block = ends_E.index_select(0, safe) - blocks_E.index_select(0, safe)
-    row_P = starts.index_select(0, safe) + (programs - first_block) * block_m
-    return expert_P.to(torch.int32), torch.where(inside, row_P, 0).to(torch.int32)
+@dataclass(frozen=True)
+class GemmTiles:
+    """Tile of the gather/scatter GEMM: ``block_m`` rows of one expert × ``block_n`` output columns, ``block_k`` deep;
+    ``group_m`` row blocks share their weight tiles in L2 (the GROUP_M swizzle of Triton's matmul tutorial)."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+    group_m: int = 8
+
+
+@dataclass(frozen=True)
+class WeightGradTiles:
+    """Tile of the weight-gradient kernel: a ``block_k`` × ``block_n`` output tile of one expert, ``block_m`` rows a
+    step."""
+
+    block_k: int
+    block_n: int
+    block_m: int
+    num_warps: int
+    num_stages: int
+
+
+#: 16-bit inputs: wgmma tiles (M a multiple of 64, whole warp groups); shared memory 128 KB and 96 KB at 4 stages.
+LARGE_SLICE_TILES = GemmTiles(128, 128, 64, num_warps=8, num_stages=4)
+SMALL_SLICE_TILES = GemmTiles(64, 128, 64, num_warps=4, num_stages=4)
+#: fp32 inputs multiply on the CUDA cores (exact fp32): smaller tiles keep the four-byte stages in shared memory.
+FP32_TILES = GemmTiles(64, 64, 32, num_warps=4, num_stages=3)
+WEIGHT_GRAD_TILES = WeightGradTiles(128, 128, 64, num_warps=8, num_stages=3)
+FP32_WEIGHT_GRAD_TILES = WeightGradTiles(64, 64, 32, num_warps=4, num_stages=2)
+
+
+def gemm_tiles(dtype: torch.dtype, num_rows: int, num_experts: int) -> GemmTiles:
+    """The GEMM tiles for R = ``num_rows`` sorted rows over E experts: 128-row blocks once the mean slice fills one
+    (fewer, larger tiles), else 64-row blocks (less padding in each expert's last block)."""
+    if dtype == torch.float32:
+        return FP32_TILES
+    return LARGE_SLICE_TILES if num_rows >= LARGE_SLICE_TILES.block_m * num_experts else SMALL_SLICE_TILES
+
+
+def weight_grad_tiles(dtype: torch.dtype) -> WeightGradTiles:
+    return FP32_WEIGHT_GRAD_TILES if dtype == torch.float32 else WEIGHT_GRAD_TILES
+
+
+def input_precision(dtype: torch.dtype) -> str:
+    """``tl.dot``'s precision: fp32 operands multiply in fp32 ("ieee"); Triton's default would round them to TF32."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def launch(kernel, grid: tuple[int, ...], args: tuple, num_warps: int, num_stages: int, **constexprs) -> None:
+    """Every kernel of this module starts here (``tests/moe/test_triton_compile.py`` records the launches)."""
+    kernel[grid](*args, num_warps=num_warps, num_stages=num_stages, **constexprs)
+
+
+@triton.jit
+def _gelu(a):
+    """GELU(a) = a Φ(a), the exact (erf) form ``F.gelu`` computes by default."""
+    return 0.5 * a * (1.0 + tl.math.erf(a * 0.7071067811865476))
+
+
+@triton.jit
+def _gelu_grad(a):
+    """GELU'(a) = Φ(a) + a φ(a)."""
+    return 0.5 * (1.0 + tl.math.erf(a * 0.7071067811865476)) + a * 0.3989422804014327 * tl.exp(-0.5 * a * a)
+
+
+@triton.jit
+def _dot(a, b, acc, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """``acc + a @ b``. ``UPCAST`` (set under the interpreter only) multiplies 16-bit operands as fp32, which is
+    exact: Triton's interpreter multiplies bf16 operands as their raw 16-bit integers."""
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    return tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+
+
+@triton.jit
+def _row_offsets(rows, stride):
+    """``rows * stride`` in 64 bits: the product passes 2^31 from ~700K rows of width 3072."""
+    return rows.to(tl.int64) * stride
+
+
+@triton.jit
+def _block_schedule_kernel(
+    OFFSETS, EXPERT_P, ROW_P, num_experts, num_programs,
+    BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_P: tl.constexpr,
+):  # fmt: skip
+    """Expert and first row of row blocks p: expert e owns blocks ``[Σ_{e'<e} b_e', Σ_{e'≤e} b_e')``, b_e =
+    ``ceil(count_e / BLOCK_M)``; blocks past the last get expert E."""
+    experts = tl.arange(0, BLOCK_E)
+    real = experts < num_experts
+    ends = tl.load(OFFSETS + experts, mask=real, other=0)
+    starts = tl.load(OFFSETS + experts - 1, mask=real & (experts > 0), other=0)
+    counts = ends - starts
+    blocks = (counts + BLOCK_M - 1) // BLOCK_M
+    block_ends = tl.cumsum(blocks, 0)
+    programs = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
+    # Experts whose blocks all lie before program p: their number is p's expert, their blocks and rows its offsets.
+    before = (block_ends[None, :] <= programs[:, None]) & real[None, :]
+    expert = tl.sum(before.to(tl.int32), 1)
+    first_block = tl.sum(tl.where(before, blocks[None, :], 0), 1)
+    first_row = tl.sum(tl.where(before, counts[None, :], 0), 1)
+    row = first_row + (programs - first_block) * BLOCK_M
+    inside = programs < num_programs
+    tl.store(EXPERT_P + programs, expert, mask=inside)
+    tl.store(ROW_P + programs, tl.where(expert < num_experts, row, 0), mask=inside)
 
 
 @triton.jit
 def _gather_gemm_kernel(
-    X, IN_INDEX, W, B, Y, OUT_INDEX, EXPERT_P, ROW_P, OFFSETS,
-    num_experts, K, N,
+    X, IN_INDEX, W, B, Y, OUT_INDEX, PRE, EXPERT_P, ROW_P, OFFSETS,
+    num_blocks_m, num_experts, K, N,
     stride_xm, stride_we, stride_wk, stride_wn, stride_ym,
-    GATHER_IN: tl.constexpr, SCATTER_OUT: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GATHER_IN: tl.constexpr, SCATTER_OUT: tl.constexpr, HAS_BIAS: tl.constexpr, EPILOGUE: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
-    """Y[out[r]] = X[in[r]] @ W[e] (+ B[e]) for the rows r of one block of expert e."""
+    """Y[out[r]] = X[in[r]] @ W[e] (+ B[e]) for the rows r of one block of expert e, then the epilogue: GELU (A
+    stored to PRE, GELU(A) to Y) or GELU' (Y = acc * GELU'(PRE[r]))."""
     program = tl.program_id(0)
-    expert = tl.load(EXPERT_P + program)
+    num_blocks_n = tl.cdiv(N, BLOCK_N)
+    programs_in_group = GROUP_M * num_blocks_n
+    first_block_m = (program // programs_in_group) * GROUP_M
+    group_size_m = tl.minimum(num_blocks_m - first_block_m, GROUP_M)
+    block_m = first_block_m + (program % programs_in_group) % group_size_m
+    block_n = (program % programs_in_group) // group_size_m
+
+    expert = tl.load(EXPERT_P + block_m)
     if expert >= num_experts:
         return
-    row_start = tl.load(ROW_P + program)
+    row_start = tl.load(ROW_P + block_m)
     row_end = tl.load(OFFSETS + expert)
     rows = row_start + tl.arange(0, BLOCK_M)
     row_mask = rows < row_end
     source = tl.load(IN_INDEX + rows, mask=row_mask, other=0) if GATHER_IN else rows
     target = tl.load(OUT_INDEX + rows, mask=row_mask, other=0) if SCATTER_OUT else rows
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = block_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < N
+    ks = tl.arange(0, BLOCK_K)
+    x_ptrs = X + _row_offsets(source, stride_xm)[:, None] + ks[None, :]
+    w_ptrs = W + expert.to(tl.int64) * stride_we + ks[:, None] * stride_wk + cols[None, :] * stride_wn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        k_mask = ks < K
-        x = tl.load(X + source[:, None] * stride_xm + ks[None, :], mask=row_mask[:, None] & k_mask[None, :], other=0.0)
-        w_ptrs = W + expert * stride_we + ks[:, None] * stride_wk + cols[None, :] * stride_wn
+        k_mask = ks < K - k0
+        x = tl.load(x_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
         w = tl.load(w_ptrs, mask=k_mask[:, None] & col_mask[None, :], other=0.0)
-        acc += tl.dot(x, w)
+        acc = _dot(x, w, acc, INPUT_PRECISION, UPCAST)
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K * stride_wk
     if HAS_BIAS:
         acc += tl.load(B + expert * N + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
-    y_ptrs = Y + target[:, None] * stride_ym + cols[None, :]
-    tl.store(y_ptrs, acc.to(Y.dtype.element_ty), mask=row_mask[:, None] & col_mask[None, :])
+    out_offsets = _row_offsets(target, stride_ym)[:, None] + cols[None, :]
+    out_mask = row_mask[:, None] & col_mask[None, :]
+    if EPILOGUE == 1:
+        tl.store(PRE + out_offsets, acc.to(PRE.dtype.element_ty), mask=out_mask)
+        acc = _gelu(acc)
+    elif EPILOGUE == 2:
+        acc *= _gelu_grad(tl.load(PRE + out_offsets, mask=out_mask, other=0.0).to(tl.float32))
+    tl.store(Y + out_offsets, acc.to(Y.dtype.element_ty), mask=out_mask)
 
 
 @triton.jit
 def _weight_grad_kernel(
-    X, IN_INDEX, DY, DY_INDEX, DW, OFFSETS,
+    X, IN_INDEX, DY, DY_INDEX, DW, DB, OFFSETS,
     K, N, stride_xm, stride_dym,
-    GATHER_IN: tl.constexpr, GATHER_DY: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GATHER_IN: tl.constexpr, GATHER_DY: tl.constexpr, HAS_BIAS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
 ):  # fmt: skip
-    """DW[e] = Σ_{r in e's slice} X[in[r]]^T dY[dy[r]], one (BLOCK_K, BLOCK_N) tile of one expert per program."""
-    expert = tl.program_id(0)
+    """DW[e] = Σ_{r in e's slice} X[in[r]]^T dY[dy[r]] for one (BLOCK_K, BLOCK_N) tile of expert e; the programs of
+    the first K tile also write DB[e] = Σ_r dY[dy[r]] for their columns (in fp32, no atomics)."""
+    block_n, block_k, expert = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     row_start = tl.load(OFFSETS + expert - 1, mask=expert > 0, other=0)
     row_end = tl.load(OFFSETS + expert)
-    ks = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
-    cols = tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N)
+    ks = block_k * BLOCK_K + tl.arange(0, BLOCK_K)
+    cols = block_n * BLOCK_N + tl.arange(0, BLOCK_N)
     k_mask, col_mask = ks < K, cols < N
     acc = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)
+    bias_acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for m0 in range(row_start, row_end, BLOCK_M):
         rows = m0 + tl.arange(0, BLOCK_M)
         row_mask = rows < row_end
         source = tl.load(IN_INDEX + rows, mask=row_mask, other=0) if GATHER_IN else rows
         grad_rows = tl.load(DY_INDEX + rows, mask=row_mask, other=0) if GATHER_DY else rows
-        x_ptrs = X + source[None, :] * stride_xm + ks[:, None]
+        x_ptrs = X + _row_offsets(source, stride_xm)[None, :] + ks[:, None]
         x_t = tl.load(x_ptrs, mask=k_mask[:, None] & row_mask[None, :], other=0.0)
-        dy_ptrs = DY + grad_rows[:, None] * stride_dym + cols[None, :]
+        dy_ptrs = DY + _row_offsets(grad_rows, stride_dym)[:, None] + cols[None, :]
         dy = tl.load(dy_ptrs, mask=row_mask[:, None] & col_mask[None, :], other=0.0)
-        acc += tl.dot(x_t, dy)
-    dw_ptrs = DW + expert * K * N + ks[:, None] * N + cols[None, :]
-    tl.store(dw_ptrs, acc.to(DW.dtype.element_ty), mask=k_mask[:, None] & col_mask[None, :])
+        acc = _dot(x_t, dy, acc, INPUT_PRECISION, UPCAST)
+        if HAS_BIAS:
+            bias_acc += tl.sum(dy.to(tl.float32), 0)
+    dw_ptrs = DW + expert.to(tl.int64) * K * N + ks[:, None] * N + cols[None, :]
+    tl.store(dw_ptrs, acc, mask=k_mask[:, None] & col_mask[None, :])
+    if HAS_BIAS:
+        tl.store(DB + expert * N + cols, bias_acc, mask=col_mask & (block_k == 0))
+
+
+@triton.jit
+def _expert_column_sums_kernel(
+    A, B, OUT, OFFSETS, N, stride_am, stride_bm,
+    HAS_B: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """OUT[e] = Σ_{r in e's slice} A[r] (* B[r]) in fp32, for one block of columns."""
+    block_n, expert = tl.program_id(0), tl.program_id(1)
+    row_start = tl.load(OFFSETS + expert - 1, mask=expert > 0, other=0)
+    row_end = tl.load(OFFSETS + expert)
+    cols = block_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for m0 in range(row_start, row_end, BLOCK_M):
+        rows = m0 + tl.arange(0, BLOCK_M)
+        mask = (rows < row_end)[:, None] & col_mask[None, :]
+        values = tl.load(A + _row_offsets(rows, stride_am)[:, None] + cols[None, :], mask=mask, other=0.0)
+        values = values.to(tl.float32)
+        if HAS_B:
+            b_ptrs = B + _row_offsets(rows, stride_bm)[:, None] + cols[None, :]
+            values *= tl.load(b_ptrs, mask=mask, other=0.0).to(tl.float32)
+        acc += tl.sum(values, 0)
+    tl.store(OUT + expert * N + cols, acc, mask=col_mask)
+
+
+@dataclass
+class BlockSchedule:
+    """Which expert and first row each of the P row blocks of a dispatch covers, and the tiles it was built for;
+    one per dispatch, shared by both linears and their backward.
+
+    Attributes:
+        tiles: the GEMM tiles (``tiles.block_m`` rows per block).
+        expert_P: (P,) int32, expert E for blocks past the last row.
+        row_P: (P,) int32, the block's first sorted row.
+    """
+
+    tiles: GemmTiles
+    expert_P: torch.Tensor
+    row_P: torch.Tensor
+
+
+def block_schedule(offsets_E: torch.Tensor, num_rows: int, tiles: GemmTiles) -> BlockSchedule:
+    """The row blocks of ``num_rows`` rows sorted by expert (slice ends ``offsets_E``), in one launch."""
+    num_experts = offsets_E.numel()
+    num_blocks = triton.cdiv(num_rows, tiles.block_m) + num_experts
+    expert_P = torch.empty(num_blocks, device=offsets_E.device, dtype=torch.int32)
+    row_P = torch.empty_like(expert_P)
+    block_p = 128
+    launch(
+        _block_schedule_kernel, (triton.cdiv(num_blocks, block_p),),
+        (offsets_E, expert_P, row_P, num_experts, num_blocks), num_warps=4, num_stages=1,
+        BLOCK_M=tiles.block_m, BLOCK_E=triton.next_power_of_2(num_experts), BLOCK_P=block_p,
+    )  # fmt: skip
+    return BlockSchedule(tiles, expert_P, row_P)
 
 
 def gather_gemm(
@@ -126,28 +311,35 @@ def gather_gemm(
     weight_EKN: torch.Tensor,
     bias_EN: torch.Tensor | None,
     offsets_E: torch.Tensor,
-    schedule: tuple[torch.Tensor, torch.Tensor],
+    schedule: BlockSchedule,
     num_rows: int,
     in_index: torch.Tensor | None = None,
     out_index: torch.Tensor | None = None,
     transpose_weight: bool = False,
+    epilogue: int = NO_EPILOGUE,
+    pre: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """(num_rows, N) with row ``out[r]`` = ``x[in[r]] @ W[e(r)] (+ b)``; ``transpose_weight`` multiplies by
-    ``W[e]^T`` (the input gradient). Identity where an index is None."""
+    """(num_rows, N) with row ``out[r]`` = ``x[in[r]] @ W[e(r)] (+ b)``, identity where an index is None;
+    ``transpose_weight`` multiplies by ``W[e]^T`` (an input gradient). ``epilogue``: :data:`GELU` also writes the
+    pre-activation into ``pre`` (same shape) and returns GELU of it; :data:`GELU_GRAD` multiplies by GELU'(``pre``)."""
     weight = weight_EKN.transpose(1, 2) if transpose_weight else weight_EKN
     num_experts, k_dim, n_dim = weight.shape
     x = x.contiguous()
     y = torch.empty(num_rows, n_dim, device=x.device, dtype=x.dtype)
-    expert_P, row_P = schedule
+    tiles = schedule.tiles
+    num_blocks_m = schedule.expert_P.numel()
     dummy = offsets_E
-    grid = (expert_P.numel(), triton.cdiv(n_dim, BLOCK_N))
-    _gather_gemm_kernel[grid](
-        x, dummy if in_index is None else in_index, weight, dummy if bias_EN is None else bias_EN, y,
-        dummy if out_index is None else out_index, expert_P, row_P, offsets_E,
-        num_experts, k_dim, n_dim,
-        x.stride(0), weight.stride(0), weight.stride(1), weight.stride(2), y.stride(0),
+    grid = (num_blocks_m * triton.cdiv(n_dim, tiles.block_n),)
+    launch(
+        _gather_gemm_kernel, grid,
+        (x, dummy if in_index is None else in_index, weight, dummy if bias_EN is None else bias_EN, y,
+         dummy if out_index is None else out_index, y if pre is None else pre, schedule.expert_P, schedule.row_P,
+         offsets_E, num_blocks_m, num_experts, k_dim, n_dim,
+         x.stride(0), weight.stride(0), weight.stride(1), weight.stride(2), y.stride(0)),
+        tiles.num_warps, tiles.num_stages,
         GATHER_IN=in_index is not None, SCATTER_OUT=out_index is not None, HAS_BIAS=bias_EN is not None,
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
+        EPILOGUE=epilogue, INPUT_PRECISION=input_precision(x.dtype), UPCAST=interpreting(),
+        BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m,
     )  # fmt: skip
     return y
 
@@ -159,59 +351,165 @@ def weight_grad(
     k_dim: int,
     in_index: torch.Tensor | None,
     grad_index: torch.Tensor | None,
-) -> torch.Tensor:
-    """(E, K, N) per-expert ``Σ x[in[r]]^T grad[gi[r]]`` over each expert's slice, in fp32."""
+    with_bias: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(E, K, N) per-expert ``Σ x[in[r]]^T grad[gi[r]]`` over each expert's slice and, ``with_bias``, (E, N)
+    ``Σ grad[gi[r]]``; both fp32."""
     x, grad = x.contiguous(), grad.contiguous()
     num_experts, n_dim = offsets_E.numel(), grad.shape[1]
+    tiles = weight_grad_tiles(x.dtype)
     dw = torch.empty(num_experts, k_dim, n_dim, device=x.device, dtype=torch.float32)
-    grid = (num_experts, triton.cdiv(k_dim, BLOCK_K), triton.cdiv(n_dim, BLOCK_N))
-    _weight_grad_kernel[grid](
-        x, offsets_E if in_index is None else in_index, grad, offsets_E if grad_index is None else grad_index, dw,
-        offsets_E, k_dim, n_dim, x.stride(0), grad.stride(0),
-        GATHER_IN=in_index is not None, GATHER_DY=grad_index is not None,
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
+    db = torch.empty(num_experts, n_dim, device=x.device, dtype=torch.float32) if with_bias else None
+    grid = (triton.cdiv(n_dim, tiles.block_n), triton.cdiv(k_dim, tiles.block_k), num_experts)
+    launch(
+        _weight_grad_kernel, grid,
+        (x, offsets_E if in_index is None else in_index, grad, offsets_E if grad_index is None else grad_index, dw,
+         dw if db is None else db, offsets_E, k_dim, n_dim, x.stride(0), grad.stride(0)),
+        tiles.num_warps, tiles.num_stages,
+        GATHER_IN=in_index is not None, GATHER_DY=grad_index is not None, HAS_BIAS=with_bias,
+        INPUT_PRECISION=input_precision(x.dtype), UPCAST=interpreting(),
+        BLOCK_K=tiles.block_k, BLOCK_N=tiles.block_n, BLOCK_M=tiles.block_m,
     )  # fmt: skip
-    return dw
+    return dw, db
 
 
-class GatherLinear(torch.autograd.Function):
-    """``Y[out[r]] = X[in[r]] @ W[e(r)] + b[e(r)]`` over sorted rows, with its backward (see the module docstring).
+def expert_column_sums(a: torch.Tensor, b: torch.Tensor | None, offsets_E: torch.Tensor) -> torch.Tensor:
+    """(E, N) fp32 ``Σ_{r in e's slice} a[r] (* b[r])`` over rows sorted by expert."""
+    a = a.contiguous()
+    b = None if b is None else b.contiguous()
+    num_experts, n_dim = offsets_E.numel(), a.shape[1]
+    out = torch.empty(num_experts, n_dim, device=a.device, dtype=torch.float32)
+    block_n = 128
+    launch(
+        _expert_column_sums_kernel, (triton.cdiv(n_dim, block_n), num_experts),
+        (a, a if b is None else b, out, offsets_E, n_dim, a.stride(0), a.stride(0) if b is None else b.stride(0)),
+        4, 2, HAS_B=b is not None, BLOCK_M=32, BLOCK_N=block_n,
+    )  # fmt: skip
+    return out
 
-    ``in_index`` gathers from X (then X has S rows and each row is read ``tiles`` times: ``in = order_C % S``, with
-    ``inverse`` the inverse of ``order_C``); ``out_index`` scatters into Y. Exactly one of the two is given, or
-    neither. ``schedule``: :func:`block_schedule` of ``offsets_E`` (one per dispatch, shared by both linears).
+
+def gelu_grad(a: torch.Tensor) -> torch.Tensor:
+    """GELU'(a) = Φ(a) + a φ(a), elementwise in torch (the Sub-LN backward, where it cannot ride in an epilogue)."""
+    return 0.5 * (1.0 + torch.erf(a * (1.0 / math.sqrt(2.0)))) + a * torch.exp(-0.5 * a * a) / math.sqrt(2 * math.pi)
+
+
+@dataclass
+class FusedDispatch:
+    """The parts of a :class:`mmoe.moe.dispatch.DispatchPlan` the kernels read, and the block schedule.
+
+    Attributes:
+        token_C: the (sub-)token of each sorted row (fc1 gathers its rows through it).
+        order_C: the choice (``k * S + s``) of each sorted row (fc2 scatters its rows to it, and so does the input
+            gradient before the top-k rows of a token are summed).
+        expert_C: the expert of each sorted row.
+        offsets_E: int32 slice ends.
+        top_k: K, the rows each (sub-)token has.
+        schedule: :func:`block_schedule` of ``offsets_E``.
     """
 
+    token_C: torch.Tensor
+    order_C: torch.Tensor
+    expert_C: torch.Tensor
+    offsets_E: torch.Tensor
+    top_k: int
+    schedule: BlockSchedule
+
+
+def _sub_ln_affine(normed_CH, ln_weight_EH, ln_bias_EH, expert_C):
+    return torch.addcmul(ln_bias_EH.float().index_select(0, expert_C), normed_CH, ln_weight_EH.float()[expert_C])
+
+
+class FusedExpertFFN(torch.autograd.Function):
+    """``y[order[r]] = fc2(GELU(fc1(x[token[r]])))`` of expert e(r), optionally with BEiT-3's Sub-LN before fc2, in
+    choice order (the module docstring); returns (K*S, N). The backward returns the gradients of x and of every
+    expert parameter; biases and Sub-LN affines get fp32 per-expert sums."""
+
     @staticmethod
-    def forward(ctx, x, weight_EKN, bias_EN, offsets_E, expert_R, in_index, inverse, out_index, tiles: int, schedule):
-        num_rows = expert_R.numel()
-        y = gather_gemm(x, weight_EKN.to(x.dtype), None if bias_EN is None else bias_EN.to(x.dtype), offsets_E,
-                        schedule, num_rows, in_index, out_index)  # fmt: skip
-        ctx.save_for_backward(x, weight_EKN, offsets_E, expert_R, in_index, inverse, out_index, *schedule)
-        ctx.tiles, ctx.has_bias = tiles, bias_EN is not None
-        ctx.weight_dtype = weight_EKN.dtype
+    @torch.amp.custom_fwd(device_type="cuda")
+    def forward(ctx, x_SD, fc1_weight, fc1_bias, fc2_weight, fc2_bias, ln_weight, ln_bias, dispatch: FusedDispatch):
+        dtype = x_SD.dtype
+        num_rows = dispatch.expert_C.numel()
+        fc1_w, fc2_w = fc1_weight.to(dtype), fc2_weight.to(dtype)
+        schedule, offsets = dispatch.schedule, dispatch.offsets_E
+        pre_CH = torch.empty(num_rows, fc1_w.shape[2], device=x_SD.device, dtype=dtype)
+        hidden_CH = gather_gemm(x_SD, fc1_w, fc1_bias.to(dtype), offsets, schedule, num_rows,
+                                in_index=dispatch.token_C, epilogue=GELU, pre=pre_CH)  # fmt: skip
+        fc2_input = hidden_CH
+        if ln_weight is not None:
+            normed = F.layer_norm(hidden_CH.float(), (hidden_CH.shape[1],))
+            fc2_input = _sub_ln_affine(normed, ln_weight, ln_bias, dispatch.expert_C).to(dtype)
+        y = gather_gemm(fc2_input, fc2_w, fc2_bias.to(dtype), offsets, schedule, num_rows,
+                        out_index=dispatch.order_C)  # fmt: skip
+        ctx.save_for_backward(x_SD, fc1_w, fc2_w, pre_CH, hidden_CH, ln_weight, ln_bias)
+        ctx.dispatch = dispatch
+        ctx.parameter_dtypes = [p.dtype if p is not None else None for p in (fc1_weight, ln_weight)]
         return y
 
     @staticmethod
+    @torch.amp.custom_bwd(device_type="cuda")
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_y):
-        x, weight, offsets_E, expert_R, in_index, inverse, out_index, expert_P, row_P = ctx.saved_tensors
-        grad_y = grad_y.contiguous()
-        num_rows = expert_R.numel()
+        x_SD, fc1_w, fc2_w, pre_CH, hidden_CH, ln_weight, ln_bias = ctx.saved_tensors
+        dispatch: FusedDispatch = ctx.dispatch
+        schedule, offsets, expert_C = dispatch.schedule, dispatch.offsets_E, dispatch.expert_C
+        num_rows, dtype = expert_C.numel(), x_SD.dtype
+        grad_y = grad_y.contiguous().to(dtype)
+        subln = ln_weight is not None
+        if subln:
+            normed = F.layer_norm(hidden_CH.float(), (hidden_CH.shape[1],))
+            fc2_input = _sub_ln_affine(normed, ln_weight, ln_bias, expert_C).to(dtype)
+        else:
+            fc2_input = hidden_CH
+        # dL/d(fc2 input) = dY[order[r]] @ W2^T; without Sub-LN that input is GELU(A), so GELU' rides in the epilogue.
+        epilogue = NO_EPILOGUE if subln else GELU_GRAD
+        grad_in2 = gather_gemm(grad_y, fc2_w, None, offsets, schedule, num_rows, in_index=dispatch.order_C,
+                               transpose_weight=True, epilogue=epilogue, pre=pre_CH)  # fmt: skip
+        grad_fc2_w, grad_fc2_b = weight_grad(fc2_input, grad_y, offsets, fc2_w.shape[1], None, dispatch.order_C, True)
+        grad_ln_w = grad_ln_b = None
+        if subln:
+            grad_ln_w = expert_column_sums(grad_in2, normed, offsets)
+            grad_ln_b = expert_column_sums(grad_in2, None, offsets)
+            grad_normed = grad_in2.float() * ln_weight.float()[expert_C]
+            # LayerNorm backward without affine: (dn - mean(dn) - n mean(dn n)) / σ.
+            rstd = torch.rsqrt(hidden_CH.float().var(1, unbiased=False, keepdim=True) + 1e-5)
+            grad_hidden = rstd * (
+                grad_normed - grad_normed.mean(1, keepdim=True) - normed * (grad_normed * normed).mean(1, keepdim=True)
+            )
+            grad_pre = (grad_hidden * gelu_grad(pre_CH.float())).to(dtype)
+        else:
+            grad_pre = grad_in2
+        grad_fc1_w, grad_fc1_b = weight_grad(x_SD, grad_pre, offsets, fc1_w.shape[1], dispatch.token_C, None, True)
         grad_x = None
         if ctx.needs_input_grad[0]:
-            # Row r of the sorted input gradient: dY[out[r]] @ W[e]^T.
-            grad_sorted = gather_gemm(grad_y, weight.to(grad_y.dtype), None, offsets_E, (expert_P, row_P), num_rows,
-                                      in_index=out_index, transpose_weight=True)  # fmt: skip
-            if in_index is None:
-                grad_x = grad_sorted
-            else:  # back to (sub-)token order, summing the tiles (a token's top-k rows)
-                grad_x = grad_sorted.index_select(0, inverse).view(ctx.tiles, -1, grad_sorted.shape[1]).sum(0)
-        grad_w = grad_b = None
-        if ctx.needs_input_grad[1]:
-            grad_w = weight_grad(x, grad_y, offsets_E, weight.shape[1], in_index, out_index).to(ctx.weight_dtype)
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            grad_rows = grad_y if out_index is None else grad_y.index_select(0, out_index)
-            grad_b = torch.zeros(offsets_E.numel(), grad_y.shape[1], device=grad_y.device, dtype=torch.float32)
-            grad_b = grad_b.index_add_(0, expert_R.long(), grad_rows.float()).to(ctx.weight_dtype)
-        return grad_x, grad_w, grad_b, None, None, None, None, None, None, None
+            # Row r's input gradient goes to its choice's place; a token's top-k choices are then summed.
+            grad_x = gather_gemm(grad_pre, fc1_w, None, offsets, schedule, num_rows, out_index=dispatch.order_C,
+                                 transpose_weight=True)  # fmt: skip
+            grad_x = grad_x.view(dispatch.top_k, -1, grad_x.shape[1]).sum(0)
+        weight_dtype, ln_dtype = ctx.parameter_dtypes
+        grads = [grad_fc1_w, grad_fc1_b, grad_fc2_w, grad_fc2_b]
+        grads = [g.to(weight_dtype) for g in grads]
+        if subln:
+            grad_ln_w, grad_ln_b = grad_ln_w.to(ln_dtype), grad_ln_b.to(ln_dtype)
+        return grad_x, *grads, grad_ln_w, grad_ln_b, None
+
+
+def fused_expert_ffn(
+    x_SD: torch.Tensor,
+    fc1_weight: torch.Tensor,
+    fc1_bias: torch.Tensor,
+    fc2_weight: torch.Tensor,
+    fc2_bias: torch.Tensor,
+    ln_weight: torch.Tensor | None,
+    ln_bias: torch.Tensor | None,
+    token_C: torch.Tensor,
+    order_C: torch.Tensor,
+    expert_C: torch.Tensor,
+    offsets_E: torch.Tensor,
+    top_k: int,
+) -> torch.Tensor:
+    """The experts on the (sub-)tokens ``x_SD`` (S, D) for the sorted choices of a dispatch; (K*S, D) outputs in
+    choice order. Weights are stacked per expert: fc1 (E, D, H), fc2 (E, H, D)."""
+    tiles = gemm_tiles(x_SD.dtype, expert_C.numel(), offsets_E.numel())
+    schedule = block_schedule(offsets_E, expert_C.numel(), tiles)
+    dispatch = FusedDispatch(token_C, order_C, expert_C, offsets_E, top_k, schedule)
+    return FusedExpertFFN.apply(x_SD, fc1_weight, fc1_bias, fc2_weight, fc2_bias, ln_weight, ln_bias, dispatch)

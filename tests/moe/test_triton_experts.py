@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from mmoe.moe import MoEConfig, build_moe_layer
-from tests.moe.triton_interpreter_checks import CASES, run_layer
+from tests.moe.triton_interpreter_checks import CASES, close_in_bf16, run_layer
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -66,10 +66,9 @@ def test_fused_layer_equals_the_reference_in_bf16_on_a_gpu(case):
     with torch.autocast("cuda", dtype=torch.bfloat16):
         y_ref, gx_ref, grads_ref, _ = run_layer(reference, x, padding)
         y, gx, grads, _ = run_layer(fused, x, padding)
-    torch.testing.assert_close(y.float(), y_ref.float(), rtol=2e-2, atol=2e-2)
-    torch.testing.assert_close(gx.float(), gx_ref.float(), rtol=2e-2, atol=2e-2)
-    for name in grads:
-        torch.testing.assert_close(grads[name].float(), grads_ref[name].float(), rtol=5e-2, atol=5e-2, msg=name)
+    assert close_in_bf16(y, y_ref) and close_in_bf16(gx, gx_ref)
+    far = [name for name in grads if not close_in_bf16(grads[name], grads_ref[name])]
+    assert not far, far
 
 
 def test_the_backbone_plan_passes_the_choice_to_every_moe_layer():
