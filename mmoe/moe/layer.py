@@ -123,6 +123,7 @@ class MoELayer(MoEFeedForward):
         # The record_function labels name the phases in profiles (benchmarks/expert_parallel.py sums them).
         with record_function("mmoe.moe.route"):
             routed = self.router(x_SD, valid_S)
+        with record_function("mmoe.moe.plan"):
             plan = plan_dispatch(
                 routed.expert_SK, valid_S, config.num_experts, config.active_capacity_factor(self.training)
             )
