@@ -1,6 +1,6 @@
 """Expert parallelism on 2 CPU processes (gloo): a MoE layer's fwd+bwd time with every expert on every rank (EP = 1)
 against its experts split over the two ranks (EP = 2), each rank routing its own tokens, and the time split of each
-(route, permute, all-to-all, experts, combine, from the layer's ``record_function`` labels under torch.profiler).
+(route, plan, permute, all-to-all, experts, combine, from the layer's ``record_function`` labels under torch.profiler).
 
 EP = 2 moves rows twice per forward and twice per backward; per rank and direction that is about
 ``K * T * D * (W - 1) / W`` elements with T tokens per rank, K choices per token, D the width and W the group size (the
@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from timing import interleaved_medians  # noqa: E402
 
 WORLD = 2
-PHASES = ("route", "permute", "all_to_all", "experts", "combine")
+PHASES = ("route", "plan", "permute", "all_to_all", "experts", "combine")
 
 
 def phase_split(layer: MoELayer, x: torch.Tensor, grad: torch.Tensor, steps: int = 3) -> dict[str, float]:

@@ -6,13 +6,18 @@ FFN whose FLOPs equal the MoE's active FLOPs. fwd+bwd in fp32 on CPU unless the 
 is X-MoE (d_e = 16), dropless unless noted.
 
 Output: one JSON line per case ``{"case", "moe_s", "baseline_s", "ratio", "target", "ok", ...}`` and a final
-``{"summary": ...}`` line. ``--cuda`` adds the GPU cases (bf16, 16K tokens, and a sync-free forward+backward check);
-the ``_triton`` ones run the layer with ``expert_kernels="triton"`` (row moves fused into the expert GEMMs); the
-``_graphed`` ones replay both sides as CUDA graphs (``torch.cuda.make_graphed_callables``), which the layer allows
-because it never syncs with the host and keeps its shapes static: that takes the per-operator launch cost out, which
-at this size is larger than the MoE layer's GPU time.
+``{"summary": ...}`` line. ``--cuda`` adds the GPU cases (bf16, 16K tokens) and a sync-free forward+backward check
+of the layer on both expert paths (``cuda_no_host_sync`` and ``cuda_no_host_sync_triton``); the ``_triton`` cases
+run the layer with ``expert_kernels="triton"`` (row moves fused into the expert GEMMs); the ``_graphed`` ones (the
+``_triton_graphed`` ones too) replay both sides as CUDA graphs (``torch.cuda.make_graphed_callables``), which the
+layer allows because it never syncs with the host and keeps its shapes static: that takes the per-operator launch
+cost out, which at this size is larger than the MoE layer's GPU time.
 
-Run: ``.venv/bin/python benchmarks/moe_layer.py [--rounds 9] [--cuda]``
+``--split`` adds to each case's line a field ``"split"``: the MoE side's seconds per step under each of the layer's
+``mmoe.moe.*`` labels (route, plan, permute, experts, combine; the fused path has no permute) and in its backward,
+from torch.profiler (:func:`time_split`).
+
+Run: ``.venv/bin/python benchmarks/moe_layer.py [--rounds 9] [--cuda] [--split]``
 """
 
 from __future__ import annotations
@@ -27,11 +32,17 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.autograd import DeviceType
 
 from mmoe.moe import MoEConfig, MoEFeedForward, MoELayer, build_moe_layer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from timing import interleaved_medians  # noqa: E402
+
+#: The layer's ``record_function`` labels (``mmoe.moe.<label>``) in forward order, and the autograd engine's range
+#: around each backward node.
+SPLIT_LABELS = ("route", "plan", "permute", "experts", "combine")
+BACKWARD_EVENT = "autograd::engine::evaluate_function"
 
 
 class DenseFFN(nn.Module):
@@ -47,11 +58,15 @@ class DenseFFN(nn.Module):
 
 @dataclass
 class Case:
+    """Two timed steps and the case's description; ``eager_moe`` is ``moe`` run eagerly (the same step unless the
+    case is graphed)."""
+
     name: str
     target: float | None
     moe: Callable[[], None]
     baseline: Callable[[], None]
     info: dict
+    eager_moe: Callable[[], None]
 
 
 class TensorOutputs(nn.Module):
@@ -134,14 +149,15 @@ def make_case(
         with torch.no_grad():
             info["strata"] = strata
             info["requested_capacity"] = round(moe(x)[1].requested_capacity.item(), 3)
-    moe_side = TensorOutputs(moe)
+    eager_side = moe_side = TensorOutputs(moe)
     if baseline_is_moe:
         baseline = TensorOutputs(baseline)
     if graphed:
         info["cuda_graph"] = True
-        moe_side = torch.cuda.make_graphed_callables(moe_side, (x,))
+        moe_side = torch.cuda.make_graphed_callables(TensorOutputs(moe), (x,))  # a new wrapper: eager_side stays eager
         baseline = torch.cuda.make_graphed_callables(baseline, (x,))
-    return Case(name, target, step(moe_side, x, grad, True), step(baseline, x, grad, baseline_is_moe), info)
+    moe_step, baseline_step = step(moe_side, x, grad, True), step(baseline, x, grad, baseline_is_moe)
+    return Case(name, target, moe_step, baseline_step, info, eager_moe=step(eager_side, x, grad, True))
 
 
 def measure(case: Case, rounds: int) -> dict:
@@ -177,26 +193,38 @@ def cpu_cases() -> list[partial[Case]]:
 def cuda_cases() -> list[partial[Case]]:
     bf16 = dict(device="cuda", dtype=torch.bfloat16)
     fused = dict(expert_kernels="triton", **bf16)
+    fused_graphed = dict(graphed=True, **fused)
+    d, h = 768, 3072
     return [
-        partial(make_case, "cuda_bf16_top1_16k", 1.3, 768, 3072, 8, 16384, **bf16),
-        partial(make_case, "cuda_bf16_top2_16k", 1.3, 768, 3072, 8, 16384, top_k=2, **bf16),
-        partial(make_case, "cuda_bf16_top1_16k_graphed", 1.3, 768, 3072, 8, 16384, graphed=True, **bf16),
-        partial(make_case, "cuda_bf16_top2_16k_graphed", 1.3, 768, 3072, 8, 16384, top_k=2, graphed=True, **bf16),
-        partial(make_case, "cuda_bf16_top1_64k_graphed", 1.3, 768, 3072, 8, 65536, graphed=True, **bf16),
-        partial(make_case, "cuda_bf16_mhmoe_h4_16k_graphed", 1.6, 768, 3072, 8, 16384, heads=4, graphed=True, **bf16),
-        # The fused gather/scatter kernels (MoEConfig.expert_kernels="triton"): targets of the GPU-speed work.
-        partial(make_case, "cuda_bf16_top1_16k_triton", 1.3, 768, 3072, 8, 16384, **fused),
-        partial(make_case, "cuda_bf16_top2_16k_triton", 1.4, 768, 3072, 8, 16384, top_k=2, **fused),
-        partial(make_case, "cuda_bf16_top1_64k_triton", 1.3, 768, 3072, 8, 65536, **fused),
-        partial(make_case, "cuda_bf16_e32_top1_16k_triton", 1.4, 768, 3072, 32, 16384, **fused),
-        partial(make_case, "cuda_bf16_mhmoe_h4_16k_triton", 1.6, 768, 3072, 8, 16384, heads=4, **fused),
+        partial(make_case, "cuda_bf16_top1_16k", 1.3, d, h, 8, 16384, **bf16),
+        partial(make_case, "cuda_bf16_top2_16k", 1.3, d, h, 8, 16384, top_k=2, **bf16),
+        partial(make_case, "cuda_bf16_top1_16k_graphed", 1.3, d, h, 8, 16384, graphed=True, **bf16),
+        partial(make_case, "cuda_bf16_top2_16k_graphed", 1.3, d, h, 8, 16384, top_k=2, graphed=True, **bf16),
+        partial(make_case, "cuda_bf16_top1_64k_graphed", 1.3, d, h, 8, 65536, graphed=True, **bf16),
+        partial(make_case, "cuda_bf16_mhmoe_h4_16k_graphed", 1.6, d, h, 8, 16384, heads=4, graphed=True, **bf16),
+        # The fused gather/scatter kernels (MoEConfig.expert_kernels="triton"), eager and graphed: targets of the
+        # GPU-speed work.
+        partial(make_case, "cuda_bf16_top1_16k_triton", 1.3, d, h, 8, 16384, **fused),
+        partial(make_case, "cuda_bf16_top1_16k_triton_graphed", 1.15, d, h, 8, 16384, **fused_graphed),
+        partial(make_case, "cuda_bf16_top2_16k_triton", 1.5, d, h, 8, 16384, top_k=2, **fused),
+        partial(make_case, "cuda_bf16_top2_16k_triton_graphed", 1.35, d, h, 8, 16384, top_k=2, **fused_graphed),
+        partial(make_case, "cuda_bf16_top1_64k_triton", 1.35, d, h, 8, 65536, **fused),
+        partial(make_case, "cuda_bf16_top1_64k_triton_graphed", 1.2, d, h, 8, 65536, **fused_graphed),
+        partial(make_case, "cuda_bf16_e32_top1_16k_triton", 1.45, d, h, 32, 16384, **fused),
+        partial(make_case, "cuda_bf16_e32_top1_16k_triton_graphed", 1.3, d, h, 32, 16384, **fused_graphed),
+        partial(make_case, "cuda_bf16_mhmoe_h4_16k_triton", 1.65, d, h, 8, 16384, heads=4, **fused),
+        partial(make_case, "cuda_bf16_mhmoe_h4_16k_triton_graphed", 1.5, d, h, 8, 16384, heads=4, **fused_graphed),
     ]
 
 
-def check_no_sync() -> dict:
-    """Forward+backward under ``set_sync_debug_mode("error")``: any host-device sync raises."""
-    layer = MoELayer(MoEConfig(768, 3072, 8, top_k=2)).to("cuda", torch.bfloat16)
+def check_no_sync(expert_kernels: str) -> dict:
+    """Forward+backward under ``set_sync_debug_mode("error")`` with ``MoEConfig.expert_kernels``: any host-device
+    sync raises. The fused kernels' check fails where they do not run (it would check the reference path)."""
+    name = "cuda_no_host_sync" if expert_kernels == "torch" else f"cuda_no_host_sync_{expert_kernels}"
+    layer = MoELayer(MoEConfig(768, 3072, 8, top_k=2, expert_kernels=expert_kernels)).to("cuda", torch.bfloat16)
     x = torch.randn(4, 1024, 768, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    if expert_kernels == "triton" and not layer.use_fused_kernels(x):
+        return {"case": name, "ok": False, "error": "the fused kernels do not run here"}
     padding = torch.zeros(4, 1024, dtype=torch.bool, device="cuda")
     padding[:, 900:] = True
     layer(x, padding)  # warm up lazy initialisation outside the check
@@ -210,7 +238,7 @@ def check_no_sync() -> dict:
         error = str(exc).splitlines()[0]
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    return {"case": "cuda_no_host_sync", "ok": error is None, "error": error}
+    return {"case": name, "ok": error is None, "error": error}
 
 
 def profile(case: Case, folder: Path, steps: int = 5) -> None:
@@ -230,12 +258,59 @@ def profile(case: Case, folder: Path, steps: int = 5) -> None:
     (folder / f"{case.name}.txt").write_text(prof.key_averages().table(sort_by=sort_by, row_limit=40))
 
 
+def time_split(case: Case, steps: int = 3) -> dict[str, float]:
+    """Seconds per step of the MoE side under each ``mmoe.moe.*`` label of its forward, and in its backward.
+
+    A label's time is the CPU time of its range on CPU; on CUDA it is the sum of the kernels launched inside it (the
+    host-side event's ``device_time_total``; the ``gpu_user_annotation`` event spans the idle gaps between them too).
+    ``"backward"`` is timed the same way over the autograd engine's outermost ``evaluate_function`` ranges, so the
+    backward's own operators count and no node twice. Labels a path lacks do not appear (the fused path has no
+    permute); the MH-MoE projections and the routing record are under no label. A graphed case is split running its
+    layer eagerly: a graph replay records no labels.
+    """
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    cuda = case.info["device"] == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    case.eager_moe()  # lazy initialisation outside the profile
+    if cuda:
+        torch.cuda.synchronize()
+    with torch_profile(activities=activities) as prof:
+        for _ in range(steps):
+            case.eager_moe()
+        if cuda:
+            torch.cuda.synchronize()
+    totals_us: dict[str, float] = {}
+    for event in prof.events():
+        if event.device_type != DeviceType.CPU:  # the GPU-side copies of the ranges
+            continue
+        label = event.name.removeprefix("mmoe.moe.") if event.name.startswith("mmoe.moe.") else None
+        if label is None and event.name.startswith(BACKWARD_EVENT) and not inside_backward_node(event):
+            label = "backward"
+        if label is not None:
+            totals_us[label] = totals_us.get(label, 0.0) + (event.device_time_total if cuda else event.cpu_time_total)
+    order = [label for label in (*SPLIT_LABELS, "backward") if label in totals_us]
+    return {label: float(f"{totals_us[label] / steps / 1e6:.5g}") for label in order}
+
+
+def inside_backward_node(event) -> bool:
+    """Whether a profiler event runs inside an autograd engine ``evaluate_function`` range."""
+    parent = event.cpu_parent
+    while parent is not None:
+        if parent.name.startswith(BACKWARD_EVENT):
+            return True
+        parent = parent.cpu_parent
+    return False
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=9, help="timed rounds per case (median reported)")
     parser.add_argument("--cuda", action="store_true", help="also run the CUDA bf16 cases")
     parser.add_argument("--only", nargs="*", help="case names to run")
     parser.add_argument("--profile", type=Path, help="write a torch.profiler table of each MoE case to this folder")
+    parser.add_argument("--split", action="store_true", help="add each MoE side's time per layer phase (time_split)")
     args = parser.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
     builders = cpu_cases() + (cuda_cases() if args.cuda else [])
@@ -245,14 +320,17 @@ def main() -> None:
     for build in builders:
         case = build()
         result = measure(case, args.rounds)
+        if args.split:
+            result["split"] = time_split(case)
         results.append(result)
         print(json.dumps(result), flush=True)
         if args.profile:
             profile(case, args.profile)
     if args.cuda:
-        result = check_no_sync()
-        results.append(result)
-        print(json.dumps(result), flush=True)
+        for expert_kernels in ("torch", "triton"):
+            result = check_no_sync(expert_kernels)
+            results.append(result)
+            print(json.dumps(result), flush=True)
     summary = {
         "summary": {r["case"]: r.get("ratio", r["ok"]) for r in results},
         "all_ok": all(r["ok"] for r in results if r["ok"] is not None),

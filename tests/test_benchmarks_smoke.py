@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -18,13 +19,42 @@ def run_benchmark(*argv: str) -> list[dict]:
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 
 
+def load_benchmark(name: str):
+    """A benchmark script imported as a module (its ``main`` does not run)."""
+    spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.mark.slow
 def test_moe_layer_benchmark_runs_the_selected_case_and_writes_its_profile(tmp_path):
-    lines = run_benchmark("benchmarks/moe_layer.py", "--only", "top1_1024", "--rounds", "1", "--profile", str(tmp_path))
+    argv = ["--only", "top1_1024", "--rounds", "1", "--profile", str(tmp_path), "--split"]
+    lines = run_benchmark("benchmarks/moe_layer.py", *argv)
     assert [line["case"] for line in lines[:-1]] == ["top1_1024"]
     assert lines[0]["ratio"] == pytest.approx(lines[0]["moe_s"] / lines[0]["baseline_s"], rel=0.05)
+    assert list(lines[0]["split"]) == ["route", "plan", "permute", "experts", "combine", "backward"]
     assert set(lines[-1]["summary"]) == {"top1_1024"}
     assert "aten::" in (tmp_path / "top1_1024.txt").read_text()
+
+
+def test_moe_layer_time_split_times_every_phase_of_the_reference_path():
+    moe_layer = load_benchmark("moe_layer")
+    split = moe_layer.time_split(moe_layer.make_case("t", None, 32, 64, 4, 64))
+    assert list(split) == ["route", "plan", "permute", "experts", "combine", "backward"]
+    assert all(seconds > 0 for seconds in split.values()), split
+
+
+def test_moe_layer_cuda_cases_pair_each_fused_case_with_a_graphed_twin():
+    builders = {build.args[0]: build for build in load_benchmark("moe_layer").cuda_cases()}  # not built: needs CUDA
+    eager = [name for name in builders if name.endswith("_triton")]
+    assert len(eager) == 5
+    for name in eager:
+        build, twin = builders[name], builders[f"{name}_graphed"]
+        assert twin.keywords == {**build.keywords, "graphed": True} and build.keywords["expert_kernels"] == "triton"
+        assert twin.args[2:] == build.args[2:]  # the same shapes; only the name and the target differ
+        assert twin.args[1] < build.args[1]  # graphing takes the launch cost out: a tighter target
 
 
 @pytest.mark.slow

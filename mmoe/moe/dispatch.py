@@ -70,7 +70,11 @@ def plan_dispatch(
     num_tokens, top_k = expert_SK.shape
     device = expert_SK.device
     expert_flat_C = expert_SK.t().reshape(-1)  # rank-major: all first choices, then all second choices
-    expert_C, order_C = torch.sort(expert_flat_C, stable=True)
+    # Sort keys in as few bits as E needs: CUDA's sort (a stable radix sort, for every integer dtype) reads only the
+    # key's bits, 8 instead of 64 for E <= 256 (MegaBlocks sorts with an end bit of ceil(log2 E)); the CPU sort is
+    # stable for these dtypes too. The sorted ids go back to expert_SK's dtype, so the plan's tensors do not change.
+    key_C, order_C = torch.sort(expert_flat_C.to(sort_key_dtype(num_experts)), stable=True)
+    expert_C = key_C.to(expert_SK.dtype)
     token_C = order_C % num_tokens
     inverse_C = torch.empty_like(order_C).scatter_(0, order_C, torch.arange(order_C.numel(), device=device))
     experts_E = torch.arange(num_experts, device=device)
@@ -99,6 +103,15 @@ def plan_dispatch(
     dropped = (num_valid_choices - kept_flat_C.sum()).float()
     dropped_fraction = dropped / num_valid_choices.clamp_min(1).float()
     return DispatchPlan(order_C, inverse_C, token_C, expert_C, offsets_E, kept_SK, expert_counts_E, dropped_fraction)
+
+
+def sort_key_dtype(num_experts: int) -> torch.dtype:
+    """The narrowest integer dtype that holds the expert ids ``[0, num_experts)``."""
+    if num_experts <= 256:
+        return torch.uint8
+    if num_experts <= 32767:
+        return torch.int16
+    return torch.int32
 
 
 class _PermutedRows(torch.autograd.Function):

@@ -120,9 +120,10 @@ class MoELayer(MoEFeedForward):
         if padding_mask is not None:
             valid_S = (~padding_mask).reshape(batch * length, 1).expand(-1, heads).reshape(-1)
 
-        # The record_function labels name the phases in profiles (benchmarks/expert_parallel.py sums them).
+        # The record_function labels name the phases in profiles (benchmarks/moe_layer.py, expert_parallel.py sum them).
         with record_function("mmoe.moe.route"):
             routed = self.router(x_SD, valid_S)
+        with record_function("mmoe.moe.plan"):
             plan = plan_dispatch(
                 routed.expert_SK, valid_S, config.num_experts, config.active_capacity_factor(self.training)
             )

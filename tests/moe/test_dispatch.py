@@ -36,6 +36,24 @@ def test_no_tokens_by_experts_by_capacity_tensor(capacity):
     assert probe.largest <= top_k * tokens * max(dim, hidden) < one_hot_combine
 
 
+@pytest.mark.parametrize("num_experts", [4, 300, 40000])  # uint8, int16 and int32 sort keys
+def test_plan_equals_a_stable_int64_sort(num_experts):
+    """Sorting narrow keys changes no tensor of the plan: the same order, inverse, expert ids (dtype included) and
+    offsets as a stable sort of the int64 ids."""
+    generator = torch.Generator().manual_seed(num_experts)
+    tokens, top_k = 4096, 2
+    expert_SK = torch.randint(num_experts, (tokens, top_k), generator=generator)
+    expert_SK[:, 1] = (expert_SK[:, 0] + 1 + expert_SK[:, 1] % (num_experts - 1)) % num_experts  # distinct choices
+    plan = plan_dispatch(expert_SK, None, num_experts, None)
+    expert_C, order_C = torch.sort(expert_SK.t().reshape(-1), stable=True)
+    inverse_C = torch.empty_like(order_C).scatter_(0, order_C, torch.arange(order_C.numel()))
+    offsets_E = torch.bincount(expert_C, minlength=num_experts).cumsum(0).int()
+    assert torch.equal(plan.order_C, order_C) and torch.equal(plan.inverse_C, inverse_C)
+    assert plan.expert_C.dtype == torch.int64 and torch.equal(plan.expert_C, expert_C)
+    assert plan.offsets_E.dtype == torch.int32 and torch.equal(plan.offsets_E, offsets_E)
+    assert torch.equal(plan.token_C, order_C % tokens)
+
+
 @pytest.mark.parametrize("top_k", [1, 2, 3])
 def test_permuted_rows_match_index_select_forward_and_backward(top_k):
     """dispatch_rows / combine move rows through a permutation and its inverse; their gradients must be those of
