@@ -82,13 +82,14 @@ def fine_tuning(
     layout: RunLayout,
     seed: int | None = None,
     routing_every: int = 20,
+    model_options: dict | None = None,
 ) -> Stage:
     """``mmoe fit`` of ``benchmark``'s task from ``backbone`` into ``layout`` (``seed``: the config's when None),
-    routing statistics every ``routing_every`` steps."""
+    routing statistics every ``routing_every`` steps; ``model_options`` add to the task's (e.g. ``frozen_routing``)."""
 
     def fit() -> dict:
-        launch = finetune_launch(run, benchmark.task, benchmark.model_options(run), backbone, layout, seed,
-                                 routing_every)  # fmt: skip
+        options = benchmark.model_options(run) | (model_options or {})
+        launch = finetune_launch(run, benchmark.task, options, backbone, layout, seed, routing_every)
         return train(str(key), launch, layout)
 
     return Stage(key, layout.last_checkpoint, fit)
@@ -153,8 +154,13 @@ def variant_stages(run: DemoRun, variant: str) -> list[Stage]:
 def random_backbone_stage(run: DemoRun, variant: str, seed: int = 0) -> Stage:
     """A backbone of the pre-trained one's architecture (its exported config) with fresh weights from the backbone's
     own initialisation under ``seed``: the start of the fine-tunings that show what pre-training adds."""
-    target = run.random_backbone(variant)
-    key = StageKey.of(variant, RANDOM_INIT, "init")
+    return random_initialisation(StageKey.of(variant, RANDOM_INIT, "init"), run.backbone(variant),
+                                 run.random_backbone(variant), seed)  # fmt: skip
+
+
+def random_initialisation(key: StageKey, source: Path, target: Path, seed: int = 0) -> Stage:
+    """``target``: a backbone with the architecture of the exported backbone ``source`` and fresh weights from the
+    backbone's own initialisation under ``seed``."""
 
     def initialise() -> dict:
         import torch
@@ -162,7 +168,7 @@ def random_backbone_stage(run: DemoRun, variant: str, seed: int = 0) -> Stage:
         from mmoe.model import MultiwayTransformer
         from mmoe.tasks.checkpoint import export_backbone, read_backbone_state
 
-        config, _ = read_backbone_state(run.backbone(variant))
+        config, _ = read_backbone_state(source)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             backbone = MultiwayTransformer(config)

@@ -1,5 +1,7 @@
 """The study's routing measurements, each from exported backbones on the same held-out batches, saved as plain
-numbers (loads, token counts, per-snapshot values) from which the report's claims are computed."""
+numbers from which the report's claims are computed. Each is kept per unit the noise rule resamples
+(:mod:`mmoe.study.verdicts`): loads and fluctuation counts per held-out batch, sub-token diversity per image, and
+bootstrap replicates of RC over router-input rows (RC is not a sum over rows, so its replicates are computed here)."""
 
 from __future__ import annotations
 
@@ -9,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mmoe.metrics.routing import image_diversity_maps, sort_keys
-from mmoe.metrics.routing_collect import finite_or_none, fluctuation_between, routing_report, run_routing
+from mmoe.metrics.routing import image_diversity_maps, representation_collapse, sort_keys
+from mmoe.metrics.routing_collect import RoutingRun, finite_or_none, moe_layers, run_routing
 from mmoe.tasks.checkpoint import load_backbone
 from mmoe.viz.inputs import Batch, TextEncoder, find_samples, make_batches
 
@@ -18,6 +20,8 @@ from mmoe.viz.inputs import Batch, TextEncoder, find_samples, make_batches
 #: backgrounds stay below 80 ((60 + 8) x 1.15, :func:`mmoe.data.synth.scenes.render`) and every object colour has a
 #: channel of 185 or more (textures darken only part of an object).
 OBJECT_LEVEL = 120
+#: Bootstrap replicates of each snapshot's RC over its router-input rows.
+RC_RESAMPLES = 100
 
 
 def held_out_batches(shards: Path, image_size: int, batches: int, batch_size: int, max_text_length: int) -> list[Batch]:
@@ -32,26 +36,63 @@ def inputs(batches: Sequence[Batch]) -> list[dict[str, torch.Tensor]]:
 
 
 def expert_loads(backbone_path: Path, batches: Sequence[Batch]) -> dict:
-    """Per MoE layer, the expert loads (choices per expert) and the tokens they were made on, on ``batches``:
-    what :func:`mmoe.metrics.routing.activation_ratio` takes (MH-MoE Fig. 1a)."""
-    totals = run_routing(load_backbone(backbone_path), inputs(batches)).totals
-    keys, tokens = sort_keys(totals.counts), totals.tokens()
+    """Per MoE layer and held-out batch, the expert loads (choices per expert) and the tokens they were made on: what
+    :func:`mmoe.metrics.routing.activation_ratio` takes (MH-MoE Fig. 1a), per batch for the bootstrap."""
+    backbone = load_backbone(backbone_path)
+    runs = [run_routing(backbone, [batch]).totals for batch in inputs(batches)]
+    keys = sort_keys(runs[0].counts)
     return {
-        "loads": {key: totals.counts[key].tolist() for key in keys},
-        "tokens": {key: tokens[key] for key in keys},
+        "loads": {key: [run.counts[key].tolist() for run in runs] for key in keys},
+        "tokens": {key: [run.tokens()[key] for run in runs] for key in keys},
     }
 
 
+def collapse_with_resamples(hidden: torch.Tensor, top1: torch.Tensor, resamples: int, seed: int = 0) -> dict:
+    """RC (X-MoE Eq. 11) of one layer's router inputs, the number of classes K it saw, and ``resamples`` bootstrap
+    replicates over the rows (None where RC is undefined)."""
+    generator = torch.Generator().manual_seed(seed)
+    rows = hidden.shape[0]
+    replicates = []
+    for _ in range(resamples):
+        index = torch.randint(0, rows, (rows,), generator=generator)
+        replicates.append(finite_or_none(representation_collapse(hidden[index], top1[index])))
+    return {
+        "rc": finite_or_none(representation_collapse(hidden, top1)),
+        "classes": int(torch.unique(top1).numel()),
+        "resamples": replicates,
+    }
+
+
+def fluctuation_counts(previous: RoutingRun, current: RoutingRun) -> dict:
+    """Per MoE layer and held-out batch, the (sub-)tokens routed in both runs and those whose top-1 expert changed
+    (X-MoE §4.5's routing fluctuation is their ratio)."""
+    counts: dict[str, dict[str, list[int]]] = {}
+    for batch_a, batch_b in zip(previous.top1, current.top1, strict=True):
+        for key in sort_keys(batch_a.keys() & batch_b.keys()):
+            a, b = batch_a[key], batch_b[key]
+            if a.shape != b.shape:
+                raise ValueError(f"{key} routes {tuple(a.shape)} in one snapshot and {tuple(b.shape)} in the next")
+            both = (a >= 0) & (b >= 0)
+            entry = counts.setdefault(key, {"changed": [], "compared": []})
+            entry["changed"].append(int((both & (a != b)).sum()))
+            entry["compared"].append(int(both.sum()))
+    return counts
+
+
 def snapshot_measures(paths: Sequence[Path], steps: Sequence[int], batches: Sequence[Batch], rows: int) -> list[dict]:
-    """Per snapshot: representation collapse RC of each MoE layer's router inputs (X-MoE Eq. 11, Fig. 2c) and the
-    routing fluctuation against the previous snapshot (X-MoE §4.5, Fig. 3a: "between the current and the last
-    checkpoints"; None for the first)."""
+    """Per snapshot and MoE layer: representation collapse RC of the router inputs with its bootstrap replicates
+    (X-MoE Eq. 11, Fig. 2c), the expert loads, and the routing fluctuation counts against the previous snapshot per
+    held-out batch (X-MoE §4.5, Fig. 3a: "between the current and the last checkpoints"; None for the first)."""
     measures, previous = [], None
     for path, step in zip(paths, steps, strict=True):
         run = run_routing(load_backbone(path), inputs(batches), capture_inputs=True, max_rows=rows)
-        collapse = routing_report(run, threshold=0.0)["representation_collapse"]
-        fluctuation = None if previous is None else fluctuation_between(previous, run)
-        measures.append({"step": step, "representation_collapse": collapse, "fluctuation": fluctuation})
+        collapse = {
+            key: collapse_with_resamples(*run.router_inputs[key], RC_RESAMPLES, seed=step)
+            for key in sort_keys(run.router_inputs)
+        }
+        loads = {key: run.totals.counts[key].tolist() for key in sort_keys(run.totals.counts)}
+        fluctuation = None if previous is None else fluctuation_counts(previous, run)
+        measures.append({"step": step, "collapse": collapse, "loads": loads, "fluctuation": fluctuation})
         previous = run
     return measures
 
@@ -65,26 +106,40 @@ def object_patches(pixels: np.ndarray, patch_size: int) -> np.ndarray:
 
 @torch.no_grad()
 def diversity_by_region(backbone_path: Path, batches: Sequence[Batch]) -> dict:
-    """MH-MoE Fig. 1b / 8: per MoE layer, the sum and number of object and background patches' sub-token diversity
-    (distinct experts among a patch's h sub-tokens' first choices)."""
+    """MH-MoE Fig. 1b / 8: per MoE layer and held-out image, the sum and number of its object and background patches'
+    sub-token diversity (distinct experts among a patch's h sub-tokens' first choices), with the layer's h and E."""
     backbone = load_backbone(backbone_path).eval()
     patch = backbone.config.patch_size
-    sums: dict[str, dict[str, float]] = {}
+    layers = {key: layer.config for key, layer in moe_layers(backbone).items()}
+    per_key: dict[str, dict[str, list]] = {}
     for batch in batches:
         output = backbone(**batch.inputs)
         masks = torch.from_numpy(np.stack([object_patches(p, patch) for p in batch.pixels]))
         for key, diversity in image_diversity_maps(output.routing, output.image_len).items():
-            entry = sums.setdefault(
-                key, {"object_sum": 0.0, "object_patches": 0, "background_sum": 0.0, "background_patches": 0}
-            )
-            entry["object_sum"] += float(diversity[masks].sum())
-            entry["object_patches"] += int(masks.sum())
-            entry["background_sum"] += float(diversity[~masks].sum())
-            entry["background_patches"] += int((~masks).sum())
-    return {key: sums[key] for key in sort_keys(sums)}
+            entry = per_key.setdefault(key, {"object_sum": [], "object_patches": [], "background_sum": [],
+                                             "background_patches": []})  # fmt: skip
+            for image, mask in zip(diversity, masks, strict=True):
+                entry["object_sum"].append(float(image[mask].sum()))
+                entry["object_patches"].append(int(mask.sum()))
+                entry["background_sum"].append(float(image[~mask].sum()))
+                entry["background_patches"].append(int((~mask).sum()))
+    shapes = {key: {"heads": layers[key].heads, "experts": layers[key].num_experts} for key in per_key}
+    return {key: per_key[key] | shapes[key] for key in sort_keys(per_key)}
 
 
-def mean_defined(values) -> float | None:
-    """Mean of the values that are numbers (None where there are none)."""
-    defined = [float(v) for v in values if finite_or_none(v) is not None]
-    return float(np.mean(defined)) if defined else None
+def requested_capacity(backbone_path: Path, batches: Sequence[Batch]) -> dict:
+    """Stratified MoE §5: per MoE layer and held-out batch, the requested capacity (mean FFN passes per token,
+    Stratified MoE's RC) and the tokens it was measured on."""
+    backbone = load_backbone(backbone_path)
+    summaries = []
+    for batch in inputs(batches):
+        totals = run_routing(backbone, [batch]).totals
+        summaries.append((totals.summary(), totals.tokens()))
+    keys = sort_keys(summaries[0][0])
+    return {
+        key: {
+            "capacity": [summary[key]["requested_capacity"] for summary, _ in summaries],
+            "tokens": [tokens[key] for _, tokens in summaries],
+        }
+        for key in keys
+    }

@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from mmoe.data.synth.convert import CAPTION_TEST_SPLIT
+from mmoe.data.synth.corpus import ChanceLevels
 from mmoe.data.tokenizer import CAPTION_MAX_TEXT_LENGTH
 from mmoe.demo.benchmarks import BENCHMARKS
-from mmoe.demo.pipeline import evaluation, exporting, fine_tuning
-from mmoe.demo.settings import VARIANTS, DemoRun
+from mmoe.demo.pipeline import evaluation, exporting, fine_tuning, random_initialisation
+from mmoe.demo.settings import RANDOM_INIT, DemoRun
 from mmoe.demo.stages import Stage, StageKey, run_command
 from mmoe.demo.training import pretrain_configs, pretrain_launch, train
 from mmoe.io import read_json, write_json
@@ -29,6 +30,13 @@ ANALYSIS_SHARDS = CAPTION_TEST_SPLIT
 ROUTERS = ("switch", "xmoe")
 #: The task of the seeds' fine-tuning runs (X-MoE Fig. 3b fine-tunes on one task, XNLI).
 CONSISTENCY_TASK = "vqav2"
+#: The routers whose routing is frozen in those fine-tunings (X-MoE §3.3 freezes X-MoE's routers and experts; the
+#: SMoE baseline is fine-tuned whole).
+FROZEN_IN_FINETUNING = ("xmoe",)
+#: The variant fine-tuned from random init beside its pre-trained backbone (the claim that pre-training helps).
+PRETRAINING_VARIANT = "xmoe"
+#: The variant whose requested capacity is measured (Stratified MoE §5).
+STRATIFIED = "stratified"
 
 
 @dataclass(frozen=True)
@@ -41,6 +49,9 @@ class Measures:
         snapshots: router run -> RC and fluctuation through pre-training (:func:`snapshot_measures`).
         consistency: router -> inter-run consistency through fine-tuning, window by window.
         scores: variant -> task -> the seeds' ``scores.json``.
+        random_init: task -> the seeds' ``scores.json`` of :data:`PRETRAINING_VARIANT` fine-tuned from random init.
+        capacity: the Stratified MoE run's requested capacity per MoE layer and held-out batch.
+        chance: task -> the chance level of its score on the corpus (:func:`chance_levels`).
     """
 
     activation: dict[str, Any]
@@ -48,6 +59,9 @@ class Measures:
     snapshots: dict[str, Any]
     consistency: dict[str, Any]
     scores: dict[str, Any]
+    random_init: dict[str, Any]
+    capacity: dict[str, Any]
+    chance: dict[str, float]
 
     @classmethod
     def from_json(cls, value: dict[str, Any]) -> Measures:
@@ -89,23 +103,27 @@ def config_heads(variant: str) -> int:
 
 
 def pretrainings(settings: StudySettings) -> list[Pretraining]:
-    """Every variant at the demo's size (claims 2-5), and X-MoE / MH-MoE with ``many_experts`` (claim 1)."""
-    runs = [
-        Pretraining(
-            variant,
-            variant,
-            settings.training.pretrain_steps,
-            heads=config_heads(variant),
-            snapshots=settings.snapshot_every if variant in ROUTERS else 0,
-        )
-        for variant in VARIANTS
-    ]
+    """The task variants and Stratified MoE at the demo's size (claims 2 and 6, Stratified MoE §5), Switch and X-MoE
+    with ``many_experts`` and snapshots (claims 1, 3-5), MH-MoE with ``many_experts`` and each of ``heads`` (claim 1)
+    and the diversity runs with headroom (claim 2)."""
+    runs = [Pretraining(variant, variant, settings.training.pretrain_steps, heads=config_heads(variant))
+            for variant in (*settings.task_variants, STRATIFIED)]  # fmt: skip
     experts = settings.many_experts
-    runs.append(Pretraining(f"xmoe-e{experts}", "xmoe", settings.many_experts_steps, (("num_experts", experts),)))
+    for router in ROUTERS:
+        runs.append(Pretraining(router_run(router, experts), router, settings.router_steps,
+                                (("num_experts", experts),), snapshots=settings.snapshot_every))  # fmt: skip
     for heads in settings.heads:
         moe = (("num_experts", experts), ("heads", heads))
         runs.append(Pretraining(f"mhmoe-e{experts}-h{heads}", "mhmoe", settings.many_experts_steps, moe, heads))
+    for heads, few in settings.diversity_runs:
+        moe = (("num_experts", few), ("heads", heads))
+        runs.append(Pretraining(f"mhmoe-e{few}-h{heads}", "mhmoe", settings.many_experts_steps, moe, heads))
     return runs
+
+
+def router_run(router: str, experts: int) -> str:
+    """The name of a router's pre-training with ``experts`` experts and snapshots."""
+    return f"{router}-e{experts}"
 
 
 class StudyRun(DemoRun):
@@ -115,9 +133,9 @@ class StudyRun(DemoRun):
     def pretrain_run(self, run: Pretraining) -> RunLayout:
         return RunLayout(self.out / "pretrain" / run.name)
 
-    def pretrained(self, run: Pretraining) -> Path:
-        """The run's exported backbone."""
-        return self.pretrain_run(run).root / "backbone.pt"
+    def pretrained(self, name: str) -> Path:
+        """The exported backbone of the pre-training ``name``."""
+        return self.out / "pretrain" / name / "backbone.pt"
 
     def snapshots(self, run: Pretraining) -> list[Path]:
         return sorted(self.pretrain_run(run).snapshots.glob("step*.pt"))
@@ -141,34 +159,47 @@ def pretrain_stages(study: StudyRun, run: Pretraining) -> list[Stage]:
         launch = pretrain_launch(study, run.variant, layout, run.steps, snapshots, dict(run.moe))
         return train(str(key), launch, layout) | {"routing_stats": str(layout.routing_stats)}
 
-    export = exporting(StageKey.of(*key.parts, "export"), layout.last_checkpoint, study.pretrained(run))
+    export = exporting(StageKey.of(*key.parts, "export"), layout.last_checkpoint, study.pretrained(run.name))
     return [Stage(key, layout.last_checkpoint, fit), export]
 
 
-def seed_count(variant: str, task: str, settings: StudySettings) -> int:
-    """Fine-tuning seeds of one cell: ``settings.seeds`` for the routers compared on the consistency task, else 1."""
-    return settings.seeds if variant in ROUTERS and task == CONSISTENCY_TASK else 1
-
-
-def finetune_stages(study: StudyRun, run: Pretraining, settings: StudySettings) -> list[Stage]:
-    """Each task at seed 0, and for the routers compared (X-MoE §4.5) VQA at ``settings.seeds`` seeds, with a routing
-    window every ``settings.consistency_every`` steps."""
+def finetune_stages(study: StudyRun, settings: StudySettings) -> list[Stage]:
+    """Every task of every task variant at ``task_seeds`` seeds, and of :data:`PRETRAINING_VARIANT` from random
+    init at as many (MH-MoE Table 4; what pre-training adds), each scored; and the routers' VQA fine-tunings at
+    ``seeds`` seeds with a routing window every ``consistency_every`` steps (X-MoE Fig. 3b), X-MoE's routing frozen."""
     stages = []
-    for benchmark in BENCHMARKS:
-        for seed in range(seed_count(run.variant, benchmark.name, settings)):
-            layout = study.finetune_run(run.name, benchmark.name, seed)
-            key = StageKey.of("finetune", run.name, f"{benchmark.name}-seed{seed}")
-            backbone, every = study.pretrained(run), settings.consistency_every
-            stages.append(fine_tuning(study, key, benchmark, backbone, layout, seed, routing_every=every))
-            stages.append(evaluation(study, StageKey.of(*key.parts, "eval"), benchmark, backbone, layout, seed))
+    random = study.pretrained(f"{PRETRAINING_VARIANT}-{RANDOM_INIT}")  # the architecture, fresh weights
+    source = study.pretrained(PRETRAINING_VARIANT)
+    stages.append(
+        random_initialisation(StageKey.of("pretrain", f"{PRETRAINING_VARIANT}-{RANDOM_INIT}"), source, random)
+    )
+    cells = [(variant, study.pretrained(variant)) for variant in settings.task_variants]
+    cells.append((f"{PRETRAINING_VARIANT}-{RANDOM_INIT}", random))
+    for name, backbone in cells:
+        for benchmark in BENCHMARKS:
+            for seed in range(settings.task_seeds):
+                layout = study.finetune_run(name, benchmark.name, seed)
+                key = StageKey.of("finetune", name, f"{benchmark.name}-seed{seed}")
+                stages.append(fine_tuning(study, key, benchmark, backbone, layout, seed))
+                stages.append(evaluation(study, StageKey.of(*key.parts, "eval"), benchmark, backbone, layout, seed))
+    consistency = StudyRun(study.out, settings.training.replace(
+        finetune_steps={**settings.training.finetune_steps, CONSISTENCY_TASK: settings.consistency_steps}))  # fmt: skip
+    benchmark = next(b for b in BENCHMARKS if b.name == CONSISTENCY_TASK)
+    for router in ROUTERS:
+        name = router_run(router, settings.many_experts)
+        backbone = study.pretrained(name)
+        options = {"frozen_routing": router in FROZEN_IN_FINETUNING}
+        for seed in range(settings.seeds):
+            layout = study.finetune_run(name, CONSISTENCY_TASK, seed)
+            key = StageKey.of("finetune", name, f"{CONSISTENCY_TASK}-seed{seed}")
+            stages.append(fine_tuning(consistency, key, benchmark, backbone, layout, seed,
+                                      routing_every=settings.consistency_every, model_options=options))  # fmt: skip
     return stages
 
 
 def analysis_stage(study: StudyRun, settings: StudySettings, runs: list[Pretraining]) -> Stage:
-    """Every routing measurement on the held-out batches, saved as ``analysis/measures.json``."""
-    from mmoe.metrics.routing_collect import consistency_through_training
-    from mmoe.metrics.routing_stats import read_stats, window_loads
-    from mmoe.study.measures import diversity_by_region, expert_loads, held_out_batches, snapshot_measures
+    """Every routing measurement on the held-out batches and every score, saved as ``analysis/measures.json``."""
+    from mmoe.study.measures import held_out_batches
 
     target = study.analysis / MEASURES_FILE
 
@@ -180,38 +211,57 @@ def analysis_stage(study: StudyRun, settings: StudySettings, runs: list[Pretrain
             settings.analysis_batch_size,
             max_text_length=CAPTION_MAX_TEXT_LENGTH,
         )
-        many = [run for run in runs if run.moe]
-        activation = {run.name: {"heads": run.heads} | expert_loads(study.pretrained(run), batches) for run in many}
-        sub_tokens = [run for run in runs if run.heads > 1]
-        diversity = {run.name: diversity_by_region(study.pretrained(run), batches) for run in sub_tokens}
-        snapshots = {}
-        for run in runs:
-            if run.snapshots:
-                paths = study.snapshots(run)
-                steps = [int(path.stem.removeprefix("step")) for path in paths]
-                snapshots[run.name] = snapshot_measures(paths, steps, batches, settings.analysis_rows)
-        consistency = {}
-        for variant in ROUTERS:
-            folders = [study.finetune_run(variant, CONSISTENCY_TASK, seed).root for seed in range(settings.seeds)]
-            loads = [window_loads(read_stats(folder)) for folder in folders]
-            consistency[variant] = consistency_through_training(loads, [str(folder) for folder in folders])
-        measures = Measures(activation, diversity, snapshots, consistency, collect_scores(study, settings))
+        measures = measure_runs(study, settings, runs, batches)
         write_json(target, measures.to_json())
         return {"files": [str(target)]}
 
     return Stage(StageKey.of("analysis"), target, measure)
 
 
-def collect_scores(study: StudyRun, settings: StudySettings) -> dict:
-    """variant -> task -> the seeds' ``scores.json``."""
-    scores = {}
-    for variant in VARIANTS:
-        scores[variant] = {}
-        for benchmark in BENCHMARKS:
-            seeds = range(seed_count(variant, benchmark.name, settings))
-            files = [study.finetune_run(variant, benchmark.name, seed).scores for seed in seeds]
-            scores[variant][benchmark.name] = [read_json(path, "scores") for path in files]
-    return scores
+def measure_runs(study: StudyRun, settings: StudySettings, runs: list[Pretraining], batches: list) -> Measures:
+    from mmoe.metrics.routing_collect import consistency_through_training
+    from mmoe.metrics.routing_stats import read_stats, window_loads
+    from mmoe.study.measures import diversity_by_region, expert_loads, requested_capacity, snapshot_measures
+
+    by_name = {run.name: run for run in runs}
+    experts = settings.many_experts
+    xmoe = by_name[router_run("xmoe", experts)]
+    xmoe_snapshot = study.pretrain_run(xmoe).snapshots / f"step{settings.many_experts_steps:06d}.pt"
+    activation = {f"{xmoe.name}-step{settings.many_experts_steps}": {"heads": 1} | expert_loads(xmoe_snapshot, batches)}
+    for run in runs:
+        if run.variant == "mhmoe" and dict(run.moe).get("num_experts") == experts:
+            activation[run.name] = {"heads": run.heads} | expert_loads(study.pretrained(run.name), batches)
+    diversity = {run.name: diversity_by_region(study.pretrained(run.name), batches) for run in runs if run.heads > 1}
+    snapshots, consistency = {}, {}
+    for router in ROUTERS:
+        run = by_name[router_run(router, experts)]
+        paths = study.snapshots(run)
+        steps = [int(path.stem.removeprefix("step")) for path in paths]
+        snapshots[router] = snapshot_measures(paths, steps, batches, settings.analysis_rows)
+        folders = [study.finetune_run(run.name, CONSISTENCY_TASK, seed).root for seed in range(settings.seeds)]
+        loads = [window_loads(read_stats(folder)) for folder in folders]
+        result = consistency_through_training(loads, [str(folder) for folder in folders])
+        consistency[router] = result | {"runs": len(folders), "frozen_routing": router in FROZEN_IN_FINETUNING}
+    scores = {variant: collect_scores(study, variant, settings.task_seeds) for variant in settings.task_variants}
+    random_init = collect_scores(study, f"{PRETRAINING_VARIANT}-{RANDOM_INIT}", settings.task_seeds)
+    capacity = requested_capacity(study.pretrained(by_name[STRATIFIED].name), batches)
+    return Measures(activation, diversity, snapshots, consistency, scores, random_init, capacity, chance_levels(study))
+
+
+def chance_levels(study: StudyRun) -> dict[str, float]:
+    """Each task's chance level on its score: the VQA per-question-type prior, the constant NLVR2 answer, the constant
+    caption's CIDEr (:class:`mmoe.data.synth.corpus.ChanceLevels`)."""
+    levels = ChanceLevels.from_summary(study.chance())
+    return {"vqav2": levels.vqa_prior, "nlvr2": levels.nlvr2_constant, "captioning": levels.caption_constant["CIDEr"]}
+
+
+def collect_scores(study: StudyRun, name: str, seeds: int) -> dict:
+    """task -> the ``scores.json`` of the fine-tunings of ``name`` at each seed."""
+    return {
+        benchmark.name: [read_json(study.finetune_run(name, benchmark.name, seed).scores, "scores") for seed in
+                         range(seeds)]
+        for benchmark in BENCHMARKS
+    }  # fmt: skip
 
 
 def maps_stage(study: StudyRun, settings: StudySettings, runs: list[Pretraining]) -> Stage:
@@ -219,7 +269,7 @@ def maps_stage(study: StudyRun, settings: StudySettings, runs: list[Pretraining]
     from mmoe.viz.cli import checkpoint_labels, subtoken_map_path, viz_command
 
     out = study.out / "figures" / "maps"
-    backbones = [study.pretrained(run) for run in runs if run.heads > 1]
+    backbones = [study.pretrained(run.name) for run in runs if run.heads > 1]
     key = StageKey.of("maps")
 
     def draw() -> dict:

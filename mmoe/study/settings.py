@@ -1,10 +1,11 @@
-"""Settings of ``mmoe study claims``: :data:`DEFAULT` (26 minutes on the 2-core CPU, ``docs/claims.md``), :data:`FAST`
-(the slow test's) and :data:`SCALE` (longer runs for a GPU, not yet run).
+"""Settings of ``mmoe study claims``: :data:`DEFAULT` (a 45-minute budget on the 2-core CPU, ``docs/claims.md``),
+:data:`FAST` (the slow test's) and :data:`SCALE` (longer runs for a GPU, not yet run).
 
-The default fits its budget with 17 trainings: 5 variants and 4 activation-ratio runs pre-trained, 5 x 3 task
-fine-tunings plus 4 extra VQA seeds. That is below what the demo gives one variant (80 pre-training steps, VQA
-300 / NLVR2 250 / captioning 450), so the task scores sit near their chance levels and claim 5 mostly measures noise;
-``--scale`` is the setting meant to separate the variants.
+The default spends its budget where the routing claims can appear: Switch and X-MoE with 32 experts pre-trained 200
+steps with snapshots every 25 (the papers: 32 experts, 125K steps), MH-MoE at 32 experts with h = 4 and 8, five VQA
+fine-tuning seeds per router with X-MoE's routing frozen (X-MoE §3.3). The task runs stay below what the demo gives
+one variant (60 pre-training steps; VQA 120 / NLVR2 100 / captioning 150), so their scores sit near the chance
+levels and the task claims say so; ``--scale`` is the setting meant to separate them.
 """
 
 from __future__ import annotations
@@ -22,14 +23,23 @@ class StudySettings:
     """What the study trains and measures.
 
     Attributes:
-        training: corpus, codebook, backbone, batch size, pre-training and fine-tuning steps of every run (the demo's
-            settings type; every variant pre-trains ``training.pretrain_steps`` and fine-tunes each task its steps).
-        seeds: fine-tuning seeds of Switch and X-MoE on VQA (X-MoE Fig. 3b correlates the runs' loads; they also
-            give those cells of claim 5 a spread).
-        many_experts: experts per MoE layer of the activation-ratio runs (MH-MoE Fig. 1a uses 32).
-        heads: MH-MoE heads h of the activation-ratio runs.
-        many_experts_steps: pre-training steps of each activation-ratio run.
-        snapshot_every: steps between backbone snapshots of the Switch and X-MoE pre-training (RC, fluctuation).
+        training: corpus, codebook, backbone, batch size, pre-training and fine-tuning steps of the task runs (the
+            demo's settings type; each of ``task_variants`` pre-trains ``training.pretrain_steps`` and fine-tunes each
+            task its steps).
+        task_variants: the variants whose task scores are compared (MH-MoE Table 4: dense, X-MoE, MH-MoE).
+        task_seeds: fine-tuning seeds of every compared task cell, and of the fine-tunings from random init that show
+            what pre-training adds.
+        many_experts: experts per MoE layer of the Switch and X-MoE runs through pre-training (X-MoE §4.5: 32) and of
+            the activation-ratio runs (MH-MoE Fig. 1a: 32).
+        router_steps: pre-training steps of the Switch and X-MoE runs with snapshots (RC, fluctuation).
+        snapshot_every: steps between their backbone snapshots.
+        heads: MH-MoE heads h of the activation-ratio runs (MH-MoE Fig. 5: 4 and 8).
+        many_experts_steps: pre-training steps of the activation-ratio runs; X-MoE is compared at its snapshot of the
+            same step (a multiple of ``snapshot_every``).
+        diversity_runs: (heads, experts) of extra MH-MoE runs whose sub-token diversity has headroom below its
+            ceiling min(h, E) (h = 8 over 8 experts: a random router reaches 5.25 of 8 distinct experts).
+        seeds: fine-tuning seeds of Switch and X-MoE on VQA for the inter-run consistency (X-MoE Fig. 3b: 12).
+        consistency_steps: steps of those fine-tunings.
         consistency_every: fine-tuning steps per load window of the inter-run consistency (X-MoE: 100).
         analysis_batches: held-out batches every routing measurement runs on.
         analysis_batch_size: their size.
@@ -37,15 +47,27 @@ class StudySettings:
     """
 
     training: DemoSettings
-    seeds: int
+    task_variants: tuple[str, ...]
+    task_seeds: int
     many_experts: int
+    router_steps: int
+    snapshot_every: int
     heads: tuple[int, ...]
     many_experts_steps: int
-    snapshot_every: int
+    diversity_runs: tuple[tuple[int, int], ...]
+    seeds: int
+    consistency_steps: int
     consistency_every: int
     analysis_batches: int
     analysis_batch_size: int
     analysis_rows: int
+
+    def __post_init__(self) -> None:
+        if self.many_experts_steps % self.snapshot_every or self.many_experts_steps > self.router_steps:
+            raise ValueError(
+                f"many_experts_steps ({self.many_experts_steps}) must be a snapshot step of the X-MoE run "
+                f"(a multiple of snapshot_every = {self.snapshot_every}, at most router_steps = {self.router_steps})"
+            )
 
     def to_json(self) -> dict:
         return json.loads(json.dumps(dataclasses.asdict(self)))
@@ -59,12 +81,17 @@ DEFAULT = StudySettings(
         finetune_learning_rates={"captioning": 6e-4},
         num_beams=1,
     ),
-    seeds=3,
+    task_variants=("dense", "xmoe", "mhmoe"),
+    task_seeds=2,
     many_experts=32,
-    heads=(2, 4, 8),
-    many_experts_steps=40,
-    snapshot_every=10,
-    consistency_every=10,
+    router_steps=200,
+    snapshot_every=25,
+    heads=(4, 8),
+    many_experts_steps=100,
+    diversity_runs=((8, 8),),
+    seeds=5,
+    consistency_steps=100,
+    consistency_every=20,
     analysis_batches=4,
     analysis_batch_size=32,
     analysis_rows=2000,
@@ -77,16 +104,21 @@ FAST = dataclasses.replace(
         synth=("--size", "tiny"),
         codebook_size=32,
         backbone={"dim": 96, "num_heads": 2, "ffn_dim": 192},
-        pretrain_steps=12,
-        finetune_steps={"vqav2": 8, "nlvr2": 4, "captioning": 4},
+        pretrain_steps=8,
+        finetune_steps={"vqav2": 4, "nlvr2": 4, "captioning": 4},
         batch_size=8,
         num_beams=1,
         figure_images=2,
     ),
-    seeds=2,
-    heads=(2, 8),
-    many_experts_steps=6,
+    task_seeds=2,
+    many_experts=8,
+    router_steps=12,
     snapshot_every=4,
+    heads=(2, 8),
+    many_experts_steps=8,
+    diversity_runs=((4, 4),),
+    seeds=3,
+    consistency_steps=12,
     consistency_every=4,
     analysis_batches=2,
     analysis_batch_size=16,
@@ -104,9 +136,12 @@ SCALE = dataclasses.replace(
         checkpoint_every=500,
         precision="bf16-mixed",
     ),
-    seeds=5,
+    task_seeds=3,
+    router_steps=4000,
+    snapshot_every=250,
     many_experts_steps=2000,
-    snapshot_every=200,
+    seeds=12,
+    consistency_steps=1200,
     consistency_every=100,
     analysis_batches=16,
     analysis_batch_size=64,

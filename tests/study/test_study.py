@@ -23,78 +23,167 @@ from mmoe.metrics.routing_collect import run_routing
 from mmoe.metrics.routing_stats import read_stats, window_loads
 from mmoe.study import claims_from
 from mmoe.study.claims import (
-    NOT_REPRODUCED,
-    NOT_SEPARATED,
-    REPRODUCES,
     activation_claim,
+    capacity_claim,
     collapse_claim,
     consistency_claim,
     diversity_claim,
     fluctuation_claim,
+    mean_correlation,
+    pretraining_claim,
     tasks_claim,
 )
-from mmoe.study.measures import held_out_batches, inputs, object_patches
+from mmoe.study.measures import RC_RESAMPLES, held_out_batches, inputs, object_patches
 from mmoe.study.report import write_report
 from mmoe.study.runs import Measures
+from mmoe.study.verdicts import NOT_SEPARATED, OPPOSITE, REPRODUCES, SATURATED, UNINFORMATIVE, VERDICTS
 from mmoe.tasks.checkpoint import load_backbone
 
 # -- claims on hand-made measurements --------------------------------------------------------------------------------
 
+LANGUAGE, VISION = "layer1/language", "layer1/vision"
 
-def test_activation_claim_counts_selections_per_token():
-    """32 experts; X-MoE sends its 100 tokens to 2 experts, MH-MoE h=4's 400 sub-tokens spread over all 32."""
-    few = [50, 50] + [0] * 30
-    spread = [12] * 16 + [13] * 16
-    activation = {
-        "xmoe": {"heads": 1, "loads": {"layer1/vision": few}, "tokens": {"layer1/vision": 100.0}},
-        "mhmoe-h4": {"heads": 4, "loads": {"layer1/vision": spread}, "tokens": {"layer1/vision": 100.0}},
+
+def _activation_run(heads, language_batch, vision_batch, batches=6):
+    """Per held-out batch, the same loads (32 experts) over 100 tokens."""
+    return {
+        "heads": heads,
+        "loads": {LANGUAGE: [language_batch] * batches, VISION: [vision_batch] * batches},
+        "tokens": {LANGUAGE: [100.0] * batches, VISION: [100.0] * batches},
     }
-    claim = activation_claim(activation)
-    assert claim.measured["runs"]["xmoe"]["mean"] == pytest.approx(2 / 32)
-    assert claim.measured["runs"]["mhmoe-h4"]["mean"] == pytest.approx(1.0)
-    assert claim.verdict == REPRODUCES
-    reversed_runs = {"xmoe": activation["mhmoe-h4"] | {"heads": 1}, "mhmoe-h4": activation["xmoe"] | {"heads": 4}}
-    assert activation_claim(reversed_runs).verdict == NOT_REPRODUCED
 
 
-def test_diversity_claim_compares_object_and_background_means():
-    region = {"object_sum": 30.0, "object_patches": 10, "background_sum": 20.0, "background_patches": 20}
-    claim = diversity_claim({"mhmoe": {"layer1/vision": region, "layer3/vision": region}})
-    assert claim.measured["runs"]["mhmoe"]["object_mean"] == pytest.approx(3.0)
-    assert claim.measured["runs"]["mhmoe"]["background_mean"] == pytest.approx(1.0)
-    assert claim.verdict == REPRODUCES
-    flat = region | {"object_sum": 10.0}
-    assert diversity_claim({"mhmoe": {"layer1/vision": flat}}).verdict == NOT_REPRODUCED
+def test_activation_claim_judges_each_modality_in_both_views():
+    """Language: X-MoE sends its tokens to 2 of 32 experts, MH-MoE h=4 spreads its sub-tokens over all 32 (both views
+    rise). Vision: both spread over all 32 (saturated)."""
+    few, spread = [50, 50] + [0] * 30, [12] * 16 + [13] * 16
+    claim = activation_claim({"xmoe": _activation_run(1, few, spread), "mhmoe-h4": _activation_run(4, spread, spread)})
+    language = claim.measured["by_modality"]["language"]
+    assert language["runs"]["xmoe"]["per_token"] == pytest.approx(2 / 32)
+    assert language["runs"]["mhmoe-h4"]["per_token"] == pytest.approx(1.0)
+    assert language["runs"]["mhmoe-h4"]["share_of_choices"] == pytest.approx(1.0)
+    assert language["verdict"] == REPRODUCES and claim.verdict == REPRODUCES
+    assert claim.measured["by_modality"]["vision"]["verdict"] == SATURATED
+    # a random router over 400 choices activates every expert: what no learning gives
+    assert language["runs"]["mhmoe-h4"]["random_router"]["per_token"] == pytest.approx(1.0)
+    reversed_runs = {"xmoe": _activation_run(1, spread, spread), "mhmoe-h4": _activation_run(4, few, spread)}
+    assert activation_claim(reversed_runs).verdict == OPPOSITE
 
 
-def _snapshot(step, rc, fluctuation):
-    overall = None if fluctuation is None else {"layer1/vision": fluctuation, "overall": fluctuation}
-    return {"step": step, "representation_collapse": {"layer1/vision": rc, "layer1/language": None},
-            "fluctuation": overall}  # fmt: skip
+def test_activation_claim_does_not_count_the_built_in_per_token_rise():
+    """MH-MoE h=4 routes exactly like X-MoE (the same share of choices per expert): per token, 4 choices per token
+    push more experts over the threshold, but the share-of-choices view does not move, so nothing reproduces."""
+    uneven = [40, 30, 20, 6] + [0.125] * 32
+    uneven = uneven[:32]
+    claim = activation_claim(
+        {"xmoe": _activation_run(1, uneven, uneven), "mhmoe-h4": _activation_run(4, [4 * v for v in uneven], uneven)}
+    )
+    views = claim.measured["by_modality"]["language"]["views"]
+    assert views["per_token"]["verdict"] == REPRODUCES
+    assert views["share_of_choices"]["verdict"] == NOT_SEPARATED
+    assert claim.verdict == NOT_SEPARATED
 
 
-def test_collapse_and_fluctuation_claims_from_snapshots():
+def _diversity_run(heads, experts, object_values, background_values):
+    """Per image: 4 object and 12 background patches with the given mean diversity."""
+    return {
+        VISION: {
+            "object_sum": [4 * v for v in object_values],
+            "object_patches": [4] * len(object_values),
+            "background_sum": [12 * v for v in background_values],
+            "background_patches": [12] * len(background_values),
+            "heads": heads,
+            "experts": experts,
+        }
+    }
+
+
+def test_diversity_claim_separates_saturated_runs_from_telling_ones():
+    generator = np.random.default_rng(0)
+    at_ceiling = _diversity_run(2, 32, [2.0] * 20, [2.0] * 20)
+    headroom = _diversity_run(8, 8, list(5 + generator.normal(0, 0.2, 20)), list(4 + generator.normal(0, 0.2, 20)))
+    claim = diversity_claim({"mhmoe-h2": at_ceiling, "mhmoe-h8": headroom})
+    runs = claim.measured["runs"]
+    assert runs["mhmoe-h2"]["verdict"] == SATURATED and runs["mhmoe-h2"]["ceiling"] == 2
+    assert runs["mhmoe-h2"]["random_router"] == pytest.approx(32 * (1 - (31 / 32) ** 2))
+    assert runs["mhmoe-h8"]["verdict"] == REPRODUCES and runs["mhmoe-h8"]["difference"] == pytest.approx(1.0, abs=0.2)
+    assert claim.verdict == REPRODUCES  # the saturated run shows nothing either way
+    noisy = _diversity_run(8, 8, list(4 + generator.normal(0, 1.0, 20)), list(4 + generator.normal(0, 1.0, 20)))
+    assert diversity_claim({"mhmoe-h8": noisy}).verdict == NOT_SEPARATED
+    assert diversity_claim({"mhmoe-h2": at_ceiling}).verdict == SATURATED
+
+
+def _snapshot(step, rc, changed, loads=None, batches=8):
+    """RC per key with tight bootstrap replicates; ``changed`` per key: tokens out of 100 per batch that changed
+    expert since the previous snapshot (None for the first)."""
+    loads = loads or [25, 25, 25, 25]
+    collapse = {key: {"rc": value, "classes": 4, "resamples": [value * f for f in np.linspace(0.97, 1.03, 50)]}
+                for key, value in rc.items()}  # fmt: skip
+    fluctuation = None
+    if changed is not None:
+        fluctuation = {
+            key: {"changed": [value] * batches, "compared": [100] * batches} for key, value in changed.items()
+        }
+    return {"step": step, "collapse": collapse, "loads": {key: loads for key in rc}, "fluctuation": fluctuation}
+
+
+def _curve(rc_language, rc_vision, changed_language, changed_vision):
+    return [
+        _snapshot(10 * i, {LANGUAGE: rl, VISION: rv}, None if i == 0 else {LANGUAGE: cl, VISION: cv})
+        for i, (rl, rv, cl, cv) in enumerate(zip(rc_language, rc_vision, changed_language, changed_vision, strict=True))
+    ]
+
+
+def test_collapse_and_fluctuation_claims_are_judged_per_modality():
+    """Language: X-MoE's RC stays larger and its routing changes less (the papers' direction); vision: the opposite."""
     snapshots = {
-        "switch": [_snapshot(0, 5.0, None), _snapshot(10, 4.0, 0.5), _snapshot(20, 3.0, 0.4), _snapshot(30, 2.0, 0.3)],
-        "xmoe": [_snapshot(0, 5.0, None), _snapshot(10, 6.0, 0.3), _snapshot(20, 7.0, 0.1), _snapshot(30, 8.0, 0.1)],
+        "switch": _curve([5, 4, 3, 2], [5, 6, 7, 8], [0, 50, 40, 40], [0, 20, 10, 10]),
+        "xmoe": _curve([5, 6, 7, 8], [5, 4, 3, 2], [0, 30, 10, 10], [0, 50, 40, 40]),
     }
     collapse = collapse_claim(snapshots)
-    assert collapse.measured["final"] == {"switch": 2.0, "xmoe": 8.0} and collapse.verdict == REPRODUCES
-    assert collapse.measured["curves"]["xmoe"]["steps"] == [0, 10, 20, 30]
+    language, vision = (collapse.measured["by_modality"][m] for m in ("language", "vision"))
+    assert language["second_half_log_ratio"] == pytest.approx(np.mean([np.log(7 / 3), np.log(8 / 2)]))
+    assert language["verdict"] == REPRODUCES and vision["verdict"] == OPPOSITE
+    assert collapse.verdict == REPRODUCES  # X-MoE Fig. 2c measures text
+    assert language["second_half_slope"]["xmoe"] > 0 > language["second_half_slope"]["switch"]
+    assert language["curves"]["xmoe"]["steps"] == [0, 10, 20, 30]
+
     fluctuation = fluctuation_claim(snapshots)
-    assert fluctuation.measured["second_half_mean"] == pytest.approx({"switch": 0.35, "xmoe": 0.1})
-    assert fluctuation.verdict == REPRODUCES
+    language = fluctuation.measured["by_modality"]["language"]
+    assert language["second_half_mean"] == pytest.approx({"switch": 0.4, "xmoe": 0.1})
+    assert language["random_reassignment"]["xmoe"] == pytest.approx(0.75)  # 1 - 4 x (1/4)^2
+    assert language["verdict"] == REPRODUCES and fluctuation.verdict == REPRODUCES
+    assert fluctuation.measured["by_modality"]["vision"]["verdict"] == OPPOSITE
     swapped = {"switch": snapshots["xmoe"], "xmoe": snapshots["switch"]}
-    assert collapse_claim(swapped).verdict == fluctuation_claim(swapped).verdict == NOT_REPRODUCED
+    assert collapse_claim(swapped).verdict == fluctuation_claim(swapped).verdict == OPPOSITE
 
 
-def test_consistency_claim_uses_the_second_half_of_the_windows():
-    def result(values):
-        return {"steps": [10 * (i + 1) for i in range(len(values))], "windows": [{"mean": v} for v in values]}
+def test_fluctuation_at_the_random_reassignment_level_is_uninformative():
+    snapshots = {
+        "switch": _curve([5] * 4, [5] * 4, [0, 74, 74, 74], [0, 74, 74, 74]),
+        "xmoe": _curve([5] * 4, [5] * 4, [0, 70, 70, 70], [0, 70, 70, 70]),
+    }
+    assert fluctuation_claim(snapshots).verdict == UNINFORMATIVE  # 0.70 and 0.74 >= 0.9 x 0.75
 
-    claim = consistency_claim({"switch": result([0.1, 0.2, 0.3, 0.2]), "xmoe": result([0.1, 0.5, 0.9, 0.95])})
-    assert claim.measured["second_half_mean"] == pytest.approx({"switch": 0.25, "xmoe": 0.925})
-    assert claim.verdict == REPRODUCES
+
+def _consistency(values_language, values_vision, runs=5):
+    windows = [{"step": 10 * (i + 1), LANGUAGE: lang, VISION: vis, "mean": None}
+               for i, (lang, vis) in enumerate(zip(values_language, values_vision, strict=True))]  # fmt: skip
+    return {"steps": [w["step"] for w in windows], "windows": windows, "runs": runs}
+
+
+def test_consistency_claim_uses_the_mean_correlation_between_runs():
+    """IC = (m + Σ_{i≠j} ρ) / m²: with m = 5, IC 0.2 is ρ = 0 and IC 1 is ρ = 1."""
+    assert mean_correlation(0.2, 5) == pytest.approx(0.0) and mean_correlation(1.0, 5) == pytest.approx(1.0)
+    switch = _consistency([0.3, 0.3, 0.3, 0.32, 0.28, 0.3], [0.3] * 6)
+    xmoe = _consistency([0.3, 0.3, 0.3, 0.9, 0.92, 0.88], [0.3, 0.3, 0.3, 0.5, 0.1, 0.3])
+    claim = consistency_claim({"switch": switch, "xmoe": xmoe})
+    language = claim.measured["by_modality"]["language"]
+    assert language["second_half_mean"]["xmoe"] == pytest.approx(mean_correlation(0.9, 5))
+    assert language["verdict"] == REPRODUCES and claim.verdict == REPRODUCES
+    assert claim.measured["by_modality"]["vision"]["verdict"] == NOT_SEPARATED  # swings across zero
+    full = _consistency([1.0] * 4, [1.0] * 4)
+    assert consistency_claim({"switch": full, "xmoe": full}).verdict == SATURATED
 
 
 def _scores(vqa, nlvr2, cider):
@@ -102,25 +191,63 @@ def _scores(vqa, nlvr2, cider):
             "captioning": [{"CIDEr": v} for v in cider]}  # fmt: skip
 
 
-def test_tasks_claim_separates_only_beyond_the_seed_spread():
+CHANCE = {"vqav2": 39.4, "nlvr2": 0.5, "captioning": 0.31}
+
+
+def test_tasks_claim_uses_the_noise_of_each_difference_and_the_chance_levels():
     scores = {
-        "dense": _scores([40.0], [0.50], [0.30, 0.31]),
-        "switch": _scores([41.0, 43.0, 45.0], [0.50], [0.30]),  # VQA seed std 2.0
-        "xmoe": _scores([45.0], [0.55], [0.40]),
-        "mhmoe": _scores([50.0], [0.60], [0.35]),
+        "dense": _scores([40.0, 41.0, 42.0], [0.50], [0.30, 0.30]),
+        "switch": _scores([41.0], [0.50], [0.30]),
+        "xmoe": _scores([45.0, 46.0, 47.0], [0.55], [0.40, 0.42]),
+        "mhmoe": _scores([50.0, 51.0, 52.0], [0.60], [0.36, 0.36]),
         "stratified": _scores([44.0], [0.50], [0.30]),
     }
-    claim = tasks_claim(scores)
+    claim = tasks_claim(scores, CHANCE)
     tasks = claim.measured["tasks"]
-    assert claim.measured["scores"]["switch"]["vqav2"]["std"] == pytest.approx(2.0)
-    assert tasks["vqav2"]["verdict"] == REPRODUCES  # gaps 5 and 5 > 2
+    assert tasks["vqav2"]["pooled_seed_std"] == pytest.approx(1.0)
+    assert tasks["vqav2"]["verdict"] == REPRODUCES  # gaps 5 and 5, each ± 1.96 x sqrt(2/3)
     assert tasks["nlvr2"]["verdict"] == NOT_SEPARATED  # one seed everywhere: the noise is unknown
-    assert tasks["nlvr2"]["seed_noise"] is None and tasks["nlvr2"]["order_as_paper"]
-    assert tasks["captioning"]["verdict"] == NOT_REPRODUCED  # MH-MoE below X-MoE by more than the 0.007 spread
-    assert claim.verdict == NOT_REPRODUCED
-    assert "one seed each; means in the paper's order" in claim.summary
-    close = scores | {"mhmoe": _scores([46.0], [0.60], [0.45])}  # 46 - 45 < 2: within the spread
-    assert tasks_claim(close).measured["tasks"]["vqav2"]["verdict"] == NOT_SEPARATED
+    assert tasks["captioning"]["gaps"][0]["verdict"] == OPPOSITE  # MH-MoE below X-MoE beyond the noise
+    assert tasks["captioning"]["verdict"] == OPPOSITE
+    assert claim.verdict == NOT_SEPARATED  # the tasks disagree
+    below = {variant: _scores([30.0, 31.0], [0.45], [0.2]) for variant in scores}
+    below_claim = tasks_claim(below, CHANCE)
+    assert {entry["verdict"] for entry in below_claim.measured["tasks"].values()} == {UNINFORMATIVE}
+    assert below_claim.verdict == UNINFORMATIVE
+
+
+def test_pretraining_claim_compares_equal_fine_tunings_per_task():
+    pretrained = _scores([45.0, 47.0], [0.60, 0.62], [0.50, 0.52])
+    random_init = _scores([40.0, 42.0], [0.61, 0.63], [0.20, 0.22])
+    claim = pretraining_claim("xmoe", pretrained, random_init, CHANCE)
+    tasks = claim.measured["tasks"]
+    assert tasks["vqav2"]["difference"] == pytest.approx(5.0) and tasks["vqav2"]["verdict"] == REPRODUCES
+    assert tasks["nlvr2"]["verdict"] == NOT_SEPARATED  # -0.01 within the seeds' noise
+    assert tasks["captioning"]["verdict"] == REPRODUCES
+    assert claim.verdict == NOT_SEPARATED  # not every task
+    below = pretraining_claim("xmoe", _scores([33.0, 34.0], [0.4, 0.41], [0.1, 0.1]),
+                              _scores([30.0, 31.0], [0.4, 0.41], [0.1, 0.1]), CHANCE)  # fmt: skip
+    assert below.measured["tasks"]["vqav2"]["verdict"] == UNINFORMATIVE  # neither side above the 39.4 prior
+    worse = pretraining_claim("xmoe", random_init, pretrained, CHANCE)
+    assert worse.measured["tasks"]["captioning"]["verdict"] == OPPOSITE
+
+
+def _capacity(first, later, batches=8):
+    rows = {}
+    for modality_name, (a, b) in {"language": (first, later), "vision": (later, first)}.items():
+        rows[f"layer1/{modality_name}"] = {"capacity": [a] * batches, "tokens": [100] * batches}
+        rows[f"layer3/{modality_name}"] = {"capacity": [b] * batches, "tokens": [100] * batches}
+    return rows
+
+
+def test_capacity_claim_compares_the_first_stratified_layer_with_the_later_ones():
+    claim = capacity_claim(_capacity(1.8, 1.2))
+    language = claim.measured["by_modality"]["language"]
+    assert language["per_layer"] == pytest.approx({"layer1/language": 1.8, "layer3/language": 1.2})
+    assert language["overall"] == pytest.approx(1.5) and language["difference"] == pytest.approx(0.6)
+    assert language["verdict"] == REPRODUCES and claim.verdict == REPRODUCES
+    assert claim.measured["by_modality"]["vision"]["verdict"] == OPPOSITE
+    assert capacity_claim(_capacity(1.2, 1.8)).verdict == OPPOSITE
 
 
 def test_object_patches_follow_the_rendered_shapes():
@@ -190,50 +317,65 @@ def test_fast_study_report_is_recomputed_from_its_saved_statistics(fast_study):
         json.dumps([claim.to_json() for claim in claims_from(Measures.from_json(measures))])
     )
     assert [claim["id"] for claim in report["claims"]] == [
-        "activation", "diversity", "collapse", "fluctuation", "consistency", "tasks"
+        "activation", "diversity", "collapse", "fluctuation", "consistency", "tasks", "pretraining", "capacity"
     ]  # fmt: skip
     markdown = (out / "report.md").read_text()
     assert "mmoe study claims --fast" in markdown
+    # the run's facts come from the run: every training it made with FAST's settings (9 pre-trainings, 4 cells x 3
+    # tasks x 2 seeds of task fine-tunings, 2 routers x 3 seeds of consistency fine-tunings)
+    assert report["run"]["trainings"] == 9 + 24 + 6
+    assert f"{report['run']['trainings']} trainings" in markdown and report["run"]["disk_bytes"] > 0
+    assert report["claim_settings"]["collapse"] in markdown
     for claim in report["claims"]:
-        assert claim["verdict"] in (REPRODUCES, NOT_REPRODUCED, NOT_SEPARATED)
+        assert claim["verdict"] in VERDICTS
         assert claim["title"] in markdown and Path(report["figures"][claim["id"]]).stat().st_size > 0
     assert any((out / "figures" / "maps").glob("subtoken_map_*.png"))
 
-    # claim 1: the paper's activation ratio of the saved loads and tokens, by hand
-    for name, run in report["claims"][0]["measured"]["runs"].items():
+    # claim 1: the paper's activation ratio of the saved loads and tokens (summed over the batches), by hand
+    language = report["claims"][0]["measured"]["by_modality"]["language"]
+    for name, run in language["runs"].items():
         saved = measures["activation"][name]
-        ratios = [float(activation_ratio(torch.tensor(saved["loads"][key]), saved["tokens"][key], 0.1))
-                  for key in saved["loads"]]  # fmt: skip
-        assert run["mean"] == pytest.approx(np.mean(ratios))
+        ratios = [
+            float(activation_ratio(torch.tensor(saved["loads"][key]).sum(0), sum(saved["tokens"][key]), 0.1))
+            for key in language["keys"]
+        ]
+        assert run["per_token"] == pytest.approx(np.mean(ratios))
     assert {run["heads"] for run in measures["activation"].values()} == {1, 2, 8}
+    assert all(key.endswith("/language") for key in language["keys"])
 
-    # claim 4b: IC window by window from the seeds' own routing_stats.json
+    # claim 5: IC window by window from the seeds' own routing_stats.json (X-MoE's routing frozen)
     for variant in ("switch", "xmoe"):
-        runs = [window_loads(read_stats(out / "finetune" / variant / f"vqav2-seed{seed}")) for seed in (0, 1)]
-        curve = report["claims"][4]["measured"]["curves"][variant]
-        assert curve["steps"] == [step for step, _ in runs[0]]
-        for position, ic in enumerate(curve["ic"]):
-            keys = runs[0][position][1]
-            values = [inter_run_consistency([run[position][1][key].tolist() for run in runs]) for key in keys]
-            defined = [v for v in values if math.isfinite(v)]
-            assert ic == (pytest.approx(np.mean(defined)) if defined else None)
+        folders = [out / "finetune" / f"{variant}-e8" / f"vqav2-seed{seed}" for seed in range(3)]
+        runs = [window_loads(read_stats(folder)) for folder in folders]
+        saved = measures["consistency"][variant]
+        assert saved["steps"] == [step for step, _ in runs[0]] and saved["runs"] == 3
+        assert saved["frozen_routing"] == (variant == "xmoe")
+        for position, window in enumerate(saved["windows"]):
+            for key in runs[0][position][1]:
+                ic = inter_run_consistency([run[position][1][key].tolist() for run in runs])
+                assert window[key] == (pytest.approx(ic) if math.isfinite(ic) else None)
 
-    # claim 5: the scores are the evaluation files' own
+    # claims 6 and 7: the scores are the evaluation files' own, each cell at 2 seeds
     scores = report["claims"][5]["measured"]["scores"]
-    for variant in ("dense", "switch", "xmoe", "mhmoe", "stratified"):
-        vqa = json.loads((out / "finetune" / variant / "vqav2-seed0" / "scores.json").read_text())["overall"]
-        assert scores[variant]["vqav2"]["values"][0] == pytest.approx(vqa)
-    assert len(scores["switch"]["vqav2"]["values"]) == 2 and len(scores["dense"]["vqav2"]["values"]) == 1
+    for variant in ("dense", "xmoe", "mhmoe"):
+        for seed in (0, 1):
+            vqa = json.loads((out / "finetune" / variant / f"vqav2-seed{seed}" / "scores.json").read_text())["overall"]
+            assert scores[variant]["vqav2"]["values"][seed] == pytest.approx(vqa)
+    random_init = report["claims"][6]["measured"]["tasks"]["nlvr2"]["random_init"]["values"]
+    for seed in (0, 1):
+        nlvr2 = json.loads((out / "finetune" / "xmoe-random-init" / f"nlvr2-seed{seed}" / "scores.json").read_text())
+        assert random_init[seed] == pytest.approx(nlvr2["accuracy"])
 
     # claim 3: the last X-MoE snapshot's RC, recomputed from the snapshot file
-    snapshots = sorted((out / "pretrain" / "xmoe" / "snapshots").glob("step*.pt"))
-    assert [int(p.stem[4:]) for p in snapshots] == report["claims"][2]["measured"]["curves"]["xmoe"]["steps"]
+    snapshots = sorted((out / "pretrain" / "xmoe-e8" / "snapshots").glob("step*.pt"))
+    assert [int(p.stem[4:]) for p in snapshots] == [m["step"] for m in measures["snapshots"]["xmoe"]]
     batches = held_out_batches(out / "data" / "shards" / "coco-karpathy-test", 64, 2, 16, 32)
     run = run_routing(load_backbone(snapshots[-1]), inputs(batches), capture_inputs=True, max_rows=500)
-    saved = measures["snapshots"]["xmoe"][-1]["representation_collapse"]
+    saved = measures["snapshots"]["xmoe"][-1]["collapse"]
     for key, (hidden, top1) in run.router_inputs.items():
         value = representation_collapse(hidden, top1)
-        assert saved[key] == (pytest.approx(value, rel=1e-6) if math.isfinite(value) else None)
+        assert saved[key]["rc"] == (pytest.approx(value, rel=1e-6) if math.isfinite(value) else None)
+        assert len(saved[key]["resamples"]) == RC_RESAMPLES
 
 
 @pytest.mark.slow
@@ -249,29 +391,35 @@ def test_fast_study_reuses_its_stages_and_refuses_other_settings(fast_study, cap
 
 
 def test_a_report_of_hand_made_claims_is_written_whole(tmp_path):
-    """The report from claims (Markdown, JSON, one figure per claim that has one) without training anything."""
-    activation = {
-        "xmoe": {"heads": 1, "loads": {"layer1/vision": [50, 50] + [0] * 30}, "tokens": {"layer1/vision": 100.0}},
-        "mhmoe-h4": {"heads": 4, "loads": {"layer1/vision": [12] * 16 + [13] * 16}, "tokens": {"layer1/vision": 100.0}},
+    """The report from claims (Markdown, JSON, one figure per claim, intervals in the panels) without training."""
+    few, spread = [50, 50] + [0] * 30, [12] * 16 + [13] * 16
+    activation = {"xmoe": _activation_run(1, few, spread), "mhmoe-h4": _activation_run(4, spread, spread)}
+    diversity = {"mhmoe-h8": _diversity_run(8, 8, [5.0, 5.2, 4.8], [4.0, 4.1, 3.9])}
+    snapshots = {
+        "switch": _curve([5, 4, 3, 2], [5, 6, 7, 8], [0, 50, 40, 40], [0, 20, 10, 10]),
+        "xmoe": _curve([5, 6, 7, 8], [5, 4, 3, 2], [0, 30, 10, 10], [0, 50, 40, 40]),
     }
-    region = {"object_sum": 30.0, "object_patches": 10, "background_sum": 20.0, "background_patches": 20}
-    snapshots = {name: [_snapshot(0, 5.0, None), _snapshot(10, 4.0, 0.5), _snapshot(20, 3.0, 0.4)]
-                 for name in ("switch", "xmoe")}  # fmt: skip
-    windows = {"steps": [10, 20], "windows": [{"mean": 0.1}, {"mean": 0.2}]}
+    consistency = {"switch": _consistency([0.3] * 4, [0.3] * 4), "xmoe": _consistency([0.3, 0.4, 0.9, 0.9], [0.3] * 4)}
     scores = {name: _scores([40.0, 42.0], [0.5], [0.3]) for name in ("dense", "switch", "xmoe", "mhmoe", "stratified")}
     claims = [
         activation_claim(activation),
-        diversity_claim({"mhmoe": {"layer1/vision": region}}),
+        diversity_claim(diversity),
         collapse_claim(snapshots),
         fluctuation_claim(snapshots),
-        consistency_claim({"switch": windows, "xmoe": windows}),
-        tasks_claim(scores),
+        consistency_claim(consistency),
+        tasks_claim(scores, CHANCE),
+        pretraining_claim("xmoe", scores["xmoe"], scores["dense"], CHANCE),
+        capacity_claim(_capacity(1.8, 1.2)),
     ]
-    chance = {"vqav2": 39.4, "nlvr2": 0.5, "captioning": 0.31}
-    report = write_report(claims, tmp_path, "# header", {"command": "test"}, chance)
+    settings = {"collapse": "Switch and X-MoE, 32 experts"}
+    report = write_report(claims, tmp_path, "# header", {"command": "test"}, CHANCE, settings)
     assert report["claims"] == [claim.to_json() for claim in claims]
     assert json.loads((tmp_path / "report.json").read_text()) == json.loads(json.dumps(report))
     markdown = (tmp_path / "report.md").read_text()
     for number, claim in enumerate(claims, 1):
         assert f"## {number}. {claim.title}" in markdown and f"**Verdict: {claim.verdict}.**" in markdown
-    assert report["figures"] and all(Path(path).stat().st_size > 0 for path in report["figures"].values())
+        assert claim.verdict in VERDICTS
+    assert "language (the paper's)" in markdown and "vision" in markdown
+    assert set(report["figures"]) == {claim.id for claim in claims}
+    assert "**mmoe's setting.** Switch and X-MoE, 32 experts." in markdown
+    assert all(Path(path).stat().st_size > 0 for path in report["figures"].values())
