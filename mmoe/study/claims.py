@@ -685,3 +685,65 @@ def capacity_claim(capacity: dict) -> Claim:
         verdict=_paper_verdict(by_modality, "language"),
         summary=_modality_summary(by_modality, "language", text),
     )
+
+
+#: Token ids seen fewer times than this on held-out text are left out of the frequency claim (their mean passes are
+#: too noisy to rank).
+MIN_OCCURRENCES = 3
+
+
+def average_ranks(values: np.ndarray) -> np.ndarray:
+    """1-based ranks, ties sharing their average rank."""
+    order = np.argsort(values, kind="mergesort")
+    ranks = np.empty(len(values), dtype=np.float64)
+    ranks[order] = np.arange(1, len(values) + 1)
+    _, groups, sizes = np.unique(values, return_inverse=True, return_counts=True)
+    sums = np.bincount(groups, weights=ranks)
+    return sums[groups] / sizes[groups]
+
+
+def spearman(x: np.ndarray, y: np.ndarray) -> float | None:
+    """Spearman's rank correlation (Pearson of the average ranks); None where either side is constant."""
+    rx, ry = average_ranks(np.asarray(x)), average_ranks(np.asarray(y))
+    if rx.std() == 0 or ry.std() == 0:
+        return None
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def frequency_claim(token_passes: dict, training_counts: dict[str, int]) -> Claim:
+    """Stratified MoE §5 / Fig. 3: tokens that request little capacity (few FFN passes) tend to be frequent ones.
+    ``token_passes``: :func:`mmoe.study.measures.token_passes` of the Stratified MoE run; ``training_counts``: token id
+    (as text) -> occurrences in the pre-training text.
+
+    Per token id seen at least :data:`MIN_OCCURRENCES` times on held-out text: its mean passes over the language MoE
+    layers (pooled) against its training frequency; Spearman's ρ with an interval over token ids (the paper predicts
+    ρ < 0). Uninformative when every token makes the same number of passes."""
+    totals: dict[int, list[float]] = {}
+    for entry in token_passes.values():
+        for token, passes, occurrences in zip(entry["ids"], entry["passes"], entry["occurrences"], strict=True):
+            total = totals.setdefault(token, [0.0, 0.0])
+            total[0] += passes
+            total[1] += occurrences
+    layers = max(1, len(token_passes))
+    kept = sorted(t for t, (_, n) in totals.items() if n / layers >= MIN_OCCURRENCES)
+    capacity = np.asarray([totals[t][0] / totals[t][1] for t in kept])
+    frequency = np.asarray([training_counts.get(str(t), 0) for t in kept], dtype=np.float64)
+    rho = spearman(frequency, capacity) if len(kept) > 2 else None
+    interval = percentile_interval(bootstrap(lambda b: spearman(frequency[b], capacity[b]), len(kept))) if rho else None
+    constant = len(kept) > 2 and capacity.std() == 0
+    verdict = gated(direction_verdict(interval, -1), uninformative=constant)
+    summary = (
+        f"{len(kept)} token ids seen >= {MIN_OCCURRENCES} times per layer on held-out text: Spearman ρ(training "
+        f"frequency, passes per token) = {rho:.3f} {describe(interval)}"
+        if rho is not None
+        else f"{len(kept)} token ids: no rank correlation (constant passes or too few tokens)"
+    )
+    return Claim(
+        id="frequency",
+        title="Stratified MoE: frequent tokens request less capacity",
+        paper="Stratified MoE §5 / Fig. 3 (translation): low requested-capacity tokens tend to be highly frequent ones",
+        measured={"paper_modality": "language", "layers": sorted(token_passes), "tokens": len(kept), "rho": rho,
+                  "interval": interval, "mean_passes": capacity.tolist(), "training_frequency": frequency.tolist()},
+        verdict=verdict,
+        summary=summary + f", {verdict} (language tokens; image patches have no token frequency)",
+    )  # fmt: skip

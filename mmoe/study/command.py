@@ -26,6 +26,7 @@ from mmoe.study.claims import (
     consistency_claim,
     diversity_claim,
     fluctuation_claim,
+    frequency_claim,
     pretraining_claim,
     tasks_claim,
 )
@@ -64,6 +65,7 @@ def claims_from(measures: Measures) -> list[Claim]:
             PRETRAINING_VARIANT, measures.scores[PRETRAINING_VARIANT], measures.random_init, measures.chance
         ),
         capacity_claim(measures.capacity),
+        frequency_claim(measures.token_capacity["passes"], measures.token_capacity["training_counts"]),
     ]
 
 
@@ -116,6 +118,8 @@ def claim_settings(settings: StudySettings) -> dict[str, str]:
         "pretraining": f"{PRETRAINING_VARIANT} pre-trained {training.pretrain_steps} steps vs the same architecture "
         f"from random init; the same fine-tuning ({steps} steps), {settings.task_seeds} seeds each",
         "capacity": f"Stratified MoE (the tiny config's strata), {training.pretrain_steps} pre-training steps; {pairs}",
+        "frequency": f"the same Stratified MoE run: passes per text token of {pairs} against the token's count in the "
+        "pre-training pairs and text",
     }
 
 

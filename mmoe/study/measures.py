@@ -5,13 +5,14 @@ bootstrap replicates of RC over router-input rows (RC is not a sum over rows, so
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from mmoe.metrics.routing import image_diversity_maps, representation_collapse, sort_keys
+from mmoe.metrics.routing import image_diversity_maps, record_key, representation_collapse, sort_keys
 from mmoe.metrics.routing_collect import RoutingRun, finite_or_none, moe_layers, run_routing
 from mmoe.tasks.checkpoint import load_backbone
 from mmoe.viz.inputs import Batch, TextEncoder, find_samples, make_batches
@@ -143,3 +144,45 @@ def requested_capacity(backbone_path: Path, batches: Sequence[Batch]) -> dict:
         }
         for key in keys
     }
+
+
+def training_token_counts(shards: Sequence[Path], max_text_length: int) -> dict[int, int]:
+    """How often each text token id occurs in the texts of ``shards`` (the pre-training pairs and text the backbones
+    learned from), tokenised as training tokenises them (start and end tokens included)."""
+    encoder = TextEncoder(max_text_length)
+    counts: Counter[int] = Counter()
+    for sample in find_samples([str(path) for path in shards], wanted=lambda sample: sample.text is not None):
+        counts.update(encoder.tokenizer.encode(sample.text))
+    return dict(counts)
+
+
+@torch.no_grad()
+def token_passes(backbone_path: Path, batches: Sequence[Batch]) -> dict:
+    """Stratified MoE §5 / Fig. 3: per language MoE layer of a Stratified MoE backbone and per text token id of the
+    held-out batches, the FFN passes its occurrences made (the gates it reached, ``stratum_path >= 0``) and how many
+    occurrences there were."""
+    backbone = load_backbone(backbone_path).eval()
+    sums: dict[str, Counter[int]] = {}
+    counts: dict[str, Counter[int]] = {}
+    for batch in batches:
+        if "text" not in batch.inputs:
+            continue
+        ids, padding = batch.inputs["text"], batch.inputs["text_padding_mask"]
+        for record in backbone(**batch.inputs).routing:
+            if record.stratum_path is None or record.modality != "language":
+                continue
+            passes = (record.stratum_path >= 0).sum(-1)
+            if passes.shape != ids.shape:
+                raise ValueError(f"{record_key(record)} routes {tuple(passes.shape)} text tokens, the batch has "
+                                 f"{tuple(ids.shape)}")  # fmt: skip
+            real = ~padding
+            key = record_key(record)
+            sums.setdefault(key, Counter())
+            for token, value in zip(ids[real].tolist(), passes[real].tolist(), strict=True):
+                sums[key][token] += value
+                counts.setdefault(key, Counter())[token] += 1
+    return {
+        key: {"ids": sorted(counts[key]), "passes": [sums[key][t] for t in sorted(counts[key])],
+              "occurrences": [counts[key][t] for t in sorted(counts[key])]}
+        for key in sort_keys(counts)
+    }  # fmt: skip

@@ -128,7 +128,21 @@ def draw_figures(claims: list[Claim], out: Path, chance: dict[str, float]) -> di
         figures["pretraining"] = _pretraining_figure(by_id["pretraining"], out / "pretraining.png")
     if by_id.get("capacity", {}).get("by_modality"):
         figures["capacity"] = _capacity_figure(by_id["capacity"], out / "requested_capacity.png")
+    if by_id.get("frequency", {}).get("mean_passes"):
+        figures["frequency"] = _frequency_figure(by_id["frequency"], out / "capacity_by_token_frequency.png")
     return figures
+
+
+def _frequency_figure(measured: dict, path: Path) -> Path:
+    figure = new_figure(6.0, 3.8)
+    ax = figure.subplots()
+    ax.scatter(np.asarray(measured["training_frequency"]) + 1, measured["mean_passes"], s=10, alpha=0.6)
+    ax.set_xscale("log")
+    ax.set_xlabel("occurrences in the pre-training text + 1")
+    ax.set_ylabel("FFN passes per token (held-out)")
+    rho = "undefined" if measured["rho"] is None else f"{measured['rho']:.3f} {describe(measured['interval'])}"
+    ax.set_title(f"Requested capacity by token frequency (Stratified MoE Fig. 3)\nSpearman ρ {rho}", fontsize=9)
+    return save_figure(figure, path)
 
 
 def _pretraining_figure(measured: dict, path: Path) -> Path:

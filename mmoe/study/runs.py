@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mmoe.data.synth.convert import CAPTION_TEST_SPLIT
+from mmoe.data.synth.convert import CAPTION_TEST_SPLIT, PRETRAIN_PAIR_SPLIT, PRETRAIN_TEXT_SPLIT
 from mmoe.data.synth.corpus import ChanceLevels
 from mmoe.data.tokenizer import CAPTION_MAX_TEXT_LENGTH
 from mmoe.demo.benchmarks import BENCHMARKS
@@ -51,6 +51,8 @@ class Measures:
         scores: variant -> task -> the seeds' ``scores.json``.
         random_init: task -> the seeds' ``scores.json`` of :data:`PRETRAINING_VARIANT` fine-tuned from random init.
         capacity: the Stratified MoE run's requested capacity per MoE layer and held-out batch.
+        token_capacity: the Stratified MoE run's passes per held-out text token id (``passes``) and those ids'
+            occurrences in the pre-training text (``training_counts``, ids as text).
         chance: task -> the chance level of its score on the corpus (:func:`chance_levels`).
     """
 
@@ -61,6 +63,7 @@ class Measures:
     scores: dict[str, Any]
     random_init: dict[str, Any]
     capacity: dict[str, Any]
+    token_capacity: dict[str, Any]
     chance: dict[str, float]
 
     @classmethod
@@ -221,7 +224,14 @@ def analysis_stage(study: StudyRun, settings: StudySettings, runs: list[Pretrain
 def measure_runs(study: StudyRun, settings: StudySettings, runs: list[Pretraining], batches: list) -> Measures:
     from mmoe.metrics.routing_collect import consistency_through_training
     from mmoe.metrics.routing_stats import read_stats, window_loads
-    from mmoe.study.measures import diversity_by_region, expert_loads, requested_capacity, snapshot_measures
+    from mmoe.study.measures import (
+        diversity_by_region,
+        expert_loads,
+        requested_capacity,
+        snapshot_measures,
+        token_passes,
+        training_token_counts,
+    )
 
     by_name = {run.name: run for run in runs}
     experts = settings.many_experts
@@ -244,8 +254,15 @@ def measure_runs(study: StudyRun, settings: StudySettings, runs: list[Pretrainin
         consistency[router] = result | {"runs": len(folders), "frozen_routing": router in FROZEN_IN_FINETUNING}
     scores = {variant: collect_scores(study, variant, settings.task_seeds) for variant in settings.task_variants}
     random_init = collect_scores(study, f"{PRETRAINING_VARIANT}-{RANDOM_INIT}", settings.task_seeds)
-    capacity = requested_capacity(study.pretrained(by_name[STRATIFIED].name), batches)
-    return Measures(activation, diversity, snapshots, consistency, scores, random_init, capacity, chance_levels(study))
+    stratified = study.pretrained(by_name[STRATIFIED].name)
+    capacity = requested_capacity(stratified, batches)
+    passes = token_passes(stratified, batches)
+    training = training_token_counts([study.shards / PRETRAIN_PAIR_SPLIT, study.shards / PRETRAIN_TEXT_SPLIT],
+                                     CAPTION_MAX_TEXT_LENGTH)  # fmt: skip
+    seen = {token for entry in passes.values() for token in entry["ids"]}
+    token_capacity = {"passes": passes, "training_counts": {str(t): training.get(t, 0) for t in sorted(seen)}}
+    return Measures(activation, diversity, snapshots, consistency, scores, random_init, capacity, token_capacity,
+                    chance_levels(study))  # fmt: skip
 
 
 def chance_levels(study: StudyRun) -> dict[str, float]:

@@ -24,16 +24,26 @@ from mmoe.metrics.routing_stats import read_stats, window_loads
 from mmoe.study import claims_from
 from mmoe.study.claims import (
     activation_claim,
+    average_ranks,
     capacity_claim,
     collapse_claim,
     consistency_claim,
     diversity_claim,
     fluctuation_claim,
+    frequency_claim,
     mean_correlation,
     pretraining_claim,
+    spearman,
     tasks_claim,
 )
-from mmoe.study.measures import RC_RESAMPLES, held_out_batches, inputs, object_patches
+from mmoe.study.measures import (
+    RC_RESAMPLES,
+    held_out_batches,
+    inputs,
+    object_patches,
+    token_passes,
+    training_token_counts,
+)
 from mmoe.study.report import write_report
 from mmoe.study.runs import Measures
 from mmoe.study.verdicts import NOT_SEPARATED, OPPOSITE, REPRODUCES, SATURATED, UNINFORMATIVE, VERDICTS
@@ -317,7 +327,8 @@ def test_fast_study_report_is_recomputed_from_its_saved_statistics(fast_study):
         json.dumps([claim.to_json() for claim in claims_from(Measures.from_json(measures))])
     )
     assert [claim["id"] for claim in report["claims"]] == [
-        "activation", "diversity", "collapse", "fluctuation", "consistency", "tasks", "pretraining", "capacity"
+        "activation", "diversity", "collapse", "fluctuation", "consistency", "tasks", "pretraining", "capacity",
+        "frequency",
     ]  # fmt: skip
     markdown = (out / "report.md").read_text()
     assert "mmoe study claims --fast" in markdown
@@ -410,6 +421,7 @@ def test_a_report_of_hand_made_claims_is_written_whole(tmp_path):
         tasks_claim(scores, CHANCE),
         pretraining_claim("xmoe", scores["xmoe"], scores["dense"], CHANCE),
         capacity_claim(_capacity(1.8, 1.2)),
+        frequency_claim(_token_passes(lambda t: 1 + t / 30), {str(t): 1000 - 30 * t for t in range(30)}),
     ]
     settings = {"collapse": "Switch and X-MoE, 32 experts"}
     report = write_report(claims, tmp_path, "# header", {"command": "test"}, CHANCE, settings)
@@ -423,3 +435,65 @@ def test_a_report_of_hand_made_claims_is_written_whole(tmp_path):
     assert set(report["figures"]) == {claim.id for claim in claims}
     assert "**mmoe's setting.** Switch and X-MoE, 32 experts." in markdown
     assert all(Path(path).stat().st_size > 0 for path in report["figures"].values())
+
+
+# -- Stratified MoE §5: capacity by token frequency ------------------------------------------------------------------
+
+
+def test_spearman_ranks_ties_by_their_average():
+    assert list(average_ranks(np.asarray([10, 20, 20, 30]))) == [1, 2.5, 2.5, 4]
+    assert spearman(np.asarray([1, 2, 3, 4]), np.asarray([8, 6, 4, 2])) == pytest.approx(-1.0)
+    assert spearman(np.asarray([1, 2, 2, 4]), np.asarray([1, 3, 3, 4])) == pytest.approx(1.0)
+    assert spearman(np.asarray([1, 2, 3]), np.asarray([5, 5, 5])) is None
+
+
+def _token_passes(passes_of, tokens=30, occurrences=4):
+    """One language layer: token t seen ``occurrences`` times with ``passes_of(t)`` passes each."""
+    ids = list(range(tokens))
+    return {LANGUAGE: {"ids": ids, "passes": [occurrences * passes_of(t) for t in ids],
+                       "occurrences": [occurrences] * tokens}}  # fmt: skip
+
+
+def test_frequency_claim_correlates_training_frequency_with_passes():
+    counts = {str(t): 1000 - 30 * t for t in range(30)}  # token 0 the most frequent
+    fewer_for_frequent = frequency_claim(_token_passes(lambda t: 1 + t / 30), counts)
+    assert fewer_for_frequent.measured["rho"] == pytest.approx(-1.0)
+    assert fewer_for_frequent.verdict == REPRODUCES and fewer_for_frequent.measured["tokens"] == 30
+    assert frequency_claim(_token_passes(lambda t: 2 - t / 30), counts).verdict == OPPOSITE
+    assert frequency_claim(_token_passes(lambda t: 1.0), counts).verdict == UNINFORMATIVE
+    rare = frequency_claim(_token_passes(lambda t: 1 + t / 30, occurrences=2), counts)
+    assert rare.measured["tokens"] == 0 and rare.verdict == NOT_SEPARATED  # seen too rarely to rank
+
+
+def test_token_passes_count_each_text_tokens_gates_and_training_counts_read_the_shards(tmp_path):
+    from mmoe.model import MoEPlan
+    from mmoe.viz.inputs import Sample, TextEncoder, make_batches
+    from tests.routing_fixtures import make_checkpoint, png_bytes, shard
+
+    plan = MoEPlan(num_experts=4, strata=[2, 2], top_k=2, every=1)
+    checkpoint = make_checkpoint(tmp_path / "stratified.pt", moe=plan)
+    texts = ["a red square", "two blue circles and a red square", "a square"]
+    samples = [Sample(f"s{i}", image=png_bytes(i), text=text) for i, text in enumerate(texts)]
+    batches = list(make_batches(samples, 32, 3, TextEncoder(16)))
+    measured = token_passes(checkpoint, batches)
+    backbone = load_backbone(checkpoint).eval()
+    with torch.no_grad():
+        output = backbone(**batches[0].inputs)
+    ids, real = batches[0].inputs["text"], ~batches[0].inputs["text_padding_mask"]
+    records = [r for r in output.routing if r.modality == "language"]
+    assert sorted(measured) == sorted(f"layer{r.layer}/language" for r in records)
+    for record in records:
+        passes = (record.stratum_path >= 0).sum(-1)
+        entry = measured[f"layer{record.layer}/language"]
+        for token, total, occurrences in zip(entry["ids"], entry["passes"], entry["occurrences"], strict=True):
+            where = (ids == token) & real
+            assert occurrences == int(where.sum()) and total == int(passes[where].sum())
+        assert set(entry["passes"]) - {0}  # every real token passes at least one gate
+    train = shard(tmp_path / "train" / "shard-000000.tar", count=3)
+    counts = training_token_counts([train.parent], 16)
+    tokenizer = TextEncoder(16).tokenizer
+    expected: dict[int, int] = {}
+    for index in range(3):
+        for token in tokenizer.encode(f"a small red square and {index} blue circles"):
+            expected[token] = expected.get(token, 0) + 1
+    assert counts == expected
