@@ -540,7 +540,7 @@ def tasks_claim(scores: dict, chance: dict[str, float]) -> Claim:
     """MH-MoE Table 4: at equal steps, MH-MoE > X-MoE > dense on the vision-language tasks. ``scores``: variant ->
     task -> list over seeds of that run's ``scores.json``; ``chance``: task -> its chance level.
 
-    Each gap of the order gets a normal interval over seeds from the task's pooled seed standard deviation
+    Each gap of the order gets a Student-t interval over seeds from the task's pooled seed standard deviation
     (:func:`mmoe.study.verdicts.seed_interval`; not separated when no cell has two seeds); a task's order is
     contradicted by one reversed gap (:func:`order_verdict`). A task where no variant beats its chance level is
     uninformative; the claim combines the informative tasks (:func:`mmoe.study.verdicts.combined`)."""
@@ -560,8 +560,8 @@ def tasks_claim(scores: dict, chance: dict[str, float]) -> Claim:
         level = chance.get(task)
         below_chance = level is not None and all(cells[task]["mean"] <= level for cells in table.values())
         verdict = UNINFORMATIVE if below_chance else order_verdict([gap["verdict"] for gap in gaps])
-        per_task[task] = {"label": label, "pooled_seed_std": noise, "chance": level, "gaps": gaps,
-                          "verdict": verdict}  # fmt: skip
+        std = None if noise is None else noise[0]
+        per_task[task] = {"label": label, "pooled_seed_std": std, "chance": level, "gaps": gaps, "verdict": verdict}
     overall = combined(entry["verdict"] for entry in per_task.values())
     return Claim(
         id="tasks",
@@ -587,7 +587,7 @@ def pretraining_claim(variant: str, pretrained: dict, random_init: dict, chance:
     above the same architecture fine-tuned from random init (BEiT-3 §3; MH-MoE Table 4 fine-tunes pre-trained models
     only). ``pretrained`` / ``random_init``: task -> the seeds' ``scores.json``.
 
-    Per task, the difference of the means with a normal interval over seeds (pooled seed standard deviation of the
+    Per task, the difference of the means with a Student-t interval over seeds (pooled seed standard deviation of the
     two cells); uninformative where neither side beats the task's chance level."""
     per_task = {}
     for task, score, label in TASK_SCORES:

@@ -179,7 +179,7 @@ def study_command(argv: Sequence[str]) -> int:
         f"{facts['machine']}, {facts['disk_bytes'] / 1e9:.1f} GB written; torch {facts['versions']['torch']}, "
         f"Lightning {facts['versions']['lightning']}. Tiny scale on the synthetic world: each claim is judged on the "
         "tokens its paper measured, beside the other modality, with a 95% interval (bootstrap over held-out batches, "
-        "images, router-input rows or fine-tuning windows; normal over seeds) and the verdicts of "
+        "images, router-input rows or fine-tuning windows; Student-t over seeds) and the verdicts of "
         "`mmoe.study.verdicts`: reproduces / opposite (the interval on one side of zero), not separated (across "
         "zero), saturated (at a ceiling), uninformative (at the no-learning level). Every number below is "
         "recomputed from `analysis/measures.json` by `mmoe.study.command.claims_from`."

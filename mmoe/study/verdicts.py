@@ -3,7 +3,7 @@
 Every claim compares two things (X-MoE against the linear router, MH-MoE against X-MoE, object against background
 patches) through one difference whose sign the paper predicts. The difference gets a 95% percentile-bootstrap
 interval over the units the measurement was made on (held-out batches, images, router-input rows, fine-tuning
-windows; :func:`bootstrap`) or a normal interval over seeds (:func:`seed_interval`), and then:
+windows; :func:`bootstrap`) or a Student-t interval over seeds (:func:`seed_interval`), and then:
 
 * **reproduces**: the interval lies wholly on the paper's side of zero;
 * **opposite**: wholly on the other side;
@@ -34,8 +34,20 @@ VERDICTS = (REPRODUCES, OPPOSITE, NOT_SEPARATED, SATURATED, UNINFORMATIVE)
 #: Bootstrap resamples and the interval's coverage.
 RESAMPLES = 1000
 LEVEL = 0.95
-#: z of the two-sided normal interval at :data:`LEVEL` (seed intervals).
-Z_95 = 1.959963984540054
+#: Student's t 0.975 quantiles for 1-30 degrees of freedom (seed intervals: a handful of seeds estimate the noise,
+#: so the normal z = 1.96 would be too narrow); beyond 30 the normal's.
+T_975 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
+Z_975 = 1.959963984540054
+
+
+def t_975(degrees: int) -> float:
+    """The two-sided 95% quantile of Student's t with ``degrees`` degrees of freedom."""
+    return T_975[degrees - 1] if degrees <= len(T_975) else Z_975
+
 
 #: The modality each claim's paper measured its tokens in (X-MoE's MLM and XNLI text, MH-MoE's XNLI / Harness text
 #: for Fig. 1a / 5; MH-MoE's image maps for Fig. 1b / 8). The other modality is reported beside it.
@@ -76,24 +88,27 @@ def percentile_interval(replicates: np.ndarray, level: float = LEVEL) -> list[fl
     return [float(np.percentile(replicates, tail)), float(np.percentile(replicates, 100 - tail))]
 
 
-def seed_interval(a: list[float], b: list[float], pooled_std: float | None) -> list[float] | None:
-    """Normal interval of ``mean(a) - mean(b)`` over seeds: the difference ± z · s · sqrt(1/n_a + 1/n_b), s the pooled
-    seed standard deviation (None when no cell has two seeds: the noise is unknown)."""
-    if pooled_std is None:
+def seed_interval(a: list[float], b: list[float], noise: tuple[float, int] | None) -> list[float] | None:
+    """95% interval of ``mean(a) - mean(b)`` over seeds: the difference ± t · s · sqrt(1/n_a + 1/n_b), with ``noise``
+    = (s, degrees of freedom) the pooled seed standard deviation (:func:`pooled_std`; None when no cell has two seeds:
+    the noise is unknown)."""
+    if noise is None:
         return None
+    std, degrees = noise
     difference = float(np.mean(a) - np.mean(b))
-    half = Z_95 * pooled_std * np.sqrt(1 / len(a) + 1 / len(b))
+    half = t_975(degrees) * std * np.sqrt(1 / len(a) + 1 / len(b))
     return [difference - half, difference + half]
 
 
-def pooled_std(cells: Iterable[list[float]]) -> float | None:
-    """The pooled sample standard deviation of the cells with two or more values (None if there is none)."""
+def pooled_std(cells: Iterable[list[float]]) -> tuple[float, int] | None:
+    """The pooled sample standard deviation of the cells with two or more values and its degrees of freedom (None if
+    there is no such cell)."""
     squares, degrees = 0.0, 0
     for values in cells:
         if len(values) > 1:
             squares += float(np.sum((np.asarray(values) - np.mean(values)) ** 2))
             degrees += len(values) - 1
-    return float(np.sqrt(squares / degrees)) if degrees else None
+    return (float(np.sqrt(squares / degrees)), degrees) if degrees else None
 
 
 def direction_verdict(interval: list[float] | None, expected_sign: int) -> str:

@@ -227,8 +227,8 @@ def test_tasks_claim_uses_the_noise_of_each_difference_and_the_chance_levels():
 
 
 def test_pretraining_claim_compares_equal_fine_tunings_per_task():
-    pretrained = _scores([45.0, 47.0], [0.60, 0.62], [0.50, 0.52])
-    random_init = _scores([40.0, 42.0], [0.61, 0.63], [0.20, 0.22])
+    pretrained = _scores([45.0, 46.0, 47.0], [0.60, 0.61, 0.62], [0.50, 0.51, 0.52])
+    random_init = _scores([40.0, 41.0, 42.0], [0.61, 0.62, 0.63], [0.20, 0.21, 0.22])
     claim = pretraining_claim("xmoe", pretrained, random_init, CHANCE)
     tasks = claim.measured["tasks"]
     assert tasks["vqav2"]["difference"] == pytest.approx(5.0) and tasks["vqav2"]["verdict"] == REPRODUCES

@@ -23,6 +23,7 @@ from mmoe.study.verdicts import (
     percentile_interval,
     pooled_std,
     seed_interval,
+    t_975,
 )
 
 
@@ -65,13 +66,14 @@ def test_combined_lets_the_telling_comparisons_decide(verdicts, result):
     assert combined(verdicts) == result
 
 
-def test_seed_interval_uses_the_pooled_spread_of_the_difference():
+def test_seed_interval_uses_the_pooled_spread_of_the_difference_and_students_t():
     # cells (1, 3) and (10, 12, 14): squares 2 + 8 over 1 + 2 degrees of freedom
     noise = pooled_std([[1.0, 3.0], [10.0, 12.0, 14.0], [7.0]])
-    assert noise == pytest.approx(np.sqrt(10 / 3))
+    assert noise == pytest.approx((np.sqrt(10 / 3), 3))
     low, high = seed_interval([10.0, 12.0, 14.0], [7.0], noise)
-    half = 1.959963984540054 * noise * np.sqrt(1 / 3 + 1)
+    half = 3.182 * np.sqrt(10 / 3) * np.sqrt(1 / 3 + 1)  # t(3) = 3.182: three degrees of freedom are few
     assert (low, high) == pytest.approx((5 - half, 5 + half))
+    assert t_975(1) == pytest.approx(12.706) and t_975(1000) == pytest.approx(1.96, abs=1e-3)
     assert pooled_std([[1.0], [2.0]]) is None and seed_interval([1.0], [2.0], None) is None
 
 
