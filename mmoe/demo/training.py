@@ -127,7 +127,11 @@ def pretrain_launch(
     steps = run.settings.pretrain_steps if steps is None else steps
     label = f"pretrain {layout.root.name if layout.root.name != 'pretrain' else variant}"
     trainer, callbacks = trainer_options(run, layout, steps, 50, extra_callbacks)
-    backbone = {**run.settings.backbone, "image_size": run.settings.image_size} | ({"moe": moe} if moe else {})
+    backbone = {**run.settings.backbone, "image_size": run.settings.image_size}
+    if moe:
+        # A dict for the MoE plan replaces the config's whole plan (its router too): start from the configured one.
+        configured = read_config(pretrain_configs(variant)).fit.model.init_args.backbone.moe
+        backbone["moe"] = configured.as_dict() | moe
     overrides = {
         "trainer": trainer,
         "throughput": progress_lines(label, steps),

@@ -332,3 +332,14 @@ def test_random_init_stages_start_from_a_fresh_backbone_of_the_pretrained_archit
     run_stage(other, random_backbone_stage(other, "mhmoe"))
     _, weights_again = read_backbone_state(other.random_backbone("mhmoe"))
     assert all(torch.equal(weights_again[name], value) for name, value in random_weights.items())
+
+
+def test_a_moe_override_changes_only_its_fields_of_the_variants_plan(tmp_path):
+    """``moe={"num_experts": 32}`` on the Switch configs keeps their linear router (a dict replacing the whole plan
+    once turned a 32-expert Switch run into X-MoE, the plan's default router)."""
+    run = DemoRun(tmp_path, FAST)
+    switch = pretrain_launch(run, "switch", run.pretraining("switch"), moe={"num_experts": 32}).config()
+    moe = switch.model.init_args.backbone.moe
+    assert (moe.num_experts, moe.router, moe.top_k) == (32, "linear", 1)
+    mhmoe = pretrain_launch(run, "mhmoe", run.pretraining("mhmoe"), moe={"num_experts": 32, "heads": 8}).config()
+    assert (mhmoe.model.init_args.backbone.moe.heads, mhmoe.model.init_args.backbone.moe.router) == (8, "xmoe")
