@@ -8,6 +8,7 @@ import contextlib
 import io
 import json
 import math
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -497,3 +498,18 @@ def test_token_passes_count_each_text_tokens_gates_and_training_counts_read_the_
         for token in tokenizer.encode(f"a small red square and {index} blue circles"):
             expected[token] = expected.get(token, 0) + 1
     assert counts == expected
+
+
+def test_the_shipped_report_is_recomputed_from_its_shipped_measures():
+    """``docs/claims.md`` ships with the default run's ``measures.json`` and ``report.json``: today's claims code
+    recomputes the report's claims from the measures, and the Markdown carries every verdict."""
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    measures = json.loads((docs / "claims" / "measures.json").read_text())
+    report = json.loads((docs / "claims" / "report.json").read_text())
+    recomputed = json.loads(json.dumps([claim.to_json() for claim in claims_from(Measures.from_json(measures))]))
+    assert recomputed == report["claims"]
+    markdown = (docs / "claims.md").read_text()
+    for claim in report["claims"]:
+        assert f"**Verdict: {claim['verdict']}.**" in markdown
+    for link in re.findall(r"\]\((claims/figures/[^)]+)\)", markdown):
+        assert (docs / link).is_file(), link
