@@ -307,9 +307,24 @@ def _collapse_modality(snapshots: dict, keys: list[str]) -> dict:
     for variant, curve in curves.items():
         steps, rc = _second_half(curve["steps"]), _second_half(curve["rc"])
         slopes[variant] = float(np.polyfit(steps, np.log(rc), 1)[0]) if len(steps) > 1 else None
+    # Per layer: each router's second-half RC (geometric mean over the snapshots) and the classes K it had at the last
+    # snapshot (RC grows with the K - 1 discriminant directions, so RC / (K - 1) is shown beside it).
+    per_layer = {
+        key: {
+            variant: {
+                "second_half_rc": log_mean(m["collapse"][key]["rc"] for m in measures),
+                "classes": measures[-1]["collapse"][key]["classes"],
+                "rc_per_direction": measures[-1]["collapse"][key]["rc"]
+                / max(1, measures[-1]["collapse"][key]["classes"] - 1),
+            }
+            for variant, measures in late.items()
+        }
+        for key in keys
+    }
     return {
         "keys": keys,
         "curves": curves,
+        "per_layer": per_layer,
         "second_half_log_ratio": _late_log_ratio(late, keys, None),
         "interval": interval,
         "second_half_slope": slopes,
@@ -336,7 +351,12 @@ def collapse_claim(snapshots: dict) -> Claim:
         ratio = np.exp(entry["second_half_log_ratio"])
         low, high = np.exp(entry["interval"]) if entry["interval"] else (np.nan, np.nan)
         slopes = ", ".join(f"{v} slope {s:+.2g}/step" for v, s in entry["second_half_slope"].items() if s is not None)
-        return f"X-MoE / Switch RC {ratio:.2f}x [{low:.2f}, {high:.2f}] ({slopes})"
+        layers = "; ".join(
+            f"{key.split('/')[0]} switch {v['switch']['second_half_rc']:.3g} (K {v['switch']['classes']}), xmoe "
+            f"{v['xmoe']['second_half_rc']:.3g} (K {v['xmoe']['classes']})"
+            for key, v in entry["per_layer"].items()
+        )
+        return f"X-MoE / Switch RC {ratio:.2f}x [{low:.2f}, {high:.2f}] ({slopes}; {layers})"
 
     paper_modality = PAPER_MODALITY["collapse"]
     return Claim(

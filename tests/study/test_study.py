@@ -157,6 +157,9 @@ def test_collapse_and_fluctuation_claims_are_judged_per_modality():
     assert language["verdict"] == REPRODUCES and vision["verdict"] == OPPOSITE
     assert collapse.verdict == REPRODUCES  # X-MoE Fig. 2c measures text
     assert language["second_half_slope"]["xmoe"] > 0 > language["second_half_slope"]["switch"]
+    per_layer = language["per_layer"][LANGUAGE]
+    assert per_layer["xmoe"]["second_half_rc"] == pytest.approx(np.sqrt(7 * 8))  # geometric, not (7 + 8) / 2
+    assert per_layer["xmoe"]["classes"] == 4 and per_layer["xmoe"]["rc_per_direction"] == pytest.approx(8 / 3)
     assert language["curves"]["xmoe"]["steps"] == [0, 10, 20, 30]
 
     fluctuation = fluctuation_claim(snapshots)
