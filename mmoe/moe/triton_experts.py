@@ -453,44 +453,52 @@ class FusedExpertFFN(torch.autograd.Function):
         dispatch: FusedDispatch = ctx.dispatch
         schedule, offsets, expert_C = dispatch.schedule, dispatch.offsets_E, dispatch.expert_C
         num_rows, dtype = expert_C.numel(), x_SD.dtype
+        needs = ctx.needs_input_grad
+        # Frozen experts (X-MoE §3.3 fine-tuning) need only the input gradient: no weight-gradient kernel runs.
+        x_needs, fc1_needs, fc2_needs, ln_needs = needs[0], needs[1] or needs[2], needs[3] or needs[4], any(needs[5:7])
         grad_y = grad_y.contiguous().to(dtype)
         subln = ln_weight is not None
+        grad_fc1_w = grad_fc1_b = grad_fc2_w = grad_fc2_b = grad_ln_w = grad_ln_b = grad_x = None
         if subln:
             normed = F.layer_norm(hidden_CH.float(), (hidden_CH.shape[1],))
-            fc2_input = _sub_ln_affine(normed, ln_weight, ln_bias, expert_C).to(dtype)
-        else:
-            fc2_input = hidden_CH
-        # dL/d(fc2 input) = dY[order[r]] @ W2^T; without Sub-LN that input is GELU(A), so GELU' rides in the epilogue.
-        epilogue = NO_EPILOGUE if subln else GELU_GRAD
-        grad_in2 = gather_gemm(grad_y, fc2_w, None, offsets, schedule, num_rows, in_index=dispatch.order_C,
-                               transpose_weight=True, epilogue=epilogue, pre=pre_CH)  # fmt: skip
-        grad_fc2_w, grad_fc2_b = weight_grad(fc2_input, grad_y, offsets, fc2_w.shape[1], None, dispatch.order_C, True)
-        grad_ln_w = grad_ln_b = None
-        if subln:
-            grad_ln_w = expert_column_sums(grad_in2, normed, offsets)
-            grad_ln_b = expert_column_sums(grad_in2, None, offsets)
-            grad_normed = grad_in2.float() * ln_weight.float()[expert_C]
-            # LayerNorm backward without affine: (dn - mean(dn) - n mean(dn n)) / σ.
-            rstd = torch.rsqrt(hidden_CH.float().var(1, unbiased=False, keepdim=True) + 1e-5)
-            grad_hidden = rstd * (
-                grad_normed - grad_normed.mean(1, keepdim=True) - normed * (grad_normed * normed).mean(1, keepdim=True)
-            )
-            grad_pre = (grad_hidden * gelu_grad(pre_CH.float())).to(dtype)
-        else:
+        if fc2_needs:
+            fc2_input = _sub_ln_affine(normed, ln_weight, ln_bias, expert_C).to(dtype) if subln else hidden_CH
+            grad_fc2_w, grad_fc2_b = weight_grad(fc2_input, grad_y, offsets, fc2_w.shape[1], None, dispatch.order_C,
+                                                 True)  # fmt: skip
+        if x_needs or fc1_needs or ln_needs:
+            # dL/d(fc2 input) = dY[order[r]] @ W2^T; without Sub-LN that input is GELU(A): GELU' rides in the epilogue.
+            epilogue = NO_EPILOGUE if subln else GELU_GRAD
+            grad_in2 = gather_gemm(grad_y, fc2_w, None, offsets, schedule, num_rows, in_index=dispatch.order_C,
+                                   transpose_weight=True, epilogue=epilogue, pre=pre_CH)  # fmt: skip
             grad_pre = grad_in2
-        grad_fc1_w, grad_fc1_b = weight_grad(x_SD, grad_pre, offsets, fc1_w.shape[1], dispatch.token_C, None, True)
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            # Row r's input gradient goes to its choice's place; a token's top-k choices are then summed.
-            grad_x = gather_gemm(grad_pre, fc1_w, None, offsets, schedule, num_rows, out_index=dispatch.order_C,
-                                 transpose_weight=True)  # fmt: skip
-            grad_x = grad_x.view(dispatch.top_k, -1, grad_x.shape[1]).sum(0)
+            if subln:
+                if ln_needs:
+                    grad_ln_w = expert_column_sums(grad_in2, normed, offsets)
+                    grad_ln_b = expert_column_sums(grad_in2, None, offsets)
+                grad_normed = grad_in2.float() * ln_weight.float()[expert_C]
+                # LayerNorm backward without affine: (dn - mean(dn) - n mean(dn n)) / σ.
+                rstd = torch.rsqrt(hidden_CH.float().var(1, unbiased=False, keepdim=True) + 1e-5)
+                grad_hidden = rstd * (
+                    grad_normed
+                    - grad_normed.mean(1, keepdim=True)
+                    - normed * (grad_normed * normed).mean(1, keepdim=True)
+                )
+                grad_pre = (grad_hidden * gelu_grad(pre_CH.float())).to(dtype)
+            if fc1_needs:
+                grad_fc1_w, grad_fc1_b = weight_grad(x_SD, grad_pre, offsets, fc1_w.shape[1], dispatch.token_C, None,
+                                                     True)  # fmt: skip
+            if x_needs:
+                # Row r's input gradient goes to its choice's place; a token's top-k choices are then summed.
+                grad_x = gather_gemm(grad_pre, fc1_w, None, offsets, schedule, num_rows, out_index=dispatch.order_C,
+                                     transpose_weight=True)  # fmt: skip
+                grad_x = grad_x.view(dispatch.top_k, -1, grad_x.shape[1]).sum(0)
         weight_dtype, ln_dtype = ctx.parameter_dtypes
-        grads = [grad_fc1_w, grad_fc1_b, grad_fc2_w, grad_fc2_b]
-        grads = [g.to(weight_dtype) for g in grads]
-        if subln:
-            grad_ln_w, grad_ln_b = grad_ln_w.to(ln_dtype), grad_ln_b.to(ln_dtype)
-        return grad_x, *grads, grad_ln_w, grad_ln_b, None
+
+        def cast(grad, to):
+            return None if grad is None else grad.to(to)
+
+        weights = [cast(g, weight_dtype) for g in (grad_fc1_w, grad_fc1_b, grad_fc2_w, grad_fc2_b)]
+        return grad_x, *weights, cast(grad_ln_w, ln_dtype), cast(grad_ln_b, ln_dtype), None
 
 
 def fused_expert_ffn(

@@ -182,6 +182,26 @@ def test_fused_layer_equals_the_reference_path(kernels, monkeypatch, case):
     assert torch.equal(routing.expert_index, routing_ref.expert_index)
 
 
+def test_frozen_experts_get_no_gradient_and_launch_no_weight_gradient_kernel(kernels, monkeypatch):
+    """X-MoE §3.3 fine-tuning freezes routers and experts: the input gradient still matches the reference path, and
+    the backward skips the weight-gradient kernel (the work a trainable layer needs)."""
+    torch.manual_seed(1)
+    options = {"top_k": 2, "subln": True, "frozen": True}
+    reference = build_moe_layer(MoEConfig(dim=32, ffn_dim=48, num_experts=4, **options))
+    fused = build_moe_layer(MoEConfig(dim=32, ffn_dim=48, num_experts=4, expert_kernels="triton", **options))
+    fused.load_state_dict(reference.state_dict())
+    calls = []
+    original = kernels.weight_grad
+    monkeypatch.setattr(kernels, "weight_grad", lambda *a, **k: calls.append(1) or original(*a, **k))
+    x = torch.randn(3, 11, 32)
+    padding = torch.zeros(3, 11, dtype=torch.bool)
+    y_ref, gx_ref, grads_ref, _ = run_layer(reference, x, padding)
+    y, gx, grads, _ = run_layer(fused, x, padding)
+    torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(gx, gx_ref, rtol=1e-5, atol=1e-6)
+    assert not grads and not grads_ref and calls == []
+
+
 BF16_CASES = CASES | {"top-2 E 2 (128-row tiles)": {"top_k": 2, "num_experts": 2}}
 
 
