@@ -113,6 +113,11 @@ def progress_lines(label: str, steps: int) -> dict[str, Any]:
     return {"label": label, "every_n_steps": max(10, steps // 6)}
 
 
+def configured_moe(variant: str):
+    """The MoE plan of the tiny configs of ``variant`` as the CLI's parser reads it (a namespace; None for dense)."""
+    return read_config(pretrain_configs(variant)).fit.model.init_args.backbone.moe
+
+
 def pretrain_launch(
     run: DemoRun,
     variant: str,
@@ -130,8 +135,7 @@ def pretrain_launch(
     backbone = {**run.settings.backbone, "image_size": run.settings.image_size}
     if moe:
         # A dict for the MoE plan replaces the config's whole plan (its router too): start from the configured one.
-        configured = read_config(pretrain_configs(variant)).fit.model.init_args.backbone.moe
-        backbone["moe"] = configured.as_dict() | moe
+        backbone["moe"] = configured_moe(variant).as_dict() | moe
     overrides = {
         "trainer": trainer,
         "throughput": progress_lines(label, steps),

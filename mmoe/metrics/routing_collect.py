@@ -28,7 +28,6 @@ from mmoe.metrics.routing import (
     layer_key,
     record_key,
     representation_collapse,
-    routing_fluctuation,
     sort_keys,
 )
 from mmoe.moe import MoEFeedForward, Router, RoutingRecord
@@ -166,22 +165,31 @@ def routing_report(run: RoutingRun, threshold: float) -> dict:
     }
 
 
-def fluctuation_between(run_a: RoutingRun, run_b: RoutingRun) -> dict:
-    """Routing fluctuation (X-MoE §4.5) per MoE layer and overall: the share of (sub-)tokens whose top-1 expert differs
-    between two runs over the same batches (tokens routed in both)."""
-    changed, compared = {}, {}
+def fluctuation_counts(run_a: RoutingRun, run_b: RoutingRun) -> dict[str, dict[str, list[int]]]:
+    """Per MoE layer and batch, the (sub-)tokens routed in both runs over the same batches (``compared``) and those
+    whose top-1 expert differs (``changed``): routing fluctuation (X-MoE §4.5) is their ratio."""
+    counts: dict[str, dict[str, list[int]]] = {}
     for batch_a, batch_b in zip(run_a.top1, run_b.top1, strict=True):
-        for key in batch_a.keys() & batch_b.keys():
+        for key in sort_keys(batch_a.keys() & batch_b.keys()):
             a, b = batch_a[key], batch_b[key]
             if a.shape != b.shape:
                 raise ValueError(
                     f"{key} routes {tuple(a.shape)} (batch, tokens, heads) in one checkpoint and {tuple(b.shape)} in "
                     "the other: fluctuation needs checkpoints with the same heads"
                 )
-            both = int(((a >= 0) & (b >= 0)).sum())
-            if both:
-                changed[key] = changed.get(key, 0.0) + routing_fluctuation(a, b) * both
-                compared[key] = compared.get(key, 0) + both
+            both = (a >= 0) & (b >= 0)
+            entry = counts.setdefault(key, {"changed": [], "compared": []})
+            entry["changed"].append(int((both & (a != b)).sum()))
+            entry["compared"].append(int(both.sum()))
+    return counts
+
+
+def fluctuation_between(run_a: RoutingRun, run_b: RoutingRun) -> dict:
+    """Routing fluctuation (X-MoE §4.5) per MoE layer and overall: the share of (sub-)tokens whose top-1 expert differs
+    between two runs over the same batches (tokens routed in both)."""
+    counts = fluctuation_counts(run_a, run_b)
+    changed = {key: sum(entry["changed"]) for key, entry in counts.items() if sum(entry["compared"])}
+    compared = {key: sum(counts[key]["compared"]) for key in changed}
     if not compared:
         raise ValueError("the two checkpoints share no MoE layer: no fluctuation to measure")
     per_key = {key: changed[key] / compared[key] for key in sort_keys(compared)}

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mmoe.metrics.routing import image_diversity_maps, record_key, representation_collapse, sort_keys
-from mmoe.metrics.routing_collect import RoutingRun, finite_or_none, moe_layers, run_routing
+from mmoe.metrics.routing import RoutingTotals, image_diversity_maps, record_key, representation_collapse, sort_keys
+from mmoe.metrics.routing_collect import finite_or_none, fluctuation_counts, moe_layers, run_routing
 from mmoe.tasks.checkpoint import load_backbone
 from mmoe.viz.inputs import Batch, TextEncoder, find_samples, make_batches
 
@@ -36,15 +36,21 @@ def inputs(batches: Sequence[Batch]) -> list[dict[str, torch.Tensor]]:
     return [batch.inputs for batch in batches]
 
 
+def batch_totals(backbone_path: Path, batches: Sequence[Batch]) -> list[RoutingTotals]:
+    """The routing totals of the backbone on each held-out batch apart (the noise rule resamples batches)."""
+    backbone = load_backbone(backbone_path)
+    return [run_routing(backbone, [batch]).totals for batch in inputs(batches)]
+
+
 def expert_loads(backbone_path: Path, batches: Sequence[Batch]) -> dict:
     """Per MoE layer and held-out batch, the expert loads (choices per expert) and the tokens they were made on: what
     :func:`mmoe.metrics.routing.activation_ratio` takes (MH-MoE Fig. 1a), per batch for the bootstrap."""
-    backbone = load_backbone(backbone_path)
-    runs = [run_routing(backbone, [batch]).totals for batch in inputs(batches)]
-    keys = sort_keys(runs[0].counts)
+    totals = batch_totals(backbone_path, batches)
+    tokens = [batch.tokens() for batch in totals]
+    keys = sort_keys(totals[0].counts)
     return {
-        "loads": {key: [run.counts[key].tolist() for run in runs] for key in keys},
-        "tokens": {key: [run.tokens()[key] for run in runs] for key in keys},
+        "loads": {key: [batch.counts[key].tolist() for batch in totals] for key in keys},
+        "tokens": {key: [batch_tokens[key] for batch_tokens in tokens] for key in keys},
     }
 
 
@@ -62,22 +68,6 @@ def collapse_with_resamples(hidden: torch.Tensor, top1: torch.Tensor, resamples:
         "classes": int(torch.unique(top1).numel()),
         "resamples": replicates,
     }
-
-
-def fluctuation_counts(previous: RoutingRun, current: RoutingRun) -> dict:
-    """Per MoE layer and held-out batch, the (sub-)tokens routed in both runs and those whose top-1 expert changed
-    (X-MoE §4.5's routing fluctuation is their ratio)."""
-    counts: dict[str, dict[str, list[int]]] = {}
-    for batch_a, batch_b in zip(previous.top1, current.top1, strict=True):
-        for key in sort_keys(batch_a.keys() & batch_b.keys()):
-            a, b = batch_a[key], batch_b[key]
-            if a.shape != b.shape:
-                raise ValueError(f"{key} routes {tuple(a.shape)} in one snapshot and {tuple(b.shape)} in the next")
-            both = (a >= 0) & (b >= 0)
-            entry = counts.setdefault(key, {"changed": [], "compared": []})
-            entry["changed"].append(int((both & (a != b)).sum()))
-            entry["compared"].append(int(both.sum()))
-    return counts
 
 
 def snapshot_measures(paths: Sequence[Path], steps: Sequence[int], batches: Sequence[Batch], rows: int) -> list[dict]:
@@ -131,11 +121,8 @@ def diversity_by_region(backbone_path: Path, batches: Sequence[Batch]) -> dict:
 def requested_capacity(backbone_path: Path, batches: Sequence[Batch]) -> dict:
     """Stratified MoE §5: per MoE layer and held-out batch, the requested capacity (mean FFN passes per token,
     Stratified MoE's RC) and the tokens it was measured on."""
-    backbone = load_backbone(backbone_path)
-    summaries = []
-    for batch in inputs(batches):
-        totals = run_routing(backbone, [batch]).totals
-        summaries.append((totals.summary(), totals.tokens()))
+    totals = batch_totals(backbone_path, batches)
+    summaries = [(batch.summary(), batch.tokens()) for batch in totals]
     keys = sort_keys(summaries[0][0])
     return {
         key: {

@@ -16,10 +16,9 @@ from mmoe.demo.benchmarks import BENCHMARKS
 from mmoe.demo.pipeline import evaluation, exporting, fine_tuning, random_initialisation
 from mmoe.demo.settings import RANDOM_INIT, DemoRun
 from mmoe.demo.stages import Stage, StageKey, run_command
-from mmoe.demo.training import pretrain_configs, pretrain_launch, train
+from mmoe.demo.training import configured_moe, pretrain_launch, train
 from mmoe.io import read_json, write_json
 from mmoe.study.settings import StudySettings
-from mmoe.tasks.launch import read_config
 from mmoe.tasks.layout import RunLayout
 
 #: The measurements of the analysis stage, under ``DIR/analysis`` (the report is recomputed from it).
@@ -101,7 +100,7 @@ class Pretraining:
 
 def config_heads(variant: str) -> int:
     """MH-MoE heads h of the tiny configs of ``variant`` (1 without sub-tokens), read by the CLI's parser."""
-    moe = read_config(pretrain_configs(variant)).fit.model.init_args.backbone.moe
+    moe = configured_moe(variant)
     return 1 if moe is None else int(moe.heads)
 
 
