@@ -193,6 +193,42 @@ def _region_means(entry: dict, images: np.ndarray) -> tuple[float | None, float 
     return object_mean, background_mean
 
 
+def _diversity_run(per_key: dict, keys: list[str]) -> dict:
+    """Claim 2 on one MH-MoE run's vision layers: the mean of the layers' region means, and object minus background
+    with its interval over held-out images."""
+
+    def means(index: np.ndarray) -> tuple[float | None, float | None]:
+        pairs = [_region_means(per_key[key], index) for key in keys]
+        if any(None in pair for pair in pairs):
+            return None, None
+        return float(np.mean([p[0] for p in pairs])), float(np.mean([p[1] for p in pairs]))
+
+    def difference(index: np.ndarray) -> float | None:
+        object_mean, background_mean = means(index)
+        return None if object_mean is None else object_mean - background_mean
+
+    images = len(per_key[keys[0]]["object_sum"])
+    everything = np.arange(images)
+    object_mean, background_mean = means(everything)
+    heads, experts = per_key[keys[0]]["heads"], per_key[keys[0]]["experts"]
+    ceiling = min(heads, experts)
+    interval = percentile_interval(bootstrap(difference, images))
+    saturated = object_mean is not None and min(object_mean, background_mean) >= SATURATION_SHARE * ceiling
+    return {
+        "keys": keys,
+        "heads": heads,
+        "experts": experts,
+        "images": images,
+        "object_mean": object_mean,
+        "background_mean": background_mean,
+        "difference": difference(everything),
+        "interval": interval,
+        "ceiling": ceiling,
+        "random_router": experts * (1 - (1 - 1 / experts) ** heads),
+        "verdict": gated(direction_verdict(interval, +1), saturated=saturated),
+    }
+
+
 def diversity_claim(diversity: dict) -> Claim:
     """MH-MoE Fig. 1b / 8: sub-tokens of object (semantically rich) patches go to more distinct experts than those of
     background patches. ``diversity``: run name -> :func:`mmoe.study.measures.diversity_by_region`.
@@ -204,38 +240,8 @@ def diversity_claim(diversity: dict) -> Claim:
     runs = {}
     for run_name, per_key in diversity.items():
         keys = keys_of(per_key, "vision")
-        if not keys:
-            continue
-        images = len(per_key[keys[0]]["object_sum"])
-
-        def means(index: np.ndarray, keys=keys, per_key=per_key) -> tuple[float | None, float | None]:
-            pairs = [_region_means(per_key[key], index) for key in keys]
-            if any(None in pair for pair in pairs):
-                return None, None
-            return float(np.mean([p[0] for p in pairs])), float(np.mean([p[1] for p in pairs]))
-
-        def difference(index: np.ndarray, means=means) -> float | None:
-            object_mean, background_mean = means(index)
-            return None if object_mean is None else object_mean - background_mean
-
-        object_mean, background_mean = means(np.arange(images))
-        heads, experts = per_key[keys[0]]["heads"], per_key[keys[0]]["experts"]
-        ceiling = min(heads, experts)
-        interval = percentile_interval(bootstrap(difference, images))
-        saturated = object_mean is not None and min(object_mean, background_mean) >= SATURATION_SHARE * ceiling
-        runs[run_name] = {
-            "keys": keys,
-            "heads": heads,
-            "experts": experts,
-            "images": images,
-            "object_mean": object_mean,
-            "background_mean": background_mean,
-            "difference": None if object_mean is None else object_mean - background_mean,
-            "interval": interval,
-            "ceiling": ceiling,
-            "random_router": experts * (1 - (1 - 1 / experts) ** heads),
-            "verdict": gated(direction_verdict(interval, +1), saturated=saturated),
-        }
+        if keys:
+            runs[run_name] = _diversity_run(per_key, keys)
     verdict = combined(run["verdict"] for run in runs.values())
     return Claim(
         id="diversity",
@@ -290,6 +296,17 @@ def _late_log_ratio(late: dict, keys: list[str], replicate: int | None) -> float
     return float(np.mean(per_snapshot))
 
 
+def _layer_collapse(late: list[dict], key: str) -> dict:
+    """One layer's second-half RC (geometric mean over the snapshots) and the classes K it had at the last snapshot
+    (RC grows with the K - 1 discriminant directions, so RC / (K - 1) is shown beside it)."""
+    last = late[-1]["collapse"][key]
+    return {
+        "second_half_rc": log_mean(m["collapse"][key]["rc"] for m in late),
+        "classes": last["classes"],
+        "rc_per_direction": last["rc"] / max(1, last["classes"] - 1),
+    }
+
+
 def _collapse_modality(snapshots: dict, keys: list[str]) -> dict:
     curves = {
         variant: {
@@ -307,20 +324,7 @@ def _collapse_modality(snapshots: dict, keys: list[str]) -> dict:
     for variant, curve in curves.items():
         steps, rc = _second_half(curve["steps"]), _second_half(curve["rc"])
         slopes[variant] = float(np.polyfit(steps, np.log(rc), 1)[0]) if len(steps) > 1 else None
-    # Per layer: each router's second-half RC (geometric mean over the snapshots) and the classes K it had at the last
-    # snapshot (RC grows with the K - 1 discriminant directions, so RC / (K - 1) is shown beside it).
-    per_layer = {
-        key: {
-            variant: {
-                "second_half_rc": log_mean(m["collapse"][key]["rc"] for m in measures),
-                "classes": measures[-1]["collapse"][key]["classes"],
-                "rc_per_direction": measures[-1]["collapse"][key]["rc"]
-                / max(1, measures[-1]["collapse"][key]["classes"] - 1),
-            }
-            for variant, measures in late.items()
-        }
-        for key in keys
-    }
+    per_layer = {key: {variant: _layer_collapse(measures, key) for variant, measures in late.items()} for key in keys}
     return {
         "keys": keys,
         "curves": curves,
