@@ -18,7 +18,6 @@ import argparse
 import json
 import sys
 import tempfile
-from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -30,7 +29,7 @@ from mmoe.moe.expert_parallel import expert_parallel_groups
 from mmoe.moe.layer import MoELayer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import interleaved_medians  # noqa: E402
+from timing import interleaved_medians, labelled_seconds  # noqa: E402
 
 WORLD = 2
 PHASES = ("route", "plan", "permute", "all_to_all", "experts", "combine")
@@ -39,14 +38,11 @@ PHASES = ("route", "plan", "permute", "all_to_all", "experts", "combine")
 def phase_split(layer: MoELayer, x: torch.Tensor, grad: torch.Tensor, steps: int = 3) -> dict[str, float]:
     """Mean seconds per fwd+bwd spent under each of the layer's labels (CPU time of the labelled regions; the
     backward of each phase is not labelled and shows in the total only)."""
-    totals: dict[str, float] = defaultdict(float)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
         for _ in range(steps):
             run(layer, x, grad)
-    for event in profile.key_averages():
-        if event.key.startswith("mmoe.moe."):
-            totals[event.key.removeprefix("mmoe.moe.")] += event.cpu_time_total / 1e6 / steps
-    return {phase: round(totals.get(phase, 0.0), 5) for phase in PHASES}
+    seconds = labelled_seconds(profile, steps)
+    return {phase: round(seconds.get(phase, 0.0), 5) for phase in PHASES}
 
 
 def run(layer: MoELayer, x: torch.Tensor, grad: torch.Tensor) -> None:

@@ -32,17 +32,15 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from torch.autograd import DeviceType
 
 from mmoe.moe import MoEConfig, MoEFeedForward, MoELayer, build_moe_layer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import interleaved_medians  # noqa: E402
+from timing import interleaved_medians, labelled_seconds  # noqa: E402
 
 #: The layer's ``record_function`` labels (``mmoe.moe.<label>``) in forward order, and the autograd engine's range
 #: around each backward node.
 SPLIT_LABELS = ("route", "plan", "permute", "experts", "combine")
-BACKWARD_EVENT = "autograd::engine::evaluate_function"
 
 
 class DenseFFN(nn.Module):
@@ -281,27 +279,9 @@ def time_split(case: Case, steps: int = 3) -> dict[str, float]:
             case.eager_moe()
         if cuda:
             torch.cuda.synchronize()
-    totals_us: dict[str, float] = {}
-    for event in prof.events():
-        if event.device_type != DeviceType.CPU:  # the GPU-side copies of the ranges
-            continue
-        label = event.name.removeprefix("mmoe.moe.") if event.name.startswith("mmoe.moe.") else None
-        if label is None and event.name.startswith(BACKWARD_EVENT) and not inside_backward_node(event):
-            label = "backward"
-        if label is not None:
-            totals_us[label] = totals_us.get(label, 0.0) + (event.device_time_total if cuda else event.cpu_time_total)
-    order = [label for label in (*SPLIT_LABELS, "backward") if label in totals_us]
-    return {label: float(f"{totals_us[label] / steps / 1e6:.5g}") for label in order}
-
-
-def inside_backward_node(event) -> bool:
-    """Whether a profiler event runs inside an autograd engine ``evaluate_function`` range."""
-    parent = event.cpu_parent
-    while parent is not None:
-        if parent.name.startswith(BACKWARD_EVENT):
-            return True
-        parent = parent.cpu_parent
-    return False
+    seconds = labelled_seconds(prof, steps, device_time=cuda)
+    order = [label for label in (*SPLIT_LABELS, "backward") if label in seconds]
+    return {label: float(f"{seconds[label]:.5g}") for label in order}
 
 
 def main() -> None:
