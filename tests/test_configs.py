@@ -123,3 +123,21 @@ def test_an_unknown_key_in_a_part_is_an_error(tmp_path, monkeypatch):
     typo.write_text(yaml.safe_dump({"model": {"init_args": {"backbone": {"moe": {"num_expert": 4}}}}}))
     code, _, errors = print_config((TINY, PARTS["xmoe"], typo))
     assert code != 0 and "num_expert" in errors
+
+
+PRETRAINING_RUNS = [configs for configs in RUNS if configs[0].parent == PRETRAIN]
+
+
+@pytest.mark.parametrize("configs", PRETRAINING_RUNS, ids=run_name)
+def test_a_pretraining_config_takes_vqkd_targets_in_place_of_its_codebook(configs, monkeypatch):
+    """BEiT-3's targets: each pre-training config names the option (commented, the file is not shipped), and the two
+    options its comment gives turn the k-means codebook into the VQ-KD tokenizer."""
+    monkeypatch.chdir(ROOT)
+    assert "vqkd_tokenizer" in configs[0].read_text()
+    tokenizer = "data/pretrain/vqkd_encoder_base_decoder_3x768x12_clip-d5036aa7.pth"
+    options = ("--model.init_args.visual_codebook=null", f"--model.init_args.vqkd_tokenizer={tokenizer}")
+    code, config, errors = print_config(configs, *options)
+    assert code == 0, errors
+    targets = config["model"]["init_args"]
+    assert targets["visual_codebook"] is None and targets["teacher_checkpoint"] is None
+    assert targets["vqkd_tokenizer"] == tokenizer

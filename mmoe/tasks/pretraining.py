@@ -2,7 +2,10 @@
 
 One objective over three kinds of batches: masked image modeling on images (block-wise masks, predict the visual
 tokens of the masked patches), masked language modeling on texts and masked vision-language modeling on image-text
-pairs (predict the masked text tokens, optionally also masked patches). Total loss (X-MoE Eq. 10) = masked-modeling
+pairs (predict the masked text tokens, optionally also masked patches). The visual tokens are BEiT-3's own, BEiT v2's
+VQ-KD codes from the tokenizer file a user holds (``vqkd_tokenizer``), or the codes of a k-means codebook learned
+offline from the training images (``visual_codebook``); regressing an open_clip teacher's patch features
+(``teacher_checkpoint``) is the third choice. Total loss (X-MoE Eq. 10) = masked-modeling
 loss + alpha * (sum over MoE layers of the balance losses; ``balance_reduce="mean"`` averages them instead, as
 Stratified MoE does over blocks).
 
@@ -19,6 +22,7 @@ scale in both modes. Every pre-training config runs joint steps with ``"sum"``.
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 from typing import Literal
 
@@ -30,6 +34,7 @@ from mmoe.data.batches import BATCH_KINDS, IMAGE, PAIR, TEXT, PretrainBatch, Pre
 from mmoe.data.transforms import denormalize
 from mmoe.model import MultiwayConfig, MultiwayTransformer
 from mmoe.model.initialization import init_beit3_
+from mmoe.model.vqkd import VQKDTokenizer, load_vqkd, unused_summary
 from mmoe.moe import RoutingRecord
 from mmoe.tasks.base import BackboneTask, StepLosses
 from mmoe.tasks.checkpoint import config_from_dict
@@ -55,6 +60,11 @@ class MaskedPretraining(BackboneTask):
             last-block patch features (resampled to the backbone's patch grid) with a cosine loss. Semantic targets,
             but they need weights a user already has, cost a teacher forward per image batch, and have no perplexity.
         teacher_model: the open_clip model name the weights belong to (e.g. ``ViT-B-16``).
+        vqkd_tokenizer: path of BEiT v2's VQ-KD tokenizer file (BEiT-3's own MIM targets, e.g.
+            ``vqkd_encoder_base_decoder_3x768x12_clip-d5036aa7.pth``); when given, MIM predicts its code of each
+            masked patch (a K-way classification with a perplexity, K = 8192 for the released file). The tokenizer
+            sees the images in [0, 1] at its own patch size on the backbone's patch grid, whatever the data's
+            normalisation; it is frozen and kept out of checkpoints (:mod:`mmoe.model.vqkd`).
         text_tokenizer: the SentencePiece model of the texts (BEiT-3's ``beit3.spm``, XLM-R ids); None = open_clip's
             BPE. The data's tokenizer follows it (the mmoe CLI links it); the backbone's text embedding must fit it.
         balance_coefficient: alpha, the weight of the balance losses (X-MoE Eq. 10; 1e-2 in X-MoE and MH-MoE).
@@ -72,6 +82,7 @@ class MaskedPretraining(BackboneTask):
         visual_codebook: str | None = None,
         teacher_checkpoint: str | None = None,
         teacher_model: str = DEFAULT_TEACHER,
+        vqkd_tokenizer: str | None = None,
         text_tokenizer: str | None = None,
         balance_coefficient: float = 1e-2,
         balance_reduce: Literal["sum", "mean"] = "sum",
@@ -84,11 +95,20 @@ class MaskedPretraining(BackboneTask):
         self.save_hyperparameters()
         self.backbone = MultiwayTransformer(backbone)
         self.store_configs()
-        if (visual_codebook is None) == (teacher_checkpoint is None):
-            raise ValueError("set exactly one of model.visual_codebook and model.teacher_checkpoint (the MIM target)")
+        if sum(target is not None for target in (visual_codebook, teacher_checkpoint, vqkd_tokenizer)) != 1:
+            raise ValueError(
+                "set exactly one of model.visual_codebook, model.teacher_checkpoint and model.vqkd_tokenizer (the MIM "
+                "target)"
+            )
         self.codebook = None
-        self._teacher: list[nn.Module] = []  # a list keeps the frozen teacher out of state_dict and the optimiser
-        if visual_codebook is not None:
+        # Lists keep the frozen teacher and tokenizer out of state_dict and the optimiser.
+        self._teacher: list[nn.Module] = []
+        self._vqkd: list[VQKDTokenizer] = []
+        if vqkd_tokenizer is not None:
+            tokenizer = load_vqkd_tokenizer(vqkd_tokenizer, backbone.image_size // backbone.patch_size)
+            self._vqkd.append(tokenizer)
+            self.mim_head = nn.Linear(backbone.dim, tokenizer.num_codes)
+        elif visual_codebook is not None:
             self.codebook = PatchCodebook.load(visual_codebook)
             if self.codebook.patch_size != backbone.patch_size:
                 raise ValueError(
@@ -123,6 +143,8 @@ class MaskedPretraining(BackboneTask):
             name = IMAGE if kind == IMAGE else f"{PAIR}_{IMAGE}"  # the loss names: image, pair_image
             if self.codebook is not None:
                 losses[name] = F.cross_entropy(predicted, self.codebook.encode(image)[image_mask])
+            elif self._vqkd:
+                losses[name] = F.cross_entropy(predicted, vqkd_codes(self._vqkd[0], image)[image_mask])
             else:
                 grid = self.backbone.config.image_size // self.backbone.config.patch_size
                 targets = teacher_patch_features(self._teacher[0], image, grid)[image_mask]
@@ -151,6 +173,37 @@ class MaskedPretraining(BackboneTask):
 
     def validation_step(self, batch: PretrainStep, batch_idx: int) -> None:
         self.shared_step(batch, "val")
+
+
+#: The option that names the VQ-KD tokenizer file, as its errors and report name it.
+VQKD_OPTION = "model.vqkd_tokenizer"
+
+
+def load_vqkd_tokenizer(path: str, grid: int) -> VQKDTokenizer:
+    """The frozen VQ-KD tokenizer of ``path`` for a backbone of ``grid x grid`` patches; the file's keys it does not
+    need (decoder, EMA statistics, teacher) are reported in one line on stderr."""
+    loaded = load_vqkd(path, grid, what=VQKD_OPTION)
+    if loaded.unused:
+        print(
+            f"mmoe: {VQKD_OPTION} {path}: {len(loaded.unused)} tensors not needed for targets left unused "
+            f"({unused_summary(loaded.unused)})",
+            file=sys.stderr,
+        )
+    return loaded.tokenizer
+
+
+@torch.no_grad()
+def vqkd_codes(tokenizer: VQKDTokenizer, image: torch.Tensor) -> torch.Tensor:
+    """(B, N) VQ-KD codes of (B, 3, H, W) images normalised as the data's transforms normalise them (undone by
+    :func:`mmoe.data.transforms.denormalize`, clamped to [0, 1], the tokenizer's own input). On the CPU the tokenizer
+    runs in fp32 whatever the run's precision; on a GPU its encoder follows the run's autocast (bf16 in the base
+    configs), its task layer and code search stay in fp32."""
+    tokenizer.to(image.device)
+    pixels = denormalize(image.float()).clamp(0, 1)
+    if image.device.type == "cuda":
+        return tokenizer.encode(pixels)
+    with torch.autocast(image.device.type, enabled=False):
+        return tokenizer.encode(pixels)
 
 
 def load_teacher(model_name: str, checkpoint: str) -> nn.Module:

@@ -1,7 +1,7 @@
 """No code runs from a checkpoint, and a file that is not one is a one-line error: through every ``mmoe`` entry point
 that reads checkpoints (``export-backbone``, ``analyze``, ``viz``, ``model.init_args.pretrained``,
-``model.init_args.visual_codebook``, ``--ckpt_path``). Also ``--ckpt_path`` of another task, and the values a resumed
-run takes from its checkpoint over the config."""
+``model.init_args.visual_codebook``, ``model.init_args.vqkd_tokenizer``, ``--ckpt_path``). Also ``--ckpt_path`` of
+another task, and the values a resumed run takes from its checkpoint over the config."""
 
 from __future__ import annotations
 
@@ -106,13 +106,15 @@ def entry_points(trained, checkpoint: Path, out: Path) -> dict[str, list[str]]:
         "pretrained": ["fit", "--config", vqa, "--model.init_args.backbone=null",
                        f"--model.init_args.pretrained={checkpoint}"],
         "visual_codebook": ["fit", "--config", pretraining, f"--model.init_args.visual_codebook={checkpoint}"],
+        "vqkd_tokenizer": ["fit", "--config", pretraining, "--model.init_args.visual_codebook=null",
+                           f"--model.init_args.vqkd_tokenizer={checkpoint}"],
         "fit --ckpt_path": ["fit", "--config", vqa, "--ckpt_path", str(checkpoint)],
         "predict --ckpt_path": ["predict", "--config", vqa, "--ckpt_path", str(checkpoint)],
     }  # fmt: skip
 
 
-ENTRY_POINTS = ["export-backbone", "analyze", "viz", "pretrained", "visual_codebook", "fit --ckpt_path",
-                "predict --ckpt_path"]  # fmt: skip
+ENTRY_POINTS = ["export-backbone", "analyze", "viz", "pretrained", "visual_codebook", "vqkd_tokenizer",
+                "fit --ckpt_path", "predict --ckpt_path"]  # fmt: skip
 
 
 @pytest.mark.parametrize("entry", ENTRY_POINTS)

@@ -91,6 +91,24 @@ def test_an_unknown_key_or_a_wrong_type_is_named_by_the_parser(capsys, monkeypat
     assert "Traceback" not in err and 'Parser key "optimizer.learning_rate"' in err and "Got value: fast" in err
 
 
+def test_a_missing_or_foreign_vqkd_tokenizer_file_is_one_line(capsys, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    missing = tmp_path / "vqkd_encoder_base_decoder_3x768x12_clip-d5036aa7.pth"
+    argv = ["fit", "--config", str(CONFIGS / XMOE[0]), "--model.init_args.visual_codebook=null"]
+    code, err = mmoe([*argv, f"--model.init_args.vqkd_tokenizer={missing}"], capsys)
+    assert code == 2
+    assert error_line(err) == f"mmoe fit: error: model.vqkd_tokenizer {missing} does not exist"
+    foreign = tmp_path / "beit3.pth"
+    torch.save({"model": {"encoder.layers.0.self_attn.q_proj.A.weight": torch.zeros(2, 2)}}, foreign)
+    code, err = mmoe([*argv, f"--model.init_args.vqkd_tokenizer={foreign}"], capsys)
+    assert code == 2
+    assert error_line(err).startswith(
+        f"mmoe fit: error: model.vqkd_tokenizer {foreign} is not a VQ-KD tokenizer: it has no key "
+        "encoder.patch_embed.proj.weight"
+    )
+    assert sorted(tmp_path.iterdir()) == [foreign]
+
+
 # -- linked settings -------------------------------------------------------------------------------------------------
 
 

@@ -8,13 +8,17 @@ import math
 import lightning as L
 import pytest
 import torch
+import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
+from mmoe.data.transforms import denormalize
 from mmoe.model import MoEPlan, MultiwayConfig
 from mmoe.model.config import PRESETS
+from mmoe.model.vqkd import load_vqkd
 from mmoe.tasks.optimizer import PRETRAINING_OPTIMIZER, warmup_cosine
-from mmoe.tasks.pretraining import MaskedPretraining
+from mmoe.tasks.pretraining import MaskedPretraining, vqkd_codes
 from mmoe.tasks.visual_codebook import PatchCodebook, fit_codebook
+from tests.model.vqkd_reference import released_state, save_released
 
 BACKBONE = PRESETS["test"] | {"vocab_size": 120}
 
@@ -161,8 +165,13 @@ def test_teacher_feature_target_from_open_clip_weights_on_disk(tmp_path):
 
 
 def test_exactly_one_image_target(codebook_path, tmp_path):
-    with pytest.raises(ValueError, match="exactly one of model.visual_codebook and model.teacher_checkpoint"):
+    message = "exactly one of model.visual_codebook, model.teacher_checkpoint and model.vqkd_tokenizer"
+    with pytest.raises(ValueError, match=message):
         MaskedPretraining(MultiwayConfig(**BACKBONE))
+    with pytest.raises(ValueError, match=message):
+        MaskedPretraining(MultiwayConfig(**BACKBONE), codebook_path, vqkd_tokenizer=codebook_path)
+    with pytest.raises(FileNotFoundError, match=f"model.vqkd_tokenizer {tmp_path / 'vqkd.pth'} does not exist"):
+        MaskedPretraining(MultiwayConfig(**BACKBONE), vqkd_tokenizer=str(tmp_path / "vqkd.pth"))
     with pytest.raises(FileNotFoundError, match="teacher_checkpoint"):
         MaskedPretraining(MultiwayConfig(**BACKBONE), teacher_checkpoint=str(tmp_path / "missing.pt"))
 
@@ -179,3 +188,27 @@ def test_training_step_records_are_detached_copies():
     assert copy is not record and record.balance_loss.requires_grad and record.z_loss.requires_grad
     assert not copy.balance_loss.requires_grad and not copy.z_loss.requires_grad
     assert torch.equal(copy.balance_loss, record.balance_loss) and copy.expert_index is record.expert_index
+
+
+def test_vqkd_targets_are_the_tokenizer_codes_of_the_pixels(tmp_path, capsys):
+    """MIM with VQ-KD targets: the codes of the images in [0, 1] (the data's normalisation undone), computed in fp32
+    even under a bf16 autocast on the CPU; the tokenizer stays out of the checkpoint and the optimiser."""
+    path = save_released(tmp_path / "vqkd.pth", released_state(dim=64, depth=1, mlp=128, grid=2, codes=64))
+    task = MaskedPretraining(MultiwayConfig(**BACKBONE), vqkd_tokenizer=str(path))
+    report = capsys.readouterr().err.strip().splitlines()
+    assert len(report) == 1 and "model.vqkd_tokenizer" in report[0] and "decoder" in report[0]
+    assert task.mim_head.out_features == 64
+    assert not any("encoder" in name or "codebook" in name for name in task.state_dict())
+    assert all(not name.startswith("_vqkd") for name, _ in task.named_parameters())
+    batch = make_batches(1)[0]
+    tokenizer = load_vqkd(path).tokenizer
+    expected = tokenizer.encode(denormalize(batch["image"]).clamp(0, 1))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        codes = vqkd_codes(task._vqkd[0], batch["image"])
+    assert torch.equal(codes, expected) and len(expected.unique()) > 1
+    losses, _ = task.masked_losses(batch)
+    mask = batch["image_mask"]
+    logits = task.mim_head(task.backbone(image=batch["image"], image_mask=mask).image_hidden[:, 1:][mask])
+    torch.testing.assert_close(losses["image"], F.cross_entropy(logits, expected[mask]))
+    losses["image"].backward()
+    assert task.mim_head.weight.grad.abs().sum() > 0
