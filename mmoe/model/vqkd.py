@@ -196,6 +196,23 @@ def resample_positions(table: torch.Tensor, grid: int) -> torch.Tensor:
     return torch.cat([table[:, :1], patches.permute(0, 2, 3, 1).reshape(1, grid * grid, -1).to(table.dtype)], dim=1)
 
 
+def read_vqkd_state(path: str | Path, what: str) -> tuple[Mapping[str, torch.Tensor], str]:
+    """(the weights of the VQ-KD file at ``path``, unwrapped from ``model`` / ``state_dict``; how errors name it).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        ValueError: not a readable ``torch.save`` file, or its weights are not finite.
+    """
+    raw = load_checkpoint_file(path, what, VQKD_FILE)
+    require_finite_weights(raw, path, what)
+    return unwrap(raw), f"{what} {path}"
+
+
+def read_vqkd_shape(path: str | Path, what: str = "VQ-KD tokenizer") -> VQKDShape:
+    """The shapes of the VQ-KD file at ``path`` (errors as :func:`load_vqkd`'s)."""
+    return VQKDShape.of(*read_vqkd_state(path, what))
+
+
 def load_vqkd(path: str | Path, grid: int | None = None, what: str = "VQ-KD tokenizer") -> VQKDLoad:
     """A :class:`VQKDTokenizer` with the weights of a released VQ-KD file.
 
@@ -210,10 +227,7 @@ def load_vqkd(path: str | Path, grid: int | None = None, what: str = "VQ-KD toke
         ValueError: unreadable, non-finite, or of another layout: one line naming the first missing or mis-shaped key
             (with both shapes).
     """
-    raw = load_checkpoint_file(path, what, VQKD_FILE)
-    require_finite_weights(raw, path, what)
-    state = unwrap(raw)
-    source = f"{what} {path}"
+    state, source = read_vqkd_state(path, what)
     tokenizer = VQKDTokenizer(VQKDShape.of(state, source), grid)
     weights = {}
     for key, expected in tokenizer.state_dict().items():

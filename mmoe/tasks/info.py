@@ -6,7 +6,9 @@ The backbone's numbers are closed forms (:mod:`mmoe.model.cost`); a head's param
 weights (``--ckpt``) or from building the task's head modules (``--config``: the VQAv2 answer list, the captioning
 output vocabulary or the pre-training codebook named there are read for their sizes). A head's FLOPs count its
 weights (2 per weight) once per prediction: a VQA / NLVR2 sample, a caption token; pre-training has two heads, the
-MIM head for a masked patch and the MLM head for a masked text token, reported apart.
+MIM head for a masked patch and the MLM head for a masked text token, reported apart. A pre-training run with BEiT
+v2's VQ-KD targets also runs the frozen tokenizer on every image: its parameters and FLOPs per image are reported
+apart from the model's (``visual_tokenizer``), read from its file's shapes.
 """
 
 from __future__ import annotations
@@ -21,12 +23,13 @@ from mmoe.data.tokenizer import DEFAULT_MAX_TEXT_LENGTH
 from mmoe.io import one_line, report_error
 from mmoe.model import MultiwayConfig
 from mmoe.model.cost import backbone_cost
+from mmoe.model.vqkd import read_vqkd_shape, vqkd_cost
 from mmoe.safe_load import load_checkpoint_file
 from mmoe.tasks.catalog import class_path, task_of_class_path
 from mmoe.tasks.checkpoint import PREFIX, config_from_dict, read_pretrained
 from mmoe.tasks.finetuning import required_argument
 from mmoe.tasks.launch import read_config
-from mmoe.tasks.pretraining import DEFAULT_TEACHER, MaskedPretraining, load_teacher, teacher_width
+from mmoe.tasks.pretraining import DEFAULT_TEACHER, VQKD_OPTION, MaskedPretraining, load_teacher, teacher_width
 from mmoe.tasks.visual_codebook import PatchCodebook
 
 #: State-dict entries of mmoe tasks that are buffers, not parameters: the pre-training visual codebook's centroids.
@@ -60,15 +63,33 @@ def pretraining_head_parameters(config: MultiwayConfig, init_args: dict) -> dict
     if init_args.get("teacher_checkpoint"):
         teacher = load_teacher(init_args.get("teacher_model", DEFAULT_TEACHER), init_args["teacher_checkpoint"])
         targets = teacher_width(teacher)
+    elif init_args.get("vqkd_tokenizer"):
+        targets = read_vqkd_shape(init_args["vqkd_tokenizer"], VQKD_OPTION).num_codes
     else:
         targets = PatchCodebook.load(required_argument(init_args, "visual_codebook")).size
     mim, mlm = PRETRAINING_HEADS.values()
     return {mim: config.dim * targets + targets, mlm: config.dim * config.vocab_size + config.vocab_size}
 
 
-def from_config(paths: Sequence[Path]) -> tuple[str, MultiwayConfig, dict[str, int] | None, int | None]:
-    """(task class, backbone config, head parameters (None when a file it needs is missing), text length) of an
-    mmoe fit config (several files merge in order), read by the CLI's own parser
+def visual_tokenizer_cost(init_args: dict, config: MultiwayConfig) -> dict | None:
+    """What the pre-training's VQ-KD tokenizer (``vqkd_tokenizer``) costs apart from the model: its codes and patch
+    grid, parameters and forward FLOPs per image (:func:`mmoe.model.vqkd.vqkd_cost`); None without one, or when
+    its file is missing (said on stderr)."""
+    path = init_args.get("vqkd_tokenizer")
+    if not path:
+        return None
+    try:
+        shape = read_vqkd_shape(path, VQKD_OPTION)
+    except FileNotFoundError as error:
+        print(f"mmoe info: visual tokenizer not counted: {one_line(error)}", file=sys.stderr)
+        return None
+    grid = config.image_size // config.patch_size
+    return {"kind": "BEiT v2 VQ-KD", "file": path, "codes": shape.num_codes, "grid": grid} | vqkd_cost(shape, grid)
+
+
+def from_config(paths: Sequence[Path]) -> tuple[str, MultiwayConfig, dict[str, int] | None, int | None, dict | None]:
+    """(task class, backbone config, head parameters (None when a file it needs is missing), text length, the visual
+    tokenizer's cost) of an mmoe fit config (several files merge in order), read by the CLI's own parser
     (:func:`mmoe.tasks.launch.read_config`)."""
     for path in paths:
         if not path.is_file():
@@ -92,12 +113,13 @@ def from_config(paths: Sequence[Path]) -> tuple[str, MultiwayConfig, dict[str, i
     except FileNotFoundError as error:  # the data is not there yet: the backbone's counts still stand
         print(f"mmoe info: head not counted: {one_line(error)}", file=sys.stderr)
         head = None
-    return task, config, head, text_length
+    tokenizer = visual_tokenizer_cost(init_args, config) if task == class_path(MaskedPretraining) else None
+    return task, config, head, text_length, tokenizer
 
 
-def from_checkpoint(path: Path) -> tuple[str, MultiwayConfig, dict[str, int], int | None]:
-    """(task class or kind, backbone config, head parameters counted from the weights, text length of its data) of a
-    checkpoint."""
+def from_checkpoint(path: Path) -> tuple[str, MultiwayConfig, dict[str, int], int | None, dict | None]:
+    """(task class or kind, backbone config, head parameters counted from the weights, text length of its data, the
+    cost of the visual tokenizer its hyper-parameters name) of a checkpoint."""
     state = load_checkpoint_file(path, "checkpoint")
     hyper_parameters = state.get("hyper_parameters")
     weights = state.get("state_dict")
@@ -113,16 +135,24 @@ def from_checkpoint(path: Path) -> tuple[str, MultiwayConfig, dict[str, int], in
         data = state.get("datamodule_hyper_parameters")
         text_length = data.get("max_text_length") if isinstance(data, dict) else None
         task = hyper_parameters.get("_class_path") or "a Lightning checkpoint of an mmoe task"
-        return task, config, head, text_length
+        return task, config, head, text_length, visual_tokenizer_cost(hyper_parameters, config)
     pretrained = read_pretrained(path)
     kind = "BEiT-3 checkpoint" if pretrained.heads else "backbone"
     heads = sum(value.numel() for value in pretrained.heads.values())
-    return kind, pretrained.config, {"head": heads} if heads else {}, None
+    return kind, pretrained.config, {"head": heads} if heads else {}, None, None
 
 
-def report(source: str, task: str, config: MultiwayConfig, heads: dict[str, int] | None, text_length: int) -> dict:
+def report(
+    source: str,
+    task: str,
+    config: MultiwayConfig,
+    heads: dict[str, int] | None,
+    text_length: int,
+    tokenizer: dict | None = None,
+) -> dict:
     """The JSON of ``mmoe info``: totals (the head's None when it could not be counted), each head's FLOPs per
-    prediction, and the backbone's layers."""
+    prediction, the backbone's layers, and the frozen visual tokenizer apart (not in the totals; None without
+    one)."""
     head = None if heads is None else sum(heads.values())
     sequence = config.num_patches + 1 + text_length
     backbone = backbone_cost(config, sequence)
@@ -134,6 +164,7 @@ def report(source: str, task: str, config: MultiwayConfig, heads: dict[str, int]
         "head_parameters": head,
         "head_flops_per_prediction": None if heads is None else {name: 2 * count for name, count in heads.items()},
         "backbone": backbone,
+        "visual_tokenizer": tokenizer,
     }
 
 
@@ -172,8 +203,15 @@ def table(result: dict) -> str:
         f"{span(backbone, 'flops_per_token', mflops)} MFLOPs in the weights + "
         f"{mflops(backbone['attention_score_flops_per_token'])} in attention scores "
         f"({backbone['sequence_length']} tokens)",
-        "layer  ffn    parameters  active/token  MFLOPs/token",
     ]
+    tokenizer = result["visual_tokenizer"]
+    if tokenizer is not None:
+        lines.append(
+            f"visual tokenizer ({tokenizer['kind']}, {tokenizer['codes']} codes, frozen, not in the total): "
+            f"{millions(tokenizer['parameters'])} parameters, {tokenizer['flops_per_image'] / 1e9:,.2f} GFLOPs per "
+            f"image ({tokenizer['grid']}x{tokenizer['grid']} patches)"
+        )
+    lines.append("layer  ffn    parameters  active/token  MFLOPs/token")
     for layer in backbone["layers"]:
         lines.append(
             f"{layer['index']:>5}  {layer['ffn']:<5}  {millions(layer['parameters']):>10}  "
@@ -199,12 +237,13 @@ def info_command(argv: Sequence[str]) -> int:
     args = parser.parse_args(list(argv))
     try:
         if args.config:
-            task, config, head, text_length = from_config([Path(config) for config in args.config])
+            task, config, head, text_length, tokenizer = from_config([Path(config) for config in args.config])
         else:
-            task, config, head, text_length = from_checkpoint(Path(args.ckpt))
+            task, config, head, text_length, tokenizer = from_checkpoint(Path(args.ckpt))
     except (FileNotFoundError, ValueError) as error:
         return report_error("info", error)
     text_length = args.text_length or text_length or DEFAULT_MAX_TEXT_LENGTH
-    result = report(" + ".join(args.config) if args.config else args.ckpt, task, config, head, text_length)
+    source = " + ".join(args.config) if args.config else args.ckpt
+    result = report(source, task, config, head, text_length, tokenizer)
     print(json.dumps(result, indent=2) if args.json else table(result))
     return 0

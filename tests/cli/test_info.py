@@ -13,6 +13,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from mmoe.cli import main
 from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
 from mmoe.model.cost import backbone_cost, backbone_parameters
+from mmoe.model.vqkd import vqkd_cost
 from mmoe.moe import MoEConfig, MoELayer
 from mmoe.moe.cost import active_parameters_per_token, flops_per_token, gate_cost
 from mmoe.tasks.captioning import CaptioningFineTuning
@@ -22,6 +23,7 @@ from mmoe.tasks.pretraining import MaskedPretraining
 from mmoe.tasks.visual_codebook import PatchCodebook
 from mmoe.tasks.vqa import VQAFineTuning
 from mmoe.vocabulary import VOCAB_SIZE
+from tests.model.vqkd_reference import released_state, save_released
 
 VARIANTS = {
     "dense": None,
@@ -167,6 +169,42 @@ def test_beit3_base_published_sizes(tmp_path, capsys):
     mim, mlm = 768 * 8192 + 8192, 768 * 64010 + 64010  # one masked patch reads the MIM head, one masked token MLM
     assert sorted(result["head_flops_per_prediction"].values()) == [2 * mim, 2 * mlm]
     assert result["backbone"]["flops_per_token"] == 12 * (8 * 768 * 768 + 4 * 768 * 3072)
+
+
+def test_vqkd_tokenizer_is_counted_apart(tmp_path, capsys):
+    """Pre-training on VQ-KD targets: the MIM head has one output per code; the frozen tokenizer's parameters and
+    FLOPs per image are reported beside the model's, not in its total."""
+    tokenizer_file = save_released(tmp_path / "vqkd.pth", released_state(dim=64, depth=1, mlp=128, grid=2, codes=64))
+    config = tiny(VARIANTS["xmoe"])
+    task = MaskedPretraining(config, vqkd_tokenizer=str(tokenizer_file))
+    capsys.readouterr()
+    path = tmp_path / "pretrain.yaml"
+    init_args = {"backbone": config_to_dict(config), "vqkd_tokenizer": str(tokenizer_file)}
+    path.write_text(yaml.safe_dump({"model": {"class_path": "mmoe.tasks.pretraining.MaskedPretraining",
+                                              "init_args": init_args}}))  # fmt: skip
+    code, result, err = run_info(["--config", str(path)], capsys)
+    assert code == 0, err
+    assert result["total_parameters"] == count(task)
+    tokenizer = task._vqkd[0]
+    reported = result["visual_tokenizer"]
+    assert (reported["codes"], reported["grid"], reported["file"]) == (64, 2, str(tokenizer_file))
+    assert reported["parameters"] == sum(value.numel() for value in tokenizer.state_dict().values())
+    assert reported["flops_per_image"] == vqkd_cost(tokenizer.shape, 2)["flops_per_image"]
+    assert main(["info", "--config", str(path)]) == 0
+    assert "visual tokenizer (BEiT v2 VQ-KD, 64 codes, frozen, not in the total)" in capsys.readouterr().out
+    checkpoint = tmp_path / "pretrain.ckpt"
+    hyper_parameters = {"backbone": config_to_dict(config), "vqkd_tokenizer": str(tokenizer_file)}
+    torch.save({"hyper_parameters": hyper_parameters, "state_dict": task.state_dict()}, checkpoint)
+    code, from_checkpoint, err = run_info(["--ckpt", str(checkpoint)], capsys)
+    assert code == 0, err
+    assert from_checkpoint["visual_tokenizer"] == reported
+    assert from_checkpoint["total_parameters"] == count(task)
+    init_args["vqkd_tokenizer"] = str(tmp_path / "absent.pth")
+    path.write_text(yaml.safe_dump({"model": {"class_path": "mmoe.tasks.pretraining.MaskedPretraining",
+                                              "init_args": init_args}}))  # fmt: skip
+    code, result, err = run_info(["--config", str(path)], capsys)
+    assert code == 0 and result["visual_tokenizer"] is None and result["head_parameters"] is None
+    assert "visual tokenizer not counted: model.vqkd_tokenizer" in err and "absent.pth does not exist" in err
 
 
 def test_table_output_and_missing_head_files(tmp_path, capsys):
