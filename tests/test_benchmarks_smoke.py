@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -71,3 +72,16 @@ def test_backbone_benchmark_compares_the_tiny_shape():
     assert {"dense", "xmoe", "mhmoe_h4"} <= models
     comparisons = [line["comparison"] for line in lines if "comparison" in line]
     assert "tiny: xmoe step / dense step" in comparisons
+
+
+def test_vqkd_targets_benchmark_times_the_released_tokenizer_shape():
+    from mmoe.model.vqkd import vqkd_cost
+
+    vqkd_targets = load_benchmark("vqkd_targets")
+    threads = torch.get_num_threads()
+    try:
+        line = vqkd_targets.per_image_case(grid=1, batch=1, rounds=1, threads=1)
+    finally:
+        torch.set_num_threads(threads)
+    assert (line["case"], line["image_size"]) == ("per_image", 16) and line["seconds_per_image"] > 0
+    assert line["gflops_per_image"] == round(vqkd_cost(vqkd_targets.RELEASED, 1)["flops_per_image"] / 1e9, 2)
