@@ -7,6 +7,8 @@ JSON line each):
 * ``per_image``: seconds per image of :meth:`VQKDTokenizer.encode` in fp32 on batches of ``--batch``, at the patch
   grids of the base configs (14 x 14, 224 px) and of the tiny configs (4 x 4, 64 px), with ``--threads`` torch
   threads; the closed-form FLOPs per image (:func:`mmoe.model.vqkd.vqkd_cost`) and the GFLOP/s they imply.
+* ``codebook_per_image``: the same for the k-means patch codebook the configs name by default
+  (:class:`mmoe.tasks.visual_codebook.PatchCodebook`, 512 codes over 4 x 4-pooled patches), at the base grid.
 * ``where``: seconds per training step of the tiny configs' shape (the tiny backbone's forward and backward on 32
   images of 64 px, an 8,192-way MIM head) with the codes of each batch computed in the task (the main process, after
   the batch arrives, ``--threads`` threads) or in the loader (the DataLoader workers, ``--workers`` of one thread
@@ -22,7 +24,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +34,10 @@ from torch import nn
 
 from mmoe.model import MultiwayConfig, MultiwayTransformer
 from mmoe.model.vqkd import VQKDShape, VQKDTokenizer, vqkd_cost
+from mmoe.tasks.visual_codebook import PatchCodebook
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import interleaved_medians  # noqa: E402
 
 #: The released tokenizer, ``vqkd_encoder_base_decoder_3x768x12_clip``.
 RELEASED = VQKDShape(dim=768, depth=12, mlp_dim=3072, patch_size=16, grid=14, code_dim=32, num_codes=8192)
@@ -62,17 +70,20 @@ def per_image_case(grid: int, batch: int, rounds: int, threads: int) -> dict:
     torch.set_num_threads(threads)
     tokenizer = trained_scale_(VQKDTokenizer(RELEASED, grid))
     pixels = images(batch, tokenizer.image_size, seed=1)
-    tokenizer.encode(pixels)  # warm-up
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        tokenizer.encode(pixels)
-        times.append(time.perf_counter() - start)
-    seconds = sorted(times)[len(times) // 2] / batch
+    seconds = interleaved_medians([lambda: tokenizer.encode(pixels)], rounds, warmup=1)[0] / batch
     flops = vqkd_cost(RELEASED, grid)["flops_per_image"]
     return {"case": "per_image", "grid": grid, "image_size": tokenizer.image_size, "batch": batch,
             "threads": threads, "seconds_per_image": round(seconds, 4), "gflops_per_image": round(flops / 1e9, 2),
             "gflops_per_s": round(flops / seconds / 1e9, 1)}  # fmt: skip
+
+
+def codebook_case(batch: int, rounds: int, threads: int) -> dict:
+    torch.set_num_threads(threads)
+    codebook = PatchCodebook(torch.rand(512, 3 * 4 * 4), patch_size=16, pool=4)
+    pixels = images(batch, 224, seed=1)
+    seconds = interleaved_medians([lambda: codebook.encode(pixels)], rounds, warmup=1)[0] / batch
+    return {"case": "codebook_per_image", "grid": 14, "image_size": 224, "batch": batch, "threads": threads,
+            "seconds_per_image": round(seconds, 4)}  # fmt: skip
 
 
 class Batches(torch.utils.data.Dataset):
@@ -130,6 +141,7 @@ def main() -> None:
     args = parser.parse_args()
     for grid in args.grids:
         print(json.dumps(per_image_case(grid, args.batch, args.rounds, args.threads)), flush=True)
+    print(json.dumps(codebook_case(args.batch, args.rounds, args.threads)), flush=True)
     for where in ("task", "loader"):
         print(json.dumps(where_case(where, args.steps, args.threads, args.workers)), flush=True)
     torch.set_num_threads(args.threads)
