@@ -11,7 +11,7 @@ Shapes: B batch, T text tokens, N patches, S image side, A answers.
 
 from __future__ import annotations
 
-from typing import Literal, TypedDict, TypeGuard
+from typing import Literal, NotRequired, TypedDict, TypeGuard
 
 import torch
 
@@ -32,6 +32,7 @@ class ImageBatch(TypedDict):
     key: list[str]
     image: torch.Tensor  # (B, 3, S, S) float
     image_mask: torch.Tensor  # (B, N) bool, True = masked patch (block-wise)
+    image_targets: NotRequired[torch.Tensor]  # (B, N) long visual tokens, when the loader computes them
 
 
 class TextBatch(TypedDict):
@@ -53,6 +54,7 @@ class PairBatch(TypedDict):
     key: list[str]
     image: torch.Tensor  # (B, 3, S, S) float
     image_mask: torch.Tensor  # (B, N) bool
+    image_targets: NotRequired[torch.Tensor]  # (B, N) long visual tokens, when the loader computes them
     text_ids: torch.Tensor  # (B, T) long, masked input ids
     text_padding_mask: torch.Tensor  # (B, T) bool
     text_targets: torch.Tensor  # (B, T) long

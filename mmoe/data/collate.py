@@ -2,13 +2,15 @@
 
 Batch keys (all tasks): ``image`` (B, 3, H, W) float; ``text_ids`` (B, T) long; ``text_padding_mask`` (B, T) bool,
 True = padding. Masked batches add ``text_targets`` (B, T) long (original ids), ``text_mask`` (B, T) bool (positions
-to predict) and ``image_mask`` (B, num_patches) bool (True = replaced by the mask token). Per-sample ids become long
+to predict) and ``image_mask`` (B, num_patches) bool (True = replaced by the mask token); pre-training image batches
+add ``image_targets`` (B, num_patches) long when the loader computes the visual tokens. Per-sample ids become long
 tensors (``question_id``, ``image_id``, ``label``); strings and lists stay Python lists (``identifier``,
 ``answers``, ``captions``, ``key``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -50,12 +52,15 @@ class PretrainCollator:
         grid: patch grid (rows, columns) of the model's images.
         masking: ratios and replacement fractions.
         tokenizer: pads the text.
+        image_targets: the visual tokens (B, N) of a batch's images (B, 3, S, S), computed here, in the loader's
+            workers, for a batch with masked patches (``image_targets`` of the batch); None = the task computes them.
     """
 
     kind: BatchKind
     grid: tuple[int, int]
     masking: MaskingConfig = field(default_factory=MaskingConfig)
     tokenizer: TextTokenizer = field(default_factory=TextTokenizer)
+    image_targets: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def __call__(self, items: list[Sample], rng: np.random.Generator) -> PretrainBatch:
         batch = stack_items(items, self.tokenizer)
@@ -67,6 +72,8 @@ class PretrainCollator:
                 batch["image_mask"] = image_masks(size, self.grid, config, rng)
             else:
                 batch["image_mask"] = torch.zeros(size, self.grid[0] * self.grid[1], dtype=torch.bool)
+            if self.image_targets is not None and bool(batch["image_mask"].any()):
+                batch["image_targets"] = self.image_targets(batch["image"])
         if self.kind in (TEXT, PAIR):
             ratio = config.text_ratio if self.kind == TEXT else config.pair_text_ratio
             masked = mask_text(

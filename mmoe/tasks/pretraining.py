@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Literal
 
@@ -31,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mmoe.data.batches import BATCH_KINDS, IMAGE, PAIR, TEXT, PretrainBatch, PretrainStep, step_batches
+from mmoe.data.datamodules import PretrainDataModule
 from mmoe.data.transforms import denormalize
 from mmoe.model import MultiwayConfig, MultiwayTransformer
 from mmoe.model.initialization import init_beit3_
@@ -144,7 +146,10 @@ class MaskedPretraining(BackboneTask):
             if self.codebook is not None:
                 losses[name] = F.cross_entropy(predicted, self.codebook.encode(image)[image_mask])
             elif self._vqkd:
-                losses[name] = F.cross_entropy(predicted, vqkd_codes(self._vqkd[0], image)[image_mask])
+                codes = batch.get("image_targets")  # the loader's, when it computes them (see setup)
+                if codes is None:
+                    codes = vqkd_codes(self._vqkd[0], image)
+                losses[name] = F.cross_entropy(predicted, codes.to(image.device)[image_mask])
             else:
                 grid = self.backbone.config.image_size // self.backbone.config.patch_size
                 targets = teacher_patch_features(self._teacher[0], image, grid)[image_mask]
@@ -171,6 +176,15 @@ class MaskedPretraining(BackboneTask):
         logged |= {f"{name}_ppl": value.detach().exp() for name, value in masked.items() if "cosine" not in name}
         return StepLosses(task_loss, logged, routing, size)
 
+    def setup(self, stage: str) -> None:
+        """Where the VQ-KD codes are computed: in the loader's workers on a CPU run whose pre-training loader has
+        workers (within 10 % of the task on a quiet 2-core CPU, 2.7x faster on a crowded one:
+        ``benchmarks/vqkd_targets.py``), else in the task, on the run's device."""
+        super().setup(stage)
+        datamodule = self.trainer.datamodule
+        if self._vqkd and codes_in_loader(self.trainer.strategy.root_device, datamodule):
+            datamodule.image_targets = partial(vqkd_codes, self._vqkd[0])
+
     def validation_step(self, batch: PretrainStep, batch_idx: int) -> None:
         self.shared_step(batch, "val")
 
@@ -190,6 +204,11 @@ def load_vqkd_tokenizer(path: str, grid: int) -> VQKDTokenizer:
             file=sys.stderr,
         )
     return loaded.tokenizer
+
+
+def codes_in_loader(device: torch.device, datamodule: object) -> bool:
+    """Whether the loader computes the visual tokens: a CPU run with a pre-training loader that has workers."""
+    return device.type == "cpu" and isinstance(datamodule, PretrainDataModule) and datamodule.num_workers > 0
 
 
 @torch.no_grad()

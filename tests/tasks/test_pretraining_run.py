@@ -8,13 +8,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 import yaml
 
 from mmoe.cli import main
+from mmoe.data.datamodules import PretrainDataModule
+from mmoe.model import MultiwayConfig
 from mmoe.tasks.checkpoint import load_backbone
-from mmoe.tasks.pretraining import MaskedPretraining
+from mmoe.tasks.pretraining import MaskedPretraining, codes_in_loader, vqkd_codes
 from tests.cli_fixtures import tiny_pretraining
 from tests.model.vqkd_reference import released_state, save_released
 
@@ -108,11 +111,13 @@ def test_tiny_xmoe_loss_falls(synthetic_corpus, tmp_path):
 
 def test_tiny_dense_with_vqkd_targets_mim_loss_falls(synthetic_corpus, tmp_path, capsys):
     """BEiT-3's targets: a VQ-KD tokenizer file in the released layout (random weights, 64 codes) in place of the
-    k-means codebook; the MIM loss falls and its perplexity is logged."""
+    k-means codebook, its codes computed by the loader's worker (a CPU run with one); the MIM loss falls and its
+    perplexity is logged."""
     tokenizer = save_released(tmp_path / "vqkd.pth", released_state(dim=64, depth=1, mlp=128, grid=2, codes=64))
     config_path = tiny_config("dense", synthetic_corpus, tmp_path, steps=40)
     config = yaml.safe_load(config_path.read_text())
     config["model"]["init_args"].update(visual_codebook=None, vqkd_tokenizer=str(tokenizer))
+    config["data"]["init_args"]["num_workers"] = 1
     config_path.write_text(yaml.safe_dump(config))
     assert main(["fit", "--config", str(config_path)]) == 0
     assert "model.vqkd_tokenizer" in capsys.readouterr().err
@@ -122,6 +127,24 @@ def test_tiny_dense_with_vqkd_targets_mim_loss_falls(synthetic_corpus, tmp_path,
     first, last = sum(loss[:5]) / 5, sum(loss[-5:]) / 5
     assert last < 0.8 * first, (first, last)
     assert column(rows, "train/image_ppl")[-1] < 64
+
+
+def test_a_cpu_run_with_workers_computes_the_vqkd_codes_in_the_loader(synthetic_corpus, tmp_path):
+    tokenizer = save_released(tmp_path / "vqkd.pth", released_state(dim=64, depth=1, mlp=128, grid=2, codes=64))
+    shards = synthetic_corpus / "shards"
+    data_args = dict(image_shards=str(shards / "pretrain-images"), text_shards=str(shards / "pretrain-text"),
+                     pair_shards=str(shards / "pretrain-pairs"), image_size=32, batch_size=4, joint=True,
+                     batches_per_epoch=2)  # fmt: skip
+    workers, no_workers = PretrainDataModule(**data_args, num_workers=1), PretrainDataModule(**data_args, num_workers=0)
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert codes_in_loader(cpu, workers) and not codes_in_loader(cuda, workers) and not codes_in_loader(cpu, no_workers)
+    task = MaskedPretraining(MultiwayConfig.preset("test"), vqkd_tokenizer=str(tokenizer))
+    trainer = L.Trainer(max_steps=2, accelerator="cpu", logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)  # fmt: skip
+    trainer.fit(task, workers)
+    assert workers.image_targets is not None
+    batch = next(iter(workers.train_dataloader()))["image"]
+    assert torch.equal(batch["image_targets"], vqkd_codes(task._vqkd[0], batch["image"]))
 
 
 def test_missing_shard_directory_fails_before_training(synthetic_corpus, tmp_path, capsys):

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import torch
+
 from mmoe.data.batches import IMAGE, PAIR, TEXT, BatchKind
 from mmoe.data.collate import PretrainCollator
 from mmoe.data.datamodules.base import ShardDataModule, ShardSpec
@@ -85,6 +89,9 @@ class PretrainDataModule(ShardDataModule):
         self.grid = (self.image_size // patch_size, self.image_size // patch_size)
         self.masking = masking or MaskingConfig()
         self.batches_per_epoch = batches_per_epoch
+        #: The visual tokens of a batch's images, computed by the loader's collators when the task hands it over
+        #: before the loaders are made (the VQ-KD codes of a CPU run with workers); None = the task computes them.
+        self.image_targets: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def _decoder(self, kind: BatchKind, train: bool) -> Decoder:
         transform, min_side = self._transform(train)
@@ -100,7 +107,7 @@ class PretrainDataModule(ShardDataModule):
                 f"{'train' if train else 'val'}/{kind}",
                 spec,
                 self._decoder(kind, train),
-                PretrainCollator(kind, self.grid, self.masking, self.tokenizer),
+                PretrainCollator(kind, self.grid, self.masking, self.tokenizer, self.image_targets),
                 self.batch_size,
                 train=train,
                 repeat=train,
