@@ -66,7 +66,8 @@ class MaskedPretraining(BackboneTask):
             ``vqkd_encoder_base_decoder_3x768x12_clip-d5036aa7.pth``); when given, MIM predicts its code of each
             masked patch (a K-way classification with a perplexity, K = 8192 for the released file). The tokenizer
             sees the images in [0, 1] at its own patch size on the backbone's patch grid, whatever the data's
-            normalisation; it is frozen and kept out of checkpoints (:mod:`mmoe.model.vqkd`).
+            normalisation; it is frozen and kept out of checkpoints (:mod:`mmoe.model.vqkd`). Its codes are computed
+            without gradients in fp32, by the loader's workers on a CPU run with workers, else by the task.
         text_tokenizer: the SentencePiece model of the texts (BEiT-3's ``beit3.spm``, XLM-R ids); None = open_clip's
             BPE. The data's tokenizer follows it (the mmoe CLI links it); the backbone's text embedding must fit it.
         balance_coefficient: alpha, the weight of the balance losses (X-MoE Eq. 10; 1e-2 in X-MoE and MH-MoE).
