@@ -90,3 +90,10 @@ def test_cost_counts_the_tokenizer_parameters_and_flops(state, tmp_path):
     with FlopCounterMode(display=False) as counter:
         tokenizer.encode(torch.rand(1, 3, 64, 64))
     assert cost["flops_per_image"] == counter.get_total_flops()
+
+
+def test_non_finite_weights_are_refused(state, tmp_path):
+    broken = dict(state)
+    broken["encode_task_layer.2.bias"] = torch.full((32,), float("nan"))
+    with pytest.raises(ValueError, match="holds non-finite weights: 1 of its .* the first encode_task_layer.2.bias"):
+        load_vqkd(save_released(tmp_path / "nan.pth", broken), what="model.vqkd_tokenizer")
