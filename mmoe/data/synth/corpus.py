@@ -6,6 +6,8 @@
 coco/{train2014,val2014,test2015}/COCO_<subtype>_<image_id:012d>.jpg
 coco/annotations/captions_{train2014,val2014}.json       official COCO captions format
 coco/karpathy/dataset_coco.json                          Karpathy split (train / restval / val / test)
+flickr30k/dataset_flickr30k.json, flickr30k/images/      Flickr30K Karpathy split (train / val / test, for retrieval;
+                                                         the COCO images again, named <imgid>.jpg)
 vqav2/v2_OpenEnded_mscoco_<subtype>_questions.json       train2014, val2014, test2015, test-dev2015
 vqav2/v2_mscoco_<subtype>_annotations.json               train2014, val2014 (10 answers per question)
 nlvr2/{train,dev,test1}.json                             NLVR2 JSON lines
@@ -165,6 +167,29 @@ def _karpathy_file(root: Path, train: list[_Image], val: list[_Image]) -> None:
             }
         )
     _write_json(root / "coco" / "karpathy" / "dataset_coco.json", {"images": records, "dataset": "coco"})
+
+
+def _flickr30k_file(root: Path, train: list[_Image], val: list[_Image]) -> int:
+    """The Flickr30K layout of the COCO images: train2014 images for training, val2014's halves as val and test.
+    Returns the number of test images."""
+    folder = root / "flickr30k" / "images"
+    folder.mkdir(parents=True, exist_ok=True)
+    records, sentence_id = [], 0
+    half = max(1, len(val) // 2)
+    for index, image in enumerate(train + val):
+        position = index - len(train)
+        split = "train" if position < 0 else "val" if position < half else "test"
+        file_name = f"{index}.jpg"
+        (folder / file_name).write_bytes((root / "coco" / image.subtype / image.file_name).read_bytes())
+        sentences = []
+        for caption in image.captions:
+            sentences.append({"raw": caption, "tokens": caption.replace(":", "").replace(",", "").split(),
+                              "imgid": index, "sentid": sentence_id})  # fmt: skip
+            sentence_id += 1
+        records.append({"filename": file_name, "imgid": index, "split": split, "sentences": sentences,
+                        "sentids": [s["sentid"] for s in sentences]})  # fmt: skip
+    _write_json(root / "flickr30k" / "dataset_flickr30k.json", {"images": records, "dataset": "flickr30k"})
+    return len(val) - half
 
 
 def _vqa_files(root: Path, seed: int, subtype: str, images: list[_Image], per_image: int, annotated: bool):
@@ -328,6 +353,7 @@ def build_corpus(out: str | os.PathLike, seed: int = 0, sizes: SynthSizes | None
     _captions_file(root, "train2014", train, sizes.image_size)
     _captions_file(root, "val2014", val, sizes.image_size)
     _karpathy_file(root, train, val)
+    retrieval_test_images = _flickr30k_file(root, train, val)
     vqa_train, train_questions = _vqa_files(root, seed, "train2014", train, sizes.questions_per_image, annotated=True)
     vqa_val, val_questions = _vqa_files(root, seed, "val2014", val, sizes.questions_per_image, annotated=True)
     _vqa_files(root, seed, "test2015", test, sizes.questions_per_image, annotated=False)
@@ -358,6 +384,11 @@ def build_corpus(out: str | os.PathLike, seed: int = 0, sizes: SynthSizes | None
                 "note": "every set has 2 true and 2 false pairs",
             },  # fmt: skip
             "captioning_karpathy_test_constant_caption": caption_constant_baseline(train, val[third : 2 * third]),
+            "retrieval_flickr30k_test": {
+                "images": retrieval_test_images,
+                "text_to_image_r1_random": 1 / retrieval_test_images,
+                "note": "a caption's image ranked first by chance; image -> text has several positives",
+            },
         },
     }
     _write_json(root / SUMMARY_FILE, summary)
