@@ -127,6 +127,12 @@ class FineTuningTask(BackboneTask):
         raise NotImplementedError
 
     @classmethod
+    def head_of(cls, key: str) -> str:
+        """The head (as :meth:`head_parameters` names it) a state-dict key outside the backbone belongs to: ``head``
+        unless the task has several."""
+        return "head"
+
+    @classmethod
     def add_infer_options(cls, parser: argparse.ArgumentParser) -> None:
         """The task's own ``mmoe infer`` options besides its inputs (none by default)."""
 

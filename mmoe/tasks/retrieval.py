@@ -113,12 +113,14 @@ class RetrievalFineTuning(FineTuningTask):
 
     @classmethod
     def head_parameters(cls, config: MultiwayConfig, init_args: dict[str, Any]) -> dict[str, int]:
+        """One projection per embedding (an image's, a text's), and the logit scale (one multiply per image-text
+        score)."""
         vision, language = retrieval_heads(config.dim)
-        return {
-            "vision_head": vision.weight.numel(),
-            "language_head": language.weight.numel(),
-            "logit_scale": 1,
-        }
+        return {"vision_head": vision.weight.numel(), "language_head": language.weight.numel(), "logit_scale": 1}
+
+    @classmethod
+    def head_of(cls, key: str) -> str:
+        return key.split(".", 1)[0]
 
     @classmethod
     def prediction_decoder(cls, image_size: int, tokenizer: TextTokenizer) -> RetrievalDecoder:

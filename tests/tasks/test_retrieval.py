@@ -5,6 +5,7 @@ in-batch negatives gathered over 2 gloo processes (loss and gradients equal one 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 
 import pytest
@@ -146,3 +147,41 @@ def test_two_processes_give_the_loss_and_gradients_of_one_process_on_the_global_
     out = tmp_path / "checked"
     mp.spawn(gathered_worker, args=(str(tmp_path / "init"), str(out)), nprocs=WORLD, join=True)
     assert int(out.read_text()) > 10
+
+
+def test_a_released_224_px_retrieval_file_loads_its_heads_into_a_384_px_task(tmp_path, capsys):
+    """The layout of ``beit3_base_itc_patch16_224.pth`` (backbone under ``beit3.``, ``vision_head``,
+    ``language_head`` and ``logit_scale`` beside it) at the tests' scale: 32 px in the file, 64 px in the task (the
+    vision position table resized bicubically, its offset and CLS rows kept)."""
+    from mmoe.model import MultiwayTransformer
+    from mmoe.model.beit3 import to_beit3
+
+    small = MultiwayConfig.preset("test", vocab_size=120, position_offset=2)
+    torch.manual_seed(1)
+    source = MultiwayTransformer(small)
+    generator = torch.Generator().manual_seed(2)
+    heads = {
+        "vision_head.weight": torch.randn(32, 32, generator=generator),
+        "language_head.weight": torch.randn(32, 32, generator=generator),
+        "logit_scale": torch.tensor(4.2),
+    }
+    path = tmp_path / "beit3_base_itc_patch16_224.pth"
+    torch.save({"model": {f"beit3.{key}": value for key, value in to_beit3(source).items()} | heads}, path)
+    model = RetrievalFineTuning(pretrained=str(path), backbone=dataclasses.replace(small, image_size=64))
+    assert "BEiT-3 retrieval head: 3 tensors loaded" in capsys.readouterr().err
+    for key, value in heads.items():
+        assert torch.equal(model.state_dict()[key], value), key
+    table = model.backbone.vision_positions
+    assert table.shape == (2 + 1 + 16, 32)
+    torch.testing.assert_close(table[:3], source.vision_positions[:3])
+    grid = source.vision_positions[3:].reshape(1, 2, 2, 32).permute(0, 3, 1, 2)
+    resized = F.interpolate(grid, size=(4, 4), mode="bicubic", align_corners=False).permute(0, 2, 3, 1)
+    torch.testing.assert_close(table[3:], resized.reshape(16, 32))
+    torch.testing.assert_close(model.backbone.text_embed.weight, source.text_embed.weight)
+    text = batch(2)
+    with torch.no_grad():
+        embedded, _ = model.embed_texts(text["text_ids"], text["text_padding_mask"])
+        hidden = source(text=text["text_ids"], text_padding_mask=text["text_padding_mask"]).hidden[:, 0]
+    torch.testing.assert_close(embedded, F.normalize(hidden @ heads["language_head.weight"].T, dim=-1))
+    images, _ = model.embed_images(torch.randn(2, 3, 64, 64))
+    assert images.shape == (2, 32)
