@@ -19,6 +19,7 @@ retrieval"; unilm ``BEiT3ForRetrieval``).
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from torch import nn
 
 from mmoe.atomic import atomic_write
 from mmoe.data.batches import RetrievalBatch
+from mmoe.data.collate import RetrievalCollator
 from mmoe.data.decoders import RetrievalDecoder
 from mmoe.data.tokenizer import TextTokenizer
 from mmoe.data.transforms import eval_transform
@@ -37,7 +39,7 @@ from mmoe.model import MultiwayConfig
 from mmoe.model.heads import LOG_LOGIT_SCALE_INIT, retrieval_heads
 from mmoe.moe import RoutingRecord
 from mmoe.tasks.base import StepLosses, batch_size
-from mmoe.tasks.finetuning import FineTuningTask
+from mmoe.tasks.finetuning import FineTuningTask, positive_int
 from mmoe.tasks.predictions import as_ids, gather_objects
 
 
@@ -90,6 +92,7 @@ class RetrievalFineTuning(FineTuningTask):
     #: Prediction entries are ``(image_id, image embedding, caption embeddings, captions)`` tuples.
     prediction_key = 0
     infer_aliases = ("retrieve",)
+    infer_alternatives = ("images",)
     infer_text = "text"
 
     def __init__(
@@ -109,6 +112,7 @@ class RetrievalFineTuning(FineTuningTask):
         self.eval_chunk = eval_chunk
         self.vision_head, self.language_head = retrieval_heads(self.backbone.config.dim)
         self.logit_scale = nn.Parameter(torch.tensor(LOG_LOGIT_SCALE_INIT))
+        self._text_tokenizer: TextTokenizer | None = None
         self.load_beit3_head()
 
     @classmethod
@@ -121,6 +125,14 @@ class RetrievalFineTuning(FineTuningTask):
     @classmethod
     def head_of(cls, key: str) -> str:
         return key.split(".", 1)[0]
+
+    @classmethod
+    def add_infer_options(cls, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--texts", help="a text file, one candidate a line: its lines ranked against --image")
+        parser.add_argument("--top-k", type=positive_int, default=5, help="matches to list (default 5)")
+        parser.add_argument(
+            "--cache", help="folder of the --images embeddings cache (default $XDG_CACHE_HOME/mmoe/retrieval)"
+        )
 
     @classmethod
     def prediction_decoder(cls, image_size: int, tokenizer: TextTokenizer) -> RetrievalDecoder:
@@ -183,7 +195,20 @@ class RetrievalFineTuning(FineTuningTask):
         self.log_dict({f"val/{name}": value for name, value in scores.items()})
 
     def prediction_entries(self, batch: RetrievalBatch) -> list:
+        if "caption_ids" in batch:  # one decoded sample (``mmoe infer --shards``): its captions not yet collated
+            items = [{"caption_ids": ids} for ids in batch.pop("caption_ids")]
+            collated = RetrievalCollator(self.text_tokenizer())(items, None)
+            batch = {**batch, **{key: value.to(self.device) for key, value in collated.items()}}
         return self.batch_embeddings(batch)
+
+    def text_tokenizer(self) -> TextTokenizer:
+        """The tokenizer of the task's texts (its ``text_tokenizer``; open_clip's BPE by default)."""
+        if self._text_tokenizer is None:
+            self._text_tokenizer = TextTokenizer(sentencepiece=self.hparams.get("text_tokenizer"))
+        return self._text_tokenizer
+
+    def folder_entry(self, image: Path, result: dict, text: str | None) -> dict:
+        return {"text": text, **result}
 
     def write_predictions(self, entries: list, path: str | Path) -> None:
         """Writes the embeddings file of ``entries`` (:func:`stack_embeddings`) to ``path`` atomically."""
