@@ -71,3 +71,13 @@ def test_backbone_benchmark_compares_the_tiny_shape():
     assert {"dense", "xmoe", "mhmoe_h4"} <= models
     comparisons = [line["comparison"] for line in lines if "comparison" in line]
     assert "tiny: xmoe step / dense step" in comparisons
+
+
+def test_retrieval_benchmark_times_embedding_and_the_chunked_evaluation():
+    argv = ["--rounds", "1", "--batch", "4", "--images", "40", "--dim", "16", "--chunks", "7", "200"]
+    lines = run_benchmark("benchmarks/retrieval.py", *argv)
+    embed = {line["modality"]: line for line in lines if line["benchmark"] == "embed"}
+    assert set(embed) == {"image", "text"} and all(line["items_per_s"] > 0 for line in embed.values())
+    evals = [line for line in lines if line["benchmark"] == "chunked_eval"]
+    assert [line["chunk"] for line in evals] == [7, 200] and all(line["captions"] == 200 for line in evals)
+    assert all(line["seconds"] >= 0 and line["peak_extra_mib"] >= 0 for line in evals)
