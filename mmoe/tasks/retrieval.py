@@ -94,6 +94,8 @@ class RetrievalFineTuning(FineTuningTask):
     infer_aliases = ("retrieve",)
     infer_alternatives = ("images",)
     infer_text = "text"
+    #: The projections get ``optimizer.head_lr_multiplier`` (BEiT-3's ``--task_head_lr_weight``).
+    head_prefixes = ("vision_head.", "language_head.")
 
     def __init__(
         self,
