@@ -77,7 +77,7 @@ def image_to_text_ranks(
 
 def recall_at(ranks: torch.Tensor, ks: tuple[int, ...] = RECALL_AT) -> dict[int, float]:
     """K -> the fraction of ``ranks`` at most K."""
-    return {k: float((ranks <= k).float().mean()) if ranks.numel() else 0.0 for k in ks}
+    return {k: float((ranks <= k).double().mean()) if ranks.numel() else 0.0 for k in ks}
 
 
 def retrieval_scores(image_ranks: torch.Tensor, caption_ranks: torch.Tensor) -> dict[str, float]:
