@@ -85,3 +85,13 @@ def test_vqkd_targets_benchmark_times_the_released_tokenizer_shape():
         torch.set_num_threads(threads)
     assert (line["case"], line["image_size"]) == ("per_image", 16) and line["seconds_per_image"] > 0
     assert line["gflops_per_image"] == round(vqkd_cost(vqkd_targets.RELEASED, 1)["flops_per_image"] / 1e9, 2)
+
+
+def test_retrieval_benchmark_times_embedding_and_the_chunked_evaluation():
+    argv = ["--rounds", "1", "--batch", "4", "--images", "40", "--dim", "16", "--chunks", "7", "200"]
+    lines = run_benchmark("benchmarks/retrieval.py", *argv)
+    embed = {line["modality"]: line for line in lines if line["benchmark"] == "embed"}
+    assert set(embed) == {"image", "text"} and all(line["items_per_s"] > 0 for line in embed.values())
+    evals = [line for line in lines if line["benchmark"] == "chunked_eval"]
+    assert [line["chunk"] for line in evals] == [7, 200] and all(line["captions"] == 200 for line in evals)
+    assert all(line["seconds"] >= 0 and line["peak_extra_mib"] >= 0 for line in evals)

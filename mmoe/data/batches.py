@@ -146,3 +146,19 @@ class CaptionBatch(_CaptionRequired, total=False):
     text_targets: torch.Tensor  # (B, T) long
     text_mask: torch.Tensor  # (B, T) bool
     captions: list[list[str]]
+
+
+class _RetrievalRequired(TypedDict):
+    image: torch.Tensor  # (B, 3, S, S) float
+    image_id: torch.Tensor  # (B,) long
+    text_ids: torch.Tensor  # (B, T) training, (M, T) evaluation: long
+    text_padding_mask: torch.Tensor  # like text_ids, bool
+
+
+class RetrievalBatch(_RetrievalRequired, total=False):
+    """Image-text retrieval batch (:class:`mmoe.data.collate.RetrievalCollator`). Training: one caption per image,
+    ``text_ids`` row b is image b's. Evaluation: every caption of every image, ``caption_image`` (M,) long giving
+    each caption's image row in the batch, and ``captions`` (the texts, image by image)."""
+
+    caption_image: torch.Tensor  # (M,) long
+    captions: list[list[str]]

@@ -6,6 +6,7 @@ mmoe data convert vqav2 --questions Q.json [--annotations A.json] --images DIR -
 mmoe data answers --annotations train.json [val.json ...] --out answers.json [--min-answer-count 9]
 mmoe data convert coco-captions (--annotations captions_*.json | --karpathy dataset_coco.json --split S) --images DIR --out OUT
     [--text-tokenizer beit3.spm]
+mmoe data convert flickr30k --karpathy dataset_flickr30k.json --split S --images DIR --out OUT [--text-tokenizer beit3.spm]
 mmoe data convert nlvr2 --data dev.json --images DIR --out OUT
 mmoe data convert images --images DIR --out OUT [--name images]
 mmoe data convert tsv --tsv pairs.tsv --images DIR --out OUT [--name pairs]
@@ -89,6 +90,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     _common(coco)
 
+    flickr = sources.add_parser("flickr30k", help="Flickr30K captions (Karpathy split, for retrieval)")
+    flickr.add_argument("--karpathy", required=True, help="dataset_flickr30k.json")
+    flickr.add_argument("--split", required=True, help="Karpathy split(s): train, val, test")
+    flickr.add_argument("--images", required=True, help="the Flickr30K image folder (flickr30k-images)")
+    flickr.add_argument(
+        "--text-tokenizer",
+        help="SentencePiece model (BEiT-3's beit3.spm) whose ids caption_tokens.json lists; default open_clip's BPE",
+    )
+    _common(flickr)
+
     nlvr2 = sources.add_parser("nlvr2", help="NLVR2 JSON lines and images")
     nlvr2.add_argument("--data", required=True, help="train.json, dev.json or test1.json")
     nlvr2.add_argument("--images", required=True, help="folder searched recursively for <split>-<set>-<pair>-img*.png")
@@ -139,7 +150,7 @@ def _convert(args: argparse.Namespace):
             args.questions, args.images, args.out, args.annotations, args.answer_vocab, args.min_answer_count,
             args.shard_size, args.name, args.holdout_images, args.holdout_out, args.seed,
         )  # fmt: skip
-    if args.source == "coco-captions":
+    if args.source in ("coco-captions", "flickr30k"):
         try:
             tokenizer = TextTokenizer(sentencepiece=args.text_tokenizer)
         except (FileNotFoundError, ValueError) as error:

@@ -16,7 +16,17 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from mmoe.data.batches import IMAGE, PAIR, TEXT, BatchKind, CaptionBatch, NLVR2Batch, PretrainBatch, VQABatch
+from mmoe.data.batches import (
+    IMAGE,
+    PAIR,
+    TEXT,
+    BatchKind,
+    CaptionBatch,
+    NLVR2Batch,
+    PretrainBatch,
+    RetrievalBatch,
+    VQABatch,
+)
 from mmoe.data.masking import MaskingConfig, image_masks, mask_caption, mask_text
 from mmoe.data.samples import Sample
 from mmoe.data.tokenizer import TextTokenizer
@@ -133,3 +143,21 @@ class PlainCollator:
 
     def __call__(self, items: list[Sample], rng: np.random.Generator) -> NLVR2Batch:
         return stack_items(items, self.tokenizer)
+
+
+@dataclass
+class RetrievalCollator:
+    """Retrieval batches (:class:`mmoe.data.batches.RetrievalBatch`). Evaluation items (with ``caption_ids``) have
+    their captions flattened into ``text_ids`` / ``text_padding_mask``, image by image, with ``caption_image``."""
+
+    tokenizer: TextTokenizer = field(default_factory=TextTokenizer)
+
+    def __call__(self, items: list[Sample], rng: np.random.Generator) -> RetrievalBatch:
+        caption_ids = [item.pop("caption_ids", None) for item in items]
+        batch = stack_items(items, self.tokenizer)
+        if all(ids is not None for ids in caption_ids):
+            flat = [ids for per_image in caption_ids for ids in per_image]
+            batch["text_ids"], batch["text_padding_mask"] = self.tokenizer.pad(flat)
+            rows = [row for row, per_image in enumerate(caption_ids) for _ in per_image]
+            batch["caption_image"] = torch.tensor(rows, dtype=torch.long)
+        return batch

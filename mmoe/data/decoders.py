@@ -194,3 +194,32 @@ class CaptionDecoder:
         return [
             {"image": image, "text_ids": self.tokenizer.encode(caption), "image_id": image_id} for caption in captions
         ]
+
+
+@dataclass
+class RetrievalDecoder:
+    """Retrieval samples (one image with all its captions, as the caption converters write them).
+
+    ``mode="train"`` gives one item per image with one of its captions drawn uniformly (torch's generator, which the
+    stream seeds from the sample's position): an image never meets a second caption of its own as an in-batch
+    negative. ``mode="eval"`` gives one item per image with ``caption_ids``, the token ids of every caption, and
+    ``captions``.
+    """
+
+    transform: ImageTransform
+    tokenizer: TextTokenizer
+    mode: Literal["train", "eval"] = "train"
+    min_side: int | None = None
+
+    def __call__(self, sample: Sample) -> Sample | None:
+        meta = json_entry(sample, "image_id", "captions")
+        captions = [str(c) for c in meta["captions"]]
+        if not captions:
+            raise CorruptSampleError(*_where(sample), "json 'captions' is empty: retrieval needs a caption per image")
+        image = image_entry(sample, self.transform, min_side=self.min_side)
+        image_id = int(meta["image_id"])
+        if self.mode == "eval":
+            ids = [self.tokenizer.encode(caption) for caption in captions]
+            return {"image": image, "image_id": image_id, "caption_ids": ids, "captions": captions}
+        caption = captions[int(torch.randint(len(captions), ()))]
+        return {"image": image, "image_id": image_id, "text_ids": self.tokenizer.encode(caption)}

@@ -12,6 +12,7 @@ from pathlib import Path
 from mmoe.infer.folder import run_folder
 from mmoe.infer.load import InferError, load_fine_tuned
 from mmoe.infer.modes import run_shards, run_single
+from mmoe.infer.search import is_search, run_search, search_problem
 from mmoe.io import INPUT_ERROR_EXIT, check_output_path, report_error
 from mmoe.tasks.catalog import FINETUNING_TASKS, class_path
 from mmoe.tasks.finetuning import FineTuningTask
@@ -23,6 +24,8 @@ INPUT_HELP = {
     "right": "the right image",
     "question": "the question (with --image)",
     "sentence": "the statement about the pair",
+    "images": "a folder of images to rank against --text (retrieval)",
+    "text": "the query text (with --images), or the text to score --image against",
 }
 
 
@@ -49,6 +52,8 @@ def add_task_parser(tasks, task: type[FineTuningTask]) -> None:
     inputs.add_argument("--shards", help="a converted split (folder, shard or glob): results file (needs --out)")
     first, *others = task.infer_images
     inputs.add_argument(option(first), help=INPUT_HELP.get(first))
+    for name in task.infer_alternatives:
+        inputs.add_argument(option(name), help=INPUT_HELP.get(name))
     for name in [*others, *filter(None, [task.infer_text])]:
         parser.add_argument(option(name), help=INPUT_HELP.get(name))
     task.add_infer_options(parser)
@@ -99,6 +104,15 @@ def printed(result: dict) -> str:
         lines = [result["caption"]]
     elif "probability_true" in result:
         lines = [f"{result['answer']}\tP(true) = {result['probability_true']:.4f}"]
+    elif "similarity" in result:
+        lines = [f"cosine similarity {result['similarity']:.4f}"]
+    elif "matches" in result:
+        lines = [f"{match['score']:.4f}\t{match.get('file', match.get('text'))}" for match in result["matches"]]
+        if "images" in result:
+            lines.append(
+                f"{result['images']} images ({result['embedded']} embedded, {result['cached']} cached, "
+                f"{result['unreadable_skipped']} unreadable)"
+            )
     elif "samples" in result:
         lines = [
             f"{result['samples']} samples -> {result['results_file']} ({result['corrupt_skipped']} corrupt skipped)"
@@ -120,16 +134,19 @@ def infer_command(argv: Sequence[str]) -> int:
     except SystemExit as stop:
         return stop.code if isinstance(stop.code, int) else INPUT_ERROR_EXIT
     try:
-        missing = missing_inputs(args)
-        if missing:
-            raise InferError(f"{missing} needed (or --shards)")
+        search = is_search(args)
+        problem = search_problem(args) if search else missing_inputs(args)
+        if problem:
+            raise InferError(problem if search else f"{problem} needed (or --shards)")
         if args.routing and (args.shards or folder_input(args)):
             raise InferError("--routing works on a single input (one image or one pair)")
         for name, path in (("--out", args.out), ("--routing", args.routing)):
             if path is not None:
                 check_output_path(path, name)  # before the work, not after it
         model = load_fine_tuned(args.ckpt, args.task, args.device, vars(args))
-        if args.shards:
+        if search:
+            result = run_search(model, args)
+        elif args.shards:
             result = run_shards(model, args)
         elif folder_input(args):
             result = run_folder(model, args)

@@ -69,8 +69,8 @@ def load_fine_tuned(
     saved = str(hyper_parameters.get("_class_path", ""))
     if saved == class_path(MaskedPretraining):
         raise InferError(
-            f"checkpoint {path} is a pre-training checkpoint: `mmoe infer` needs a fine-tuned VQA, NLVR2 or "
-            f"captioning checkpoint"
+            f"checkpoint {path} is a pre-training checkpoint: `mmoe infer` needs a fine-tuned VQA, NLVR2, "
+            f"captioning or retrieval checkpoint"
         )
     if saved != class_path(task):
         found = task_of_class_path(saved)

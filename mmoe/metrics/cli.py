@@ -6,6 +6,8 @@
   — COCO caption metrics as fractions (:mod:`mmoe.metrics.captions`).
 * ``mmoe eval nlvr2 --data dev.json --predictions predictions.csv`` — accuracy and consistency as fractions
   (:mod:`mmoe.metrics.nlvr2`).
+* ``mmoe eval retrieval --embeddings E.pt [--results ranks.json]`` — image -> text and text -> image R@1/5/10 and
+  their mean as fractions, each query's rank written to ``--results`` (:mod:`mmoe.metrics.retrieval`).
 
 Warnings and the scorers' own chatter go to stderr. Exit codes: 0 scored, 2 bad input or usage (message on stderr,
 naming the file and the entry), 1 a scorer that cannot run (Java missing or failing).
@@ -24,6 +26,7 @@ from typing import Any
 from mmoe.metrics.captions import DEFAULT_SPICE_TIMEOUT, ScorerUnavailableError, evaluate_caption_files
 from mmoe.metrics.files import EvalInputError
 from mmoe.metrics.nlvr2 import evaluate_nlvr2_files
+from mmoe.metrics.retrieval import DEFAULT_CHUNK, evaluate_retrieval_file
 from mmoe.metrics.vqa import evaluate_vqa_files
 
 
@@ -47,12 +50,23 @@ def _nlvr2(args: argparse.Namespace) -> dict[str, Any]:
     return evaluate_nlvr2_files(args.data, args.predictions)
 
 
+def _retrieval(args: argparse.Namespace) -> dict[str, Any]:
+    return evaluate_retrieval_file(args.embeddings, args.results, args.chunk)
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is below 1")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mmoe eval",
         description="Score a predictions file against the official annotation files; one JSON object on stdout.",
     )
-    benchmarks = parser.add_subparsers(dest="benchmark", required=True, metavar="{vqa,caption,nlvr2}")
+    benchmarks = parser.add_subparsers(dest="benchmark", required=True, metavar="{vqa,caption,nlvr2,retrieval}")
 
     vqa = benchmarks.add_parser("vqa", help="VQAv2 accuracy (GT-Vision-Lab/VQA vqaEval.py)")
     vqa.add_argument("--questions", required=True, help="v2_OpenEnded_mscoco_<split>_questions.json")
@@ -77,6 +91,14 @@ def build_parser() -> argparse.ArgumentParser:
     nlvr2.add_argument("--data", required=True, help="dev.json / test1.json (JSON lines with identifier and label)")
     nlvr2.add_argument("--predictions", required=True, help="CSV lines 'identifier,prediction', no header")
     nlvr2.set_defaults(run=_nlvr2)
+
+    retrieval = benchmarks.add_parser("retrieval", help="image-text retrieval R@1/5/10 (BEiT-3 average_score)")
+    retrieval.add_argument("--embeddings", required=True, help="the embeddings file `mmoe predict` writes")
+    retrieval.add_argument("--results", help="write each query's rank here (JSON, whole or absent)")
+    retrieval.add_argument(
+        "--chunk", type=_positive_int, default=DEFAULT_CHUNK, help=f"queries scored at once (default {DEFAULT_CHUNK})"
+    )
+    retrieval.set_defaults(run=_retrieval)
     return parser
 
 

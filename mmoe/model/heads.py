@@ -1,13 +1,15 @@
 """Task heads over the multiway backbone, BEiT-3 style (Wang et al., 2023, §3.1; unilm ``beit3/modeling_finetune.py``):
-the pooler, the VQAv2 classifier, the NLVR2 pair classifier and the captioning token head, with BEiT-3's head
-initialisation. Pure torch; the Lightning tasks in :mod:`mmoe.tasks` own them as attributes, so the parameter names
-(``pooler.*``, ``head.*``) are the tasks'.
+the pooler, the VQAv2 classifier, the NLVR2 pair classifier, the captioning token head and the retrieval projections,
+with BEiT-3's head initialisation. Pure torch; the Lightning tasks in :mod:`mmoe.tasks` own them as attributes, so the
+parameter names (``pooler.*``, ``head.*``) are the tasks'.
 
 Each builder constructs its modules and then initialises them, in that order: the default initialisers and
 :func:`init_head` draw from torch's generator, so the order fixes the initial weights under a seed.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import nn
@@ -16,6 +18,9 @@ from mmoe.model.initialization import init_beit3_
 
 #: Scale of the NLVR2 MLP's initial linear weights and biases (BEiT-3 ``TwoLayerMLP`` init for NLVR2).
 BEIT3_HEAD_INIT_SCALE = 1e-3
+#: Initial value of the retrieval task's learnable log logit scale: log(1 / 0.07), a temperature of 0.07 (CLIP,
+#: BEiT-3 ``BEiT3ForRetrieval``).
+LOG_LOGIT_SCALE_INIT = math.log(1 / 0.07)
 
 
 class Pooler(nn.Module):
@@ -36,7 +41,8 @@ def init_head(module: nn.Module) -> None:
     for layer in module.modules():
         if isinstance(layer, nn.Linear):
             init_beit3_(layer.weight)
-            nn.init.zeros_(layer.bias)
+            if layer.bias is not None:
+                nn.init.zeros_(layer.bias)
         elif isinstance(layer, nn.LayerNorm):
             nn.init.ones_(layer.weight)
             nn.init.zeros_(layer.bias)
@@ -82,3 +88,13 @@ def token_head(dim: int, num_classes: int) -> nn.Linear:
     head = nn.Linear(dim, num_classes)
     init_head(head)
     return head
+
+
+def retrieval_heads(dim: int) -> tuple[nn.Linear, nn.Linear]:
+    """BEiT-3's retrieval projections (``BEiT3ForRetrieval``): ``vision_head`` over the image-only pass's vision CLS
+    and ``language_head`` over the text-only pass's first token, each Linear(D, D) without bias, :func:`init_head`
+    initialised (vision first); the task L2-normalises their outputs."""
+    vision_head, language_head = nn.Linear(dim, dim, bias=False), nn.Linear(dim, dim, bias=False)
+    init_head(vision_head)
+    init_head(language_head)
+    return vision_head, language_head

@@ -10,11 +10,12 @@ from __future__ import annotations
 from mmoe.tasks.captioning import CaptioningFineTuning
 from mmoe.tasks.finetuning import FineTuningTask
 from mmoe.tasks.nlvr2 import NLVR2FineTuning
+from mmoe.tasks.retrieval import RetrievalFineTuning
 from mmoe.tasks.vqa import VQAFineTuning
 
 #: Task name -> task class, in the order the demo runs them.
 FINETUNING_TASKS: dict[str, type[FineTuningTask]] = {
-    task.name: task for task in (VQAFineTuning, NLVR2FineTuning, CaptioningFineTuning)
+    task.name: task for task in (VQAFineTuning, NLVR2FineTuning, CaptioningFineTuning, RetrievalFineTuning)
 }
 
 

@@ -79,6 +79,9 @@ class FineTuningTask(BackboneTask):
     infer_aliases: ClassVar[tuple[str, ...]] = ()
     #: ``mmoe infer`` options that each give one image of a single input (one image: a folder may be given instead).
     infer_images: ClassVar[tuple[str, ...]] = ("image",)
+    #: ``mmoe infer`` options that stand in for the first of :attr:`infer_images` (retrieval's ``images``: a folder
+    #: to search).
+    infer_alternatives: ClassVar[tuple[str, ...]] = ()
     #: The ``mmoe infer`` option giving the text of a single input (a question, a statement); None = no text.
     infer_text: ClassVar[str | None] = None
     #: Task arguments naming files a checkpoint records: ``mmoe infer --<argument>`` gives a moved one's new path.
@@ -125,6 +128,12 @@ class FineTuningTask(BackboneTask):
         config's ``model.init_args``; files it names are read for their sizes), per head that makes one kind of
         prediction (``mmoe info``)."""
         raise NotImplementedError
+
+    @classmethod
+    def head_of(cls, key: str) -> str:
+        """The head (as :meth:`head_parameters` names it) a state-dict key outside the backbone belongs to: ``head``
+        unless the task has several."""
+        return "head"
 
     @classmethod
     def add_infer_options(cls, parser: argparse.ArgumentParser) -> None:

@@ -20,6 +20,7 @@ from mmoe.tasks.captioning import CaptioningFineTuning
 from mmoe.tasks.checkpoint import config_to_dict
 from mmoe.tasks.nlvr2 import NLVR2FineTuning
 from mmoe.tasks.pretraining import MaskedPretraining
+from mmoe.tasks.retrieval import RetrievalFineTuning
 from mmoe.tasks.visual_codebook import PatchCodebook
 from mmoe.tasks.vqa import VQAFineTuning
 from mmoe.vocabulary import VOCAB_SIZE
@@ -56,6 +57,7 @@ def built_tasks(config: MultiwayConfig, files: dict) -> dict:
         VQAFineTuning: {"answer_vocab": files["answers"]},
         NLVR2FineTuning: {},
         CaptioningFineTuning: {"max_length": 8},
+        RetrievalFineTuning: {},
         MaskedPretraining: {"visual_codebook": files["codebook"]},
     }
     return {f"{cls.__module__}.{cls.__name__}": (cls(backbone=config, **args), args) for cls, args in tasks.items()}
@@ -169,6 +171,13 @@ def test_beit3_base_published_sizes(tmp_path, capsys):
     mim, mlm = 768 * 8192 + 8192, 768 * 64010 + 64010  # one masked patch reads the MIM head, one masked token MLM
     assert sorted(result["head_flops_per_prediction"].values()) == [2 * mim, 2 * mlm]
     assert result["backbone"]["flops_per_token"] == 12 * (8 * 768 * 768 + 4 * 768 * 3072)
+    path.write_text(yaml.safe_dump({"model": {"class_path": "mmoe.tasks.retrieval.RetrievalFineTuning",
+                                              "init_args": {"backbone": config_to_dict(config)}}}))  # fmt: skip
+    code, result, err = run_info(["--config", str(path)], capsys)
+    assert code == 0, err
+    assert result["total_parameters"] == pytest.approx(222e6, abs=0.5e6)  # README: 222M for beit3_base_itc
+    flops = result["head_flops_per_prediction"]
+    assert flops == {"vision_head": 2 * 768 * 768, "language_head": 2 * 768 * 768, "logit_scale": 2}
 
 
 def test_vqkd_tokenizer_is_counted_apart(tmp_path, capsys):

@@ -9,7 +9,13 @@ import lightning as L
 import pytest
 import torch
 
-from mmoe.data.datamodules import CaptioningDataModule, NLVR2DataModule, PretrainDataModule, VQADataModule
+from mmoe.data.datamodules import (
+    CaptioningDataModule,
+    NLVR2DataModule,
+    PretrainDataModule,
+    RetrievalDataModule,
+    VQADataModule,
+)
 from mmoe.data.masking import MaskingConfig
 from mmoe.data.synth.convert import convert_layout
 from mmoe.data.synth.corpus import SIZES, build_corpus
@@ -163,6 +169,29 @@ def test_captioning_batches(shards):
     assert "text_ids" not in val[0] and val[0]["image_id"].dtype == torch.long
 
 
+def test_retrieval_batches_pair_each_image_with_one_caption_in_training_and_all_of_them_in_evaluation(shards):
+    module = RetrievalDataModule(
+        train_shards=str(shards / "coco-karpathy-train-restval"),
+        val_shards=str(shards / "coco-karpathy-val"),
+        image_size=64,
+        batch_size=6,
+        num_workers=0,
+    )
+    train = next(iter(module.train_dataloader()))
+    check_text(train)
+    assert train["image"].shape == (6, 3, 64, 64) and train["text_ids"].shape[0] == 6
+    assert len(set(train["image_id"].tolist())) == 6 and "caption_image" not in train
+    val = list(module.val_dataloader())
+    for batch in val:
+        counts = [len(captions) for captions in batch["captions"]]
+        assert batch["text_ids"].shape[0] == sum(counts) == len(batch["caption_image"])
+        assert batch["caption_image"].tolist() == [row for row, count in enumerate(counts) for _ in range(count)]
+        tokenizer = module.tokenizer
+        first = batch["text_ids"][0][~batch["text_padding_mask"][0]].tolist()
+        assert first == tokenizer.encode(batch["captions"][0][0])
+    assert sum(len(batch["image_id"]) for batch in val) == SIZES["tiny"].val_images // 3
+
+
 def test_eval_image_batches_for_codebooks(shards):
     batches = list(eval_image_batches(str(shards / "pretrain-images"), image_size=32, batch_size=10))
     assert sum(b.shape[0] for b in batches) == SIZES["tiny"].train_images and batches[0].shape[1:] == (3, 32, 32)
@@ -198,7 +227,9 @@ def test_datamodule_runs_under_a_trainer(shards, tmp_path):
     assert len(probe.seen) == 8 and set(probe.seen) <= {"pair", "text"}
 
 
-@pytest.mark.parametrize("cls", [PretrainDataModule, VQADataModule, NLVR2DataModule, CaptioningDataModule])
+@pytest.mark.parametrize(
+    "cls", [PretrainDataModule, VQADataModule, NLVR2DataModule, CaptioningDataModule, RetrievalDataModule]
+)
 def test_constructor_arguments_are_typed_and_documented_for_lightning_cli(cls):
     from jsonargparse import ArgumentParser
 

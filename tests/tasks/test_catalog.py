@@ -37,4 +37,8 @@ def test_mmoe_infer_has_one_subcommand_per_task_and_the_old_names_as_aliases():
         assert parser().parse_args(argv).task is task
         for alias in task.infer_aliases:
             assert parser().parse_args([alias, *argv[1:]]).task is task
-    assert {alias for task in FINETUNING_TASKS.values() for alias in task.infer_aliases} == {"vqa", "caption"}
+    assert {alias for task in FINETUNING_TASKS.values() for alias in task.infer_aliases} == {
+        "vqa",
+        "caption",
+        "retrieve",
+    }

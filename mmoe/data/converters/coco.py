@@ -1,10 +1,13 @@
-"""COCO captions -> shards, one sample per image with all its captions.
+"""COCO captions (and Flickr30K's) -> shards, one sample per image with all its captions: the captioning and the
+retrieval tasks' shards.
 
 Two inputs: the official ``captions_<subtype>.json`` (``images`` with ``id`` / ``file_name``, ``annotations`` with
-``image_id`` / ``caption``; images at DIR/<file_name> or DIR/<subtype>/<file_name>), or Karpathy's
-``dataset_coco.json`` with a split (``images`` with ``filepath``, ``filename``, ``cocoid``, ``split``, ``sentences``;
-images at DIR/<filepath>/<filename>). Each sample: the image, ``txt`` = the first caption, ``json`` = ``image_id``
-(COCO id; Karpathy ``cocoid``), ``captions``, ``file_name``. Next to the shards, ``caption_tokens.json`` lists the
+``image_id`` / ``caption``; images at DIR/<file_name> or DIR/<subtype>/<file_name>), or one of Karpathy's split files
+with a split: ``dataset_coco.json`` (``images`` with ``filepath``, ``filename``, ``cocoid``, ``split``,
+``sentences``; images at DIR/<filepath>/<filename>) or ``dataset_flickr30k.json`` (``"dataset": "flickr30k"``; no
+``filepath`` and no ``cocoid``: images at DIR/<filename>, image id ``imgid``). Each sample: the image, ``txt`` = the
+first caption, ``json`` = ``image_id`` (COCO id; Karpathy ``cocoid``, Flickr30K ``imgid``), ``captions``,
+``file_name``. Next to the shards, ``caption_tokens.json`` lists the
 tokenizer ids the split's captions use (:func:`mmoe.data.tokenizer.token_ids_of`): the output vocabulary a captioning
 head can be restricted to (``CaptioningFineTuning(output_vocab=...)``).
 
@@ -40,6 +43,8 @@ from mmoe.data.shards import Manifest
 from mmoe.data.tokenizer import TextTokenizer, token_ids_of
 
 KARPATHY_SPLITS = ("train", "restval", "val", "test")
+#: Karpathy's split files by their ``dataset`` field (a file without one is COCO's): the image field holding the id.
+KARPATHY_IMAGE_ID = {"coco": "cocoid", "flickr30k": "imgid"}
 _SUBTYPE_IN_FILE = re.compile(r"^COCO_([a-z]+\d+)_")
 #: Written next to a caption split's shards: the sorted tokenizer ids of its captions, end-of-text included.
 CAPTION_TOKENS_FILE = "caption_tokens.json"
@@ -173,15 +178,16 @@ def convert_karpathy(
     name: str | None = None,
     tokenizer: TextTokenizer | None = None,
 ) -> Manifest:
-    """Converts one split of Karpathy's ``dataset_coco.json``.
+    """Converts one split of a Karpathy split file: ``dataset_coco.json`` or ``dataset_flickr30k.json``.
 
     Args:
-        karpathy: ``dataset_coco.json``.
-        split: ``train``, ``restval``, ``val`` or ``test``, or several (``"train,restval"``: BEiT-3's training set).
-        images: COCO image folder (holding ``train2014/`` and ``val2014/``).
+        karpathy: the split file; its ``dataset`` field (:data:`KARPATHY_IMAGE_ID`) says which.
+        split: ``train``, ``restval`` (COCO), ``val`` or ``test``, or several (``"train,restval"``: BEiT-3's COCO
+            training set).
+        images: the image folder (COCO: holding ``train2014/`` and ``val2014/``; Flickr30K: the images themselves).
         out: output folder for this split.
         shard_size: samples per shard.
-        name: shard name; default ``coco-karpathy-<split>`` (splits joined by ``-``).
+        name: shard name; default ``<dataset>-karpathy-<split>`` (splits joined by ``-``).
         tokenizer: the tokenizer whose ids ``caption_tokens.json`` lists (BEiT-3's ``beit3.spm``); None = open_clip's
             BPE.
     """
@@ -191,31 +197,37 @@ def convert_karpathy(
     if unknown or not splits:
         raise ConversionError(f"--split {split!r}: expected one or more of {', '.join(KARPATHY_SPLITS)}")
     data = load_json(karpathy)
-    chosen: list[tuple[dict[str, Any], Path]] = []
+    dataset = field(data, "dataset", str, f"{karpathy}") if isinstance(data, dict) and "dataset" in data else "coco"
+    if dataset not in KARPATHY_IMAGE_ID:
+        known = ", ".join(KARPATHY_IMAGE_ID)
+        raise ConversionError(f"{karpathy}: field 'dataset' = {dataset!r}: expected one of {known}")
+    id_field = KARPATHY_IMAGE_ID[dataset]
+    chosen: list[tuple[int, str, str, Path]] = []  # image id, file name, split, path
     captions = CaptionSet()
     for index, image in enumerate(list_field(data, "images", f"{karpathy}")):
         where = f"{karpathy}: images[{index}]"
-        if field(image, "split", str, where) not in splits:
+        image_split = field(image, "split", str, where)
+        if image_split not in splits:
             continue
-        cocoid = field(image, "cocoid", int, where)
-        where = f"{where} (cocoid {cocoid})"
-        if cocoid in captions.by_image:
-            raise ConversionError(f"{where}: cocoid {cocoid} appears twice in the chosen split(s)")
-        file_name = f"{field(image, 'filepath', str, where)}/{field(image, 'filename', str, where)}"
-        chosen.append((image, path_under(images, file_name, where)))
-        captions.by_image[cocoid] = []
+        image_id = field(image, id_field, int, where)
+        where = f"{where} ({id_field} {image_id})"
+        if image_id in captions.by_image:
+            raise ConversionError(f"{where}: {id_field} {image_id} appears twice in the chosen split(s)")
+        file_name = field(image, "filename", str, where)
+        if dataset == "coco":
+            file_name = f"{field(image, 'filepath', str, where)}/{file_name}"
+        chosen.append((image_id, file_name, image_split, path_under(images, file_name, where)))
+        captions.by_image[image_id] = []
         for position, sentence in enumerate(list_field(image, "sentences", where)):
             sentence_where = f"{where}: sentences[{position}]"
-            captions.add(cocoid, field(sentence, "raw", str, sentence_where), sentence_where)
+            captions.add(image_id, field(sentence, "raw", str, sentence_where), sentence_where)
     if not chosen:
         raise ConversionError(f"{karpathy}: no images in split {', '.join(splits)}")
 
     def samples() -> Iterator[dict[str, Any] | Skip]:
-        for image, path in chosen:
-            file_name = f"{image['filepath']}/{image['filename']}"
-            cocoid = image["cocoid"]
-            yield _sample(cocoid, captions.by_image[cocoid], file_name, path, split=image["split"])
+        for image_id, file_name, image_split, path in chosen:
+            yield _sample(image_id, captions.by_image[image_id], file_name, path, split=image_split)
 
     extra = {"source": {"karpathy": str(karpathy), "split": splits}, **captions.report(karpathy)}
     files = {CAPTION_TOKENS_FILE: caption_tokens_text(captions.all_captions(), tokenizer)}
-    return write_split(out, name or f"coco-karpathy-{'-'.join(splits)}", samples(), shard_size, extra, files)
+    return write_split(out, name or f"{dataset}-karpathy-{'-'.join(splits)}", samples(), shard_size, extra, files)

@@ -1,5 +1,5 @@
 """Lightning DataModules reading webdataset shards: pre-training (image / text / pair streams with BEiT-3 masks) and
-fine-tuning on VQAv2, NLVR2 and COCO captioning.
+fine-tuning on VQAv2, NLVR2, COCO captioning and image-text retrieval.
 
 Shard arguments accept what :func:`mmoe.data.shards.resolve_shards` accepts: a converter's output folder, a glob, a
 brace pattern, or a list of these. Loaders yield ready batches (``batch_size=None`` DataLoaders over iterable
@@ -11,7 +11,13 @@ The classes live in :mod:`~mmoe.data.datamodules.base` (what they share), :mod:`
 """
 
 from mmoe.data.datamodules.base import ShardDataModule, ShardSpec
-from mmoe.data.datamodules.finetune import CaptioningDataModule, FinetuneDataModule, NLVR2DataModule, VQADataModule
+from mmoe.data.datamodules.finetune import (
+    CaptioningDataModule,
+    FinetuneDataModule,
+    NLVR2DataModule,
+    RetrievalDataModule,
+    VQADataModule,
+)
 from mmoe.data.datamodules.pretrain import PretrainDataModule
 
 __all__ = [
@@ -19,6 +25,7 @@ __all__ = [
     "FinetuneDataModule",
     "NLVR2DataModule",
     "PretrainDataModule",
+    "RetrievalDataModule",
     "ShardDataModule",
     "ShardSpec",
     "VQADataModule",

@@ -1,11 +1,12 @@
-"""Fine-tuning batches: train / val / test loaders over one task's shards, for VQAv2, NLVR2 and COCO captioning."""
+"""Fine-tuning batches: train / val / test loaders over one task's shards, for VQAv2, NLVR2, COCO captioning and
+image-text retrieval."""
 
 from __future__ import annotations
 
 from mmoe.data.answers import read_answer_vocab
-from mmoe.data.collate import CaptionCollator, PlainCollator, VQACollator
+from mmoe.data.collate import CaptionCollator, PlainCollator, RetrievalCollator, VQACollator
 from mmoe.data.datamodules.base import ShardDataModule, ShardSpec
-from mmoe.data.decoders import CaptionDecoder, NLVR2Decoder, VQADecoder
+from mmoe.data.decoders import CaptionDecoder, NLVR2Decoder, RetrievalDecoder, VQADecoder
 from mmoe.data.loader import EpochDataLoader
 from mmoe.data.samples import Collator, Decoder
 from mmoe.data.shards import expected_samples, resolve_shards
@@ -152,3 +153,22 @@ class CaptioningDataModule(FinetuneDataModule):
 
     def _collator(self, train: bool) -> Collator:
         return CaptionCollator(self.mask_ratio if train else 0.0, self.tokenizer)
+
+
+class RetrievalDataModule(FinetuneDataModule):
+    """Image-text retrieval batches (:class:`mmoe.data.batches.RetrievalBatch`) from caption shards (one sample per
+    image with all its captions: ``mmoe data convert coco-karpathy`` / ``flickr30k-karpathy``).
+
+    Training yields one item per image with one of its captions drawn at random: ``image``, ``text_ids``,
+    ``text_padding_mask``, ``image_id``. Evaluation yields one item per image with every caption flattened into
+    ``text_ids`` (``caption_image``: each caption's image row) and ``captions``.
+
+    Arguments: those of :class:`FinetuneDataModule` (e.g. ``train_shards``, ``batch_size``, ``image_size``).
+    """
+
+    def _decoder(self, train: bool) -> Decoder:
+        transform, min_side = self._transform(train)
+        return RetrievalDecoder(transform, self.tokenizer, "train" if train else "eval", min_side)
+
+    def _collator(self, train: bool) -> Collator:
+        return RetrievalCollator(self.tokenizer)

@@ -29,6 +29,11 @@ def karpathy_split(split: str) -> str:
     return f"coco-karpathy-{split.replace(',', '-')}"
 
 
+def flickr30k_split(split: str) -> str:
+    """The folder of a Flickr30K Karpathy split (``train``, ``val``, ``test``)."""
+    return f"flickr30k-karpathy-{split}"
+
+
 def nlvr2_split(split: str) -> str:
     """The folder of an NLVR2 split (``train``, ``dev``, ``test1``)."""
     return f"nlvr2-{split}"
@@ -40,6 +45,8 @@ VQA_VAL_SPLIT = vqa_split("val2014")
 NLVR2_DEV_SPLIT = nlvr2_split("dev")
 CAPTION_TRAIN_SPLIT = karpathy_split("train,restval")
 CAPTION_TEST_SPLIT = karpathy_split("test")
+RETRIEVAL_TRAIN_SPLIT = flickr30k_split("train")
+RETRIEVAL_TEST_SPLIT = flickr30k_split("test")
 PRETRAIN_IMAGE_SPLIT = "pretrain-images"
 PRETRAIN_PAIR_SPLIT = "pretrain-pairs"
 PRETRAIN_TEXT_SPLIT = "pretrain-text"
@@ -52,6 +59,7 @@ def convert_layout(root: str | os.PathLike, out: str | os.PathLike, shard_size: 
     """
     root, out = Path(root), Path(out)
     coco, vqa, nlvr2, pretrain = root / "coco", root / "vqav2", root / "nlvr2", root / "pretrain"
+    flickr = root / "flickr30k"
     done: dict[str, Manifest] = {}
 
     def keep(manifest: Manifest) -> None:
@@ -81,6 +89,14 @@ def convert_layout(root: str | os.PathLike, out: str | os.PathLike, shard_size: 
     if karpathy.exists():
         for split in ("train,restval", "val", "test"):
             keep(convert_karpathy(karpathy, split, coco, out / karpathy_split(split), shard_size=shard_size))
+    if (flickr / "dataset_flickr30k.json").exists():
+        for split in ("train", "val", "test"):
+            keep(
+                convert_karpathy(
+                    flickr / "dataset_flickr30k.json", split, flickr / "images", out / flickr30k_split(split),
+                    shard_size=shard_size,
+                )
+            )  # fmt: skip
     for split in ("train", "dev", "test1"):
         if (nlvr2 / f"{split}.json").exists():
             keep(

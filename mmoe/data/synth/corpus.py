@@ -6,6 +6,8 @@
 coco/{train2014,val2014,test2015}/COCO_<subtype>_<image_id:012d>.jpg
 coco/annotations/captions_{train2014,val2014}.json       official COCO captions format
 coco/karpathy/dataset_coco.json                          Karpathy split (train / restval / val / test)
+flickr30k/dataset_flickr30k.json, flickr30k/images/      Flickr30K Karpathy split (train / val / test, for retrieval;
+                                                         the COCO images again, named <imgid>.jpg)
 vqav2/v2_OpenEnded_mscoco_<subtype>_questions.json       train2014, val2014, test2015, test-dev2015
 vqav2/v2_mscoco_<subtype>_annotations.json               train2014, val2014 (10 answers per question)
 nlvr2/{train,dev,test1}.json                             NLVR2 JSON lines
@@ -31,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from mmoe.data.answers import answer_scores, normalize_answer
+from mmoe.data.synth.karpathy import coco_document, flickr30k_document
 from mmoe.data.synth.language import captions, human_answers, majority_answer, questions, statement
 from mmoe.data.synth.scenes import Scene, render, sample_scene
 
@@ -139,32 +142,16 @@ def _captions_file(root: Path, subtype: str, images: list[_Image], size: int) ->
     _write_json(root / "coco" / "annotations" / f"captions_{subtype}.json", document)
 
 
-def _karpathy_file(root: Path, train: list[_Image], val: list[_Image]) -> None:
-    records, sentence_id = [], 0
-    thirds = max(1, len(val) // 3)
-    for index, image in enumerate(train + val):
-        if image.subtype == "train2014":
-            split = "train"
-        else:
-            position = index - len(train)
-            split = "val" if position < thirds else "test" if position < 2 * thirds else "restval"
-        sentences = []
-        for caption in image.captions:
-            sentences.append({"raw": caption, "tokens": caption.replace(":", "").replace(",", "").split(),
-                              "imgid": index, "sentid": sentence_id})  # fmt: skip
-            sentence_id += 1
-        records.append(
-            {
-                "filepath": image.subtype,
-                "filename": image.file_name,
-                "imgid": index,
-                "split": split,
-                "sentences": sentences,
-                "sentids": [s["sentid"] for s in sentences],
-                "cocoid": image.image_id,
-            }
-        )
-    _write_json(root / "coco" / "karpathy" / "dataset_coco.json", {"images": records, "dataset": "coco"})
+def _flickr30k_files(root: Path, train: list[_Image], val: list[_Image]) -> int:
+    """The Flickr30K layout of the COCO images (``flickr30k_document``), the images copied under their new names.
+    Returns the number of test images."""
+    document = flickr30k_document(train, val)
+    folder = root / "flickr30k" / "images"
+    folder.mkdir(parents=True, exist_ok=True)
+    for image, record in zip([*train, *val], document["images"], strict=True):
+        (folder / record["filename"]).write_bytes((root / "coco" / image.subtype / image.file_name).read_bytes())
+    _write_json(root / "flickr30k" / "dataset_flickr30k.json", document)
+    return sum(record["split"] == "test" for record in document["images"])
 
 
 def _vqa_files(root: Path, seed: int, subtype: str, images: list[_Image], per_image: int, annotated: bool):
@@ -327,7 +314,8 @@ def build_corpus(out: str | os.PathLike, seed: int = 0, sizes: SynthSizes | None
     test = _coco_images(root, seed, "test2015", sizes.test_images, sizes.image_size)
     _captions_file(root, "train2014", train, sizes.image_size)
     _captions_file(root, "val2014", val, sizes.image_size)
-    _karpathy_file(root, train, val)
+    _write_json(root / "coco" / "karpathy" / "dataset_coco.json", coco_document(train, val))
+    retrieval_test_images = _flickr30k_files(root, train, val)
     vqa_train, train_questions = _vqa_files(root, seed, "train2014", train, sizes.questions_per_image, annotated=True)
     vqa_val, val_questions = _vqa_files(root, seed, "val2014", val, sizes.questions_per_image, annotated=True)
     _vqa_files(root, seed, "test2015", test, sizes.questions_per_image, annotated=False)
@@ -358,6 +346,11 @@ def build_corpus(out: str | os.PathLike, seed: int = 0, sizes: SynthSizes | None
                 "note": "every set has 2 true and 2 false pairs",
             },  # fmt: skip
             "captioning_karpathy_test_constant_caption": caption_constant_baseline(train, val[third : 2 * third]),
+            "retrieval_flickr30k_test": {
+                "images": retrieval_test_images,
+                "text_to_image_r1_random": 1 / retrieval_test_images,
+                "note": "a caption's image ranked first by chance; image -> text has several positives",
+            },
         },
     }
     _write_json(root / SUMMARY_FILE, summary)
