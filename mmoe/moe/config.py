@@ -37,8 +37,9 @@ class MoEConfig:
         dim: token width D.
         ffn_dim: inner width of the dense FFN this layer replaces; each expert's inner width is ``ffn_dim * beta``.
         num_experts: number of experts N (for Stratified MoE, the sum over strata).
-        top_k: experts per (sub-)token, 1 or 2.
-        renormalize: with top-2, divide the two gate weights by their sum (GShard, torchscale; before any capacity
+        top_k: experts per (sub-)token, any k <= num_experts (k > 2 as in fine-grained MoE: DeepSeekMoE, Dai et al.,
+            2024, §3.1, Eq. 9-11, routes m*K of m*N segmented experts).
+        renormalize: with top-k > 1, divide the k gate weights by their sum (GShard, torchscale; before any capacity
             drop). False keeps the raw gate values, as MH-MoE Eq. 2 / 6 and Stratified MoE Eq. 6 write the mix.
         router: ``"linear"`` scores s_i = h·e_i (Switch / GShard); ``"xmoe"`` scores s_i = cos(W h, e_i) with W a
             bias-free ``routing_dim x D'`` projection (X-MoE Eq. 7) and a learnable temperature (X-MoE Eq. 8).
@@ -94,8 +95,8 @@ class MoEConfig:
                 raise ValueError(f"MoEConfig.{name} must be a positive integer, got {value!r}")
         if self.dim % self.heads:
             raise ValueError(f"MoEConfig.dim={self.dim} is not divisible by MoEConfig.heads={self.heads}")
-        if self.top_k not in (1, 2):
-            raise ValueError(f"MoEConfig.top_k must be 1 or 2, got {self.top_k!r}")
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k <= 0:
+            raise ValueError(f"MoEConfig.top_k must be a positive integer, got {self.top_k!r}")
         if self.top_k > self.num_experts:
             raise ValueError(f"MoEConfig.top_k={self.top_k} exceeds MoEConfig.num_experts={self.num_experts}")
         if self.router not in ROUTERS:

@@ -96,7 +96,7 @@ class RouterOutput:
 
     Attributes:
         expert_SK: chosen experts, first choice first.
-        weight_SK: gate weight of each choice (top-2 renormalised to sum to one unless ``renormalize`` is off).
+        weight_SK: gate weight of each choice (top-k renormalised to sum to one unless ``renormalize`` is off).
         balance_loss: X-MoE Eq. 9 over the non-padding (sub-)tokens; zero when there are none.
         z_loss: ST-MoE Eq. 5 over the non-padding (sub-)tokens; zero when there are none.
         entropy: mean entropy of the routing distribution over the non-padding (sub-)tokens (detached, for logs).
@@ -110,7 +110,7 @@ class RouterOutput:
 
 
 class Router(nn.Module):
-    """Scorer + gate + top-k + balance loss (X-MoE Eq. 7-9; GShard top-2)."""
+    """Scorer + gate + top-k (any k <= E) + balance loss (X-MoE Eq. 7-9; GShard top-2)."""
 
     def __init__(self, config: MoEConfig, num_experts: int | None = None) -> None:
         """``num_experts`` overrides the config's (a Stratified MoE gate scores its visible experts only); top-k is

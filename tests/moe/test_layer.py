@@ -12,6 +12,13 @@ from mmoe.moe import MoEConfig, MoELayer, restore_expert_embedding_norm
 from tests.moe.reference import reference_forward
 
 COMBINATIONS = list(itertools.product(("linear", "xmoe"), ("softmax", "sigmoid"), (1, 2), (1, 4), (None, 1.0)))
+# top-k beyond 2 (fine-grained MoE routes many experts per token), up to every expert (E = 4).
+COMBINATIONS += [
+    ("linear", "softmax", 3, 1, None),
+    ("xmoe", "sigmoid", 3, 2, 1.0),
+    ("xmoe", "softmax", 4, 1, 0.75),
+    ("linear", "sigmoid", 4, 4, None),
+]
 
 
 def make_layer(seed: int = 0, **overrides) -> MoELayer:
@@ -241,7 +248,8 @@ def test_xmoe_defaults_follow_the_papers():
     "fields,message",
     [
         (dict(dim=30, heads=4), "dim=30"),
-        (dict(top_k=3), "top_k"),
+        (dict(top_k=5), "top_k=5"),
+        (dict(top_k=0), "top_k"),
         (dict(num_experts=1, top_k=2), "top_k=2"),
         (dict(router="hash"), "router"),
         (dict(gate="relu"), "gate"),
