@@ -48,6 +48,7 @@ class MoEPlan:
     frozen: bool = False
     routing_dim: int | None = None
     beta: float = 1.0
+    shared_experts: int = 0
     expert_kernels: Literal["torch", "triton"] = "torch"
     expert_parallel: int = 1
     every: int = 2

@@ -7,6 +7,8 @@ Every MoE variant mmoe implements is a value of this one dataclass:
   L2-normalised token and expert embeddings, learnable temperature, balance loss at a fixed temperature.
 * MH-MoE (Wu et al., 2024, §3, Eq. 3-9, App. D-E): ``heads > 1`` splits each token into sub-tokens.
 * Stratified MoE (Xu et al., 2023, §3, Eq. 4-11): ``strata=[n_1, ..., n_L]``.
+* DeepSeekMoE (Dai et al., 2024, §3.1-3.2): fine-grained experts (``beta = 1/m`` with m times the experts and
+  m times ``top_k``) and ``shared_experts`` always-on experts added to the routed output.
 """
 
 from __future__ import annotations
@@ -55,8 +57,16 @@ class MoEConfig:
             still returned (and still trains the layers below through the token representations).
         routing_dim: X-MoE routing dimension d_e. None = 16 for one head (X-MoE §4.1, its N = 32 setting; the
             paper's rule of thumb is d_e = N/2) and ``16 // heads`` with heads (MH-MoE Table 9).
-        beta: MH-MoE expert width multiplier (App. D). 1.0 keeps the FLOPs per token of a plain MoE, as the public
-            MH-MoE code does (App. D.1); beta ~ h matches the parameter count of a plain MoE instead (Table 11).
+        beta: expert width as a fraction of ``ffn_dim`` (MH-MoE's expert width multiplier, App. D). 1.0 keeps the
+            FLOPs per token of a plain MoE, as the public MH-MoE code does (App. D.1); beta ~ h matches the parameter
+            count of a plain MoE instead (Table 11). DeepSeekMoE's fine-grained expert segmentation (Dai et al.,
+            2024, §3.1, Eq. 6-8) splits each expert into m: ``beta = 1/m`` with ``m * N`` experts; the active FLOPs
+            stay those of N experts at top-K only when ``top_k = m * K`` (with ``shared_experts`` counted among
+            them), which is the config's choice, not derived here.
+        shared_experts: DeepSeekMoE shared expert isolation (§3.2, Eq. 9): K_s experts of the routed experts' shape
+            that every (sub-)token passes through, their outputs added to the routed output with weight 1 (inside
+            the MH-MoE split and merge, on sub-tokens). 0 = none. Not defined for Stratified MoE, whose passes
+            route every expert (refused).
         subln: apply a LayerNorm to each expert's hidden activation before its second linear (BEiT-3's Sub-LN FFN),
             so that a one-expert layer equals the backbone's dense FFN.
         expert_kernels: ``"torch"`` (default): the reference path, gather rows, grouped GEMMs, gather back.
@@ -82,6 +92,7 @@ class MoEConfig:
     routing_dim: int | None = None
     beta: float = 1.0
     subln: bool = False
+    shared_experts: int = 0
     expert_kernels: Literal["torch", "triton"] = "torch"
     # Derived in __post_init__.
     head_dim: int = field(init=False, repr=False)
@@ -99,6 +110,8 @@ class MoEConfig:
             raise ValueError(f"MoEConfig.top_k must be a positive integer, got {self.top_k!r}")
         if self.top_k > self.num_experts:
             raise ValueError(f"MoEConfig.top_k={self.top_k} exceeds MoEConfig.num_experts={self.num_experts}")
+        if not isinstance(self.shared_experts, int) or isinstance(self.shared_experts, bool) or self.shared_experts < 0:
+            raise ValueError(f"MoEConfig.shared_experts must be a non-negative integer, got {self.shared_experts!r}")
         if self.router not in ROUTERS:
             raise ValueError(f"MoEConfig.router must be one of {ROUTERS}, got {self.router!r}")
         if self.gate not in GATES:
@@ -133,6 +146,11 @@ class MoEConfig:
             raise ValueError(f"MoEConfig.top_k must be 2 with strata (Stratified MoE routes top-2), got {self.top_k}")
         if self.heads != 1:
             raise ValueError(f"MoEConfig.heads must be 1 with strata, got {self.heads}")
+        if self.shared_experts:
+            raise ValueError(
+                f"MoEConfig.shared_experts={self.shared_experts} with strata: Stratified MoE has no always-on expert "
+                "(every gate pass routes); set shared_experts: 0"
+            )
         self.strata = strata
 
     def active_capacity_factor(self, training: bool) -> float | None:

@@ -7,7 +7,8 @@ Forward of :class:`MoELayer` (one dispatch path for every variant; they differ i
 2. Route every (sub-)token (:mod:`mmoe.moe.router`: X-MoE Eq. 7-9 or a linear scorer).
 3. Sort the choices by expert and run each expert on its contiguous slice (:mod:`mmoe.moe.dispatch`,
    :mod:`mmoe.moe.experts`), then combine with the gate weights (MH-MoE Eq. 6 without its residual: Algorithm 1 and
-   the public code have none, the block's residual is outside the layer).
+   the public code have none, the block's residual is outside the layer), and add the shared experts' outputs
+   (DeepSeekMoE, Dai et al., 2024, §3.2, Eq. 9: every (sub-)token passes through them with weight 1).
 4. MH-MoE: merge the sub-tokens back in head order and apply the merge linear D -> D (MH-MoE Eq. 7-9).
 
 Shape legend: B batch, L sequence, D width, S (sub-)tokens = B*L*h, K top-k, E experts.
@@ -65,9 +66,17 @@ class MoELayer(MoEFeedForward):
             self.multi_head = self.merge = None
         self.router = Router(config)
         self.experts = GroupedExperts(config.num_experts, config.head_dim, config.expert_dim, config.subln)
+        #: DeepSeekMoE's always-on experts (§3.2); never expert-sharded (every rank runs them on its own tokens).
+        self.shared_experts = (
+            GroupedExperts(config.shared_experts, config.head_dim, config.expert_dim, config.subln)
+            if config.shared_experts
+            else None
+        )
         if config.frozen:
             self.router.requires_grad_(False)
             self.experts.requires_grad_(False)
+            if self.shared_experts is not None:
+                self.shared_experts.requires_grad_(False)
 
     def use_fused_kernels(self, x: torch.Tensor) -> bool:
         """``expert_kernels: triton`` and a device the kernels run on; otherwise a one-time warning (the reference
@@ -146,6 +155,12 @@ class MoELayer(MoEFeedForward):
             with record_function("mmoe.moe.combine"):
                 y_SD = combine(y_CD, plan, routed.weight_SK)
 
+        if self.shared_experts is not None:
+            with record_function("mmoe.moe.shared_experts"):
+                shared_SD = self.shared_experts.forward_every_expert(x_SD.to(compute_dtype(x_SD)))
+                if valid_S is not None:  # padding gets nothing from any expert
+                    shared_SD = torch.where(valid_S[:, None], shared_SD, torch.zeros_like(shared_SD))
+                y_SD = y_SD + shared_SD  # DeepSeekMoE Eq. 9
         y = y_SD.reshape(batch, length, dim)  # MH-MoE Eq. 7-8: sub-tokens merged back in head order
         if self.merge is not None:
             y = self.merge(y)  # MH-MoE Eq. 9

@@ -145,7 +145,9 @@ def variant_name(config: MultiwayConfig) -> str:
         return f"Stratified MoE, strata {moe.strata}"
     router = "X-MoE" if moe.router == "xmoe" else "Switch"
     heads = f" MH-MoE h={moe.heads}" if moe.heads > 1 else ""
-    return f"{router}{heads}, {moe.num_experts} experts, top-{moe.top_k}"
+    shared = f" + {moe.shared_experts} shared" if moe.shared_experts else ""
+    width = f", expert width {moe.beta:g} x FFN" if moe.beta != 1.0 else ""
+    return f"{router}{heads}, {moe.num_experts} experts{shared}, top-{moe.top_k}{width}"
 
 
 def millions(count: int) -> str:

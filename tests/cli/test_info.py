@@ -29,6 +29,7 @@ VARIANTS = {
     "switch": MoEPlan(num_experts=4, router="linear", top_k=2),
     "mhmoe": MoEPlan(num_experts=4, heads=4, top_k=2),
     "stratified": MoEPlan(num_experts=4, strata=[2, 2], top_k=2),
+    "fine_grained_shared": MoEPlan(num_experts=8, top_k=3, beta=0.25, shared_experts=1),
 }
 
 
@@ -121,19 +122,32 @@ def test_dense_active_parameters_are_one_modality_way():
         dict(router="xmoe", top_k=1),
         dict(router="linear", top_k=2),
         dict(router="xmoe", heads=2, top_k=1),
+        dict(router="xmoe", top_k=3, shared_experts=1, beta=0.25),
+        dict(router="linear", top_k=4, shared_experts=2, beta=0.5),
+        dict(router="xmoe", heads=2, top_k=2, shared_experts=1),
     ],
 )
 def test_moe_active_parameters_equal_the_touched_weights(fields):
-    """One token through a MoE layer: the parameter entries with a gradient are the closed form's active ones."""
+    """One token through a MoE layer: the parameter entries its objective (output and balance loss) gives a gradient
+    are the closed form's active parameters, and the forward FLOPs are 2 x the weight entries it multiplies (the
+    router's and the shared experts' once per sub-token)."""
     torch.manual_seed(0)
     config = MoEConfig(dim=16, ffn_dim=32, num_experts=16, subln=True, **fields)
     layer = MoELayer(config)
     out, record = layer(torch.randn(1, 1, 16))
-    out.sum().backward()
-    touched = sum(int((p.grad != 0).sum()) for p in layer.parameters() if p.grad is not None)
+    (out.sum() + record.balance_loss).backward()
+    touched = {name: int((p.grad != 0).sum()) for name, p in layer.named_parameters() if p.grad is not None}
     chosen = record.expert_index.flatten().unique().numel()
     assert chosen == config.heads * config.top_k  # distinct experts, so the closed form's count is the exact one
-    assert touched == active_parameters_per_token(config)
+    assert sum(touched.values()) == active_parameters_per_token(config)
+
+    def is_weight(name: str) -> bool:  # not a bias, a Sub-LN affine or the temperature
+        return not any(part in name for part in ("bias", "ln_", "temperature"))
+
+    every_sub_token = [layer.router] + ([layer.shared_experts] if config.shared_experts else [])
+    reused = sum(p.numel() for module in every_sub_token for n, p in module.named_parameters() if is_weight(n))
+    weights = sum(entries for name, entries in touched.items() if is_weight(name))
+    assert flops_per_token(config) == 2 * (weights + (config.heads - 1) * reused)
 
 
 def test_stratified_gates_by_hand():

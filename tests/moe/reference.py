@@ -99,6 +99,13 @@ def reference_forward(layer: MoELayer, x: torch.Tensor, padding_mask: torch.Tens
                     layer.experts, expert, vector
                 )
                 expert_index[b, position, head, rank] = expert
+    if layer.shared_experts is not None:  # DeepSeekMoE Eq. 9: every shared expert with weight 1
+        for b, position, head, vector, padded in sub_tokens:
+            if not padded:
+                for expert in range(layer.shared_experts.num_experts):
+                    out[b, position, head] = out[b, position, head] + reference_expert(
+                        layer.shared_experts, expert, vector
+                    )
     y = out.reshape(batch, length, dim)
     if layer.merge is not None:
         y = y @ layer.merge.weight.t() + layer.merge.bias
@@ -162,3 +169,33 @@ def reference_stratified(layer, x: torch.Tensor, padding_mask: torch.Tensor | No
     entering = sum(1 for pad in padded if not pad)
     y = torch.stack(tokens).view(batch, length, dim)
     return y, torch.stack(losses).mean(), torch.tensor(counts), passes / max(entering, 1), torch.tensor(path)
+
+
+def assert_matches_reference(layer: MoELayer, x: torch.Tensor, padding_mask: torch.Tensor):
+    """The layer equals :func:`reference_forward` on ``x``: outputs at real tokens, balance loss, counts, choices,
+    and the gradients of the input and of every trainable parameter. Returns the layer's routing record."""
+    x_layer = x.clone().requires_grad_(True)
+    x_ref = x.clone().requires_grad_(True)
+    grad = torch.randn_like(x)
+    y, routing = layer(x_layer, padding_mask)
+    y_ref, balance_ref, counts_ref, index_ref = reference_forward(layer, x_ref, padding_mask)
+
+    valid = ~padding_mask
+    torch.testing.assert_close(y[valid], y_ref[valid])
+    torch.testing.assert_close(routing.balance_loss.double(), balance_ref.double())
+    assert torch.equal(routing.expert_counts, counts_ref)
+    assert torch.equal(routing.expert_index, index_ref)
+
+    params = [p for p in layer.parameters() if p.requires_grad]
+    loss = (y * grad)[valid].sum() + routing.balance_loss
+    loss_ref = (y_ref * grad)[valid].sum() + balance_ref
+    grads = torch.autograd.grad(loss, [x_layer, *params], allow_unused=True)
+    grads_ref = torch.autograd.grad(loss_ref, [x_ref, *params], allow_unused=True)
+    names = ["x"] + [name for name, p in layer.named_parameters() if p.requires_grad]
+    for name, got, want in zip(names, grads, grads_ref, strict=True):
+        got = torch.zeros_like(want) if got is None and want is not None else got
+        want = torch.zeros_like(got) if want is None and got is not None else want
+        if got is None:
+            continue
+        torch.testing.assert_close(got, want, msg=lambda m, name=name: f"gradient of {name}: {m}")
+    return routing
