@@ -49,6 +49,7 @@ class MoEPlan:
     routing_dim: int | None = None
     beta: float = 1.0
     shared_experts: int = 0
+    bias_update_rate: float = 0.0
     expert_kernels: Literal["torch", "triton"] = "torch"
     expert_parallel: int = 1
     every: int = 2

@@ -9,6 +9,7 @@ Every MoE variant mmoe implements is a value of this one dataclass:
 * Stratified MoE (Xu et al., 2023, §3, Eq. 4-11): ``strata=[n_1, ..., n_L]``.
 * DeepSeekMoE (Dai et al., 2024, §3.1-3.2): fine-grained experts (``beta = 1/m`` with m times the experts and
   m times ``top_k``) and ``shared_experts`` always-on experts added to the routed output.
+* Auxiliary-loss-free balancing (Wang et al., 2024, §3, Algorithm 1): ``bias_update_rate > 0``.
 """
 
 from __future__ import annotations
@@ -67,6 +68,12 @@ class MoEConfig:
             that every (sub-)token passes through, their outputs added to the routed output with weight 1 (inside
             the MH-MoE split and merge, on sub-tokens). 0 = none. Not defined for Stratified MoE, whose passes
             route every expert (refused).
+        bias_update_rate: auxiliary-loss-free load balancing (Wang et al., 2024, §3, Eq. 3 and Algorithm 1): each
+            router keeps a per-expert bias b (a buffer, saved in checkpoints) added to the gate scores for the top-k
+            selection only (the gate weights stay the unbiased scores) and updated after each optimiser step by
+            ``b_i += u * sign(mean load - load_i)`` with u this rate (the paper's u = 0.001), the loads counted over
+            the step's (sub-)token choices on every data-parallel rank. 0 = off. The balance-loss weight can then
+            be 0. Not defined for Stratified MoE gates (refused).
         subln: apply a LayerNorm to each expert's hidden activation before its second linear (BEiT-3's Sub-LN FFN),
             so that a one-expert layer equals the backbone's dense FFN.
         expert_kernels: ``"torch"`` (default): the reference path, gather rows, grouped GEMMs, gather back.
@@ -93,6 +100,7 @@ class MoEConfig:
     beta: float = 1.0
     subln: bool = False
     shared_experts: int = 0
+    bias_update_rate: float = 0.0
     expert_kernels: Literal["torch", "triton"] = "torch"
     # Derived in __post_init__.
     head_dim: int = field(init=False, repr=False)
@@ -120,6 +128,8 @@ class MoEConfig:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"MoEConfig.{name} must be positive or None, got {value!r}")
+        if not self.bias_update_rate >= 0:
+            raise ValueError(f"MoEConfig.bias_update_rate must be >= 0, got {self.bias_update_rate!r}")
         if self.expert_kernels not in EXPERT_KERNELS:
             raise ValueError(f"MoEConfig.expert_kernels must be one of {EXPERT_KERNELS}, got {self.expert_kernels!r}")
         if not self.beta > 0:
@@ -150,6 +160,11 @@ class MoEConfig:
             raise ValueError(
                 f"MoEConfig.shared_experts={self.shared_experts} with strata: Stratified MoE has no always-on expert "
                 "(every gate pass routes); set shared_experts: 0"
+            )
+        if self.bias_update_rate:
+            raise ValueError(
+                f"MoEConfig.bias_update_rate={self.bias_update_rate} with strata: loss-free balancing is not defined "
+                "for Stratified MoE gates (each sees a different share of the tokens); set bias_update_rate: 0"
             )
         self.strata = strata
 

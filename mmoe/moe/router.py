@@ -11,6 +11,10 @@ Balance loss (X-MoE Eq. 9, Switch form; MH-MoE Eq. 10 over sub-tokens): ``N * su
 non-padding (sub-)tokens whose *first* choice is expert i and P_i their mean routing probability. For the X-MoE scorer
 P is a softmax over s / tau_0 with the fixed tau_0 (= tau's initial value), also when the gate is a sigmoid.
 
+Auxiliary-loss-free balancing (Wang et al., 2024, §3, Eq. 3, Algorithm 1; ``MoEConfig.bias_update_rate > 0``): a
+per-expert bias b is added to the gate scores for the top-k selection only; the gate weights are the unbiased scores.
+After each optimiser step :meth:`Router.update_selection_bias` moves b by ``u * sign(mean load - load)``.
+
 Router z-loss (ST-MoE, Zoph et al., 2022, Eq. 5): ``mean over non-padding rows of (log sum_i exp(x_i))^2`` of the
 gate logits x (s / tau for X-MoE), which keeps them small; computed always, weighted by the task's
 ``z_loss_coefficient`` (0 = off, ST-MoE uses 1e-3). X-MoE's logits are bounded (|s| <= 1), so there it mainly
@@ -120,6 +124,13 @@ class Router(nn.Module):
         num_experts = config.num_experts if num_experts is None else num_experts
         self.top_k = min(config.top_k, num_experts)
         self.renormalize = config.renormalize
+        self.bias_update_rate = config.bias_update_rate
+        if config.bias_update_rate:
+            # b_i of Wang et al. (2024) Eq. 3: moved by update_selection_bias, never by the optimiser; saved in
+            # checkpoints.
+            self.register_buffer("selection_bias", torch.zeros(num_experts))
+        else:
+            self.selection_bias = None
         if config.router == "xmoe":
             self.scorer = XMoEScorer(config.head_dim, num_experts, config.routing_dim, config.initial_temperature)
         else:
@@ -135,7 +146,11 @@ class Router(nn.Module):
                 scores_SE = gate_logits_SE.softmax(dim=-1)
             else:
                 scores_SE = gate_logits_SE.sigmoid()
-            weight_SK, expert_SK = scores_SE.topk(self.top_k, dim=-1)
+            if self.selection_bias is None:
+                weight_SK, expert_SK = scores_SE.topk(self.top_k, dim=-1)
+            else:  # Wang et al. Eq. 3: the bias picks the experts, the unbiased scores weigh them
+                _, expert_SK = (scores_SE + self.selection_bias.to(scores_SE.dtype)).topk(self.top_k, dim=-1)
+                weight_SK = scores_SE.gather(-1, expert_SK)
             if self.top_k > 1 and self.renormalize:  # GShard; MH-MoE Eq. 2 / 6 and Stratified Eq. 6 keep raw values
                 weight_SK = weight_SK / weight_SK.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(weight_SK.dtype).tiny)
             balance_probs_SE = balance_logits_SE.softmax(dim=-1)
@@ -144,6 +159,13 @@ class Router(nn.Module):
             z_loss = (weights_S @ gate_logits_SE.logsumexp(dim=-1).square()) / count  # ST-MoE Eq. 5
             entropy = (weights_S @ torch.special.entr(balance_probs_SE.detach()).sum(-1)) / count
         return RouterOutput(expert_SK, weight_SK, balance_loss, z_loss, entropy)
+
+    @torch.no_grad()
+    def update_selection_bias(self, load_E: torch.Tensor) -> None:
+        """Wang et al. (2024), Algorithm 1: ``b_i += u * sign(mean_j c_j - c_i)`` for the loads ``load_E`` (choices
+        per expert) of one training step; experts above the mean load get a lower bias, those below a higher one."""
+        load_E = load_E.to(self.selection_bias)
+        self.selection_bias.add_(self.bias_update_rate * torch.sign(load_E.mean() - load_E))
 
 
 def _row_weights(probs_SE: torch.Tensor, valid_S: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:

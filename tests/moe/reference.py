@@ -22,7 +22,8 @@ def reference_scores(router, config, x_D: torch.Tensor) -> tuple[torch.Tensor, t
         cosines = torch.stack(
             [projected @ e / (projected.norm() * e.norm()) for e in scorer.expert_embeddings]
         )  # X-MoE Eq. 7
-        return cosines / scorer.log_temperature.exp(), cosines / config.initial_temperature
+        # tau_0 as the layer stores it (0.3 rounded to float32 before .double()); its value: test_layer.py
+        return cosines / scorer.log_temperature.exp(), cosines / scorer.balance_temperature
     logits = torch.stack([x_D @ e for e in scorer.weight])
     return logits, logits
 
@@ -34,11 +35,13 @@ def reference_expert(experts, expert: int, x_D: torch.Tensor) -> torch.Tensor:
     return hidden @ experts.fc2_weight[expert] + experts.fc2_bias[expert]
 
 
-def reference_top_k(config, gate_logits: torch.Tensor, top_k: int) -> list[tuple[int, torch.Tensor]]:
-    """[(expert, weight)] best first; top-2 weights renormalised to sum to one (GShard) unless the config keeps the raw
-    gate values (MH-MoE Eq. 2 / 6, Stratified MoE Eq. 6)."""
+def reference_top_k(config, gate_logits: torch.Tensor, top_k: int, bias=None) -> list[tuple[int, torch.Tensor]]:
+    """[(expert, weight)] best first; top-k weights renormalised to sum to one (GShard) unless the config keeps the raw
+    gate values (MH-MoE Eq. 2 / 6, Stratified MoE Eq. 6). ``bias``: loss-free balancing's per-expert selection bias
+    (Wang et al., 2024, Eq. 3), added for the ranking only."""
     scores = gate_logits.softmax(-1) if config.gate == "softmax" else gate_logits.sigmoid()
-    ranked = sorted(range(scores.numel()), key=lambda e: -float(scores[e].detach()))[:top_k]
+    ranking = [float(scores[e].detach()) + (0.0 if bias is None else float(bias[e])) for e in range(scores.numel())]
+    ranked = sorted(range(scores.numel()), key=lambda e: -ranking[e])[:top_k]
     weights = [scores[e] for e in ranked]
     if top_k > 1 and config.renormalize:
         total = sum(weights)
@@ -79,7 +82,7 @@ def reference_forward(layer: MoELayer, x: torch.Tensor, padding_mask: torch.Tens
     balance_probs, first_choices = [], []
     for _, _, _, vector, padded in sub_tokens:
         gate_logits, balance_logits = reference_scores(layer.router, config, vector)
-        choices.append(reference_top_k(config, gate_logits, top_k))
+        choices.append(reference_top_k(config, gate_logits, top_k, layer.router.selection_bias))
         if not padded:
             balance_probs.append(balance_logits.softmax(-1))
             first_choices.append(choices[-1][0][0])
