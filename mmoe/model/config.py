@@ -50,6 +50,7 @@ class MoEPlan:
     beta: float = 1.0
     shared_experts: int = 0
     bias_update_rate: float = 0.0
+    balance_batch: Literal["local", "global"] = "local"
     expert_kernels: Literal["torch", "triton"] = "torch"
     expert_parallel: int = 1
     every: int = 2

@@ -10,6 +10,7 @@ Every MoE variant mmoe implements is a value of this one dataclass:
 * DeepSeekMoE (Dai et al., 2024, §3.1-3.2): fine-grained experts (``beta = 1/m`` with m times the experts and
   m times ``top_k``) and ``shared_experts`` always-on experts added to the routed output.
 * Auxiliary-loss-free balancing (Wang et al., 2024, §3, Algorithm 1): ``bias_update_rate > 0``.
+* Global-batch balance loss (Qiu et al., 2025): ``balance_batch="global"``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Literal
 ROUTERS = ("linear", "xmoe")
 GATES = ("softmax", "sigmoid")
 EXPERT_KERNELS = ("torch", "triton")
+BALANCE_BATCHES = ("local", "global")
 
 #: X-MoE App. A: the gating temperature starts at 0.3 for softmax gates and 0.07 for sigmoid gates; the balance loss
 #: (X-MoE Eq. 9) uses the same values as its fixed temperature tau_0.
@@ -74,6 +76,13 @@ class MoEConfig:
             ``b_i += u * sign(mean load - load_i)`` with u this rate (the paper's u = 0.001), the loads counted over
             the step's (sub-)token choices on every data-parallel rank. 0 = off. The balance-loss weight can then
             be 0. Not defined for Stratified MoE gates (refused).
+        balance_batch: the batch the balance loss's expert frequencies f_i are counted over. ``"local"``: this
+            process's (sub-)tokens. ``"global"``: every data-parallel rank's (Qiu et al., 2025, "Demons in the
+            Detail", §3: f_i all-reduced before the Switch product N * sum_i f_i * P_i): in training, with a process
+            group, each rank's loss is N * sum_i f_i * P_i with the global f_i and its own share of the global P_i,
+            so that the ranks' mean (what data-parallel gradient averaging trains) equals one process's loss on the
+            global batch. Every rank must then run the same MoE layers in the same order (an all-reduce per
+            router). Not defined for Stratified MoE, whose later gates see a data-dependent subset (refused).
         subln: apply a LayerNorm to each expert's hidden activation before its second linear (BEiT-3's Sub-LN FFN),
             so that a one-expert layer equals the backbone's dense FFN.
         expert_kernels: ``"torch"`` (default): the reference path, gather rows, grouped GEMMs, gather back.
@@ -101,6 +110,7 @@ class MoEConfig:
     subln: bool = False
     shared_experts: int = 0
     bias_update_rate: float = 0.0
+    balance_batch: Literal["local", "global"] = "local"
     expert_kernels: Literal["torch", "triton"] = "torch"
     # Derived in __post_init__.
     head_dim: int = field(init=False, repr=False)
@@ -130,6 +140,8 @@ class MoEConfig:
                 raise ValueError(f"MoEConfig.{name} must be positive or None, got {value!r}")
         if not self.bias_update_rate >= 0:
             raise ValueError(f"MoEConfig.bias_update_rate must be >= 0, got {self.bias_update_rate!r}")
+        if self.balance_batch not in BALANCE_BATCHES:
+            raise ValueError(f"MoEConfig.balance_batch must be one of {BALANCE_BATCHES}, got {self.balance_batch!r}")
         if self.expert_kernels not in EXPERT_KERNELS:
             raise ValueError(f"MoEConfig.expert_kernels must be one of {EXPERT_KERNELS}, got {self.expert_kernels!r}")
         if not self.beta > 0:
@@ -165,6 +177,11 @@ class MoEConfig:
             raise ValueError(
                 f"MoEConfig.bias_update_rate={self.bias_update_rate} with strata: loss-free balancing is not defined "
                 "for Stratified MoE gates (each sees a different share of the tokens); set bias_update_rate: 0"
+            )
+        if self.balance_batch != "local":
+            raise ValueError(
+                f"MoEConfig.balance_batch={self.balance_batch!r} with strata: a global batch is not defined for "
+                "Stratified MoE gates (each sees a data-dependent share of the tokens); set balance_batch: local"
             )
         self.strata = strata
 

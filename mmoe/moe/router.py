@@ -11,6 +11,10 @@ Balance loss (X-MoE Eq. 9, Switch form; MH-MoE Eq. 10 over sub-tokens): ``N * su
 non-padding (sub-)tokens whose *first* choice is expert i and P_i their mean routing probability. For the X-MoE scorer
 P is a softmax over s / tau_0 with the fixed tau_0 (= tau's initial value), also when the gate is a sigmoid.
 
+Global-batch balance loss (Qiu et al., 2025; ``MoEConfig.balance_batch="global"``): in training, with a process group,
+f_i is counted over every data-parallel rank's (sub-)tokens (one all-reduce), and each rank's P_i is its share of the
+global mean, so the ranks' mean loss is one process's loss on the global batch.
+
 Auxiliary-loss-free balancing (Wang et al., 2024, §3, Eq. 3, Algorithm 1; ``MoEConfig.bias_update_rate > 0``): a
 per-expert bias b is added to the gate scores for the top-k selection only; the gate weights are the unbiased scores.
 After each optimiser step :meth:`Router.update_selection_bias` moves b by ``u * sign(mean load - load)``.
@@ -30,6 +34,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -125,6 +130,7 @@ class Router(nn.Module):
         self.top_k = min(config.top_k, num_experts)
         self.renormalize = config.renormalize
         self.bias_update_rate = config.bias_update_rate
+        self.balance_batch = config.balance_batch
         if config.bias_update_rate:
             # b_i of Wang et al. (2024) Eq. 3: moved by update_selection_bias, never by the optimiser; saved in
             # checkpoints.
@@ -155,7 +161,9 @@ class Router(nn.Module):
                 weight_SK = weight_SK / weight_SK.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(weight_SK.dtype).tiny)
             balance_probs_SE = balance_logits_SE.softmax(dim=-1)
             weights_S, count = _row_weights(balance_probs_SE, valid_S)
-            balance_loss = _balance_loss(balance_probs_SE, expert_SK[:, 0], weights_S, count)
+            global_batch = self.balance_batch == "global" and self.training and dist.is_available()
+            global_batch = global_batch and dist.is_initialized() and dist.get_world_size() > 1
+            balance_loss = _balance_loss(balance_probs_SE, expert_SK[:, 0], weights_S, global_batch)
             z_loss = (weights_S @ gate_logits_SE.logsumexp(dim=-1).square()) / count  # ST-MoE Eq. 5
             entropy = (weights_S @ torch.special.entr(balance_probs_SE.detach()).sum(-1)) / count
         return RouterOutput(expert_SK, weight_SK, balance_loss, z_loss, entropy)
@@ -174,10 +182,19 @@ def _row_weights(probs_SE: torch.Tensor, valid_S: torch.Tensor | None) -> tuple[
     return weights_S, weights_S.sum().clamp_min(1.0)
 
 
-def _balance_loss(probs_SE, first_choice_S, weights_S, count) -> torch.Tensor:
+def _balance_loss(probs_SE, first_choice_S, weights_S, global_batch: bool = False) -> torch.Tensor:
     """``N * sum_i f_i * P_i`` (X-MoE Eq. 9, Switch form) over the rows of weight 1; f_i counts first choices only
-    (GShard, torchscale)."""
+    (GShard, torchscale). ``global_batch``: f_i over every rank's rows and P_i this rank's share of the global mean
+    (Qiu et al., 2025), so that the mean over the W ranks is the loss of the global batch."""
     num_experts = probs_SE.shape[-1]
-    mean_prob_E = (weights_S @ probs_SE) / count  # P_i
-    fraction_E = probs_SE.new_zeros(num_experts).index_add_(0, first_choice_S, weights_S) / count  # f_i
-    return num_experts * (fraction_E * mean_prob_E).sum()
+    first_counts_E = probs_SE.new_zeros(num_experts).index_add_(0, first_choice_S, weights_S)
+    local_rows = weights_S.sum()
+    if global_batch:
+        totals = torch.cat([first_counts_E, local_rows[None]]).detach()
+        dist.all_reduce(totals)
+        first_counts_E, rows = totals[:-1], totals[-1].clamp_min(1.0)
+        mean_prob_E = (weights_S @ probs_SE) * dist.get_world_size() / rows  # this rank's share of P_i
+    else:
+        rows = local_rows.clamp_min(1.0)
+        mean_prob_E = (weights_S @ probs_SE) / rows  # P_i
+    return num_experts * (first_counts_E / rows * mean_prob_E).sum()
