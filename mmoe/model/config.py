@@ -51,6 +51,7 @@ class MoEPlan:
     shared_experts: int = 0
     bias_update_rate: float = 0.0
     balance_batch: Literal["local", "global"] = "local"
+    routing: Literal["token_choice", "expert_choice"] = "token_choice"
     expert_kernels: Literal["torch", "triton"] = "torch"
     expert_parallel: int = 1
     every: int = 2

@@ -11,6 +11,7 @@ Every MoE variant mmoe implements is a value of this one dataclass:
   m times ``top_k``) and ``shared_experts`` always-on experts added to the routed output.
 * Auxiliary-loss-free balancing (Wang et al., 2024, §3, Algorithm 1): ``bias_update_rate > 0``.
 * Global-batch balance loss (Qiu et al., 2025): ``balance_batch="global"``.
+* Expert-choice routing (Zhou et al., 2022, §3.2): ``routing="expert_choice"``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ ROUTERS = ("linear", "xmoe")
 GATES = ("softmax", "sigmoid")
 EXPERT_KERNELS = ("torch", "triton")
 BALANCE_BATCHES = ("local", "global")
+ROUTINGS = ("token_choice", "expert_choice")
 
 #: X-MoE App. A: the gating temperature starts at 0.3 for softmax gates and 0.07 for sigmoid gates; the balance loss
 #: (X-MoE Eq. 9) uses the same values as its fixed temperature tau_0.
@@ -54,7 +56,8 @@ class MoEConfig:
         strata: Stratified MoE: number of experts in each stratum (Xu et al., §3). None for a plain MoE layer.
         capacity_factor: None = dropless (default). Otherwise each expert takes at most
             ``ceil(capacity_factor * top_k * T / N)`` choices, T the non-padding (sub-)tokens; first choices win
-            over second choices, then earlier tokens over later ones (GShard); overflow is dropped.
+            over second choices, then earlier tokens over later ones (GShard); overflow is dropped. With expert
+            choice: Zhou et al.'s c, each expert takes ``ceil(c * n / N)`` of the batch's n (sub-)tokens (required).
         eval_capacity_factor: capacity factor in eval mode; None = same as ``capacity_factor``.
         frozen: X-MoE §3.3 frozen routing for fine-tuning: router and experts get no gradient, the balance loss is
             still returned (and still trains the layers below through the token representations).
@@ -76,6 +79,12 @@ class MoEConfig:
             ``b_i += u * sign(mean load - load_i)`` with u this rate (the paper's u = 0.001), the loads counted over
             the step's (sub-)token choices on every data-parallel rank. 0 = off. The balance-loss weight can then
             be 0. Not defined for Stratified MoE gates (refused).
+        routing: ``"token_choice"``: each (sub-)token picks its top-k experts. ``"expert_choice"`` (Zhou et al., 2022,
+            §3.2, :mod:`mmoe.moe.expert_choice`): each expert picks its top-C (sub-)tokens of the batch by gate value,
+            C from ``capacity_factor``; a token may be taken by no expert (``RoutingRecord.unrouted_fraction``) or by
+            several. Balanced by construction: its balance loss is 0. top_k must stay 1 (unused); refused with
+            strata, ``bias_update_rate`` and ``balance_batch: global`` (nothing to balance) and without a
+            capacity factor. The expert FFNs run on the reference path (``expert_kernels`` applies to token choice).
         balance_batch: the batch the balance loss's expert frequencies f_i are counted over. ``"local"``: this
             process's (sub-)tokens. ``"global"``: every data-parallel rank's (Qiu et al., 2025, "Demons in the
             Detail", §3: f_i all-reduced before the Switch product N * sum_i f_i * P_i): in training, with a process
@@ -111,6 +120,7 @@ class MoEConfig:
     shared_experts: int = 0
     bias_update_rate: float = 0.0
     balance_batch: Literal["local", "global"] = "local"
+    routing: Literal["token_choice", "expert_choice"] = "token_choice"
     expert_kernels: Literal["torch", "triton"] = "torch"
     # Derived in __post_init__.
     head_dim: int = field(init=False, repr=False)
@@ -142,6 +152,10 @@ class MoEConfig:
             raise ValueError(f"MoEConfig.bias_update_rate must be >= 0, got {self.bias_update_rate!r}")
         if self.balance_batch not in BALANCE_BATCHES:
             raise ValueError(f"MoEConfig.balance_batch must be one of {BALANCE_BATCHES}, got {self.balance_batch!r}")
+        if self.routing not in ROUTINGS:
+            raise ValueError(f"MoEConfig.routing must be one of {ROUTINGS}, got {self.routing!r}")
+        if self.routing == "expert_choice":
+            self._validate_expert_choice()
         if self.expert_kernels not in EXPERT_KERNELS:
             raise ValueError(f"MoEConfig.expert_kernels must be one of {EXPERT_KERNELS}, got {self.expert_kernels!r}")
         if not self.beta > 0:
@@ -184,6 +198,18 @@ class MoEConfig:
                 "Stratified MoE gates (each sees a data-dependent share of the tokens); set balance_batch: local"
             )
         self.strata = strata
+
+    def _validate_expert_choice(self) -> None:
+        refused = {
+            "capacity_factor": (self.capacity_factor is None, "each expert's share needs Zhou et al.'s c, e.g. 2.0"),
+            "top_k": (self.top_k != 1, "experts pick the tokens; leave top_k at 1"),
+            "strata": (self.strata is not None, "Stratified MoE gates route by token choice"),
+            "bias_update_rate": (self.bias_update_rate > 0, "every expert's load is fixed at its capacity"),
+            "balance_batch": (self.balance_batch != "local", "expert choice has no balance loss"),
+        }
+        for name, (bad, why) in refused.items():
+            if bad:
+                raise ValueError(f"MoEConfig.{name}={getattr(self, name)!r} with routing='expert_choice': {why}")
 
     def active_capacity_factor(self, training: bool) -> float | None:
         """The capacity factor in force: ``capacity_factor`` in training, else ``eval_capacity_factor`` if set."""

@@ -5,7 +5,9 @@ width 4d (MH-MoE Eq. 21-24). mmoe's layer also has biases (experts: H + D/h each
 d), an X-MoE router has a (D/h x d_e) projection, N x d_e expert embeddings and a temperature in place of the
 (D/h x N) linear router, and an optional Sub-LN adds 2H per expert. DeepSeekMoE's shared experts (Dai et al., 2024,
 §3.2, Eq. 9) are K_s more experts of the same shape that every sub-token passes through; fine-grained experts
-(§3.1) are the same formulas at a smaller H = beta * ffn_dim. FLOPs count a multiply-add as 2.
+(§3.1) are the same formulas at a smaller H = beta * ffn_dim. With expert-choice routing (Zhou et al., 2022) a token
+is taken by a data-dependent number of experts, c on average (the capacity factor): the per-token counts use that
+mean, rounded. FLOPs count a multiply-add as 2.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def active_parameters_per_token(config: MoEConfig, gates: Sequence[int] | None =
     if config.strata is not None:
         return sum(gate_cost(config, gate)[0] for gate in _gates(config, gates))
     split_merge = 2 * (config.dim * config.dim + config.dim) if config.heads > 1 else 0
-    experts_touched = min(config.num_experts, config.heads * config.top_k) + config.shared_experts
+    experts_touched = min(config.num_experts, round(config.heads * routed_experts(config))) + config.shared_experts
     return split_merge + router_parameters(config) + experts_touched * expert_parameters(config)
 
 
@@ -64,8 +66,15 @@ def flops_per_token(config: MoEConfig, gates: Sequence[int] | None = None) -> in
         return sum(gate_cost(config, gate)[1] for gate in _gates(config, gates))
     dim, heads = config.dim, config.heads
     split_merge = 2 * 2 * dim * dim if heads > 1 else 0
-    experts = 2 * heads * (config.top_k + config.shared_experts) * 2 * config.head_dim * config.expert_dim
+    experts = round(
+        2 * heads * (routed_experts(config) + config.shared_experts) * 2 * config.head_dim * config.expert_dim
+    )
     return split_merge + router_flops(config, config.num_experts) + experts
+
+
+def routed_experts(config: MoEConfig) -> float:
+    """Routed experts per sub-token: top_k, or with expert choice the mean c (Zhou et al., 2022, §3.2)."""
+    return config.capacity_factor if config.routing == "expert_choice" else config.top_k
 
 
 def router_flops(config: MoEConfig, num_experts: int) -> int:

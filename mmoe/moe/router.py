@@ -106,6 +106,7 @@ class RouterOutput:
     Attributes:
         expert_SK: chosen experts, first choice first.
         weight_SK: gate weight of each choice (top-k renormalised to sum to one unless ``renormalize`` is off).
+        scores_SE: the gate values of every expert (softmax or sigmoid; what expert-choice routing ranks).
         balance_loss: X-MoE Eq. 9 over the non-padding (sub-)tokens; zero when there are none.
         z_loss: ST-MoE Eq. 5 over the non-padding (sub-)tokens; zero when there are none.
         entropy: mean entropy of the routing distribution over the non-padding (sub-)tokens (detached, for logs).
@@ -113,6 +114,7 @@ class RouterOutput:
 
     expert_SK: torch.Tensor
     weight_SK: torch.Tensor
+    scores_SE: torch.Tensor
     balance_loss: torch.Tensor
     z_loss: torch.Tensor
     entropy: torch.Tensor
@@ -166,7 +168,7 @@ class Router(nn.Module):
             balance_loss = _balance_loss(balance_probs_SE, expert_SK[:, 0], weights_S, global_batch)
             z_loss = (weights_S @ gate_logits_SE.logsumexp(dim=-1).square()) / count  # ST-MoE Eq. 5
             entropy = (weights_S @ torch.special.entr(balance_probs_SE.detach()).sum(-1)) / count
-        return RouterOutput(expert_SK, weight_SK, balance_loss, z_loss, entropy)
+        return RouterOutput(expert_SK, weight_SK, scores_SE, balance_loss, z_loss, entropy)
 
     @torch.no_grad()
     def update_selection_bias(self, load_E: torch.Tensor) -> None:

@@ -72,7 +72,8 @@ class BackboneTask(L.LightningModule):
 
     One step for every task (:meth:`shared_step`): the subclass's :meth:`step_losses` gives the task loss, its metrics
     and the routing records; the base adds alpha x the balance loss (X-MoE Eq. 10), logs ``<stage>/loss``,
-    ``<stage>/balance_loss``, ``<stage>/z_loss``, ``<stage>/dropped_fraction`` and ``<stage>/requested_capacity`` with
+    ``<stage>/balance_loss``, ``<stage>/z_loss``, ``<stage>/dropped_fraction``, ``<stage>/requested_capacity`` (and
+    ``<stage>/unrouted_fraction`` with expert-choice routing) with
     the task's metrics,
     and ``training_step`` hands the callbacks the routing records with detached balance losses.
 
@@ -167,6 +168,9 @@ class BackboneTask(L.LightningModule):
             log[f"{stage}/requested_capacity"] = (
                 torch.stack([r.requested_capacity for r in step.routing]).float().mean()
             )
+            unrouted = [r.unrouted_fraction for r in step.routing if r.unrouted_fraction is not None]
+            if unrouted:  # expert choice: tokens no expert took
+                log[f"{stage}/unrouted_fraction"] = torch.stack(unrouted).mean()
         sync = stage != "train"
         if stage == "train":
             self.latest_train_losses = {name: value for name, value in log.items() if name.endswith("loss")}

@@ -147,7 +147,9 @@ def variant_name(config: MultiwayConfig) -> str:
     heads = f" MH-MoE h={moe.heads}" if moe.heads > 1 else ""
     shared = f" + {moe.shared_experts} shared" if moe.shared_experts else ""
     width = f", expert width {moe.beta:g} x FFN" if moe.beta != 1.0 else ""
-    return f"{router}{heads}, {moe.num_experts} experts{shared}, top-{moe.top_k}{width}"
+    choice = f"expert choice c={moe.capacity_factor:g}" if moe.routing == "expert_choice" else f"top-{moe.top_k}"
+    balancing = ", loss-free bias" if moe.bias_update_rate else ""
+    return f"{router}{heads}, {moe.num_experts} experts{shared}, {choice}{width}{balancing}"
 
 
 def millions(count: int) -> str:

@@ -30,6 +30,8 @@ VARIANTS = {
     "mhmoe": MoEPlan(num_experts=4, heads=4, top_k=2),
     "stratified": MoEPlan(num_experts=4, strata=[2, 2], top_k=2),
     "fine_grained_shared": MoEPlan(num_experts=8, top_k=3, beta=0.25, shared_experts=1),
+    "expert_choice": MoEPlan(num_experts=4, routing="expert_choice", capacity_factor=2.0),
+    "loss_free_global": MoEPlan(num_experts=4, top_k=2, bias_update_rate=1e-3, balance_batch="global"),
 }
 
 

@@ -39,7 +39,7 @@ def reference_top_k(config, gate_logits: torch.Tensor, top_k: int, bias=None) ->
     """[(expert, weight)] best first; top-k weights renormalised to sum to one (GShard) unless the config keeps the raw
     gate values (MH-MoE Eq. 2 / 6, Stratified MoE Eq. 6). ``bias``: loss-free balancing's per-expert selection bias
     (Wang et al., 2024, Eq. 3), added for the ranking only."""
-    scores = gate_logits.softmax(-1) if config.gate == "softmax" else gate_logits.sigmoid()
+    scores = reference_gate_values(config, gate_logits)
     ranking = [float(scores[e].detach()) + (0.0 if bias is None else float(bias[e])) for e in range(scores.numel())]
     ranked = sorted(range(scores.numel()), key=lambda e: -ranking[e])[:top_k]
     weights = [scores[e] for e in ranked]
@@ -47,6 +47,25 @@ def reference_top_k(config, gate_logits: torch.Tensor, top_k: int, bias=None) ->
         total = sum(weights)
         weights = [w / total for w in weights]
     return list(zip(ranked, weights, strict=True))
+
+
+def reference_gate_values(config, gate_logits: torch.Tensor) -> torch.Tensor:
+    return gate_logits.softmax(-1) if config.gate == "softmax" else gate_logits.sigmoid()
+
+
+def reference_expert_choice(scores: list[torch.Tensor], padded: list[bool], capacity_factor: float, num_experts: int):
+    """Expert choice (Zhou et al., 2022) by brute force: every expert sorts the real sub-tokens by its gate value and
+    takes the first C = ceil(c * n / E) (n all sub-tokens). Returns (per sub-token [(expert, weight)] highest weight
+    first, load)."""
+    capacity = min(len(scores), math.ceil(capacity_factor * len(scores) / num_experts))
+    real = [index for index, pad in enumerate(padded) if not pad]
+    taken = [[] for _ in scores]
+    load = [0] * num_experts
+    for expert in range(num_experts):
+        for index in sorted(real, key=lambda i: -float(scores[i][expert].detach()))[:capacity]:
+            taken[index].append((expert, scores[index][expert]))
+            load[expert] += 1
+    return [sorted(pairs, key=lambda pair: -float(pair[1].detach())) for pairs in taken], load
 
 
 def reference_keep(choices, padded: list[bool], capacity: float, num_experts: int):
@@ -79,22 +98,30 @@ def reference_forward(layer: MoELayer, x: torch.Tensor, padding_mask: torch.Tens
                 sub_tokens.append((b, position, head, vector, padded))
 
     choices = []  # per sub-token: list of (expert, weight)
-    balance_probs, first_choices = [], []
+    balance_probs, first_choices, gate_values = [], [], []
     for _, _, _, vector, padded in sub_tokens:
         gate_logits, balance_logits = reference_scores(layer.router, config, vector)
+        gate_values.append(reference_gate_values(config, gate_logits))
         choices.append(reference_top_k(config, gate_logits, top_k, layer.router.selection_bias))
         if not padded:
             balance_probs.append(balance_logits.softmax(-1))
             first_choices.append(choices[-1][0][0])
 
-    # Capacity: first choices before second choices, then token order (GShard).
-    num_valid = sum(1 for *_, padded in sub_tokens if not padded)
     factor = config.active_capacity_factor(layer.training)
-    capacity = math.inf if factor is None else math.ceil(factor * top_k * num_valid / num_experts)
-    kept, load = reference_keep(choices, [padded for *_, padded in sub_tokens], capacity, num_experts)
+    padded_list = [padded for *_, padded in sub_tokens]
+    if config.routing == "expert_choice":
+        choices, load = reference_expert_choice(gate_values, padded_list, factor, num_experts)
+        kept = [[True] * len(pairs) for pairs in choices]
+        balance_probs, width = [], num_experts  # no balance loss; a sub-token may be taken by every expert
+    else:
+        # Capacity: first choices before second choices, then token order (GShard).
+        num_valid = sum(1 for pad in padded_list if not pad)
+        capacity = math.inf if factor is None else math.ceil(factor * top_k * num_valid / num_experts)
+        kept, load = reference_keep(choices, padded_list, capacity, num_experts)
+        width = top_k
 
     out = torch.zeros(batch, length, heads, config.head_dim, dtype=x.dtype)
-    expert_index = torch.full((batch, length, heads, top_k), -1, dtype=torch.long)
+    expert_index = torch.full((batch, length, heads, width), -1, dtype=torch.long)
     for index, (b, position, head, vector, _) in enumerate(sub_tokens):
         for rank, (expert, weight) in enumerate(choices[index]):
             if kept[index][rank]:
