@@ -17,6 +17,7 @@ from mmoe.moe import MoEConfig, MoELayer
 from mmoe.moe.cost import active_parameters_per_token, flops_per_token, gate_cost
 from mmoe.tasks.captioning import CaptioningFineTuning
 from mmoe.tasks.checkpoint import config_to_dict
+from mmoe.tasks.info import variant_name
 from mmoe.tasks.nlvr2 import NLVR2FineTuning
 from mmoe.tasks.pretraining import MaskedPretraining
 from mmoe.tasks.visual_codebook import PatchCodebook
@@ -233,3 +234,11 @@ def test_a_tiny_variant_is_read_from_the_base_and_its_part(capsys, monkeypatch):
     assert code == 0, err
     assert result["variant"] == "X-MoE MH-MoE h=4, 8 experts, top-1"
     assert result["source"] == f"{configs / 'tiny.yaml'} + {configs / 'tiny' / 'mhmoe.yaml'}"
+
+
+def test_variant_names_of_the_newer_routers():
+    assert variant_name(tiny(VARIANTS["fine_grained_shared"])) == (
+        "X-MoE, 8 experts + 1 shared, top-3, expert width 0.25 x FFN"
+    )
+    assert variant_name(tiny(VARIANTS["expert_choice"])) == "X-MoE, 4 experts, expert choice c=2"
+    assert variant_name(tiny(VARIANTS["loss_free_global"])) == "X-MoE, 4 experts, top-2, loss-free bias"
