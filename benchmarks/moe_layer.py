@@ -2,8 +2,10 @@
 
 Every case times two callables in one process, interleaved round by round (the order alternating), and reports the
 median over the rounds of each and their ratio. Baseline: ``Linear(D, k*H) -> GELU -> Linear(k*H, D)``, the dense
-FFN whose FLOPs equal the MoE's active FLOPs. fwd+bwd in fp32 on CPU unless the case says otherwise; the routing
-is X-MoE (d_e = 16), dropless unless noted.
+FFN whose FLOPs equal the MoE's active FLOPs (k = top-k plus shared experts, or expert choice's capacity factor
+c; H the expert width, so fine-grained experts compare with the same dense FFN as the coarse layer they split).
+fwd+bwd in fp32 on CPU unless the case says otherwise; the routing is X-MoE (d_e = 16), dropless unless noted.
+``load_cv`` (std / mean of the expert loads) is the layer's at initialisation on the case's random tokens.
 
 Output: one JSON line per case ``{"case", "moe_s", "baseline_s", "ratio", "target", "ok", ...}`` and a final
 ``{"summary": ...}`` line. ``--cuda`` adds the GPU cases (bf16, 16K tokens) and a sync-free forward+backward check
@@ -34,13 +36,14 @@ import torch
 from torch import nn
 
 from mmoe.moe import MoEConfig, MoEFeedForward, MoELayer, build_moe_layer
+from mmoe.moe.cost import routed_experts
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from timing import interleaved_medians, labelled_seconds  # noqa: E402
 
 #: The layer's ``record_function`` labels (``mmoe.moe.<label>``) in forward order, and the autograd engine's range
 #: around each backward node.
-SPLIT_LABELS = ("route", "plan", "permute", "experts", "combine")
+SPLIT_LABELS = ("route", "plan", "permute", "experts", "combine", "shared_experts")
 
 
 class DenseFFN(nn.Module):
@@ -114,10 +117,13 @@ def make_case(
     strata: list[int] | None = None,
     graphed: bool = False,
     expert_kernels: str = "torch",
+    **routing,
 ) -> Case:
+    """``routing``: further :class:`MoEConfig` fields (``shared_experts``, ``bias_update_rate``, ``routing``)."""
     torch.manual_seed(0)
     config = MoEConfig(dim, hidden, experts, top_k=top_k, heads=heads, capacity_factor=capacity_factor, strata=strata,
-                       expert_kernels=expert_kernels)  # fmt: skip
+                       expert_kernels=expert_kernels, **routing)  # fmt: skip
+    active_hidden = round((routed_experts(config) + config.shared_experts) * config.expert_dim)
     moe = build_moe_layer(config).to(device, dtype)
     x = torch.randn(1, tokens, dim, device=device, dtype=dtype, requires_grad=backward)
     grad = torch.randn(1, tokens, dim, device=device, dtype=dtype) if backward else None
@@ -127,7 +133,7 @@ def make_case(
         other = MoELayer(MoEConfig(dim, hidden, versus_experts, top_k=top_k)).to(device, dtype)
         baseline, baseline_is_moe = other, True
     else:
-        baseline, baseline_is_moe = DenseFFN(dim, top_k * hidden, projections=heads > 1).to(device, dtype), False
+        baseline, baseline_is_moe = DenseFFN(dim, active_hidden, projections=heads > 1).to(device, dtype), False
     info = dict(
         dim=dim,
         hidden=hidden,
@@ -140,13 +146,21 @@ def make_case(
         device=device,
         dtype=str(dtype).split(".")[-1],
         expert_kernels=expert_kernels,
+        **routing,
     )
     if versus_experts is not None:
         info["baseline_experts"] = versus_experts
+    else:
+        info["baseline_hidden"] = active_hidden
+    with torch.no_grad():
+        routing_record = moe(x)[1]
+    counts = routing_record.expert_counts.double()
+    info["load_cv"] = round((counts.std(correction=0) / counts.mean()).item(), 3)  # at initialisation, random tokens
+    if routing_record.unrouted_fraction is not None:
+        info["unrouted_fraction"] = round(routing_record.unrouted_fraction.item(), 3)
     if strata is not None:
-        with torch.no_grad():
-            info["strata"] = strata
-            info["requested_capacity"] = round(moe(x)[1].requested_capacity.item(), 3)
+        info["strata"] = strata
+        info["requested_capacity"] = round(routing_record.requested_capacity.item(), 3)
     eager_side = moe_side = TensorOutputs(moe)
     if baseline_is_moe:
         baseline = TensorOutputs(baseline)
@@ -185,6 +199,13 @@ def cpu_cases() -> list[partial[Case]]:
         partial(make_case, "mhmoe_h4_vs_dense_plus_proj", 2.0, d, h, 8, 4096, heads=4),
         partial(make_case, "capacity1_4096", 1.25, d, h, 8, 4096, capacity_factor=1.0),
         partial(make_case, "stratified_4_4_vs_top2_4096", None, d, h, 8, 4096, top_k=2, strata=[4, 4]),
+        # The routers of configs/pretrain/tiny/{fine_grained,shared_experts,loss_free,expert_choice}.yaml, reported
+        # without a target, each against the dense FFN of its active FLOPs (H for the first four, 2H for c = 2).
+        partial(make_case, "fine_grained_e32_top4_4096", None, d, h // 4, 32, 4096, top_k=4),
+        partial(make_case, "shared1_fine_grained_e32_top3_4096", None, d, h // 4, 32, 4096, top_k=3, shared_experts=1),
+        partial(make_case, "loss_free_bias_top1_4096", None, d, h, 8, 4096, bias_update_rate=1e-3),
+        partial(make_case, "expert_choice_c1_4096", None, d, h, 8, 4096, capacity_factor=1.0, routing="expert_choice"),
+        partial(make_case, "expert_choice_c2_4096", None, d, h, 8, 4096, capacity_factor=2.0, routing="expert_choice"),
     ]
 
 

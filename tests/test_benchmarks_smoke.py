@@ -47,6 +47,27 @@ def test_moe_layer_time_split_times_every_phase_of_the_reference_path():
     assert all(seconds > 0 for seconds in split.values()), split
 
 
+@pytest.mark.parametrize(
+    "fields,active_hidden",
+    [
+        (dict(top_k=4), 4 * 16),
+        (dict(top_k=3, shared_experts=1), 4 * 16),
+        (dict(bias_update_rate=1e-3), 16),
+        (dict(capacity_factor=2.0, routing="expert_choice"), 2 * 16),
+    ],
+)
+def test_moe_layer_router_cases_compare_with_the_dense_ffn_of_their_active_flops(fields, active_hidden):
+    moe_layer = load_benchmark("moe_layer")
+    case = moe_layer.make_case("t", None, 32, 16, 8, 64, **fields)
+    assert case.info["baseline_hidden"] == active_hidden and case.info["load_cv"] >= 0
+    case.moe(), case.baseline()
+    if "routing" in fields:
+        assert 0 <= case.info["unrouted_fraction"] < 1
+        assert "shared_experts" not in moe_layer.time_split(case)
+    if "shared_experts" in fields:
+        assert moe_layer.time_split(case)["shared_experts"] > 0
+
+
 def test_moe_layer_cuda_cases_pair_each_fused_case_with_a_graphed_twin():
     builders = {build.args[0]: build for build in load_benchmark("moe_layer").cuda_cases()}  # not built: needs CUDA
     eager = [name for name in builders if name.endswith("_triton")]

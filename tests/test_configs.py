@@ -34,6 +34,16 @@ TINY_MOE = {
     "stratified": {"num_experts": 8, "top_k": 2, "router": "linear", "gate": "softmax", "strata": [4, 4], "every": 2,
                    "mode": "per_modality"},
     "switch": {"num_experts": 8, "top_k": 1, "router": "linear", "gate": "softmax", "every": 2, "mode": "per_modality"},
+    "fine_grained": {"num_experts": 32, "top_k": 4, "beta": 0.25, "router": "linear", "gate": "softmax", "every": 2,
+                     "mode": "per_modality"},
+    "shared_experts": {"num_experts": 32, "top_k": 3, "beta": 0.25, "shared_experts": 1, "router": "linear",
+                       "gate": "softmax", "every": 2, "mode": "per_modality"},
+    "loss_free": {"num_experts": 8, "top_k": 1, "router": "linear", "gate": "softmax", "bias_update_rate": 0.001,
+                  "every": 2, "mode": "per_modality"},
+    "expert_choice": {"num_experts": 8, "routing": "expert_choice", "capacity_factor": 1.0, "router": "linear",
+                      "gate": "softmax", "every": 2, "mode": "per_modality"},
+    "global_balance": {"num_experts": 8, "top_k": 1, "router": "linear", "gate": "softmax", "balance_batch": "global",
+                       "every": 2, "mode": "per_modality"},
 }  # fmt: skip
 
 
@@ -55,7 +65,7 @@ def print_config(configs: tuple[Path, ...], *options: str) -> tuple[int, dict | 
 
 
 def test_the_pretraining_configs_exist():
-    assert TINY.is_file() and set(PARTS) == {"switch", "xmoe", "mhmoe", "stratified"}  # dense: the base alone
+    assert TINY.is_file() and set(PARTS) == set(TINY_MOE)  # dense: the base alone
     names = {path.name for path in WHOLE if path.parent == PRETRAIN}
     assert {f"base_{variant}.yaml" for variant in ("dense", "switch", "xmoe", "mhmoe", "stratified")} <= names
 

@@ -48,6 +48,10 @@ class MoEPlan:
     frozen: bool = False
     routing_dim: int | None = None
     beta: float = 1.0
+    shared_experts: int = 0
+    bias_update_rate: float = 0.0
+    balance_batch: Literal["local", "global"] = "local"
+    routing: Literal["token_choice", "expert_choice"] = "token_choice"
     expert_kernels: Literal["torch", "triton"] = "torch"
     expert_parallel: int = 1
     every: int = 2

@@ -39,13 +39,18 @@ def upcycle(dense: MultiwayTransformer, plan: MoEPlan, noise: float = 0.0, seed:
     docstring for what each variant equals at step 0).
 
     Raises:
-        ValueError: ``dense`` has MoE layers already, or the plan changes an expert's width for a plain MoE layer
-            (``beta`` other than 1 with one head).
+        ValueError: ``dense`` has MoE layers already, the plan changes an expert's width for a plain MoE layer
+            (``beta`` other than 1 with one head), or it has shared experts (DeepSeekMoE).
     """
     if dense.config.moe is not None:
         raise ValueError("upcycling starts from a dense backbone; this one has MoE layers already")
     if noise < 0:
         raise ValueError(f"upcycling noise must be >= 0, got {noise!r}")
+    if plan.shared_experts:
+        raise ValueError(
+            f"MoEPlan.shared_experts={plan.shared_experts}: upcycling copies the dense FFN into the routed experts, "
+            "and shared experts beside them would add it again; set shared_experts: 0 to upcycle"
+        )
     config = dataclasses.replace(dense.config, moe=plan)
     moe = MultiwayTransformer(config)
     sparse = {key: value for key, value in moe.state_dict().items()}

@@ -33,6 +33,8 @@ class RoutingRecord:
         layer: index of the backbone layer that produced the record (set by the backbone).
         modality: "vision", "language" or "shared" (set by the backbone).
         stratum_path: (B, L, n_strata) long, each gate's first choice, -1 where skipped (Stratified MoE only).
+        unrouted_fraction: scalar, share of non-padding (sub-)tokens no expert took (expert-choice routing only;
+            ``expert_index`` is then (B, L, heads, E): the experts that took each sub-token, highest gate first).
     """
 
     balance_loss: torch.Tensor
@@ -45,6 +47,7 @@ class RoutingRecord:
     layer: int | None = None
     modality: str | None = None
     stratum_path: torch.Tensor | None = None
+    unrouted_fraction: torch.Tensor | None = None
 
 
 class MoEFeedForward(nn.Module):

@@ -7,6 +7,11 @@ Every MoE variant mmoe implements is a value of this one dataclass:
   L2-normalised token and expert embeddings, learnable temperature, balance loss at a fixed temperature.
 * MH-MoE (Wu et al., 2024, §3, Eq. 3-9, App. D-E): ``heads > 1`` splits each token into sub-tokens.
 * Stratified MoE (Xu et al., 2023, §3, Eq. 4-11): ``strata=[n_1, ..., n_L]``.
+* DeepSeekMoE (Dai et al., 2024, §3.1-3.2): fine-grained experts (``beta = 1/m`` with m times the experts and
+  m times ``top_k``) and ``shared_experts`` always-on experts added to the routed output.
+* Auxiliary-loss-free balancing (Wang et al., 2024, §3, Algorithm 1): ``bias_update_rate > 0``.
+* Global-batch balance loss (Qiu et al., 2025): ``balance_batch="global"``.
+* Expert-choice routing (Zhou et al., 2022, §3.2): ``routing="expert_choice"``.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from typing import Literal
 ROUTERS = ("linear", "xmoe")
 GATES = ("softmax", "sigmoid")
 EXPERT_KERNELS = ("torch", "triton")
+BALANCE_BATCHES = ("local", "global")
+ROUTINGS = ("token_choice", "expert_choice")
 
 #: X-MoE App. A: the gating temperature starts at 0.3 for softmax gates and 0.07 for sigmoid gates; the balance loss
 #: (X-MoE Eq. 9) uses the same values as its fixed temperature tau_0.
@@ -37,8 +44,9 @@ class MoEConfig:
         dim: token width D.
         ffn_dim: inner width of the dense FFN this layer replaces; each expert's inner width is ``ffn_dim * beta``.
         num_experts: number of experts N (for Stratified MoE, the sum over strata).
-        top_k: experts per (sub-)token, 1 or 2.
-        renormalize: with top-2, divide the two gate weights by their sum (GShard, torchscale; before any capacity
+        top_k: experts per (sub-)token, any k <= num_experts (k > 2 as in fine-grained MoE: DeepSeekMoE, Dai et al.,
+            2024, §3.1, Eq. 9-11, routes m*K of m*N segmented experts).
+        renormalize: with top-k > 1, divide the k gate weights by their sum (GShard, torchscale; before any capacity
             drop). False keeps the raw gate values, as MH-MoE Eq. 2 / 6 and Stratified MoE Eq. 6 write the mix.
         router: ``"linear"`` scores s_i = h·e_i (Switch / GShard); ``"xmoe"`` scores s_i = cos(W h, e_i) with W a
             bias-free ``routing_dim x D'`` projection (X-MoE Eq. 7) and a learnable temperature (X-MoE Eq. 8).
@@ -48,14 +56,42 @@ class MoEConfig:
         strata: Stratified MoE: number of experts in each stratum (Xu et al., §3). None for a plain MoE layer.
         capacity_factor: None = dropless (default). Otherwise each expert takes at most
             ``ceil(capacity_factor * top_k * T / N)`` choices, T the non-padding (sub-)tokens; first choices win
-            over second choices, then earlier tokens over later ones (GShard); overflow is dropped.
+            over second choices, then earlier tokens over later ones (GShard); overflow is dropped. With expert
+            choice: Zhou et al.'s c, each expert takes ``ceil(c * n / N)`` of the batch's n (sub-)tokens (required).
         eval_capacity_factor: capacity factor in eval mode; None = same as ``capacity_factor``.
         frozen: X-MoE §3.3 frozen routing for fine-tuning: router and experts get no gradient, the balance loss is
             still returned (and still trains the layers below through the token representations).
         routing_dim: X-MoE routing dimension d_e. None = 16 for one head (X-MoE §4.1, its N = 32 setting; the
             paper's rule of thumb is d_e = N/2) and ``16 // heads`` with heads (MH-MoE Table 9).
-        beta: MH-MoE expert width multiplier (App. D). 1.0 keeps the FLOPs per token of a plain MoE, as the public
-            MH-MoE code does (App. D.1); beta ~ h matches the parameter count of a plain MoE instead (Table 11).
+        beta: expert width as a fraction of ``ffn_dim`` (MH-MoE's expert width multiplier, App. D). 1.0 keeps the
+            FLOPs per token of a plain MoE, as the public MH-MoE code does (App. D.1); beta ~ h matches the parameter
+            count of a plain MoE instead (Table 11). DeepSeekMoE's fine-grained expert segmentation (Dai et al.,
+            2024, §3.1, Eq. 6-8) splits each expert into m: ``beta = 1/m`` with ``m * N`` experts; the active FLOPs
+            stay those of N experts at top-K only when ``top_k = m * K`` (with ``shared_experts`` counted among
+            them), which is the config's choice, not derived here.
+        shared_experts: DeepSeekMoE shared expert isolation (§3.2, Eq. 9): K_s experts of the routed experts' shape
+            that every (sub-)token passes through, their outputs added to the routed output with weight 1 (inside
+            the MH-MoE split and merge, on sub-tokens). 0 = none. Not defined for Stratified MoE, whose passes
+            route every expert (refused).
+        bias_update_rate: auxiliary-loss-free load balancing (Wang et al., 2024, §3, Eq. 3 and Algorithm 1): each
+            router keeps a per-expert bias b (a buffer, saved in checkpoints) added to the gate scores for the top-k
+            selection only (the gate weights stay the unbiased scores) and updated after each optimiser step by
+            ``b_i += u * sign(mean load - load_i)`` with u this rate (the paper's u = 0.001), the loads counted over
+            the step's (sub-)token choices on every data-parallel rank. 0 = off. The balance-loss weight can then
+            be 0. Not defined for Stratified MoE gates (refused).
+        routing: ``"token_choice"``: each (sub-)token picks its top-k experts. ``"expert_choice"`` (Zhou et al., 2022,
+            §3.2, :mod:`mmoe.moe.expert_choice`): each expert picks its top-C (sub-)tokens of the batch by gate value,
+            C from ``capacity_factor``; a token may be taken by no expert (``RoutingRecord.unrouted_fraction``) or by
+            several. Balanced by construction: its balance loss is 0. top_k must stay 1 (unused); refused with
+            strata, ``bias_update_rate`` and ``balance_batch: global`` (nothing to balance) and without a
+            capacity factor. The expert FFNs run on the reference path (``expert_kernels`` applies to token choice).
+        balance_batch: the batch the balance loss's expert frequencies f_i are counted over. ``"local"``: this
+            process's (sub-)tokens. ``"global"``: every data-parallel rank's (Qiu et al., 2025, "Demons in the
+            Detail", §3: f_i all-reduced before the Switch product N * sum_i f_i * P_i): in training, with a process
+            group, each rank's loss is N * sum_i f_i * P_i with the global f_i and its own share of the global P_i,
+            so that the ranks' mean (what data-parallel gradient averaging trains) equals one process's loss on the
+            global batch. Every rank must then run the same MoE layers in the same order (an all-reduce per
+            router). Not defined for Stratified MoE, whose later gates see a data-dependent subset (refused).
         subln: apply a LayerNorm to each expert's hidden activation before its second linear (BEiT-3's Sub-LN FFN),
             so that a one-expert layer equals the backbone's dense FFN.
         expert_kernels: ``"torch"`` (default): the reference path, gather rows, grouped GEMMs, gather back.
@@ -81,6 +117,10 @@ class MoEConfig:
     routing_dim: int | None = None
     beta: float = 1.0
     subln: bool = False
+    shared_experts: int = 0
+    bias_update_rate: float = 0.0
+    balance_batch: Literal["local", "global"] = "local"
+    routing: Literal["token_choice", "expert_choice"] = "token_choice"
     expert_kernels: Literal["torch", "triton"] = "torch"
     # Derived in __post_init__.
     head_dim: int = field(init=False, repr=False)
@@ -94,10 +134,12 @@ class MoEConfig:
                 raise ValueError(f"MoEConfig.{name} must be a positive integer, got {value!r}")
         if self.dim % self.heads:
             raise ValueError(f"MoEConfig.dim={self.dim} is not divisible by MoEConfig.heads={self.heads}")
-        if self.top_k not in (1, 2):
-            raise ValueError(f"MoEConfig.top_k must be 1 or 2, got {self.top_k!r}")
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k <= 0:
+            raise ValueError(f"MoEConfig.top_k must be a positive integer, got {self.top_k!r}")
         if self.top_k > self.num_experts:
             raise ValueError(f"MoEConfig.top_k={self.top_k} exceeds MoEConfig.num_experts={self.num_experts}")
+        if not isinstance(self.shared_experts, int) or isinstance(self.shared_experts, bool) or self.shared_experts < 0:
+            raise ValueError(f"MoEConfig.shared_experts must be a non-negative integer, got {self.shared_experts!r}")
         if self.router not in ROUTERS:
             raise ValueError(f"MoEConfig.router must be one of {ROUTERS}, got {self.router!r}")
         if self.gate not in GATES:
@@ -106,6 +148,14 @@ class MoEConfig:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"MoEConfig.{name} must be positive or None, got {value!r}")
+        if not self.bias_update_rate >= 0:
+            raise ValueError(f"MoEConfig.bias_update_rate must be >= 0, got {self.bias_update_rate!r}")
+        if self.balance_batch not in BALANCE_BATCHES:
+            raise ValueError(f"MoEConfig.balance_batch must be one of {BALANCE_BATCHES}, got {self.balance_batch!r}")
+        if self.routing not in ROUTINGS:
+            raise ValueError(f"MoEConfig.routing must be one of {ROUTINGS}, got {self.routing!r}")
+        if self.routing == "expert_choice":
+            self._validate_expert_choice()
         if self.expert_kernels not in EXPERT_KERNELS:
             raise ValueError(f"MoEConfig.expert_kernels must be one of {EXPERT_KERNELS}, got {self.expert_kernels!r}")
         if not self.beta > 0:
@@ -132,7 +182,34 @@ class MoEConfig:
             raise ValueError(f"MoEConfig.top_k must be 2 with strata (Stratified MoE routes top-2), got {self.top_k}")
         if self.heads != 1:
             raise ValueError(f"MoEConfig.heads must be 1 with strata, got {self.heads}")
+        if self.shared_experts:
+            raise ValueError(
+                f"MoEConfig.shared_experts={self.shared_experts} with strata: Stratified MoE has no always-on expert "
+                "(every gate pass routes); set shared_experts: 0"
+            )
+        if self.bias_update_rate:
+            raise ValueError(
+                f"MoEConfig.bias_update_rate={self.bias_update_rate} with strata: loss-free balancing is not defined "
+                "for Stratified MoE gates (each sees a different share of the tokens); set bias_update_rate: 0"
+            )
+        if self.balance_batch != "local":
+            raise ValueError(
+                f"MoEConfig.balance_batch={self.balance_batch!r} with strata: a global batch is not defined for "
+                "Stratified MoE gates (each sees a data-dependent share of the tokens); set balance_batch: local"
+            )
         self.strata = strata
+
+    def _validate_expert_choice(self) -> None:
+        refused = {
+            "capacity_factor": (self.capacity_factor is None, "each expert's share needs Zhou et al.'s c, e.g. 2.0"),
+            "top_k": (self.top_k != 1, "experts pick the tokens; leave top_k at 1"),
+            "strata": (self.strata is not None, "Stratified MoE gates route by token choice"),
+            "bias_update_rate": (self.bias_update_rate > 0, "every expert's load is fixed at its capacity"),
+            "balance_batch": (self.balance_batch != "local", "expert choice has no balance loss"),
+        }
+        for name, (bad, why) in refused.items():
+            if bad:
+                raise ValueError(f"MoEConfig.{name}={getattr(self, name)!r} with routing='expert_choice': {why}")
 
     def active_capacity_factor(self, training: bool) -> float | None:
         """The capacity factor in force: ``capacity_factor`` in training, else ``eval_capacity_factor`` if set."""

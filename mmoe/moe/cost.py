@@ -3,7 +3,11 @@
 MH-MoE App. D counts weights only, with a linear router: Gamma = 2d^2 + dN/h + 8 beta d^2 N / h for an FFN of inner
 width 4d (MH-MoE Eq. 21-24). mmoe's layer also has biases (experts: H + D/h each; multi-head layer: d; merge layer:
 d), an X-MoE router has a (D/h x d_e) projection, N x d_e expert embeddings and a temperature in place of the
-(D/h x N) linear router, and an optional Sub-LN adds 2H per expert. FLOPs count a multiply-add as 2.
+(D/h x N) linear router, and an optional Sub-LN adds 2H per expert. DeepSeekMoE's shared experts (Dai et al., 2024,
+§3.2, Eq. 9) are K_s more experts of the same shape that every sub-token passes through; fine-grained experts
+(§3.1) are the same formulas at a smaller H = beta * ffn_dim. With expert-choice routing (Zhou et al., 2022) a token
+is taken by a data-dependent number of experts, c on average (the capacity factor): the per-token counts use that
+mean, rounded. FLOPs count a multiply-add as 2.
 """
 
 from __future__ import annotations
@@ -36,11 +40,13 @@ def moe_parameter_count(config: MoEConfig) -> int:
         return gates + config.num_experts * expert_parameters(config)
     # MH-MoE Eq. 21 and 24, with biases
     split_merge = 2 * (config.dim * config.dim + config.dim) if config.heads > 1 else 0
-    return split_merge + router_parameters(config) + config.num_experts * expert_parameters(config)
+    experts = (config.num_experts + config.shared_experts) * expert_parameters(config)
+    return split_merge + router_parameters(config) + experts
 
 
 def active_parameters_per_token(config: MoEConfig, gates: Sequence[int] | None = None) -> int:
-    """Parameters a token touches: split/merge layers, router, and top_k experts per sub-token (at most all).
+    """Parameters a token touches: split/merge layers, router, top_k routed experts per sub-token (at most all) and
+    the shared experts.
 
     Stratified MoE: a token passes gate 1 and then a data-dependent subset of the later gates; ``gates`` names the
     gates passed (default: all of them, the most a token can touch), each as :func:`gate_cost`.
@@ -48,20 +54,27 @@ def active_parameters_per_token(config: MoEConfig, gates: Sequence[int] | None =
     if config.strata is not None:
         return sum(gate_cost(config, gate)[0] for gate in _gates(config, gates))
     split_merge = 2 * (config.dim * config.dim + config.dim) if config.heads > 1 else 0
-    experts_touched = min(config.num_experts, config.heads * config.top_k)
+    experts_touched = min(config.num_experts, round(config.heads * routed_experts(config))) + config.shared_experts
     return split_merge + router_parameters(config) + experts_touched * expert_parameters(config)
 
 
 def flops_per_token(config: MoEConfig, gates: Sequence[int] | None = None) -> int:
     """Forward FLOPs per token: split/merge (MH-MoE Eq. 14, 17), router (MH-MoE Eq. 12, 15), experts (MH-MoE Eq. 13,
-    16); a multiply-add counts as 2 FLOPs. Stratified MoE: the sum over ``gates`` as in
-    :func:`active_parameters_per_token`."""
+    16: top_k routed and the shared ones per sub-token); a multiply-add counts as 2 FLOPs. Stratified MoE: the sum
+    over ``gates`` as in :func:`active_parameters_per_token`."""
     if config.strata is not None:
         return sum(gate_cost(config, gate)[1] for gate in _gates(config, gates))
     dim, heads = config.dim, config.heads
     split_merge = 2 * 2 * dim * dim if heads > 1 else 0
-    experts = 2 * heads * config.top_k * 2 * config.head_dim * config.expert_dim
+    experts = round(
+        2 * heads * (routed_experts(config) + config.shared_experts) * 2 * config.head_dim * config.expert_dim
+    )
     return split_merge + router_flops(config, config.num_experts) + experts
+
+
+def routed_experts(config: MoEConfig) -> float:
+    """Routed experts per sub-token: top_k, or with expert choice the mean c (Zhou et al., 2022, §3.2)."""
+    return config.capacity_factor if config.routing == "expert_choice" else config.top_k
 
 
 def router_flops(config: MoEConfig, num_experts: int) -> int:

@@ -123,6 +123,19 @@ class GroupedExperts(nn.Module):
             return self.forward_grouped(x_RD, expert_R, offsets_E)
         return self.forward_loop(x_RD, offsets_E)
 
+    def forward_every_expert(self, x_SD: torch.Tensor) -> torch.Tensor:
+        """The sum of every expert's output on every row (always-on experts: DeepSeekMoE §3.2, Eq. 9), (S, D)."""
+        num_rows = x_SD.shape[0]
+        experts_E = torch.arange(self.num_experts, device=x_SD.device)
+        expert_R = experts_E.repeat_interleave(num_rows)
+        offsets_E = ((experts_E + 1) * num_rows).to(torch.int32)
+        out_RD = self(x_SD.repeat(self.num_experts, 1), expert_R, offsets_E)
+        width = out_RD.shape[-1]
+        # A product with ones rather than .sum(0): its backward materialises the gradient, where sum's passes on a
+        # stride-0 view that the grouped GEMM's backward refuses.
+        ones_E = out_RD.new_ones(self.num_experts)
+        return (ones_E @ out_RD.view(self.num_experts, num_rows * width)).view(num_rows, width)
+
     def forward_grouped(self, x_RD: torch.Tensor, expert_R: torch.Tensor, offsets_E: torch.Tensor) -> torch.Tensor:
         """One grouped GEMM per linear, slice ends on the device: no host sync (the GPU path).
 

@@ -7,7 +7,10 @@ Forward of :class:`MoELayer` (one dispatch path for every variant; they differ i
 2. Route every (sub-)token (:mod:`mmoe.moe.router`: X-MoE Eq. 7-9 or a linear scorer).
 3. Sort the choices by expert and run each expert on its contiguous slice (:mod:`mmoe.moe.dispatch`,
    :mod:`mmoe.moe.experts`), then combine with the gate weights (MH-MoE Eq. 6 without its residual: Algorithm 1 and
-   the public code have none, the block's residual is outside the layer).
+   the public code have none, the block's residual is outside the layer), and add the shared experts' outputs
+   (DeepSeekMoE, Dai et al., 2024, §3.2, Eq. 9: every (sub-)token passes through them with weight 1).
+   Expert-choice routing (Zhou et al., 2022, :mod:`mmoe.moe.expert_choice`) replaces this step: each expert takes
+   its top-C (sub-)tokens, and the outputs are summed back with their gate values.
 4. MH-MoE: merge the sub-tokens back in head order and apply the merge linear D -> D (MH-MoE Eq. 7-9).
 
 Shape legend: B batch, L sequence, D width, S (sub-)tokens = B*L*h, K top-k, E experts.
@@ -26,9 +29,10 @@ from torch.profiler import record_function
 from mmoe.moe.base import MoEFeedForward, RoutingRecord, compute_dtype
 from mmoe.moe.config import MoEConfig
 from mmoe.moe.dispatch import combine, combine_unsorted, dispatch_rows, plan_dispatch
+from mmoe.moe.expert_choice import combine_expert_choice, plan_expert_choice
 from mmoe.moe.expert_parallel import ExpertShard, exchange
 from mmoe.moe.experts import GroupedExperts
-from mmoe.moe.router import Router, XMoEScorer
+from mmoe.moe.router import Router, RouterOutput, XMoEScorer
 
 
 class MoELayer(MoEFeedForward):
@@ -65,9 +69,17 @@ class MoELayer(MoEFeedForward):
             self.multi_head = self.merge = None
         self.router = Router(config)
         self.experts = GroupedExperts(config.num_experts, config.head_dim, config.expert_dim, config.subln)
+        #: DeepSeekMoE's always-on experts (§3.2); never expert-sharded (every rank runs them on its own tokens).
+        self.shared_experts = (
+            GroupedExperts(config.shared_experts, config.head_dim, config.expert_dim, config.subln)
+            if config.shared_experts
+            else None
+        )
         if config.frozen:
             self.router.requires_grad_(False)
             self.experts.requires_grad_(False)
+            if self.shared_experts is not None:
+                self.shared_experts.requires_grad_(False)
 
     def use_fused_kernels(self, x: torch.Tensor) -> bool:
         """``expert_kernels: triton`` and a device the kernels run on; otherwise a one-time warning (the reference
@@ -112,7 +124,7 @@ class MoELayer(MoEFeedForward):
         """
         config = self.config
         batch, length, dim = x.shape
-        heads, top_k = config.heads, config.top_k
+        heads = config.heads
         if self.multi_head is not None:
             x = self.multi_head(x)  # MH-MoE Eq. 3
         x_SD = x.reshape(batch * length * heads, config.head_dim)  # MH-MoE Eq. 4: contiguous split into sub-tokens
@@ -123,17 +135,42 @@ class MoELayer(MoEFeedForward):
         # The record_function labels name the phases in profiles (benchmarks/moe_layer.py, expert_parallel.py sum them).
         with record_function("mmoe.moe.route"):
             routed = self.router(x_SD, valid_S)
+        if config.routing == "expert_choice":
+            y_SD, counts_E, expert_index_SK, dropped, unrouted = self._expert_choice(x_SD, valid_S, routed)
+            balance_loss = torch.zeros((), device=x.device)  # balanced by construction: every expert takes C
+        else:
+            y_SD, counts_E, expert_index_SK, dropped = self._token_choice(x_SD, valid_S, routed)
+            balance_loss, unrouted = routed.balance_loss, None
+
+        if self.shared_experts is not None:
+            with record_function("mmoe.moe.shared_experts"):
+                shared_SD = self.shared_experts.forward_every_expert(x_SD.to(compute_dtype(x_SD)))
+                if valid_S is not None:  # padding gets nothing from any expert
+                    shared_SD = torch.where(valid_S[:, None], shared_SD, torch.zeros_like(shared_SD))
+                y_SD = y_SD + shared_SD  # DeepSeekMoE Eq. 9
+        y = y_SD.reshape(batch, length, dim)  # MH-MoE Eq. 7-8: sub-tokens merged back in head order
+        if self.merge is not None:
+            y = self.merge(y)  # MH-MoE Eq. 9
+        routing = RoutingRecord(
+            balance_loss=balance_loss,
+            z_loss=routed.z_loss,
+            expert_counts=counts_E,
+            expert_index=expert_index_SK.view(batch, length, heads, expert_index_SK.shape[-1]),
+            dropped_fraction=dropped,
+            requested_capacity=torch.ones((), device=x.device),
+            router_entropy=routed.entropy,
+            unrouted_fraction=unrouted,
+        )
+        return y, routing
+
+    def _token_choice(self, x_SD: torch.Tensor, valid_S: torch.Tensor | None, routed: RouterOutput):
+        """Each (sub-)token's top-k experts, sorted dispatch: (y, expert counts, expert index, dropped fraction)."""
+        config = self.config
         with record_function("mmoe.moe.plan"):
             plan = plan_dispatch(
                 routed.expert_SK, valid_S, config.num_experts, config.active_capacity_factor(self.training)
             )
-        if self.shard is not None:
-            with record_function("mmoe.moe.permute"):
-                rows_CD = dispatch_rows(x_SD.to(compute_dtype(x_SD)), plan)
-            y_CD = exchange(rows_CD, plan.offsets_E, self.shard, self.experts)
-            with record_function("mmoe.moe.combine"):
-                y_SD = combine(y_CD, plan, routed.weight_SK)
-        elif self.use_fused_kernels(x_SD):
+        if self.shard is None and self.use_fused_kernels(x_SD):
             with record_function("mmoe.moe.experts"):
                 y_CD = self.experts.forward_fused(x_SD.to(compute_dtype(x_SD)), plan)
             with record_function("mmoe.moe.combine"):
@@ -141,25 +178,31 @@ class MoELayer(MoEFeedForward):
         else:
             with record_function("mmoe.moe.permute"):
                 rows_CD = dispatch_rows(x_SD.to(compute_dtype(x_SD)), plan)
-            with record_function("mmoe.moe.experts"):
-                y_CD = self.experts(rows_CD, plan.expert_C, plan.offsets_E)
+            y_CD = self._run_experts(rows_CD, plan.expert_C, plan.offsets_E)
             with record_function("mmoe.moe.combine"):
                 y_SD = combine(y_CD, plan, routed.weight_SK)
+        expert_index_SK = torch.where(plan.kept_SK, routed.expert_SK, torch.full_like(routed.expert_SK, -1))
+        return y_SD, plan.expert_counts_E, expert_index_SK, plan.dropped_fraction
 
-        y = y_SD.reshape(batch, length, dim)  # MH-MoE Eq. 7-8: sub-tokens merged back in head order
-        if self.merge is not None:
-            y = self.merge(y)  # MH-MoE Eq. 9
-        expert_index = torch.where(plan.kept_SK, routed.expert_SK, torch.full_like(routed.expert_SK, -1))
-        routing = RoutingRecord(
-            balance_loss=routed.balance_loss,
-            z_loss=routed.z_loss,
-            expert_counts=plan.expert_counts_E,
-            expert_index=expert_index.view(batch, length, heads, top_k),
-            dropped_fraction=plan.dropped_fraction,
-            requested_capacity=torch.ones((), device=x.device),
-            router_entropy=routed.entropy,
-        )
-        return y, routing
+    def _expert_choice(self, x_SD: torch.Tensor, valid_S: torch.Tensor | None, routed: RouterOutput):
+        """Each expert's top-C (sub-)tokens (Zhou et al., 2022): (y, expert counts, expert index, dropped fraction 0,
+        unrouted fraction)."""
+        with record_function("mmoe.moe.plan"):
+            plan = plan_expert_choice(routed.scores_SE, valid_S, self.config.active_capacity_factor(self.training))
+        with record_function("mmoe.moe.permute"):
+            rows_CD = x_SD.to(compute_dtype(x_SD)).index_select(0, plan.token_C)
+        y_CD = self._run_experts(rows_CD, plan.expert_C, plan.offsets_E)
+        with record_function("mmoe.moe.combine"):
+            y_SD = combine_expert_choice(y_CD, plan, x_SD.shape[0])
+        dropped = torch.zeros((), device=x_SD.device)
+        return y_SD, plan.expert_counts_E, plan.expert_index_SE, dropped, plan.unrouted_fraction
+
+    def _run_experts(self, rows_CD: torch.Tensor, expert_C: torch.Tensor, offsets_E: torch.Tensor) -> torch.Tensor:
+        """The experts on rows sorted by expert: here, or through the expert-parallel exchange when sharded."""
+        if self.shard is not None:
+            return exchange(rows_CD, offsets_E, self.shard, self.experts)
+        with record_function("mmoe.moe.experts"):
+            return self.experts(rows_CD, expert_C, offsets_E)
 
 
 @torch.no_grad()

@@ -11,6 +11,14 @@ Balance loss (X-MoE Eq. 9, Switch form; MH-MoE Eq. 10 over sub-tokens): ``N * su
 non-padding (sub-)tokens whose *first* choice is expert i and P_i their mean routing probability. For the X-MoE scorer
 P is a softmax over s / tau_0 with the fixed tau_0 (= tau's initial value), also when the gate is a sigmoid.
 
+Global-batch balance loss (Qiu et al., 2025; ``MoEConfig.balance_batch="global"``): in training, with a process group,
+f_i is counted over every data-parallel rank's (sub-)tokens (one all-reduce), and each rank's P_i is its share of the
+global mean, so the ranks' mean loss is one process's loss on the global batch.
+
+Auxiliary-loss-free balancing (Wang et al., 2024, §3, Eq. 3, Algorithm 1; ``MoEConfig.bias_update_rate > 0``): a
+per-expert bias b is added to the gate scores for the top-k selection only; the gate weights are the unbiased scores.
+After each optimiser step :meth:`Router.update_selection_bias` moves b by ``u * sign(mean load - load)``.
+
 Router z-loss (ST-MoE, Zoph et al., 2022, Eq. 5): ``mean over non-padding rows of (log sum_i exp(x_i))^2`` of the
 gate logits x (s / tau for X-MoE), which keeps them small; computed always, weighted by the task's
 ``z_loss_coefficient`` (0 = off, ST-MoE uses 1e-3). X-MoE's logits are bounded (|s| <= 1), so there it mainly
@@ -26,6 +34,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -96,7 +105,8 @@ class RouterOutput:
 
     Attributes:
         expert_SK: chosen experts, first choice first.
-        weight_SK: gate weight of each choice (top-2 renormalised to sum to one unless ``renormalize`` is off).
+        weight_SK: gate weight of each choice (top-k renormalised to sum to one unless ``renormalize`` is off).
+        scores_SE: the gate values of every expert (softmax or sigmoid; what expert-choice routing ranks).
         balance_loss: X-MoE Eq. 9 over the non-padding (sub-)tokens; zero when there are none.
         z_loss: ST-MoE Eq. 5 over the non-padding (sub-)tokens; zero when there are none.
         entropy: mean entropy of the routing distribution over the non-padding (sub-)tokens (detached, for logs).
@@ -104,13 +114,14 @@ class RouterOutput:
 
     expert_SK: torch.Tensor
     weight_SK: torch.Tensor
+    scores_SE: torch.Tensor
     balance_loss: torch.Tensor
     z_loss: torch.Tensor
     entropy: torch.Tensor
 
 
 class Router(nn.Module):
-    """Scorer + gate + top-k + balance loss (X-MoE Eq. 7-9; GShard top-2)."""
+    """Scorer + gate + top-k (any k <= E) + balance loss (X-MoE Eq. 7-9; GShard top-2)."""
 
     def __init__(self, config: MoEConfig, num_experts: int | None = None) -> None:
         """``num_experts`` overrides the config's (a Stratified MoE gate scores its visible experts only); top-k is
@@ -120,6 +131,14 @@ class Router(nn.Module):
         num_experts = config.num_experts if num_experts is None else num_experts
         self.top_k = min(config.top_k, num_experts)
         self.renormalize = config.renormalize
+        self.bias_update_rate = config.bias_update_rate
+        self.balance_batch = config.balance_batch
+        if config.bias_update_rate:
+            # b_i of Wang et al. (2024) Eq. 3: moved by update_selection_bias, never by the optimiser; saved in
+            # checkpoints.
+            self.register_buffer("selection_bias", torch.zeros(num_experts))
+        else:
+            self.selection_bias = None
         if config.router == "xmoe":
             self.scorer = XMoEScorer(config.head_dim, num_experts, config.routing_dim, config.initial_temperature)
         else:
@@ -135,15 +154,28 @@ class Router(nn.Module):
                 scores_SE = gate_logits_SE.softmax(dim=-1)
             else:
                 scores_SE = gate_logits_SE.sigmoid()
-            weight_SK, expert_SK = scores_SE.topk(self.top_k, dim=-1)
+            if self.selection_bias is None:
+                weight_SK, expert_SK = scores_SE.topk(self.top_k, dim=-1)
+            else:  # Wang et al. Eq. 3: the bias picks the experts, the unbiased scores weigh them
+                _, expert_SK = (scores_SE + self.selection_bias.to(scores_SE.dtype)).topk(self.top_k, dim=-1)
+                weight_SK = scores_SE.gather(-1, expert_SK)
             if self.top_k > 1 and self.renormalize:  # GShard; MH-MoE Eq. 2 / 6 and Stratified Eq. 6 keep raw values
                 weight_SK = weight_SK / weight_SK.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(weight_SK.dtype).tiny)
             balance_probs_SE = balance_logits_SE.softmax(dim=-1)
             weights_S, count = _row_weights(balance_probs_SE, valid_S)
-            balance_loss = _balance_loss(balance_probs_SE, expert_SK[:, 0], weights_S, count)
+            global_batch = self.balance_batch == "global" and self.training and dist.is_available()
+            global_batch = global_batch and dist.is_initialized() and dist.get_world_size() > 1
+            balance_loss = _balance_loss(balance_probs_SE, expert_SK[:, 0], weights_S, global_batch)
             z_loss = (weights_S @ gate_logits_SE.logsumexp(dim=-1).square()) / count  # ST-MoE Eq. 5
             entropy = (weights_S @ torch.special.entr(balance_probs_SE.detach()).sum(-1)) / count
-        return RouterOutput(expert_SK, weight_SK, balance_loss, z_loss, entropy)
+        return RouterOutput(expert_SK, weight_SK, scores_SE, balance_loss, z_loss, entropy)
+
+    @torch.no_grad()
+    def update_selection_bias(self, load_E: torch.Tensor) -> None:
+        """Wang et al. (2024), Algorithm 1: ``b_i += u * sign(mean_j c_j - c_i)`` for the loads ``load_E`` (choices
+        per expert) of one training step; experts above the mean load get a lower bias, those below a higher one."""
+        load_E = load_E.to(self.selection_bias)
+        self.selection_bias.add_(self.bias_update_rate * torch.sign(load_E.mean() - load_E))
 
 
 def _row_weights(probs_SE: torch.Tensor, valid_S: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -152,10 +184,19 @@ def _row_weights(probs_SE: torch.Tensor, valid_S: torch.Tensor | None) -> tuple[
     return weights_S, weights_S.sum().clamp_min(1.0)
 
 
-def _balance_loss(probs_SE, first_choice_S, weights_S, count) -> torch.Tensor:
+def _balance_loss(probs_SE, first_choice_S, weights_S, global_batch: bool = False) -> torch.Tensor:
     """``N * sum_i f_i * P_i`` (X-MoE Eq. 9, Switch form) over the rows of weight 1; f_i counts first choices only
-    (GShard, torchscale)."""
+    (GShard, torchscale). ``global_batch``: f_i over every rank's rows and P_i this rank's share of the global mean
+    (Qiu et al., 2025), so that the mean over the W ranks is the loss of the global batch."""
     num_experts = probs_SE.shape[-1]
-    mean_prob_E = (weights_S @ probs_SE) / count  # P_i
-    fraction_E = probs_SE.new_zeros(num_experts).index_add_(0, first_choice_S, weights_S) / count  # f_i
-    return num_experts * (fraction_E * mean_prob_E).sum()
+    first_counts_E = probs_SE.new_zeros(num_experts).index_add_(0, first_choice_S, weights_S)
+    local_rows = weights_S.sum()
+    if global_batch:
+        totals = torch.cat([first_counts_E, local_rows[None]]).detach()
+        dist.all_reduce(totals)
+        first_counts_E, rows = totals[:-1], totals[-1].clamp_min(1.0)
+        mean_prob_E = (weights_S @ probs_SE) * dist.get_world_size() / rows  # this rank's share of P_i
+    else:
+        rows = local_rows.clamp_min(1.0)
+        mean_prob_E = (weights_S @ probs_SE) / rows  # P_i
+    return num_experts * (first_counts_E / rows * mean_prob_E).sum()

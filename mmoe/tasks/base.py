@@ -5,6 +5,9 @@ resume and the distributed hooks.
   ``z_loss_coefficient`` is set, that coefficient times the sum (or mean) of their router z-losses (ST-MoE Eq. 5).
 * AdamW with warm-up cosine (:mod:`mmoe.tasks.optimizer`, one typed ``optimizer`` argument of every task).
 * X-MoE §3.1: expert embeddings are put back to L2 norm 0.1 after every optimiser step.
+* Auxiliary-loss-free balancing (Wang et al., 2024): routers with a selection bias get it updated after every
+  optimiser step from the step's expert loads (:mod:`mmoe.tasks.selection_bias`), its spread logged as
+  ``train/selection_bias_spread``.
 * Exact resume: checkpoints hold the random generators' states (torch, CUDA, numpy, Python; every process's), put back
   before the first training step after ``--ckpt_path`` (:mod:`mmoe.tasks.state`); the data loaders save their own
   position.
@@ -33,6 +36,7 @@ from mmoe.tasks.expert_parallel import (
 from mmoe.tasks.fsdp import shard_task
 from mmoe.tasks.optimizer import OptimizerConfig, adamw_with_schedule, parameter_groups
 from mmoe.tasks.predictions import gather_objects
+from mmoe.tasks.selection_bias import SelectionLoads
 from mmoe.tasks.state import add_missing_optimizer_states, random_states, reshape_scalar_states, set_random_states
 
 #: The values of ``balance_reduce``: add or average the MoE layers' balance losses.
@@ -68,7 +72,8 @@ class BackboneTask(L.LightningModule):
 
     One step for every task (:meth:`shared_step`): the subclass's :meth:`step_losses` gives the task loss, its metrics
     and the routing records; the base adds alpha x the balance loss (X-MoE Eq. 10), logs ``<stage>/loss``,
-    ``<stage>/balance_loss``, ``<stage>/z_loss``, ``<stage>/dropped_fraction`` and ``<stage>/requested_capacity`` with
+    ``<stage>/balance_loss``, ``<stage>/z_loss``, ``<stage>/dropped_fraction``, ``<stage>/requested_capacity`` (and
+    ``<stage>/unrouted_fraction`` with expert-choice routing) with
     the task's metrics,
     and ``training_step`` hands the callbacks the routing records with detached balance losses.
 
@@ -109,6 +114,8 @@ class BackboneTask(L.LightningModule):
         #: The losses the latest training step logged (``train/loss``, ``train/balance_loss``, ...; detached): what a
         #: non-finite step is reported with (:mod:`mmoe.tasks.non_finite`), read before the optimiser step.
         self.latest_train_losses: dict[str, torch.Tensor] = {}
+        #: The loss-free balancing loads of the current optimiser step (made at the first training step).
+        self.selection_loads: SelectionLoads | None = None
         if text_tokenizer is not None:  # a missing or unreadable file fails here, named by the option that gives it
             try:
                 TextTokenizer(sentencepiece=text_tokenizer)
@@ -161,6 +168,9 @@ class BackboneTask(L.LightningModule):
             log[f"{stage}/requested_capacity"] = (
                 torch.stack([r.requested_capacity for r in step.routing]).float().mean()
             )
+            unrouted = [r.unrouted_fraction for r in step.routing if r.unrouted_fraction is not None]
+            if unrouted:  # expert choice: tokens no expert took
+                log[f"{stage}/unrouted_fraction"] = torch.stack(unrouted).mean()
         sync = stage != "train"
         if stage == "train":
             self.latest_train_losses = {name: value for name, value in log.items() if name.endswith("loss")}
@@ -170,6 +180,9 @@ class BackboneTask(L.LightningModule):
 
     def training_step(self, batch: Any, batch_idx: int) -> dict:
         loss, routing, _ = self.shared_step(batch, "train")
+        if self.selection_loads is None:
+            self.selection_loads = SelectionLoads(self.backbone)
+        self.selection_loads.add(routing)
         return {"loss": loss, "routing": [detached(record) for record in routing]}
 
     def setup(self, stage: str) -> None:
@@ -226,6 +239,8 @@ class BackboneTask(L.LightningModule):
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         self.log_skipped_samples("train")
+        if self.selection_loads is not None and self.selection_loads.routers:
+            self.log("train/selection_bias_spread", self.selection_loads.bias_spread(), batch_size=1)
 
     def on_validation_epoch_end(self) -> None:
         self.log_skipped_samples("val")
@@ -248,6 +263,8 @@ class BackboneTask(L.LightningModule):
         # X-MoE keeps the expert embeddings at norm 0.1 (§3.1): restored after every optimiser step (not in a
         # zero-grad hook, which Lightning runs between the forward and the backward).
         restore_expert_embedding_norm(self.backbone)
+        if self.selection_loads is not None:  # Wang et al. (2024) Algorithm 1: after the step, from its loads
+            self.selection_loads.update()
 
     def configure_optimizers(self):
         return adamw_with_schedule(

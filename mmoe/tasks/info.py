@@ -178,7 +178,11 @@ def variant_name(config: MultiwayConfig) -> str:
         return f"Stratified MoE, strata {moe.strata}"
     router = "X-MoE" if moe.router == "xmoe" else "Switch"
     heads = f" MH-MoE h={moe.heads}" if moe.heads > 1 else ""
-    return f"{router}{heads}, {moe.num_experts} experts, top-{moe.top_k}"
+    shared = f" + {moe.shared_experts} shared" if moe.shared_experts else ""
+    width = f", expert width {moe.beta:g} x FFN" if moe.beta != 1.0 else ""
+    choice = f"expert choice c={moe.capacity_factor:g}" if moe.routing == "expert_choice" else f"top-{moe.top_k}"
+    balancing = ", loss-free bias" if moe.bias_update_rate else ""
+    return f"{router}{heads}, {moe.num_experts} experts{shared}, {choice}{width}{balancing}"
 
 
 def millions(count: int) -> str:

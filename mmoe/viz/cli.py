@@ -187,7 +187,8 @@ def _subtoken_map(args: argparse.Namespace) -> int:
     image_maps, text_maps, pixels, tokens, top = {}, {}, None, None, 1
     for path, label, backbone in zip(args.ckpt, checkpoint_labels(args.ckpt), backbones, strict=True):
         moe = backbone.config.moe
-        top = max(top, min(moe.heads * (moe.top_k if args.choices == "all" else 1), moe.num_experts))
+        per_sub_token = moe.num_experts if moe.routing == "expert_choice" else moe.top_k  # expert choice: up to all
+        top = max(top, min(moe.heads * (per_sub_token if args.choices == "all" else 1), moe.num_experts))
         if moe.heads == 1:
             print(f"note: checkpoint {path} has heads=1: one expert per token (a constant map)", file=sys.stderr)
         batch = next(make_batches(images, backbone.config.image_size, len(images), None))

@@ -18,6 +18,7 @@ from mmoe.moe import MoEConfig, MoELayer
 from mmoe.moe.cost import active_parameters_per_token, flops_per_token, gate_cost
 from mmoe.tasks.captioning import CaptioningFineTuning
 from mmoe.tasks.checkpoint import config_to_dict
+from mmoe.tasks.info import variant_name
 from mmoe.tasks.nlvr2 import NLVR2FineTuning
 from mmoe.tasks.pretraining import MaskedPretraining
 from mmoe.tasks.retrieval import RetrievalFineTuning
@@ -32,6 +33,9 @@ VARIANTS = {
     "switch": MoEPlan(num_experts=4, router="linear", top_k=2),
     "mhmoe": MoEPlan(num_experts=4, heads=4, top_k=2),
     "stratified": MoEPlan(num_experts=4, strata=[2, 2], top_k=2),
+    "fine_grained_shared": MoEPlan(num_experts=8, top_k=3, beta=0.25, shared_experts=1),
+    "expert_choice": MoEPlan(num_experts=4, routing="expert_choice", capacity_factor=2.0),
+    "loss_free_global": MoEPlan(num_experts=4, top_k=2, bias_update_rate=1e-3, balance_batch="global"),
 }
 
 
@@ -125,19 +129,32 @@ def test_dense_active_parameters_are_one_modality_way():
         dict(router="xmoe", top_k=1),
         dict(router="linear", top_k=2),
         dict(router="xmoe", heads=2, top_k=1),
+        dict(router="xmoe", top_k=3, shared_experts=1, beta=0.25),
+        dict(router="linear", top_k=4, shared_experts=2, beta=0.5),
+        dict(router="xmoe", heads=2, top_k=2, shared_experts=1),
     ],
 )
 def test_moe_active_parameters_equal_the_touched_weights(fields):
-    """One token through a MoE layer: the parameter entries with a gradient are the closed form's active ones."""
+    """One token through a MoE layer: the parameter entries its objective (output and balance loss) gives a gradient
+    are the closed form's active parameters, and the forward FLOPs are 2 x the weight entries it multiplies (the
+    router's and the shared experts' once per sub-token)."""
     torch.manual_seed(0)
     config = MoEConfig(dim=16, ffn_dim=32, num_experts=16, subln=True, **fields)
     layer = MoELayer(config)
     out, record = layer(torch.randn(1, 1, 16))
-    out.sum().backward()
-    touched = sum(int((p.grad != 0).sum()) for p in layer.parameters() if p.grad is not None)
+    (out.sum() + record.balance_loss).backward()
+    touched = {name: int((p.grad != 0).sum()) for name, p in layer.named_parameters() if p.grad is not None}
     chosen = record.expert_index.flatten().unique().numel()
     assert chosen == config.heads * config.top_k  # distinct experts, so the closed form's count is the exact one
-    assert touched == active_parameters_per_token(config)
+    assert sum(touched.values()) == active_parameters_per_token(config)
+
+    def is_weight(name: str) -> bool:  # not a bias, a Sub-LN affine or the temperature
+        return not any(part in name for part in ("bias", "ln_", "temperature"))
+
+    every_sub_token = [layer.router] + ([layer.shared_experts] if config.shared_experts else [])
+    reused = sum(p.numel() for module in every_sub_token for n, p in module.named_parameters() if is_weight(n))
+    weights = sum(entries for name, entries in touched.items() if is_weight(name))
+    assert flops_per_token(config) == 2 * (weights + (config.heads - 1) * reused)
 
 
 def test_stratified_gates_by_hand():
@@ -264,3 +281,11 @@ def test_a_tiny_variant_is_read_from_the_base_and_its_part(capsys, monkeypatch):
     assert code == 0, err
     assert result["variant"] == "X-MoE MH-MoE h=4, 8 experts, top-1"
     assert result["source"] == f"{configs / 'tiny.yaml'} + {configs / 'tiny' / 'mhmoe.yaml'}"
+
+
+def test_variant_names_of_the_newer_routers():
+    assert variant_name(tiny(VARIANTS["fine_grained_shared"])) == (
+        "X-MoE, 8 experts + 1 shared, top-3, expert width 0.25 x FFN"
+    )
+    assert variant_name(tiny(VARIANTS["expert_choice"])) == "X-MoE, 4 experts, expert choice c=2"
+    assert variant_name(tiny(VARIANTS["loss_free_global"])) == "X-MoE, 4 experts, top-2, loss-free bias"

@@ -126,6 +126,8 @@ def test_what_cannot_be_upcycled_is_refused():
         upcycle(dense, MoEPlan(num_experts=4, every=1, beta=2.0))
     with pytest.raises(ValueError, match="has MoE layers already"):
         upcycle(upcycle(dense, MoEPlan(num_experts=2)), MoEPlan(num_experts=2))
+    with pytest.raises(ValueError, match="shared_experts=1: upcycling copies the dense FFN"):
+        upcycle(dense, MoEPlan(num_experts=4, shared_experts=1))
 
 
 def test_upcycle_command_writes_a_backbone_that_fine_tuning_starts_from(tmp_path, capsys):

@@ -22,7 +22,8 @@ def reference_scores(router, config, x_D: torch.Tensor) -> tuple[torch.Tensor, t
         cosines = torch.stack(
             [projected @ e / (projected.norm() * e.norm()) for e in scorer.expert_embeddings]
         )  # X-MoE Eq. 7
-        return cosines / scorer.log_temperature.exp(), cosines / config.initial_temperature
+        # tau_0 as the layer stores it (0.3 rounded to float32 before .double()); its value: test_layer.py
+        return cosines / scorer.log_temperature.exp(), cosines / scorer.balance_temperature
     logits = torch.stack([x_D @ e for e in scorer.weight])
     return logits, logits
 
@@ -34,16 +35,37 @@ def reference_expert(experts, expert: int, x_D: torch.Tensor) -> torch.Tensor:
     return hidden @ experts.fc2_weight[expert] + experts.fc2_bias[expert]
 
 
-def reference_top_k(config, gate_logits: torch.Tensor, top_k: int) -> list[tuple[int, torch.Tensor]]:
-    """[(expert, weight)] best first; top-2 weights renormalised to sum to one (GShard) unless the config keeps the raw
-    gate values (MH-MoE Eq. 2 / 6, Stratified MoE Eq. 6)."""
-    scores = gate_logits.softmax(-1) if config.gate == "softmax" else gate_logits.sigmoid()
-    ranked = sorted(range(scores.numel()), key=lambda e: -float(scores[e].detach()))[:top_k]
+def reference_top_k(config, gate_logits: torch.Tensor, top_k: int, bias=None) -> list[tuple[int, torch.Tensor]]:
+    """[(expert, weight)] best first; top-k weights renormalised to sum to one (GShard) unless the config keeps the raw
+    gate values (MH-MoE Eq. 2 / 6, Stratified MoE Eq. 6). ``bias``: loss-free balancing's per-expert selection bias
+    (Wang et al., 2024, Eq. 3), added for the ranking only."""
+    scores = reference_gate_values(config, gate_logits)
+    ranking = [float(scores[e].detach()) + (0.0 if bias is None else float(bias[e])) for e in range(scores.numel())]
+    ranked = sorted(range(scores.numel()), key=lambda e: -ranking[e])[:top_k]
     weights = [scores[e] for e in ranked]
     if top_k > 1 and config.renormalize:
         total = sum(weights)
         weights = [w / total for w in weights]
     return list(zip(ranked, weights, strict=True))
+
+
+def reference_gate_values(config, gate_logits: torch.Tensor) -> torch.Tensor:
+    return gate_logits.softmax(-1) if config.gate == "softmax" else gate_logits.sigmoid()
+
+
+def reference_expert_choice(scores: list[torch.Tensor], padded: list[bool], capacity_factor: float, num_experts: int):
+    """Expert choice (Zhou et al., 2022) by brute force: every expert sorts the real sub-tokens by its gate value and
+    takes the first C = ceil(c * n / E) (n all sub-tokens). Returns (per sub-token [(expert, weight)] highest weight
+    first, load)."""
+    capacity = min(len(scores), math.ceil(capacity_factor * len(scores) / num_experts))
+    real = [index for index, pad in enumerate(padded) if not pad]
+    taken = [[] for _ in scores]
+    load = [0] * num_experts
+    for expert in range(num_experts):
+        for index in sorted(real, key=lambda i: -float(scores[i][expert].detach()))[:capacity]:
+            taken[index].append((expert, scores[index][expert]))
+            load[expert] += 1
+    return [sorted(pairs, key=lambda pair: -float(pair[1].detach())) for pairs in taken], load
 
 
 def reference_keep(choices, padded: list[bool], capacity: float, num_experts: int):
@@ -76,22 +98,30 @@ def reference_forward(layer: MoELayer, x: torch.Tensor, padding_mask: torch.Tens
                 sub_tokens.append((b, position, head, vector, padded))
 
     choices = []  # per sub-token: list of (expert, weight)
-    balance_probs, first_choices = [], []
+    balance_probs, first_choices, gate_values = [], [], []
     for _, _, _, vector, padded in sub_tokens:
         gate_logits, balance_logits = reference_scores(layer.router, config, vector)
-        choices.append(reference_top_k(config, gate_logits, top_k))
+        gate_values.append(reference_gate_values(config, gate_logits))
+        choices.append(reference_top_k(config, gate_logits, top_k, layer.router.selection_bias))
         if not padded:
             balance_probs.append(balance_logits.softmax(-1))
             first_choices.append(choices[-1][0][0])
 
-    # Capacity: first choices before second choices, then token order (GShard).
-    num_valid = sum(1 for *_, padded in sub_tokens if not padded)
     factor = config.active_capacity_factor(layer.training)
-    capacity = math.inf if factor is None else math.ceil(factor * top_k * num_valid / num_experts)
-    kept, load = reference_keep(choices, [padded for *_, padded in sub_tokens], capacity, num_experts)
+    padded_list = [padded for *_, padded in sub_tokens]
+    if config.routing == "expert_choice":
+        choices, load = reference_expert_choice(gate_values, padded_list, factor, num_experts)
+        kept = [[True] * len(pairs) for pairs in choices]
+        balance_probs, width = [], num_experts  # no balance loss; a sub-token may be taken by every expert
+    else:
+        # Capacity: first choices before second choices, then token order (GShard).
+        num_valid = sum(1 for pad in padded_list if not pad)
+        capacity = math.inf if factor is None else math.ceil(factor * top_k * num_valid / num_experts)
+        kept, load = reference_keep(choices, padded_list, capacity, num_experts)
+        width = top_k
 
     out = torch.zeros(batch, length, heads, config.head_dim, dtype=x.dtype)
-    expert_index = torch.full((batch, length, heads, top_k), -1, dtype=torch.long)
+    expert_index = torch.full((batch, length, heads, width), -1, dtype=torch.long)
     for index, (b, position, head, vector, _) in enumerate(sub_tokens):
         for rank, (expert, weight) in enumerate(choices[index]):
             if kept[index][rank]:
@@ -99,6 +129,13 @@ def reference_forward(layer: MoELayer, x: torch.Tensor, padding_mask: torch.Tens
                     layer.experts, expert, vector
                 )
                 expert_index[b, position, head, rank] = expert
+    if layer.shared_experts is not None:  # DeepSeekMoE Eq. 9: every shared expert with weight 1
+        for b, position, head, vector, padded in sub_tokens:
+            if not padded:
+                for expert in range(layer.shared_experts.num_experts):
+                    out[b, position, head] = out[b, position, head] + reference_expert(
+                        layer.shared_experts, expert, vector
+                    )
     y = out.reshape(batch, length, dim)
     if layer.merge is not None:
         y = y @ layer.merge.weight.t() + layer.merge.bias
@@ -162,3 +199,33 @@ def reference_stratified(layer, x: torch.Tensor, padding_mask: torch.Tensor | No
     entering = sum(1 for pad in padded if not pad)
     y = torch.stack(tokens).view(batch, length, dim)
     return y, torch.stack(losses).mean(), torch.tensor(counts), passes / max(entering, 1), torch.tensor(path)
+
+
+def assert_matches_reference(layer: MoELayer, x: torch.Tensor, padding_mask: torch.Tensor):
+    """The layer equals :func:`reference_forward` on ``x``: outputs at real tokens, balance loss, counts, choices,
+    and the gradients of the input and of every trainable parameter. Returns the layer's routing record."""
+    x_layer = x.clone().requires_grad_(True)
+    x_ref = x.clone().requires_grad_(True)
+    grad = torch.randn_like(x)
+    y, routing = layer(x_layer, padding_mask)
+    y_ref, balance_ref, counts_ref, index_ref = reference_forward(layer, x_ref, padding_mask)
+
+    valid = ~padding_mask
+    torch.testing.assert_close(y[valid], y_ref[valid])
+    torch.testing.assert_close(routing.balance_loss.double(), balance_ref.double())
+    assert torch.equal(routing.expert_counts, counts_ref)
+    assert torch.equal(routing.expert_index, index_ref)
+
+    params = [p for p in layer.parameters() if p.requires_grad]
+    loss = (y * grad)[valid].sum() + routing.balance_loss
+    loss_ref = (y_ref * grad)[valid].sum() + balance_ref
+    grads = torch.autograd.grad(loss, [x_layer, *params], allow_unused=True)
+    grads_ref = torch.autograd.grad(loss_ref, [x_ref, *params], allow_unused=True)
+    names = ["x"] + [name for name, p in layer.named_parameters() if p.requires_grad]
+    for name, got, want in zip(names, grads, grads_ref, strict=True):
+        got = torch.zeros_like(want) if got is None and want is not None else got
+        want = torch.zeros_like(got) if want is None and got is not None else want
+        if got is None:
+            continue
+        torch.testing.assert_close(got, want, msg=lambda m, name=name: f"gradient of {name}: {m}")
+    return routing

@@ -23,6 +23,8 @@ CASES = (
     {"top_k": 2, "renormalize": False, "heads": 2},
     {"top_k": 1, "capacity_factor": 0.5},
     {"top_k": 2, "router": "linear", "subln": True},
+    {"top_k": 3, "shared_experts": 1},
+    {"routing": "expert_choice", "capacity_factor": 1.5, "heads": 2},
 )
 
 

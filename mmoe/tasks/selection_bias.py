@@ -1,0 +1,66 @@
+"""Auxiliary-loss-free load balancing in training (Wang et al., 2024, §3, Algorithm 1).
+
+Routers with ``MoEConfig.bias_update_rate > 0`` select experts on their scores plus a per-expert bias
+(:class:`mmoe.moe.Router`). The task counts each such router's load (the choices its experts processed, from the
+routing records) over the micro-batches of one optimiser step, sums the counts over every data-parallel rank, and
+after the step moves each bias by the sign of its load error (:meth:`mmoe.moe.Router.update_selection_bias`), so
+every rank keeps the same biases.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from mmoe.model import MultiwayTransformer
+from mmoe.moe import Router, RoutingRecord
+
+
+class SelectionLoads:
+    """The expert loads of a backbone's biased routers, summed over one optimiser step's micro-batches.
+
+    Args:
+        backbone: the backbone whose MoE layers' routers are updated (frozen layers are left alone).
+    """
+
+    def __init__(self, backbone: MultiwayTransformer) -> None:
+        self.routers: dict[tuple[int, str], Router] = {}
+        for slot in backbone.moe_layers():
+            router = slot.layer.gate_routers()[0]
+            if router.selection_bias is None or slot.layer.config.frozen:
+                continue
+            key = (slot.index, slot.modality)
+            if key in self.routers:
+                raise ValueError(
+                    f"MoEPlan.bias_update_rate with two MoE FFNs named {key} (mode 'shared' with vl_layers): their "
+                    "routing records are not told apart; use mode per_modality or bias_update_rate: 0"
+                )
+            self.routers[key] = router
+        self.loads: dict[tuple[int, str], torch.Tensor] = {}
+
+    def add(self, routing: list[RoutingRecord]) -> None:
+        """Count one micro-batch's routing records."""
+        for record in routing:
+            key = (record.layer, record.modality)
+            if key in self.routers:
+                counts = record.expert_counts.detach()
+                self.loads[key] = counts + self.loads[key] if key in self.loads else counts
+
+    @torch.no_grad()
+    def update(self) -> None:
+        """Sum the loads over the data-parallel ranks, move every bias (Algorithm 1) and start the next step's count.
+        A collective where a process group exists: every rank calls it after each optimiser step."""
+        if not self.routers:
+            return
+        zero = {key: torch.zeros_like(router.selection_bias) for key, router in self.routers.items()}
+        loads = torch.stack([self.loads.get(key, zero[key]).to(zero[key]) for key in self.routers])
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(loads)
+        for router, load in zip(self.routers.values(), loads, strict=True):
+            router.update_selection_bias(load)
+        self.loads = {}
+
+    def bias_spread(self) -> torch.Tensor:
+        """Mean over the routers of max(b) - min(b): how far the biases have moved the selection apart (for logs)."""
+        spreads = [router.selection_bias.max() - router.selection_bias.min() for router in self.routers.values()]
+        return torch.stack(spreads).mean()

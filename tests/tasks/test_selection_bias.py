@@ -1,0 +1,65 @@
+"""Loss-free balancing in training (Wang et al., 2024, Algorithm 1): the biases after a few optimiser steps equal the
+hand computation from the steps' routing records, with gradient accumulation and no balance loss, and are logged and
+checkpointed."""
+
+from __future__ import annotations
+
+import lightning as L
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from mmoe.model import MoEPlan, MultiwayConfig
+from mmoe.tasks.pretraining import MaskedPretraining
+from mmoe.tasks.selection_bias import SelectionLoads
+from tests.tasks.test_pretraining import BACKBONE, codebook_path, make_batches  # noqa: F401 (fixture)
+
+
+class RecordLoads(L.Callback):
+    """The expert counts of every micro-batch's routing records, keyed by (layer, modality)."""
+
+    def __init__(self) -> None:
+        self.batches: list[dict] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.batches.append({(r.layer, r.modality): r.expert_counts.clone() for r in outputs["routing"]})
+
+
+def test_biases_follow_the_sign_of_each_steps_load_error(codebook_path, tmp_path):  # noqa: F811
+    torch.manual_seed(0)
+    rate = 0.01
+    config = MultiwayConfig(**BACKBONE, moe=MoEPlan(num_experts=4, top_k=2, every=1, bias_update_rate=rate))
+    task = MaskedPretraining(config, codebook_path, balance_coefficient=0.0)
+    recorder = RecordLoads()
+    trainer = L.Trainer(
+        max_steps=3, accumulate_grad_batches=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, accelerator="cpu", default_root_dir=tmp_path, callbacks=[recorder],
+    )  # fmt: skip
+    trainer.fit(task, DataLoader(make_batches(6), batch_size=None, shuffle=False))
+    assert len(recorder.batches) == 6
+
+    biases = {}
+    for slot in task.backbone.moe_layers():
+        key = (slot.index, slot.modality)
+        expected = torch.zeros(4)
+        for step in range(3):  # two micro-batches per optimiser step
+            load = sum(
+                batch.get(key, torch.zeros(4, dtype=torch.long)) for batch in recorder.batches[2 * step : 2 * step + 2]
+            )
+            expected += rate * torch.sign(load.float().mean() - load.float())
+        biases[key] = slot.layer.router.selection_bias
+        torch.testing.assert_close(biases[key], expected, msg=str(key))
+    assert any(bias.abs().sum() > 0 for bias in biases.values())
+    spread = torch.stack([bias.max() - bias.min() for bias in biases.values()]).mean()
+    torch.testing.assert_close(trainer.callback_metrics["train/selection_bias_spread"], spread)
+    state = task.state_dict()
+    torch.testing.assert_close(state["backbone.layers.0.ffn.0.router.selection_bias"], biases[(0, "vision")])
+
+
+def test_shared_mode_with_a_vl_ffn_is_refused():
+    from mmoe.model import MultiwayTransformer
+
+    plan = MoEPlan(num_experts=4, every=1, mode="shared", bias_update_rate=0.01)
+    backbone = MultiwayTransformer(MultiwayConfig.preset("test", moe=plan, vl_layers=1))
+    with pytest.raises(ValueError, match="not told apart"):
+        SelectionLoads(backbone)
