@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from mmoe.moe import MoEConfig, MoELayer
 from mmoe.moe.expert_parallel import EXPERT_PARALLEL_ATTRIBUTE, check_expert_parallel, expert_parallel_groups
+from tests.gloo import spawn_gloo
 
 WORLD = 2
 CASES = (
@@ -90,17 +90,13 @@ def check_case(rank: int, options: dict) -> None:
     assert torch.equal(resharded.experts.fc2_weight, full_state["experts.fc2_weight"][2 * rank : 2 * rank + 2])
 
 
-def worker(rank: int, init_file: str) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
-    try:
-        for options in CASES:
-            check_case(rank, options)
-    finally:
-        dist.destroy_process_group()
+def every_case(rank: int) -> None:
+    for options in CASES:
+        check_case(rank, options)
 
 
 def test_two_process_expert_parallel_layer_equals_the_unsharded_layer(tmp_path):
-    mp.spawn(worker, args=(str(tmp_path / "init"),), nprocs=WORLD, join=True)
+    spawn_gloo(every_case, WORLD, tmp_path)
 
 
 @pytest.mark.parametrize(

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from mmoe.moe import MoEConfig, MoELayer
+from tests.gloo import spawn_gloo
 from tests.moe.test_expert_parallel import WORLD, rank_inputs
 
 CASES = (
@@ -53,17 +53,13 @@ def check_case(rank: int, options: dict) -> None:
     torch.testing.assert_close(layer(x, padding)[1].balance_loss, local(x, padding)[1].balance_loss)
 
 
-def worker(rank: int, init_file: str) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
-    try:
-        for options in CASES:
-            check_case(rank, options)
-    finally:
-        dist.destroy_process_group()
+def every_case(rank: int) -> None:
+    for options in CASES:
+        check_case(rank, options)
 
 
 def test_two_process_global_balance_loss_equals_one_process_on_the_global_batch(tmp_path):
-    mp.spawn(worker, args=(str(tmp_path / "init"),), nprocs=WORLD, join=True)
+    spawn_gloo(every_case, WORLD, tmp_path)
 
 
 def test_without_a_process_group_the_global_loss_is_the_local_one():

@@ -8,11 +8,10 @@ import dataclasses
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
 from mmoe.tasks.fsdp import shard_backbone
+from tests.gloo import spawn_gloo
 
 WORLD = 2
 CONFIG = MultiwayConfig.preset("test", moe=MoEPlan(num_experts=4, top_k=2, every=1))
@@ -81,18 +80,14 @@ def check_bf16(rank: int) -> None:
             assert parameter.grad.dtype == torch.float32 and torch.isfinite(parameter.grad.full_tensor()).all()
 
 
-def worker(rank: int, init_file: str) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
-    try:
-        for name, config in VARIANTS.items():
-            check(rank, name, config)
-        check_bf16(rank)
-    finally:
-        dist.destroy_process_group()
+def every_variant(rank: int) -> None:
+    for name, config in VARIANTS.items():
+        check(rank, name, config)
+    check_bf16(rank)
 
 
 def test_fully_sharded_moe_backbone_equals_the_unsharded_one(tmp_path):
-    mp.spawn(worker, args=(str(tmp_path / "init"),), nprocs=WORLD, join=True)
+    spawn_gloo(every_variant, WORLD, tmp_path)
 
 
 def test_old_scalar_temperature_loads():

@@ -11,11 +11,11 @@ import math
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from mmoe.model import MoEPlan, MultiwayConfig
 from mmoe.tasks.retrieval import RetrievalFineTuning, contrastive_loss, gather_with_grad
+from tests.gloo import spawn_gloo
 
 WORLD = 2
 
@@ -107,45 +107,41 @@ def test_the_objective_holds_both_passes_balance_losses():
         assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in slot.layer.parameters()), slot
 
 
-def gathered_worker(rank: int, init_file: str, out: str) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
-    try:
-        torch.set_num_threads(1)
-        model = task()
-        reference = copy.deepcopy(model)
-        data = batch(5, seed=3)
-        rows = slice(0, 3) if rank == 0 else slice(3, 5)  # uneven: 3 and 2 rows
-        local = {name: value[rows] for name, value in data.items()}
-        loss = model.step_losses(local).task_loss
-        loss.backward()
-        for parameter in model.parameters():  # what DDP does: average the gradients over the processes
-            if parameter.grad is not None:
-                dist.all_reduce(parameter.grad)
-                parameter.grad /= WORLD
-        image, text, _ = reference(data["image"], data["text_ids"], data["text_padding_mask"])
-        expected = contrastive_loss(image, text, reference.scale())
-        expected.backward()
-        torch.testing.assert_close(loss, expected)
-        checked = 0
-        for (name, got), want in zip(model.named_parameters(), reference.parameters(), strict=True):
-            if want.grad is None:
-                assert got.grad is None or not got.grad.any(), name
-                continue
-            torch.testing.assert_close(got.grad, want.grad, rtol=1e-4, atol=1e-6, msg=name)
-            checked += int(want.grad.abs().sum() > 0)
-        assert checked > 10
-        gathered = gather_with_grad(torch.full((3 - rank, 2), float(rank)))
-        assert gathered.tolist() == [[0.0, 0.0]] * 3 + [[1.0, 1.0]] * 2
-        if rank == 0:
-            with open(out, "w") as done:
-                done.write(str(checked))
-    finally:
-        dist.destroy_process_group()
+def gathered_worker(rank: int, out: str) -> None:
+    torch.set_num_threads(1)
+    model = task()
+    reference = copy.deepcopy(model)
+    data = batch(5, seed=3)
+    rows = slice(0, 3) if rank == 0 else slice(3, 5)  # uneven: 3 and 2 rows
+    local = {name: value[rows] for name, value in data.items()}
+    loss = model.step_losses(local).task_loss
+    loss.backward()
+    for parameter in model.parameters():  # what DDP does: average the gradients over the processes
+        if parameter.grad is not None:
+            dist.all_reduce(parameter.grad)
+            parameter.grad /= WORLD
+    image, text, _ = reference(data["image"], data["text_ids"], data["text_padding_mask"])
+    expected = contrastive_loss(image, text, reference.scale())
+    expected.backward()
+    torch.testing.assert_close(loss, expected)
+    checked = 0
+    for (name, got), want in zip(model.named_parameters(), reference.parameters(), strict=True):
+        if want.grad is None:
+            assert got.grad is None or not got.grad.any(), name
+            continue
+        torch.testing.assert_close(got.grad, want.grad, rtol=1e-4, atol=1e-6, msg=name)
+        checked += int(want.grad.abs().sum() > 0)
+    assert checked > 10
+    gathered = gather_with_grad(torch.full((3 - rank, 2), float(rank)))
+    assert gathered.tolist() == [[0.0, 0.0]] * 3 + [[1.0, 1.0]] * 2
+    if rank == 0:
+        with open(out, "w") as done:
+            done.write(str(checked))
 
 
 def test_two_processes_give_the_loss_and_gradients_of_one_process_on_the_global_batch(tmp_path):
     out = tmp_path / "checked"
-    mp.spawn(gathered_worker, args=(str(tmp_path / "init"), str(out)), nprocs=WORLD, join=True)
+    spawn_gloo(gathered_worker, WORLD, tmp_path, str(out))
     assert int(out.read_text()) > 10
 
 
