@@ -47,7 +47,7 @@ def shards(tmp_path_factory) -> Path:
 XMOE = ("pretrain/tiny.yaml", "pretrain/tiny/xmoe.yaml")
 INVALID = {
     "num_heads": (XMOE, "backbone.num_heads", "5", "MultiwayConfig.dim=192 is not divisible by num_heads=5"),
-    "top_k": (XMOE, "backbone.moe.top_k", "3", "MoEConfig.top_k must be 1 or 2, got 3"),
+    "top_k": (XMOE, "backbone.moe.top_k", "9", "MoEConfig.top_k=9 exceeds MoEConfig.num_experts=8"),
     "strata": (("pretrain/tiny.yaml", "pretrain/tiny/stratified.yaml"), "backbone.moe.strata", "[4, 2]",
                "MoEConfig.strata=[4, 2] sums to 6"),
     "image_size": (("finetune/vqav2_tiny.yaml",), "backbone.image_size", "70", "MultiwayConfig.image_size=70 is not "
