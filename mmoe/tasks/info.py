@@ -137,12 +137,7 @@ def from_checkpoint(path: Path) -> tuple[str, MultiwayConfig, dict[str, int], in
                 head[part] = head.get(part, 0) + value.numel()
         data = state.get("datamodule_hyper_parameters")
         text_length = data.get("max_text_length") if isinstance(data, dict) else None
-<<<<<<< HEAD
-        task = hyper_parameters.get("_class_path") or "a Lightning checkpoint of an mmoe task"
         return task, config, head, text_length, visual_tokenizer_cost(hyper_parameters, config)
-=======
-        return task, config, head, text_length
->>>>>>> issue36
     pretrained = read_pretrained(path)
     kind = "BEiT-3 checkpoint" if pretrained.heads else "backbone"
     heads = sum(value.numel() for value in pretrained.heads.values())
