@@ -20,8 +20,9 @@ then for each variant, under ``DIR/<variant>/``:
    ``configs/pretrain/tiny/<variant>.yaml`` (none for dense), its ``data_root`` and codebook set to ``DIR/data`` and
    its step counts to the demo's (typed options and callback objects, no argv);
 4. ``export``       the pre-trained backbone as ``backbone_pretrained.pt``;
-5. ``vqav2``, ``nlvr2``, ``captioning``: ``mmoe fit`` with ``configs/finetune/<task>_tiny.yaml`` from that backbone,
-   ``mmoe predict`` on the evaluation split, and the official scorers (:mod:`mmoe.metrics`);
+5. ``vqav2``, ``nlvr2``, ``captioning``, ``retrieval``: ``mmoe fit`` with ``configs/finetune/<task>_tiny.yaml`` from
+   that backbone, ``mmoe predict`` on the evaluation split, and the official scorers (:mod:`mmoe.metrics`; retrieval's
+   chance levels are a random ranking's of the test split);
 6. ``figures``      ``mmoe viz subtoken-map`` (pre-trained vs VQA fine-tuned backbone) and ``mmoe viz heatmap``;
 7. with ``--random-init``, under ``DIR/<variant>/random-init/``: ``init`` (a backbone of the pre-trained one's
    architecture with fresh weights, seed 0), then step 5 from it: what pre-training adds at equal steps.

@@ -17,12 +17,14 @@ from mmoe.data.synth.convert import (
     CAPTION_TEST_SPLIT,
     CAPTION_TRAIN_SPLIT,
     NLVR2_DEV_SPLIT,
+    RETRIEVAL_TEST_SPLIT,
     VQA_TRAIN_SPLIT,
     VQA_VAL_SPLIT,
 )
 from mmoe.data.synth.scenes import COLORS
-from mmoe.demo.report import caption_rows, nlvr2_rows, vqa_rows
+from mmoe.demo.report import caption_rows, nlvr2_rows, retrieval_rows, vqa_rows
 from mmoe.demo.settings import DemoRun, DemoSettings
+from mmoe.io import read_json
 from mmoe.tasks.catalog import FINETUNING_TASKS
 from mmoe.tasks.finetuning import FineTuningTask
 
@@ -58,6 +60,16 @@ def score_captions(run: DemoRun, predictions: Path) -> dict:
     scores = {name: value for name, value in report.items() if isinstance(value, float)}
     colours = word_precision(captions, references, COLORS)
     return scores | {"colour_word_precision": colours["precision"], "colour_word_chance": colours["chance"]}
+
+
+def score_retrieval(run: DemoRun, predictions: Path) -> dict:
+    """What ``mmoe eval retrieval`` computes from the test split's embeddings, and under ``random_ranking`` the same
+    recalls of a random ranking of that split (its images and their captions in ``dataset_flickr30k.json``)."""
+    from mmoe.metrics.retrieval import evaluate_retrieval_file, random_recall
+
+    split = read_json(run.data / "flickr30k" / "dataset_flickr30k.json", "Karpathy split file")
+    captions_per_image = [len(image["sentences"]) for image in split["images"] if image["split"] == "test"]
+    return evaluate_retrieval_file(predictions) | {"random_ranking": random_recall(captions_per_image)}
 
 
 def no_options(settings: DemoSettings) -> dict[str, Any]:
@@ -108,4 +120,11 @@ BENCHMARKS = (
     Benchmark(FINETUNING_TASKS["nlvr2"], NLVR2_DEV_SPLIT, "dev_predictions.csv", score_nlvr2, nlvr2_rows),
     Benchmark(FINETUNING_TASKS["captioning"], CAPTION_TEST_SPLIT, "test_captions.json", score_captions, caption_rows,
               {"output_vocab": f"shards/{CAPTION_TRAIN_SPLIT}/{CAPTION_TOKENS_FILE}"}, caption_options),
+    Benchmark(FINETUNING_TASKS["retrieval"], RETRIEVAL_TEST_SPLIT, "test_embeddings.pt", score_retrieval,
+              retrieval_rows),
 )  # fmt: skip
+
+
+def trained_benchmarks(settings: DemoSettings) -> tuple[Benchmark, ...]:
+    """The benchmarks ``settings`` give fine-tuning steps, in :data:`BENCHMARKS` order."""
+    return tuple(benchmark for benchmark in BENCHMARKS if benchmark.name in settings.finetune_steps)

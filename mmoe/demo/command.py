@@ -59,8 +59,8 @@ def refuse_other_settings(
 def parse(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="mmoe demo",
-        description="Synthetic corpus -> codebook -> tiny MoE pre-training -> VQAv2 / NLVR2 / captioning fine-tuning "
-        "and official scores -> routing maps. Finished stages are reused on a re-run.",
+        description="Synthetic corpus -> codebook -> tiny MoE pre-training -> VQAv2 / NLVR2 / captioning / retrieval "
+        "fine-tuning and official scores -> routing maps. Finished stages are reused on a re-run.",
     )
     parser.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
     parser.add_argument("--variant", choices=(*VARIANTS, "all"), default="mhmoe", help="MoE variant (default mhmoe)")

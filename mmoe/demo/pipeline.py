@@ -6,9 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from mmoe.data.shards import MANIFEST
-from mmoe.data.synth.convert import PRETRAIN_IMAGE_SPLIT, PRETRAIN_PAIR_SPLIT, PRETRAIN_TEXT_SPLIT
+from mmoe.data.synth.convert import (
+    CAPTION_TEST_SPLIT,
+    PRETRAIN_IMAGE_SPLIT,
+    PRETRAIN_PAIR_SPLIT,
+    PRETRAIN_TEXT_SPLIT,
+)
 from mmoe.data.synth.corpus import ChanceLevels
-from mmoe.demo.benchmarks import BENCHMARKS, Benchmark
+from mmoe.demo.benchmarks import Benchmark, trained_benchmarks
 from mmoe.demo.settings import RANDOM_INIT, DemoRun
 from mmoe.demo.stages import Stage, StageKey, run_command
 from mmoe.demo.training import finetune_launch, predict_launch, pretrain_launch, train
@@ -130,7 +135,7 @@ def figures_stage(run: DemoRun, variant: str) -> Stage:
         from mmoe.viz.cli import viz_command
 
         export_backbone(load_backbone(run.finetuning(variant, "vqav2").last_checkpoint), finetuned)
-        images = str(run.shards / BENCHMARKS[-1].eval_split)
+        images = str(run.shards / CAPTION_TEST_SPLIT)
         argv = ["subtoken-map", "--ckpt", str(pretrained), "--ckpt", str(finetuned), "--images", images]
         argv += ["--out", str(out), "--num-images", str(run.settings.figure_images)]
         run_command(key, "viz", viz_command, argv)
@@ -144,7 +149,7 @@ def figures_stage(run: DemoRun, variant: str) -> Stage:
 def variant_stages(run: DemoRun, variant: str) -> list[Stage]:
     """The stages of one variant, in order (a dense backbone has no routing to draw)."""
     stages = [pretrain_stage(run, variant), export_stage(run, variant)]
-    for benchmark in BENCHMARKS:
+    for benchmark in trained_benchmarks(run.settings):
         stages += [finetune_stage(run, variant, benchmark), evaluate_stage(run, variant, benchmark)]
     if variant != "dense":
         stages.append(figures_stage(run, variant))
@@ -185,7 +190,7 @@ def random_init_stages(run: DemoRun, variant: str) -> list[Stage]:
     variant's stages, whose exported backbone gives the architecture)."""
     backbone = run.random_backbone(variant)
     stages = [random_backbone_stage(run, variant)]
-    for benchmark in BENCHMARKS:
+    for benchmark in trained_benchmarks(run.settings):
         layout = run.finetuning_from_random(variant, benchmark.name)
         key = StageKey.of(variant, RANDOM_INIT, benchmark.name)
         stages += [
@@ -200,6 +205,6 @@ def variant_rows(run: DemoRun, variant: str, records: dict[StageKey, dict], rand
     chance = ChanceLevels.from_summary(run.chance())
     group = (variant, RANDOM_INIT) if random_init else (variant,)
     rows = []
-    for benchmark in BENCHMARKS:
+    for benchmark in trained_benchmarks(run.settings):
         rows += benchmark.rows(records[StageKey.of(*group, benchmark.name, "eval")]["result"]["scores"], chance)
     return rows

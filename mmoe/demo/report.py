@@ -48,6 +48,17 @@ def caption_rows(scores: dict, chance: ChanceLevels) -> list[dict]:
     return [*rows, colours]
 
 
+def retrieval_rows(scores: dict, chance: ChanceLevels) -> list[dict]:
+    """Image -> text and text -> image R@1 and the mean of the six recalls, beside a random ranking's (the scores'
+    ``random_ranking``: 1 / images for text -> image, captions per image / captions for image -> text)."""
+    baseline = "random ranking of the test split"
+    return [
+        row("Flickr30K Karpathy test", label, scores[name], scores["random_ranking"][name], baseline)
+        for name, label in (("i2t_r1", "image->text R@1"), ("t2i_r1", "text->image R@1"),
+                            ("mean_recall", "mean recall (R@1/5/10)"))
+    ]  # fmt: skip
+
+
 def number(value: float) -> str:
     return f"{value:.2f}" if abs(value) >= 2 else f"{value:.3f}"
 

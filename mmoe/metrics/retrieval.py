@@ -89,6 +89,30 @@ def retrieval_scores(image_ranks: torch.Tensor, caption_ranks: torch.Tensor) -> 
     return scores
 
 
+def random_recall(captions_per_image: list[int], ks: tuple[int, ...] = RECALL_AT) -> dict[str, float]:
+    """The expected :func:`retrieval_scores` of a random ranking (every order of the candidates equally likely) on a
+    split whose image i has ``captions_per_image[i]`` captions: the chance levels of the recalls.
+
+    Text -> image: a caption's one image among N ranks in the top K with probability min(K, N) / N. Image -> text: an
+    image with k of the M captions misses the top K only if those K are all others', probability
+    prod_{j<K} (M - k - j) / (M - j); at K = 1 the hit probability is k / M.
+    """
+    images, captions = len(captions_per_image), sum(captions_per_image)
+    if images == 0 or min(captions_per_image) < 1:
+        raise ValueError("a random ranking's recall needs images that each have a caption")
+
+    def image_hit(k: int, top: int) -> float:
+        miss = 1.0
+        for j in range(min(top, captions)):
+            miss *= max(captions - k - j, 0) / (captions - j)
+        return 1 - miss
+
+    scores = {f"i2t_r{top}": sum(image_hit(k, top) for k in captions_per_image) / images for top in ks}
+    scores |= {f"t2i_r{top}": min(top, images) / images for top in ks}
+    scores["mean_recall"] = sum(scores.values()) / len(scores)
+    return scores
+
+
 def deduplicated_images(
     image_ids: list[int], image_ND: torch.Tensor, caption_image_ids: list[int]
 ) -> tuple[list[int], torch.Tensor, torch.Tensor]:

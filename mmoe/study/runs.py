@@ -12,7 +12,7 @@ from typing import Any
 from mmoe.data.synth.convert import CAPTION_TEST_SPLIT, PRETRAIN_PAIR_SPLIT, PRETRAIN_TEXT_SPLIT
 from mmoe.data.synth.corpus import ChanceLevels
 from mmoe.data.tokenizer import CAPTION_MAX_TEXT_LENGTH
-from mmoe.demo.benchmarks import BENCHMARKS
+from mmoe.demo.benchmarks import BENCHMARKS, trained_benchmarks
 from mmoe.demo.pipeline import evaluation, exporting, fine_tuning, random_initialisation
 from mmoe.demo.settings import RANDOM_INIT, DemoRun
 from mmoe.demo.stages import Stage, StageKey, run_command
@@ -178,7 +178,7 @@ def finetune_stages(study: StudyRun, settings: StudySettings) -> list[Stage]:
     cells = [(variant, study.pretrained(variant)) for variant in settings.task_variants]
     cells.append((f"{PRETRAINING_VARIANT}-{RANDOM_INIT}", random))
     for name, backbone in cells:
-        for benchmark in BENCHMARKS:
+        for benchmark in trained_benchmarks(settings.training):
             for seed in range(settings.task_seeds):
                 layout = study.finetune_run(name, benchmark.name, seed)
                 key = StageKey.of("finetune", name, f"{benchmark.name}-seed{seed}")
@@ -276,7 +276,7 @@ def collect_scores(study: StudyRun, name: str, seeds: int) -> dict:
     return {
         benchmark.name: [read_json(study.finetune_run(name, benchmark.name, seed).scores, "scores") for seed in
                          range(seeds)]
-        for benchmark in BENCHMARKS
+        for benchmark in trained_benchmarks(study.settings)
     }  # fmt: skip
 
 

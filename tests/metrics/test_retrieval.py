@@ -4,6 +4,7 @@ whole, bad files ending in one line and exit 2."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 
@@ -15,6 +16,7 @@ from mmoe.metrics.retrieval import (
     deduplicated_images,
     evaluate_retrieval_file,
     image_to_text_ranks,
+    random_recall,
     retrieval_scores,
     text_to_image_ranks,
 )
@@ -170,3 +172,32 @@ def test_a_bad_embeddings_file_is_one_line_and_exit_2(tmp_path, capsys, content,
     (tmp_path / "text.pt").write_text("not torch")
     assert eval_command(["retrieval", "--embeddings", str(tmp_path / "text.pt")]) == 2
     assert "could not be read" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("captions_per_image", [[1, 2, 3], [2, 2, 1, 1], [5, 1]])
+def test_random_recall_equals_the_mean_over_every_ranking(captions_per_image):
+    """Every order of the captions (image -> text) and of the images (text -> image) scored by the brute-force
+    reference: the mean recall over all of them is the random ranking's."""
+    caption_image = [i for i, count in enumerate(captions_per_image) for _ in range(count)]
+    images, captions = len(captions_per_image), len(caption_image)
+    ks = (1, 2, 5)
+    image_recalls, caption_recalls = {k: [] for k in ks}, {k: [] for k in ks}
+    for order in itertools.permutations(range(captions)):  # caption j scores -order[j] against every image
+        image_ranks, _ = brute_force_ranks([[1.0]] * images, [[-float(o)] for o in order], caption_image)
+        for k in ks:
+            image_recalls[k].append(brute_force_recall(image_ranks, k))
+    for order in itertools.permutations(range(images)):  # image i scores -order[i] against every caption
+        _, caption_ranks = brute_force_ranks([[-float(o)] for o in order], [[1.0]] * captions, caption_image)
+        for k in ks:
+            caption_recalls[k].append(brute_force_recall(caption_ranks, k))
+    chance = random_recall(captions_per_image, ks)
+    for k in ks:
+        assert chance[f"i2t_r{k}"] == pytest.approx(sum(image_recalls[k]) / len(image_recalls[k]))
+        assert chance[f"t2i_r{k}"] == pytest.approx(sum(caption_recalls[k]) / len(caption_recalls[k]))
+    assert chance["i2t_r1"] == pytest.approx(sum(captions_per_image) / images / captions)  # k / M per image
+    assert chance["mean_recall"] == pytest.approx(sum(chance[f"{d}_r{k}"] for d in ("i2t", "t2i") for k in ks) / 6)
+
+
+def test_random_recall_needs_a_caption_per_image():
+    with pytest.raises(ValueError, match="each have a caption"):
+        random_recall([2, 0])

@@ -516,3 +516,13 @@ def test_the_shipped_report_is_recomputed_from_its_shipped_measures():
         assert f"**Verdict: {claim['verdict']}.**" in markdown
     for link in re.findall(r"\]\((claims/figures/[^)]+)\)", markdown):
         assert (docs / link).is_file(), link
+
+
+def test_the_study_fine_tunes_only_the_benchmarks_its_settings_give_steps(tmp_path):
+    """The demo's retrieval benchmark has no steps in the study's settings: no retrieval stage, no retrieval scores."""
+    from mmoe.study.runs import StudyRun, finetune_stages
+    from mmoe.study.settings import FAST as STUDY_FAST
+
+    keys = [str(stage.key) for stage in finetune_stages(StudyRun(tmp_path, STUDY_FAST.training), STUDY_FAST)]
+    tasks = {key.split("/")[2].split("-seed")[0] for key in keys if key.startswith("finetune/dense/")}
+    assert tasks == set(STUDY_FAST.training.finetune_steps) == {"vqav2", "nlvr2", "captioning"}
