@@ -1,0 +1,86 @@
+"""``mmoe demo`` on the routers beyond top-1 token choice (fine-grained, shared experts, loss-free bias, expert
+choice): their stages, their pre-training config, and the routing figures the demo draws of them."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+
+import pytest
+import torch
+import yaml
+
+from mmoe.cli import main
+from mmoe.demo import FAST, VARIANTS, DemoRun, pretrain_launch
+from mmoe.demo.command import parse
+from mmoe.demo.pipeline import variant_stages
+from mmoe.demo.settings import CONFIGS
+from mmoe.demo.training import configured_moe
+from mmoe.model import MoEPlan, MultiwayTransformer
+from mmoe.moe.router import Router
+from mmoe.tasks.checkpoint import export_backbone
+from tests.routing_fixtures import image_dir, shard, tiny_config
+from tests.viz.test_viz import differ
+
+ROUTER_VARIANTS = ("fine_grained", "shared_experts", "loss_free", "expert_choice")
+
+
+@pytest.mark.parametrize("variant", ROUTER_VARIANTS)
+def test_a_router_variant_runs_every_stage_of_the_demo_on_its_tiny_part(tmp_path, variant):
+    assert parse(["--variant", variant]).variant == variant and variant in VARIANTS  # so also in --variant all
+    run = DemoRun(tmp_path, FAST)
+    reference = [str(stage.key).split("/", 1)[1] for stage in variant_stages(run, "mhmoe")]
+    stages = variant_stages(run, variant)
+    assert [str(stage.key) for stage in stages] == [f"{variant}/{name}" for name in reference]
+    assert stages[-1].output.parent == run.variant(variant) / "figures"
+
+    config = pretrain_launch(run, variant, run.pretraining(variant)).config()
+    part = yaml.safe_load((CONFIGS / "pretrain" / "tiny" / f"{variant}.yaml").read_text())
+    moe = config.model.init_args.backbone.moe
+    for field, value in part["model"]["init_args"]["backbone"]["moe"].items():
+        assert getattr(moe, field) == value, field
+    assert config.trainer.default_root_dir == str(run.pretraining(variant).root)
+
+
+def checkpoint(path, plan: MoEPlan, seed: int, selection_bias: float | None = None):
+    """A tiny backbone with the variant's MoE plan (every layer an MoE layer); ``selection_bias``: the loss-free bias
+    of expert 0 (the other experts' stay 0)."""
+    torch.manual_seed(seed)
+    backbone = MultiwayTransformer(tiny_config(plan))
+    if selection_bias is not None:
+        for router in (module for module in backbone.modules() if isinstance(module, Router)):
+            router.selection_bias[0] = selection_bias
+    path.parent.mkdir(parents=True, exist_ok=True)
+    export_backbone(backbone, path)
+    return path
+
+
+def draw(out, checkpoints, images, data) -> set[str]:
+    """The demo's figures (the sub-token maps of two checkpoints, the load heatmap) of ``checkpoints``."""
+    argv = ["viz", "subtoken-map", *(f"--ckpt={path}" for path in checkpoints), "--images", str(images)]
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        assert main([*argv, "--out", str(out), "--num-images", "2"]) == 0
+        written = json.loads(printed.getvalue())["written"]
+    heatmap = ["viz", "heatmap", "--ckpt", str(checkpoints[0]), "--data", str(data), "--out", str(out)]
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main([*heatmap, "--batches", "2", "--batch-size", "4"]) == 0
+    assert all(path.stat().st_size > 1000 for path in out.glob("*.png"))
+    return {*map(str, written), *(str(path) for path in out.glob("heatmap_*.png"))}
+
+
+@pytest.mark.parametrize("variant", ROUTER_VARIANTS)
+def test_the_demo_draws_the_routing_figures_of_a_router_variant(tmp_path, variant):
+    """The variant's own plan (its expert count, top-k, width, shared experts, bias, expert choice) in every layer of a
+    tiny backbone: both checkpoints get maps; a loss-free bias on expert 0 changes the loads drawn."""
+    plan = MoEPlan(**(configured_moe(variant).as_dict() | {"every": 1}))
+    images, data = image_dir(tmp_path / "images"), shard(tmp_path / "shards" / "data-000000.tar", count=8)
+    pair = [checkpoint(tmp_path / name / "backbone.pt", plan, seed) for seed, name in enumerate(("pre", "fine"))]
+    written = draw(tmp_path / "figures", pair, images, data)
+    names = {path.rsplit("/", 1)[1] for path in written}
+    assert {"subtoken_map_pre-backbone.png", "subtoken_map_fine-backbone.png", "heatmap_backbone.png"} <= names
+    if variant == "loss_free":
+        biased = checkpoint(tmp_path / "biased" / "backbone.pt", plan, 0, selection_bias=10.0)
+        draw(tmp_path / "biased_figures", [biased, pair[1]], images, data)
+        for figure in ("heatmap_backbone.png", "loads_backbone.png"):
+            assert differ(tmp_path / "figures" / figure, tmp_path / "biased_figures" / figure)
