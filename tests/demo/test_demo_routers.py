@@ -7,6 +7,7 @@ import contextlib
 import io
 import json
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -84,3 +85,35 @@ def test_the_demo_draws_the_routing_figures_of_a_router_variant(tmp_path, varian
         draw(tmp_path / "biased_figures", [biased, pair[1]], images, data)
         for figure in ("heatmap_backbone.png", "loads_backbone.png"):
             assert differ(tmp_path / "figures" / figure, tmp_path / "biased_figures" / figure)
+
+
+def test_the_router_balance_script_reads_its_table_from_the_run_files(tmp_path):
+    """``scripts/router_balance.py``: load CV and busiest expert of the last routing window, the last logged values."""
+    import importlib.util
+
+    from mmoe.metrics.routing_stats import STATS_FORMAT
+
+    path = CONFIGS.parents[1] / "scripts" / "router_balance.py"
+    spec = importlib.util.spec_from_file_location("router_balance", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    run = DemoRun(tmp_path, FAST)
+    layout = run.pretraining("expert_choice")
+    layout.csv_logs.joinpath("version_0").mkdir(parents=True)
+    early, late = (
+        {"layer1/vision": [9, 1, 5, 5], "layer3/vision": [5, 5, 5, 5]},
+        {"layer1/vision": [8, 2, 6, 4], "layer3/vision": [4, 4, 6, 6]},
+    )
+    windows = [{"step": 50, "loads": early}, {"step": 80, "loads": late}]
+    stats = {"format": STATS_FORMAT, "num_experts": {key: 4 for key in late}, "total_loads": early, "windows": windows}
+    (layout.root / "routing_stats.json").write_text(json.dumps(stats))
+    rows = ["step,train/loss,train/unrouted_fraction", "9,10.5,0.25", "19,,", "79,9.5,0.125", "80,,"]
+    (layout.csv_logs / "version_0" / "metrics.csv").write_text("\n".join(rows) + "\n")
+    row = script.balance_row(run, "expert_choice")
+    cv = [np.std(loads) / np.mean(loads) for loads in late.values()]
+    assert row["window step"] == 80 and row["MoE layers"] == 2
+    assert row["load CV mean"] == pytest.approx(np.mean(cv)) and row["load CV worst"] == pytest.approx(max(cv))
+    assert row["busiest / mean"] == pytest.approx(8 / 5)
+    assert (row["unrouted (%)"], row["loss"], row["bias spread"]) == (pytest.approx(12.5), 9.5, None)
+    printed = script.table([row]).splitlines()
+    assert printed[0].startswith("| variant | window step |") and printed[2].startswith("| expert_choice | 80 | 2 |")
