@@ -17,11 +17,10 @@ from mmoe.demo import FAST, VARIANTS, DemoRun, pretrain_launch
 from mmoe.demo.command import parse
 from mmoe.demo.pipeline import variant_stages
 from mmoe.demo.settings import CONFIGS
-from mmoe.demo.training import configured_moe
 from mmoe.model import MoEPlan, MultiwayTransformer
 from mmoe.moe.router import Router
 from mmoe.tasks.checkpoint import export_backbone
-from tests.routing_fixtures import image_dir, shard, tiny_config
+from tests.routing_fixtures import image_dir, shard, tiny_config, tiny_part_plan
 from tests.viz.test_viz import differ
 
 ROUTER_VARIANTS = ("fine_grained", "shared_experts", "loss_free", "expert_choice")
@@ -74,7 +73,7 @@ def draw(out, checkpoints, images, data) -> set[str]:
 def test_the_demo_draws_the_routing_figures_of_a_router_variant(tmp_path, variant):
     """The variant's own plan (its expert count, top-k, width, shared experts, bias, expert choice) in every layer of a
     tiny backbone: both checkpoints get maps; a loss-free bias on expert 0 changes the loads drawn."""
-    plan = MoEPlan(**(configured_moe(variant).as_dict() | {"every": 1}))
+    plan = tiny_part_plan(variant)
     images, data = image_dir(tmp_path / "images"), shard(tmp_path / "shards" / "data-000000.tar", count=8)
     pair = [checkpoint(tmp_path / name / "backbone.pt", plan, seed) for seed, name in enumerate(("pre", "fine"))]
     written = draw(tmp_path / "figures", pair, images, data)

@@ -17,7 +17,7 @@ from mmoe.demo.settings import DemoError
 from mmoe.demo.stages import run_stage
 from mmoe.demo.training import configured_moe
 from mmoe.metrics.routing import record_key
-from mmoe.model import MoEPlan, MultiwayTransformer
+from mmoe.model import MultiwayTransformer
 from mmoe.moe.router import Router
 from mmoe.study import claims_from
 from mmoe.study.command import upgraded_study
@@ -27,7 +27,7 @@ from mmoe.study.routers import NOT_RUN, router_rows, router_table
 from mmoe.study.runs import ANALYSIS_SHARDS, Measures, StudyRun, pretrain_stages, pretrainings
 from mmoe.study.settings import FAST, ROUTER_VARIANTS
 from mmoe.tasks.checkpoint import export_backbone
-from tests.routing_fixtures import shard, tiny_config
+from tests.routing_fixtures import shard, tiny_config, tiny_part_plan
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "claims"
 
@@ -43,7 +43,7 @@ def test_each_router_variant_is_a_pretraining_of_its_own_tiny_part():
 def tiny_backbone(variant: str, seed: int = 0) -> MultiwayTransformer:
     """A tiny backbone with ``variant``'s MoE plan in every layer."""
     torch.manual_seed(seed)
-    return MultiwayTransformer(tiny_config(MoEPlan(**(configured_moe(variant).as_dict() | {"every": 1}))))
+    return MultiwayTransformer(tiny_config(tiny_part_plan(variant)))
 
 
 def loop_loads(backbone: MultiwayTransformer, batches) -> dict[str, list[list[int]]]:
