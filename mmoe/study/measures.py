@@ -56,7 +56,7 @@ def expert_loads(backbone_path: Path, batches: Sequence[Batch]) -> dict:
 
 @torch.no_grad()
 def router_variant_measures(backbone_path: Path, batches: Sequence[Batch]) -> dict:
-    """:func:`expert_loads` of a router beyond top-1 token choice, with per MoE layer its expert count, the share of
+    """:func:`expert_loads` of a router of the router table, with per MoE layer its expert count, the share of
     real (sub-)tokens no expert took on each held-out batch (expert choice, Zhou et al. 2022 §3.2; absent for token
     choice) and the loss-free selection bias b of its first router (Wang et al. 2024 Eq. 3; absent without)."""
     backbone = load_backbone(backbone_path).eval()

@@ -18,7 +18,8 @@ from mmoe.viz.figures import new_figure, save_figure
 REPORT_FILE, REPORT_MARKDOWN = "report.json", "report.md"
 ROUTERS_HEADING = "## Routers beyond top-1 token choice (measured, not a claim)"
 ROUTERS_TEXT = (
-    "Each router's tiny pre-training part with its own plan, pre-trained as many steps as the activation-ratio runs, "
+    "Each router's tiny pre-training part with its own plan (Switch top-1 over 8 experts the baseline), pre-trained "
+    "as many steps as the activation-ratio runs, "
     "measured on the same held-out pairs; per modality the mean over its MoE layers (the load CV also at its worst "
     "layer, the busiest expert's load over the mean load at the layer where it is largest). No paper states these "
     "numbers at this scale: no verdict. Activated per token counts the tokens an expert took (expert choice leaves "

@@ -1,7 +1,8 @@
 """The study's table of the routers beyond top-1 token choice (fine-grained and shared experts, DeepSeekMoE §3.1-3.2;
-loss-free bias, Wang et al. 2024; expert choice, Zhou et al. 2022): activation ratio and load balance per modality,
-measured on the held-out batches like claim 1's runs. No paper claims a number here, so the table has no verdict; a
-router the measures lack (a file made before they were measured) is a row saying "not run"."""
+loss-free bias, Wang et al. 2024; expert choice, Zhou et al. 2022) beside Switch top-1 of the same size: activation
+ratio and load balance per modality, measured on the held-out batches like claim 1's runs. No paper claims a number
+here, so the table has no verdict; a router the measures lack (a file made before they were measured) is a row saying
+"not run"."""
 
 from __future__ import annotations
 
