@@ -24,6 +24,13 @@ def tiny_config(moe: MoEPlan | None | str = "mh-moe", **overrides) -> MultiwayCo
     return MultiwayConfig.preset("test", **({"num_heads": 2, "patch_size": 8, "moe": moe} | overrides))
 
 
+def tiny_part_plan(variant: str) -> MoEPlan:
+    """The MoE plan of ``configs/pretrain/tiny/<variant>.yaml`` as the CLI reads it, in every layer."""
+    from mmoe.demo.training import configured_moe
+
+    return MoEPlan(**(configured_moe(variant).as_dict() | {"every": 1}))
+
+
 def make_checkpoint(path: Path, seed: int = 0, **config) -> Path:
     torch.manual_seed(seed)
     export_backbone(MultiwayTransformer(tiny_config(**config)), path)

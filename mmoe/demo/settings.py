@@ -16,7 +16,11 @@ from mmoe.tasks.layout import RunLayout
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
-VARIANTS = ("dense", "switch", "xmoe", "mhmoe", "stratified")
+#: The pre-training parts ``configs/pretrain/tiny/<variant>.yaml`` the demo runs (``dense``: none). Not
+#: ``global_balance``: the demo trains on one device, where the global-batch balance loss is Switch's own.
+VARIANTS = (
+    "dense", "switch", "xmoe", "mhmoe", "stratified", "fine_grained", "shared_experts", "loss_free", "expert_choice"
+)  # fmt: skip
 
 #: The folder (under a variant's) and stage-name part of the fine-tunings from random init (``--random-init``).
 RANDOM_INIT = "random-init"

@@ -31,6 +31,7 @@ from mmoe.study.claims import (
     tasks_claim,
 )
 from mmoe.study.report import write_report
+from mmoe.study.routers import router_rows
 from mmoe.study.runs import (
     MEASURES_FILE,
     PRETRAINING_VARIANT,
@@ -42,13 +43,14 @@ from mmoe.study.runs import (
     pretrain_stages,
     pretrainings,
 )
-from mmoe.study.settings import DEFAULT, FAST, SCALE, StudySettings
+from mmoe.study.settings import DEFAULT, FAST, ROUTER_VARIANTS, SCALE, StudySettings
 
 
 def upgraded_study(stored: dict) -> dict:
     """Study settings as an older ``study.json`` stored them, in today's form (its training settings upgraded as a
-    demo's)."""
+    demo's; one from before the router table gets today's routers, whose runs a re-run adds)."""
     training = stored.get("training")
+    stored = {"router_variants": list(ROUTER_VARIANTS)} | stored  # an older study adds the router runs
     return stored | ({"training": upgraded_settings(training)} if isinstance(training, dict) else {})
 
 
@@ -191,6 +193,7 @@ def study_command(argv: Sequence[str]) -> int:
         {"command": command, "settings": settings.to_json(), "run": facts},
         measures.chance,
         claim_settings(settings),
+        router_rows(measures.router_variants, settings.router_variants),
     )
     say(f"\n{study.out / 'report.md'} ({seconds:.0f} s this run, {facts['stage_seconds']:.0f} s in all stages)")
     for claim in report["claims"]:

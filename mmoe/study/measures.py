@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from mmoe.metrics.routing import RoutingTotals, image_diversity_maps, record_key, representation_collapse, sort_keys
-from mmoe.metrics.routing_collect import finite_or_none, fluctuation_counts, moe_layers, run_routing
+from mmoe.metrics.routing_collect import finite_or_none, first_router, fluctuation_counts, moe_layers, run_routing
 from mmoe.tasks.checkpoint import load_backbone
 from mmoe.viz.inputs import Batch, TextEncoder, find_samples, make_batches
 
@@ -51,6 +51,26 @@ def expert_loads(backbone_path: Path, batches: Sequence[Batch]) -> dict:
     return {
         "loads": {key: [batch.counts[key].tolist() for batch in totals] for key in keys},
         "tokens": {key: [batch_tokens[key] for batch_tokens in tokens] for key in keys},
+    }
+
+
+@torch.no_grad()
+def router_variant_measures(backbone_path: Path, batches: Sequence[Batch]) -> dict:
+    """:func:`expert_loads` of a router of the router table, with per MoE layer its expert count, the share of
+    real (sub-)tokens no expert took on each held-out batch (expert choice, Zhou et al. 2022 §3.2; absent for token
+    choice) and the loss-free selection bias b of its first router (Wang et al. 2024 Eq. 3; absent without)."""
+    backbone = load_backbone(backbone_path).eval()
+    unrouted: dict[str, list[float]] = {}
+    for batch in inputs(batches):
+        for record in backbone(**batch).routing:
+            if record.unrouted_fraction is not None:
+                unrouted.setdefault(record_key(record), []).append(float(record.unrouted_fraction))
+    layers = moe_layers(backbone)
+    biases = {key: first_router(layer).selection_bias for key, layer in layers.items()}
+    return expert_loads(backbone_path, batches) | {
+        "experts": {key: layers[key].config.num_experts for key in sort_keys(layers)},
+        "unrouted": {key: unrouted[key] for key in sort_keys(unrouted)},
+        "selection_bias": {key: biases[key].tolist() for key in sort_keys(biases) if biases[key] is not None},
     }
 
 

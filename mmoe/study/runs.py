@@ -53,6 +53,8 @@ class Measures:
         token_capacity: the Stratified MoE run's passes per held-out text token id (``passes``) and those ids'
             occurrences in the pre-training text (``training_counts``, ids as text).
         chance: task -> the chance level of its score on the corpus (:func:`chance_levels`).
+        router_variants: router variant -> its loads, tokens, unrouted fractions and selection biases per MoE layer
+            (:func:`mmoe.study.measures.router_variant_measures`); empty in a file made before they were measured.
     """
 
     activation: dict[str, Any]
@@ -64,14 +66,17 @@ class Measures:
     capacity: dict[str, Any]
     token_capacity: dict[str, Any]
     chance: dict[str, float]
+    router_variants: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_json(cls, value: dict[str, Any]) -> Measures:
-        """The measures of a ``measures.json``; a file missing a field is an error naming it."""
-        missing = [field.name for field in dataclasses.fields(cls) if field.name not in value]
+        """The measures of a ``measures.json``; a file missing a field without a default is an error naming it."""
+        fields = dataclasses.fields(cls)
+        required = [field.name for field in fields if field.default_factory is dataclasses.MISSING]
+        missing = [name for name in required if name not in value]
         if missing:
             raise ValueError(f"measures.json lacks {', '.join(missing)}: made by another version? re-run the analysis")
-        return cls(**{field.name: value[field.name] for field in dataclasses.fields(cls)})
+        return cls(**{field.name: value[field.name] for field in fields if field.name in value})
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -106,8 +111,9 @@ def config_heads(variant: str) -> int:
 
 def pretrainings(settings: StudySettings) -> list[Pretraining]:
     """The task variants and Stratified MoE at the demo's size (claims 2 and 6, Stratified MoE §5), Switch and X-MoE
-    with ``many_experts`` and snapshots (claims 1, 3-5), MH-MoE with ``many_experts`` and each of ``heads`` (claim 1)
-    and the diversity runs with headroom (claim 2)."""
+    with ``many_experts`` and snapshots (claims 1, 3-5), MH-MoE with ``many_experts`` and each of ``heads`` (claim 1),
+    the diversity runs with headroom (claim 2), and each of ``router_variants`` with its tiny part's own plan for as
+    many steps as the activation-ratio runs (the router table)."""
     runs = [Pretraining(variant, variant, settings.training.pretrain_steps, heads=config_heads(variant))
             for variant in (*settings.task_variants, STRATIFIED)]  # fmt: skip
     experts = settings.many_experts
@@ -120,6 +126,8 @@ def pretrainings(settings: StudySettings) -> list[Pretraining]:
     for heads, few in settings.diversity_runs:
         moe = (("num_experts", few), ("heads", heads))
         runs.append(Pretraining(f"mhmoe-e{few}-h{heads}", "mhmoe", settings.many_experts_steps, moe, heads))
+    for variant in settings.router_variants:
+        runs.append(Pretraining(variant, variant, settings.many_experts_steps, heads=config_heads(variant)))
     return runs
 
 
@@ -227,6 +235,7 @@ def measure_runs(study: StudyRun, settings: StudySettings, runs: list[Pretrainin
         diversity_by_region,
         expert_loads,
         requested_capacity,
+        router_variant_measures,
         snapshot_measures,
         token_passes,
         training_token_counts,
@@ -260,8 +269,9 @@ def measure_runs(study: StudyRun, settings: StudySettings, runs: list[Pretrainin
                                      CAPTION_MAX_TEXT_LENGTH)  # fmt: skip
     seen = {token for entry in passes.values() for token in entry["ids"]}
     token_capacity = {"passes": passes, "training_counts": {str(t): training.get(t, 0) for t in sorted(seen)}}
+    routers = {name: router_variant_measures(study.pretrained(name), batches) for name in settings.router_variants}
     return Measures(activation, diversity, snapshots, consistency, scores, random_init, capacity, token_capacity,
-                    chance_levels(study))  # fmt: skip
+                    chance_levels(study), routers)  # fmt: skip
 
 
 def chance_levels(study: StudyRun) -> dict[str, float]:

@@ -17,6 +17,10 @@ from dataclasses import dataclass
 from mmoe.demo.settings import FULL as DEMO
 from mmoe.demo.settings import DemoSettings
 
+#: The routers the study measures beside its claims: Switch top-1 at the tiny part's 8 experts (the baseline), then
+#: fine-grained and shared experts, loss-free bias, expert choice.
+ROUTER_VARIANTS = ("switch", "fine_grained", "shared_experts", "loss_free", "expert_choice")
+
 
 @dataclass(frozen=True)
 class StudySettings:
@@ -44,6 +48,9 @@ class StudySettings:
         analysis_batches: held-out batches every routing measurement runs on.
         analysis_batch_size: their size.
         analysis_rows: router-input rows per MoE layer kept for the representation collapse.
+        router_variants: tiny pre-training parts of the routers beyond top-1 token choice and of their baseline
+            (``configs/pretrain/tiny/<name>.yaml``), each pre-trained ``many_experts_steps`` steps with its own plan and
+            measured like the activation-ratio runs (activation ratio, load balance per modality): a table, not a claim.
     """
 
     training: DemoSettings
@@ -61,6 +68,7 @@ class StudySettings:
     analysis_batches: int
     analysis_batch_size: int
     analysis_rows: int
+    router_variants: tuple[str, ...] = ROUTER_VARIANTS
 
     def __post_init__(self) -> None:
         if self.many_experts_steps % self.snapshot_every or self.many_experts_steps > self.router_steps:

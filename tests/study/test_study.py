@@ -47,6 +47,7 @@ from mmoe.study.measures import (
 )
 from mmoe.study.report import write_report
 from mmoe.study.runs import Measures
+from mmoe.study.settings import FAST
 from mmoe.study.verdicts import NOT_SEPARATED, OPPOSITE, REPRODUCES, SATURATED, UNINFORMATIVE, VERDICTS
 from mmoe.tasks.checkpoint import load_backbone
 
@@ -336,9 +337,12 @@ def test_fast_study_report_is_recomputed_from_its_saved_statistics(fast_study):
     ]  # fmt: skip
     markdown = (out / "report.md").read_text()
     assert "mmoe study claims --fast" in markdown
-    # the run's facts come from the run: every training it made with FAST's settings (9 pre-trainings, 4 cells x 3
-    # tasks x 2 seeds of task fine-tunings, 2 routers x 3 seeds of consistency fine-tunings)
-    assert report["run"]["trainings"] == 9 + 24 + 6
+    # the run's facts come from the run: every training it made with FAST's settings (9 pre-trainings and the 5 of the
+    # router table, 4 cells x 3 tasks x 2 seeds of task fine-tunings, 2 routers x 3 seeds of consistency fine-tunings)
+    assert report["run"]["trainings"] == 9 + 5 + 24 + 6
+    assert [row["router"] for row in report["routers"] if not row["not_run"]] == [
+        name for name in FAST.router_variants for _ in ("language", "vision")
+    ]
     assert f"{report['run']['trainings']} trainings" in markdown and report["run"]["disk_bytes"] > 0
     assert report["claim_settings"]["collapse"] in markdown
     for claim in report["claims"]:
