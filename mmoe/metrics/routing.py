@@ -295,7 +295,10 @@ def inter_run_consistency(loads_ME: torch.Tensor | np.ndarray | Sequence[Sequenc
 
 
 def valid_tokens(record: RoutingRecord) -> torch.Tensor:
-    """(B, L) bool: the tokens a record routed (not padding). Stratified records use the first gate's path."""
+    """(B, L) bool: the non-padding tokens of a record, those no expert took included (the record's ``token_mask``;
+    without one, the tokens with a kept choice). Stratified records use the first gate's path."""
+    if record.token_mask is not None:
+        return record.token_mask
     if record.stratum_path is not None:
         return record.stratum_path[..., 0] >= 0
     return (record.expert_index >= 0).flatten(2).any(-1)

@@ -35,6 +35,9 @@ class RoutingRecord:
         stratum_path: (B, L, n_strata) long, each gate's first choice, -1 where skipped (Stratified MoE only).
         unrouted_fraction: scalar, share of non-padding (sub-)tokens no expert took (expert-choice routing only;
             ``expert_index`` is then (B, L, heads, E): the experts that took each sub-token, highest gate first).
+        token_mask: (B, L) bool, True at the non-padding tokens. It tells a token that no expert took (expert choice,
+            every choice dropped by the capacity) from padding, which ``expert_index`` marks alike; None = read the
+            tokens from ``expert_index``.
     """
 
     balance_loss: torch.Tensor
@@ -48,6 +51,7 @@ class RoutingRecord:
     modality: str | None = None
     stratum_path: torch.Tensor | None = None
     unrouted_fraction: torch.Tensor | None = None
+    token_mask: torch.Tensor | None = None
 
 
 class MoEFeedForward(nn.Module):

@@ -160,6 +160,7 @@ class MoELayer(MoEFeedForward):
             requested_capacity=torch.ones((), device=x.device),
             router_entropy=routed.entropy,
             unrouted_fraction=unrouted,
+            token_mask=x.new_ones((batch, length), dtype=torch.bool) if padding_mask is None else ~padding_mask,
         )
         return y, routing
 

@@ -22,8 +22,8 @@ ROUTERS_TEXT = (
     "as many steps as the activation-ratio runs, "
     "measured on the same held-out pairs; per modality the mean over its MoE layers (the load CV also at its worst "
     "layer, the busiest expert's load over the mean load at the layer where it is largest). No paper states these "
-    "numbers at this scale: no verdict. Activated per token counts the tokens an expert took (expert choice leaves "
-    "some to none)."
+    "numbers at this scale: no verdict. Activated per token divides by every real token, those no expert took "
+    "(expert choice) included."
 )
 
 

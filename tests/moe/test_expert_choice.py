@@ -3,6 +3,7 @@ choices), tokens no expert took, and the combinations it refuses."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -98,3 +99,19 @@ def test_expert_choice_cost_uses_the_mean_experts_per_token():
     mean_flops = router_flops(config, 4) + rows / 16 * 2 * 2 * 16 * 32
     assert flops_per_token(config) == round(mean_flops)
     assert expert_parameters(config) == 2 * 16 * 32 + 32 + 16
+
+
+def test_a_token_no_expert_took_is_still_counted_as_a_token_not_as_padding():
+    from mmoe.metrics.routing import RoutingTotals, valid_tokens
+
+    layer = make_layer(routing="expert_choice", capacity_factor=0.5)
+    x, padding = padded_input()
+    for mask in (padding, None):
+        _, routing = layer(x, mask)
+        unrouted = (routing.expert_index == -1).all(-1).all(-1)
+        assert unrouted.any()  # c = 0.5: half the sub-tokens go to no expert
+        real = torch.ones_like(padding) if mask is None else ~padding
+        assert torch.equal(valid_tokens(routing), real)
+        totals = RoutingTotals()
+        totals.add([dataclasses.replace(routing, layer=0, modality="vision")])
+        assert totals.summary()["layer0/vision"]["tokens"] == real.sum().item()
