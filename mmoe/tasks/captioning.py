@@ -42,7 +42,7 @@ from mmoe.model.heads import token_head
 from mmoe.moe import RoutingRecord
 from mmoe.tasks.decoding import Decoded, beam_search, greedy_search
 from mmoe.tasks.finetuning import FineTuningTask, positive_int
-from mmoe.tasks.predictions import as_ids, gather_objects
+from mmoe.tasks.predictions import as_ids
 from mmoe.vocabulary import OPEN_CLIP_IDS, TextIds
 
 
@@ -281,8 +281,7 @@ class CaptioningFineTuning(FineTuningTask):
 
     def on_validation_epoch_end(self) -> None:
         super().on_validation_epoch_end()
-        outputs = {o["image_id"]: o for o in gather_objects(self.validation_outputs)}
-        self.validation_outputs = []
+        outputs = {o["image_id"]: o for o in self.gathered_validation_outputs()}
         if not outputs or self.trainer.sanity_checking:
             return
         if self.results_dir is not None and self.trainer.is_global_zero:

@@ -211,6 +211,12 @@ class FineTuningTask(BackboneTask):
     def on_validation_epoch_start(self) -> None:
         self.validation_outputs = []
 
+    def gathered_validation_outputs(self) -> list:
+        """Every process's validation outputs of this epoch (each process's in order), this process's list emptied."""
+        outputs = gather_objects(self.validation_outputs)
+        self.validation_outputs = []
+        return outputs
+
     def on_predict_epoch_start(self) -> None:
         self.predictions = []
 

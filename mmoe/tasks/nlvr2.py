@@ -32,7 +32,6 @@ from mmoe.model import MultiwayConfig
 from mmoe.model.heads import BEIT3_HEAD_INIT_SCALE, nlvr2_head
 from mmoe.moe import RoutingRecord
 from mmoe.tasks.finetuning import FineTuningTask
-from mmoe.tasks.predictions import gather_objects
 
 __all__ = ["BEIT3_HEAD_INIT_SCALE", "NLVR2FineTuning", "labels_of"]
 
@@ -129,8 +128,7 @@ class NLVR2FineTuning(FineTuningTask):
 
     def on_validation_epoch_end(self) -> None:
         super().on_validation_epoch_end()
-        outputs = {o["identifier"]: o for o in gather_objects(self.validation_outputs)}
-        self.validation_outputs = []
+        outputs = {o["identifier"]: o for o in self.gathered_validation_outputs()}
         if not outputs:
             return
         labels = {i: o["label"] for i, o in outputs.items()}

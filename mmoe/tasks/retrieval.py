@@ -40,7 +40,7 @@ from mmoe.model.heads import LOG_LOGIT_SCALE_INIT, retrieval_heads
 from mmoe.moe import RoutingRecord
 from mmoe.tasks.base import StepLosses, batch_size
 from mmoe.tasks.finetuning import FineTuningTask, positive_int
-from mmoe.tasks.predictions import as_ids, gather_objects
+from mmoe.tasks.predictions import as_ids
 
 
 def gather_with_grad(local_BD: torch.Tensor) -> torch.Tensor:
@@ -189,8 +189,7 @@ class RetrievalFineTuning(FineTuningTask):
 
     def on_validation_epoch_end(self) -> None:
         super().on_validation_epoch_end()
-        entries = gather_objects(self.validation_outputs)
-        self.validation_outputs = []
+        entries = self.gathered_validation_outputs()
         if not entries:
             return
         scores = score_embeddings(stack_embeddings(entries), self.eval_chunk)[0]

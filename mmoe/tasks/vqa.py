@@ -34,7 +34,7 @@ from mmoe.model import MultiwayConfig
 from mmoe.model.heads import vqa_pooler_and_head
 from mmoe.moe import RoutingRecord
 from mmoe.tasks.finetuning import FineTuningTask, positive_int, required_argument
-from mmoe.tasks.predictions import as_ids, gather_objects
+from mmoe.tasks.predictions import as_ids
 
 
 class VQAFineTuning(FineTuningTask):
@@ -143,8 +143,7 @@ class VQAFineTuning(FineTuningTask):
 
     def on_validation_epoch_end(self) -> None:
         super().on_validation_epoch_end()
-        outputs = gather_objects(self.validation_outputs)
-        self.validation_outputs = []
+        outputs = self.gathered_validation_outputs()
         if not outputs:
             return
         log = {"val/vqa_accuracy": 100 * sum(o["accuracy"] for o in outputs) / len(outputs)}
