@@ -152,14 +152,19 @@ def test_nlvr2_batches(shards, num_workers):
     assert module.test_dataloader() == []
 
 
-def test_captioning_batches(shards):
-    module = CaptioningDataModule(
+def karpathy_module(module_class, shards):
+    """A caption-shard DataModule (captioning or retrieval) over the Karpathy train + restval and val splits."""
+    return module_class(
         train_shards=str(shards / "coco-karpathy-train-restval"),
         val_shards=str(shards / "coco-karpathy-val"),
         image_size=64,
         batch_size=6,
         num_workers=0,
     )
+
+
+def test_captioning_batches(shards):
+    module = karpathy_module(CaptioningDataModule, shards)
     train = next(iter(module.train_dataloader()))
     check_text(train)
     assert train["image"].shape == (6, 3, 64, 64) and train["image_id"].shape == (6,)
@@ -170,13 +175,7 @@ def test_captioning_batches(shards):
 
 
 def test_retrieval_batches_pair_each_image_with_one_caption_in_training_and_all_of_them_in_evaluation(shards):
-    module = RetrievalDataModule(
-        train_shards=str(shards / "coco-karpathy-train-restval"),
-        val_shards=str(shards / "coco-karpathy-val"),
-        image_size=64,
-        batch_size=6,
-        num_workers=0,
-    )
+    module = karpathy_module(RetrievalDataModule, shards)
     train = next(iter(module.train_dataloader()))
     check_text(train)
     assert train["image"].shape == (6, 3, 64, 64) and train["text_ids"].shape[0] == 6
