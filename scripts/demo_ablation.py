@@ -82,9 +82,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, help="fine-tuning steps (default: the default demo's)")
     parser.add_argument("--seed", type=int, help="seed_everything (default: the config's)")
     parser.add_argument("--set", default="{}", help="JSON options merged over the demo's launch")
+    parser.add_argument("--eval-only", action="store_true", help="score the fit already in OUT (no training)")
     args = parser.parse_args()
 
     benchmark = benchmarks[args.task]
+    args.out = args.out.resolve()  # the launches run from other folders
     args.out.mkdir(parents=True, exist_ok=True)
     if not (args.out / "data").exists():
         (args.out / "data").symlink_to(args.corpus.resolve())
@@ -94,7 +96,8 @@ def main() -> None:
     fit = finetune_launch(run, benchmark.task, benchmark.model_options(run), args.backbone, layout, args.seed)
     fit = dataclasses.replace(fit, overrides=merged(fit.overrides, json.loads(args.set)))
     start = time.perf_counter()
-    train(args.task, fit, layout)
+    if not args.eval_only:
+        train(args.task, fit, layout)
     seconds = time.perf_counter() - start
     predictions = layout.predictions(benchmark.predictions)
     predict_launch(fit, layout, run.shards / benchmark.eval_split, predictions).run(f"{args.task}/eval")

@@ -12,10 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from mmoe.data.answers import ANSWERS_FILE
-from mmoe.data.converters.coco import CAPTION_TOKENS_FILE
 from mmoe.data.synth.convert import (
     CAPTION_TEST_SPLIT,
-    CAPTION_TRAIN_SPLIT,
     NLVR2_DEV_SPLIT,
     RETRIEVAL_TEST_SPLIT,
     VQA_TRAIN_SPLIT,
@@ -23,7 +21,7 @@ from mmoe.data.synth.convert import (
 )
 from mmoe.data.synth.scenes import COLORS
 from mmoe.demo.report import caption_rows, nlvr2_rows, retrieval_rows, vqa_rows
-from mmoe.demo.settings import DemoRun, DemoSettings
+from mmoe.demo.settings import CAPTION_TOKENS, DemoRun, DemoSettings
 from mmoe.io import read_json
 from mmoe.tasks.catalog import FINETUNING_TASKS
 from mmoe.tasks.finetuning import FineTuningTask
@@ -119,7 +117,7 @@ BENCHMARKS = (
               {"answer_vocab": f"shards/{VQA_TRAIN_SPLIT}/{ANSWERS_FILE}"}),
     Benchmark(FINETUNING_TASKS["nlvr2"], NLVR2_DEV_SPLIT, "dev_predictions.csv", score_nlvr2, nlvr2_rows),
     Benchmark(FINETUNING_TASKS["captioning"], CAPTION_TEST_SPLIT, "test_captions.json", score_captions, caption_rows,
-              {"output_vocab": f"shards/{CAPTION_TRAIN_SPLIT}/{CAPTION_TOKENS_FILE}"}, caption_options),
+              {"output_vocab": CAPTION_TOKENS}, caption_options),
     Benchmark(FINETUNING_TASKS["retrieval"], RETRIEVAL_TEST_SPLIT, "test_embeddings.pt", score_retrieval,
               retrieval_rows),
 )  # fmt: skip

@@ -5,16 +5,27 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from mmoe.demo.pipeline import codebook_stage, corpus_stage, random_init_stages, variant_rows, variant_stages
+from mmoe.demo.pipeline import (
+    codebook_stage,
+    corpus_stage,
+    fine_tuning_groups,
+    in_group,
+    needs_fine_tunings,
+    random_init_stages,
+    variant_rows,
+    variant_stages,
+)
 from mmoe.demo.report import format_table, results, say
 from mmoe.demo.settings import FAST, FULL, MAPPING_FIELDS, VARIANTS, DemoError, DemoRun
-from mmoe.demo.stages import run_stage
+from mmoe.demo.stages import Stage, marker_path, run_parallel, run_stage
 from mmoe.io import read_json, report_error, write_json
+from mmoe.tasks.finetuning import positive_int
 
 #: The demo's summary in its output folder: settings, chance levels, rows, stage times, files.
 RESULTS_FILE = "results.json"
@@ -72,12 +83,49 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
         "steps, and show it beside the pre-trained start (what pre-training adds)",
     )
     parser.add_argument(
+        "--jobs",
+        type=positive_int,
+        default=min(2, os.cpu_count() or 1),
+        help="fine-tunings run at once, each in its own process with cores / jobs torch threads (default: 2 where "
+        "there are 2 cores; 1 runs every stage in this process, one after the other)",
+    )
+    parser.add_argument(
+        "--stages",
+        metavar="PREFIX",
+        help="run only the stages named PREFIX or under it (e.g. mhmoe/nlvr2: that fine-tuning and its evaluation; "
+        "the stages before them must be done) and print no table",
+    )
+    parser.add_argument(
         "--precision",
         choices=("32-true", "bf16-mixed", "16-mixed"),
         default="32-true",
         help="Lightning precision of every training and prediction stage (default 32-true; bf16-mixed on a GPU)",
     )
     return parser.parse_args(list(argv))
+
+
+def run_stages(run: DemoRun, stages: list[Stage], args: argparse.Namespace, variants: list[str]) -> dict:
+    """Runs the stages not done yet, the fine-tunings ``args.jobs`` at a time in their own processes
+    (:func:`mmoe.demo.stages.run_parallel`) after the stages they need and before the figures; returns every stage's
+    marker by key."""
+    done_before = {stage.key for stage in stages if marker_path(run, stage).is_file() and stage.output.exists()}
+    if args.jobs > 1:
+        groups = [group for variant in variants for group in fine_tuning_groups(run, variant, args.random_init)]
+        groups = [g for g in groups if any(in_group(s, g) and s.key not in done_before for s in stages)]
+        for stage in stages:
+            if not any(in_group(stage, group) for group in groups) and not needs_fine_tunings(stage):
+                run_stage(run, stage, reused_by="")
+        run_parallel(groups, lambda group: [*group_argv(args), "--stages", group, "--jobs", "1"], args.jobs)
+    return {
+        stage.key: run_stage(run, stage, reused_by="an earlier run" if stage.key in done_before else "")
+        for stage in stages
+    }
+
+
+def group_argv(args: argparse.Namespace) -> list[str]:
+    """``mmoe demo`` arguments of a run like ``args`` (its directory, variant, settings), for one of its groups."""
+    argv = ["demo", "--out", str(args.out), "--variant", args.variant, "--precision", args.precision]
+    return argv + ["--fast"] * args.fast + ["--random-init"] * args.random_init
 
 
 def demo_command(argv: Sequence[str]) -> int:
@@ -99,7 +147,14 @@ def demo_command(argv: Sequence[str]) -> int:
         for variant in variants:
             stages += variant_stages(run, variant)
             stages += random_init_stages(run, variant) if args.random_init else []
-        records = {stage.key: run_stage(run, stage) for stage in stages}
+        if args.stages is not None:
+            chosen = [stage for stage in stages if in_group(stage, args.stages)]
+            if not chosen:
+                return report_error("demo", f"--stages {args.stages}: no stage of this run is named so or under it")
+            for stage in chosen:
+                run_stage(run, stage)
+            return 0
+        records = run_stages(run, stages, args, variants)
     except DemoError as error:
         print(f"mmoe demo: error: {error}", file=sys.stderr)
         return 1

@@ -156,6 +156,24 @@ def variant_stages(run: DemoRun, variant: str) -> list[Stage]:
     return stages
 
 
+def fine_tuning_groups(run: DemoRun, variant: str, random_init: bool = False) -> list[str]:
+    """The stage-name prefixes of ``variant``'s fine-tunings (each a fit and its evaluation; from random init too when
+    ``random_init``): they need the exported backbones and nothing of each other, so they may run at once."""
+    starts = [(variant,), (variant, RANDOM_INIT)] if random_init else [(variant,)]
+    benchmarks = trained_benchmarks(run.settings)
+    return [str(StageKey.of(*start, benchmark.name)) for start in starts for benchmark in benchmarks]
+
+
+def in_group(stage: Stage, group: str) -> bool:
+    """Whether ``stage`` is ``group`` or under it (``mhmoe/nlvr2``: ``mhmoe/nlvr2`` and ``mhmoe/nlvr2/eval``)."""
+    return str(stage.key) == group or str(stage.key).startswith(f"{group}/")
+
+
+def needs_fine_tunings(stage: Stage) -> bool:
+    """Whether ``stage`` reads a fine-tuning's output (the routing figures read the VQA fine-tuning)."""
+    return stage.key.parts[-1] == "figures"
+
+
 def random_backbone_stage(run: DemoRun, variant: str, seed: int = 0) -> Stage:
     """A backbone of the pre-trained one's architecture (its exported config) with fresh weights from the backbone's
     own initialisation under ``seed``: the start of the fine-tunings that show what pre-training adds."""

@@ -136,10 +136,17 @@ def pretrain_launch(
     if moe:
         # A dict for the MoE plan replaces the config's whole plan (its router too): start from the configured one.
         backbone["moe"] = configured_moe(variant).as_dict() | moe
+    model: dict[str, Any] = {"backbone": backbone, "visual_codebook": str(run.codebook)}
+    if run.settings.pretrain_learning_rate is not None:
+        model["optimizer"] = {"learning_rate": run.settings.pretrain_learning_rate}
+    if run.settings.contrastive_coefficient:
+        model["contrastive_coefficient"] = run.settings.contrastive_coefficient
+    if run.settings.pretrain_output_vocab:
+        model["output_vocab"] = str(run.caption_tokens)
     overrides = {
         "trainer": trainer,
         "throughput": progress_lines(label, steps),
-        "model": {"init_args": {"backbone": backbone, "visual_codebook": str(run.codebook)}},
+        "model": {"init_args": model},
         "data": {"init_args": {"data_root": str(run.data), "batch_size": run.settings.batch_size,
                                "batches_per_epoch": steps}},
     }  # fmt: skip

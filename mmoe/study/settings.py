@@ -14,7 +14,7 @@ import dataclasses
 import json
 from dataclasses import dataclass
 
-from mmoe.demo.settings import FULL as DEMO
+from mmoe.demo.settings import FULL as DEMO_SETTINGS
 from mmoe.demo.settings import DemoSettings
 
 #: The routers the study measures beside its claims: Switch top-1 at the tiny part's 8 experts (the baseline), then
@@ -79,6 +79,11 @@ class StudySettings:
 
     def to_json(self) -> dict:
         return json.loads(json.dumps(dataclasses.asdict(self)))
+
+
+#: The demo's settings with BEiT-3's pre-training objective (masked data modelling over the whole vocabulary, the tiny
+#: config's learning rate): the study measures the MoE variants under the papers' objective.
+DEMO = DEMO_SETTINGS.replace(pretrain_learning_rate=None, contrastive_coefficient=0.0, pretrain_output_vocab=False)
 
 
 DEFAULT = StudySettings(

@@ -35,15 +35,14 @@ from mmoe.data.batches import CaptionBatch
 from mmoe.data.decoders import CaptionDecoder
 from mmoe.data.tokenizer import TextTokenizer
 from mmoe.data.transforms import eval_transform
-from mmoe.io import read_json
 from mmoe.metrics.captions import ScorerUnavailableError, score_captions
 from mmoe.model import MultiwayConfig
 from mmoe.model.heads import token_head
 from mmoe.moe import RoutingRecord
 from mmoe.tasks.decoding import Decoded, beam_search, greedy_search
 from mmoe.tasks.finetuning import FineTuningTask, positive_int
+from mmoe.tasks.output_vocab import class_index, classes_of, load_output_vocab
 from mmoe.tasks.predictions import as_ids
-from mmoe.vocabulary import OPEN_CLIP_IDS, TextIds
 
 
 def caption_attention_mask(image_len: int, text_len: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -54,28 +53,6 @@ def caption_attention_mask(image_len: int, text_len: int, device: torch.device |
     mask[:, :, :image_len] = True
     mask[:, image_len:, image_len:] = torch.ones(text_len, text_len, dtype=torch.bool, device=device).tril()
     return mask
-
-
-def load_output_vocab(path: str | Path, vocab_size: int, text_ids: TextIds = OPEN_CLIP_IDS) -> list[int]:
-    """The token ids of ``caption_tokens.json``: a JSON list of distinct ids in [0, vocab_size) holding the end token,
-    none of the start, pad and mask ids (``text_ids``: the tokenizer's)."""
-    ids = read_json(
-        path, "output vocabulary", written_by="the caption converters write caption_tokens.json next to the shards"
-    )
-    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-        raise ValueError(f"output vocabulary {path}: expected a JSON list of integer token ids")
-    bad = [i for i in ids if not 0 <= i < vocab_size or i in (text_ids.start, text_ids.pad, text_ids.mask)]
-    if bad:
-        raise ValueError(
-            f"output vocabulary {path}: ids {bad[:5]} are outside [0, {vocab_size}) or the start / pad / mask ids"
-        )
-    if len(set(ids)) != len(ids):
-        raise ValueError(f"output vocabulary {path}: an id appears more than once")
-    if text_ids.end not in ids:
-        raise ValueError(
-            f"output vocabulary {path}: the end-of-text id {text_ids.end} is missing (captions could not end)"
-        )
-    return sorted(ids)
 
 
 def label_smoothed_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, smoothing: float) -> torch.Tensor:
@@ -146,9 +123,7 @@ class CaptioningFineTuning(FineTuningTask):
         # Head class k is token output_ids[k]; output_index maps a token id back to its class (-1: not predicted).
         # Not saved: the hyperparameters name the file, and the head's shape checks a checkpoint against it.
         self.register_buffer("output_ids", torch.tensor(ids, dtype=torch.long), persistent=False)
-        index = torch.full((vocab_size,), -1, dtype=torch.long)
-        index[self.output_ids] = torch.arange(len(ids))
-        self.register_buffer("output_index", index, persistent=False)
+        self.register_buffer("output_index", class_index(self.output_ids, vocab_size), persistent=False)
         self.head = token_head(self.backbone.config.dim, len(ids))
         self.load_beit3_head(rows=self.output_ids)
 
@@ -215,15 +190,9 @@ class CaptioningFineTuning(FineTuningTask):
         """Head class of each token id; an id outside ``output_vocab`` is an error naming it."""
         if self.hparams.output_vocab is None:
             return token_ids  # the whole vocabulary: class = id
-        classes = self.output_index[token_ids]
-        if bool((classes < 0).any()):
-            missing = sorted(set(token_ids[classes < 0].tolist()))
-            words = [self.tokenizer.decode([i]) for i in missing[:5]]
-            raise ValueError(
-                f"caption token ids {missing[:5]} ({words}) are not in model.output_vocab "
-                f"{self.hparams.output_vocab}: build it from the training captions"
-            )
-        return classes
+        return classes_of(
+            self.output_index, token_ids, f"model.output_vocab {self.hparams.output_vocab}", self.tokenizer.decode
+        )
 
     # ---------------------------------------------------------------------------------------------- generation
     def next_token_scorer(self, image: torch.Tensor, beams: int = 1):

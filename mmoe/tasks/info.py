@@ -29,6 +29,7 @@ from mmoe.tasks.catalog import class_path, task_of_class_path
 from mmoe.tasks.checkpoint import PREFIX, config_from_dict, read_pretrained
 from mmoe.tasks.finetuning import required_argument
 from mmoe.tasks.launch import read_config
+from mmoe.tasks.output_vocab import load_output_vocab
 from mmoe.tasks.pretraining import DEFAULT_TEACHER, VQKD_OPTION, MaskedPretraining, load_teacher, teacher_width
 from mmoe.tasks.visual_codebook import PatchCodebook
 
@@ -67,8 +68,11 @@ def pretraining_head_parameters(config: MultiwayConfig, init_args: dict) -> dict
         targets = read_vqkd_shape(init_args["vqkd_tokenizer"], VQKD_OPTION).num_codes
     else:
         targets = PatchCodebook.load(required_argument(init_args, "visual_codebook")).size
+    words = config.vocab_size
+    if init_args.get("output_vocab"):
+        words = len(load_output_vocab(init_args["output_vocab"], config.vocab_size, need_end=False))
     mim, mlm = PRETRAINING_HEADS.values()
-    return {mim: config.dim * targets + targets, mlm: config.dim * config.vocab_size + config.vocab_size}
+    return {mim: config.dim * targets + targets, mlm: config.dim * words + words}
 
 
 def visual_tokenizer_cost(init_args: dict, config: MultiwayConfig) -> dict | None:

@@ -33,18 +33,25 @@ from torch import nn
 
 from mmoe.data.batches import BATCH_KINDS, IMAGE, PAIR, TEXT, PretrainBatch, PretrainStep, step_batches
 from mmoe.data.datamodules import PretrainDataModule
+from mmoe.data.tokenizer import TextTokenizer
 from mmoe.data.transforms import denormalize
 from mmoe.model import MultiwayConfig, MultiwayTransformer
+from mmoe.model.heads import LOG_LOGIT_SCALE_INIT, retrieval_heads
 from mmoe.model.initialization import init_beit3_
 from mmoe.model.vqkd import VQKDTokenizer, load_vqkd, unused_summary
 from mmoe.moe import RoutingRecord
 from mmoe.tasks.base import BackboneTask, StepLosses
 from mmoe.tasks.checkpoint import config_from_dict
 from mmoe.tasks.optimizer import PRETRAINING_OPTIMIZER, OptimizerConfig
+from mmoe.tasks.output_vocab import class_index, classes_of, load_output_vocab
+from mmoe.tasks.retrieval import contrastive_loss, gather_with_grad
 from mmoe.tasks.visual_codebook import PatchCodebook
 
 __all__ = ["MaskedPretraining"]
 
+
+#: The image-text contrastive loss (``contrastive_coefficient``), logged as ``<stage>/pair_contrastive_loss``.
+CONTRASTIVE = "pair_contrastive"
 
 #: The open_clip model of the teacher when a config names none.
 DEFAULT_TEACHER = "ViT-B-16"
@@ -70,6 +77,16 @@ class MaskedPretraining(BackboneTask):
             without gradients in fp32, by the loader's workers on a CPU run with workers, else by the task.
         text_tokenizer: the SentencePiece model of the texts (BEiT-3's ``beit3.spm``, XLM-R ids); None = open_clip's
             BPE. The data's tokenizer follows it (the mmoe CLI links it); the backbone's text embedding must fit it.
+        output_vocab: a JSON list of the token ids the MLM head predicts (:mod:`mmoe.tasks.output_vocab`, e.g. a
+            corpus' ``caption_tokens.json``); a masked token outside it is an error naming it. None = the whole
+            vocabulary, as BEiT-3. On the synthetic corpus (about 40 ids in use) the MLM loss falls below the
+            uniform level over the used ids within the demo's steps; over all 49,408 ids it does not.
+        contrastive_coefficient: weight of an image-text contrastive loss on the pair batches (VLMo's ITC, Bao et
+            al. 2022 §2.2; BEiT-3's retrieval loss): an image-only pass of each pair's whole image and a text-only pass
+            of its unmasked text, their first tokens through BEiT-3's retrieval projections (``vision_head``,
+            ``language_head``), L2-normalised, scored by CLIP's symmetric cross-entropy with a learnable temperature
+            (:func:`mmoe.tasks.retrieval.contrastive_loss`, negatives gathered from every process). It trains the CLS
+            tokens, which masked data modelling never predicts from. 0 = off, as BEiT-3.
         balance_coefficient: alpha, the weight of the balance losses (X-MoE Eq. 10; 1e-2 in X-MoE and MH-MoE).
         balance_reduce: ``"sum"`` adds the MoE layers' balance losses (MH-MoE code); ``"mean"`` averages them (the
             z-losses alike).
@@ -87,6 +104,8 @@ class MaskedPretraining(BackboneTask):
         teacher_model: str = DEFAULT_TEACHER,
         vqkd_tokenizer: str | None = None,
         text_tokenizer: str | None = None,
+        output_vocab: str | None = None,
+        contrastive_coefficient: float = 0.0,
         balance_coefficient: float = 1e-2,
         balance_reduce: Literal["sum", "mean"] = "sum",
         z_loss_coefficient: float = 0.0,
@@ -123,10 +142,21 @@ class MaskedPretraining(BackboneTask):
             teacher = load_teacher(teacher_model, teacher_checkpoint)
             self._teacher.append(teacher)
             self.mim_head = nn.Linear(backbone.dim, teacher_width(teacher))
-        self.mlm_head = nn.Linear(backbone.dim, backbone.vocab_size)
+        mlm_ids = None
+        if output_vocab is not None:
+            self.tokenizer = TextTokenizer(sentencepiece=text_tokenizer)
+            text_ids = self.tokenizer.ids
+            mlm_ids = torch.tensor(load_output_vocab(output_vocab, backbone.vocab_size, text_ids, need_end=False))
+            self.register_buffer("mlm_class_index", class_index(mlm_ids, backbone.vocab_size), persistent=False)
+        self.mlm_head = nn.Linear(backbone.dim, backbone.vocab_size if mlm_ids is None else len(mlm_ids))
         for head in (self.mim_head, self.mlm_head):
             init_beit3_(head.weight)
             nn.init.zeros_(head.bias)
+        if contrastive_coefficient < 0:
+            raise ValueError(f"model.contrastive_coefficient must be >= 0, got {contrastive_coefficient!r}")
+        if contrastive_coefficient > 0:
+            self.vision_head, self.language_head = retrieval_heads(backbone.dim)
+            self.logit_scale = nn.Parameter(torch.tensor(LOG_LOGIT_SCALE_INIT))
 
     # ----------------------------------------------------------------------------------------------- objective
     def masked_losses(self, batch: PretrainBatch) -> tuple[dict[str, torch.Tensor], list[RoutingRecord]]:
@@ -158,8 +188,29 @@ class MaskedPretraining(BackboneTask):
         if text is not None:
             text_mask = batch["text_mask"]
             logits = self.mlm_head(out.text_hidden[text_mask])
-            losses[kind] = F.cross_entropy(logits.float(), batch["text_targets"][text_mask])  # text or pair
-        return losses, out.routing
+            losses[kind] = F.cross_entropy(logits.float(), self.mlm_classes(batch["text_targets"][text_mask]))
+        routing = out.routing
+        if kind == PAIR and self.hparams.contrastive_coefficient > 0:
+            losses[CONTRASTIVE], records = self.contrastive_loss(batch)
+            routing = routing + records
+        return losses, routing
+
+    def contrastive_loss(self, batch: PretrainBatch) -> tuple[torch.Tensor, list[RoutingRecord]]:
+        """The image-text contrastive loss of a pair batch (see ``contrastive_coefficient``) and the routing of its
+        image-only and text-only passes."""
+        image_out = self.backbone(image=batch["image"])
+        text_out = self.backbone(text=batch["text_targets"], text_padding_mask=batch.get("text_padding_mask"))
+        image_BD = F.normalize(self.vision_head(image_out.hidden[:, 0]), dim=-1)  # vision CLS
+        text_BD = F.normalize(self.language_head(text_out.hidden[:, 0]), dim=-1)  # language CLS
+        loss = contrastive_loss(gather_with_grad(image_BD), gather_with_grad(text_BD), self.logit_scale.float().exp())
+        return loss, image_out.routing + text_out.routing
+
+    def mlm_classes(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """The MLM head's class of each masked token (its id without ``output_vocab``)."""
+        if self.hparams.output_vocab is None:
+            return token_ids
+        option = f"model.output_vocab {self.hparams.output_vocab}"
+        return classes_of(self.mlm_class_index, token_ids, option, self.tokenizer.decode)
 
     def step_losses(self, batch: PretrainStep) -> StepLosses:
         """Masked-modeling losses of every single-kind batch of the step (one in mixed mode, one per stream in joint
@@ -171,10 +222,17 @@ class MaskedPretraining(BackboneTask):
             losses, records = self.masked_losses(single)
             masked.update(losses)
             routing.extend(records)
-        task_loss = torch.stack(list(masked.values())).sum()
+        weights = {CONTRASTIVE: self.hparams.contrastive_coefficient}
+        task_loss = torch.stack([value * weights.get(name, 1.0) for name, value in masked.items()]).sum()
         size = len(batches[0].get("image", batches[0].get("text_ids")))
         logged = {f"{name}_loss": value for name, value in masked.items()}
-        logged |= {f"{name}_ppl": value.detach().exp() for name, value in masked.items() if "cosine" not in name}
+        logged |= {
+            f"{name}_ppl": value.detach().exp()
+            for name, value in masked.items()
+            if "cosine" not in name and name != CONTRASTIVE
+        }
+        if CONTRASTIVE in masked:
+            logged["logit_scale"] = self.logit_scale.detach().exp()
         return StepLosses(task_loss, logged, routing, size)
 
     def setup(self, stage: str) -> None:

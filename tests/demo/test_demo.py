@@ -111,6 +111,22 @@ def test_stage_launches_point_the_shipped_configs_at_the_run_directory(tmp_path)
     assert pretrain.data.init_args.image_shards == "shards/pretrain-images"  # the config's, under data_root
     assert pretrain.data.init_args.batches_per_epoch == pretrain.trainer.max_steps == FAST.pretrain_steps
     assert pretrain.model.init_args.backbone.image_size == FAST.image_size
+    # The pre-training objective of the settings: contrastive loss, captions' MLM vocabulary, learning rate.
+    assert pretrain.model.init_args.contrastive_coefficient == FAST.contrastive_coefficient > 0
+    assert (
+        pretrain.model.init_args.output_vocab
+        == str(run.caption_tokens)
+        == configs["captioning"].model.init_args.output_vocab
+    )
+    assert pretrain.model.init_args.optimizer.learning_rate == FAST.pretrain_learning_rate
+    plain = stage_launches(
+        DemoRun(
+            tmp_path,
+            FAST.replace(pretrain_learning_rate=None, contrastive_coefficient=0.0, pretrain_output_vocab=False),
+        )
+    )["pretrain"].config()
+    assert plain.model.init_args.contrastive_coefficient == 0 and plain.model.init_args.output_vocab is None
+    assert plain.model.init_args.optimizer.learning_rate == 1e-3  # the tiny config's
     for name, config in configs.items():
         out = tmp_path / "mhmoe" / name
         assert config.trainer.default_root_dir == str(out) and config.data.init_args.batch_size == FAST.batch_size
@@ -271,6 +287,31 @@ def test_fine_tuning_learning_rate_overrides_replace_only_their_tasks_rate(tmp_p
     assert rates["vqav2"] == shipped["vqav2"].model.init_args.optimizer.learning_rate
     assert rates["nlvr2"] == shipped["nlvr2"].model.init_args.optimizer.learning_rate
     assert shipped["captioning"].model.init_args.optimizer.learning_rate == 2e-4
+
+
+def test_fine_tunings_form_groups_that_run_at_once_and_a_failed_group_is_named(tmp_path, capsys):
+    """The parallel fine-tunings: one group per benchmark (and per benchmark from random init), each its fit and its
+    evaluation and nothing else; a group's process that fails is named after the others ended."""
+    from mmoe.demo.pipeline import fine_tuning_groups, in_group, needs_fine_tunings, random_init_stages, variant_stages
+    from mmoe.demo.stages import run_parallel
+
+    run = DemoRun(tmp_path, FAST)
+    groups = fine_tuning_groups(run, "mhmoe", random_init=True)
+    assert groups == [f"mhmoe/{b.name}" for b in BENCHMARKS] + [f"mhmoe/random-init/{b.name}" for b in BENCHMARKS]
+    stages = variant_stages(run, "mhmoe") + random_init_stages(run, "mhmoe")
+    members = {group: [str(stage.key) for stage in stages if in_group(stage, group)] for group in groups}
+    assert all(names == [group, f"{group}/eval"] for group, names in members.items())
+    alone = [str(stage.key) for stage in stages if not any(in_group(stage, group) for group in groups)]
+    assert alone == ["mhmoe/pretrain", "mhmoe/export", "mhmoe/figures", "mhmoe/random-init/init"]
+    assert [str(stage.key) for stage in stages if needs_fine_tunings(stage)] == ["mhmoe/figures"]
+
+    argv = {"a": ["demo", "--help"], "b": ["no-such-command"], "c": ["demo", "--help"]}
+    with pytest.raises(DemoError, match=r"stages b \(exit status 2\) failed"):
+        run_parallel(["a", "b", "c"], argv.__getitem__, jobs=2)
+    run_parallel(["a", "c"], argv.__getitem__, jobs=2)
+
+    assert main(["demo", "--fast", "--out", str(tmp_path), "--stages", "mhmoe/nope"]) == 2
+    assert "--stages mhmoe/nope: no stage of this run" in capsys.readouterr().err
 
 
 def test_table_has_one_column_per_variant():

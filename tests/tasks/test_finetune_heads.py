@@ -18,13 +18,13 @@ from mmoe.tasks.captioning import (
     CaptioningFineTuning,
     caption_attention_mask,
     label_smoothed_cross_entropy,
-    load_output_vocab,
 )
 from mmoe.tasks.checkpoint import export_backbone
 from mmoe.tasks.decoding import beam_search, greedy_search
 from mmoe.tasks.finetuning import build_backbone
 from mmoe.tasks.nlvr2 import NLVR2FineTuning
 from mmoe.tasks.optimizer import OptimizerConfig, layer_id, parameter_groups
+from mmoe.tasks.output_vocab import load_output_vocab
 from mmoe.tasks.vqa import VQAFineTuning
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 
 import lightning as L
@@ -215,3 +216,68 @@ def test_vqkd_targets_are_the_tokenizer_codes_of_the_pixels(tmp_path, capsys):
     torch.testing.assert_close(with_targets["image"], F.cross_entropy(logits, given[mask]))
     losses["image"].backward()
     assert task.mim_head.weight.grad.abs().sum() > 0
+
+
+def test_output_vocab_head_is_the_full_heads_softmax_over_its_ids(codebook_path, tmp_path):
+    """With ``output_vocab`` the MLM head predicts only the listed ids: its loss is the whole-vocabulary head's
+    cross-entropy with the logits of the other ids left out, and a masked id outside the list is named."""
+    config = MultiwayConfig(**BACKBONE)
+    _, text_batch, pair_batch = make_batches(3)
+    ids = sorted(set(text_batch["text_targets"].flatten().tolist()))
+    path = tmp_path / "text_tokens.json"
+    path.write_text(json.dumps(ids[::-1]))
+    torch.manual_seed(0)
+    full = MaskedPretraining(config, codebook_path)
+    part = MaskedPretraining(config, codebook_path, output_vocab=str(path))
+    assert part.mlm_head.weight.shape == (len(ids), config.dim)
+    part.load_state_dict(full.state_dict() | {"mlm_head.weight": full.mlm_head.weight[ids] * 40,
+                                              "mlm_head.bias": full.mlm_head.bias[ids] + 0.5})  # fmt: skip
+    with torch.no_grad():
+        full.mlm_head.weight.mul_(40)
+        full.mlm_head.bias.add_(0.5)
+    for batch in (text_batch, pair_batch):
+        out = full.backbone(image=batch.get("image"), text=batch["text_ids"],
+                            text_padding_mask=batch["text_padding_mask"])  # fmt: skip
+        logits = full.mlm_head(out.text_hidden[batch["text_mask"]])[:, ids]
+        targets = [ids.index(i) for i in batch["text_targets"][batch["text_mask"]].tolist()]
+        expected = F.cross_entropy(logits, torch.tensor(targets))
+        losses, _ = part.masked_losses(batch)
+        torch.testing.assert_close(losses[batch["kind"]], expected)
+    assert losses["pair"].item() < math.log(len(ids)) + 2.0
+    path.write_text(json.dumps(ids[1:]))
+    with pytest.raises(ValueError, match=rf"token ids \[{ids[0]}\].*not in model.output_vocab"):
+        MaskedPretraining(config, codebook_path, output_vocab=str(path)).masked_losses(text_batch)
+
+
+def test_contrastive_loss_on_pairs_is_a_per_pair_infonce_over_cls_tokens(codebook_path):
+    """``contrastive_coefficient`` adds, for the pair batch only, the symmetric InfoNCE of an image-only pass's vision
+    CLS and an unmasked text-only pass's first token (per-row loop below), weighted in the step loss."""
+    config = MultiwayConfig(**BACKBONE, moe=MoEPlan(num_experts=4, every=1))
+    torch.manual_seed(0)
+    task = MaskedPretraining(config, codebook_path, contrastive_coefficient=0.5)
+    with torch.no_grad():
+        task.vision_head.weight.mul_(30)  # embeddings that differ between rows (BEiT-3's init makes them near equal)
+        task.language_head.weight.mul_(30)
+    image_batch, text_batch, pair_batch = make_batches(3)
+    losses, routing = task.masked_losses(pair_batch)
+    assert set(losses) == {"pair", "pair_contrastive"} and len(routing) == 4 + 2 + 2  # joint (2 ways), image, text
+    image = F.normalize(task.vision_head(task.backbone(image=pair_batch["image"]).hidden[:, 0]), dim=-1)
+    text_out = task.backbone(text=pair_batch["text_targets"], text_padding_mask=pair_batch["text_padding_mask"])
+    text = F.normalize(task.language_head(text_out.hidden[:, 0]), dim=-1)
+    scale = math.exp(math.log(1 / 0.07))
+    rows = []
+    for i in range(len(image)):
+        image_to_text = torch.stack([scale * image[i] @ text[j] for j in range(len(text))])
+        text_to_image = torch.stack([scale * text[i] @ image[j] for j in range(len(image))])
+        rows.append(-(image_to_text.log_softmax(0)[i] + text_to_image.log_softmax(0)[i]) / 2)
+    torch.testing.assert_close(losses["pair_contrastive"], torch.stack(rows).mean(), rtol=1e-4, atol=1e-5)
+    assert losses["pair_contrastive"].item() > 0.05  # not a trivially solved batch
+    assert set(task.masked_losses(image_batch)[0]) == {"image"}  # image and text batches have no pairs
+    step = task.step_losses({"image": image_batch, "text": text_batch, "pair": pair_batch})
+    expected = step.logged["image_loss"] + step.logged["text_loss"] + step.logged["pair_loss"]
+    torch.testing.assert_close(step.task_loss, expected + 0.5 * step.logged["pair_contrastive_loss"])
+    assert "pair_contrastive_ppl" not in step.logged and step.logged["logit_scale"].item() == pytest.approx(1 / 0.07)
+    step.task_loss.backward()
+    assert task.logit_scale.grad is not None and task.vision_head.weight.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="contrastive_coefficient must be >= 0"):
+        MaskedPretraining(config, codebook_path, contrastive_coefficient=-1.0)
