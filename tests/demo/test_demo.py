@@ -324,12 +324,13 @@ def test_table_has_one_column_per_variant():
 
 
 @pytest.fixture(scope="module")
-def fast_demo(tmp_path_factory):
-    """``mmoe demo --fast`` run once: (output directory, results.json, chance levels, printed text)."""
+def default_demo(tmp_path_factory):
+    """``mmoe demo`` (the default setting, its fine-tunings two at a time) run once: (output directory, results.json,
+    chance levels, printed text)."""
     out = tmp_path_factory.mktemp("demo")
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        assert main(["demo", "--fast", "--out", str(out)]) == 0
+        assert main(["demo", "--out", str(out)]) == 0
     results = json.loads((out / "results.json").read_text())
     chance = json.loads((out / "data" / "synth.json").read_text())["chance"]
     return out, results, chance, printed.getvalue()
@@ -341,8 +342,8 @@ def rows_of(results: dict) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::UserWarning")
-def test_fast_demo_scores_are_official_files_exist_and_a_rerun_reuses_stages(fast_demo):
-    out, results, chance, printed = fast_demo
+def test_demo_scores_are_official_files_exist_and_a_rerun_reuses_stages(default_demo):
+    out, results, chance, printed = default_demo
     rows = rows_of(results)
     for task, _ in rows:
         assert task in printed
@@ -368,17 +369,17 @@ def test_fast_demo_scores_are_official_files_exist_and_a_rerun_reuses_stages(fas
         assert caption["chance"] == chance["captioning_karpathy_test_constant_caption"][metric]
         assert 0 <= caption["value"] <= 10
 
-    # Every task above its chance level (the --fast numbers in README.md, two torch threads): VQA 46.40 against the
-    # per-question-type prior's 39.43 (41.69 without the prior bias); NLVR2 0.548 on 1,600 dev pairs (0.54 is 3
-    # standard errors above a constant answer's 0.50; 0.526 with the head at scale 1.0 of the ±std cut) and
-    # consistency 0.090 on 400 sets against 0.0625 for random answers; captions BLEU-4 0.375 and CIDEr 0.553 against
-    # the most common training caption's 0.103 and 0.313.
-    assert vqa["value"] > vqa["chance"] + 3
-    assert nlvr2["value"] > 0.54 and consistency["value"] > consistency["chance"]
+    # Every task above its chance level by a margin, measured in one default run on the 2-core CPU (README.md, Demo):
+    # VQA 48.96 against the per-question-type prior's 39.43; NLVR2 0.639 on 1,600 dev pairs (0.60 is 3 standard
+    # errors below it; 0.645 in a run with two threads and one fine-tuning at a time) and consistency 0.215 on 400
+    # sets against 0.0625 for random answers; captions BLEU-4 0.357 and CIDEr 0.589 against the most common training
+    # caption's 0.103 and 0.313.
+    assert vqa["value"] > vqa["chance"] + 5
+    assert nlvr2["value"] > 0.60 and consistency["value"] > 2 * consistency["chance"]
     assert caption_rows["Bleu_4"]["value"] > 2 * caption_rows["Bleu_4"]["chance"]
-    assert caption_rows["CIDEr"]["value"] > caption_rows["CIDEr"]["chance"]
-    # The colour-word check is scored, not asserted above chance: the captions' colour words are right on 30.30%
-    # against 31.06% for the same words on a random image.
+    assert caption_rows["CIDEr"]["value"] > 1.5 * caption_rows["CIDEr"]["chance"]
+    # The colour-word check is scored, not asserted above chance: the captions' colour words are right on 33.82%
+    # against 30.85% for the same words on a random image (38.62% against 27.82% in the two-thread run).
     colours = rows["COCO captions Karpathy test", "colour words right (%)"]
     references = load_karpathy_references(out / "data" / "coco" / "karpathy" / "dataset_coco.json", "test")
     captions = json.loads((out / "mhmoe" / "captioning" / "test_captions.json").read_text())
@@ -396,13 +397,11 @@ def test_fast_demo_scores_are_official_files_exist_and_a_rerun_reuses_stages(fas
     images = chance["retrieval_flickr30k_test"]["images"]
     assert retrieval["text->image R@1"]["chance"] == pytest.approx(1 / images)
     assert retrieval["image->text R@1"]["chance"] == pytest.approx(1 / images)  # 5 captions per image of 5N
-    # Measured (one torch thread): image->text R@1 0.024 and text->image R@1 0.015 against 0.004 (6 of 250 images, 19
-    # of 1,250 captions), mean recall 0.084 against 0.021. The mean of the six recalls moves least with the thread
-    # count: asserted above 2.5 times chance; each R@1 (a handful of queries) above chance.
+    # Measured: image->text R@1 0.184 and text->image R@1 0.180 against 0.004, mean recall 0.488 against 0.021.
     mean = retrieval["mean recall (R@1/5/10)"]
-    assert mean["value"] > 2.5 * mean["chance"]
+    assert mean["value"] > 10 * mean["chance"]
     for name in ("image->text R@1", "text->image R@1"):
-        assert retrieval[name]["value"] > retrieval[name]["chance"]
+        assert retrieval[name]["value"] > 20 * retrieval[name]["chance"]
 
     for path in results["files"]:
         assert Path(path).exists(), path
@@ -414,7 +413,7 @@ def test_fast_demo_scores_are_official_files_exist_and_a_rerun_reuses_stages(fas
 
     start = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()):
-        assert main(["demo", "--fast", "--out", str(out)]) == 0
+        assert main(["demo", "--out", str(out)]) == 0
     assert time.perf_counter() - start < 30
     again = json.loads((out / "results.json").read_text())
     assert all(stage["reused"] for stage in again["stages"].values())
