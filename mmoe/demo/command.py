@@ -39,9 +39,10 @@ def check_settings(run: DemoRun) -> None:
 
 def upgraded_settings(stored: dict) -> dict:
     """Demo settings as an older ``demo.json`` stored them, in today's form: one written before the precision option
-    or the learning-rate overrides has neither (those runs trained in 32-true with the configs' learning rates), and
+    or the learning-rate overrides has neither (those runs trained in 32-true with the configs' learning rates and head
+    multipliers), and
     the per-name fields were lists of ``[name, value]`` pairs."""
-    stored = {"precision": "32-true", "finetune_learning_rates": {}} | stored
+    stored = {"precision": "32-true", "finetune_learning_rates": {}, "finetune_head_lr_multipliers": {}} | stored
     return stored | {
         key: dict(value) for key, value in stored.items() if key in MAPPING_FIELDS and isinstance(value, list)
     }

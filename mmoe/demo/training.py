@@ -168,9 +168,13 @@ def finetune_launch(
     steps = run.settings.steps(task.name)
     trainer, callbacks = trainer_options(run, layout, steps, routing_every)
     model = {"backbone": None, "pretrained": str(backbone), **model_options}
-    rates = run.settings.finetune_learning_rates
-    if task.name in rates:
-        model["optimizer"] = {"learning_rate": rates[task.name]}
+    optimizer = {}
+    if task.name in run.settings.finetune_learning_rates:
+        optimizer["learning_rate"] = run.settings.finetune_learning_rates[task.name]
+    if task.name in run.settings.finetune_head_lr_multipliers:
+        optimizer["head_lr_multiplier"] = run.settings.finetune_head_lr_multipliers[task.name]
+    if optimizer:
+        model["optimizer"] = optimizer
     overrides = {
         "trainer": trainer,
         "throughput": progress_lines(f"fine-tune {task.name}", steps),

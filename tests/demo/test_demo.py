@@ -257,12 +257,13 @@ def test_a_directory_from_before_the_precision_option_counts_as_32_true(tmp_path
 
 
 def test_a_directory_from_before_the_learning_rate_overrides_used_the_configs_rates(tmp_path):
-    settings = FULL.to_json()
+    configs_rates = FULL.replace(finetune_learning_rates={})
+    settings = configs_rates.to_json()
     del settings["finetune_learning_rates"]
     (tmp_path / "demo.json").write_text(json.dumps({"settings": settings}))
-    check_settings(DemoRun(tmp_path, FULL))  # FULL overrides none
+    check_settings(DemoRun(tmp_path, configs_rates))
     with pytest.raises(DemoError, match="finetune_learning_rates"):
-        check_settings(DemoRun(tmp_path, FULL.replace(finetune_learning_rates={"nlvr2": 1e-3})))
+        check_settings(DemoRun(tmp_path, configs_rates.replace(finetune_learning_rates={"nlvr2": 1e-3})))
 
 
 def test_a_directory_whose_settings_list_name_value_pairs_is_the_same_run(tmp_path):
