@@ -243,3 +243,25 @@ def test_starts_scored_on_different_items_are_refused(demo_run):
                           + 1000}, embeddings)  # fmt: skip
     with pytest.raises(DemoError, match="the two starts were scored on different items"):
         comparison(run, VARIANT)
+
+
+def test_the_demo_command_saves_and_prints_the_comparison_after_the_table(demo_run, monkeypatch, capsys):
+    from mmoe.demo import command
+
+    run, corpus, rng = demo_run
+    write_predictions(run, corpus, PRETRAINED, 0.8, rng)
+    write_predictions(run, corpus, RANDOM_INIT, 0.5, rng)
+    write_json(run.corpus_summary, {"chance": {}})
+    monkeypatch.setattr(command, "run_stages", lambda *args: {})  # every stage done: only the report runs
+    row = {"task": "NLVR2 dev", "metric": "accuracy", "value": 0.5, "chance": 0.5, "baseline": "constant answer"}
+    monkeypatch.setattr(command, "variant_rows", lambda *args, **kwargs: [row])
+    assert command.demo_command(["--out", str(run.out), "--fast", "--random-init"]) == 0
+    saved = json.loads((run.out / "results.json").read_text())
+    assert saved["comparison"] == {VARIANT: comparison(run, VARIANT)}
+    printed = capsys.readouterr().out
+    assert printed.index("constant answer") < printed.index(TITLE) < printed.index("Files:")
+    assert len([line for line in printed.splitlines() if line.startswith("Flickr30K Karpathy test")]) == 2
+
+    assert command.demo_command(["--out", str(run.out), "--fast"]) == 0
+    assert "comparison" not in json.loads((run.out / "results.json").read_text())
+    assert TITLE not in capsys.readouterr().out
