@@ -104,17 +104,18 @@ def caption_items(run: DemoRun, predictions: Path) -> ItemCounts:
 
 
 def retrieval_items(run: DemoRun, predictions: Path) -> ItemCounts:
-    """Per test image: whether its image->text rank is at most 1, 5, 10; 1; how many of its captions rank it at most
-    1, 5, 10 (text->image); its number of captions. Ranks are :func:`~mmoe.metrics.retrieval.score_embeddings`'."""
+    """Per test image, eight columns: whether its image->text rank is at most 1, 5, 10; 1; how many of its captions
+    rank it at most 1, 5, 10 (text->image); its number of captions. The ranks are those against the full gallery
+    (:func:`~mmoe.metrics.retrieval.score_embeddings`)."""
     from mmoe.metrics.retrieval import DEFAULT_CHUNK, RECALL_AT, read_embeddings_file, score_embeddings
 
     _, ranks = score_embeddings(read_embeddings_file(predictions), DEFAULT_CHUNK)
     row = {entry["image_id"]: index for index, entry in enumerate(ranks["images"])}
-    counts = np.zeros((len(row), 2 * len(RECALL_AT) + 2))
+    counts = np.zeros((len(row), 8))
     for entry in ranks["images"]:
-        counts[row[entry["image_id"]], : len(RECALL_AT) + 1] = [*(entry["rank"] <= k for k in RECALL_AT), 1]
+        counts[row[entry["image_id"]], :4] = [*(entry["rank"] <= k for k in RECALL_AT), 1]
     for entry in ranks["captions"]:
-        counts[row[entry["image_id"]], len(RECALL_AT) + 1 :] += [*(entry["rank"] <= k for k in RECALL_AT), 1]
+        counts[row[entry["image_id"]], 4:] += [*(entry["rank"] <= k for k in RECALL_AT), 1]
     return ItemCounts(list(row), counts)
 
 
