@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from mmoe.data.synth.corpus import ChanceLevels
 from mmoe.data.synth.scenes import COLORS
 from mmoe.demo import BENCHMARKS, FAST, DemoRun
 from mmoe.demo.benchmarks import caption_test_files, score_nlvr2, score_retrieval, score_vqa, vqa_val_files
@@ -265,3 +266,22 @@ def test_the_demo_command_saves_and_prints_the_comparison_after_the_table(demo_r
     assert command.demo_command(["--out", str(run.out), "--fast"]) == 0
     assert "comparison" not in json.loads((run.out / "results.json").read_text())
     assert TITLE not in capsys.readouterr().out
+
+
+def test_each_compared_metric_is_a_row_of_the_main_table_with_the_same_value(demo_run):
+    run, corpus, rng = demo_run
+    write_predictions(run, corpus, PRETRAINED, 0.8, rng)
+    write_predictions(run, corpus, RANDOM_INIT, 0.5, rng)
+    files = {name: prediction_file(run, name, PRETRAINED) for name in ITEM_METRICS}
+    colours = word_precision(*reversed(caption_test_files(run, files["captioning"])), COLORS)
+    scores = {
+        "vqav2": score_vqa(run, files["vqav2"]),
+        "nlvr2": score_nlvr2(run, files["nlvr2"]),
+        "captioning": {"Bleu_4": 0.0, "CIDEr": 0.0, "colour_word_precision": colours["precision"],
+                       "colour_word_chance": colours["chance"]},
+        "retrieval": score_retrieval(run, files["retrieval"]),
+    }  # fmt: skip
+    chance = ChanceLevels(0.0, 0.0, 0.5, 0.0, {"Bleu_4": 0.0, "CIDEr": 0.0})
+    table = {(row["task"], row["metric"]): row["value"] for b in BENCHMARKS for row in b.rows(scores[b.name], chance)}
+    for row in comparison(run, VARIANT):
+        assert row["pretrained"] == pytest.approx(table[row["task"], row["metric"]], abs=0.005)  # the table rounds %
