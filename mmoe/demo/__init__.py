@@ -8,7 +8,8 @@ mmoe demo [--out runs/demo] [--variant dense|switch|xmoe|mhmoe|stratified|all] [
 The package: :mod:`~mmoe.demo.settings` (FULL, FAST, the run directory), :mod:`~mmoe.demo.stages` (a pipeline of
 stages with markers), :mod:`~mmoe.demo.training` (``mmoe fit`` / ``predict`` in process, :class:`Launch`),
 :mod:`~mmoe.demo.benchmarks` (each fine-tuning task's corpus files, evaluation split and scorer),
-:mod:`~mmoe.demo.pipeline` (the stages), :mod:`~mmoe.demo.report` and :mod:`~mmoe.demo.command`. Stages, in order
+:mod:`~mmoe.demo.pipeline` (the stages), :mod:`~mmoe.demo.report`, :mod:`~mmoe.demo.compare` (pre-trained
+against random init: a paired bootstrap over the evaluation items) and :mod:`~mmoe.demo.command`. Stages, in order
 (each a call of the package's own commands or Python APIs):
 
 1. ``corpus``       ``mmoe data synth --out DIR/data --shards``: the synthetic world in the benchmarks' formats, shards;
@@ -25,7 +26,8 @@ then for each variant, under ``DIR/<variant>/``:
    chance levels are a random ranking's of the test split);
 6. ``figures``      ``mmoe viz subtoken-map`` (pre-trained vs VQA fine-tuned backbone) and ``mmoe viz heatmap``;
 7. with ``--random-init``, under ``DIR/<variant>/random-init/``: ``init`` (a backbone of the pre-trained one's
-   architecture with fresh weights, seed 0), then step 5 from it: what pre-training adds at equal steps.
+   architecture with fresh weights, seed 0), then step 5 from it: what pre-training adds at equal steps, and per
+   metric a 95% paired bootstrap interval of the difference over the evaluation items with its verdict.
 
 A stage is done when its output file exists and its marker ``DIR/stages/<stage>.json`` says so; a re-run reuses done
 stages, and an interrupted training resumes from its last checkpoint. Every file is written atomically or under its

@@ -27,31 +27,44 @@ from mmoe.tasks.catalog import FINETUNING_TASKS
 from mmoe.tasks.finetuning import FineTuningTask
 
 
+def vqa_val_files(run: DemoRun) -> tuple[Path, Path]:
+    """The VQAv2 validation questions and annotations of the demo's corpus."""
+    vqa = run.data / "vqav2"
+    return vqa / "v2_OpenEnded_mscoco_val2014_questions.json", vqa / "v2_mscoco_val2014_annotations.json"
+
+
+def nlvr2_dev_file(run: DemoRun) -> Path:
+    return run.data / "nlvr2" / "dev.json"
+
+
+def caption_test_files(run: DemoRun, predictions: Path) -> tuple[dict, dict]:
+    """``(references, captions)`` of the Karpathy test split, as ``mmoe eval caption --karpathy ... --split test``
+    reads them."""
+    from mmoe.metrics.captions import read_caption_files
+
+    return read_caption_files(predictions, karpathy=run.data / "coco" / "karpathy" / "dataset_coco.json", split="test")
+
+
 def score_vqa(run: DemoRun, predictions: Path) -> dict:
     from mmoe.metrics.vqa import evaluate_vqa_files
 
-    vqa = run.data / "vqav2"
-    report = evaluate_vqa_files(
-        vqa / "v2_OpenEnded_mscoco_val2014_questions.json", vqa / "v2_mscoco_val2014_annotations.json", predictions
-    )
+    report = evaluate_vqa_files(*vqa_val_files(run), predictions)
     return {"overall": report["overall"], "perAnswerType": report["perAnswerType"]}
 
 
 def score_nlvr2(run: DemoRun, predictions: Path) -> dict:
     from mmoe.metrics.nlvr2 import evaluate_nlvr2_files
 
-    return evaluate_nlvr2_files(run.data / "nlvr2" / "dev.json", predictions)
+    return evaluate_nlvr2_files(nlvr2_dev_file(run), predictions)
 
 
 def score_captions(run: DemoRun, predictions: Path) -> dict:
     from mmoe.metrics.caption_words import word_precision
-    from mmoe.metrics.captions import read_caption_files
     from mmoe.metrics.captions import score_captions as coco_scores
 
     # What `mmoe eval caption --karpathy ... --split test` computes, with the references and captions read once for
     # both the COCO metrics and the colour-word check.
-    karpathy = run.data / "coco" / "karpathy" / "dataset_coco.json"
-    references, captions = read_caption_files(predictions, karpathy=karpathy, split="test")
+    references, captions = caption_test_files(run, predictions)
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):  # pycocoevalcap prints its progress
         warnings.simplefilter("ignore", ResourceWarning)
         report = coco_scores(references, captions, meteor=False, spice=False)  # the table shows neither

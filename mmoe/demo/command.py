@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from mmoe.demo.compare import comparison, format_comparison
 from mmoe.demo.pipeline import (
     codebook_stage,
     corpus_stage,
@@ -156,6 +157,7 @@ def demo_command(argv: Sequence[str]) -> int:
                 run_stage(run, stage)
             return 0
         records = run_stages(run, stages, args, variants)
+        compared = {variant: comparison(run, variant) for variant in variants} if args.random_init else {}
     except DemoError as error:
         print(f"mmoe demo: error: {error}", file=sys.stderr)
         return 1
@@ -164,10 +166,12 @@ def demo_command(argv: Sequence[str]) -> int:
         rows[variant] = variant_rows(run, variant, records)
         if args.random_init:
             rows[f"{variant}, random init"] = variant_rows(run, variant, records, random_init=True)
-    report = results(run, rows, records, time.perf_counter() - start)
+    report = results(run, rows, records, time.perf_counter() - start) | ({"comparison": compared} if compared else {})
     write_json(run.out / RESULTS_FILE, report)
     say(f"\nResults ({report['seconds_this_run']:.0f} s this run, {report['device']})\n")
     say(format_table(report["variants"]))
+    if compared:
+        say(f"\n{format_comparison(compared)}")
     say("\nFiles:")
     for path in [*report["files"], str(run.out / RESULTS_FILE)]:
         say(f"  {path}")

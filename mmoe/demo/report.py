@@ -72,7 +72,12 @@ def format_table(rows_by_variant: dict[str, list[dict]]) -> str:
     for index, base in enumerate(first):
         values = [number(rows_by_variant[v][index]["value"]) for v in variants]
         lines.append([base["task"], base["metric"], *values, number(base["chance"]), base["baseline"]])
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    return aligned(lines)
+
+
+def aligned(lines: list[list[str]]) -> str:
+    """Rows of cells as plain text, each column as wide as its widest cell."""
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
     return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
                      for line in lines)  # fmt: skip
 

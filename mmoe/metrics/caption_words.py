@@ -17,6 +17,25 @@ def _words(text: str) -> list[str]:
     return [word.strip(".,;:!?\"'()").lower() for word in text.split()]
 
 
+def word_counts(
+    predictions: Mapping[Hashable, str],
+    references: Mapping[Hashable, Sequence[str]],
+    words: Iterable[str],
+) -> dict[Hashable, tuple[int, int]]:
+    """Per predicted image, ``(right, written)``: of the listed ``words`` its caption uses (each occurrence counted),
+    the number its references use too, and the number in all. Summed over the images: :func:`word_precision`.
+
+    Raises:
+        KeyError: a predicted image id without references.
+    """
+    listed, in_refs = _listed_in_references(predictions, references, words)
+    counts = {}
+    for image_id, caption in predictions.items():
+        written = _listed_words(caption, listed)
+        counts[image_id] = (sum(word in in_refs[image_id] for word in written), len(written))
+    return counts
+
+
 def word_precision(
     predictions: Mapping[Hashable, str],
     references: Mapping[Hashable, Sequence[str]],
@@ -31,24 +50,32 @@ def word_precision(
 
     Returns:
         ``{"words": n, "precision": p, "chance": c}``: n occurrences of the listed words in the predictions; p the
-        share of them found in the same image's references; c the mean, over those occurrences, of the share of
-        all images whose references hold the word. Both 0.0 when no listed word occurs.
+        share of them found in the same image's references (:func:`word_counts` summed); c the mean, over those
+        occurrences, of the share of all images whose references hold the word. Both 0.0 when no listed word occurs.
     """
+    words = list(words)
+    counts = word_counts(predictions, references, words).values()
+    count = sum(written for _, written in counts)
+    if not count:
+        return {"words": 0, "precision": 0.0, "chance": 0.0}
+    listed, in_refs = _listed_in_references(predictions, references, words)
+    share = {word: sum(word in found for found in in_refs.values()) / max(1, len(in_refs)) for word in listed}
+    chance = sum(share[word] for caption in predictions.values() for word in _listed_words(caption, listed))
+    return {"words": count, "precision": sum(right for right, _ in counts) / count, "chance": chance / count}
+
+
+def _listed_in_references(
+    predictions: Mapping[Hashable, str], references: Mapping[Hashable, Sequence[str]], words: Iterable[str]
+) -> tuple[set[str], dict[Hashable, set[str]]]:
+    """The listed words in lower case, and per image of ``references`` those its references use."""
     listed = {word.lower() for word in words}
     missing = [image_id for image_id in predictions if image_id not in references]
     if missing:
         raise KeyError(f"predicted image ids {missing[:5]} have no references")
     in_refs = {image_id: {w for caption in captions for w in _words(caption)} & listed
                for image_id, captions in references.items()}  # fmt: skip
-    share = {word: sum(word in found for found in in_refs.values()) / max(1, len(in_refs)) for word in listed}
-    count = hits = 0
-    chance = 0.0
-    for image_id, caption in predictions.items():
-        for word in _words(caption):
-            if word in listed:
-                count += 1
-                hits += word in in_refs[image_id]
-                chance += share[word]
-    if not count:
-        return {"words": 0, "precision": 0.0, "chance": 0.0}
-    return {"words": count, "precision": hits / count, "chance": chance / count}
+    return listed, in_refs
+
+
+def _listed_words(caption: str, listed: set[str]) -> list[str]:
+    return [word for word in _words(caption) if word in listed]

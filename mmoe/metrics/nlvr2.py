@@ -59,6 +59,20 @@ def nlvr2_scores(labels: Mapping[str, str | bool], predictions: Mapping[str, str
         EvalInputError: no example, an example without prediction, a label that is not true/false, or an identifier
             with fewer than three dash-separated fields.
     """
+    correct = correct_pairs(labels, predictions)
+    group_consistent: dict[str, bool] = {}
+    for identifier, right in correct.items():
+        group = consistency_group(identifier)
+        group_consistent[group] = group_consistent.get(group, True) and right
+    return {
+        "accuracy": sum(correct.values()) / len(correct),
+        "consistency": sum(group_consistent.values()) / len(group_consistent),
+    }
+
+
+def correct_pairs(labels: Mapping[str, str | bool], predictions: Mapping[str, str | bool]) -> dict[str, bool]:
+    """Identifier -> whether its prediction is its label, in ``labels``' order (the items of :func:`nlvr2_scores`'
+    accuracy; same arguments and errors)."""
     if not labels:
         raise EvalInputError("no labelled example to score")
     missing = [identifier for identifier in labels if identifier not in predictions]
@@ -68,20 +82,12 @@ def nlvr2_scores(labels: Mapping[str, str | bool], predictions: Mapping[str, str
     if extra:
         warnings.warn(
             f"{len(extra)} predictions have identifiers absent from the data and are ignored (e.g. {extra[0]!r})",
-            stacklevel=2,
+            stacklevel=3,
         )
-    correct = 0
-    group_consistent: dict[str, bool] = {}
-    for identifier, label in labels.items():
-        right = parse_label(predictions[identifier], f"prediction for {identifier!r}") == parse_label(
-            label, f"label of {identifier!r}"
-        )
-        correct += right
-        group = consistency_group(identifier)
-        group_consistent[group] = group_consistent.get(group, True) and right
     return {
-        "accuracy": correct / len(labels),
-        "consistency": sum(group_consistent.values()) / len(group_consistent),
+        identifier: parse_label(predictions[identifier], f"prediction for {identifier!r}")
+        == parse_label(label, f"label of {identifier!r}")
+        for identifier, label in labels.items()
     }
 
 
@@ -124,6 +130,12 @@ def load_nlvr2_predictions(path: str | Path) -> dict[str, bool]:
 
 def evaluate_nlvr2_files(data: str | Path, predictions: str | Path) -> dict[str, float]:
     """What ``mmoe eval nlvr2`` prints: :func:`nlvr2_scores` of the two files, errors naming them."""
+    return nlvr2_scores(*read_nlvr2_files(data, predictions))
+
+
+def read_nlvr2_files(data: str | Path, predictions: str | Path) -> tuple[dict[str, str], dict[str, bool]]:
+    """The labels of the data file and the predictions file, a prediction for every labelled example, errors naming
+    the files."""
     labels = load_nlvr2_labels(data)
     predicted = load_nlvr2_predictions(predictions)
     missing = [identifier for identifier in labels if identifier not in predicted]
@@ -132,7 +144,7 @@ def evaluate_nlvr2_files(data: str | Path, predictions: str | Path) -> dict[str,
             f"{predictions}: no prediction for {_some(missing)}; expected one line for each of the {len(labels)} "
             f"examples of {data}"
         )
-    return nlvr2_scores(labels, predicted)
+    return labels, predicted
 
 
 def _some(identifiers: list[str], shown: int = 5) -> str:

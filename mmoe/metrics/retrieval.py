@@ -162,9 +162,32 @@ def evaluate_retrieval_file(
         EvalInputError: an unreadable file, a missing field, mismatched sizes, a caption of an unknown image or an
             image without a caption.
     """
-    try:
-        if results is not None:
+    if results is not None:
+        try:
             check_output_path(results, "--results")
+        except (OSError, ValueError) as error:
+            raise EvalInputError(str(error)) from None
+    content = read_embeddings_file(embeddings)
+    try:
+        scores, ranks = score_embeddings(content, chunk)
+    except ValueError as error:
+        raise EvalInputError(f"{embeddings}: {error}") from None
+    if results is not None:
+        try:
+            with writing_output(results, "--results"):
+                write_json_atomic(results, ranks)
+        except OutputPathError as error:
+            raise EvalInputError(str(error)) from None
+    return scores
+
+
+def read_embeddings_file(embeddings: str | Path) -> dict[str, Any]:
+    """The content of an embeddings file (:data:`EMBEDDING_FIELDS`), its fields and sizes checked.
+
+    Raises:
+        EvalInputError: an unreadable file, a missing field or mismatched sizes.
+    """
+    try:
         content = load_checkpoint_file(embeddings, "embeddings file")
     except (OSError, ValueError) as error:
         raise EvalInputError(str(error)) from None
@@ -180,14 +203,4 @@ def evaluate_retrieval_file(
             f"{sizes[2]} caption image ids, caption embeddings {tuple(captions.shape)}, "
             f"{len(content['captions'])} captions"
         )
-    try:
-        scores, ranks = score_embeddings(content, chunk)
-    except ValueError as error:
-        raise EvalInputError(f"{embeddings}: {error}") from None
-    if results is not None:
-        try:
-            with writing_output(results, "--results"):
-                write_json_atomic(results, ranks)
-        except OutputPathError as error:
-            raise EvalInputError(str(error)) from None
-    return scores
+    return content

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mmoe.data.synth.scenes import COLORS
-from mmoe.metrics.caption_words import word_precision
+from mmoe.metrics.caption_words import word_counts, word_precision
 
 REFERENCES = {
     1: ["A red circle at the top.", "a red circle and a blue square"],
@@ -40,3 +40,14 @@ def test_other_word_lists_no_listed_word_and_unknown_ids():
     assert word_precision({4: "a shape"}, REFERENCES, COLORS) == {"words": 0, "precision": 0.0, "chance": 0.0}
     with pytest.raises(KeyError, match=r"predicted image ids \[9\] have no references"):
         word_precision({9: "a red circle"}, REFERENCES, COLORS)
+
+
+def test_per_image_counts_sum_to_the_precision():
+    predictions = {1: "a red circle and a green square", 2: "green triangle, green cross", 3: "a shape", 4: "Yellow"}
+    counts = word_counts(predictions, REFERENCES, COLORS)
+    assert counts == {1: (1, 2), 2: (2, 2), 3: (0, 0), 4: (1, 1)}
+    result = word_precision(predictions, REFERENCES, COLORS)
+    assert result["words"] == sum(written for _, written in counts.values())
+    assert result["precision"] == sum(right for right, _ in counts.values()) / result["words"]
+    with pytest.raises(KeyError, match=r"predicted image ids \[9\] have no references"):
+        word_counts({9: "a red circle"}, REFERENCES, COLORS)

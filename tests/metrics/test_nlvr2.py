@@ -7,7 +7,7 @@ import json
 import pytest
 
 from mmoe.metrics.files import EvalInputError
-from mmoe.metrics.nlvr2 import consistency_group, evaluate_nlvr2_files, nlvr2_scores
+from mmoe.metrics.nlvr2 import consistency_group, correct_pairs, evaluate_nlvr2_files, nlvr2_scores
 
 SENTENCE = "There are two dogs in the left image."
 # Two sets (850 and 851) that happen to use the same sentence text: two consistency groups, not one.
@@ -109,3 +109,11 @@ def test_bad_data(nlvr2_files, data_lines, message):
     data.write_text("\n".join(data_lines))
     with pytest.raises(EvalInputError, match=message):
         evaluate_nlvr2_files(data, predictions)
+
+
+def test_correct_pairs_are_the_accuracy_items_in_data_order():
+    labels = {"dev-1-0-0": "True", "dev-1-1-0": "false", "dev-2-0-1": "TRUE"}
+    predictions = {"dev-2-0-1": False, "dev-1-1-0": "False", "dev-1-0-0": "true"}
+    correct = correct_pairs(labels, predictions)
+    assert list(correct.items()) == [("dev-1-0-0", True), ("dev-1-1-0", True), ("dev-2-0-1", False)]
+    assert nlvr2_scores(labels, predictions)["accuracy"] == sum(correct.values()) / len(correct)
