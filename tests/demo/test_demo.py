@@ -276,18 +276,23 @@ def test_a_directory_whose_settings_list_name_value_pairs_is_the_same_run(tmp_pa
 
 
 def test_fine_tuning_learning_rate_overrides_replace_only_their_tasks_rate(tmp_path):
-    rates = {
-        name: config.model.init_args.optimizer.learning_rate
-        for name, config in stage_configs(DemoRun(tmp_path, FAST)).items()
+    optimizers = {
+        name: config.model.init_args.optimizer for name, config in stage_configs(DemoRun(tmp_path, FAST)).items()
     }
-    assert rates["captioning"] == dict(FAST.finetune_learning_rates)["captioning"] != 2e-4
     shipped = {
-        benchmark.name: read_config([str(CONFIGS / f"finetune/{benchmark.name}_tiny.yaml")]).fit
+        benchmark.name: read_config(
+            [str(CONFIGS / f"finetune/{benchmark.name}_tiny.yaml")]
+        ).fit.model.init_args.optimizer
         for benchmark in BENCHMARKS
     }
-    assert rates["vqav2"] == shipped["vqav2"].model.init_args.optimizer.learning_rate
-    assert rates["nlvr2"] == shipped["nlvr2"].model.init_args.optimizer.learning_rate
-    assert shipped["captioning"].model.init_args.optimizer.learning_rate == 2e-4
+    assert optimizers["captioning"].learning_rate == FAST.finetune_learning_rates["captioning"] != 2e-4
+    assert optimizers["vqav2"].learning_rate == FAST.finetune_learning_rates["vqav2"] != shipped["vqav2"].learning_rate
+    assert optimizers["vqav2"].head_lr_multiplier == FAST.finetune_head_lr_multipliers["vqav2"] != 1.0
+    for name in ("nlvr2", "retrieval"):
+        assert optimizers[name].learning_rate == shipped[name].learning_rate
+        assert optimizers[name].head_lr_multiplier == shipped[name].head_lr_multiplier
+    assert optimizers["captioning"].head_lr_multiplier == shipped["captioning"].head_lr_multiplier
+    assert shipped["captioning"].learning_rate == 2e-4 and shipped["vqav2"].head_lr_multiplier == 1.0
 
 
 def test_fine_tunings_form_groups_that_run_at_once_and_a_failed_group_is_named(tmp_path, capsys):
