@@ -7,7 +7,8 @@ VQ-KD codes from the tokenizer file a user holds (``vqkd_tokenizer``), or the co
 offline from the training images (``visual_codebook``); regressing an open_clip teacher's patch features
 (``teacher_checkpoint``) is the third choice. Total loss (X-MoE Eq. 10) = masked-modeling
 loss + alpha * (sum over MoE layers of the balance losses; ``balance_reduce="mean"`` averages them instead, as
-Stratified MoE does over blocks).
+Stratified MoE does over blocks). Optionally the pair batches add VLMo's image-text contrastive loss
+(``contrastive_coefficient``, Bao et al. 2022 §2.2), which trains the CLS tokens masked modeling leaves untrained.
 
 Batch contract (:mod:`mmoe.data.batches`): a single-kind batch (``ImageBatch``, ``TextBatch``, ``PairBatch``, with
 ``kind`` in {"image", "text", "pair"}), or the joint form ``{kind: batch}`` (``JointBatch``: one optimisation step over
@@ -79,7 +80,7 @@ class MaskedPretraining(BackboneTask):
             BPE. The data's tokenizer follows it (the mmoe CLI links it); the backbone's text embedding must fit it.
         output_vocab: a JSON list of the token ids the MLM head predicts (:mod:`mmoe.tasks.output_vocab`, e.g. a
             corpus' ``caption_tokens.json``); a masked token outside it is an error naming it. None = the whole
-            vocabulary, as BEiT-3. On the synthetic corpus (about 40 ids in use) the MLM loss falls below the
+            vocabulary, as BEiT-3. On the synthetic corpus (43 ids in use) the MLM loss falls below the
             uniform level over the used ids within the demo's steps; over all 49,408 ids it does not.
         contrastive_coefficient: weight of an image-text contrastive loss on the pair batches (VLMo's ITC, Bao et
             al. 2022 §2.2; BEiT-3's retrieval loss): an image-only pass of each pair's whole image and a text-only pass
