@@ -81,15 +81,16 @@ class StudySettings:
         return json.loads(json.dumps(dataclasses.asdict(self)))
 
 
-#: The demo's settings with the tiny configs' width, 400 NLVR2 dev pairs and BEiT-3's pre-training objective (masked
-#: data modelling over the whole vocabulary, the tiny config's learning rate): the study measures the MoE variants
-#: under the papers' objective.
+#: The demo's settings with the tiny configs' width and fine-tuning learning rates, 400 NLVR2 dev pairs and BEiT-3's
+#: pre-training objective (masked data modelling over the whole vocabulary, the tiny config's learning rate): the
+#: study measures the MoE variants under the papers' objective.
 DEMO = DEMO_SETTINGS.replace(
     synth=("--size", "small"),
     backbone={},
     pretrain_learning_rate=None,
     contrastive_coefficient=0.0,
     pretrain_output_vocab=False,
+    finetune_learning_rates={},
     finetune_head_lr_multipliers={},
 )
 

@@ -530,3 +530,19 @@ def test_the_study_fine_tunes_only_the_benchmarks_its_settings_give_steps(tmp_pa
     keys = [str(stage.key) for stage in finetune_stages(StudyRun(tmp_path, STUDY_FAST.training), STUDY_FAST)]
     tasks = {key.split("/")[2].split("-seed")[0] for key in keys if key.startswith("finetune/dense/")}
     assert tasks == set(STUDY_FAST.training.finetune_steps) == {"vqav2", "nlvr2", "captioning"}
+
+
+def test_the_study_keeps_its_training_setting_apart_from_the_demos():
+    """The study trains as its shipped report says (BEiT-3's pre-training objective, the tiny width, the configs'
+    learning rates but captioning's), whatever the demo's own setting becomes."""
+    from mmoe.study.settings import DEFAULT, SCALE
+    from mmoe.study.settings import FAST as STUDY_FAST
+
+    shipped = json.loads((Path(__file__).parents[2] / "docs" / "claims" / "report.json").read_text())
+    stored = shipped["settings"]["training"]
+    assert {key: DEFAULT.training.to_json()[key] for key in stored} == stored
+    for settings in (DEFAULT, STUDY_FAST, SCALE):
+        training = settings.training
+        assert training.contrastive_coefficient == 0 and not training.pretrain_output_vocab
+        assert training.pretrain_learning_rate is None and training.finetune_head_lr_multipliers == {}
+    assert STUDY_FAST.training.finetune_learning_rates == SCALE.training.finetune_learning_rates == {}
