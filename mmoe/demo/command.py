@@ -24,7 +24,7 @@ from mmoe.demo.pipeline import (
 )
 from mmoe.demo.report import format_table, results, say
 from mmoe.demo.settings import FAST, FULL, MAPPING_FIELDS, VARIANTS, DemoError, DemoRun
-from mmoe.demo.stages import Stage, marker_path, run_parallel, run_stage
+from mmoe.demo.stages import Stage, is_done, run_parallel, run_stage
 from mmoe.io import read_json, report_error, write_json
 from mmoe.tasks.finetuning import positive_int
 
@@ -110,7 +110,7 @@ def run_stages(run: DemoRun, stages: list[Stage], args: argparse.Namespace, vari
     """Runs the stages not done yet, the fine-tunings ``args.jobs`` at a time in their own processes
     (:func:`mmoe.demo.stages.run_parallel`) after the stages they need and before the figures; returns every stage's
     marker by key."""
-    done_before = {stage.key for stage in stages if marker_path(run, stage).is_file() and stage.output.exists()}
+    done_before = {stage.key for stage in stages if is_done(run, stage)}
     if args.jobs > 1:
         groups = [group for variant in variants for group in fine_tuning_groups(run, variant, args.random_init)]
         groups = [g for g in groups if any(in_group(s, g) and s.key not in done_before for s in stages)]

@@ -60,11 +60,16 @@ def marker_path(run: DemoRun, stage: Stage) -> Path:
     return run.out / "stages" / f"{stage.key.marker_name}.json"
 
 
+def is_done(run: DemoRun, stage: Stage) -> bool:
+    """Whether ``stage`` ran to its end: its output exists and its marker says so."""
+    return marker_path(run, stage).is_file() and stage.output.exists()
+
+
 def run_stage(run: DemoRun, stage: Stage, reused_by: str = "an earlier run") -> dict:
     """Runs ``stage`` unless it is done; returns its marker (``seconds``, ``result``, ``reused``). ``reused_by``: what
     the line for a done stage says ran it ("" prints none)."""
     marker = marker_path(run, stage)
-    if marker.is_file() and stage.output.exists():
+    if is_done(run, stage):
         record = read_json(marker, "stage marker")
         if reused_by:
             say(f"[{stage.key}] done in {reused_by} ({record['seconds']:.0f} s), reused")
