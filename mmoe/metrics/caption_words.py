@@ -28,12 +28,7 @@ def word_counts(
     Raises:
         KeyError: a predicted image id without references.
     """
-    listed, in_refs = _listed_in_references(predictions, references, words)
-    counts = {}
-    for image_id, caption in predictions.items():
-        written = _listed_words(caption, listed)
-        counts[image_id] = (sum(word in in_refs[image_id] for word in written), len(written))
-    return counts
+    return _right_and_written(*_listed_words(predictions, references, words))
 
 
 def word_precision(
@@ -53,29 +48,37 @@ def word_precision(
         share of them found in the same image's references (:func:`word_counts` summed); c the mean, over those
         occurrences, of the share of all images whose references hold the word. Both 0.0 when no listed word occurs.
     """
-    words = list(words)
-    counts = word_counts(predictions, references, words).values()
-    count = sum(written for _, written in counts)
+    written, in_refs = _listed_words(predictions, references, words)
+    counts = _right_and_written(written, in_refs).values()
+    count = sum(total for _, total in counts)
     if not count:
         return {"words": 0, "precision": 0.0, "chance": 0.0}
-    listed, in_refs = _listed_in_references(predictions, references, words)
-    share = {word: sum(word in found for found in in_refs.values()) / max(1, len(in_refs)) for word in listed}
-    chance = sum(share[word] for caption in predictions.values() for word in _listed_words(caption, listed))
+    used = {word for found in written.values() for word in found}
+    share = {word: sum(word in found for found in in_refs.values()) / max(1, len(in_refs)) for word in used}
+    chance = sum(share[word] for found in written.values() for word in found)
     return {"words": count, "precision": sum(right for right, _ in counts) / count, "chance": chance / count}
 
 
-def _listed_in_references(
+def _listed_words(
     predictions: Mapping[Hashable, str], references: Mapping[Hashable, Sequence[str]], words: Iterable[str]
-) -> tuple[set[str], dict[Hashable, set[str]]]:
-    """The listed words in lower case, and per image of ``references`` those its references use."""
+) -> tuple[dict[Hashable, list[str]], dict[Hashable, set[str]]]:
+    """Per predicted image the listed words its caption uses, in order; per image of ``references`` the listed words
+    its references use (lower case). KeyError for a predicted image without references."""
     listed = {word.lower() for word in words}
     missing = [image_id for image_id in predictions if image_id not in references]
     if missing:
         raise KeyError(f"predicted image ids {missing[:5]} have no references")
     in_refs = {image_id: {w for caption in captions for w in _words(caption)} & listed
                for image_id, captions in references.items()}  # fmt: skip
-    return listed, in_refs
+    written = {
+        image_id: [word for word in _words(caption) if word in listed] for image_id, caption in predictions.items()
+    }
+    return written, in_refs
 
 
-def _listed_words(caption: str, listed: set[str]) -> list[str]:
-    return [word for word in _words(caption) if word in listed]
+def _right_and_written(
+    written: Mapping[Hashable, list[str]], in_refs: Mapping[Hashable, set[str]]
+) -> dict[Hashable, tuple[int, int]]:
+    return {
+        image_id: (sum(word in in_refs[image_id] for word in found), len(found)) for image_id, found in written.items()
+    }
