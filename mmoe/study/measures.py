@@ -45,7 +45,11 @@ def batch_totals(backbone_path: Path, batches: Sequence[Batch]) -> list[RoutingT
 def expert_loads(backbone_path: Path, batches: Sequence[Batch]) -> dict:
     """Per MoE layer and held-out batch, the expert loads (choices per expert) and the tokens they were made on: what
     :func:`mmoe.metrics.routing.activation_ratio` takes (MH-MoE Fig. 1a), per batch for the bootstrap."""
-    totals = batch_totals(backbone_path, batches)
+    return loads_of(batch_totals(backbone_path, batches))
+
+
+def loads_of(totals: Sequence[RoutingTotals]) -> dict:
+    """:func:`expert_loads` of the routing totals of each held-out batch."""
     tokens = [batch.tokens() for batch in totals]
     keys = sort_keys(totals[0].counts)
     return {
@@ -60,14 +64,18 @@ def router_variant_measures(backbone_path: Path, batches: Sequence[Batch]) -> di
     real (sub-)tokens no expert took on each held-out batch (expert choice, Zhou et al. 2022 §3.2; absent for token
     choice) and the loss-free selection bias b of its first router (Wang et al. 2024 Eq. 3; absent without)."""
     backbone = load_backbone(backbone_path).eval()
+    totals: list[RoutingTotals] = []
     unrouted: dict[str, list[float]] = {}
     for batch in inputs(batches):
-        for record in backbone(**batch).routing:
+        records = backbone(**batch).routing
+        totals.append(RoutingTotals())
+        totals[-1].add(records)
+        for record in records:
             if record.unrouted_fraction is not None:
                 unrouted.setdefault(record_key(record), []).append(float(record.unrouted_fraction))
     layers = moe_layers(backbone)
     biases = {key: first_router(layer).selection_bias for key, layer in layers.items()}
-    return expert_loads(backbone_path, batches) | {
+    return loads_of(totals) | {
         "experts": {key: layers[key].config.num_experts for key in sort_keys(layers)},
         "unrouted": {key: unrouted[key] for key in sort_keys(unrouted)},
         "selection_bias": {key: biases[key].tolist() for key in sort_keys(biases) if biases[key] is not None},

@@ -21,7 +21,7 @@ from mmoe.model import MultiwayTransformer
 from mmoe.moe.router import Router
 from mmoe.study import claims_from
 from mmoe.study.command import upgraded_study
-from mmoe.study.measures import held_out_batches, inputs, router_variant_measures
+from mmoe.study.measures import expert_loads, held_out_batches, inputs, router_variant_measures
 from mmoe.study.report import ROUTERS_HEADING, write_report
 from mmoe.study.routers import NOT_RUN, router_rows, router_table
 from mmoe.study.runs import ANALYSIS_SHARDS, Measures, StudyRun, pretrain_stages, pretrainings
@@ -78,6 +78,8 @@ def test_router_measures_count_every_choice_and_the_tokens_no_expert_took(tmp_pa
     export_backbone(backbone, tmp_path / "backbone.pt")
     measured = router_variant_measures(tmp_path / "backbone.pt", held_out)
     assert measured["loads"] == loop_loads(backbone.eval(), held_out)
+    shared = expert_loads(tmp_path / "backbone.pt", held_out)  # the activation runs' loads and tokens, one pass
+    assert (measured["loads"], measured["tokens"]) == (shared["loads"], shared["tokens"])
     plan = configured_moe(variant)
     assert set(measured["experts"].values()) == {plan.num_experts}
     rows = router_rows({variant: measured}, [variant])
