@@ -20,6 +20,9 @@ from mmoe.demo.training import finetune_launch, predict_launch, pretrain_launch,
 from mmoe.io import write_json
 from mmoe.tasks.layout import RunLayout
 
+#: The name of each variant's routing-figures stage and of its folder.
+FIGURES = "figures"
+
 
 def corpus_stage(run: DemoRun) -> Stage:
     from mmoe.data.cli import data_command
@@ -126,9 +129,9 @@ def evaluation(
 def figures_stage(run: DemoRun, variant: str) -> Stage:
     from mmoe.viz.cli import checkpoint_labels, subtoken_map_path
 
-    out = run.variant(variant) / "figures"
+    out = run.variant(variant) / FIGURES
     pretrained, finetuned = run.backbone(variant), run.variant(variant) / "backbone_vqav2.pt"
-    key = StageKey.of(variant, "figures")
+    key = StageKey.of(variant, FIGURES)
 
     def draw() -> dict:
         from mmoe.tasks.checkpoint import export_backbone, load_backbone
@@ -171,7 +174,7 @@ def in_group(stage: Stage, group: str) -> bool:
 
 def needs_fine_tunings(stage: Stage) -> bool:
     """Whether ``stage`` reads a fine-tuning's output (the routing figures read the VQA fine-tuning)."""
-    return stage.key.parts[-1] == "figures"
+    return stage.key.parts[-1] == FIGURES
 
 
 def random_backbone_stage(run: DemoRun, variant: str, seed: int = 0) -> Stage:
