@@ -3,6 +3,8 @@ parallelism, FSDP, the retrieval gather and the global balance loss)."""
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,6 +18,12 @@ def _in_group(rank: int, init_file: str, world: int, body: Callable, args: tuple
         body(rank, *args)
     finally:
         dist.destroy_process_group()
+    # A passed body leaves without the interpreter's finalization: a device mesh (FSDP2, DTensor) keeps its gloo group
+    # and worker threads alive past destroy_process_group, and C++ static destructors meeting those threads at exit
+    # can abort the process ("terminate called without an active exception", SIGABRT) after every assertion passed.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def spawn_gloo(body: Callable, world: int, tmp_path: Path, *args) -> None:
