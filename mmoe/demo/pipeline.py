@@ -161,9 +161,10 @@ def variant_stages(run: DemoRun, variant: str) -> list[Stage]:
 
 def fine_tuning_groups(run: DemoRun, variant: str, random_init: bool = False) -> list[str]:
     """The stage-name prefixes of ``variant``'s fine-tunings (each a fit and its evaluation; from random init too when
-    ``random_init``): they need the exported backbones and nothing of each other, so they may run at once."""
+    ``random_init``): they need the exported backbones and nothing of each other, so they may run at once. The
+    benchmarks with the most steps come first (longest job first: the last to start is a short one)."""
     starts = [(variant,), (variant, RANDOM_INIT)] if random_init else [(variant,)]
-    benchmarks = trained_benchmarks(run.settings)
+    benchmarks = sorted(trained_benchmarks(run.settings), key=lambda benchmark: -run.settings.steps(benchmark.name))
     return [str(StageKey.of(*start, benchmark.name)) for start in starts for benchmark in benchmarks]
 
 

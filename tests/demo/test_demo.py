@@ -286,14 +286,12 @@ def test_fine_tuning_learning_rate_overrides_replace_only_their_tasks_rate(tmp_p
         ).fit.model.init_args.optimizer
         for benchmark in BENCHMARKS
     }
-    assert optimizers["captioning"].learning_rate == FAST.finetune_learning_rates["captioning"] != 2e-4
     assert optimizers["vqav2"].learning_rate == FAST.finetune_learning_rates["vqav2"] != shipped["vqav2"].learning_rate
     assert optimizers["vqav2"].head_lr_multiplier == FAST.finetune_head_lr_multipliers["vqav2"] != 1.0
-    for name in ("nlvr2", "retrieval"):
+    for name in ("nlvr2", "captioning", "retrieval"):
         assert optimizers[name].learning_rate == shipped[name].learning_rate
         assert optimizers[name].head_lr_multiplier == shipped[name].head_lr_multiplier
-    assert optimizers["captioning"].head_lr_multiplier == shipped["captioning"].head_lr_multiplier
-    assert shipped["captioning"].learning_rate == 2e-4 and shipped["vqav2"].head_lr_multiplier == 1.0
+    assert shipped["vqav2"].head_lr_multiplier == 1.0
 
 
 def test_fine_tunings_form_groups_that_run_at_once_and_a_failed_group_is_named(tmp_path, capsys):
@@ -304,7 +302,8 @@ def test_fine_tunings_form_groups_that_run_at_once_and_a_failed_group_is_named(t
 
     run = DemoRun(tmp_path, FAST)
     groups = fine_tuning_groups(run, "mhmoe", random_init=True)
-    assert groups == [f"mhmoe/{b.name}" for b in BENCHMARKS] + [f"mhmoe/random-init/{b.name}" for b in BENCHMARKS]
+    longest_first = sorted(BENCHMARKS, key=lambda benchmark: -FAST.steps(benchmark.name))
+    assert groups == [f"mhmoe/{b.name}" for b in longest_first] + [f"mhmoe/random-init/{b.name}" for b in longest_first]
     stages = variant_stages(run, "mhmoe") + random_init_stages(run, "mhmoe")
     members = {group: [str(stage.key) for stage in stages if in_group(stage, group)] for group in groups}
     assert all(names == [group, f"{group}/eval"] for group, names in members.items())
@@ -382,16 +381,16 @@ def test_demo_scores_are_official_files_exist_and_a_rerun_reuses_stages(default_
     # VQA 52.32 against the per-question-type prior's 39.43 and the image-blind answerer's 47.85 (the answers of the
     # tiny config's learning rates, 48.96, ignored the image); NLVR2 0.639 on 1,600 dev pairs (0.60 is 3 standard
     # errors below it; 0.645 in a run with two threads and one fine-tuning at a time) and consistency 0.215 on 400
-    # sets against 0.0625 for random answers; captions BLEU-4 0.357 and CIDEr 0.589 against the most common training
-    # caption's 0.103 and 0.313.
+    # sets against 0.0625 for random answers; captions BLEU-4 0.439 and CIDEr 0.854 against the most common training
+    # caption's 0.103 and 0.313, their colour words right on 43.81% of uses against 30.11% for the same words on a
+    # random image (1.46 times).
     assert vqa["value"] > vqa["chance"] + 10
     assert vqa["value"] > chance["vqav2_val_question_prior_accuracy"]["overall"] + 3
     assert nlvr2["value"] > 0.60 and consistency["value"] > 2 * consistency["chance"]
     assert caption_rows["Bleu_4"]["value"] > 2 * caption_rows["Bleu_4"]["chance"]
     assert caption_rows["CIDEr"]["value"] > 1.5 * caption_rows["CIDEr"]["chance"]
-    # The colour-word check is scored, not asserted above chance: the captions' colour words are right on 33.82%
-    # against 30.85% for the same words on a random image (38.62% against 27.82% in the two-thread run).
     colours = rows["COCO captions Karpathy test", "colour words right (%)"]
+    assert colours["value"] > 1.25 * colours["chance"]
     references = load_karpathy_references(out / "data" / "coco" / "karpathy" / "dataset_coco.json", "test")
     captions = json.loads((out / "mhmoe" / "captioning" / "test_captions.json").read_text())
     expected = word_precision({entry["image_id"]: entry["caption"] for entry in captions}, references, COLORS)
@@ -432,7 +431,8 @@ def test_demo_scores_are_official_files_exist_and_a_rerun_reuses_stages(default_
 
     # --random-init adds the same fine-tunings from a fresh backbone and the paired bootstrap of the difference.
     # Measured (README.md, Demo): retrieval's mean recall 0.488 against 0.379, interval [0.066, 0.149]; VQA 52.32
-    # against 49.86, interval [0.79, 4.16], asserted ahead by value only (its interval is the narrower).
+    # against 49.86, interval [0.79, 4.16], asserted ahead by value only (its interval is the narrower); colour words
+    # 43.81% against 37.98%, interval [0.31, 11.62], not asserted (its lower end is near 0).
     with contextlib.redirect_stdout(io.StringIO()):
         assert main(["demo", "--out", str(out), "--random-init"]) == 0
     compared = json.loads((out / "results.json").read_text())["comparison"]["mhmoe"]
