@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,6 +29,7 @@ from mmoe.metrics.caption_words import word_precision
 from mmoe.metrics.retrieval import evaluate_retrieval_file
 from mmoe.metrics.vqa import evaluate_vqa_files
 
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 VARIANT = "mhmoe"
 PRETRAINED, RANDOM_INIT = "pre-trained", "random init"
 ANSWERS = ["yes", "no", "two", "three", "red", "blue"]
@@ -285,3 +287,29 @@ def test_each_compared_metric_is_a_row_of_the_main_table_with_the_same_value(dem
     table = {(row["task"], row["metric"]): row["value"] for b in BENCHMARKS for row in b.rows(scores[b.name], chance)}
     for row in comparison(run, VARIANT):
         assert row["pretrained"] == pytest.approx(table[row["task"], row["metric"]], abs=0.005)  # the table rounds %
+
+
+def test_the_seed_script_compares_two_ablation_folders_as_the_demo_compares_its_starts(demo_run, tmp_path):
+    """``scripts/demo_seed_compare.py`` over folders laid out as ``scripts/demo_ablation.py`` writes them (a corpus
+    link and ``TASK/<predictions file>``) gives the demo's own comparison rows; a task only one folder holds is left
+    out."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("demo_seed_compare", SCRIPTS / "demo_seed_compare.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    run, corpus, rng = demo_run
+    write_predictions(run, corpus, PRETRAINED, 0.8, rng)
+    write_predictions(run, corpus, RANDOM_INIT, 0.5, rng)
+    folders = {start: tmp_path / start.replace(" ", "_") for start in (PRETRAINED, RANDOM_INIT)}
+    for start, folder in folders.items():
+        folder.mkdir()
+        (folder / "data").symlink_to(run.data)
+        for name in ITEM_METRICS:
+            source = prediction_file(run, name, start)
+            (folder / name).mkdir()
+            shutil.copy(source, folder / name / source.name)
+    assert script.compare_folders(folders[PRETRAINED], folders[RANDOM_INIT]) == comparison(run, VARIANT)
+    (folders[RANDOM_INIT] / "nlvr2" / prediction_file(run, "nlvr2", RANDOM_INIT).name).unlink()
+    rows = script.compare_folders(folders[PRETRAINED], folders[RANDOM_INIT])
+    assert [row for row in comparison(run, VARIANT) if row["task"] != "NLVR2 dev"] == rows
