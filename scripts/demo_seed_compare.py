@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from mmoe.demo.benchmarks import BENCHMARKS
-from mmoe.demo.compare import ITEM_METRICS, compared, format_comparison
-from mmoe.demo.settings import FULL, DemoRun
+from mmoe.demo.compare import compared_files, format_comparison
+from mmoe.demo.settings import FULL, DemoError, DemoRun
 from mmoe.io import write_json
 from mmoe.tasks.layout import RunLayout
 
@@ -31,11 +32,8 @@ def compare_folders(pretrained: Path, random_init: Path) -> list[dict]:
             RunLayout(folder / benchmark.name).predictions(benchmark.predictions)
             for folder in (pretrained, random_init)
         ]
-        if not all(path.exists() for path in files):
-            continue
-        read, metrics = ITEM_METRICS[benchmark.name]
-        first, second = (read(run, path) for path in files)
-        rows += [compared(first, second, metric, f"{files[0]} and {files[1]}") for metric in metrics]
+        if all(path.exists() for path in files):
+            rows += compared_files(run, benchmark.name, *files)
     return rows
 
 
@@ -47,7 +45,11 @@ def main() -> None:
     parser.add_argument("random_init", type=Path, help="the same fine-tunings from the random backbone")
     parser.add_argument("--out", type=Path, help="write the rows here as JSON")
     args = parser.parse_args()
-    rows = compare_folders(args.pretrained, args.random_init)
+    try:
+        rows = compare_folders(args.pretrained, args.random_init)
+    except DemoError as error:
+        print(f"demo_seed_compare.py: error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
     if args.out:
         write_json(args.out, rows)
     print(format_comparison({"pre-trained vs random init": rows}))

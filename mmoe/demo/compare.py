@@ -200,19 +200,25 @@ def compared(pretrained: ItemCounts, random_init: ItemCounts, metric: ItemMetric
 
 def comparison(run: DemoRun, variant: str) -> list[dict]:
     """The comparison rows of ``variant``: each trained benchmark's prediction files from both starts, compared."""
-    from mmoe.metrics.files import EvalInputError
-
     rows = []
     for benchmark in trained_benchmarks(run.settings):
-        read, metrics = ITEM_METRICS[benchmark.name]
         starts = (run.finetuning(variant, benchmark.name), run.finetuning_from_random(variant, benchmark.name))
-        files = [layout.predictions(benchmark.predictions) for layout in starts]
-        try:
-            pretrained, random_init = (read(run, path) for path in files)
-        except (EvalInputError, ValueError, KeyError) as error:
-            raise DemoError(f"comparing {files[0]} with {files[1]}: {error}") from None
-        rows += [compared(pretrained, random_init, metric, f"{files[0]} and {files[1]}") for metric in metrics]
+        pretrained, random_init = (layout.predictions(benchmark.predictions) for layout in starts)
+        rows += compared_files(run, benchmark.name, pretrained, random_init)
     return rows
+
+
+def compared_files(run: DemoRun, benchmark: str, pretrained: Path, random_init: Path) -> list[dict]:
+    """The comparison rows of one benchmark (its name) from the two starts' prediction files, scored on ``run``'s
+    corpus; DemoError naming both files when one cannot be read."""
+    from mmoe.metrics.files import EvalInputError
+
+    read, metrics = ITEM_METRICS[benchmark]
+    try:
+        first, second = read(run, pretrained), read(run, random_init)
+    except (EvalInputError, ValueError, KeyError) as error:
+        raise DemoError(f"comparing {pretrained} with {random_init}: {error}") from None
+    return [compared(first, second, metric, f"{pretrained} and {random_init}") for metric in metrics]
 
 
 def format_comparison(rows_by_variant: dict[str, list[dict]]) -> str:

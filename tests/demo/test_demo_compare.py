@@ -313,3 +313,7 @@ def test_the_seed_script_compares_two_ablation_folders_as_the_demo_compares_its_
     (folders[RANDOM_INIT] / "nlvr2" / prediction_file(run, "nlvr2", RANDOM_INIT).name).unlink()
     rows = script.compare_folders(folders[PRETRAINED], folders[RANDOM_INIT])
     assert [row for row in comparison(run, VARIANT) if row["task"] != "NLVR2 dev"] == rows
+    truncated = folders[RANDOM_INIT] / "vqav2" / prediction_file(run, "vqav2", RANDOM_INIT).name
+    truncated.write_text(truncated.read_text()[:40])
+    with pytest.raises(DemoError, match=f"comparing .* with {truncated}"):
+        script.compare_folders(folders[PRETRAINED], folders[RANDOM_INIT])
