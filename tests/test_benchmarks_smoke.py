@@ -116,3 +116,13 @@ def test_retrieval_benchmark_times_embedding_and_the_chunked_evaluation():
     evals = [line for line in lines if line["benchmark"] == "chunked_eval"]
     assert [line["chunk"] for line in evals] == [7, 200] and all(line["captions"] == 200 for line in evals)
     assert all(line["seconds"] >= 0 and line["peak_extra_mib"] >= 0 for line in evals)
+
+
+def test_optimizer_step_benchmark_times_each_adamw_on_the_demos_captioning_parameters():
+    lines = run_benchmark("benchmarks/optimizer_step.py", "--rounds", "1")
+    steps = {line["implementation"]: line for line in lines if "implementation" in line}
+    assert set(steps) == {"fused", "foreach", "default"} and all(line["step_s"] > 0 for line in steps.values())
+    assert len({line["parameters"] for line in steps.values()}) == 1
+    ratios = {line["comparison"]: line["ratio"] for line in lines if "comparison" in line}
+    expected = steps["default"]["step_s"] / steps["fused"]["step_s"]
+    assert ratios["default_step / fused_step"] == pytest.approx(expected)

@@ -158,6 +158,17 @@ def parameter_groups(
     return [{"params": params, "weight_decay": decay, "lr_scale": scale} for (decay, scale), params in ordered]
 
 
+def fused_kernel_applies(module: nn.Module) -> bool:
+    """Whether torch's fused AdamW can update ``module``'s trainable parameters: all plain floating tensors on CPU or
+    CUDA. It runs one kernel per step instead of a dozen small ops per parameter (the default on CPU): the same update
+    up to float rounding, 4 times faster on the demo's backbone, whose 49,410-row text embedding alone is 6.3M of its
+    8.7M parameters (``benchmarks/optimizer_step.py``). Sharded parameters (FSDP2's DTensors) keep torch's default."""
+    trainable = [parameter for parameter in module.parameters() if parameter.requires_grad]
+    return bool(trainable) and all(
+        type(p.data) is torch.Tensor and p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in trainable
+    )
+
+
 def adamw_with_schedule(
     module: nn.Module, config: OptimizerConfig, head_prefixes: tuple[str, ...], estimated_steps: Callable[[], float]
 ) -> dict[str, Any]:
@@ -166,7 +177,9 @@ def adamw_with_schedule(
     groups = parameter_groups(module, config.weight_decay, config.layer_decay, config.head_lr_multiplier, head_prefixes)
     for group in groups:
         group["lr"] = config.learning_rate * group.pop("lr_scale")
-    optimizer = torch.optim.AdamW(groups, lr=config.learning_rate, betas=config.betas, eps=config.eps)
+    optimizer = torch.optim.AdamW(
+        groups, lr=config.learning_rate, betas=config.betas, eps=config.eps, fused=fused_kernel_applies(module)
+    )
     total = config.total_steps or estimated_steps()
     if not math.isfinite(total):
         raise ValueError(

@@ -17,6 +17,7 @@ from mmoe.tasks.optimizer import (
     OPTIMIZER_FIELDS,
     PRETRAINING_OPTIMIZER,
     OptimizerConfig,
+    fused_kernel_applies,
     nest_optimizer_arguments,
     warmup_cosine,
 )
@@ -103,3 +104,46 @@ def test_a_schedule_without_a_length_is_an_error():
     task.trainer = L.Trainer(max_epochs=-1, max_steps=-1, logger=False)
     with pytest.raises(ValueError, match="model.optimizer.total_steps"):
         task.configure_optimizers()
+
+
+def adamw_reference(parameter, grads, lr, betas, eps, weight_decay):
+    """Loshchilov & Hutter's AdamW (decoupled weight decay, bias-corrected moments), one tensor, step by step."""
+    value, first, second = parameter.clone().double(), torch.zeros_like(parameter).double(), 0
+    for step, grad in enumerate(grads, start=1):
+        grad = grad.double()
+        value = value * (1 - lr * weight_decay)
+        first = betas[0] * first + (1 - betas[0]) * grad
+        second = betas[1] * second + (1 - betas[1]) * grad * grad
+        corrected = first / (1 - betas[0] ** step), second / (1 - betas[1] ** step)
+        value = value - lr * corrected[0] / (corrected[1].sqrt() + eps)
+    return value
+
+
+def test_a_cpu_task_gets_the_fused_adamw_and_its_update_is_adamws():
+    config = OptimizerConfig(learning_rate=1e-2, weight_decay=0.05, warmup_steps=0, total_steps=1000)
+    task = NLVR2FineTuning(backbone=TINY, optimizer=config)
+    task.trainer = L.Trainer(max_steps=1000, logger=False)
+    optimizer = task.configure_optimizers()["optimizer"]
+    assert optimizer.defaults["fused"] is True
+    weight = task.backbone.text_embed.weight  # decayed, and the largest tensor
+    start = weight.detach().clone()
+    generator = torch.Generator().manual_seed(0)
+    grads = [torch.randn(weight.shape, generator=generator) * scale for scale in (1.0, 0.1, 3.0, 0.5)]
+    lr = optimizer.param_groups[0]["lr"]  # the cosine schedule's step-0 value; the scheduler is not stepped
+    for grad in grads:
+        optimizer.zero_grad()
+        for parameter in task.parameters():
+            parameter.grad = torch.zeros_like(parameter)
+        weight.grad = grad.clone()
+        optimizer.step()
+    expected = adamw_reference(start, grads, lr, config.betas, config.eps, config.weight_decay)
+    torch.testing.assert_close(weight.detach().double(), expected, rtol=1e-5, atol=1e-6)
+    assert not torch.equal(weight.detach(), start)
+
+
+def test_parameters_the_fused_kernel_cannot_take_keep_torchs_default():
+    on_meta = NLVR2FineTuning(backbone=TINY).to("meta")
+    assert not fused_kernel_applies(on_meta)
+    frozen = NLVR2FineTuning(backbone=TINY).requires_grad_(False)
+    assert not fused_kernel_applies(frozen)
+    assert fused_kernel_applies(NLVR2FineTuning(backbone=TINY))
