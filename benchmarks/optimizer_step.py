@@ -1,8 +1,8 @@
 """The AdamW update of a task's parameters: torch's fused kernel (what :func:`mmoe.tasks.optimizer.adamw_with_schedule`
 picks for plain CPU / CUDA parameters) against the for-each and per-parameter implementations.
 
-The parameters are those of the demo's captioning task (``mmoe demo``: width 128, 2 heads, FFN 512, 4 layers, MH-MoE
-with 8 experts in every other layer, 64 px images, the head over the synthetic captions' token ids) in mmoe's
+The parameters are those of the default demo's captioning task (``mmoe demo``: the backbone its settings train, read
+from the tiny MH-MoE configs with ``FULL``'s overrides, and the head over the synthetic captions' token ids) in mmoe's
 parameter groups with the task config's weight decay; their gradients are random and fixed. One optimiser per
 implementation, timed in one process, interleaved round by round, median of the rounds. The text embedding's 49,410
 rows are most of the parameters.
@@ -24,8 +24,12 @@ from pathlib import Path
 import torch
 
 from mmoe.data.converters.coco import CAPTION_TOKENS_FILE, write_caption_tokens
-from mmoe.model import MoEPlan, MultiwayConfig
+from mmoe.demo.settings import FULL
+from mmoe.demo.training import pretrain_configs
+from mmoe.model import MultiwayConfig
+from mmoe.model.config import config_from_dict
 from mmoe.tasks.captioning import CaptioningFineTuning
+from mmoe.tasks.launch import read_config
 from mmoe.tasks.optimizer import parameter_groups
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -35,16 +39,19 @@ from timing import interleaved_medians  # noqa: E402
 IMPLEMENTATIONS = {"fused": {"fused": True}, "foreach": {"foreach": True}, "default": {"foreach": False}}
 
 
+def demo_backbone() -> MultiwayConfig:
+    """The backbone the default demo pre-trains and fine-tunes: the tiny MH-MoE configs with ``FULL``'s overrides."""
+    configured = read_config(pretrain_configs("mhmoe")).fit.model.init_args.backbone.as_dict()
+    return config_from_dict(configured | dict(FULL.backbone) | {"image_size": FULL.image_size})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = parser.parse_args()
 
-    backbone = MultiwayConfig(
-        dim=128, depth=4, num_heads=2, ffn_dim=512, image_size=64, max_text_positions=64,
-        moe=MoEPlan(num_experts=8, every=2, heads=4),
-    )  # fmt: skip
+    backbone = demo_backbone()
     torch.manual_seed(0)
     optimizers = {}
     with tempfile.TemporaryDirectory() as tmp:
