@@ -24,7 +24,7 @@ from mmoe.demo.pipeline import (
 )
 from mmoe.demo.report import format_table, results, say
 from mmoe.demo.settings import FAST, FULL, MAPPING_FIELDS, VARIANTS, DemoError, DemoRun
-from mmoe.demo.stages import Stage, is_done, run_parallel, run_stage
+from mmoe.demo.stages import Stage, is_done, lanes_by_cost, run_parallel, run_stage
 from mmoe.io import read_json, report_error, write_json
 from mmoe.tasks.finetuning import positive_int
 
@@ -40,10 +40,11 @@ def check_settings(run: DemoRun) -> None:
 
 def upgraded_settings(stored: dict) -> dict:
     """Demo settings as an older ``demo.json`` stored them, in today's form: one written before the precision option
-    or the learning-rate overrides has neither (those runs trained in 32-true with the configs' learning rates and head
-    multipliers), and
+    or the learning-rate overrides has neither (those runs trained in 32-true with the configs' learning rates, head
+    multipliers and layer decays), and
     the per-name fields were lists of ``[name, value]`` pairs."""
-    stored = {"precision": "32-true", "finetune_learning_rates": {}, "finetune_head_lr_multipliers": {}} | stored
+    defaults = {"finetune_learning_rates": {}, "finetune_head_lr_multipliers": {}, "finetune_layer_decays": {}}
+    stored = {"precision": "32-true", **defaults} | stored
     return stored | {
         key: dict(value) for key, value in stored.items() if key in MAPPING_FIELDS and isinstance(value, list)
     }
@@ -88,14 +89,15 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
         "--jobs",
         type=positive_int,
         default=min(2, os.cpu_count() or 1),
-        help="fine-tunings run at once, each in its own process with cores / jobs torch threads (default: 2 where "
-        "there are 2 cores; 1 runs every stage in this process, one after the other)",
+        help="lanes of fine-tunings run at once, each lane in its own process with cores / jobs torch threads "
+        "(default: 2 where there are 2 cores; 1 runs every stage in this process, one after the other)",
     )
     parser.add_argument(
         "--stages",
         metavar="PREFIX",
-        help="run only the stages named PREFIX or under it (e.g. mhmoe/nlvr2: that fine-tuning and its evaluation; "
-        "the stages before them must be done) and print no table",
+        nargs="+",
+        help="run only the stages named PREFIX or under it, each PREFIX's in turn (e.g. mhmoe/nlvr2: that fine-tuning "
+        "and its evaluation; the stages before them must be done) and print no table",
     )
     parser.add_argument(
         "--precision",
@@ -107,17 +109,23 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def run_stages(run: DemoRun, stages: list[Stage], args: argparse.Namespace, variants: list[str]) -> dict:
-    """Runs the stages not done yet, the fine-tunings ``args.jobs`` at a time in their own processes
-    (:func:`mmoe.demo.stages.run_parallel`) after the stages they need and before the figures; returns every stage's
+    """Runs the stages not done yet, the fine-tunings in ``args.jobs`` lanes at once, each lane a process that runs its
+    groups one after the other (:func:`mmoe.demo.stages.lanes_by_cost`, with a group's fine-tuning steps as its cost,
+    and :func:`mmoe.demo.stages.run_parallel`), after the stages they need and before the figures; returns every stage's
     marker by key."""
     done_before = {stage.key for stage in stages if is_done(run, stage)}
     if args.jobs > 1:
-        groups = [group for variant in variants for group in fine_tuning_groups(run, variant, args.random_init)]
-        groups = [g for g in groups if any(in_group(s, g) and s.key not in done_before for s in stages)]
+        steps = {
+            group: count
+            for variant in variants
+            for group, count in fine_tuning_groups(run, variant, args.random_init).items()
+            if any(in_group(stage, group) and stage.key not in done_before for stage in stages)
+        }
         for stage in stages:
-            if not any(in_group(stage, group) for group in groups) and not needs_fine_tunings(stage):
+            if not any(in_group(stage, group) for group in steps) and not needs_fine_tunings(stage):
                 run_stage(run, stage, reused_by="")
-        run_parallel(groups, lambda group: [*group_argv(args), "--stages", group, "--jobs", "1"], args.jobs)
+        lanes = lanes_by_cost(list(steps), steps.__getitem__, args.jobs)
+        run_parallel(lanes, lambda lane: [*group_argv(args), "--stages", *lane, "--jobs", "1"], args.jobs)
     return {
         stage.key: run_stage(run, stage, reused_by="an earlier run" if stage.key in done_before else "")
         for stage in stages
@@ -150,11 +158,13 @@ def demo_command(argv: Sequence[str]) -> int:
             stages += variant_stages(run, variant)
             stages += random_init_stages(run, variant) if args.random_init else []
         if args.stages is not None:
-            chosen = [stage for stage in stages if in_group(stage, args.stages)]
-            if not chosen:
-                return report_error("demo", f"--stages {args.stages}: no stage of this run is named so or under it")
-            for stage in chosen:
-                run_stage(run, stage)
+            chosen = {prefix: [stage for stage in stages if in_group(stage, prefix)] for prefix in args.stages}
+            for prefix, named in chosen.items():
+                if not named:
+                    return report_error("demo", f"--stages {prefix}: no stage of this run is named so or under it")
+            for named in chosen.values():
+                for stage in named:
+                    run_stage(run, stage)
             return 0
         records = run_stages(run, stages, args, variants)
         compared = {variant: comparison(run, variant) for variant in variants} if args.random_init else {}

@@ -159,13 +159,18 @@ def variant_stages(run: DemoRun, variant: str) -> list[Stage]:
     return stages
 
 
-def fine_tuning_groups(run: DemoRun, variant: str, random_init: bool = False) -> list[str]:
+def fine_tuning_groups(run: DemoRun, variant: str, random_init: bool = False) -> dict[str, int]:
     """The stage-name prefixes of ``variant``'s fine-tunings (each a fit and its evaluation; from random init too when
-    ``random_init``): they need the exported backbones and nothing of each other, so they may run at once. The
-    benchmarks with the most steps come first (longest job first: the last to start is a short one)."""
+    ``random_init``) and their fine-tuning steps: they need the exported backbones and nothing of each other, so they
+    may run at once. The benchmarks with the most steps come first (longest job first: the last to start is a short
+    one)."""
     starts = [(variant,), (variant, RANDOM_INIT)] if random_init else [(variant,)]
     benchmarks = sorted(trained_benchmarks(run.settings), key=lambda benchmark: -run.settings.steps(benchmark.name))
-    return [str(StageKey.of(*start, benchmark.name)) for start in starts for benchmark in benchmarks]
+    return {
+        str(StageKey.of(*start, benchmark.name)): run.settings.steps(benchmark.name)
+        for start in starts
+        for benchmark in benchmarks
+    }
 
 
 def in_group(stage: Stage, group: str) -> bool:

@@ -173,6 +173,8 @@ def finetune_launch(
         optimizer["learning_rate"] = run.settings.finetune_learning_rates[task.name]
     if task.name in run.settings.finetune_head_lr_multipliers:
         optimizer["head_lr_multiplier"] = run.settings.finetune_head_lr_multipliers[task.name]
+    if task.name in run.settings.finetune_layer_decays:
+        optimizer["layer_decay"] = run.settings.finetune_layer_decays[task.name]
     if optimizer:
         model["optimizer"] = optimizer
     overrides = {

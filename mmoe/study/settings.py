@@ -92,6 +92,7 @@ DEMO = DEMO_SETTINGS.replace(
     pretrain_output_vocab=False,
     finetune_learning_rates={},
     finetune_head_lr_multipliers={},
+    finetune_layer_decays={},
 )
 
 

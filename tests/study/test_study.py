@@ -545,4 +545,5 @@ def test_the_study_keeps_its_training_setting_apart_from_the_demos():
         training = settings.training
         assert training.contrastive_coefficient == 0 and not training.pretrain_output_vocab
         assert training.pretrain_learning_rate is None and training.finetune_head_lr_multipliers == {}
+        assert training.finetune_layer_decays == {}
     assert STUDY_FAST.training.finetune_learning_rates == SCALE.training.finetune_learning_rates == {}
