@@ -5,12 +5,14 @@
 * :func:`write_json`: a JSON file written whole or not at all (:mod:`mmoe.atomic`).
 * :func:`one_line` and :func:`report_error`: every command ends on bad input with one line on stderr,
   ``mmoe <command>: error: <message>``, and exit code 2 (:data:`INPUT_ERROR_EXIT`).
+* :func:`positive_int`: an option's value that must be a whole number of at least 1.
 * :func:`check_output_path` and :func:`writing_output`: an output file that cannot be written is named (the user's
   path, never the hidden temporary file) before a command starts its work, and again if writing it fails after.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -27,6 +29,15 @@ INPUT_ERROR_EXIT = 2
 
 #: Writes a value as indented JSON atomically (the file is whole or absent).
 write_json = write_json_atomic
+
+
+def positive_int(text: str) -> int:
+    """A command-line option's value that must be a whole number of at least 1 (an argparse ``type``: a bad value
+    ends the command with argparse's one-line usage error)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is below 1")
+    return value
 
 
 def one_line(error: BaseException | str) -> str:

@@ -11,7 +11,7 @@ mmoe data convert nlvr2 --data dev.json --images DIR --out OUT
 mmoe data convert images --images DIR --out OUT [--name images]
 mmoe data convert tsv --tsv pairs.tsv --images DIR --out OUT [--name pairs]
 mmoe data convert text --text corpus.txt [more.txt ...] --out OUT [--name text]
-mmoe data synth --out DIR [--size tiny|small|medium|large] [--seed 0] [--shards]
+mmoe data synth --out DIR [--size tiny|small|medium|large] [--seed 0] [--shards] [--workers N]
 ```
 
 Each ``convert`` prints its manifest (JSON) on stdout; skipped images go to stderr. Bad options or input files give
@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 from collections.abc import Sequence
 
@@ -44,6 +45,7 @@ from mmoe.data.converters.staging import OutputFolderError, output_folder
 from mmoe.data.converters.vqav2 import answer_vocab_of
 from mmoe.data.shards import check_shard_name
 from mmoe.data.tokenizer import TextTokenizer
+from mmoe.io import positive_int
 
 
 def _common(parser: argparse.ArgumentParser, name_default: str | None = None) -> None:
@@ -126,6 +128,12 @@ def _parser() -> argparse.ArgumentParser:
                   "nlvr2_eval_sets", "texts", "image_size"):  # fmt: skip
         synth.add_argument(f"--{field.replace('_', '-')}", type=int, help="override the size preset")
     synth.add_argument("--shards", action="store_true", help="also convert every split into OUT/shards/<name>/")
+    synth.add_argument(
+        "--workers",
+        type=positive_int,
+        default=os.cpu_count() or 1,
+        help="processes writing and converting splits at once; the files are the same for any count (CPU cores)",
+    )
     return parser
 
 
@@ -179,9 +187,9 @@ def _synth(args: argparse.Namespace) -> dict:
 
     overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(SIZES[args.size])}
     sizes = dataclasses.replace(SIZES[args.size], **{k: v for k, v in overrides.items() if v is not None})
-    summary = build_corpus(args.out, args.seed, sizes)
+    summary = build_corpus(args.out, args.seed, sizes, args.workers)
     if args.shards:
-        manifests = convert_layout(args.out, f"{args.out}/shards")
+        manifests = convert_layout(args.out, f"{args.out}/shards", workers=args.workers)
         summary["shards"] = {name: m.samples for name, m in manifests.items()}
     return summary
 

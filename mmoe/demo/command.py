@@ -23,10 +23,9 @@ from mmoe.demo.pipeline import (
     variant_stages,
 )
 from mmoe.demo.report import format_table, results, say
-from mmoe.demo.settings import FAST, FULL, MAPPING_FIELDS, VARIANTS, DemoError, DemoRun
+from mmoe.demo.settings import FAST, FULL, MAPPING_FIELDS, OPTIMIZER_OVERRIDES, VARIANTS, DemoError, DemoRun
 from mmoe.demo.stages import Stage, is_done, lanes_by_cost, run_parallel, run_stage
-from mmoe.io import read_json, report_error, write_json
-from mmoe.tasks.finetuning import positive_int
+from mmoe.io import positive_int, read_json, report_error, write_json
 
 #: The demo's summary in its output folder: settings, chance levels, rows, stage times, files.
 RESULTS_FILE = "results.json"
@@ -43,8 +42,7 @@ def upgraded_settings(stored: dict) -> dict:
     or the learning-rate overrides has neither (those runs trained in 32-true with the configs' learning rates, head
     multipliers and layer decays), and
     the per-name fields were lists of ``[name, value]`` pairs."""
-    defaults = {"finetune_learning_rates": {}, "finetune_head_lr_multipliers": {}, "finetune_layer_decays": {}}
-    stored = {"precision": "32-true", **defaults} | stored
+    stored = {"precision": "32-true", **{field: {} for field in OPTIMIZER_OVERRIDES}} | stored
     return stored | {
         key: dict(value) for key, value in stored.items() if key in MAPPING_FIELDS and isinstance(value, list)
     }

@@ -162,14 +162,13 @@ def variant_stages(run: DemoRun, variant: str) -> list[Stage]:
 def fine_tuning_groups(run: DemoRun, variant: str, random_init: bool = False) -> dict[str, int]:
     """The stage-name prefixes of ``variant``'s fine-tunings (each a fit and its evaluation; from random init too when
     ``random_init``) and their fine-tuning steps: they need the exported backbones and nothing of each other, so they
-    may run at once. The benchmarks with the most steps come first (longest job first: the last to start is a short
-    one)."""
+    may run at once. In the benchmarks' order, the pre-trained start's first (:func:`mmoe.demo.stages.lanes_by_cost`
+    deals them by steps, this order settling ties)."""
     starts = [(variant,), (variant, RANDOM_INIT)] if random_init else [(variant,)]
-    benchmarks = sorted(trained_benchmarks(run.settings), key=lambda benchmark: -run.settings.steps(benchmark.name))
     return {
         str(StageKey.of(*start, benchmark.name)): run.settings.steps(benchmark.name)
         for start in starts
-        for benchmark in benchmarks
+        for benchmark in trained_benchmarks(run.settings)
     }
 
 

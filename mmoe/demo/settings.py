@@ -94,10 +94,16 @@ class DemoSettings:
         return dataclasses.replace(self, **changes)
 
 
+#: The fields of :class:`DemoSettings` that override a fine-tuning's optimiser for some tasks, and the option of
+#: ``model.init_args.optimizer`` each one sets.
+OPTIMIZER_OVERRIDES = {
+    "finetune_learning_rates": "learning_rate",
+    "finetune_head_lr_multipliers": "head_lr_multiplier",
+    "finetune_layer_decays": "layer_decay",
+}
+
 #: The fields of :class:`DemoSettings` that map a name to a value.
-MAPPING_FIELDS = (
-    "backbone", "finetune_steps", "finetune_learning_rates", "finetune_head_lr_multipliers", "finetune_layer_decays"
-)  # fmt: skip
+MAPPING_FIELDS = ("backbone", "finetune_steps", *OPTIMIZER_OVERRIDES)
 
 
 FULL = DemoSettings(

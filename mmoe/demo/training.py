@@ -14,7 +14,7 @@ from jsonargparse import Namespace
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 
 from mmoe.demo.report import say
-from mmoe.demo.settings import CONFIGS, DemoError, DemoRun
+from mmoe.demo.settings import CONFIGS, OPTIMIZER_OVERRIDES, DemoError, DemoRun
 from mmoe.tasks.finetuning import FineTuningTask
 from mmoe.tasks.launch import read_config, run_lightning
 from mmoe.tasks.layout import RunLayout
@@ -168,13 +168,11 @@ def finetune_launch(
     steps = run.settings.steps(task.name)
     trainer, callbacks = trainer_options(run, layout, steps, routing_every)
     model = {"backbone": None, "pretrained": str(backbone), **model_options}
-    optimizer = {}
-    if task.name in run.settings.finetune_learning_rates:
-        optimizer["learning_rate"] = run.settings.finetune_learning_rates[task.name]
-    if task.name in run.settings.finetune_head_lr_multipliers:
-        optimizer["head_lr_multiplier"] = run.settings.finetune_head_lr_multipliers[task.name]
-    if task.name in run.settings.finetune_layer_decays:
-        optimizer["layer_decay"] = run.settings.finetune_layer_decays[task.name]
+    optimizer = {
+        option: getattr(run.settings, field)[task.name]
+        for field, option in OPTIMIZER_OVERRIDES.items()
+        if task.name in getattr(run.settings, field)
+    }
     if optimizer:
         model["optimizer"] = optimizer
     overrides = {

@@ -23,6 +23,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from mmoe.io import positive_int
 from mmoe.metrics.captions import DEFAULT_SPICE_TIMEOUT, ScorerUnavailableError, evaluate_caption_files
 from mmoe.metrics.files import EvalInputError
 from mmoe.metrics.nlvr2 import evaluate_nlvr2_files
@@ -52,13 +53,6 @@ def _nlvr2(args: argparse.Namespace) -> dict[str, Any]:
 
 def _retrieval(args: argparse.Namespace) -> dict[str, Any]:
     return evaluate_retrieval_file(args.embeddings, args.results, args.chunk)
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is below 1")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -96,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     retrieval.add_argument("--embeddings", required=True, help="the embeddings file `mmoe predict` writes")
     retrieval.add_argument("--results", help="write each query's rank here (JSON, whole or absent)")
     retrieval.add_argument(
-        "--chunk", type=_positive_int, default=DEFAULT_CHUNK, help=f"queries scored at once (default {DEFAULT_CHUNK})"
+        "--chunk", type=positive_int, default=DEFAULT_CHUNK, help=f"queries scored at once (default {DEFAULT_CHUNK})"
     )
     retrieval.set_defaults(run=_retrieval)
     return parser

@@ -35,12 +35,13 @@ from mmoe.data.batches import CaptionBatch
 from mmoe.data.decoders import CaptionDecoder
 from mmoe.data.tokenizer import TextTokenizer
 from mmoe.data.transforms import eval_transform
+from mmoe.io import positive_int
 from mmoe.metrics.captions import ScorerUnavailableError, score_captions
 from mmoe.model import MultiwayConfig
 from mmoe.model.heads import token_head
 from mmoe.moe import RoutingRecord
 from mmoe.tasks.decoding import Decoded, beam_search, greedy_search
-from mmoe.tasks.finetuning import FineTuningTask, positive_int
+from mmoe.tasks.finetuning import FineTuningTask
 from mmoe.tasks.output_vocab import class_index, classes_of, load_output_vocab
 from mmoe.tasks.predictions import as_ids
 

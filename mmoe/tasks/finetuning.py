@@ -260,14 +260,6 @@ class FineTuningTask(BackboneTask):
         raise NotImplementedError
 
 
-def positive_int(text: str) -> int:
-    """An ``mmoe infer`` option's value that must be a whole number of at least 1."""
-    value = int(text)
-    if value < 1:
-        raise ValueError(f"{value} is below 1")
-    return value
-
-
 def required_argument(init_args: dict, key: str) -> str:
     """``init_args[key]``, a file a task's head size depends on; an error naming ``model.init_args.<key>`` when the
     arguments lack it."""

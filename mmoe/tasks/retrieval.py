@@ -34,12 +34,13 @@ from mmoe.data.collate import RetrievalCollator
 from mmoe.data.decoders import RetrievalDecoder
 from mmoe.data.tokenizer import TextTokenizer
 from mmoe.data.transforms import eval_transform
+from mmoe.io import positive_int
 from mmoe.metrics.retrieval import score_embeddings
 from mmoe.model import MultiwayConfig
 from mmoe.model.heads import LOG_LOGIT_SCALE_INIT, retrieval_heads
 from mmoe.moe import RoutingRecord
 from mmoe.tasks.base import StepLosses, batch_size
-from mmoe.tasks.finetuning import FineTuningTask, positive_int
+from mmoe.tasks.finetuning import FineTuningTask
 from mmoe.tasks.predictions import as_ids
 
 

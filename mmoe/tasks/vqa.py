@@ -29,11 +29,12 @@ from mmoe.data.batches import VQABatch
 from mmoe.data.decoders import VQADecoder
 from mmoe.data.tokenizer import TextTokenizer
 from mmoe.data.transforms import eval_transform
+from mmoe.io import positive_int
 from mmoe.metrics.vqa import vqa_accuracy
 from mmoe.model import MultiwayConfig
 from mmoe.model.heads import vqa_pooler_and_head
 from mmoe.moe import RoutingRecord
-from mmoe.tasks.finetuning import FineTuningTask, positive_int, required_argument
+from mmoe.tasks.finetuning import FineTuningTask, required_argument
 from mmoe.tasks.predictions import as_ids
 
 

@@ -50,6 +50,20 @@ def test_same_seed_same_files_other_seed_other_files(corpus, tmp_path):
     assert other.keys() == digest(corpus).keys() and other != digest(corpus)
 
 
+def test_worker_processes_write_the_same_files(corpus, tmp_path):
+    import shutil
+
+    from mmoe.data.synth.convert import convert_layout
+
+    build_corpus(tmp_path, seed=0, sizes=TINY, workers=2)
+    assert digest(tmp_path) == digest(corpus)
+    manifests = convert_layout(tmp_path, tmp_path / "shards", shard_size=8)
+    shards = digest(tmp_path / "shards")
+    shutil.rmtree(tmp_path / "shards")
+    assert convert_layout(tmp_path, tmp_path / "shards", shard_size=8, workers=3) == manifests
+    assert digest(tmp_path / "shards") == shards and any(name.endswith(".tar") for name in shards)
+
+
 def test_layout_and_official_formats(corpus):
     coco = json.loads((corpus / "coco/annotations/captions_train2014.json").read_text())
     assert len(coco["images"]) == TINY.train_images and len(coco["annotations"]) == 5 * TINY.train_images
@@ -155,6 +169,9 @@ def test_synth_cli_builds_and_converts(tmp_path, capsys):
         manifest = json.loads((tmp_path / "shards" / name / "manifest.json").read_text())
         assert manifest["skipped"] == 0 and manifest["name"] == name
     assert (tmp_path / "shards/vqav2-train2014/answers.json").exists()
+    with pytest.raises(SystemExit) as refused:
+        main(["data", "synth", "--out", str(tmp_path / "other"), "--workers", "0"])
+    assert refused.value.code == 2 and "--workers: 0 is below 1" in capsys.readouterr().err
 
 
 def annotation(question_id: int, question_type: str, answer_type: str, answers: list[str]) -> dict:

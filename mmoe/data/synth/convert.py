@@ -4,6 +4,8 @@ shards: the same converter calls as the documented ``mmoe data convert`` command
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from mmoe.data.answers import ANSWERS_FILE
@@ -16,6 +18,7 @@ from mmoe.data.converters import (
     convert_tsv,
     convert_vqav2,
 )
+from mmoe.data.processes import run_in_processes
 from mmoe.data.shards import Manifest
 
 
@@ -52,18 +55,19 @@ PRETRAIN_PAIR_SPLIT = "pretrain-pairs"
 PRETRAIN_TEXT_SPLIT = "pretrain-text"
 
 
-def convert_layout(root: str | os.PathLike, out: str | os.PathLike, shard_size: int = 1000) -> dict[str, Manifest]:
+def convert_layout(
+    root: str | os.PathLike, out: str | os.PathLike, shard_size: int = 1000, workers: int = 1
+) -> dict[str, Manifest]:
     """Converts every split found under ``root`` into ``out/<name>/``; returns name -> manifest.
 
-    VQAv2 train2014 comes first: it writes the answer vocabulary the other VQA splits use.
+    ``workers`` > 1 converts that many splits at once (:func:`mmoe.data.processes.run_in_processes`); the shards are
+    the same. VQAv2 train2014 is converted before the other VQAv2 splits: it writes the answer vocabulary they use.
     """
     root, out = Path(root), Path(out)
     coco, vqa, nlvr2, pretrain = root / "coco", root / "vqav2", root / "nlvr2", root / "pretrain"
     flickr = root / "flickr30k"
-    done: dict[str, Manifest] = {}
-
-    def keep(manifest: Manifest) -> None:
-        done[manifest.name] = manifest
+    first: list[Callable[[], Manifest]] = []  # VQAv2 train2014 and the splits that need nothing of it
+    after_vocabulary: list[Callable[[], Manifest]] = []
 
     vocab = out / VQA_TRAIN_SPLIT / ANSWERS_FILE
     for subtype in ("train2014", "val2014", "test2015", "test-dev2015"):
@@ -71,8 +75,9 @@ def convert_layout(root: str | os.PathLike, out: str | os.PathLike, shard_size: 
         if not questions.exists():
             continue
         annotations = vqa / f"v2_mscoco_{subtype}_annotations.json"
-        keep(
-            convert_vqav2(
+        (first if subtype == "train2014" else after_vocabulary).append(
+            partial(
+                convert_vqav2,
                 questions,
                 coco,
                 out / vqa_split(subtype),
@@ -84,32 +89,44 @@ def convert_layout(root: str | os.PathLike, out: str | os.PathLike, shard_size: 
     for subtype in ("train2014", "val2014"):
         captions = coco / "annotations" / f"captions_{subtype}.json"
         if captions.exists():
-            keep(convert_coco_captions(captions, coco, out / f"coco-captions-{subtype}", shard_size=shard_size))
+            first.append(
+                partial(convert_coco_captions, captions, coco, out / f"coco-captions-{subtype}", shard_size=shard_size)
+            )
     karpathy = coco / "karpathy" / "dataset_coco.json"
     if karpathy.exists():
         for split in ("train,restval", "val", "test"):
-            keep(convert_karpathy(karpathy, split, coco, out / karpathy_split(split), shard_size=shard_size))
+            first.append(
+                partial(convert_karpathy, karpathy, split, coco, out / karpathy_split(split), shard_size=shard_size)
+            )
     if (flickr / "dataset_flickr30k.json").exists():
         for split in ("train", "val", "test"):
-            keep(
-                convert_karpathy(
-                    flickr / "dataset_flickr30k.json", split, flickr / "images", out / flickr30k_split(split),
-                    shard_size=shard_size,
+            first.append(
+                partial(
+                    convert_karpathy, flickr / "dataset_flickr30k.json", split, flickr / "images",
+                    out / flickr30k_split(split), shard_size=shard_size,
                 )
             )  # fmt: skip
     for split in ("train", "dev", "test1"):
         if (nlvr2 / f"{split}.json").exists():
-            keep(
-                convert_nlvr2(
-                    nlvr2 / f"{split}.json", nlvr2 / "images", out / nlvr2_split(split), shard_size=shard_size
+            first.append(
+                partial(
+                    convert_nlvr2, nlvr2 / f"{split}.json", nlvr2 / "images", out / nlvr2_split(split),
+                    shard_size=shard_size,
                 )
-            )
+            )  # fmt: skip
     if (coco / "train2014").is_dir():
-        images = out / PRETRAIN_IMAGE_SPLIT
-        keep(convert_images(coco / "train2014", images, shard_size, name=PRETRAIN_IMAGE_SPLIT))
+        first.append(
+            partial(convert_images, coco / "train2014", out / PRETRAIN_IMAGE_SPLIT, shard_size, PRETRAIN_IMAGE_SPLIT)
+        )
     if (pretrain / "pairs.tsv").exists():
-        pairs = out / PRETRAIN_PAIR_SPLIT
-        keep(convert_tsv(pretrain / "pairs.tsv", coco, pairs, shard_size, name=PRETRAIN_PAIR_SPLIT))
+        first.append(
+            partial(
+                convert_tsv, pretrain / "pairs.tsv", coco, out / PRETRAIN_PAIR_SPLIT, shard_size, PRETRAIN_PAIR_SPLIT
+            )
+        )
     if (pretrain / "text.txt").exists():
-        keep(convert_text([pretrain / "text.txt"], out / PRETRAIN_TEXT_SPLIT, shard_size, name=PRETRAIN_TEXT_SPLIT))
-    return done
+        first.append(
+            partial(convert_text, [pretrain / "text.txt"], out / PRETRAIN_TEXT_SPLIT, shard_size, PRETRAIN_TEXT_SPLIT)
+        )
+    manifests = run_in_processes(first, workers) + run_in_processes(after_vocabulary, workers)
+    return {manifest.name: manifest for manifest in manifests}

@@ -27,12 +27,14 @@ import json
 import os
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from mmoe.data.answers import answer_scores, normalize_answer
+from mmoe.data.processes import run_in_processes
 from mmoe.data.synth.karpathy import coco_document, flickr30k_document
 from mmoe.data.synth.language import captions, human_answers, majority_answer, questions, statement
 from mmoe.data.synth.scenes import Scene, render, sample_scene
@@ -304,11 +306,22 @@ def caption_constant_baseline(train: list[_Image], test: list[_Image]) -> dict[s
     return {"caption": constant, "Bleu_4": round(float(bleu[3]), 4), "CIDEr": round(float(cider), 4)}
 
 
-def build_corpus(out: str | os.PathLike, seed: int = 0, sizes: SynthSizes | None = None) -> dict[str, Any]:
-    """Writes the synthetic corpus under ``out`` (see the module docstring) and returns its summary, also written to
-    ``out/synth.json``: the sizes, file counts and each task's chance level."""
-    sizes = sizes or SynthSizes()
-    root = Path(out)
+@dataclass
+class _CocoFiles:
+    """What :func:`_coco_files` wrote that the corpus summary counts."""
+
+    train: list[_Image]
+    val: list[_Image]
+    test: list[_Image]
+    retrieval_test_images: int
+    vqa_train: list[dict[str, Any]]
+    vqa_val: list[dict[str, Any]]
+    questions: dict[int, str]
+
+
+def _coco_files(root: Path, seed: int, sizes: SynthSizes) -> _CocoFiles:
+    """The COCO images and everything written from them: captions, Karpathy and Flickr30K layouts, VQAv2 and the
+    pre-training text and pairs."""
     train = _coco_images(root, seed, "train2014", sizes.train_images, sizes.image_size)
     val = _coco_images(root, seed, "val2014", sizes.val_images, sizes.image_size)
     test = _coco_images(root, seed, "test2015", sizes.test_images, sizes.image_size)
@@ -319,26 +332,39 @@ def build_corpus(out: str | os.PathLike, seed: int = 0, sizes: SynthSizes | None
     vqa_train, train_questions = _vqa_files(root, seed, "train2014", train, sizes.questions_per_image, annotated=True)
     vqa_val, val_questions = _vqa_files(root, seed, "val2014", val, sizes.questions_per_image, annotated=True)
     _vqa_files(root, seed, "test2015", test, sizes.questions_per_image, annotated=False)
-    nlvr2 = {
-        split: _nlvr2_split(root, seed, split, sets, sizes.image_size)
-        for split, sets in (("train", sizes.nlvr2_train_sets), ("dev", sizes.nlvr2_eval_sets),
-                            ("test1", sizes.nlvr2_eval_sets))
-    }  # fmt: skip
     _pretrain_files(root, seed, train, sizes.texts)
+    return _CocoFiles(train, val, test, retrieval_test_images, vqa_train, vqa_val, train_questions | val_questions)
+
+
+def build_corpus(
+    out: str | os.PathLike, seed: int = 0, sizes: SynthSizes | None = None, workers: int = 1
+) -> dict[str, Any]:
+    """Writes the synthetic corpus under ``out`` (see the module docstring) and returns its summary, also written to
+    ``out/synth.json``: the sizes, file counts and each task's chance level.
+
+    ``workers`` > 1 writes the COCO part and each NLVR2 split in that many processes at once
+    (:func:`mmoe.data.processes.run_in_processes`); the files are the same.
+    """
+    sizes = sizes or SynthSizes()
+    root = Path(out)
+    nlvr2_sets = {"train": sizes.nlvr2_train_sets, "dev": sizes.nlvr2_eval_sets, "test1": sizes.nlvr2_eval_sets}
+    jobs = [partial(_coco_files, root, seed, sizes)]
+    jobs += [partial(_nlvr2_split, root, seed, split, sets, sizes.image_size) for split, sets in nlvr2_sets.items()]
+    coco, *nlvr2_records = run_in_processes(jobs, workers)
+    nlvr2 = dict(zip(nlvr2_sets, nlvr2_records, strict=True))
+    train, val = coco.train, coco.val
     third = max(1, len(val) // 3)
     summary = {
         "seed": seed,
         "sizes": asdict(sizes),
         "counts": {
-            "coco_images": {"train2014": len(train), "val2014": len(val), "test2015": len(test)},
-            "vqav2_questions": {"train2014": len(vqa_train), "val2014": len(vqa_val)},
+            "coco_images": {"train2014": len(train), "val2014": len(val), "test2015": len(coco.test)},
+            "vqav2_questions": {"train2014": len(coco.vqa_train), "val2014": len(coco.vqa_val)},
             "nlvr2_pairs": {split: len(records) for split, records in nlvr2.items()},
         },
         "chance": {
-            "vqav2_val_prior_accuracy": vqa_prior_accuracy(vqa_train, vqa_val),
-            "vqav2_val_question_prior_accuracy": vqa_prior_accuracy(
-                vqa_train, vqa_val, train_questions | val_questions
-            ),
+            "vqav2_val_prior_accuracy": vqa_prior_accuracy(coco.vqa_train, coco.vqa_val),
+            "vqav2_val_question_prior_accuracy": vqa_prior_accuracy(coco.vqa_train, coco.vqa_val, coco.questions),
             "nlvr2": {
                 "accuracy_constant_answer": 0.5,
                 "accuracy_random": 0.5,
@@ -347,8 +373,8 @@ def build_corpus(out: str | os.PathLike, seed: int = 0, sizes: SynthSizes | None
             },  # fmt: skip
             "captioning_karpathy_test_constant_caption": caption_constant_baseline(train, val[third : 2 * third]),
             "retrieval_flickr30k_test": {
-                "images": retrieval_test_images,
-                "text_to_image_r1_random": 1 / retrieval_test_images,
+                "images": coco.retrieval_test_images,
+                "text_to_image_r1_random": 1 / coco.retrieval_test_images,
                 "note": "a caption's image ranked first by chance; image -> text has several positives",
             },
         },
