@@ -126,3 +126,10 @@ def test_optimizer_step_benchmark_times_each_adamw_on_the_demos_captioning_param
     ratios = {line["comparison"]: line["ratio"] for line in lines if "comparison" in line}
     expected = steps["default"]["step_s"] / steps["fused"]["step_s"]
     assert ratios["default_step / fused_step"] == pytest.approx(expected)
+
+
+def test_synth_corpus_benchmark_compares_worker_processes_with_one():
+    (line,) = run_benchmark("benchmarks/synth_corpus.py", "--size", "tiny", "--nlvr2-eval-sets", "3", "--rounds", "1",
+                            "--workers", "2")  # fmt: skip
+    assert line["case"] == "synth_corpus" and line["workers"] == 2
+    assert line["ratio"] == pytest.approx(line["workers_s"] / line["one_process_s"], rel=0.05)
