@@ -54,11 +54,14 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+# The command as a terminal's foreground job starts it: Ctrl-C handled. A test run started in the background by a
+# non-interactive shell has SIGINT ignored, and a child would inherit that.
 SLEEPING_JOBS = textwrap.dedent(
     """
-    import sys, time
+    import signal, time
     from functools import partial
     from mmoe.data.processes import run_in_processes
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     print("started", flush=True)
     run_in_processes([partial(time.sleep, 60)] * 2, 2)
     """
