@@ -3,6 +3,8 @@
 * :func:`read_json`: a whole JSON file, or one error naming the file and what is wrong with it (missing, unreadable,
   malformed at line and column), raised as the caller's error type.
 * :func:`write_json`: a JSON file written whole or not at all (:mod:`mmoe.atomic`).
+* :func:`require_field`: one field of a decoded JSON object, checked to be of the expected type, or one error naming
+  where it is, the field and the value, raised as the caller's error type.
 * :func:`one_line` and :func:`report_error`: every command ends on bad input with one line on stderr,
   ``mmoe <command>: error: <message>``, and exit code 2 (:data:`INPUT_ERROR_EXIT`).
 * :func:`positive_int`: an option's value that must be a whole number of at least 1.
@@ -17,7 +19,7 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -81,6 +83,46 @@ def read_json(
         return json.loads(text)
     except json.JSONDecodeError as cause:
         raise error(f"{named}: malformed JSON at line {cause.lineno}, column {cause.colno}: {cause.msg}") from None
+
+
+def require_field(
+    record: Any,
+    name: str,
+    kind: type | tuple[type, ...],
+    where: str,
+    error: type[Exception] = ValueError,
+    kind_names: Mapping[type, str] | None = None,
+) -> Any:
+    """``record[name]``, checked to be of ``kind`` (``bool`` never passes as ``int``).
+
+    Args:
+        record: one decoded JSON value, which must be an object.
+        name: the field it must have.
+        kind: the accepted Python type(s) of the field's value.
+        where: what to name in the error, e.g. ``"results.json, entry 3"``.
+        error: the exception type raised (a command's own input error).
+        kind_names: how the error names each accepted type (``{str: "a string"}``); Python's names otherwise.
+
+    Raises:
+        error: ``<where>: expected a JSON object, got <record>`` / ``<where>: missing field '<name>'`` /
+            ``<where>: field '<name>' must be <kind>, got <value>``.
+    """
+    if not isinstance(record, Mapping):
+        raise error(f"{where}: expected a JSON object, got {json_excerpt(record)}")
+    if name not in record:
+        raise error(f"{where}: missing field {name!r}")
+    value = record[name]
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        expected = " or ".join((kind_names or {}).get(k, k.__name__) for k in kinds)
+        raise error(f"{where}: field {name!r} must be {expected}, got {json_excerpt(value)}")
+    return value
+
+
+def json_excerpt(value: Any, limit: int = 80) -> str:
+    """``value`` as JSON (non-ASCII kept) for an error message, cut to ``limit`` characters with ``...``."""
+    text = json.dumps(value, ensure_ascii=False) if not isinstance(value, bytes) else repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class OutputPathError(ValueError):

@@ -7,9 +7,11 @@ The official evaluation scripts fail on bad input with a ``KeyError`` or a bare 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import mmoe.io
 
 
 class EvalInputError(ValueError):
@@ -66,7 +68,8 @@ def require_list(value: Any, where: str, what: str) -> list[Any]:
 
 
 def require_field(entry: Any, field: str, kind: type | tuple[type, ...], where: str) -> Any:
-    """Returns ``entry[field]``, checking that ``entry`` is an object and that the field has the expected type.
+    """Returns ``entry[field]``, checking that ``entry`` is an object and that the field has the expected type
+    (:func:`mmoe.io.require_field`; types named as JSON names them: ``a string``, ``an integer``).
 
     Args:
         entry: one decoded JSON value.
@@ -77,16 +80,7 @@ def require_field(entry: Any, field: str, kind: type | tuple[type, ...], where: 
     Raises:
         EvalInputError: ``entry`` is not an object, lacks ``field``, or holds a value of another type.
     """
-    if not isinstance(entry, Mapping):
-        raise EvalInputError(f"{where}: expected an object, got {type(entry).__name__}")
-    if field not in entry:
-        raise EvalInputError(f"{where}: missing field {field!r}")
-    value = entry[field]
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
-        expected = " or ".join(_JSON_NAMES.get(k, k.__name__) for k in kinds)
-        raise EvalInputError(f"{where}: field {field!r} must be {expected}, got {json.dumps(value)[:80]}")
-    return value
+    return mmoe.io.require_field(entry, field, kind, where, error=EvalInputError, kind_names=_JSON_NAMES)
 
 
 _JSON_NAMES = {str: "a string", int: "an integer", list: "an array", dict: "an object", float: "a number"}

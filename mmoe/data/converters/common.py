@@ -34,7 +34,7 @@ from mmoe.data.converters.staging import (
 )
 from mmoe.data.shards import MANIFEST, Manifest, ShardWriter, check_shard_name
 from mmoe.data.transforms import to_rgb
-from mmoe.io import read_json
+from mmoe.io import json_excerpt, read_json, require_field
 
 #: How many skipped image paths a converter prints (all are counted).
 SHOWN_SKIPS = 5
@@ -61,26 +61,13 @@ def load_json(path: str | os.PathLike) -> Any:
 
 
 def field(record: Any, name: str, kind: type | tuple[type, ...], where: str) -> Any:
-    """``record[name]``, checked to be of ``kind``; otherwise a ConversionError naming ``where``, field and value."""
-    if not isinstance(record, dict):
-        raise ConversionError(f"{where}: expected a JSON object, got {_short(record)}")
-    if name not in record:
-        raise ConversionError(f"{where}: missing field {name!r}")
-    value = record[name]
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
-        expected = " or ".join(k.__name__ for k in kinds)
-        raise ConversionError(f"{where}: field {name!r} must be {expected}, got {_short(value)}")
-    return value
+    """``record[name]``, checked to be of ``kind``; otherwise a ConversionError naming ``where``, field and value
+    (:func:`mmoe.io.require_field`)."""
+    return require_field(record, name, kind, where, error=ConversionError)
 
 
 def list_field(record: Any, name: str, where: str) -> list:
     return field(record, name, list, where)
-
-
-def _short(value: Any) -> str:
-    text = json.dumps(value, ensure_ascii=False) if not isinstance(value, bytes) else repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 @functools.lru_cache(maxsize=256)
@@ -275,5 +262,5 @@ def iter_json_lines(path: str | os.PathLike) -> Iterator[tuple[int, dict[str, An
         except json.JSONDecodeError as error:
             raise ConversionError(f"{path}:{number}: not valid JSON at column {error.colno}: {error.msg}") from None
         if not isinstance(record, dict):
-            raise ConversionError(f"{path}:{number}: expected a JSON object, got {_short(record)}")
+            raise ConversionError(f"{path}:{number}: expected a JSON object, got {json_excerpt(record)}")
         yield number, record
