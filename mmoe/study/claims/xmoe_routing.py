@@ -1,0 +1,299 @@
+"""X-MoE's routing claims through training: claim 3, representation collapse (Fig. 2c), claim 4, routing
+fluctuation (Fig. 3a), both through pre-training, and claim 5, the consistency of fine-tuning runs across seeds (Fig.
+3b), each X-MoE's router against the linear (Switch) router."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from mmoe.study.claims.claim import Claim, Statement, empty_claim, modality_claim
+from mmoe.study.verdicts import (
+    MODALITIES,
+    PAPER_MODALITY,
+    bootstrap,
+    describe,
+    direction_verdict,
+    gated,
+    keys_of,
+    log_mean,
+    percentile_interval,
+)
+
+#: Fluctuation is uninformative when both routers change expert at least this share as often as a random reassignment
+#: with the same loads would (1 - Σ_e p_e²): routing is then still being re-drawn.
+RANDOM_FLUCTUATION_SHARE = 0.9
+#: Agreement of seeds' loads (mean Pearson ρ between runs) counts as saturated from here.
+CONSISTENCY_CEILING = 0.99
+
+# -- claims 3 and 4: through pre-training ----------------------------------------------------------------------------
+
+
+def _second_half(values: Sequence) -> list:
+    return list(values[len(values) // 2 :])
+
+
+def _defined_collapse_keys(snapshots: dict, name: str) -> list[str]:
+    """The modality's MoE layers whose RC is defined at every snapshot of every router (both compared on the same
+    keys)."""
+    keys = None
+    for measures in snapshots.values():
+        for snapshot in measures:
+            collapse = snapshot["collapse"]
+            defined = {key for key in keys_of(collapse, name) if (collapse[key]["rc"] or 0) > 0}
+            keys = defined if keys is None else keys & defined
+    return sorted(keys or [])
+
+
+def _late_log_ratio(late: dict, keys: list[str], replicate: int | None) -> float | None:
+    """Mean over the paired late snapshots of log(RC_xmoe / RC_switch), RC the geometric mean over ``keys``; of the
+    ``replicate``-th bootstrap replicate, or of the measured RC (None)."""
+    per_snapshot = []
+    for switch, xmoe in zip(late["switch"], late["xmoe"], strict=True):
+        values = []
+        for snapshot in (xmoe, switch):
+            collapse = snapshot["collapse"]
+            rcs = [collapse[k]["rc"] if replicate is None else collapse[k]["resamples"][replicate] for k in keys]
+            values.append(log_mean(rcs))
+        if None in values:
+            return None
+        per_snapshot.append(np.log(values[0]) - np.log(values[1]))
+    return float(np.mean(per_snapshot))
+
+
+def _layer_collapse(late: list[dict], key: str) -> dict:
+    """One layer's second-half RC (geometric mean over the snapshots) and the classes K it had at the last snapshot
+    (RC grows with the K - 1 discriminant directions, so RC / (K - 1) is shown beside it)."""
+    last = late[-1]["collapse"][key]
+    return {
+        "second_half_rc": log_mean(m["collapse"][key]["rc"] for m in late),
+        "classes": last["classes"],
+        "rc_per_direction": last["rc"] / max(1, last["classes"] - 1),
+    }
+
+
+def _collapse_modality(snapshots: dict, keys: list[str]) -> dict:
+    curves = {
+        variant: {
+            "steps": [m["step"] for m in measures],
+            "rc": [log_mean(m["collapse"][key]["rc"] for key in keys) for m in measures],
+            "classes": [{key: m["collapse"][key]["classes"] for key in keys} for m in measures],
+        }
+        for variant, measures in snapshots.items()
+    }
+    late = {variant: _second_half(measures) for variant, measures in snapshots.items()}
+    resamples = min(len(m["collapse"][keys[0]]["resamples"]) for ms in late.values() for m in ms)
+    replicates = [_late_log_ratio(late, keys, r) for r in range(resamples)]
+    interval = percentile_interval(np.asarray([r for r in replicates if r is not None]))
+    slopes = {}
+    for variant, curve in curves.items():
+        steps, rc = _second_half(curve["steps"]), _second_half(curve["rc"])
+        slopes[variant] = float(np.polyfit(steps, np.log(rc), 1)[0]) if len(steps) > 1 else None
+    per_layer = {key: {variant: _layer_collapse(measures, key) for variant, measures in late.items()} for key in keys}
+    return {
+        "keys": keys,
+        "curves": curves,
+        "per_layer": per_layer,
+        "second_half_log_ratio": _late_log_ratio(late, keys, None),
+        "interval": interval,
+        "second_half_slope": slopes,
+        "verdict": direction_verdict(interval, +1),
+    }
+
+
+COLLAPSE = Statement(
+    "collapse",
+    "X-MoE's routing keeps more within-class variability (larger RC) than a linear router",
+    "X-MoE Fig. 2c: RC (Eq. 11) of one mid-depth 32-expert layer through 125K pre-training steps on MLM validation "
+    "text; the SMoE baseline descends, X-MoE stays larger with an uptrend",
+)
+
+
+def collapse_claim(snapshots: dict) -> Claim:
+    """X-MoE Fig. 2c: X-MoE's router inputs keep a larger RC (less collapse) than the linear (Switch) router's through
+    pre-training. ``snapshots``: variant -> :func:`mmoe.study.measures.snapshot_measures` (``switch`` and ``xmoe``).
+
+    Per modality, RC of each snapshot is the geometric mean over the modality's MoE layers (keys defined for both
+    routers at every snapshot); the trend is the second half of the snapshots: the mean log ratio X-MoE / Switch with
+    an interval from the rows' bootstrap replicates, and each router's slope of log RC.
+    """
+    by_modality = {}
+    if set(snapshots) == {"switch", "xmoe"}:
+        for name in MODALITIES:
+            keys = _defined_collapse_keys(snapshots, name)
+            if keys:
+                by_modality[name] = _collapse_modality(snapshots, keys)
+
+    def text(entry: dict) -> str:
+        ratio = np.exp(entry["second_half_log_ratio"])
+        low, high = np.exp(entry["interval"]) if entry["interval"] else (np.nan, np.nan)
+        slopes = ", ".join(f"{v} slope {s:+.2g}/step" for v, s in entry["second_half_slope"].items() if s is not None)
+        layers = "; ".join(
+            f"{key.split('/')[0]} switch {v['switch']['second_half_rc']:.3g} (K {v['switch']['classes']}), xmoe "
+            f"{v['xmoe']['second_half_rc']:.3g} (K {v['xmoe']['classes']})"
+            for key, v in entry["per_layer"].items()
+        )
+        return f"X-MoE / Switch RC {ratio:.2f}x [{low:.2f}, {high:.2f}] ({slopes}; {layers})"
+
+    measured = {"paper_modality": PAPER_MODALITY["collapse"], "by_modality": by_modality}
+    return modality_claim(COLLAPSE, measured, text, " (second half of the snapshots, geometric mean over MoE layers)")
+
+
+def _fluctuation(pairs: list[dict], keys: list[str], batches: np.ndarray) -> float | None:
+    """Mean over snapshot pairs of the share of (sub-)tokens that changed expert, pooled over ``keys``."""
+    shares = []
+    for pair in pairs:
+        changed = sum(np.asarray(pair["fluctuation"][key]["changed"])[batches].sum() for key in keys)
+        compared = sum(np.asarray(pair["fluctuation"][key]["compared"])[batches].sum() for key in keys)
+        if not compared:
+            return None
+        shares.append(changed / compared)
+    return float(np.mean(shares))
+
+
+def _random_fluctuation(pairs: list[dict], keys: list[str]) -> float:
+    """1 - Σ_e p_e² of the later snapshot's loads (the chance that a token reassigned at random with the same loads
+    changes expert), token-weighted over ``keys``, averaged over the pairs."""
+    values = []
+    for pair in pairs:
+        weights, levels = [], []
+        for key in keys:
+            loads = np.asarray(pair["loads"][key], dtype=np.float64)
+            weights.append(sum(pair["fluctuation"][key]["compared"]))
+            levels.append(1 - np.sum((loads / loads.sum()) ** 2))
+        values.append(float(np.average(levels, weights=weights)))
+    return float(np.mean(values))
+
+
+def _fluctuation_modality(pairs: dict, keys: list[str]) -> dict:
+    batches = len(pairs["xmoe"][0]["fluctuation"][keys[0]]["compared"])
+    everything = np.arange(batches)
+    late = {variant: _second_half(p) for variant, p in pairs.items()}
+    curves = {
+        variant: {"steps": [p["step"] for p in ps], "fluctuation": [_fluctuation([p], keys, everything) for p in ps]}
+        for variant, ps in pairs.items()
+    }
+    values = {variant: _fluctuation(ps, keys, everything) for variant, ps in late.items()}
+    random = {variant: _random_fluctuation(ps, keys) for variant, ps in late.items()}
+    replicates = bootstrap(
+        lambda b: _fluctuation(late["xmoe"], keys, b) - _fluctuation(late["switch"], keys, b), batches
+    )
+    interval = percentile_interval(replicates)
+    at_random = all(values[v] >= RANDOM_FLUCTUATION_SHARE * random[v] for v in values)
+    return {
+        "keys": keys,
+        "curves": curves,
+        "second_half_mean": values,
+        "random_reassignment": random,
+        "difference": values["xmoe"] - values["switch"],
+        "interval": interval,
+        "verdict": gated(direction_verdict(interval, -1), uninformative=at_random),
+    }
+
+
+FLUCTUATION = Statement(
+    "fluctuation",
+    "X-MoE's routing fluctuates less through pre-training than a linear router's",
+    "X-MoE Fig. 3a: the share of MLM validation tokens whose expert changes between consecutive checkpoints is much "
+    "lower for X-MoE after 15K of 125K steps (one 32-expert layer)",
+)
+
+
+def fluctuation_claim(snapshots: dict) -> Claim:
+    """X-MoE Fig. 3a: X-MoE's routing fluctuates less between consecutive checkpoints than the linear router's (the
+    paper sees it after 15K of 125K steps: compared here over the second half of the snapshot pairs).
+
+    Per modality, pooled over its MoE layers: the difference X-MoE minus Switch with an interval over held-out
+    batches; uninformative when both change expert about as often as a random reassignment with their loads would
+    (:data:`RANDOM_FLUCTUATION_SHARE`)."""
+    by_modality = {}
+    pairs = {variant: [m for m in measures if m["fluctuation"] is not None] for variant, measures in snapshots.items()}
+    if set(pairs) != {"switch", "xmoe"} or not all(pairs.values()):
+        return empty_claim("fluctuation")
+    for name in MODALITIES:
+        keys = keys_of(pairs["xmoe"][0]["fluctuation"], name)
+        if keys:
+            by_modality[name] = _fluctuation_modality(pairs, keys)
+
+    def text(entry: dict) -> str:
+        values = ", ".join(
+            f"{v} {100 * entry['second_half_mean'][v]:.1f}% (random {100 * entry['random_reassignment'][v]:.1f}%)"
+            for v in ("switch", "xmoe")
+        )
+        return f"{values} change expert; X-MoE - Switch {describe(entry['interval'], 100)} points"
+
+    measured = {"paper_modality": PAPER_MODALITY["fluctuation"], "by_modality": by_modality}
+    return modality_claim(FLUCTUATION, measured, text, " (second half of the snapshot pairs)")
+
+
+# -- claim 5: inter-run consistency ----------------------------------------------------------------------------------
+
+
+def mean_correlation(ic: float | None, runs: int) -> float | None:
+    """The mean Pearson ρ between distinct runs from X-MoE's IC = Σ_{i,j} ρ_ij / m² (diagonal included): (m IC - 1) /
+    (m - 1), which, unlike IC, does not depend on the number of runs m."""
+    return None if ic is None else (runs * ic - 1) / (runs - 1)
+
+
+def _consistency_modality(consistency: dict, keys: list[str]) -> dict | None:
+    curves = {}
+    for variant, result in consistency.items():
+        rho = []
+        for window in result["windows"]:
+            values = [mean_correlation(window.get(key), result["runs"]) for key in keys]
+            defined = [v for v in values if v is not None]
+            rho.append(float(np.mean(defined)) if defined else None)
+        curves[variant] = {"steps": result["steps"], "rho": rho, "runs": result["runs"]}
+    late = {variant: _second_half(curve["rho"]) for variant, curve in curves.items()}
+    paired = [(x, s) for x, s in zip(late["xmoe"], late["switch"], strict=False) if None not in (x, s)]
+    if not paired:
+        return None
+    differences = np.asarray([x - s for x, s in paired])
+    interval = percentile_interval(bootstrap(lambda b: float(differences[b].mean()), len(differences)))
+    means = {variant: float(np.mean([v for v in values if v is not None])) for variant, values in late.items()}
+    return {
+        "keys": keys,
+        "curves": curves,
+        "second_half_mean": means,
+        "windows": len(differences),
+        "difference": float(differences.mean()),
+        "interval": interval,
+        "verdict": gated(direction_verdict(interval, +1), saturated=min(means.values()) >= CONSISTENCY_CEILING),
+    }
+
+
+CONSISTENCY = Statement(
+    "consistency",
+    "X-MoE's fine-tuning runs agree more across seeds than a linear router's",
+    "X-MoE Fig. 3b: inter-run consistency of 12 XNLI fine-tuning runs (routing frozen, §3.3), loads accumulated over "
+    "100 steps; the SMoE baseline's runs diverge, X-MoE's converge to almost the same routing",
+)
+
+
+def consistency_claim(consistency: dict) -> Claim:
+    """X-MoE Fig. 3b: fine-tuning runs that differ only in the seed converge to more similar expert loads with X-MoE
+    than with the linear router. ``consistency``: variant -> :func:`mmoe.metrics.routing_collect
+    .consistency_through_training` plus ``runs`` (m).
+
+    Per modality: each window's mean ρ between runs (:func:`mean_correlation`, averaged over the modality's MoE
+    layers); the difference X-MoE minus Switch over the second half of the windows, with an interval over those
+    windows."""
+    by_modality = {}
+    if set(consistency) != {"switch", "xmoe"}:
+        return empty_claim("consistency")
+    for name in MODALITIES:
+        keys = keys_of([k for k in consistency["xmoe"]["windows"][0] if "/" in k], name)
+        entry = _consistency_modality(consistency, keys) if keys else None
+        if entry is not None:
+            by_modality[name] = entry
+
+    def text(entry: dict) -> str:
+        means = ", ".join(f"{v} ρ {entry['second_half_mean'][v]:.3f}" for v in ("switch", "xmoe"))
+        return f"{means}; X-MoE - Switch {describe(entry['interval'])} over {entry['windows']} windows"
+
+    runs = consistency["xmoe"]["runs"]
+    measured = {"paper_modality": PAPER_MODALITY["consistency"], "runs": runs, "by_modality": by_modality}
+    return modality_claim(
+        CONSISTENCY, measured, text, f" (mean ρ between {runs} seeds' loads, second half of fine-tuning)"
+    )
