@@ -114,7 +114,7 @@ class EpochDataLoader(DataLoader):
         batch comes next, and the skip counts (of every process, when distributed: call it on all ranks, as
         Lightning does)."""
         own = {
-            "positions": {key: _plain(position) for key, position in self._positions.items()},
+            "positions": {key: _position_as_ints(position) for key, position in self._positions.items()},
             "next_worker": self._next_worker,
             "skipped": {stream: count.to_state() for stream, count in self.skipped.items()},
         }
@@ -161,12 +161,12 @@ def _own_errors(deliveries: Iterator[Delivery]) -> Iterator[Delivery]:
         raise UnusableStreamError.from_worker(error) from None
 
 
-def _plain(position: Any) -> Any:
+def _position_as_ints(position: Any) -> Any:
     """A position as lists and dicts of ints (what ``torch.load(weights_only=True)`` reads back)."""
     if position == END:
         return END
     if isinstance(position, dict):
-        return {key: _plain(value) for key, value in position.items()}
+        return {key: _position_as_ints(value) for key, value in position.items()}
     if isinstance(position, tuple | list):
         return [int(value) for value in position]
     return position

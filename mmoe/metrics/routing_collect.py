@@ -33,7 +33,7 @@ from mmoe.metrics.routing import (
 from mmoe.moe import MoEFeedForward, Router, RoutingRecord
 
 
-def moe_layers(backbone: nn.Module) -> dict[str, MoEFeedForward]:
+def moe_layers_by_key(backbone: nn.Module) -> dict[str, MoEFeedForward]:
     """The MoE layers of ``backbone`` (a :class:`mmoe.model.MultiwayTransformer`), by :func:`record_key` key.
 
     Where two layers share a key (a layer's shared FFN and its VL-FFN), the first one the backbone lists is kept.
@@ -70,7 +70,7 @@ class RouterInputs:
     """
 
     def __init__(self, module: nn.Module, max_rows: int = 10_000) -> None:
-        self.layers = moe_layers(module)
+        self.layers = moe_layers_by_key(module)
         self.max_rows = max_rows
         self.captures: dict[str, RouterCapture] = {key: RouterCapture() for key in self.layers}
         self._handles: list = []

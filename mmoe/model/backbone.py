@@ -115,7 +115,7 @@ class MultiwayTransformer(nn.Module):
     def moe_layers(self) -> Iterator[MoELayerSlot]:
         """The MoE FFNs in depth order (vision, language or shared, then the VL-FFN within a layer)."""
         for block in self.layers:
-            for modality, layer in block.moe_layers():
+            for modality, layer in block.moe_ffns_by_modality():
                 yield MoELayerSlot(block.index, modality, layer)
 
     def reset_parameters(self) -> None:
@@ -212,7 +212,7 @@ def resize_vision_positions(table: torch.Tensor, old: MultiwayConfig, new: Multi
     ``position_offset`` rows and the CLS row are kept (BEiT-3 ``load_model_and_may_interpolate``)."""
     if old.position_offset != new.position_offset:
         raise ValueError(
-            f"model.backbone.position_offset={new.position_offset} differs from the checkpoint's {old.position_offset}"
+            f"MultiwayConfig.position_offset={new.position_offset} differs from the checkpoint's {old.position_offset}"
         )
     keep = old.position_offset + 1
     side_old, side_new = old.image_size // old.patch_size, new.image_size // new.patch_size

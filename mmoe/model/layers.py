@@ -120,7 +120,7 @@ class MultiwayBlock(nn.Module):
         # Residual dropout (MultiwayConfig.dropout), before drop path as torchscale's encoder layer does it.
         self.dropout = nn.Dropout(config.dropout) if config.dropout > 0 else nn.Identity()
 
-    def moe_layers(self) -> Iterator[tuple[str, MoEFeedForward]]:
+    def moe_ffns_by_modality(self) -> Iterator[tuple[str, MoEFeedForward]]:
         """``(modality, layer)`` for each MoE FFN of this block, modality as in its routing records ("vision",
         "language", or "shared" for a shared FFN and the VL-FFN); the per-modality FFNs come before the VL-FFN."""
         named = [("shared" if len(self.ffn) == 1 else MODALITY_NAMES[m], ffn) for m, ffn in enumerate(self.ffn)]

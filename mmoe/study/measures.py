@@ -13,7 +13,13 @@ import numpy as np
 import torch
 
 from mmoe.metrics.routing import RoutingTotals, image_diversity_maps, record_key, representation_collapse, sort_keys
-from mmoe.metrics.routing_collect import finite_or_none, first_router, fluctuation_counts, moe_layers, run_routing
+from mmoe.metrics.routing_collect import (
+    finite_or_none,
+    first_router,
+    fluctuation_counts,
+    moe_layers_by_key,
+    run_routing,
+)
 from mmoe.tasks.checkpoint import load_backbone
 from mmoe.viz.inputs import Batch, TextEncoder, find_samples, make_batches
 
@@ -73,7 +79,7 @@ def router_variant_measures(backbone_path: Path, batches: Sequence[Batch]) -> di
         for record in records:
             if record.unrouted_fraction is not None:
                 unrouted.setdefault(record_key(record), []).append(float(record.unrouted_fraction))
-    layers = moe_layers(backbone)
+    layers = moe_layers_by_key(backbone)
     biases = {key: first_router(layer).selection_bias for key, layer in layers.items()}
     return loads_of(totals) | {
         "experts": {key: layers[key].config.num_experts for key in sort_keys(layers)},
@@ -129,7 +135,7 @@ def diversity_by_region(backbone_path: Path, batches: Sequence[Batch]) -> dict:
     sub-token diversity (distinct experts among a patch's h sub-tokens' first choices), with the layer's h and E."""
     backbone = load_backbone(backbone_path).eval()
     patch = backbone.config.patch_size
-    layers = {key: layer.config for key, layer in moe_layers(backbone).items()}
+    layers = {key: layer.config for key, layer in moe_layers_by_key(backbone).items()}
     per_key: dict[str, dict[str, list]] = {}
     for batch in batches:
         output = backbone(**batch.inputs)

@@ -14,10 +14,10 @@ from mmoe.io import check_output_path, report_error, writing_output
 from mmoe.model import MoEPlan
 
 
-def export_command(argv: Sequence[str]) -> int:
+def export_backbone_command(argv: Sequence[str]) -> int:
     """``mmoe export-backbone --ckpt task.ckpt --out backbone.pt``: the backbone of a task checkpoint, for fine-tuning
     (the fine-tuning configs' ``pretrained`` argument reads either file)."""
-    parser = argparse.ArgumentParser(prog="mmoe export-backbone", description=export_command.__doc__)
+    parser = argparse.ArgumentParser(prog="mmoe export-backbone", description=export_backbone_command.__doc__)
     parser.add_argument(
         "--ckpt", required=True, help="Lightning checkpoint of an mmoe task (e.g. checkpoints/last.ckpt)"
     )

@@ -58,7 +58,7 @@ def init_parameters(class_path: str | None) -> Mapping[str, inspect.Parameter]:
 
 def differences(saved: Any, given: Any, key: str) -> Iterator[tuple[str, Any, Any]]:
     """(key, saved, given) for each value that differs between ``saved`` and ``given``; dicts compared per key."""
-    saved, given = plain(saved), plain(given)
+    saved, given = as_checkpoint_value(saved), as_checkpoint_value(given)
     if isinstance(saved, dict) and isinstance(given, dict):
         for name in [*saved, *(name for name in given if name not in saved)]:
             yield from differences(saved.get(name), given.get(name), f"{key}.{name}")
@@ -66,14 +66,14 @@ def differences(saved: Any, given: Any, key: str) -> Iterator[tuple[str, Any, An
         yield key, saved, given
 
 
-def plain(value: Any) -> Any:
+def as_checkpoint_value(value: Any) -> Any:
     """``value`` with Namespaces as dicts and tuples as lists, as a checkpoint holds them."""
     if isinstance(value, Namespace):
         value = value.as_dict()
     if isinstance(value, dict):
-        return {name: plain(item) for name, item in value.items()}
+        return {name: as_checkpoint_value(item) for name, item in value.items()}
     if isinstance(value, (list, tuple)):
-        return [plain(item) for item in value]
+        return [as_checkpoint_value(item) for item in value]
     return value
 
 

@@ -1,4 +1,4 @@
-"""``mmoe viz ...`` (routing figures) and ``mmoe analyze routing`` (routing metrics as JSON).
+"""``mmoe viz ...`` (routing figures); ``mmoe analyze`` (routing metrics as JSON) is :mod:`mmoe.viz.analyze`.
 
 * ``mmoe viz subtoken-map --ckpt C [--ckpt C2 ...] --images DIR_OR_SHARDS --out DIR`` — per-patch (and per text
   token) sub-token assignment-diversity maps (MH-MoE Fig. 1b, 8, 10): per checkpoint a grid images × MoE layers,
@@ -44,11 +44,11 @@ INPUT_ERRORS = (FileNotFoundError, InputError, ValueError)
 
 def _load(path: str, image_size: int | None = None, device: str = "cpu") -> torch.nn.Module:
     """A backbone with MoE layers from an exported backbone or a task checkpoint; ValueError naming the file."""
-    from mmoe.metrics.routing_collect import moe_layers
+    from mmoe.metrics.routing_collect import moe_layers_by_key
     from mmoe.tasks.checkpoint import load_backbone
 
     backbone = load_backbone(path)  # weights_only: a crafted file is refused, not run
-    if not moe_layers(backbone):
+    if not moe_layers_by_key(backbone):
         raise ValueError(f"checkpoint {path} has no MoE layers (MultiwayConfig.moe is None): no routing to analyse")
     if image_size is not None and image_size != backbone.config.image_size:
         raise ValueError(
@@ -170,40 +170,63 @@ def viz_command(argv: Sequence[str]) -> int:
 
 
 def _subtoken_map(args: argparse.Namespace) -> int:
-    device = _device(args.device)
-    if args.num_images < 1:
-        raise InputError(f"--num-images must be >= 1, got {args.num_images}")
-    backbones = [_load(path, args.image_size, device) for path in args.ckpt]
-    images = find_samples(args.images, limit=args.num_images, wanted=lambda s: s.image is not None)
-    images = [Sample(s.name, image=s.image) for s in images]  # each modality is routed on its own
+    written = draw_subtoken_maps(
+        args.ckpt, args.images, args.out, args.num_images, args.num_texts, args.choices, not args.no_text,
+        args.max_text_length, args.text_tokenizer, args.image_size, args.device,
+    )  # fmt: skip
+    print(json.dumps({"written": [str(p) for p in written]}, indent=1))
+    return 0
+
+
+def draw_subtoken_maps(
+    checkpoints: Sequence[str | Path],
+    images: Sequence[str | Path],
+    out: str | Path,
+    num_images: int = 4,
+    num_texts: int = 3,
+    choices: str = "top1",
+    text: bool = True,
+    max_text_length: int = 32,
+    text_tokenizer: str | None = None,
+    image_size: int | None = None,
+    device: str | None = None,
+) -> list[Path]:
+    """``mmoe viz subtoken-map``: the sub-token maps of ``checkpoints`` on the first ``num_images`` images (and,
+    with ``text``, ``num_texts`` texts) of ``images`` under ``out``; returns the files written."""
+    device = _device(device)
+    checkpoints, images = [str(path) for path in checkpoints], [str(path) for path in images]
+    if num_images < 1:
+        raise InputError(f"--num-images must be >= 1, got {num_images}")
+    backbones = [_load(path, image_size, device) for path in checkpoints]
+    pictures = find_samples(images, limit=num_images, wanted=lambda s: s.image is not None)
+    pictures = [Sample(s.name, image=s.image) for s in pictures]  # each modality is routed on its own
     texts = []
-    if not args.no_text and args.num_texts > 0:
+    if text and num_texts > 0:
         try:
-            texts = find_samples(args.images, limit=args.num_texts, wanted=lambda s: s.text is not None)
+            texts = find_samples(images, limit=num_texts, wanted=lambda s: s.text is not None)
         except InputError:  # no text in the inputs: image maps only
             texts = []
         texts = [Sample(s.name, text=s.text) for s in texts]
 
     image_maps, text_maps, pixels, tokens, top = {}, {}, None, None, 1
-    for path, label, backbone in zip(args.ckpt, checkpoint_labels(args.ckpt), backbones, strict=True):
+    for path, label, backbone in zip(checkpoints, checkpoint_labels(checkpoints), backbones, strict=True):
         moe = backbone.config.moe
         per_sub_token = moe.num_experts if moe.routing == "expert_choice" else moe.top_k  # expert choice: up to all
-        top = max(top, min(moe.heads * (per_sub_token if args.choices == "all" else 1), moe.num_experts))
+        top = max(top, min(moe.heads * (per_sub_token if choices == "all" else 1), moe.num_experts))
         if moe.heads == 1:
             print(f"note: checkpoint {path} has heads=1: one expert per token (a constant map)", file=sys.stderr)
-        batch = next(make_batches(images, backbone.config.image_size, len(images), None))
-        image_maps[label] = _diversity(backbone, batch, device, image_diversity_maps, args.choices)
+        batch = next(make_batches(pictures, backbone.config.image_size, len(pictures), None))
+        image_maps[label] = _diversity(backbone, batch, device, image_diversity_maps, choices)
         pixels = pixels or batch.pixels
-        encoder = _text_encoder(backbone, path, args.max_text_length, bool(texts), args.text_tokenizer)
+        encoder = _text_encoder(backbone, path, max_text_length, bool(texts), text_tokenizer)
         if encoder is not None:
             batch = next(make_batches(texts, backbone.config.image_size, len(texts), encoder))
-            text_maps[label] = _diversity(backbone, batch, device, text_diversity, args.choices)
+            text_maps[label] = _diversity(backbone, batch, device, text_diversity, choices)
             tokens = tokens or batch.tokens
-    written = _draw_image_maps(Path(args.out), image_maps, pixels, [_sample_name(s) for s in images], top)
+    written = _draw_image_maps(Path(out), image_maps, pixels, [_sample_name(s) for s in pictures], top)
     if text_maps and tokens:
-        written += _draw_text_maps(Path(args.out), text_maps, tokens, [_sample_name(s) for s in texts], top)
-    print(json.dumps({"written": [str(p) for p in written]}, indent=1))
-    return 0
+        written += _draw_text_maps(Path(out), text_maps, tokens, [_sample_name(s) for s in texts], top)
+    return written
 
 
 def _diversity(backbone, batch, device: str, per_key, choices: str) -> dict[str, np.ndarray]:
@@ -258,142 +281,52 @@ def _sample_name(sample: Sample) -> str:
 
 
 def _heatmap(args: argparse.Namespace) -> int:
-    from mmoe.viz.plots import draw_activation_curve, draw_activation_heatmap, draw_load_histograms
+    from mmoe.viz.analyze import data_samples, run_over
 
-    out, written = Path(args.out), []
-    sources = []
     if args.stats:
-        for label, path in zip(checkpoint_labels(args.stats), args.stats, strict=True):
-            payload = read_stats(path)
-            sources.append((label, total_loads(payload), total_tokens(payload)))
+        written = draw_stats_heatmaps(args.stats, args.out, args.threshold)
     else:
-        samples = _data_samples(args.data, args.batches, args.batch_size)
+        samples, sources = data_samples(args.data, args.batches, args.batch_size), []
         for label, path in zip(checkpoint_labels(args.ckpt), args.ckpt, strict=True):
             backbone = _load(path, device=_device(args.device))
-            totals = _run_over(backbone, path, samples, args).totals
-            tokens = totals.tokens()
-            sources.append((label, {k: v.cpu() for k, v in totals.counts.items()}, tokens))
+            totals = run_over(backbone, path, samples, args).totals
+            sources.append((label, {k: v.cpu() for k, v in totals.counts.items()}, totals.tokens()))
+        written = draw_heatmaps(sources, args.out, args.threshold)
+    print(json.dumps({"written": [str(p) for p in written]}, indent=1))
+    return 0
+
+
+def draw_stats_heatmaps(
+    stats: Sequence[str | Path], out: str | Path, threshold: float = DEFAULT_ACTIVATION_THRESHOLD
+) -> list[Path]:
+    """``mmoe viz heatmap --stats``: :func:`draw_heatmaps` of the loads each ``routing_stats.json`` accumulated."""
+    sources = []
+    for label, path in zip(checkpoint_labels(stats), stats, strict=True):
+        payload = read_stats(path)
+        sources.append((label, total_loads(payload), total_tokens(payload)))
+    return draw_heatmaps(sources, out, threshold)
+
+
+def draw_heatmaps(sources: Sequence[tuple[str, dict, dict]], out: str | Path, threshold: float) -> list[Path]:
+    """Per (label, loads, tokens) source: the expert-activation heatmap (MH-MoE Fig. 5), the load bars and the
+    activation-ratio curve under ``out``; returns the files written."""
+    from mmoe.viz.plots import draw_activation_curve, draw_activation_heatmap, draw_load_histograms
+
+    out, written = Path(out), []
     for label, loads, tokens in sources:
         if not loads:
             raise InputError(f"{label}: the data produced no routing (no sample reached a MoE layer)")
         part = _file_part(label)
         written.append(
             draw_activation_heatmap(
-                loads, out / f"heatmap_{part}.png", args.threshold, f"Expert activation — {label}", tokens
+                loads, out / f"heatmap_{part}.png", threshold, f"Expert activation — {label}", tokens
             )
         )
         written.append(
-            draw_load_histograms(loads, out / f"loads_{part}.png", args.threshold, f"Expert load — {label}", tokens)
+            draw_load_histograms(loads, out / f"loads_{part}.png", threshold, f"Expert load — {label}", tokens)
         )
         written.append(
-            draw_activation_curve(
-                loads,
-                out / f"activation_curve_{part}.png",
-                chosen=args.threshold,
-                title=f"Activation ratio — {label}",
-                tokens=tokens,
-            )
-        )
-    print(json.dumps({"written": [str(p) for p in written]}, indent=1))
-    return 0
-
-
-def _data_samples(paths: Sequence[str], batches: int, batch_size: int) -> list[Sample]:
-    if batches < 1 or batch_size < 1:
-        raise InputError(f"--batches and --batch-size must be >= 1, got {batches} and {batch_size}")
-    return find_samples(paths, limit=batches * batch_size)
-
-
-def _run_over(backbone, path: str, samples: list[Sample], args: argparse.Namespace, capture_rows: int = 0):
-    """Route ``samples`` through ``backbone``; ``capture_rows`` > 0 also keeps that many router-input rows per layer."""
-    from mmoe.metrics.routing_collect import run_routing
-
-    device = _device(args.device)
-    encoder = _text_encoder(backbone, path, args.max_text_length, not args.no_text, args.text_tokenizer)
-    batches = make_batches(samples, backbone.config.image_size, args.batch_size, encoder)
-    inputs = (_on(batch.inputs, device) for batch in batches)
-    return run_routing(backbone, inputs, capture_inputs=capture_rows > 0, max_rows=capture_rows)
-
-
-# -- mmoe analyze ----------------------------------------------------------------------------------------------------
-
-
-def analyze_command(argv: Sequence[str]) -> int:
-    """``mmoe analyze routing``: routing metrics of checkpoints on data, as one JSON object on stdout."""
-    parser = argparse.ArgumentParser(prog="mmoe analyze", description="Routing metrics as JSON.")
-    sub = parser.add_subparsers(dest="analysis", required=True)
-    routing = sub.add_parser("routing", help="activation ratio, representation collapse, fluctuation, consistency")
-    routing.add_argument("--ckpt", required=True, help="checkpoint A")
-    routing.add_argument("--compare", help="checkpoint B: routing fluctuation ratio A vs B on the same inputs")
-    routing.add_argument("--runs", nargs="+", help="checkpoints of m >= 2 runs: inter-run consistency of their loads")
-    routing.add_argument("--data", nargs="+", required=True, help="directory of images or .tar shards")
-    routing.add_argument("--batches", type=int, default=100, help="batches (X-MoE accumulates loads over 100 steps)")
-    routing.add_argument("--batch-size", type=int, default=16)
-    routing.add_argument("--threshold", type=float, default=DEFAULT_ACTIVATION_THRESHOLD, help="fraction of 1/E")
-    routing.add_argument(
-        "--max-rows", type=int, default=10_000, help="router-input rows per MoE layer kept for representation collapse"
-    )
-    routing.add_argument("--max-text-length", type=int, default=32)
-    routing.add_argument("--text-tokenizer", help=TEXT_TOKENIZER_HELP)
-    routing.add_argument("--no-text", action="store_true", help="feed images only")
-    routing.add_argument("--device", default=None)
-    through = sub.add_parser(
-        "consistency",
-        help="inter-run consistency through fine-tuning from the runs' routing_stats.json (X-MoE Fig. 3b)",
-    )
-    through.add_argument("--stats", nargs="+", required=True, help="m >= 2 runs' routing_stats.json (or their folders)")
-    through.add_argument("--plot", help="also draw the curve to this PNG")
-    args = parser.parse_args(list(argv))
-    if args.analysis == "consistency":
-        if len(args.stats) < 2:
-            parser.error(f"--stats needs at least 2 runs, got {len(args.stats)}")
-        return _run("analyze", _analyze_consistency, args)
-    if args.runs is not None and len(args.runs) < 2:
-        parser.error(f"--runs needs at least 2 checkpoints, got {len(args.runs)}")
-    if args.threshold < 0:
-        parser.error(f"--threshold must be >= 0, got {args.threshold}")
-    if args.max_rows < 2:
-        parser.error(f"--max-rows must be >= 2, got {args.max_rows}")
-    return _run("analyze", _analyze_routing, args)
-
-
-def _analyze_consistency(args: argparse.Namespace) -> int:
-    from mmoe.metrics.routing_collect import consistency_through_training
-    from mmoe.metrics.routing_stats import window_loads
-
-    runs = [window_loads(read_stats(path)) for path in args.stats]
-    report = {"runs": list(args.stats)} | consistency_through_training(runs, args.stats)
-    if args.plot:
-        from mmoe.viz.plots import draw_consistency_curve
-
-        report["plot"] = str(draw_consistency_curve(report["windows"], args.plot))
-    print(json.dumps(report, indent=1))
-    return 0
-
-
-def _analyze_routing(args: argparse.Namespace) -> int:
-    from mmoe.metrics.routing_collect import fluctuation_between, load_consistency, routing_report
-
-    samples = _data_samples(args.data, args.batches, args.batch_size)
-    backbone = _load(args.ckpt, device=_device(args.device))
-    run = _run_over(backbone, args.ckpt, samples, args, capture_rows=args.max_rows)
-    if not run.totals.counts:
-        raise InputError(f"the data in {', '.join(args.data)} produced no routing for checkpoint {args.ckpt}")
-    report: dict = {"checkpoint": args.ckpt} | routing_report(run, args.threshold)
-    if args.compare:
-        other = _load(args.compare, device=_device(args.device))
-        if other.config.image_size != backbone.config.image_size:
-            raise ValueError(
-                f"--compare {args.compare} takes {other.config.image_size} px images but {args.ckpt} takes "
-                f"{backbone.config.image_size} px: the fluctuation needs the same inputs"
-            )
-        report["fluctuation"] = {"compare": args.compare} | fluctuation_between(
-            run, _run_over(other, args.compare, samples, args)
-        )
-    if args.runs:
-        loads = []
-        for path in args.runs:
-            loads.append(_run_over(_load(path, device=_device(args.device)), path, samples, args).totals.counts)
-        report["inter_run_consistency"] = {"runs": list(args.runs)} | load_consistency(loads, args.runs)
-    print(json.dumps(report, indent=1))
-    return 0
+            draw_activation_curve(loads, out / f"activation_curve_{part}.png", chosen=threshold,
+                                  title=f"Activation ratio — {label}", tokens=tokens)
+        )  # fmt: skip
+    return written

@@ -31,7 +31,7 @@ from mmoe.metrics.routing import (
     subtoken_diversity,
     text_diversity,
 )
-from mmoe.metrics.routing_collect import RouterInputs, moe_layers, run_routing
+from mmoe.metrics.routing_collect import RouterInputs, moe_layers_by_key, run_routing
 from mmoe.metrics.routing_stats import read_stats
 from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
 from mmoe.tasks.routing_callback import RoutingStatsCallback
@@ -237,7 +237,7 @@ def test_run_routing_totals_and_stratified_requested_capacity():
     backbone = MultiwayTransformer(tiny_config(moe=plan))
     run = run_routing(backbone, _batches(2), capture_inputs=True)
     summary = run.totals.summary()
-    assert set(summary) == set(moe_layers(backbone))
+    assert set(summary) == set(moe_layers_by_key(backbone))
     for stats in summary.values():
         assert 1.0 <= stats["requested_capacity"] <= 2.0
     assert any(stats["requested_capacity"] > 1.0 for stats in summary.values())
