@@ -13,18 +13,19 @@ import torch
 import triton
 import triton.language as tl
 
-from mmoe.moe import MoEConfig, build_moe_layer, triton_experts
+from mmoe.moe import MoEConfig, build_moe_layer, triton_expert_kernels
 from mmoe.moe.experts import GroupedExperts
 
 
 @pytest.fixture(scope="module")
 def kernels():
-    """:mod:`mmoe.moe.triton_experts` with its kernels built for Triton's interpreter."""
+    """:mod:`mmoe.moe.triton_experts`, its kernels (:mod:`mmoe.moe.triton_expert_kernels`) built for Triton's
+    interpreter."""
     assert os.environ.get("TRITON_INTERPRET") == "1", "run through tests/moe/test_triton_experts.py"
     from triton.runtime.interpreter import InterpretedFunction
 
     module = importlib.import_module("mmoe.moe.triton_experts")
-    assert isinstance(module._gather_gemm_kernel, InterpretedFunction)
+    assert isinstance(triton_expert_kernels.gather_gemm_kernel, InterpretedFunction)
     return module
 
 
@@ -121,7 +122,7 @@ def test_expert_column_sums_accumulate_each_slice_in_fp32(kernels):
 @triton.jit
 def _offsets_kernel(ROWS, OUT64, OUT32, stride, N: tl.constexpr):
     rows = tl.load(ROWS + tl.arange(0, N))
-    tl.store(OUT64 + tl.arange(0, N), triton_experts._row_offsets(rows, stride))
+    tl.store(OUT64 + tl.arange(0, N), triton_expert_kernels.row_offsets(rows, stride))
     tl.store(OUT32 + tl.arange(0, N), (rows * stride).to(tl.int64))
 
 
