@@ -34,9 +34,9 @@ from torch import nn
 
 from mmoe.moe.base import MoEFeedForward, RoutingRecord, compute_dtype
 from mmoe.moe.config import MoEConfig
-from mmoe.moe.dispatch import combine, dispatch_rows, plan_dispatch
+from mmoe.moe.dispatch import DispatchPlan, combine, dispatch_rows, plan_dispatch
 from mmoe.moe.experts import GroupedExperts
-from mmoe.moe.router import Router
+from mmoe.moe.router import Router, RouterOutput
 
 
 class StratifiedMoELayer(MoEFeedForward):
@@ -71,6 +71,23 @@ class StratifiedMoELayer(MoEFeedForward):
         """One router per stratum (gate i of Stratified MoE Eq. 5), in gate order; the first one sees every token."""
         return list(self.routers)
 
+    def _gate_pass(
+        self, stratum: int, x_AD: torch.Tensor, capacity_factor: float | None
+    ) -> tuple[torch.Tensor, torch.Tensor, RouterOutput, DispatchPlan]:
+        """One FFN pass of the A tokens at gate ``stratum`` (Stratified MoE Eq. 4-6): their update before the
+        residual, their choices as global expert ids (A, K), the router's output and the dispatch plan."""
+        normed_AD = self.norms[stratum](x_AD)  # Stratified MoE Eq. 4
+        routed = self.routers[stratum](normed_AD, None)  # Stratified MoE Eq. 5 over the visible experts
+        expert_AK = routed.expert_SK + self.stratum_start[stratum]  # local -> global expert ids
+        plan = plan_dispatch(
+            expert_AK, None, self.config.num_experts, capacity_factor, capacity_experts=self.visible_experts[stratum]
+        )
+        rows = dispatch_rows(normed_AD.to(compute_dtype(normed_AD)), plan)
+        update_AD = combine(
+            self.experts(rows, plan.expert_C, plan.offsets_E), plan, routed.weight_SK
+        )  # Stratified MoE Eq. 6
+        return update_AD, expert_AK, routed, plan
+
     def forward(self, x: torch.Tensor, padding_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, RoutingRecord]:
         config = self.config
         batch, length, dim = x.shape
@@ -95,15 +112,8 @@ class StratifiedMoELayer(MoEFeedForward):
                 balance_losses.append(torch.zeros((), device=device))
                 continue
             x_AD = current_TD.index_select(0, index_A)
-            normed_AD = self.norms[stratum](x_AD)  # Stratified MoE Eq. 4
-            routed = self.routers[stratum](normed_AD, None)  # Stratified MoE Eq. 5 over the visible experts
-            expert_AK = routed.expert_SK + self.stratum_start[stratum]  # local -> global expert ids
-            plan = plan_dispatch(
-                expert_AK, None, config.num_experts, factor, capacity_experts=self.visible_experts[stratum]
-            )
-            rows = dispatch_rows(normed_AD.to(compute_dtype(normed_AD)), plan)
-            # Stratified MoE Eq. 6, then Eq. 7 (the residual)
-            update_AD = combine(self.experts(rows, plan.expert_C, plan.offsets_E), plan, routed.weight_SK)
+            update_AD, expert_AK, routed, plan = self._gate_pass(stratum, x_AD, factor)
+            # Stratified MoE Eq. 7 (the residual)
             current_TD = current_TD.index_copy(0, index_A, (x_AD + update_AD).to(current_TD.dtype))
 
             best_stratum_A = self.stratum_of_expert.index_select(0, expert_AK[:, 0])
