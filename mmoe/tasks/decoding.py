@@ -115,11 +115,7 @@ def beam_search(
     for position in range(max_length):
         logprobs = _constrain(step(tokens), position, eos_id, min_length, forbidden)
         vocab = logprobs.shape[-1]
-        logprobs = logprobs.view(batch_size, beams, vocab)
-        # A finished hypothesis continues only with a pad at no cost.
-        filler = torch.full((vocab,), -torch.inf, device=device)
-        filler[pad_id] = 0.0
-        logprobs = torch.where(finished[..., None], filler, logprobs)
+        logprobs = _pad_when_finished(logprobs.view(batch_size, beams, vocab), finished, pad_id)
         candidates_BKV = total[..., None] + logprobs
         lengths_BK = lengths + (~finished).long()
         penalised_BKV = candidates_BKV / lengths_BK[..., None].float() ** length_penalty
@@ -133,9 +129,24 @@ def beam_search(
         tokens = torch.cat([history, token_BK[..., None]], dim=-1).view(batch_size * beams, -1)
         if bool(finished.all()):
             break
-    final_BK = total / lengths.clamp(min=1).float() ** length_penalty
+    return _best_hypotheses(tokens, total, lengths, length_penalty)
+
+
+def _pad_when_finished(logprobs_BKV: torch.Tensor, finished_BK: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """A finished hypothesis continues only with a pad, at no cost."""
+    filler = torch.full((logprobs_BKV.shape[-1],), -torch.inf, device=finished_BK.device)
+    filler[pad_id] = 0.0
+    return torch.where(finished_BK[..., None], filler, logprobs_BKV)
+
+
+def _best_hypotheses(
+    tokens: torch.Tensor, total_BK: torch.Tensor, lengths_BK: torch.Tensor, length_penalty: float
+) -> Decoded:
+    """The best of each sample's beams by length-penalised score; ``tokens`` (B * num_beams, t) with the start token."""
+    batch_size, beams = total_BK.shape
+    final_BK = total_BK / lengths_BK.clamp(min=1).float() ** length_penalty
     best_B = final_BK.argmax(dim=-1)
-    rows = torch.arange(batch_size, device=device) * beams + best_B
+    rows = torch.arange(batch_size, device=tokens.device) * beams + best_B
     return Decoded(
-        tokens[rows, 1:], final_BK.gather(1, best_B[:, None])[:, 0], lengths.gather(1, best_B[:, None])[:, 0]
+        tokens[rows, 1:], final_BK.gather(1, best_B[:, None])[:, 0], lengths_BK.gather(1, best_B[:, None])[:, 0]
     )
