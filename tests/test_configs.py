@@ -1,6 +1,7 @@
 """Every run the shipped configs describe parses with the ``mmoe fit`` parser (typos in keys are errors): each whole
-config, and the tiny pre-training base with each variant's part over it. A part changes only the MoE layers and the
-run folder; the run folder is stated once; fine-tuning configs give the schedule a length and the image size once."""
+config, and each pre-training base (tiny, base) with each variant's part over it. A part changes only the MoE layers
+and the run folder; the run folder is stated once; fine-tuning configs give the schedule a length and the image size
+once; every config's backbone has its size's shape, ``MultiwayConfig.preset``."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from mmoe.model.config import PRESETS
 from mmoe.tasks.cli import fill_run_folder, lightning_command
 from mmoe.tasks.launch import read_config
 
@@ -19,14 +21,20 @@ pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")
 ROOT = Path(__file__).resolve().parents[1]
 PRETRAIN = ROOT / "configs" / "pretrain"
 TINY = PRETRAIN / "tiny.yaml"
-#: The parts of configs/pretrain/tiny.yaml: variant -> file.
-PARTS = {path.stem: path for path in sorted((PRETRAIN / "tiny").glob("*.yaml"))}
+BASE = PRETRAIN / "base.yaml"
+#: The pre-training sizes: each is configs/pretrain/<size>.yaml (dense) and a part per MoE variant in
+#: configs/pretrain/<size>/.
+SIZES = ("tiny", "base")
+#: The parts of each size's base config: (size, variant) -> file.
+PARTS = {(size, path.stem): path for size in SIZES for path in sorted((PRETRAIN / size).glob("*.yaml"))}
 #: Every config that is a whole run by itself.
-WHOLE = sorted(path for path in (ROOT / "configs").rglob("*.yaml") if path.parent != PRETRAIN / "tiny")
-#: Every run the configs describe: each whole config, and the tiny base with each part over it.
-RUNS = [(path,) for path in WHOLE] + [(TINY, part) for part in PARTS.values()]
+WHOLE = sorted(
+    path for path in (ROOT / "configs").rglob("*.yaml") if path.parent not in {PRETRAIN / size for size in SIZES}
+)
+#: Every run the configs describe: each whole config, and each size's base with each of its parts over it.
+RUNS = [(path,) for path in WHOLE] + [(PRETRAIN / f"{size}.yaml", part) for (size, _), part in PARTS.items()]
 
-#: What each part sets: the MoE plan of the tiny backbone (the dense base has none).
+#: What each tiny part sets: the MoE plan of the tiny backbone (the dense base has none).
 TINY_MOE = {
     "xmoe": {"num_experts": 8, "top_k": 1, "router": "xmoe", "gate": "softmax", "every": 2, "mode": "per_modality"},
     "mhmoe": {"num_experts": 8, "top_k": 1, "router": "xmoe", "gate": "softmax", "heads": 4, "beta": 1.0, "every": 2,
@@ -45,6 +53,21 @@ TINY_MOE = {
     "global_balance": {"num_experts": 8, "top_k": 1, "router": "linear", "gate": "softmax", "balance_batch": "global",
                        "every": 2, "mode": "per_modality"},
 }  # fmt: skip
+#: What each base part sets: the MoE plan of the base backbone (BEiT-3 base; the dense base has none).
+BASE_MOE = {
+    "switch": {"num_experts": 8, "top_k": 1, "router": "linear", "gate": "softmax", "every": 2, "mode": "per_modality"},
+    "xmoe": {"num_experts": 8, "top_k": 2, "renormalize": True, "router": "xmoe", "gate": "softmax", "every": 2,
+             "mode": "per_modality"},
+    "mhmoe": {"num_experts": 8, "top_k": 2, "renormalize": False, "router": "xmoe", "gate": "softmax", "heads": 4,
+              "beta": 1.0, "every": 2, "mode": "per_modality"},
+    "stratified": {"num_experts": 8, "top_k": 2, "renormalize": False, "capacity_factor": 1.0, "router": "linear",
+                   "gate": "softmax", "strata": [4, 4], "every": 2, "mode": "per_modality"},
+}  # fmt: skip
+#: Each size's MoE plans, by variant.
+MOE_PLANS = {"tiny": TINY_MOE, "base": BASE_MOE}
+#: The model arguments a part sets beside the MoE plan: Stratified MoE averages its balance loss over the SMoE blocks
+#: (Xu et al. 2023, §3.2).
+PART_MODEL_ARGUMENTS = {("base", "stratified"): {"balance_reduce": "mean"}}
 
 
 def run_name(configs: tuple[Path, ...]) -> str:
@@ -65,9 +88,8 @@ def print_config(configs: tuple[Path, ...], *options: str) -> tuple[int, dict | 
 
 
 def test_the_pretraining_configs_exist():
-    assert TINY.is_file() and set(PARTS) == set(TINY_MOE)  # dense: the base alone
-    names = {path.name for path in WHOLE if path.parent == PRETRAIN}
-    assert {f"base_{variant}.yaml" for variant in ("dense", "switch", "xmoe", "mhmoe", "stratified")} <= names
+    assert TINY.is_file() and BASE.is_file()  # dense: a size's base alone
+    assert set(PARTS) == {(size, variant) for size in SIZES for variant in MOE_PLANS[size]}
 
 
 def test_every_task_and_size_has_a_fine_tuning_config():
@@ -95,30 +117,38 @@ def test_config_parses_with_the_fit_parser(configs, monkeypatch):
         assert "image_size" in model["init_args"]["backbone"]
 
 
-def without_variant(config) -> dict:
-    """A parsed config less what a tiny part may set (the MoE plan, the run folder) and the files it was read from."""
+def without_variant(config, model_arguments=()) -> dict:
+    """A parsed config less what a part may set (the MoE plan, the run folder, ``model_arguments``) and the files it
+    was read from."""
     config = config.clone()
     del config["config"]
     config.model.init_args.backbone.moe = None
     config.trainer.default_root_dir = None
+    for name in model_arguments:
+        config.model.init_args[name] = None
     return config.as_dict()
 
 
-@pytest.mark.parametrize("variant", sorted(TINY_MOE))
-def test_a_tiny_part_sets_the_moe_layers_and_the_run_folder_and_nothing_else(variant):
-    part = yaml.safe_load(PARTS[variant].read_text())
+@pytest.mark.parametrize(
+    ("size", "variant"), sorted(PARTS), ids=[f"{size}/{variant}" for size, variant in sorted(PARTS)]
+)
+def test_a_part_sets_the_moe_layers_and_the_run_folder_and_nothing_else(size, variant):
+    plan, arguments = MOE_PLANS[size][variant], PART_MODEL_ARGUMENTS.get((size, variant), {})
+    part = yaml.safe_load(PARTS[size, variant].read_text())
     assert part == {
-        "trainer": {"default_root_dir": f"runs/pretrain/tiny_{variant}"},
-        "model": {"init_args": {"backbone": {"moe": TINY_MOE[variant]}}},
+        "trainer": {"default_root_dir": f"runs/pretrain/{size}_{variant}"},
+        "model": {"init_args": {"backbone": {"moe": plan}, **arguments}},
     }
-    base, composed = read_config([TINY]).fit, read_config([TINY, PARTS[variant]]).fit
+    whole = PRETRAIN / f"{size}.yaml"
+    base, composed = read_config([whole]).fit, read_config([whole, PARTS[size, variant]]).fit
     moe = composed.model.init_args.backbone.moe.as_dict()
-    assert {name: moe[name] for name in TINY_MOE[variant]} == TINY_MOE[variant]
-    assert without_variant(composed) == without_variant(base)
-    assert base.model.init_args.backbone.moe is None and base.trainer.default_root_dir == "runs/pretrain/tiny_dense"
+    assert {name: moe[name] for name in plan} == plan
+    assert {name: composed.model.init_args[name] for name in arguments} == arguments
+    assert without_variant(composed, arguments) == without_variant(base, arguments)
+    assert base.model.init_args.backbone.moe is None and base.trainer.default_root_dir == f"runs/pretrain/{size}_dense"
     # The folders the per-variant files used to repeat, now from the one run folder.
     fill_run_folder(composed.trainer)
-    root = f"runs/pretrain/tiny_{variant}"
+    root = f"runs/pretrain/{size}_{variant}"
     loggers = [(logger.class_path.rsplit(".", 1)[1], logger.init_args.save_dir, logger.init_args.name)
                for logger in composed.trainer.logger]  # fmt: skip
     assert loggers == [("TensorBoardLogger", root, "tensorboard"), ("ContinuingCSVLogger", root, "csv")]
@@ -127,11 +157,27 @@ def test_a_tiny_part_sets_the_moe_layers_and_the_run_folder_and_nothing_else(var
     assert callbacks["RoutingStatsCallback"].save_dir == root
 
 
+#: The backbone fields a fine-tuning config may set apart from its size's preset: BEiT-3 fine-tunes the base model at
+#: the task's resolution (480 px VQAv2 and captioning, 384 px retrieval), its position embeddings interpolated.
+FINETUNING_RESOLUTION = {"base": {"image_size"}}
+
+
+@pytest.mark.parametrize("config", WHOLE, ids=lambda path: run_name((path,)))
+def test_a_backbone_has_the_shape_of_its_sizes_preset(config):
+    """The tiny and base shapes are written in each config (a part sets none) and in ``PRESETS``: a change to one
+    alone fails here."""
+    size = config.stem.rsplit("_", 1)[-1]  # pretrain/tiny.yaml, finetune/vqav2_tiny.yaml: tiny
+    free = FINETUNING_RESOLUTION.get(size, set()) if config.parent.name == "finetune" else set()
+    backbone = read_config([config]).fit.model.init_args.backbone
+    shape = {name: value for name, value in PRESETS[size].items() if name not in free}
+    assert {name: backbone[name] for name in shape} == shape
+
+
 def test_an_unknown_key_in_a_part_is_an_error(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
     typo = tmp_path / "typo.yaml"
     typo.write_text(yaml.safe_dump({"model": {"init_args": {"backbone": {"moe": {"num_expert": 4}}}}}))
-    code, _, errors = print_config((TINY, PARTS["xmoe"], typo))
+    code, _, errors = print_config((TINY, PARTS["tiny", "xmoe"], typo))
     assert code != 0 and "num_expert" in errors
 
 
