@@ -13,7 +13,8 @@ import pytest
 from mmoe.cli import main
 from mmoe.data.answers import normalize_answer
 from mmoe.data.converters import image_names
-from mmoe.data.synth.corpus import SIZES, SUMMARY_FILE, ChanceLevels, build_corpus, vqa_prior_accuracy
+from mmoe.data.synth.chance import ChanceLevels, vqa_prior_accuracy
+from mmoe.data.synth.corpus import SIZES, build_corpus
 from mmoe.data.synth.language import (
     COMPARISON_SHARE,
     captions,
@@ -22,6 +23,7 @@ from mmoe.data.synth.language import (
     questions,
     statement,
 )
+from mmoe.data.synth.layout import SUMMARY_FILE, CorpusLayout
 from mmoe.data.synth.scenes import COLORS, render, sample_scene
 
 TINY = SIZES["tiny"]
@@ -62,6 +64,31 @@ def test_worker_processes_write_the_same_files(corpus, tmp_path):
     shutil.rmtree(tmp_path / "shards")
     assert convert_layout(tmp_path, tmp_path / "shards", shard_size=8, workers=3) == manifests
     assert digest(tmp_path / "shards") == shards and any(name.endswith(".tar") for name in shards)
+    layout = CorpusLayout(tmp_path)
+    assert sorted(manifests) == sorted(folder.name for folder in layout.shards.iterdir())
+    assert all((layout.shard(name) / "manifest.json").is_file() for name in manifests)
+    assert layout.caption_tokens.is_file() and layout.vqa_answer_vocab.is_file()
+
+
+def test_the_layout_names_every_file_the_writer_writes(corpus):
+    layout = CorpusLayout(corpus)
+    files = [layout.summary, layout.karpathy_coco, layout.karpathy_flickr, layout.pretrain_text, layout.pretrain_pairs]
+    files += [layout.coco_captions(subtype) for subtype in ("train2014", "val2014")]
+    files += [layout.vqa_questions(subtype) for subtype in ("train2014", "val2014", "test2015", "test-dev2015")]
+    files += [layout.vqa_annotations(subtype) for subtype in ("train2014", "val2014")]
+    files += [layout.nlvr2_records(split) for split in ("train", "dev", "test1")]
+    image_folders = [layout.coco_split_images(subtype) for subtype in ("train2014", "val2014", "test2015")]
+    image_folders += [layout.flickr_images, layout.nlvr2_images]
+    written = {path for path in corpus.rglob("*") if path.is_file()}
+    images = {path for path in written if any(folder in path.parents for folder in image_folders)}
+    assert set(files) <= written and images and written == set(files) | images
+    assert len(list(layout.nlvr2_image_folder("dev", "0").glob("dev-*-img0.png"))) == 4 * TINY.nlvr2_eval_sets
+    assert layout.nlvr2_image_folder("train", "3") == corpus / "nlvr2/images/train/3"
+    assert layout.vqa_images == layout.coco_images == corpus / "coco"
+    relative = CorpusLayout(Path())
+    assert relative.caption_tokens == Path("shards/coco-karpathy-train-restval/caption_tokens.json")
+    assert relative.vqa_answer_vocab == Path("shards/vqav2-train2014/answers.json")
+    assert relative.shard("nlvr2-dev") == Path("shards/nlvr2-dev")
 
 
 def test_layout_and_official_formats(corpus):

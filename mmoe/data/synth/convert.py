@@ -8,7 +8,6 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-from mmoe.data.answers import ANSWERS_FILE
 from mmoe.data.converters import (
     convert_coco_captions,
     convert_images,
@@ -20,113 +19,129 @@ from mmoe.data.converters import (
 )
 from mmoe.data.processes import run_in_processes
 from mmoe.data.shards import Manifest
+from mmoe.data.synth.layout import (
+    CAPTION_TEST_SPLIT,
+    CAPTION_TRAIN_SPLIT,
+    NLVR2_DEV_SPLIT,
+    PRETRAIN_IMAGE_SPLIT,
+    PRETRAIN_PAIR_SPLIT,
+    PRETRAIN_TEXT_SPLIT,
+    RETRIEVAL_TEST_SPLIT,
+    RETRIEVAL_TRAIN_SPLIT,
+    VQA_TRAIN_SPLIT,
+    VQA_VAL_SPLIT,
+    CorpusLayout,
+    answer_vocab_in,
+    coco_captions_split,
+    flickr30k_split,
+    karpathy_split,
+    nlvr2_split,
+    vqa_split,
+)
+
+# The split folders' names are defined with the rest of the corpus layout and re-exported here.
+__all__ = [
+    "CAPTION_TEST_SPLIT",
+    "CAPTION_TRAIN_SPLIT",
+    "NLVR2_DEV_SPLIT",
+    "PRETRAIN_IMAGE_SPLIT",
+    "PRETRAIN_PAIR_SPLIT",
+    "PRETRAIN_TEXT_SPLIT",
+    "RETRIEVAL_TEST_SPLIT",
+    "RETRIEVAL_TRAIN_SPLIT",
+    "VQA_TRAIN_SPLIT",
+    "VQA_VAL_SPLIT",
+    "convert_layout",
+    "flickr30k_split",
+    "karpathy_split",
+    "nlvr2_split",
+    "vqa_split",
+]
+
+Job = Callable[[], Manifest]
 
 
-def vqa_split(subtype: str) -> str:
-    """The folder of a VQAv2 split (``train2014``, ``val2014``, ...), named as ``mmoe data convert vqav2`` names it."""
-    return f"vqav2-{subtype}"
+def _vqa_jobs(layout: CorpusLayout, out: Path, shard_size: int) -> tuple[list[Job], list[Job]]:
+    """The VQAv2 splits present: (train2014, the others); the others read the answer vocabulary train2014 writes."""
+    training: list[Job] = []
+    after_vocabulary: list[Job] = []
+    for subtype in ("train2014", "val2014", "test2015", "test-dev2015"):
+        questions = layout.vqa_questions(subtype)
+        if not questions.exists():
+            continue
+        annotations = layout.vqa_annotations(subtype)
+        (training if subtype == "train2014" else after_vocabulary).append(
+            partial(
+                convert_vqav2,
+                questions,
+                layout.vqa_images,
+                out / vqa_split(subtype),
+                annotations=annotations if annotations.exists() else None,
+                answer_vocab=answer_vocab_in(out) if annotations.exists() and subtype != "train2014" else None,
+                shard_size=shard_size,
+            )
+        )
+    return training, after_vocabulary
 
 
-def karpathy_split(split: str) -> str:
-    """The folder of a Karpathy COCO split (``"train,restval"`` joins its parts with ``-``)."""
-    return f"coco-karpathy-{split.replace(',', '-')}"
+def _caption_jobs(layout: CorpusLayout, out: Path, shard_size: int) -> list[Job]:
+    """The official COCO captions splits, then the Karpathy COCO and Flickr30K splits present."""
+    jobs: list[Job] = []
+    for subtype in ("train2014", "val2014"):
+        captions = layout.coco_captions(subtype)
+        if captions.exists():
+            folder = out / coco_captions_split(subtype)
+            jobs.append(partial(convert_coco_captions, captions, layout.coco_images, folder, shard_size=shard_size))
+    karpathy_files = (
+        (layout.karpathy_coco, layout.coco_images, karpathy_split, ("train,restval", "val", "test")),
+        (layout.karpathy_flickr, layout.flickr_images, flickr30k_split, ("train", "val", "test")),
+    )
+    for karpathy, images, folder_of, splits in karpathy_files:
+        if karpathy.exists():
+            jobs += [
+                partial(convert_karpathy, karpathy, split, images, out / folder_of(split), shard_size=shard_size)
+                for split in splits
+            ]
+    return jobs
 
 
-def flickr30k_split(split: str) -> str:
-    """The folder of a Flickr30K Karpathy split (``train``, ``val``, ``test``)."""
-    return f"flickr30k-karpathy-{split}"
+def _nlvr2_jobs(layout: CorpusLayout, out: Path, shard_size: int) -> list[Job]:
+    """The NLVR2 splits present."""
+    records = {split: layout.nlvr2_records(split) for split in ("train", "dev", "test1")}
+    return [
+        partial(convert_nlvr2, path, layout.nlvr2_images, out / nlvr2_split(split), shard_size=shard_size)
+        for split, path in records.items()
+        if path.exists()
+    ]
 
 
-def nlvr2_split(split: str) -> str:
-    """The folder of an NLVR2 split (``train``, ``dev``, ``test1``)."""
-    return f"nlvr2-{split}"
-
-
-#: The split folders :func:`convert_layout` writes that later stages name (the demo's benchmarks, the claims study).
-VQA_TRAIN_SPLIT = vqa_split("train2014")
-VQA_VAL_SPLIT = vqa_split("val2014")
-NLVR2_DEV_SPLIT = nlvr2_split("dev")
-CAPTION_TRAIN_SPLIT = karpathy_split("train,restval")
-CAPTION_TEST_SPLIT = karpathy_split("test")
-RETRIEVAL_TRAIN_SPLIT = flickr30k_split("train")
-RETRIEVAL_TEST_SPLIT = flickr30k_split("test")
-PRETRAIN_IMAGE_SPLIT = "pretrain-images"
-PRETRAIN_PAIR_SPLIT = "pretrain-pairs"
-PRETRAIN_TEXT_SPLIT = "pretrain-text"
+def _pretrain_jobs(layout: CorpusLayout, out: Path, shard_size: int) -> list[Job]:
+    """The pre-training images (COCO train2014), image-text pairs and texts present."""
+    jobs: list[Job] = []
+    images, folder = layout.coco_split_images("train2014"), out / PRETRAIN_IMAGE_SPLIT
+    if images.is_dir():
+        jobs.append(partial(convert_images, images, folder, shard_size, PRETRAIN_IMAGE_SPLIT))
+    pairs, folder = layout.pretrain_pairs, out / PRETRAIN_PAIR_SPLIT
+    if pairs.exists():
+        jobs.append(partial(convert_tsv, pairs, layout.coco_images, folder, shard_size, PRETRAIN_PAIR_SPLIT))
+    texts, folder = layout.pretrain_text, out / PRETRAIN_TEXT_SPLIT
+    if texts.exists():
+        jobs.append(partial(convert_text, [texts], folder, shard_size, PRETRAIN_TEXT_SPLIT))
+    return jobs
 
 
 def convert_layout(
     root: str | os.PathLike, out: str | os.PathLike, shard_size: int = 1000, workers: int = 1
 ) -> dict[str, Manifest]:
-    """Converts every split found under ``root`` into ``out/<name>/``; returns name -> manifest.
+    """Converts every split found under ``root`` (laid out as :class:`~mmoe.data.synth.layout.CorpusLayout` names it)
+    into ``out/<name>/``; returns name -> manifest.
 
     ``workers`` > 1 converts that many splits at once (:func:`mmoe.data.processes.run_in_processes`); the shards are
     the same. VQAv2 train2014 is converted before the other VQAv2 splits: it writes the answer vocabulary they use.
     """
-    root, out = Path(root), Path(out)
-    coco, vqa, nlvr2, pretrain = root / "coco", root / "vqav2", root / "nlvr2", root / "pretrain"
-    flickr = root / "flickr30k"
-    first: list[Callable[[], Manifest]] = []  # VQAv2 train2014 and the splits that need nothing of it
-    after_vocabulary: list[Callable[[], Manifest]] = []
-
-    vocab = out / VQA_TRAIN_SPLIT / ANSWERS_FILE
-    for subtype in ("train2014", "val2014", "test2015", "test-dev2015"):
-        questions = vqa / f"v2_OpenEnded_mscoco_{subtype}_questions.json"
-        if not questions.exists():
-            continue
-        annotations = vqa / f"v2_mscoco_{subtype}_annotations.json"
-        (first if subtype == "train2014" else after_vocabulary).append(
-            partial(
-                convert_vqav2,
-                questions,
-                coco,
-                out / vqa_split(subtype),
-                annotations=annotations if annotations.exists() else None,
-                answer_vocab=vocab if annotations.exists() and subtype != "train2014" else None,
-                shard_size=shard_size,
-            )
-        )
-    for subtype in ("train2014", "val2014"):
-        captions = coco / "annotations" / f"captions_{subtype}.json"
-        if captions.exists():
-            first.append(
-                partial(convert_coco_captions, captions, coco, out / f"coco-captions-{subtype}", shard_size=shard_size)
-            )
-    karpathy = coco / "karpathy" / "dataset_coco.json"
-    if karpathy.exists():
-        for split in ("train,restval", "val", "test"):
-            first.append(
-                partial(convert_karpathy, karpathy, split, coco, out / karpathy_split(split), shard_size=shard_size)
-            )
-    if (flickr / "dataset_flickr30k.json").exists():
-        for split in ("train", "val", "test"):
-            first.append(
-                partial(
-                    convert_karpathy, flickr / "dataset_flickr30k.json", split, flickr / "images",
-                    out / flickr30k_split(split), shard_size=shard_size,
-                )
-            )  # fmt: skip
-    for split in ("train", "dev", "test1"):
-        if (nlvr2 / f"{split}.json").exists():
-            first.append(
-                partial(
-                    convert_nlvr2, nlvr2 / f"{split}.json", nlvr2 / "images", out / nlvr2_split(split),
-                    shard_size=shard_size,
-                )
-            )  # fmt: skip
-    if (coco / "train2014").is_dir():
-        first.append(
-            partial(convert_images, coco / "train2014", out / PRETRAIN_IMAGE_SPLIT, shard_size, PRETRAIN_IMAGE_SPLIT)
-        )
-    if (pretrain / "pairs.tsv").exists():
-        first.append(
-            partial(
-                convert_tsv, pretrain / "pairs.tsv", coco, out / PRETRAIN_PAIR_SPLIT, shard_size, PRETRAIN_PAIR_SPLIT
-            )
-        )
-    if (pretrain / "text.txt").exists():
-        first.append(
-            partial(convert_text, [pretrain / "text.txt"], out / PRETRAIN_TEXT_SPLIT, shard_size, PRETRAIN_TEXT_SPLIT)
-        )
-    manifests = run_in_processes(first, workers) + run_in_processes(after_vocabulary, workers)
+    layout, out = CorpusLayout(Path(root)), Path(out)
+    vqa_training, vqa_after_vocabulary = _vqa_jobs(layout, out, shard_size)
+    first = vqa_training + _caption_jobs(layout, out, shard_size)
+    first += _nlvr2_jobs(layout, out, shard_size) + _pretrain_jobs(layout, out, shard_size)
+    manifests = run_in_processes(first, workers) + run_in_processes(vqa_after_vocabulary, workers)
     return {manifest.name: manifest for manifest in manifests}
