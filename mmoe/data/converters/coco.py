@@ -169,6 +169,24 @@ def image_path(images: Path, file_name: str, where: str) -> Path:
     return first_existing([path] + ([images / match.group(1) / file_name] if match else []))
 
 
+def _karpathy_splits(split: str | Sequence[str]) -> list[str]:
+    """The Karpathy splits ``split`` names (``"train,restval"`` or a sequence), each one of :data:`KARPATHY_SPLITS`."""
+    splits = [s.strip() for s in split.split(",")] if isinstance(split, str) else list(split)
+    unknown = [s for s in splits if s not in KARPATHY_SPLITS]
+    if unknown or not splits:
+        raise ConversionError(f"--split {split!r}: expected one or more of {', '.join(KARPATHY_SPLITS)}")
+    return splits
+
+
+def _karpathy_dataset(data: Any, karpathy: Path) -> str:
+    """Which split file ``data`` is (a key of :data:`KARPATHY_IMAGE_ID`): its ``dataset`` field, COCO without one."""
+    dataset = field(data, "dataset", str, f"{karpathy}") if isinstance(data, dict) and "dataset" in data else "coco"
+    if dataset not in KARPATHY_IMAGE_ID:
+        known = ", ".join(KARPATHY_IMAGE_ID)
+        raise ConversionError(f"{karpathy}: field 'dataset' = {dataset!r}: expected one of {known}")
+    return dataset
+
+
 def convert_karpathy(
     karpathy: str | os.PathLike,
     split: str | Sequence[str],
@@ -192,15 +210,9 @@ def convert_karpathy(
             BPE.
     """
     karpathy, images = Path(karpathy), images_folder(images)
-    splits = [s.strip() for s in split.split(",")] if isinstance(split, str) else list(split)
-    unknown = [s for s in splits if s not in KARPATHY_SPLITS]
-    if unknown or not splits:
-        raise ConversionError(f"--split {split!r}: expected one or more of {', '.join(KARPATHY_SPLITS)}")
+    splits = _karpathy_splits(split)
     data = load_json(karpathy)
-    dataset = field(data, "dataset", str, f"{karpathy}") if isinstance(data, dict) and "dataset" in data else "coco"
-    if dataset not in KARPATHY_IMAGE_ID:
-        known = ", ".join(KARPATHY_IMAGE_ID)
-        raise ConversionError(f"{karpathy}: field 'dataset' = {dataset!r}: expected one of {known}")
+    dataset = _karpathy_dataset(data, karpathy)
     id_field = KARPATHY_IMAGE_ID[dataset]
     chosen: list[tuple[int, str, str, Path]] = []  # image id, file name, split, path
     captions = CaptionSet()

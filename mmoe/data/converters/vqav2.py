@@ -23,6 +23,7 @@ import random
 import re
 import sys
 from collections.abc import Iterator, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -122,12 +123,16 @@ def read_annotations(path: Path, questions: list[dict[str, Any]]) -> dict[int, d
     return by_question
 
 
+def _check_min_answer_count(min_answer_count: int) -> None:
+    if min_answer_count < 1:
+        raise ConversionError(f"--min-answer-count must be >= 1, got {min_answer_count}")
+
+
 def answer_vocab_of(annotations: Sequence[str | os.PathLike], min_answer_count: int = 9) -> list[str]:
     """One answer vocabulary over several annotation files (BEiT-3: train2014 + val2014): the normalised
     ``multiple_choice_answer`` strings of all their questions seen at least ``min_answer_count`` times
     (:func:`mmoe.data.answers.build_answer_vocab`)."""
-    if min_answer_count < 1:
-        raise ConversionError(f"--min-answer-count must be >= 1, got {min_answer_count}")
+    _check_min_answer_count(min_answer_count)
     if not annotations:
         raise ConversionError("--annotations: give at least one annotations file")
     answers: list[str] = []
@@ -148,6 +153,84 @@ def held_out_images(questions: list[dict[str, Any]], count: int, seed: int, wher
             f"{len(images)} images)"
         )
     return set(random.Random(seed).sample(images, count))
+
+
+def _check_options(min_answer_count: int, holdout_images: int, holdout_out: str | os.PathLike | None) -> None:
+    _check_min_answer_count(min_answer_count)
+    if holdout_images and holdout_out is None:
+        raise ConversionError("--holdout-images needs --holdout-out (the held-out split's folder)")
+    if holdout_out is not None and not holdout_images:
+        raise ConversionError("--holdout-out needs --holdout-images (how many images to hold out)")
+
+
+def _split_answer_vocab(
+    questions: Path,
+    subtype: str,
+    annotations: str | os.PathLike | None,
+    by_question: dict[int, dict[str, Any]] | None,
+    answer_vocab: str | os.PathLike | None,
+    min_answer_count: int,
+) -> list[str] | None:
+    """The answer vocabulary of a split: read from ``answer_vocab``, else built from a training split's annotations;
+    None for a split without annotations."""
+    if answer_vocab is not None:
+        return read_answer_vocab(answer_vocab, ConversionError, allow_empty=True)
+    if by_question is None:
+        return None
+    if not subtype.startswith("train"):
+        raise ConversionError(
+            f"{questions}: split {subtype!r} has annotations: pass --answer-vocab with the training split's "
+            f"{ANSWERS_FILE}"
+        )
+    vocab = build_answer_vocab((a["multiple_choice_answer"] for a in by_question.values()), min_answer_count)
+    if not vocab:
+        print(
+            f"{annotations}: warning: no answer is the multiple-choice answer of {min_answer_count} or more "
+            "questions, so the answer vocabulary is empty (no question has a target); lower --min-answer-count",
+            file=sys.stderr,
+        )
+    return vocab
+
+
+def _question_samples(
+    subtype: str,
+    images: Path,
+    by_question: dict[int, dict[str, Any]] | None,
+    vocab_index: VocabIndex,
+    questions: list[dict[str, Any]],
+) -> Iterator[dict[str, Any] | Skip]:
+    """One sample per question: its image, text and, with annotations, its answers and soft targets."""
+    for question in questions:
+        meta: dict[str, Any] = {
+            "question_id": question["question_id"],
+            "image_id": question["image_id"],
+            "question": question["question"],
+            "data_subtype": subtype,
+        }
+        if by_question is not None:
+            annotation = by_question[question["question_id"]]
+            answers = [answer["answer"] for answer in annotation["answers"]]
+            labels, scores = soft_targets(answers, vocab_index)
+            meta.update(
+                answers=answers,
+                multiple_choice_answer=annotation["multiple_choice_answer"],
+                answer_type=annotation["answer_type"],
+                question_type=annotation["question_type"],
+                labels=labels,
+                scores=scores,
+            )
+        sample = {"__key__": str(question["question_id"]), "txt": question["question"], "json": meta}
+        yield with_image(sample, image_path(images, subtype, question["image_id"]))
+
+
+def _manifest_extra(questions: Path, annotations: str | os.PathLike | None, vocab: list[str] | None) -> dict[str, Any]:
+    """What a split's manifest records beyond its samples: the source files and the answer vocabulary's size."""
+    extra: dict[str, Any] = {
+        "source": {"questions": str(questions), "annotations": str(annotations) if annotations else None}
+    }
+    if vocab is not None:
+        extra["answer_vocab_size"] = len(vocab)
+    return extra
 
 
 def convert_vqav2(
@@ -185,61 +268,14 @@ def convert_vqav2(
     Returns:
         The manifest of ``out``; with a hold-out its ``extra.holdout`` names the other split and its size.
     """
-    if min_answer_count < 1:
-        raise ConversionError(f"--min-answer-count must be >= 1, got {min_answer_count}")
-    if holdout_images and holdout_out is None:
-        raise ConversionError("--holdout-images needs --holdout-out (the held-out split's folder)")
-    if holdout_out is not None and not holdout_images:
-        raise ConversionError("--holdout-out needs --holdout-images (how many images to hold out)")
+    _check_options(min_answer_count, holdout_images, holdout_out)
     questions, images = Path(questions), images_folder(images)
     subtype, question_list = read_questions(questions)
     by_question = read_annotations(Path(annotations), question_list) if annotations is not None else None
-    vocab: list[str] | None = None
-    if answer_vocab is not None:
-        vocab = read_answer_vocab(answer_vocab, ConversionError, allow_empty=True)
-    elif by_question is not None:
-        if not subtype.startswith("train"):
-            raise ConversionError(
-                f"{questions}: split {subtype!r} has annotations: pass --answer-vocab with the training split's "
-                f"{ANSWERS_FILE}"
-            )
-        vocab = build_answer_vocab((a["multiple_choice_answer"] for a in by_question.values()), min_answer_count)
-        if not vocab:
-            print(
-                f"{annotations}: warning: no answer is the multiple-choice answer of {min_answer_count} or more "
-                "questions, so the answer vocabulary is empty (no question has a target); lower --min-answer-count",
-                file=sys.stderr,
-            )
+    vocab = _split_answer_vocab(questions, subtype, annotations, by_question, answer_vocab, min_answer_count)
     vocab_index = VocabIndex.of({answer: label for label, answer in enumerate(vocab or [])})
-
-    def samples(kept: list[dict[str, Any]]) -> Iterator[dict[str, Any] | Skip]:
-        for question in kept:
-            meta: dict[str, Any] = {
-                "question_id": question["question_id"],
-                "image_id": question["image_id"],
-                "question": question["question"],
-                "data_subtype": subtype,
-            }
-            if by_question is not None:
-                annotation = by_question[question["question_id"]]
-                answers = [answer["answer"] for answer in annotation["answers"]]
-                labels, scores = soft_targets(answers, vocab_index)
-                meta.update(
-                    answers=answers,
-                    multiple_choice_answer=annotation["multiple_choice_answer"],
-                    answer_type=annotation["answer_type"],
-                    question_type=annotation["question_type"],
-                    labels=labels,
-                    scores=scores,
-                )
-            sample = {"__key__": str(question["question_id"]), "txt": question["question"], "json": meta}
-            yield with_image(sample, image_path(images, subtype, question["image_id"]))
-
-    extra: dict[str, Any] = {
-        "source": {"questions": str(questions), "annotations": str(annotations) if annotations else None}
-    }
-    if vocab is not None:
-        extra["answer_vocab_size"] = len(vocab)
+    samples = partial(_question_samples, subtype, images, by_question, vocab_index)  # questions -> samples
+    extra = _manifest_extra(questions, annotations, vocab)
     files = {ANSWERS_FILE: json_text(vocab)} if vocab is not None and subtype.startswith("train") else {}
     name = name or f"vqav2-{subtype}"
     if not holdout_images:
