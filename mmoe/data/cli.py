@@ -55,13 +55,14 @@ def _common(parser: argparse.ArgumentParser, name_default: str | None = None) ->
     parser.add_argument("--name", default=name_default, help=f"shard name prefix {hint}")
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mmoe data", description="Build webdataset shards and the synthetic corpus.")
-    commands = parser.add_subparsers(dest="command", required=True)
+def _text_tokenizer(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--text-tokenizer",
+        help="SentencePiece model (BEiT-3's beit3.spm) whose ids caption_tokens.json lists; default open_clip's BPE",
+    )
 
-    convert = commands.add_parser("convert", help="convert a dataset's original files to shards")
-    sources = convert.add_subparsers(dest="source", required=True)
 
+def _vqav2_source(sources: argparse._SubParsersAction) -> None:
     vqa = sources.add_parser("vqav2", help="VQAv2 questions (+ annotations) and COCO images")
     vqa.add_argument("--questions", required=True, help="v2_OpenEnded_mscoco_<subtype>_questions.json")
     vqa.add_argument("--annotations", help="v2_mscoco_<subtype>_annotations.json (absent for test splits)")
@@ -75,33 +76,26 @@ def _parser() -> argparse.ArgumentParser:
     vqa.add_argument("--seed", type=int, default=0, help="seeds the held-out images' choice (0)")
     _common(vqa)
 
-    answers = commands.add_parser("answers", help="one VQAv2 answer vocabulary over several annotation files")
-    answers.add_argument("--annotations", required=True, nargs="+", help="v2_mscoco_<subtype>_annotations.json files")
-    answers.add_argument("--out", required=True, help=f"{ANSWERS_FILE} to write (a JSON list; index = class label)")
-    answers.add_argument("--min-answer-count", type=int, default=9, help="keep answers seen this often (9)")
 
+def _caption_sources(sources: argparse._SubParsersAction) -> None:
     coco = sources.add_parser("coco-captions", help="COCO captions (official file or Karpathy split)")
     which = coco.add_mutually_exclusive_group(required=True)
     which.add_argument("--annotations", help="captions_<subtype>.json")
     which.add_argument("--karpathy", help="dataset_coco.json (with --split)")
     coco.add_argument("--split", help="Karpathy split(s): train, restval, val, test; e.g. train,restval")
     coco.add_argument("--images", required=True, help="COCO image folder")
-    coco.add_argument(
-        "--text-tokenizer",
-        help="SentencePiece model (BEiT-3's beit3.spm) whose ids caption_tokens.json lists; default open_clip's BPE",
-    )
+    _text_tokenizer(coco)
     _common(coco)
 
     flickr = sources.add_parser("flickr30k", help="Flickr30K captions (Karpathy split, for retrieval)")
     flickr.add_argument("--karpathy", required=True, help="dataset_flickr30k.json")
     flickr.add_argument("--split", required=True, help="Karpathy split(s): train, val, test")
     flickr.add_argument("--images", required=True, help="the Flickr30K image folder (flickr30k-images)")
-    flickr.add_argument(
-        "--text-tokenizer",
-        help="SentencePiece model (BEiT-3's beit3.spm) whose ids caption_tokens.json lists; default open_clip's BPE",
-    )
+    _text_tokenizer(flickr)
     _common(flickr)
 
+
+def _other_sources(sources: argparse._SubParsersAction) -> None:
     nlvr2 = sources.add_parser("nlvr2", help="NLVR2 JSON lines and images")
     nlvr2.add_argument("--data", required=True, help="train.json, dev.json or test1.json")
     nlvr2.add_argument("--images", required=True, help="folder searched recursively for <split>-<set>-<pair>-img*.png")
@@ -120,6 +114,8 @@ def _parser() -> argparse.ArgumentParser:
     text.add_argument("--text", required=True, nargs="+", help="one or more text files")
     _common(text, "text")
 
+
+def _synth_command(commands: argparse._SubParsersAction) -> None:
     synth = commands.add_parser("synth", help="generate the synthetic corpus in the benchmarks' formats")
     synth.add_argument("--out", required=True, help="corpus root, laid out as data/README.md documents")
     synth.add_argument("--size", choices=("tiny", "small", "medium", "large"), default="small", help="(small)")
@@ -134,6 +130,24 @@ def _parser() -> argparse.ArgumentParser:
         default=os.cpu_count() or 1,
         help="processes writing and converting splits at once; the files are the same for any count (CPU cores)",
     )
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mmoe data", description="Build webdataset shards and the synthetic corpus.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    convert = commands.add_parser("convert", help="convert a dataset's original files to shards")
+    sources = convert.add_subparsers(dest="source", required=True)
+    _vqav2_source(sources)
+
+    answers = commands.add_parser("answers", help="one VQAv2 answer vocabulary over several annotation files")
+    answers.add_argument("--annotations", required=True, nargs="+", help="v2_mscoco_<subtype>_annotations.json files")
+    answers.add_argument("--out", required=True, help=f"{ANSWERS_FILE} to write (a JSON list; index = class label)")
+    answers.add_argument("--min-answer-count", type=int, default=9, help="keep answers seen this often (9)")
+
+    _caption_sources(sources)
+    _other_sources(sources)
+    _synth_command(commands)
     return parser
 
 
