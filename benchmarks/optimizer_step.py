@@ -61,7 +61,7 @@ def main() -> None:
             module = module.to(args.device)
             for parameter in module.parameters():
                 parameter.grad = torch.randn_like(parameter)
-            optimizers[name] = torch.optim.AdamW(parameter_groups(module, weight_decay=0.05), lr=2e-4, **options)
+            optimizers[name] = torch.optim.AdamW(parameter_groups(module, module.optimizer_config), lr=2e-4, **options)
     parameters = sum(parameter.numel() for parameter in module.parameters())
     seconds = interleaved_medians([optimizer.step for optimizer in optimizers.values()], args.rounds, args.device)
     step = dict(zip(optimizers, seconds, strict=True))

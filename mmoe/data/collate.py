@@ -86,10 +86,7 @@ class PretrainCollator:
                 batch["image_targets"] = self.image_targets(batch["image"])
         if self.kind in (TEXT, PAIR):
             ratio = config.text_ratio if self.kind == TEXT else config.pair_text_ratio
-            masked = mask_text(
-                batch["text_ids"], ratio, rng, config.mask_token_fraction, config.random_token_fraction,
-                self.tokenizer.ids,
-            )  # fmt: skip
+            masked = mask_text(batch["text_ids"], ratio, rng, config, self.tokenizer.ids)
             batch["text_ids"], batch["text_targets"], batch["text_mask"] = masked
         return batch
 
@@ -126,11 +123,7 @@ class CaptionCollator:
     def __call__(self, items: list[Sample], rng: np.random.Generator) -> CaptionBatch:
         batch = stack_items(items, self.tokenizer)
         if self.mask_ratio > 0 and "text_ids" in batch:
-            config = self.masking
-            masked = mask_caption(
-                batch["text_ids"], self.mask_ratio, rng, config.mask_token_fraction, config.random_token_fraction,
-                self.tokenizer.ids,
-            )  # fmt: skip
+            masked = mask_caption(batch["text_ids"], self.mask_ratio, rng, self.masking, self.tokenizer.ids)
             batch["text_ids"], batch["text_targets"], batch["text_mask"] = masked
         return batch
 

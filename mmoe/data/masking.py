@@ -148,11 +148,13 @@ def _choose_and_replace(
     maskable: np.ndarray,
     counts: np.ndarray,
     rng: np.random.Generator,
-    mask_token_fraction: float,
-    random_token_fraction: float,
+    masking: MaskingConfig | None,
     text_ids: TextIds,
 ) -> TextMasking:
-    """Chooses ``counts[b]`` positions uniformly among ``maskable[b]`` and replaces them 80/10/10 (by default)."""
+    """Chooses ``counts[b]`` positions uniformly among ``maskable[b]`` and replaces them as ``masking`` says (None:
+    80/10/10, :class:`MaskingConfig`'s default)."""
+    masking = masking or MaskingConfig()
+    mask_token_fraction, random_token_fraction = masking.mask_token_fraction, masking.random_token_fraction
     keys = rng.random(maskable.shape)
     keys[~maskable] = 2.0  # never chosen: sorted after every maskable position
     rank = np.argsort(np.argsort(keys, axis=1, kind="stable"), axis=1, kind="stable")
@@ -172,8 +174,7 @@ def mask_text(
     ids: torch.Tensor,
     ratio: float,
     rng: np.random.Generator,
-    mask_token_fraction: float = 0.8,
-    random_token_fraction: float = 0.1,
+    masking: MaskingConfig | None = None,
     text_ids: TextIds = OPEN_CLIP_IDS,
 ) -> TextMasking:
     """Masked language modeling: ``max(1, round(ratio · n))`` of the n real tokens of each text (start, end and
@@ -183,8 +184,8 @@ def mask_text(
         ids: (B, T) token ids as built by :class:`mmoe.data.tokenizer.TextTokenizer`.
         ratio: share of the real tokens to mask (0.15 MLM, 0.5 MVLM).
         rng: the generator all draws come from.
-        mask_token_fraction: share of the chosen tokens replaced by the mask token.
-        random_token_fraction: share replaced by a random token (``text_ids.random_low`` to ``random_high``).
+        masking: how the chosen tokens are replaced (``mask_token_fraction`` by the mask token,
+            ``random_token_fraction`` by a random token, ``text_ids.random_low`` to ``random_high``); None = 80/10/10.
         text_ids: the tokenizer's special ids (``TextTokenizer.ids``).
     """
     array = ids.numpy()
@@ -193,15 +194,14 @@ def mask_text(
     counts = np.where(real > 0, np.maximum(1, np.floor(ratio * real + 0.5)), 0).astype(np.int64)
     if ratio == 0.0:
         counts[:] = 0
-    return _choose_and_replace(ids, maskable, counts, rng, mask_token_fraction, random_token_fraction, text_ids)
+    return _choose_and_replace(ids, maskable, counts, rng, masking, text_ids)
 
 
 def mask_caption(
     ids: torch.Tensor,
     ratio: float,
     rng: np.random.Generator,
-    mask_token_fraction: float = 0.8,
-    random_token_fraction: float = 0.1,
+    masking: MaskingConfig | None = None,
     text_ids: TextIds = OPEN_CLIP_IDS,
 ) -> TextMasking:
     """BEiT-3 captioning masks: ``max(1, min(round(n · ratio), n - 1))`` of the n tokens after the start token, the
@@ -211,4 +211,4 @@ def mask_caption(
     n = maskable.sum(axis=1)
     counts = np.maximum(1, np.minimum(np.floor(n * ratio + 0.5), n - 1)).astype(np.int64)
     counts = np.where(n > 0, counts, 0)
-    return _choose_and_replace(ids, maskable, counts, rng, mask_token_fraction, random_token_fraction, text_ids)
+    return _choose_and_replace(ids, maskable, counts, rng, masking, text_ids)

@@ -213,9 +213,7 @@ class BackboneTask(L.LightningModule):
 
     def optimizer_parameter_names(self) -> list[str]:
         """Parameter names in the optimiser's order (what its state indices refer to)."""
-        config = self.optimizer_config
-        groups = parameter_groups(self, config.weight_decay, config.layer_decay, config.head_lr_multiplier,
-                                  self.head_prefixes)  # fmt: skip
+        groups = parameter_groups(self, self.optimizer_config, self.head_prefixes)
         names = {id(parameter): name for name, parameter in self.named_parameters()}
         return [names[id(parameter)] for group in groups for parameter in group["params"]]
 

@@ -128,19 +128,14 @@ def layer_id(name: str, depth: int) -> int:
     return depth + 1
 
 
-def parameter_groups(
-    module: nn.Module,
-    weight_decay: float,
-    layer_decay: float = 1.0,
-    head_lr_multiplier: float = 1.0,
-    head_prefixes: tuple[str, ...] = (),
-) -> list[dict]:
+def parameter_groups(module: nn.Module, config: OptimizerConfig, head_prefixes: tuple[str, ...] = ()) -> list[dict]:
     """AdamW parameter groups of a task module with a ``backbone`` (a :class:`MultiwayTransformer`).
 
-    Each group carries ``lr_scale``: ``layer_decay ** (depth + 1 - layer_id)`` for backbone parameters,
-    ``head_lr_multiplier`` for parameters whose name starts with one of ``head_prefixes``, 1 otherwise. Groups with
-    weight decay come first.
+    Each group carries ``config.weight_decay`` (or none: :data:`NO_DECAY`, biases, norms) and ``lr_scale``:
+    ``config.layer_decay ** (depth + 1 - layer_id)`` for backbone parameters, ``config.head_lr_multiplier`` for
+    parameters whose name starts with one of ``head_prefixes``, 1 otherwise. Groups with weight decay come first.
     """
+    weight_decay, layer_decay, head_lr_multiplier = config.weight_decay, config.layer_decay, config.head_lr_multiplier
     depth = module.backbone.config.depth
     groups: dict[tuple[float, float], list[nn.Parameter]] = {}
     for name, parameter in module.named_parameters():
@@ -175,7 +170,7 @@ def adamw_with_schedule(
 ) -> dict[str, Any]:
     """Lightning's ``configure_optimizers`` answer: AdamW over :func:`parameter_groups` and the warm-up cosine
     schedule per step, ``config.total_steps`` long (else ``estimated_steps()``, the trainer's estimate)."""
-    groups = parameter_groups(module, config.weight_decay, config.layer_decay, config.head_lr_multiplier, head_prefixes)
+    groups = parameter_groups(module, config, head_prefixes)
     for group in groups:
         group["lr"] = config.learning_rate * group.pop("lr_scale")
     optimizer = torch.optim.AdamW(

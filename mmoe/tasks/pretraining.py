@@ -118,31 +118,10 @@ class MaskedPretraining(BackboneTask):
         self.save_hyperparameters()
         self.backbone = MultiwayTransformer(backbone)
         self.store_configs()
-        if sum(target is not None for target in (visual_codebook, teacher_checkpoint, vqkd_tokenizer)) != 1:
-            raise ValueError(
-                "set exactly one of model.visual_codebook, model.teacher_checkpoint and model.vqkd_tokenizer (the MIM "
-                "target)"
-            )
-        self.codebook = None
-        # Lists keep the frozen teacher and tokenizer out of state_dict and the optimiser.
-        self._teacher: list[nn.Module] = []
-        self._vqkd: list[VQKDTokenizer] = []
-        if vqkd_tokenizer is not None:
-            tokenizer = load_vqkd_tokenizer(vqkd_tokenizer, backbone.image_size // backbone.patch_size)
-            self._vqkd.append(tokenizer)
-            self.mim_head = nn.Linear(backbone.dim, tokenizer.num_codes)
-        elif visual_codebook is not None:
-            self.codebook = PatchCodebook.load(visual_codebook)
-            if self.codebook.patch_size != backbone.patch_size:
-                raise ValueError(
-                    f"visual codebook {visual_codebook} was fitted on {self.codebook.patch_size}-px patches, "
-                    f"but backbone.patch_size={backbone.patch_size}"
-                )
-            self.mim_head = nn.Linear(backbone.dim, self.codebook.size)
-        else:
-            teacher = load_teacher(teacher_model, teacher_checkpoint)
-            self._teacher.append(teacher)
-            self.mim_head = nn.Linear(backbone.dim, teacher_width(teacher))
+        mim_outputs = self._load_mim_target(
+            backbone, visual_codebook, teacher_checkpoint, teacher_model, vqkd_tokenizer
+        )
+        self.mim_head = nn.Linear(backbone.dim, mim_outputs)
         mlm_ids = None
         if output_vocab is not None:
             self.tokenizer = TextTokenizer(sentencepiece=text_tokenizer)
@@ -158,6 +137,42 @@ class MaskedPretraining(BackboneTask):
         if contrastive_coefficient > 0:
             self.vision_head, self.language_head = retrieval_heads(backbone.dim)
             self.logit_scale = nn.Parameter(torch.tensor(LOG_LOGIT_SCALE_INIT))
+
+    def _load_mim_target(
+        self,
+        backbone: MultiwayConfig,
+        visual_codebook: str | None,
+        teacher_checkpoint: str | None,
+        teacher_model: str,
+        vqkd_tokenizer: str | None,
+    ) -> int:
+        """Loads the MIM target (exactly one of the visual codebook, the open_clip teacher and the VQ-KD tokenizer;
+        BEiT-3 §2.2) and returns the width of the head that predicts it: its number of codes, or the teacher's
+        feature width."""
+        if sum(target is not None for target in (visual_codebook, teacher_checkpoint, vqkd_tokenizer)) != 1:
+            raise ValueError(
+                "set exactly one of model.visual_codebook, model.teacher_checkpoint and model.vqkd_tokenizer (the MIM "
+                "target)"
+            )
+        self.codebook = None
+        # Lists keep the frozen teacher and tokenizer out of state_dict and the optimiser.
+        self._teacher: list[nn.Module] = []
+        self._vqkd: list[VQKDTokenizer] = []
+        if vqkd_tokenizer is not None:
+            tokenizer = load_vqkd_tokenizer(vqkd_tokenizer, backbone.image_size // backbone.patch_size)
+            self._vqkd.append(tokenizer)
+            return tokenizer.num_codes
+        if visual_codebook is not None:
+            self.codebook = PatchCodebook.load(visual_codebook)
+            if self.codebook.patch_size != backbone.patch_size:
+                raise ValueError(
+                    f"visual codebook {visual_codebook} was fitted on {self.codebook.patch_size}-px patches, "
+                    f"but backbone.patch_size={backbone.patch_size}"
+                )
+            return self.codebook.size
+        teacher = load_teacher(teacher_model, teacher_checkpoint)
+        self._teacher.append(teacher)
+        return teacher_width(teacher)
 
     # ----------------------------------------------------------------------------------------------- objective
     def masked_losses(self, batch: PretrainBatch) -> tuple[dict[str, torch.Tensor], list[RoutingRecord]]:

@@ -113,7 +113,9 @@ def test_mvlm_ratio_and_bert_replacement_fractions():
     assert abs(as_mask - 0.8) < 0.01 and abs(unchanged - 0.1) < 0.01
     randoms = chosen_inputs[(chosen_inputs != MASK_ID) & (chosen_inputs != chosen_targets)]
     assert randoms.numel() > 0 and randoms.max() < NUM_BPE_TOKENS
-    none_replaced = mask_text(ids[:10], 0.5, np.random.default_rng(0), mask_token_fraction=0.0, random_token_fraction=0)
+    none_replaced = mask_text(
+        ids[:10], 0.5, np.random.default_rng(0), MaskingConfig(mask_token_fraction=0.0, random_token_fraction=0)
+    )
     assert torch.equal(none_replaced.input_ids, ids[:10]) and none_replaced.mask.any()
 
 

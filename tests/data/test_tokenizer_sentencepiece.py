@@ -12,7 +12,7 @@ import sentencepiece
 import torch
 
 from mmoe.data.datamodules import CaptioningDataModule
-from mmoe.data.masking import mask_caption, mask_text
+from mmoe.data.masking import MaskingConfig, mask_caption, mask_text
 from mmoe.data.tokenizer import TextTokenizer, token_ids_of
 from mmoe.model import MultiwayConfig
 from mmoe.model.config import PRESETS
@@ -54,7 +54,7 @@ def test_masks_use_the_tokenizers_ids(spm):
     tokenizer = TextTokenizer(16, spm)
     ids, _ = tokenizer(SENTENCES[:6])
     rng = np.random.default_rng(0)
-    masked = mask_text(ids, 0.5, rng, 0.5, 0.5, tokenizer.ids)
+    masked = mask_text(ids, 0.5, rng, MaskingConfig(mask_token_fraction=0.5, random_token_fraction=0.5), tokenizer.ids)
     chosen = masked.mask
     assert not chosen[ids <= 2].any()  # start, pad and end are never chosen
     replaced = masked.input_ids[chosen]

@@ -223,7 +223,7 @@ def test_frozen_routing_from_an_exported_backbone_keeps_the_balance_loss(tmp_pat
     balance = torch.stack([r.balance_loss for r in output["routing"]]).sum()
     assert balance > 0
     torch.testing.assert_close(output["loss"], task.task_loss(task.forward_batch(batch)[0], batch) + 1e-2 * balance)
-    optimised = {id(p) for group in parameter_groups(task, 0.05) for p in group["params"]}
+    optimised = {id(p) for group in parameter_groups(task, OptimizerConfig(weight_decay=0.05)) for p in group["params"]}
     assert not any(id(p) in optimised for p in task.backbone.parameters() if not p.requires_grad)
 
 
@@ -252,7 +252,7 @@ def test_layer_decay_and_head_multiplier(answers):
     assert layer_id("patch_embed.weight", 2) == 0 and layer_id("layers.1.attention.qkv.0.weight", 2) == 2
     assert layer_id("final_norm.0.weight", 2) == 3
     scales = {}
-    for group in parameter_groups(task, 0.05, 0.5, 20.0, task.head_prefixes):
+    for group in parameter_groups(task, optimizer, task.head_prefixes):
         for parameter in group["params"]:
             scales[id(parameter)] = (group["lr_scale"], group["weight_decay"])
     named = dict(task.named_parameters())
