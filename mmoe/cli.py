@@ -4,7 +4,14 @@ Subcommands:
 
 * ``mmoe fit|validate|test|predict --config configs/....yaml [--config part.yaml ...]`` — LightningCLI over the mmoe
   tasks (config files merge in order; ``--help`` lists every option; ``--print_config`` shows the resolved config).
+* ``mmoe data convert vqav2|coco-captions|flickr30k|nlvr2|images|tsv|text ...``, ``mmoe data answers ...``,
+  ``mmoe data synth --out DIR`` — datasets converted to shards, VQA's answer vocabulary, the synthetic corpus.
 * ``mmoe tokenizer fit --data SHARDS --out codebook.pt`` — learn the visual codebook for masked image modeling.
+* ``mmoe eval vqa|caption|nlvr2|retrieval ...`` — a predictions file scored against the official annotation files
+  by the official scorers (one JSON object on stdout).
+* ``mmoe infer vqav2|nlvr2|captioning|retrieval --ckpt C ...`` (aliases ``vqa``, ``caption``, ``retrieve``) — a
+  fine-tuned checkpoint on your own images, a folder of them or a converted split (answers, true/false, captions,
+  the closest images to a text or texts to an image; ``--routing`` for the expert map).
 * ``mmoe export --ckpt task.ckpt --out FOLDER [--backbone-only]`` — a fine-tuned task model (or its backbone) as a
   folder of ``model.safetensors`` and ``config.json``, for ``mmoe.tasks.from_pretrained`` /
   ``mmoe.model.from_pretrained``.
@@ -12,15 +19,18 @@ Subcommands:
   format (``model.init_args.pretrained`` reads it, or a folder of ``mmoe export``).
 * ``mmoe upcycle --ckpt beit3.pth --config moe.yaml --out init.pt`` — a MoE backbone whose experts start as copies of
   a dense backbone's FFNs (sparse upcycling), e.g. from released BEiT-3 weights.
-* ``mmoe infer vqav2|nlvr2|captioning --ckpt C --image photo.jpg ...`` — a fine-tuned checkpoint on your own images
-  (answers, caption, true/false; ``--routing`` for the expert map).
 * ``mmoe info --config C [--config C2 ...] | --ckpt C`` — parameters, active parameters and forward FLOPs per token
   of a whole model (per layer, with its task head).
-* ``mmoe study claims [--out DIR] [--fast | --scale]`` — the X-MoE / MH-MoE analysis claims trained and measured at
-  tiny scale, one report (Markdown, PNG, JSON).
 * ``mmoe moe-info --moe.dim 768 --moe.ffn_dim 3072 --moe.num_experts 8 [--moe.heads 4 ...]`` — parameters, active
   parameters and forward FLOPs per token of one MoE layer against the dense FFN it replaces (JSON on stdout). Every
   :class:`mmoe.moe.MoEConfig` field is an option; ``--moe config.yaml`` reads them from a file.
+* ``mmoe viz subtoken-map|heatmap --ckpt C ... --out DIR`` — routing figures (MH-MoE Fig. 1b / 8 / 10, Fig. 5).
+* ``mmoe analyze routing|consistency ...`` — routing metrics of checkpoints on data, or of runs' saved statistics,
+  as one JSON object (X-MoE Eq. 11, §4.5; MH-MoE Fig. 1a).
+* ``mmoe demo [--out runs/demo] [--variant V|all] [--fast] [--random-init]`` — the whole pipeline (corpus,
+  pre-training, fine-tuning, scores, figures) on the embedded synthetic corpus, in minutes on a CPU.
+* ``mmoe study claims [--out DIR] [--fast | --scale]`` — the X-MoE / MH-MoE analysis claims trained and measured at
+  tiny scale, one report (Markdown, PNG, JSON).
 """
 
 from __future__ import annotations

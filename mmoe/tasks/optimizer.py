@@ -156,9 +156,9 @@ def parameter_groups(module: nn.Module, config: OptimizerConfig, head_prefixes: 
 def fused_kernel_applies(module: nn.Module) -> bool:
     """Whether torch's fused AdamW can update ``module``'s trainable parameters: all plain floating tensors on CPU or
     CUDA. It runs one kernel per step instead of a dozen small ops per parameter (the default on CPU): the same update
-    up to float rounding, 4.3-4.5 times faster on the demo's captioning task, whose 49,410-row text embedding alone is
-    9.5M of its 14.8M parameters (``benchmarks/optimizer_step.py``). Sharded parameters (FSDP2's DTensors) keep torch's
-    default."""
+    up to float rounding, and faster on the demo's captioning task, whose text embedding holds most of its parameters
+    (how much: README.md's Benchmarks section, ``benchmarks/optimizer_step.py``). Sharded parameters (FSDP2's
+    DTensors) keep torch's default."""
     trainable = [parameter for parameter in module.parameters() if parameter.requires_grad]
     return bool(trainable) and all(
         type(p.data) is torch.Tensor and p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in trainable

@@ -253,8 +253,8 @@ class MaskedPretraining(BackboneTask):
 
     def setup(self, stage: str) -> None:
         """Where the VQ-KD codes are computed: in the loader's workers on a CPU run whose pre-training loader has
-        workers (within 10 % of the task on a quiet 2-core CPU, 2.7x faster on a crowded one:
-        ``benchmarks/vqkd_targets.py``), else in the task, on the run's device."""
+        workers (how the two places compare: README.md's Benchmarks section, ``benchmarks/vqkd_targets.py``), else in
+        the task, on the run's device."""
         super().setup(stage)
         datamodule = self.trainer.datamodule
         if self._vqkd and codes_in_loader(self.trainer.strategy.root_device, datamodule):
@@ -290,8 +290,9 @@ def codes_in_loader(device: torch.device, datamodule: object) -> bool:
 def vqkd_codes(tokenizer: VQKDTokenizer, image: torch.Tensor) -> torch.Tensor:
     """(B, N) VQ-KD codes of (B, 3, H, W) images normalised as the data's transforms normalise them (undone by
     :func:`mmoe.data.transforms.denormalize`, clamped to [0, 1], the tokenizer's own input). The tokenizer runs in
-    fp32 whatever the run's precision: under a bf16 autocast 2-3.4 % of the codes of a tokenizer of the released shape
-    changed (``benchmarks/vqkd_targets.py``, ``bf16_agreement``), so bf16 does not keep them."""
+    fp32 whatever the run's precision: a bf16 autocast changes some of the codes of a tokenizer of the released shape
+    (how many: README.md's section "BEiT-3's targets: the VQ-KD tokenizer file", ``benchmarks/vqkd_targets.py``,
+    ``bf16_agreement``), so bf16 does not keep them."""
     tokenizer.to(image.device)
     pixels = denormalize(image.float()).clamp(0, 1)
     with torch.autocast(image.device.type, enabled=False):
