@@ -27,6 +27,7 @@ from lightning.fabric.plugins import CheckpointIO, TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from mmoe.atomic import atomic_write, remove_stale_temporaries
+from mmoe.tasks.lightning_internals import save_last_checkpoint
 
 #: A temporary checkpoint file untouched for this long belongs to a killed writer and is removed at the next save in
 #: its folder; a younger one may be another process's save in progress.
@@ -85,10 +86,7 @@ class LastStepCheckpoint(L.Callback):
         if trainer.fast_dev_run or trainer.global_step <= self.start_step:
             return
         for callback in last_saving_callbacks(trainer):
-            # ModelCheckpoint has no public way to save its last checkpoint now; its own method keeps its naming,
-            # its record of the last file and its loggers' notifications.
-            if callback._last_global_step_saved < trainer.global_step:
-                callback._save_last_checkpoint(trainer, callback._monitor_candidates(trainer))
+            save_last_checkpoint(callback, trainer)
 
 
 def last_saving_callbacks(trainer: L.Trainer) -> list[ModelCheckpoint]:

@@ -32,6 +32,7 @@ from mmoe.tasks.ckpt_hparams import (
 )
 from mmoe.tasks.config_safety import install_config_safety, parse_errors_in_one_line
 from mmoe.tasks.layout import RunLayout
+from mmoe.tasks.lightning_internals import HookedLightningCLI, ignore_leaf_spec_deprecation
 from mmoe.tasks.non_finite import NonFiniteGuard, NonFiniteTraining, report_divergence
 from mmoe.tasks.optimizer import nest_optimizer_arguments
 from mmoe.tasks.preemption import with_preemption
@@ -84,7 +85,7 @@ DATA_LINKS = {
 }
 
 
-class MMoECLI(LightningCLI):
+class MMoECLI(HookedLightningCLI):
     """LightningCLI over any mmoe task (``model.class_path``) and DataModule (``data.class_path``).
 
     Every knob is a typed ``__init__`` argument, so ``mmoe fit --help`` and ``--print_config`` explain the run, and
@@ -119,6 +120,7 @@ class MMoECLI(LightningCLI):
         named on the command line (argv ``args`` say so themselves)."""
         self.named_model_arguments = set(named_model_arguments or ())
         install_config_safety()
+        ignore_leaf_spec_deprecation()
         self.run_folder_locks = RunFolderLocks()
         try:
             super().__init__(*args, **kwargs)
@@ -138,8 +140,7 @@ class MMoECLI(LightningCLI):
             source = f"model.{link.attribute}"
             parser.link_arguments(source, f"data.init_args.{name}", compute_fn=link.value, apply_on="instantiate")
 
-    def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs: Any) -> LightningArgumentParser:
-        parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
+    def add_subcommand_arguments(self, parser: LightningArgumentParser, subcommand: str) -> None:
         if subcommand == "predict":
             parser.add_argument(
                 "--allow_partial_predictions",
@@ -147,7 +148,6 @@ class MMoECLI(LightningCLI):
                 default=False,
                 help="Exit 0 when fewer samples were predicted than the split holds (the shortfall is still reported)",
             )
-        return parser
 
     def after_predict(self) -> None:
         """Fails the command when fewer samples were predicted than the split holds (see the class docstring)."""
@@ -164,7 +164,7 @@ class MMoECLI(LightningCLI):
         self.command_line_model_arguments = command_line_model_arguments(sys.argv[1:] if args is None else args)
         self.command_line_model_arguments |= self.named_model_arguments
         with parse_errors_in_one_line(
-            [parser, *self._subcommand_parsers.values()], sys.argv[1:] if args is None else args
+            [parser, *self.subcommand_parsers.values()], sys.argv[1:] if args is None else args
         ):
             super().parse_arguments(parser, args)
 
@@ -172,15 +172,15 @@ class MMoECLI(LightningCLI):
         """Ends the command with ``message`` in one line on stderr and exit code 2."""
         raise SystemExit(report_error(self.config.get("subcommand") or "fit", message))
 
-    def _prepare_subcommand_kwargs(self, subcommand: str) -> dict[str, Any]:
-        return super()._prepare_subcommand_kwargs(subcommand) | {"weights_only": True}
+    def subcommand_kwargs(self, subcommand: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+        return kwargs | {"weights_only": True}
 
-    def _run_subcommand(self, subcommand: str) -> None:
+    def run_subcommand(self, subcommand: str) -> None:
         """LightningCLI's, with mmoe's errors about the input (a missing shard, a schedule without a length) and
         weights that do not fit the model reported in one line."""
         try:
-            self.run_folder_locks.hold(subcommand, self._get(self.config, "trainer"), self.trainer_defaults)
-            super()._run_subcommand(subcommand)
+            self.run_folder_locks.hold(subcommand, self.subcommand_value(self.config, "trainer"), self.trainer_defaults)
+            super().run_subcommand(subcommand)
         except (FileNotFoundError, ValueError) as error:
             cause = input_error(error)
             if cause is None:
@@ -194,7 +194,7 @@ class MMoECLI(LightningCLI):
         except NonFiniteTraining as error:
             raise SystemExit(report_divergence(subcommand, error)) from None
 
-    def _parse_ckpt_path(self) -> None:
+    def merge_checkpoint_hyperparameters(self) -> None:
         """LightningCLI's merge of the checkpoint's hyper-parameters into the config, less the arguments named on the
         command line, once the checkpoint is known to be a readable one of the config's task; ``last`` is first resolved
         to the run's latest checkpoint file (:func:`mmoe.tasks.resume.read_checkpoint`)."""
@@ -250,7 +250,7 @@ class MMoECLI(LightningCLI):
                 print(f"mmoe {self.config['subcommand']}: --ckpt_path {ckpt_path}: {key}: {choice}", file=sys.stderr)
 
     def before_instantiate_classes(self) -> None:
-        trainer = self._get(self.config, "trainer")
+        trainer = self.subcommand_value(self.config, "trainer")
         if isinstance(trainer, Namespace):
             fill_run_folder(trainer)
 
@@ -289,7 +289,7 @@ class MMoECLI(LightningCLI):
         """LightningCLI's, with checkpoints saved whole and at the last step (:func:`checkpoint_saving_arguments`), a
         resumed run's CSV logs continuing the earlier ones (``ContinueCSVLogs``), and which stops on a termination
         signal after the step in progress and saves it (:mod:`mmoe.tasks.preemption`)."""
-        trainer_config = self._get(self.config_init, "trainer", default={})
+        trainer_config = self.subcommand_value(self.config_init, "trainer", default={})
         kwargs = kwargs | checkpoint_saving_arguments({**trainer_config, **kwargs})
         trainer = super().instantiate_trainer(**kwargs)
         trainer.callbacks.append(ContinueCSVLogs())
@@ -298,7 +298,7 @@ class MMoECLI(LightningCLI):
     def given_linked_values(self) -> dict[str, Any]:
         """The values the config gives to linked data arguments (:data:`DATA_LINKS`), less those equal to the
         DataModule's defaults (which a config cannot be told apart from)."""
-        data = self._get(self.config, "data")
+        data = self.subcommand_value(self.config, "data")
         if not isinstance(data, Namespace) or not isinstance(data.get("init_args"), Namespace):
             return {}
         parameters = init_parameters(data.get("class_path"))

@@ -24,6 +24,7 @@ from jsonargparse import ArgumentError, ArgumentParser, get_loader, set_loader, 
 
 from mmoe.io import one_line, report_error
 from mmoe.tasks.config_yaml import ConfigFileError, load_yaml_config, shorten
+from mmoe.tasks.lightning_internals import config_file_being_read
 
 #: The packages a config may name classes from: mmoe's tasks, DataModules and callbacks, and Lightning's callbacks,
 #: loggers, strategies and plugins (what the shipped configs and the README name). Not all of torch: a module such as
@@ -67,12 +68,7 @@ def file_being_read(path: Any) -> str:
     without a name, and is found on jsonargparse's stack of files being read. "" for a command-line value."""
     if path:
         return os.path.abspath(path)
-    try:
-        from jsonargparse._util import config_load_stack  # not public: without it the file goes unnamed
-    except ImportError:
-        return ""
-    stack = config_load_stack.get()
-    return stack[-1][0] if stack else ""
+    return config_file_being_read()
 
 
 def config_error_line(error: BaseException) -> str:

@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from mmoe.moe import MoELayer
 from mmoe.moe.expert_parallel import EXPERT_PARALLEL_ATTRIBUTE, check_expert_parallel, expert_parallel_groups
+from mmoe.tasks.torch_internals import keep_ddp_off
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ def shard_experts(task) -> None:
         layer.shard_experts(group)
     task.expert_groups = ExpertGroups(group, replicas, world // size)
     ignored = [name for name, parameter in task.named_parameters() if is_expert_parallel(parameter)]
-    torch.nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(task, ignored)
+    keep_ddp_off(task, ignored)
 
 
 def is_expert_parallel(parameter: torch.Tensor) -> bool:

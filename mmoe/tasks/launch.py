@@ -31,10 +31,10 @@ class ParsedOnly(MMoECLI):
     def instantiate_classes(self) -> None:
         pass
 
-    def _run_subcommand(self, subcommand: str) -> None:
+    def run_subcommand(self, subcommand: str) -> None:
         pass
 
-    def _set_seed(self) -> None:
+    def set_seed(self) -> None:
         pass  # reading a config seeds nothing
 
 

@@ -33,6 +33,7 @@ from torch.distributed.tensor import DTensor
 
 from mmoe.io import report_error
 from mmoe.tasks.base import BackboneTask
+from mmoe.tasks.torch_internals import vector_norms
 
 #: Exit code of a run stopped by a non-finite loss or gradient: not 1 (a crash), 2 (bad input) or a signal's 128 + n,
 #: so a script can tell a diverged run (resume from the last checkpoint with other settings) from the others.
@@ -59,7 +60,7 @@ def gradients_finite(optimizer: torch.optim.Optimizer) -> torch.Tensor:
     if not grads:
         return torch.tensor(True)
     # The 2-norm: on CPU ten times faster than the largest entry (order infinity) and as telling.
-    norms = torch.stack([norm.float() for norm in torch._foreach_norm(grads, 2.0)])
+    norms = torch.stack([norm.float() for norm in vector_norms(grads, 2.0)])
     return torch.isfinite(norms).all()
 
 

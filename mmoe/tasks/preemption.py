@@ -28,10 +28,10 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.trainer.connectors.signal_connector import _SignalConnector
 from lightning.pytorch.trainer.states import TrainerFn
 
 from mmoe.tasks.layout import RunLayout
+from mmoe.tasks.lightning_internals import SignalConnector, replace_signal_connector
 
 #: The signals handled unless a run names others.
 DEFAULT_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1")
@@ -115,7 +115,7 @@ class Preemption(L.Callback):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self.received, self._saved_path, self._trained_steps, self._before = None, None, 0, {}
-        trainer._signal_connector = PreemptionSignalConnector(trainer, self)
+        replace_signal_connector(trainer, PreemptionSignalConnector(trainer, self))
         self.install()
 
     def on_train_batch_end(
@@ -212,7 +212,7 @@ class Preemption(L.Callback):
         return f"resume with: mmoe {shlex.join(resume_arguments(self.command, self._resume_from))}"
 
 
-class PreemptionSignalConnector(_SignalConnector):
+class PreemptionSignalConnector(SignalConnector):
     """Lightning's signal connector with :class:`Preemption`'s handlers set over its own (Lightning would otherwise
     take SIGTERM again when the run starts), and the handlers from before the run put back at its end."""
 

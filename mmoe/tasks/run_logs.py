@@ -17,12 +17,12 @@ import os
 from pathlib import Path
 
 import lightning as L
-from lightning.fabric.loggers.csv_logs import _ExperimentWriter
 from lightning.fabric.loggers.logger import rank_zero_experiment
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
 from mmoe.atomic import atomic_write
+from mmoe.tasks.lightning_internals import KeepingExperimentWriter, csv_logger_experiment
 
 #: The class path the mmoe CLI and the demo give for a run folder's CSV logs.
 CSV_LOGGER = "mmoe.tasks.run_logs.ContinuingCSVLogger"
@@ -36,16 +36,14 @@ def logged_step(row: dict[str, str]) -> int | None:
         return None
 
 
-class ContinuingExperimentWriter(ExperimentWriter):
-    """Lightning's CSV writer that appends to an existing ``metrics.csv`` instead of deleting it."""
+class ContinuingExperimentWriter(KeepingExperimentWriter):
+    """Lightning's CSV writer that appends to an existing ``metrics.csv`` instead of deleting it; ``continue_from``
+    says which of the earlier rows stay."""
 
     def __init__(self, log_dir: str) -> None:
         super().__init__(log_dir)
         header = self.read_rows()[0]
         self.metrics_keys = list(header)  # new rows are appended under the existing header (widened as needed)
-
-    def _check_log_dir_exists(self) -> None:
-        pass  # the earlier rows are kept; continue_from says which
 
     def read_rows(self) -> tuple[list[str], list[dict[str, str]]]:
         """The header and the rows of ``metrics.csv`` (nothing when there is no file)."""
@@ -101,12 +99,9 @@ class ContinuingCSVLogger(CSVLogger):
 
     @property
     @rank_zero_experiment
-    def experiment(self) -> _ExperimentWriter:
+    def experiment(self) -> ExperimentWriter:
         """The writer, created on first use on global rank 0 (a stand-in that does nothing on the other ranks)."""
-        if self._experiment is None:
-            self._fs.makedirs(self.root_dir, exist_ok=True)
-            self._experiment = ContinuingExperimentWriter(self.log_dir)
-        return self._experiment
+        return csv_logger_experiment(self, ContinuingExperimentWriter)
 
     def continue_from(self, step: int) -> None:
         """Keeps the logged rows of the steps before ``step`` and drops the others (global rank 0 writes)."""

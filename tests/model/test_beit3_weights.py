@@ -153,6 +153,8 @@ def test_a_larger_image_resizes_the_vision_positions_and_keeps_the_offset_rows()
     assert backbone.vision_positions.shape == (2 + 1 + 16, 128)
     torch.testing.assert_close(backbone.vision_positions[:3], table[:3])
     assert backbone(image=torch.randn(1, 3, 64, 64)).hidden.shape == (1, 17, 128)
+    with pytest.raises(ValueError, match=r"^MultiwayConfig\.position_offset=0 differs from the checkpoint's 2$"):
+        from_beit3(state, image_size=64, position_offset=0)  # the offset rows cannot be resized
 
 
 def test_other_files_and_shapes_are_one_line_errors(tmp_path):

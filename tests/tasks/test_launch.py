@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import copy
 import json
+import sysconfig
+import warnings
+from pathlib import Path
 
 import lightning as L
 import pytest
@@ -78,6 +81,26 @@ def test_run_lightning_trains_with_the_options_and_the_callback_objects(tmp_path
     assert layout.last_checkpoint.is_file()
     # The shard arguments were read under data_root.
     assert cli.datamodule.shards["train"] == str(shards / "nlvr2-train")
+
+
+def python_default_warning_filters() -> None:
+    """The warning filters of a plain ``python`` process (``sys.warnoptions`` empty): what a run prints."""
+    warnings.resetwarnings()
+    warnings.simplefilter("default")
+    for hidden in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+        warnings.simplefilter("ignore", hidden)
+
+
+def test_a_run_prints_no_library_warning(tmp_path):
+    config = nlvr2_config(small_shards(tmp_path), tmp_path / "run") | {"seed_everything": 0}
+    path = tmp_path / "nlvr2.yaml"
+    path.write_text(yaml.safe_dump(config))
+    with warnings.catch_warnings(record=True) as shown:
+        python_default_warning_filters()
+        run_lightning("fit", [path], {"trainer": {"max_steps": 1}})
+    libraries = Path(sysconfig.get_paths()["purelib"])
+    printed = [f"{w.filename}:{w.lineno}: {w.message}" for w in shown if Path(w.filename).is_relative_to(libraries)]
+    assert printed == []
 
 
 def test_the_run_folder_is_stated_once_and_the_loggers_and_callbacks_write_there(tmp_path):

@@ -1,0 +1,135 @@
+"""The private parts of Lightning and of its config parser, jsonargparse, that mmoe relies on, each behind a public
+name here.
+
+Neither library promises anything about its ``_``-prefixed names: an upgrade may rename or reshape any of them. mmoe
+reaches them only here, and ``tests/tasks/test_lightning_internals.py`` checks each against the installed versions
+(present, callable with the arguments given here, still called by Lightning where mmoe overrides it), so an upgrade
+that changes one fails that test, naming the API and the version.
+
+* :class:`HookedLightningCLI`: LightningCLI's private steps (the subcommand parsers, the merge of a checkpoint's
+  hyper-parameters, the seed, the run of a subcommand and its arguments) as methods with public names.
+* :data:`SignalConnector`, :func:`replace_signal_connector`: the trainer's handler of termination signals.
+* :class:`KeepingExperimentWriter`, :func:`csv_logger_experiment`: a ``CSVLogger`` whose writer keeps
+  ``metrics.csv``.
+* :func:`save_last_checkpoint`: a ``ModelCheckpoint``'s last checkpoint saved now.
+* :func:`config_file_being_read`: the config file jsonargparse is reading.
+* :func:`ignore_leaf_spec_deprecation`: Lightning's own use of a deprecated torch class, kept off the console.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import lightning as L
+from jsonargparse import Namespace
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+from lightning.pytorch.trainer.connectors.signal_connector import _SignalConnector
+
+#: Lightning's handler of SIGTERM (and SIGUSR1 for SLURM) during a run: installs its handlers when the run starts and
+#: puts the earlier ones back at its end (``register_signal_handlers``, ``teardown``); one per trainer.
+SignalConnector = _SignalConnector
+
+
+class HookedLightningCLI(LightningCLI):
+    """LightningCLI with its private steps turned into public methods a subclass overrides; each does what
+    LightningCLI does unless overridden."""
+
+    def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs: Any) -> LightningArgumentParser:
+        parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
+        self.add_subcommand_arguments(parser, subcommand)
+        return parser
+
+    def add_subcommand_arguments(self, parser: LightningArgumentParser, subcommand: str) -> None:
+        """Adds arguments of ``subcommand`` alone to its ``parser`` (none here)."""
+
+    @property
+    def subcommand_parsers(self) -> dict[str, LightningArgumentParser]:
+        """The parser of each subcommand, by name."""
+        return self._subcommand_parsers
+
+    def _parse_ckpt_path(self) -> None:
+        self.merge_checkpoint_hyperparameters()
+
+    def merge_checkpoint_hyperparameters(self) -> None:
+        """Sets the model's arguments to the hyper-parameters saved in ``--ckpt_path``'s checkpoint, over the config
+        (run once the arguments are parsed)."""
+        super()._parse_ckpt_path()
+
+    def _set_seed(self) -> None:
+        self.set_seed()
+
+    def set_seed(self) -> None:
+        """Seeds every generator from ``seed_everything`` (and records the seed drawn for ``true``)."""
+        super()._set_seed()
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        self.run_subcommand(subcommand)
+
+    def run_subcommand(self, subcommand: str) -> None:
+        """Runs ``subcommand`` on the trainer, with its ``before_`` and ``after_`` methods."""
+        super()._run_subcommand(subcommand)
+
+    def _prepare_subcommand_kwargs(self, subcommand: str) -> dict[str, Any]:
+        return self.subcommand_kwargs(subcommand, super()._prepare_subcommand_kwargs(subcommand))
+
+    def subcommand_kwargs(self, subcommand: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The keyword arguments of the trainer's ``subcommand`` method, given LightningCLI's ``kwargs``."""
+        return kwargs
+
+    def subcommand_value(self, config: Namespace, key: str, default: Any = None) -> Any:
+        """``key`` of ``config``, looked up in the running subcommand's section when it has one."""
+        return self._get(config, key, default)
+
+
+def replace_signal_connector(trainer: L.Trainer, connector: SignalConnector) -> None:
+    """Makes ``connector`` the one ``trainer`` installs at the start of a run and tears down at its end."""
+    trainer._signal_connector = connector
+
+
+class KeepingExperimentWriter(ExperimentWriter):
+    """Lightning's CSV writer, less its check at creation that deletes a ``metrics.csv`` already in the folder."""
+
+    def _check_log_dir_exists(self) -> None:
+        pass
+
+
+def csv_logger_experiment(logger: CSVLogger, writer: Callable[[str], ExperimentWriter]) -> ExperimentWriter:
+    """``logger``'s writer (``CSVLogger.experiment``), made by ``writer(log_dir)`` on first use."""
+    if logger._experiment is None:
+        logger._fs.makedirs(logger.root_dir, exist_ok=True)
+        logger._experiment = writer(logger.log_dir)
+    return logger._experiment
+
+
+def save_last_checkpoint(callback: ModelCheckpoint, trainer: L.Trainer) -> None:
+    """Saves ``callback``'s last checkpoint now unless it saved one at this step, with its own naming, its record of
+    the last file and its loggers' notifications (``ModelCheckpoint`` has no public way to)."""
+    if callback._last_global_step_saved < trainer.global_step:
+        callback._save_last_checkpoint(trainer, callback._monitor_candidates(trainer))
+
+
+def config_file_being_read() -> str:
+    """The path of the config file jsonargparse is reading now, the innermost when one names another; "" outside
+    one, or with a jsonargparse that keeps no record of it."""
+    try:
+        from jsonargparse._util import config_load_stack
+    except ImportError:
+        return ""
+    stack = config_load_stack.get()
+    return stack[-1][0] if stack else ""
+
+
+def ignore_leaf_spec_deprecation() -> None:
+    """Keeps torch's deprecation of ``LeafSpec`` off the console: Lightning builds one for each dataloader of every
+    run (``lightning.pytorch.utilities._pytree``), which nothing in mmoe calls or can avoid."""
+    warnings.filterwarnings(
+        "ignore",
+        message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+        category=FutureWarning,
+        module=r"lightning\.pytorch\.utilities\._pytree",
+    )
