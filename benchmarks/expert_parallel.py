@@ -54,7 +54,7 @@ def worker(rank: int, init_file: str, args: argparse.Namespace) -> None:
     torch.set_num_threads(1)  # the two ranks share the machine's cores
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
     torch.manual_seed(0)
-    config = MoEConfig(args.dim, args.hidden, args.experts, top_k=args.top_k)
+    config = MoEConfig(args.dim, args.hidden, num_experts=args.experts, top_k=args.top_k)
     single, parallel = MoELayer(config), MoELayer(config)
     parallel.load_state_dict(single.state_dict())
     parallel.shard_experts(expert_parallel_groups(WORLD))

@@ -121,8 +121,8 @@ def make_case(
 ) -> Case:
     """``routing``: further :class:`MoEConfig` fields (``shared_experts``, ``bias_update_rate``, ``routing``)."""
     torch.manual_seed(0)
-    config = MoEConfig(dim, hidden, experts, top_k=top_k, heads=heads, capacity_factor=capacity_factor, strata=strata,
-                       expert_kernels=expert_kernels, **routing)  # fmt: skip
+    config = MoEConfig(dim, hidden, num_experts=experts, top_k=top_k, heads=heads, capacity_factor=capacity_factor,
+                       strata=strata, expert_kernels=expert_kernels, **routing)  # fmt: skip
     active_hidden = round((routed_experts(config) + config.shared_experts) * config.expert_dim)
     moe = build_moe_layer(config).to(device, dtype)
     x = torch.randn(1, tokens, dim, device=device, dtype=dtype, requires_grad=backward)
@@ -130,7 +130,7 @@ def make_case(
     if strata is not None:
         versus_experts = experts  # a plain top-2 MoE over the same experts
     if versus_experts is not None:
-        other = MoELayer(MoEConfig(dim, hidden, versus_experts, top_k=top_k)).to(device, dtype)
+        other = MoELayer(MoEConfig(dim, hidden, num_experts=versus_experts, top_k=top_k)).to(device, dtype)
         baseline, baseline_is_moe = other, True
     else:
         baseline, baseline_is_moe = DenseFFN(dim, active_hidden, projections=heads > 1).to(device, dtype), False
@@ -240,7 +240,8 @@ def check_no_sync(expert_kernels: str) -> dict:
     """Forward+backward under ``set_sync_debug_mode("error")`` with ``MoEConfig.expert_kernels``: any host-device
     sync raises. The fused kernels' check fails where they do not run (it would check the reference path)."""
     name = "cuda_no_host_sync" if expert_kernels == "torch" else f"cuda_no_host_sync_{expert_kernels}"
-    layer = MoELayer(MoEConfig(768, 3072, 8, top_k=2, expert_kernels=expert_kernels)).to("cuda", torch.bfloat16)
+    config = MoEConfig(768, 3072, num_experts=8, top_k=2, expert_kernels=expert_kernels)
+    layer = MoELayer(config).to("cuda", torch.bfloat16)
     x = torch.randn(4, 1024, 768, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     if expert_kernels == "triton" and not layer.use_fused_kernels(x):
         return {"case": name, "ok": False, "error": "the fused kernels do not run here"}

@@ -11,54 +11,35 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
-from mmoe.moe import MoEConfig
+from mmoe.moe import MoEConfig, RoutingChoices
 from mmoe.vocabulary import VOCAB_SIZE
 
-#: MoEConfig fields the backbone sets itself from its own shape.
-_BACKBONE_OWNED = ("dim", "ffn_dim", "subln")
 
+@dataclass(frozen=True, kw_only=True)
+class MoEPlan(RoutingChoices):
+    """Which FFNs of the backbone are MoE layers, and the routing choices they share.
 
-@dataclass
-class MoEPlan:
-    """Which FFNs of the backbone are MoE layers, and the MoE settings they share.
-
-    The routing fields mirror :class:`mmoe.moe.MoEConfig` (see there); ``dim``, ``ffn_dim`` and ``subln`` come from
-    the backbone.
+    The routing fields are :class:`mmoe.moe.RoutingChoices`' (see there); each layer's ``dim``, ``ffn_dim`` and
+    ``subln`` come from the backbone (:meth:`layer_config`).
 
     Args:
+        expert_parallel: W > 1 holds num_experts / W experts of every MoE layer on each rank of an expert-parallel
+            group of W ranks in a distributed run (:mod:`mmoe.tasks.expert_parallel`); 1 = every rank holds every
+            expert. Refused with ``strata``: Stratified MoE layers are not expert-sharded.
         every: layer i (0-based) is a MoE layer iff ``(i + 1) % every == 0`` (torchscale's ``moe_freq`` rule);
             2 = every other layer.
         layers: explicit 0-based MoE layer indices; overrides ``every`` when given.
         mode: ``"per_modality"`` turns the vision FFN and the language FFN each into its own MoE; ``"shared"`` routes
             all tokens of both modalities through one MoE.
-        expert_parallel: W > 1 holds num_experts / W experts of every MoE layer on each rank of an expert-parallel
-            group of W ranks in a distributed run (:mod:`mmoe.tasks.expert_parallel`); 1 = every rank holds every
-            expert. Refused with ``strata``: Stratified MoE layers are not expert-sharded.
     """
 
-    num_experts: int = 8
-    top_k: int = 1
-    renormalize: bool = True
-    router: Literal["linear", "xmoe"] = "xmoe"
-    gate: Literal["softmax", "sigmoid"] = "softmax"
-    heads: int = 1
-    strata: list[int] | None = None
-    capacity_factor: float | None = None
-    eval_capacity_factor: float | None = None
-    frozen: bool = False
-    routing_dim: int | None = None
-    beta: float = 1.0
-    shared_experts: int = 0
-    bias_update_rate: float = 0.0
-    balance_batch: Literal["local", "global"] = "local"
-    routing: Literal["token_choice", "expert_choice"] = "token_choice"
-    expert_kernels: Literal["torch", "triton"] = "torch"
     expert_parallel: int = 1
     every: int = 2
     layers: list[int] | None = None
     mode: Literal["per_modality", "shared"] = "per_modality"
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.every <= 0:
             raise ValueError(f"MoEPlan.every must be a positive integer, got {self.every!r}")
         if not isinstance(self.expert_parallel, int) or self.expert_parallel < 1:
@@ -83,12 +64,9 @@ class MoEPlan:
         return (index + 1) % self.every == 0
 
     def layer_config(self, dim: int, ffn_dim: int, subln: bool) -> MoEConfig:
-        """The :class:`MoEConfig` of one MoE layer of a backbone of width ``dim`` and FFN width ``ffn_dim``."""
-        routing = {
-            f.name: getattr(self, f.name)
-            for f in dataclasses.fields(MoEConfig)
-            if f.init and f.name not in _BACKBONE_OWNED
-        }
+        """The :class:`MoEConfig` of one MoE layer of a backbone of width ``dim`` and FFN width ``ffn_dim``: this
+        plan's routing choices, whatever fields :class:`RoutingChoices` has."""
+        routing = {f.name: getattr(self, f.name) for f in dataclasses.fields(RoutingChoices)}
         return MoEConfig(dim=dim, ffn_dim=ffn_dim, subln=subln, **routing)
 
 
@@ -169,7 +147,7 @@ class MultiwayConfig:
             if bad:
                 raise ValueError(f"MoEPlan.layers={self.moe.layers} has indices outside [0, {self.depth}): {bad}")
         if self.moe is not None:
-            self.moe.layer_config(self.dim, self.ffn_dim, self.subln)  # validate the MoE settings now
+            self.moe.require_divisible_width(self.dim, "MultiwayConfig")  # the one MoE fact that needs the width
         self.num_patches = (self.image_size // self.patch_size) ** 2
 
     @classmethod
@@ -213,7 +191,10 @@ def config_to_dict(config: MultiwayConfig) -> dict:
 
 def config_from_dict(fields: dict) -> MultiwayConfig:
     """The backbone config of a checkpoint, as one process runs it: a checkpoint holds every expert whatever the
-    expert-parallel size it was trained with, so ``expert_parallel`` is not carried over (a run sets its own).
+    expert-parallel size it was trained with, so ``expert_parallel`` is not carried over and reading the backbone
+    (a fine-tuning's ``pretrained`` file, ``load_from_checkpoint``, ``mmoe export`` / ``info`` / ``infer``) needs no
+    expert-parallel group. A run sets its own: ``mmoe fit --ckpt_path`` parses the saved hyper-parameters with the
+    CLI's parser, not here, and keeps the saved size unless the command line names one.
 
     Raises:
         TypeError: a field this :class:`MultiwayConfig` or :class:`MoEPlan` does not have.

@@ -11,7 +11,7 @@ Both layers are :class:`MoEFeedForward` ("any MoE layer"); only a :class:`MoELay
 """
 
 from mmoe.moe.base import MoEFeedForward, RoutingRecord
-from mmoe.moe.config import MoEConfig
+from mmoe.moe.config import MoEConfig, RoutingChoices
 from mmoe.moe.experts import GroupedExperts
 from mmoe.moe.factory import build_moe_layer
 from mmoe.moe.layer import MoELayer, restore_expert_embedding_norm
@@ -24,6 +24,7 @@ __all__ = [
     "MoEFeedForward",
     "MoELayer",
     "Router",
+    "RoutingChoices",
     "RoutingRecord",
     "StratifiedMoELayer",
     "build_moe_layer",

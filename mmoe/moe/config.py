@@ -12,11 +12,14 @@ Every MoE variant mmoe implements is a value of this one dataclass:
 * Auxiliary-loss-free balancing (Wang et al., 2024, §3, Algorithm 1): ``bias_update_rate > 0``.
 * Global-batch balance loss (Qiu et al., 2025): ``balance_batch="global"``.
 * Expert-choice routing (Zhou et al., 2022, §3.2): ``routing="expert_choice"``.
+
+The routing choices, with their defaults and their checks, are :class:`RoutingChoices`; :class:`MoEConfig` adds one
+layer's widths to them, and a backbone's plan of MoE layers adds where the layers go.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Literal
 
 ROUTERS = ("linear", "xmoe")
@@ -36,13 +39,17 @@ EXPERT_EMBEDDING_NORM = 0.1
 DEFAULT_ROUTING_DIM = 16
 
 
-@dataclass
-class MoEConfig:
-    """One MoE layer replacing an FFN ``dim -> ffn_dim -> dim``.
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RoutingChoices:
+    """How MoE layers route, whatever their width: each choice, its default and its check, stated once.
+
+    Errors name the field as ``<class>.<field>`` of the config that holds it.
 
     Args:
-        dim: token width D.
-        ffn_dim: inner width of the dense FFN this layer replaces; each expert's inner width is ``ffn_dim * beta``.
         num_experts: number of experts N (for Stratified MoE, the sum over strata).
         top_k: experts per (sub-)token, any k <= num_experts (k > 2 as in fine-grained MoE: DeepSeekMoE, Dai et al.,
             2024, §3.1, Eq. 9-11, routes m*K of m*N segmented experts).
@@ -62,7 +69,8 @@ class MoEConfig:
         frozen: X-MoE §3.3 frozen routing for fine-tuning: router and experts get no gradient, the balance loss is
             still returned (and still trains the layers below through the token representations).
         routing_dim: X-MoE routing dimension d_e. None = 16 for one head (X-MoE §4.1, its N = 32 setting; the
-            paper's rule of thumb is d_e = N/2) and ``16 // heads`` with heads (MH-MoE Table 9).
+            paper's rule of thumb is d_e = N/2) and ``16 // heads`` with heads (MH-MoE Table 9), resolved by
+            :class:`MoEConfig`.
         beta: expert width as a fraction of ``ffn_dim`` (MH-MoE's expert width multiplier, App. D). 1.0 keeps the
             FLOPs per token of a plain MoE, as the public MH-MoE code does (App. D.1); beta ~ h matches the parameter
             count of a plain MoE instead (Table 11). DeepSeekMoE's fine-grained expert segmentation (Dai et al.,
@@ -79,12 +87,6 @@ class MoEConfig:
             ``b_i += u * sign(mean load - load_i)`` with u this rate (the paper's u = 0.001), the loads counted over
             the step's (sub-)token choices on every data-parallel rank. 0 = off. The balance-loss weight can then
             be 0. Not defined for Stratified MoE gates (refused).
-        routing: ``"token_choice"``: each (sub-)token picks its top-k experts. ``"expert_choice"`` (Zhou et al., 2022,
-            §3.2, :mod:`mmoe.moe.expert_choice`): each expert picks its top-C (sub-)tokens of the batch by gate value,
-            C from ``capacity_factor``; a token may be taken by no expert (``RoutingRecord.unrouted_fraction``) or by
-            several. Balanced by construction: its balance loss is 0. top_k must stay 1 (unused); refused with
-            strata, ``bias_update_rate`` and ``balance_batch: global`` (nothing to balance) and without a
-            capacity factor. The expert FFNs run on the reference path (``expert_kernels`` applies to token choice).
         balance_batch: the batch the balance loss's expert frequencies f_i are counted over. ``"local"``: this
             process's (sub-)tokens. ``"global"``: every data-parallel rank's (Qiu et al., 2025, "Demons in the
             Detail", §3: f_i all-reduced before the Switch product N * sum_i f_i * P_i): in training, with a process
@@ -92,8 +94,12 @@ class MoEConfig:
             so that the ranks' mean (what data-parallel gradient averaging trains) equals one process's loss on the
             global batch. Every rank must then run the same MoE layers in the same order (an all-reduce per
             router). Not defined for Stratified MoE, whose later gates see a data-dependent subset (refused).
-        subln: apply a LayerNorm to each expert's hidden activation before its second linear (BEiT-3's Sub-LN FFN),
-            so that a one-expert layer equals the backbone's dense FFN.
+        routing: ``"token_choice"``: each (sub-)token picks its top-k experts. ``"expert_choice"`` (Zhou et al., 2022,
+            §3.2, :mod:`mmoe.moe.expert_choice`): each expert picks its top-C (sub-)tokens of the batch by gate value,
+            C from ``capacity_factor``; a token may be taken by no expert (``RoutingRecord.unrouted_fraction``) or by
+            several. Balanced by construction: its balance loss is 0. top_k must stay 1 (unused); refused with
+            strata, ``bias_update_rate`` and ``balance_batch: global`` (nothing to balance) and without a
+            capacity factor. The expert FFNs run on the reference path (``expert_kernels`` applies to token choice).
         expert_kernels: ``"torch"`` (default): the reference path, gather rows, grouped GEMMs, gather back.
             ``"triton"``: the first expert linear gathers its rows (bias and GELU in its epilogue) and the second
             scatters its outputs inside the GEMM (:mod:`mmoe.moe.triton_experts`, Hopper wgmma tiles); used on CUDA
@@ -102,9 +108,7 @@ class MoEConfig:
             tolerance (tested); its speed on a GPU is not yet measured.
     """
 
-    dim: int
-    ffn_dim: int
-    num_experts: int
+    num_experts: int = 8
     top_k: int = 1
     renormalize: bool = True
     router: Literal["linear", "xmoe"] = "xmoe"
@@ -116,88 +120,82 @@ class MoEConfig:
     frozen: bool = False
     routing_dim: int | None = None
     beta: float = 1.0
-    subln: bool = False
     shared_experts: int = 0
     bias_update_rate: float = 0.0
     balance_batch: Literal["local", "global"] = "local"
     routing: Literal["token_choice", "expert_choice"] = "token_choice"
     expert_kernels: Literal["torch", "triton"] = "torch"
-    # Derived in __post_init__.
-    head_dim: int = field(init=False, repr=False)
-    expert_dim: int = field(init=False, repr=False)
-    initial_temperature: float = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        for name in ("dim", "ffn_dim", "num_experts", "heads"):
+        owner = type(self).__name__
+        for name in ("num_experts", "heads", "top_k"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"MoEConfig.{name} must be a positive integer, got {value!r}")
-        if self.dim % self.heads:
-            raise ValueError(f"MoEConfig.dim={self.dim} is not divisible by MoEConfig.heads={self.heads}")
-        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k <= 0:
-            raise ValueError(f"MoEConfig.top_k must be a positive integer, got {self.top_k!r}")
+            if not _is_int(value) or value <= 0:
+                raise ValueError(f"{owner}.{name} must be a positive integer, got {value!r}")
         if self.top_k > self.num_experts:
-            raise ValueError(f"MoEConfig.top_k={self.top_k} exceeds MoEConfig.num_experts={self.num_experts}")
-        if not isinstance(self.shared_experts, int) or isinstance(self.shared_experts, bool) or self.shared_experts < 0:
-            raise ValueError(f"MoEConfig.shared_experts must be a non-negative integer, got {self.shared_experts!r}")
+            raise ValueError(f"{owner}.top_k={self.top_k} exceeds {owner}.num_experts={self.num_experts}")
+        if not _is_int(self.shared_experts) or self.shared_experts < 0:
+            raise ValueError(f"{owner}.shared_experts must be a non-negative integer, got {self.shared_experts!r}")
         if self.router not in ROUTERS:
-            raise ValueError(f"MoEConfig.router must be one of {ROUTERS}, got {self.router!r}")
+            raise ValueError(f"{owner}.router must be one of {ROUTERS}, got {self.router!r}")
         if self.gate not in GATES:
-            raise ValueError(f"MoEConfig.gate must be one of {GATES}, got {self.gate!r}")
+            raise ValueError(f"{owner}.gate must be one of {GATES}, got {self.gate!r}")
         for name in ("capacity_factor", "eval_capacity_factor"):
             value = getattr(self, name)
             if value is not None and not value > 0:
-                raise ValueError(f"MoEConfig.{name} must be positive or None, got {value!r}")
+                raise ValueError(f"{owner}.{name} must be positive or None, got {value!r}")
         if not self.bias_update_rate >= 0:
-            raise ValueError(f"MoEConfig.bias_update_rate must be >= 0, got {self.bias_update_rate!r}")
+            raise ValueError(f"{owner}.bias_update_rate must be >= 0, got {self.bias_update_rate!r}")
         if self.balance_batch not in BALANCE_BATCHES:
-            raise ValueError(f"MoEConfig.balance_batch must be one of {BALANCE_BATCHES}, got {self.balance_batch!r}")
+            raise ValueError(f"{owner}.balance_batch must be one of {BALANCE_BATCHES}, got {self.balance_batch!r}")
         if self.routing not in ROUTINGS:
-            raise ValueError(f"MoEConfig.routing must be one of {ROUTINGS}, got {self.routing!r}")
+            raise ValueError(f"{owner}.routing must be one of {ROUTINGS}, got {self.routing!r}")
         if self.routing == "expert_choice":
             self._validate_expert_choice()
         if self.expert_kernels not in EXPERT_KERNELS:
-            raise ValueError(f"MoEConfig.expert_kernels must be one of {EXPERT_KERNELS}, got {self.expert_kernels!r}")
+            raise ValueError(f"{owner}.expert_kernels must be one of {EXPERT_KERNELS}, got {self.expert_kernels!r}")
         if not self.beta > 0:
-            raise ValueError(f"MoEConfig.beta must be positive, got {self.beta!r}")
-        if self.routing_dim is None:
-            self.routing_dim = max(1, DEFAULT_ROUTING_DIM // self.heads)
-        elif not isinstance(self.routing_dim, int) or self.routing_dim <= 0:
-            raise ValueError(f"MoEConfig.routing_dim must be a positive integer or None, got {self.routing_dim!r}")
+            raise ValueError(f"{owner}.beta must be positive, got {self.beta!r}")
+        if self.routing_dim is not None and (not isinstance(self.routing_dim, int) or self.routing_dim <= 0):
+            raise ValueError(f"{owner}.routing_dim must be a positive integer or None, got {self.routing_dim!r}")
         if self.strata is not None:
             self._validate_strata()
-        self.head_dim = self.dim // self.heads
-        self.expert_dim = max(1, round(self.ffn_dim * self.beta))
-        self.initial_temperature = INITIAL_TEMPERATURE[self.gate]
+
+    def require_divisible_width(self, dim: int, owner: str) -> None:
+        """Refuse a token width ``dim`` (a field of ``owner``) that MH-MoE's split into ``heads`` sub-tokens of
+        width D/h (MH-MoE Eq. 4) does not divide."""
+        if dim % self.heads:
+            raise ValueError(f"{owner}.dim={dim} is not divisible by {type(self).__name__}.heads={self.heads}")
 
     def _validate_strata(self) -> None:
+        owner = type(self).__name__
         strata = list(self.strata)
-        if not strata or any(not isinstance(n, int) or isinstance(n, bool) or n <= 0 for n in strata):
-            raise ValueError(f"MoEConfig.strata must be a non-empty list of positive integers, got {self.strata!r}")
+        if not strata or any(not _is_int(n) or n <= 0 for n in strata):
+            raise ValueError(f"{owner}.strata must be a non-empty list of positive integers, got {self.strata!r}")
         if sum(strata) != self.num_experts:
             raise ValueError(
-                f"MoEConfig.strata={strata} sums to {sum(strata)}, but MoEConfig.num_experts={self.num_experts}"
+                f"{owner}.strata={strata} sums to {sum(strata)}, but {owner}.num_experts={self.num_experts}"
             )
         if self.top_k != 2:
-            raise ValueError(f"MoEConfig.top_k must be 2 with strata (Stratified MoE routes top-2), got {self.top_k}")
+            raise ValueError(f"{owner}.top_k must be 2 with strata (Stratified MoE routes top-2), got {self.top_k}")
         if self.heads != 1:
-            raise ValueError(f"MoEConfig.heads must be 1 with strata, got {self.heads}")
+            raise ValueError(f"{owner}.heads must be 1 with strata, got {self.heads}")
         if self.shared_experts:
             raise ValueError(
-                f"MoEConfig.shared_experts={self.shared_experts} with strata: Stratified MoE has no always-on expert "
+                f"{owner}.shared_experts={self.shared_experts} with strata: Stratified MoE has no always-on expert "
                 "(every gate pass routes); set shared_experts: 0"
             )
         if self.bias_update_rate:
             raise ValueError(
-                f"MoEConfig.bias_update_rate={self.bias_update_rate} with strata: loss-free balancing is not defined "
+                f"{owner}.bias_update_rate={self.bias_update_rate} with strata: loss-free balancing is not defined "
                 "for Stratified MoE gates (each sees a different share of the tokens); set bias_update_rate: 0"
             )
         if self.balance_batch != "local":
             raise ValueError(
-                f"MoEConfig.balance_batch={self.balance_batch!r} with strata: a global batch is not defined for "
+                f"{owner}.balance_batch={self.balance_batch!r} with strata: a global batch is not defined for "
                 "Stratified MoE gates (each sees a data-dependent share of the tokens); set balance_batch: local"
             )
-        self.strata = strata
+        object.__setattr__(self, "strata", strata)  # frozen: the one normalisation, a tuple given becomes a list
 
     def _validate_expert_choice(self) -> None:
         refused = {
@@ -209,7 +207,49 @@ class MoEConfig:
         }
         for name, (bad, why) in refused.items():
             if bad:
-                raise ValueError(f"MoEConfig.{name}={getattr(self, name)!r} with routing='expert_choice': {why}")
+                raise ValueError(
+                    f"{type(self).__name__}.{name}={getattr(self, name)!r} with routing='expert_choice': {why}"
+                )
+
+
+@dataclass(frozen=True)
+class MoEConfig(RoutingChoices):
+    """One MoE layer replacing an FFN ``dim -> ffn_dim -> dim``, routed as its :class:`RoutingChoices` say.
+
+    ``MoEConfig(dim=768, ffn_dim=3072, num_experts=8, top_k=2)``; every field but ``dim`` and ``ffn_dim`` is
+    keyword-only.
+
+    Args:
+        dim: token width D.
+        ffn_dim: inner width of the dense FFN this layer replaces; each expert's inner width is ``ffn_dim * beta``.
+        subln: apply a LayerNorm to each expert's hidden activation before its second linear (BEiT-3's Sub-LN FFN),
+            so that a one-expert layer equals the backbone's dense FFN.
+    """
+
+    dim: int
+    ffn_dim: int
+    _: KW_ONLY
+    subln: bool = False
+    # Derived in __post_init__.
+    head_dim: int = field(init=False, repr=False)
+    expert_dim: int = field(init=False, repr=False)
+    initial_temperature: float = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for name in ("dim", "ffn_dim"):
+            value = getattr(self, name)
+            if not _is_int(value) or value <= 0:
+                raise ValueError(f"MoEConfig.{name} must be a positive integer, got {value!r}")
+        super().__post_init__()
+        self.require_divisible_width(self.dim, "MoEConfig")
+        derived = {
+            "routing_dim": self.routing_dim or max(1, DEFAULT_ROUTING_DIM // self.heads),
+            "head_dim": self.dim // self.heads,
+            "expert_dim": max(1, round(self.ffn_dim * self.beta)),
+            "initial_temperature": INITIAL_TEMPERATURE[self.gate],
+        }
+        for name, value in derived.items():
+            object.__setattr__(self, name, value)  # frozen: derived once, here
 
     def active_capacity_factor(self, training: bool) -> float | None:
         """The capacity factor in force: ``capacity_factor`` in training, else ``eval_capacity_factor`` if set."""

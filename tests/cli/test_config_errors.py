@@ -47,13 +47,13 @@ def shards(tmp_path_factory) -> Path:
 XMOE = ("pretrain/tiny.yaml", "pretrain/tiny/xmoe.yaml")
 INVALID = {
     "num_heads": (XMOE, "backbone.num_heads", "5", "MultiwayConfig.dim=192 is not divisible by num_heads=5"),
-    "top_k": (XMOE, "backbone.moe.top_k", "9", "MoEConfig.top_k=9 exceeds MoEConfig.num_experts=8"),
+    "top_k": (XMOE, "backbone.moe.top_k", "9", "MoEPlan.top_k=9 exceeds MoEPlan.num_experts=8"),
     "strata": (("pretrain/tiny.yaml", "pretrain/tiny/stratified.yaml"), "backbone.moe.strata", "[4, 2]",
-               "MoEConfig.strata=[4, 2] sums to 6"),
+               "MoEPlan.strata=[4, 2] sums to 6"),
     "image_size": (("finetune/vqav2_tiny.yaml",), "backbone.image_size", "70", "MultiwayConfig.image_size=70 is not "
                    "divisible by patch_size=16"),
     "mh-moe heads": (("pretrain/tiny.yaml", "pretrain/tiny/mhmoe.yaml"), "backbone.moe.heads", "5",
-                     "MoEConfig.dim=192 is not divisible by MoEConfig.heads=5"),
+                     "MultiwayConfig.dim=192 is not divisible by MoEPlan.heads=5"),
 }  # fmt: skip
 
 

@@ -27,7 +27,7 @@ class _LargestTensor(TorchDispatchMode):
 @pytest.mark.parametrize("capacity", [None, 1.0])
 def test_no_tokens_by_experts_by_capacity_tensor(capacity):
     tokens, experts, top_k, dim, hidden = 512, 8, 2, 16, 32
-    layer = MoELayer(MoEConfig(dim, hidden, experts, top_k=top_k, capacity_factor=capacity))
+    layer = MoELayer(MoEConfig(dim, hidden, num_experts=experts, top_k=top_k, capacity_factor=capacity))
     x = torch.randn(1, tokens, dim, requires_grad=True)
     with _LargestTensor() as probe:
         y, routing = layer(x)

@@ -210,13 +210,14 @@ def test_xmoe_defaults_follow_the_papers():
     scorer = layer.router.scorer
     assert scorer.projection.weight.shape == (16, 64) and scorer.projection.bias is None
     assert scorer.temperature.item() == pytest.approx(0.3)
-    assert MoELayer(MoEConfig(64, 128, 8, gate="sigmoid")).router.scorer.temperature.item() == pytest.approx(0.07)
-    multi = MoELayer(MoEConfig(64, 128, 8, heads=4))
+    sigmoid = MoELayer(MoEConfig(64, 128, num_experts=8, gate="sigmoid"))
+    assert sigmoid.router.scorer.temperature.item() == pytest.approx(0.07)
+    multi = MoELayer(MoEConfig(64, 128, num_experts=8, heads=4))
     assert multi.router.scorer.projection.weight.shape == (4, 16)  # d_e = 16 / h on D/h sub-tokens
     assert multi.experts.fc1_weight.shape == (8, 16, 128)  # beta = 1: hidden ffn_dim on D/h
-    assert MoELayer(MoEConfig(64, 128, 8, heads=4, beta=4.0)).experts.fc1_weight.shape == (8, 16, 512)
+    assert MoELayer(MoEConfig(64, 128, num_experts=8, heads=4, beta=4.0)).experts.fc1_weight.shape == (8, 16, 512)
     assert torch.all(multi.merge.bias == 0)
-    single = MoELayer(MoEConfig(64, 128, 8, heads=1))
+    single = MoELayer(MoEConfig(64, 128, num_experts=8, heads=1))
     assert single.multi_head is None and single.merge is None
 
 
@@ -251,7 +252,7 @@ def test_bad_config_names_field_and_value(fields, message):
 
 
 def test_bf16_autocast_on_cpu():
-    layer = MoELayer(MoEConfig(32, 64, 4, top_k=2, heads=2))
+    layer = MoELayer(MoEConfig(32, 64, num_experts=4, top_k=2, heads=2))
     x = torch.randn(2, 6, 32, requires_grad=True)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         y, routing = layer(x)
@@ -266,7 +267,7 @@ def test_bf16_autocast_on_cpu():
 @pytest.mark.parametrize("heads,top_k,capacity", [(1, 1, None), (1, 2, 1.0), (4, 2, None)])
 def test_cuda_bf16_matches_fp32_cpu(heads, top_k, capacity):
     torch.manual_seed(0)
-    layer = MoELayer(MoEConfig(64, 128, 8, top_k=top_k, heads=heads, capacity_factor=capacity))
+    layer = MoELayer(MoEConfig(64, 128, num_experts=8, top_k=top_k, heads=heads, capacity_factor=capacity))
     x = torch.randn(4, 33, 64)
     padding = torch.zeros(4, 33, dtype=torch.bool)
     padding[2, 20:] = True
