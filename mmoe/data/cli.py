@@ -27,6 +27,7 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from mmoe.atomic import write_text_atomic
 from mmoe.data.answers import ANSWERS_FILE
@@ -196,14 +197,32 @@ def _convert(args: argparse.Namespace):
 
 
 def _synth(args: argparse.Namespace) -> dict:
-    from mmoe.data.synth.convert import convert_layout
-    from mmoe.data.synth.corpus import SIZES, build_corpus
+    from mmoe.data.synth.corpus import SIZES
 
     overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(SIZES[args.size])}
-    sizes = dataclasses.replace(SIZES[args.size], **{k: v for k, v in overrides.items() if v is not None})
-    summary = build_corpus(args.out, args.seed, sizes, args.workers)
-    if args.shards:
-        manifests = convert_layout(args.out, f"{args.out}/shards", workers=args.workers)
+    sizes = {name: value for name, value in overrides.items() if value is not None}
+    return synthesize_corpus(args.out, args.size, args.seed, sizes, args.shards, args.workers)
+
+
+def synthesize_corpus(
+    out: str | Path,
+    size: str = "small",
+    seed: int = 0,
+    sizes: dict[str, int] | None = None,
+    shards: bool = False,
+    workers: int | None = None,
+) -> dict:
+    """``mmoe data synth``: the synthetic corpus of the ``size`` preset (with ``sizes`` replacing its fields) under
+    ``out``, and with ``shards`` every split converted into ``out/shards``; returns the corpus summary (with the
+    shards' sample counts). ``workers``: processes (None = the CPU count)."""
+    from mmoe.data.synth.convert import convert_layout
+    from mmoe.data.synth.corpus import SIZES, build_corpus
+    from mmoe.data.synth.layout import CorpusLayout
+
+    workers = workers or os.cpu_count() or 1
+    summary = build_corpus(out, seed, dataclasses.replace(SIZES[size], **(sizes or {})), workers)
+    if shards:
+        manifests = convert_layout(out, CorpusLayout(Path(out)).shards, workers=workers)
         summary["shards"] = {name: m.samples for name, m in manifests.items()}
     return summary
 

@@ -6,6 +6,7 @@ claims study) take their paths from a :class:`RunLayout`.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +18,13 @@ from mmoe.metrics.routing_stats import STATS_FILENAME
 LAST_CHECKPOINT = ModelCheckpoint.CHECKPOINT_NAME_LAST + ModelCheckpoint.FILE_EXTENSION
 #: The official scores of a run's predictions (the demo's and the study's evaluation stages write it).
 SCORES_FILE = "scores.json"
+#: A backbone snapshot's file name: the optimiser step, six digits (so names sort as steps do).
+_SNAPSHOT = re.compile(r"step(\d{6,})\.pt")
+
+
+def snapshot_name(step: int) -> str:
+    """The file name of the backbone snapshot at optimiser step ``step``."""
+    return f"step{step:06d}.pt"
 
 
 @dataclass(frozen=True)
@@ -56,6 +64,20 @@ class RunLayout:
     def snapshots(self) -> Path:
         """The backbone snapshots of :class:`mmoe.tasks.snapshots.BackboneSnapshots`."""
         return self.root / "snapshots"
+
+    def snapshot(self, step: int) -> Path:
+        """The backbone snapshot at optimiser step ``step``."""
+        return self.snapshots / snapshot_name(step)
+
+    def saved_snapshots(self) -> dict[int, Path]:
+        """The backbone snapshots in the folder, by step, in step order."""
+        found = {}
+        if self.snapshots.is_dir():
+            for path in self.snapshots.iterdir():
+                match = _SNAPSHOT.fullmatch(path.name)
+                if match and path.is_file():
+                    found[int(match.group(1))] = path
+        return dict(sorted(found.items()))
 
     @property
     def scores(self) -> Path:

@@ -8,13 +8,15 @@ from pathlib import Path
 import lightning as L
 
 from mmoe.tasks.checkpoint import export_backbone
+from mmoe.tasks.layout import snapshot_name
 
 
 class BackboneSnapshots(L.Callback):
     """Saves ``pl_module.backbone`` as an exported backbone (``mmoe export-backbone``'s format, loadable by
     ``load_backbone``, ``mmoe viz`` / ``analyze``) at step 0 and every ``every_n_steps`` optimiser steps.
 
-    Files are ``dirpath/step{global_step:06d}.pt``, each written atomically; a resumed run writes the later ones.
+    Files are ``dirpath/`` :func:`~mmoe.tasks.layout.snapshot_name` ``(step)`` (``step000025.pt``), each written
+    atomically; a resumed run writes the later ones.
     Only the backbone is kept (no optimiser state), so a snapshot is a fraction of a training checkpoint.
 
     Args:
@@ -29,7 +31,7 @@ class BackboneSnapshots(L.Callback):
         self.every_n_steps = every_n_steps
 
     def path(self, step: int) -> Path:
-        return self.dirpath / f"step{step:06d}.pt"
+        return self.dirpath / snapshot_name(step)
 
     def _save(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.is_global_zero:

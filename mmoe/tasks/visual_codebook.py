@@ -192,14 +192,31 @@ def tokenizer_command(argv: Sequence[str]) -> int:
     args = parser.parse_args(list(argv))
 
     try:
-        check_output_path(args.out)
-        batches = eval_image_batches(args.data, image_size=args.image_size, batch_size=64)
-        codebook = fit_codebook(
-            batches, args.size, args.patch_size, args.pool, max_patches=args.max_patches, seed=args.seed
+        result = fit_codebook_file(
+            args.data, args.out, args.size, args.image_size, args.patch_size, args.pool, args.max_patches, args.seed
         )
-        with writing_output(args.out):
-            codebook.save(args.out)
     except (FileNotFoundError, ValueError) as error:
         return report_error("tokenizer fit", error)
-    print(json.dumps({"codebook": args.out, "size": codebook.size, "patch_size": args.patch_size}))
+    print(json.dumps(result))
     return 0
+
+
+def fit_codebook_file(
+    data: Sequence[str | Path],
+    out: str | Path,
+    size: int = 512,
+    image_size: int = TINY.image_size,
+    patch_size: int = TINY.patch_size,
+    pool: int = 4,
+    max_patches: int = 200_000,
+    seed: int = 0,
+) -> dict:
+    """``mmoe tokenizer fit``: :func:`fit_codebook` over the images of the shards ``data`` (resized to
+    ``image_size``), saved whole to ``out``; returns what was written. FileNotFoundError / ValueError on bad input,
+    before anything is written."""
+    check_output_path(out)
+    batches = eval_image_batches([str(path) for path in data], image_size=image_size, batch_size=64)
+    codebook = fit_codebook(batches, size, patch_size, pool, max_patches=max_patches, seed=seed)
+    with writing_output(out):
+        codebook.save(out)
+    return {"codebook": str(out), "size": codebook.size, "patch_size": patch_size}

@@ -116,7 +116,7 @@ def _device(name: str | None) -> str:
     return name or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def _on(inputs: dict[str, torch.Tensor], device: str) -> dict[str, torch.Tensor]:
+def _moved_to(inputs: dict[str, torch.Tensor], device: str) -> dict[str, torch.Tensor]:
     return {name: value.to(device) for name, value in inputs.items()}
 
 
@@ -232,7 +232,7 @@ def draw_subtoken_maps(
 def _diversity(backbone, batch, device: str, per_key, choices: str) -> dict[str, np.ndarray]:
     """Diversity maps of one batch, by column title (``layer i (modality)``)."""
     with torch.no_grad():
-        output = backbone(**_on(batch.inputs, device))
+        output = backbone(**_moved_to(batch.inputs, device))
     maps = per_key(output.routing, output.image_len, choices)
     return {_column(key): value.cpu().numpy() for key, value in maps.items()}
 
@@ -281,8 +281,6 @@ def _sample_name(sample: Sample) -> str:
 
 
 def _heatmap(args: argparse.Namespace) -> int:
-    from mmoe.viz.analyze import data_samples, run_over
-
     if args.stats:
         written = draw_stats_heatmaps(args.stats, args.out, args.threshold)
     else:
@@ -330,3 +328,23 @@ def draw_heatmaps(sources: Sequence[tuple[str, dict, dict]], out: str | Path, th
                                   title=f"Activation ratio — {label}", tokens=tokens)
         )  # fmt: skip
     return written
+
+
+def data_samples(paths: Sequence[str], batches: int, batch_size: int) -> list[Sample]:
+    if batches < 1 or batch_size < 1:
+        raise InputError(f"--batches and --batch-size must be >= 1, got {batches} and {batch_size}")
+    return find_samples(paths, limit=batches * batch_size)
+
+
+def run_over(backbone, path: str, samples: list[Sample], args: argparse.Namespace, capture_rows: int = 0):
+    """Route ``samples`` through ``backbone``; ``capture_rows`` > 0 also keeps that many router-input rows per layer."""
+    from mmoe.metrics.routing_collect import run_routing
+
+    device = _device(args.device)
+    encoder = _text_encoder(backbone, path, args.max_text_length, not args.no_text, args.text_tokenizer)
+    batches = make_batches(samples, backbone.config.image_size, args.batch_size, encoder)
+    inputs = (_moved_to(batch.inputs, device) for batch in batches)
+    return run_routing(backbone, inputs, capture_inputs=capture_rows > 0, max_rows=capture_rows)
+
+
+# -- mmoe analyze ----------------------------------------------------------------------------------------------------
