@@ -31,9 +31,10 @@ from mmoe.data.datamodules import PretrainDataModule
 from mmoe.data.decoders import PairDecoder
 from mmoe.data.shards import ShardWriter, resolve_shards
 from mmoe.data.streams import ShardStream
-from mmoe.data.synth.convert import PRETRAIN_IMAGE_SPLIT, PRETRAIN_PAIR_SPLIT, PRETRAIN_TEXT_SPLIT, convert_layout
+from mmoe.data.synth.convert import convert_layout
 from mmoe.data.synth.corpus import SynthSizes, build_corpus
 from mmoe.data.synth.language import captions
+from mmoe.data.synth.layout import PRETRAIN_IMAGE_SPLIT, PRETRAIN_PAIR_SPLIT, PRETRAIN_TEXT_SPLIT
 from mmoe.data.synth.scenes import render, sample_scene
 from mmoe.data.tokenizer import TextTokenizer
 from mmoe.data.transforms import train_transform

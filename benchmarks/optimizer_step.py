@@ -2,7 +2,7 @@
 picks for plain CPU / CUDA parameters) against the for-each and per-parameter implementations.
 
 The parameters are those of the default demo's captioning task (``mmoe demo``: the backbone its settings train, read
-from the tiny MH-MoE configs with ``FULL``'s overrides, and the head over the synthetic captions' token ids) in mmoe's
+from the tiny MH-MoE configs with ``DEMO``'s overrides, and the head over the synthetic captions' token ids) in mmoe's
 parameter groups with the task config's weight decay; their gradients are random and fixed. One optimiser per
 implementation, timed in one process, interleaved round by round, median of the rounds. The text embedding's 49,410
 rows are most of the parameters.
@@ -24,10 +24,10 @@ from pathlib import Path
 import torch
 
 from mmoe.data.converters.coco import CAPTION_TOKENS_FILE, write_caption_tokens
-from mmoe.demo.settings import FULL
-from mmoe.demo.training import pretrain_configs
 from mmoe.model import MultiwayConfig
 from mmoe.model.config import config_from_dict
+from mmoe.pipeline.launch import pretrain_configs
+from mmoe.pipeline.settings import DEMO
 from mmoe.tasks.captioning import CaptioningFineTuning
 from mmoe.tasks.launch import read_config
 from mmoe.tasks.optimizer import parameter_groups
@@ -40,9 +40,9 @@ IMPLEMENTATIONS = {"fused": {"fused": True}, "foreach": {"foreach": True}, "defa
 
 
 def demo_backbone() -> MultiwayConfig:
-    """The backbone the default demo pre-trains and fine-tunes: the tiny MH-MoE configs with ``FULL``'s overrides."""
+    """The backbone the default demo pre-trains and fine-tunes: the tiny MH-MoE configs with ``DEMO``'s overrides."""
     configured = read_config(pretrain_configs("mhmoe")).fit.model.init_args.backbone.as_dict()
-    return config_from_dict(configured | dict(FULL.backbone) | {"image_size": FULL.image_size})
+    return config_from_dict(configured | dict(DEMO.backbone) | {"image_size": DEMO.image_size})
 
 
 def main() -> None:

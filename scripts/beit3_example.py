@@ -27,10 +27,10 @@ import torch
 
 from mmoe.cli import main
 from mmoe.data.answers import ANSWERS_FILE
-from mmoe.data.synth.convert import VQA_TRAIN_SPLIT, VQA_VAL_SPLIT
-from mmoe.data.synth.corpus import SUMMARY_FILE, ChanceLevels
-from mmoe.demo.settings import CONFIGS
+from mmoe.data.synth.chance import ChanceLevels
+from mmoe.data.synth.layout import SUMMARY_FILE, VQA_TRAIN_SPLIT, VQA_VAL_SPLIT
 from mmoe.metrics.vqa import evaluate_vqa_files
+from mmoe.pipeline.launch import CONFIGS
 from mmoe.tasks.launch import run_lightning
 from mmoe.tasks.layout import RunLayout
 

@@ -1,5 +1,5 @@
 """Fine-tune one of the demo's benchmarks from a backbone file with option overrides, predict its evaluation split
-and score it, as ``mmoe demo`` does (the demo's launches, :mod:`mmoe.demo.training`): the command behind the
+and score it, as ``mmoe demo`` does (the pipeline kit's launches, :mod:`mmoe.pipeline.launch`): the command behind the
 ablations in ``tasks/*/README.md``.
 
     .venv/bin/python scripts/demo_ablation.py vqav2 runs/demo/mhmoe/backbone_pretrained.pt /tmp/ablation/lr1e-3 \
@@ -17,10 +17,11 @@ import json
 import time
 from pathlib import Path
 
-from mmoe.demo.benchmarks import BENCHMARKS
-from mmoe.demo.settings import FULL, DemoRun
-from mmoe.demo.training import finetune_launch, predict_launch, train
 from mmoe.io import write_json
+from mmoe.pipeline.benchmarks import BENCHMARKS
+from mmoe.pipeline.launch import finetune_launch, predict_launch, train
+from mmoe.pipeline.layout import PipelineRun
+from mmoe.pipeline.settings import DEMO
 from mmoe.tasks.layout import RunLayout
 
 
@@ -47,7 +48,7 @@ def vqa_by_kind(corpus: Path, predictions: Path) -> dict:
     per question kind."""
     from collections import defaultdict
 
-    from mmoe.data.synth.corpus import image_blind_answers
+    from mmoe.data.synth.chance import image_blind_answers
     from mmoe.io import read_json
     from mmoe.metrics.vqa import vqa_accuracy
 
@@ -90,8 +91,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     if not (args.out / "data").exists():
         (args.out / "data").symlink_to(args.corpus.resolve())
-    steps = FULL.finetune_steps | ({args.task: args.steps} if args.steps else {})
-    run = DemoRun(args.out, FULL.replace(finetune_steps=steps))
+    steps = DEMO.finetune_steps | ({args.task: args.steps} if args.steps else {})
+    run = PipelineRun(args.out, DEMO.replace(finetune_steps=steps))
     layout = RunLayout(args.out / args.task)
     fit = finetune_launch(run, benchmark.task, benchmark.model_options(run), args.backbone, layout, args.seed)
     fit = dataclasses.replace(fit, overrides=merged(fit.overrides, json.loads(args.set)))

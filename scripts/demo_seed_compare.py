@@ -1,7 +1,7 @@
 """Compare two ``scripts/demo_ablation.py`` folders fine-tuned from the pre-trained and from the random backbone
 (e.g. under another training seed, ``--seed N --set '{"data": {"init_args": {"seed": N}}}'``) as ``mmoe demo
 --random-init`` compares its two starts: per benchmark present in both, the difference with its 95% paired
-bootstrap interval over the evaluation items and the verdict (:mod:`mmoe.demo.compare`).
+bootstrap interval over the evaluation items and the verdict (:mod:`mmoe.pipeline.compare`).
 
     .venv/bin/python scripts/demo_seed_compare.py /tmp/seeds/pre_s1 /tmp/seeds/rand_s1 --out /tmp/seeds/s1.json
 
@@ -15,17 +15,19 @@ import json
 import sys
 from pathlib import Path
 
-from mmoe.demo.benchmarks import BENCHMARKS
-from mmoe.demo.compare import compared_files, format_comparison
-from mmoe.demo.settings import FULL, DemoError, DemoRun
 from mmoe.io import write_json
+from mmoe.pipeline.benchmarks import BENCHMARKS
+from mmoe.pipeline.compare import compared_files, format_comparison
+from mmoe.pipeline.layout import PipelineRun
+from mmoe.pipeline.settings import DEMO
+from mmoe.pipeline.stages import PipelineError
 from mmoe.tasks.layout import RunLayout
 
 
 def compare_folders(pretrained: Path, random_init: Path) -> list[dict]:
     """The comparison rows of every benchmark whose predictions both folders hold, scored on ``pretrained``'s
     corpus link."""
-    run = DemoRun(pretrained, FULL)
+    run = PipelineRun(pretrained, DEMO)
     rows = []
     for benchmark in BENCHMARKS:
         files = [
@@ -47,7 +49,7 @@ def main() -> None:
     args = parser.parse_args()
     try:
         rows = compare_folders(args.pretrained, args.random_init)
-    except DemoError as error:
+    except PipelineError as error:
         print(f"demo_seed_compare.py: error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
     if args.out:

@@ -17,12 +17,13 @@ import argparse
 import csv
 from pathlib import Path
 
-from mmoe.demo.command import check_settings
-from mmoe.demo.pipeline import codebook_stage, corpus_stage, pretrain_stage
-from mmoe.demo.settings import FULL, VARIANTS, DemoRun
-from mmoe.demo.stages import run_stage
 from mmoe.metrics.routing import load_summary, sort_keys
 from mmoe.metrics.routing_stats import read_stats, window_loads
+from mmoe.pipeline.launch import VARIANTS
+from mmoe.pipeline.layout import PipelineRun
+from mmoe.pipeline.settings import DEMO, record_demo_settings
+from mmoe.pipeline.stages import run_stage
+from mmoe.pipeline.standard_stages import codebook_stage, corpus_stage, variant_pretrain_stage
 
 #: The CSV log's columns of the table, by column title.
 LOGGED = {"unrouted (%)": "train/unrouted_fraction", "bias spread": "train/selection_bias_spread", "loss": "train/loss"}
@@ -39,7 +40,7 @@ def last_logged(metrics: Path) -> dict[str, tuple[int, float]]:
     return last
 
 
-def balance_row(run: DemoRun, variant: str) -> dict:
+def balance_row(run: PipelineRun, variant: str) -> dict:
     """The table's numbers of one pre-trained variant, from its routing statistics and CSV log."""
     layout = run.pretraining(variant)
     step, loads = window_loads(read_stats(layout.root))[-1]
@@ -73,10 +74,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True, help="a demo run directory")
     parser.add_argument("--train", action="store_true", help="pre-train the variants missing from --out first")
     args = parser.parse_args()
-    run = DemoRun(args.out, FULL)
+    run = PipelineRun(args.out, DEMO)
     if args.train:
-        check_settings(run)
-        for stage in [corpus_stage(run), codebook_stage(run), *(pretrain_stage(run, v) for v in args.variants)]:
+        record_demo_settings(run.out, run.settings)
+        for stage in [corpus_stage(run), codebook_stage(run), *(variant_pretrain_stage(run, v) for v in args.variants)]:
             run_stage(run, stage)
     print(table([balance_row(run, variant) for variant in args.variants]))
 

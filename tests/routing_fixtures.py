@@ -26,7 +26,7 @@ def tiny_config(moe: MoEPlan | None | str = "mh-moe", **overrides) -> MultiwayCo
 
 def tiny_part_plan(variant: str) -> MoEPlan:
     """The MoE plan of ``configs/pretrain/tiny/<variant>.yaml`` as the CLI reads it, in every layer."""
-    from mmoe.demo.training import configured_moe
+    from mmoe.pipeline.launch import configured_moe
 
     return MoEPlan(**(configured_moe(variant).as_dict() | {"every": 1}))
 

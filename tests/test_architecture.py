@@ -50,8 +50,8 @@ def breaches(layer: str, forbidden: tuple[str, ...], allowed_in: tuple[str, ...]
     ]
 
 
-#: The layers on top: the command, the demo, the claims study and inference.
-TOP = ("mmoe.demo", "mmoe.study", "mmoe.infer", "mmoe.cli")
+#: The layers on top: the pipeline kit, the command, the demo, the claims study and inference.
+TOP = ("mmoe.pipeline", "mmoe.demo", "mmoe.study", "mmoe.infer", "mmoe.cli")
 
 RULES = {
     "mmoe.moe is the bottom layer": ("mmoe.moe", ("mmoe.model", "mmoe.data", "mmoe.tasks", "mmoe.metrics", "mmoe.viz",
@@ -66,8 +66,10 @@ RULES = {
         ("mmoe.data.datamodules",)),
     "mmoe.viz reads backbones through their public API": (
         "mmoe.viz", ("mmoe.model.layers", *TOP, *LIGHTNING), ()),
-    "mmoe.tasks do not draw or run the demo": ("mmoe.tasks", ("mmoe.viz", "mmoe.demo", "mmoe.study", "mmoe.infer"), ()),
+    "mmoe.tasks do not draw or run a pipeline": ("mmoe.tasks", ("mmoe.viz", *TOP), ()),
+    "the pipeline kit knows no recipe": ("mmoe.pipeline", ("mmoe.demo", "mmoe.study", "mmoe.infer", "mmoe.cli"), ()),
     "the demo does not run the study": ("mmoe.demo", ("mmoe.study",), ()),
+    "the study does not run the demo": ("mmoe.study", ("mmoe.demo",), ()),
 }  # fmt: skip
 
 
@@ -78,6 +80,24 @@ def test_import_rule(rule):
 
 
 ARCHITECTURE = PACKAGE.parent / "ARCHITECTURE.md"
+
+#: Where code outside the package lives, and the folders allowed to import the demo (its own tests).
+OUTSIDE = ("scripts", "benchmarks", "tests")
+DEMO_TESTS = PACKAGE.parent / "tests" / "demo"
+
+
+def test_scripts_benchmarks_and_tests_reach_the_pipeline_through_the_kit():
+    """Scripts, benchmarks and test helpers import :mod:`mmoe.pipeline`, never the demo's or the study's recipe
+    modules (the demo's own tests aside)."""
+    outside = [
+        f"{path.relative_to(PACKAGE.parent)} imports {name}"
+        for folder in OUTSIDE
+        for path in sorted((PACKAGE.parent / folder).rglob("*.py"))
+        if DEMO_TESTS not in path.parents
+        for name in sorted(imports(path))
+        if within(name, "mmoe.demo")
+    ]
+    assert outside == []
 
 
 def layer_table() -> list[tuple[int, list[str], str]]:

@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
-from mmoe.demo.compare import comparison, format_comparison
-from mmoe.demo.pipeline import (
-    codebook_stage,
-    corpus_stage,
+from mmoe.demo.recipe import (
     fine_tuning_groups,
     in_group,
     needs_fine_tunings,
@@ -22,50 +20,15 @@ from mmoe.demo.pipeline import (
     variant_rows,
     variant_stages,
 )
-from mmoe.demo.report import format_table, results, say
-from mmoe.demo.settings import FAST, FULL, MAPPING_FIELDS, OPTIMIZER_OVERRIDES, VARIANTS, DemoError, DemoRun
-from mmoe.demo.stages import Stage, is_done, lanes_by_cost, run_parallel, run_stage
-from mmoe.io import positive_int, read_json, report_error, write_json
-
-#: The demo's summary in its output folder: settings, chance levels, rows, stage times, files.
-RESULTS_FILE = "results.json"
-
-
-def check_settings(run: DemoRun) -> None:
-    """Records the settings in ``DIR/demo.json``; a directory made with other settings is refused, not mixed."""
-    hint = "use another --out, or that run's --fast and --precision choices with the version that made it"
-    refuse_other_settings(run.out / "demo.json", run.settings.to_json(), "a demo run", hint)
-
-
-def upgraded_settings(stored: dict) -> dict:
-    """Demo settings as an older ``demo.json`` stored them, in today's form: one written before the precision option
-    or the learning-rate overrides has neither (those runs trained in 32-true with the configs' learning rates, head
-    multipliers and layer decays), and
-    the per-name fields were lists of ``[name, value]`` pairs."""
-    stored = {"precision": "32-true", **{field: {} for field in OPTIMIZER_OVERRIDES}} | stored
-    return stored | {
-        key: dict(value) for key, value in stored.items() if key in MAPPING_FIELDS and isinstance(value, list)
-    }
-
-
-def refuse_other_settings(
-    path: Path, settings: dict, what: str, hint: str, upgrade: Callable[[dict], dict] = upgraded_settings
-) -> None:
-    """Records ``settings`` in ``path`` (JSON, ``{"settings": ...}``); DemoError listing what differs when ``path``
-    holds other settings, so a run directory is never mixed. ``upgrade``: an older file's settings in today's form."""
-    if path.is_file():
-        stored = read_json(path, "run settings", DemoError).get("settings")
-        stored = upgrade(stored) if isinstance(stored, dict) else {}
-        if stored != settings:
-            keys = dict.fromkeys([*settings, *stored])
-            changed = "; ".join(
-                f"{key}: {stored.get(key)!r} there, {settings.get(key)!r} now"
-                for key in keys
-                if stored.get(key) != settings.get(key)
-            )
-            raise DemoError(f"{path.parent} holds {what} made with other settings ({changed}; see {path}): {hint}")
-        return
-    write_json(path, {"settings": settings})
+from mmoe.demo.report import RESULTS_FILE, results
+from mmoe.io import positive_int, report_error, write_json
+from mmoe.pipeline.compare import comparison, format_comparison
+from mmoe.pipeline.launch import VARIANTS
+from mmoe.pipeline.layout import PipelineRun
+from mmoe.pipeline.settings import DEMO, DEMO_FAST, record_demo_settings
+from mmoe.pipeline.stages import PipelineError, Stage, is_done, lanes_by_cost, print_progress, run_parallel, run_stage
+from mmoe.pipeline.standard_stages import codebook_stage, corpus_stage
+from mmoe.pipeline.tables import format_table
 
 
 def parse(argv: Sequence[str]) -> argparse.Namespace:
@@ -106,34 +69,59 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     return parser.parse_args(list(argv))
 
 
-def run_stages(run: DemoRun, stages: list[Stage], args: argparse.Namespace, variants: list[str]) -> dict:
-    """Runs the stages not done yet, the fine-tunings in ``args.jobs`` lanes at once, each lane a process that runs its
-    groups one after the other (:func:`mmoe.demo.stages.lanes_by_cost`, with a group's fine-tuning steps as its cost,
-    and :func:`mmoe.demo.stages.run_parallel`), after the stages they need and before the figures; returns every stage's
-    marker by key."""
+def quiet_lightning() -> None:
+    """Lightning's info lines (devices, parameter counts) off: the demo prints its own progress."""
+    for name in ("lightning.pytorch", "lightning.fabric"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def demo_stages(run: PipelineRun, variants: Sequence[str], random_init: bool) -> list[Stage]:
+    """Every stage of a demo run, in order: corpus, codebook, then each variant's (and its fine-tunings from random
+    init with ``random_init``)."""
+    stages = [corpus_stage(run), codebook_stage(run)]
+    for variant in variants:
+        stages += variant_stages(run, variant)
+        stages += random_init_stages(run, variant) if random_init else []
+    return stages
+
+
+def run_groups(run: PipelineRun, variants: Sequence[str], random_init: bool, prefixes: Sequence[str]) -> None:
+    """Runs the stages named by each of ``prefixes`` or under it, each prefix's in turn (the stages before them must
+    be done): one lane of fine-tunings, or ``mmoe demo --stages``. PipelineError naming a prefix no stage has."""
+    quiet_lightning()
+    stages = demo_stages(run, variants, random_init)
+    chosen = {prefix: [stage for stage in stages if in_group(stage, prefix)] for prefix in prefixes}
+    for prefix, named in chosen.items():
+        if not named:
+            raise PipelineError(f"--stages {prefix}: no stage of this run is named so or under it")
+    for named in chosen.values():
+        for stage in named:
+            run_stage(run, stage)
+
+
+def run_demo(run: PipelineRun, variants: Sequence[str], random_init: bool = False, jobs: int = 1) -> dict:
+    """Runs the stages not done yet, the fine-tunings in ``jobs`` lanes at once, each lane a process that runs its
+    groups one after the other (:func:`mmoe.pipeline.stages.lanes_by_cost`, with a group's fine-tuning steps as its
+    cost, and :func:`mmoe.pipeline.stages.run_parallel` over :func:`run_groups`), after the stages they need and before
+    the figures; returns every stage's marker by key."""
+    stages = demo_stages(run, variants, random_init)
     done_before = {stage.key for stage in stages if is_done(run, stage)}
-    if args.jobs > 1:
+    if jobs > 1:
         steps = {
             group: count
             for variant in variants
-            for group, count in fine_tuning_groups(run, variant, args.random_init).items()
+            for group, count in fine_tuning_groups(run, variant, random_init).items()
             if any(in_group(stage, group) and stage.key not in done_before for stage in stages)
         }
         for stage in stages:
             if not any(in_group(stage, group) for group in steps) and not needs_fine_tunings(stage):
                 run_stage(run, stage, reused_by="")
-        lanes = lanes_by_cost(list(steps), steps.__getitem__, args.jobs)
-        run_parallel(lanes, lambda lane: [*group_argv(args), "--stages", *lane, "--jobs", "1"], args.jobs)
+        lanes = lanes_by_cost(list(steps), steps.__getitem__, jobs)
+        run_parallel(lanes, functools.partial(run_groups, run, tuple(variants), random_init), jobs)
     return {
         stage.key: run_stage(run, stage, reused_by="an earlier run" if stage.key in done_before else "")
         for stage in stages
     }
-
-
-def group_argv(args: argparse.Namespace) -> list[str]:
-    """``mmoe demo`` arguments of a run like ``args`` (its directory, variant, settings), for one of its groups."""
-    argv = ["demo", "--out", str(args.out), "--variant", args.variant, "--precision", args.precision]
-    return argv + ["--fast"] * args.fast + ["--random-init"] * args.random_init
 
 
 def demo_command(argv: Sequence[str]) -> int:
@@ -144,29 +132,21 @@ def demo_command(argv: Sequence[str]) -> int:
 
         if not torch.cuda.is_available():  # Lightning would quietly train in bf16 instead
             return report_error("demo", "--precision 16-mixed needs a CUDA GPU; use bf16-mixed on a CPU")
-    run = DemoRun(Path(args.out), dataclasses.replace(FAST if args.fast else FULL, precision=args.precision))
+    run = PipelineRun(Path(args.out), dataclasses.replace(DEMO_FAST if args.fast else DEMO, precision=args.precision))
     variants = list(VARIANTS) if args.variant == "all" else [args.variant]
-    for name in ("lightning.pytorch", "lightning.fabric"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+    quiet_lightning()
     start = time.perf_counter()
     try:
-        check_settings(run)
-        stages = [corpus_stage(run), codebook_stage(run)]
-        for variant in variants:
-            stages += variant_stages(run, variant)
-            stages += random_init_stages(run, variant) if args.random_init else []
+        record_demo_settings(run.out, run.settings)
         if args.stages is not None:
-            chosen = {prefix: [stage for stage in stages if in_group(stage, prefix)] for prefix in args.stages}
-            for prefix, named in chosen.items():
-                if not named:
+            for prefix in args.stages:  # a bad prefix is the user's input: exit 2 before any stage runs
+                if not any(in_group(stage, prefix) for stage in demo_stages(run, variants, args.random_init)):
                     return report_error("demo", f"--stages {prefix}: no stage of this run is named so or under it")
-            for named in chosen.values():
-                for stage in named:
-                    run_stage(run, stage)
+            run_groups(run, variants, args.random_init, args.stages)
             return 0
-        records = run_stages(run, stages, args, variants)
+        records = run_demo(run, variants, args.random_init, args.jobs)
         compared = {variant: comparison(run, variant) for variant in variants} if args.random_init else {}
-    except DemoError as error:
+    except PipelineError as error:
         print(f"mmoe demo: error: {error}", file=sys.stderr)
         return 1
     rows = {}
@@ -176,11 +156,11 @@ def demo_command(argv: Sequence[str]) -> int:
             rows[f"{variant}, random init"] = variant_rows(run, variant, records, random_init=True)
     report = results(run, rows, records, time.perf_counter() - start) | ({"comparison": compared} if compared else {})
     write_json(run.out / RESULTS_FILE, report)
-    say(f"\nResults ({report['seconds_this_run']:.0f} s this run, {report['device']})\n")
-    say(format_table(report["variants"]))
+    print_progress(f"\nResults ({report['seconds_this_run']:.0f} s this run, {report['device']})\n")
+    print_progress(format_table(report["variants"]))
     if compared:
-        say(f"\n{format_comparison(compared)}")
-    say("\nFiles:")
+        print_progress(f"\n{format_comparison(compared)}")
+    print_progress("\nFiles:")
     for path in [*report["files"], str(run.out / RESULTS_FILE)]:
-        say(f"  {path}")
+        print_progress(f"  {path}")
     return 0

@@ -12,12 +12,11 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from mmoe.demo.command import refuse_other_settings, upgraded_settings
-from mmoe.demo.pipeline import codebook_stage, corpus_stage
-from mmoe.demo.report import say
-from mmoe.demo.settings import RANDOM_INIT, DemoError
-from mmoe.demo.stages import run_stage
 from mmoe.io import read_json
+from mmoe.pipeline.layout import RANDOM_INIT
+from mmoe.pipeline.settings import refuse_other_settings, upgraded_settings
+from mmoe.pipeline.stages import PipelineError, print_progress, run_stage
+from mmoe.pipeline.standard_stages import codebook_stage, corpus_stage
 from mmoe.study.claims import (
     Claim,
     activation_claim,
@@ -48,7 +47,7 @@ from mmoe.study.settings import DEFAULT, FAST, ROUTER_VARIANTS, SCALE, StudySett
 
 def upgraded_study(stored: dict) -> dict:
     """Study settings as an older ``study.json`` stored them, in today's form (its training settings upgraded as a
-    demo's; one from before the router table gets today's routers, whose runs a re-run adds)."""
+    pipeline's; one from before the router table gets today's routers, whose runs a re-run adds)."""
     training = stored.get("training")
     stored = {"router_variants": list(ROUTER_VARIANTS)} | stored  # an older study adds the router runs
     return stored | ({"training": upgraded_settings(training)} if isinstance(training, dict) else {})
@@ -168,7 +167,7 @@ def study_command(argv: Sequence[str]) -> int:
         stages += finetune_stages(study, settings)
         stages += [analysis_stage(study, settings, runs), maps_stage(study, settings, runs)]
         records = {stage.key: run_stage(study, stage) for stage in stages}
-    except DemoError as error:
+    except PipelineError as error:
         print(f"mmoe study: error: {error}", file=sys.stderr)
         return 1
     seconds = time.perf_counter() - start
@@ -195,7 +194,9 @@ def study_command(argv: Sequence[str]) -> int:
         claim_settings(settings),
         router_rows(measures.router_variants, settings.router_variants),
     )
-    say(f"\n{study.out / 'report.md'} ({seconds:.0f} s this run, {facts['stage_seconds']:.0f} s in all stages)")
+    print_progress(
+        f"\n{study.out / 'report.md'} ({seconds:.0f} s this run, {facts['stage_seconds']:.0f} s in all stages)"
+    )
     for claim in report["claims"]:
-        say(f"  {claim['verdict']:>28}  {claim['title']}")  # the report's JSON form
+        print_progress(f"  {claim['verdict']:>28}  {claim['title']}")  # the report's JSON form
     return 0

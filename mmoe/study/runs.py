@@ -1,5 +1,5 @@
-"""The study's stages: pre-training and fine-tuning runs (the demo's stages with the study's options), and the
-measurements saved under ``DIR/analysis``. Each is a :class:`mmoe.demo.stages.Stage`: done once, reused on a re-run,
+"""The study's stages: pre-training and fine-tuning runs (the pipeline kit's stages with the study's options), and the
+measurements saved under ``DIR/analysis``. Each is a :class:`mmoe.pipeline.stages.Stage`: done once, reused on a re-run,
 an interrupted training resumed."""
 
 from __future__ import annotations
@@ -9,31 +9,40 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mmoe.data.synth.convert import CAPTION_TEST_SPLIT, PRETRAIN_PAIR_SPLIT, PRETRAIN_TEXT_SPLIT
-from mmoe.data.synth.corpus import ChanceLevels
+from mmoe.data.synth.chance import ChanceLevels
+from mmoe.data.synth.layout import CAPTION_TEST_SPLIT, PRETRAIN_PAIR_SPLIT, PRETRAIN_TEXT_SPLIT
 from mmoe.data.tokenizer import CAPTION_MAX_TEXT_LENGTH
-from mmoe.demo.benchmarks import BENCHMARKS, trained_benchmarks
-from mmoe.demo.pipeline import evaluation, exporting, fine_tuning, random_initialisation
-from mmoe.demo.settings import RANDOM_INIT, DemoRun
-from mmoe.demo.stages import Stage, StageKey, run_command
-from mmoe.demo.training import configured_moe, pretrain_launch, train
 from mmoe.io import read_json, write_json
+from mmoe.pipeline.benchmarks import benchmark_named, trained_benchmarks
+from mmoe.pipeline.launch import configured_moe, pretrain_launch
+from mmoe.pipeline.layout import RANDOM_INIT, PipelineRun
+from mmoe.pipeline.stages import Stage, StageKey
+from mmoe.pipeline.standard_stages import (
+    evaluate_stage,
+    export_stage,
+    finetune_stage,
+    pretrain_stage,
+    random_backbone_stage,
+)
 from mmoe.study.settings import StudySettings
 from mmoe.tasks.layout import RunLayout
+from mmoe.tasks.vqa import VQAFineTuning
 
 #: The measurements of the analysis stage, under ``DIR/analysis`` (the report is recomputed from it).
 MEASURES_FILE = "measures.json"
 #: The held-out split every routing measurement runs on (no run trains on it).
 ANALYSIS_SHARDS = CAPTION_TEST_SPLIT
 #: The variants compared through pre-training and fine-tuning (X-MoE §4.5: SMoE baseline vs X-MoE).
-ROUTERS = ("switch", "xmoe")
+COMPARED_ROUTERS = ("switch", "xmoe")
 #: The task of the seeds' fine-tuning runs (X-MoE Fig. 3b fine-tunes on one task, XNLI).
-CONSISTENCY_TASK = "vqav2"
+CONSISTENCY_TASK = VQAFineTuning.name
 #: The routers whose routing is frozen in those fine-tunings (X-MoE §3.3 freezes X-MoE's routers and experts; the
 #: SMoE baseline is fine-tuned whole).
 FROZEN_IN_FINETUNING = ("xmoe",)
 #: The variant fine-tuned from random init beside its pre-trained backbone (the claim that pre-training helps).
 PRETRAINING_VARIANT = "xmoe"
+#: The exported backbone of each pre-training, in its folder.
+EXPORTED_BACKBONE = "backbone.pt"
 #: The variant whose requested capacity is measured (Stratified MoE §5).
 STRATIFIED = "stratified"
 
@@ -88,7 +97,7 @@ class Pretraining:
 
     Attributes:
         name: folder under ``DIR/pretrain``.
-        variant: the tiny configs' variant (:func:`mmoe.demo.training.pretrain_configs`).
+        variant: the tiny configs' variant (:func:`mmoe.pipeline.launch.pretrain_configs`).
         steps: optimiser steps.
         moe: overrides of the config's ``backbone.moe`` (e.g. ``num_experts``, ``heads``).
         heads: MH-MoE heads h (1 without sub-tokens).
@@ -117,7 +126,7 @@ def pretrainings(settings: StudySettings) -> list[Pretraining]:
     runs = [Pretraining(variant, variant, settings.training.pretrain_steps, heads=config_heads(variant))
             for variant in (*settings.task_variants, STRATIFIED)]  # fmt: skip
     experts = settings.many_experts
-    for router in ROUTERS:
+    for router in COMPARED_ROUTERS:
         runs.append(Pretraining(router_run(router, experts), router, settings.router_steps,
                                 (("num_experts", experts),), snapshots=settings.snapshot_every))  # fmt: skip
     for heads in settings.heads:
@@ -136,7 +145,7 @@ def router_run(router: str, experts: int) -> str:
     return f"{router}-e{experts}"
 
 
-class StudyRun(DemoRun):
+class StudyRun(PipelineRun):
     """The study's directory: ``data`` (corpus, codebook), ``pretrain/<run>``, ``finetune/<variant>/<task>-seed<s>``,
     ``analysis/*.json``, ``figures/``, ``report.md`` / ``report.json``."""
 
@@ -145,10 +154,11 @@ class StudyRun(DemoRun):
 
     def pretrained(self, name: str) -> Path:
         """The exported backbone of the pre-training ``name``."""
-        return self.out / "pretrain" / name / "backbone.pt"
+        return self.out / "pretrain" / name / EXPORTED_BACKBONE
 
-    def snapshots(self, run: Pretraining) -> list[Path]:
-        return sorted(self.pretrain_run(run).snapshots.glob("step*.pt"))
+    def snapshots(self, run: Pretraining) -> dict[int, Path]:
+        """The pre-training's backbone snapshots by step."""
+        return self.pretrain_run(run).saved_snapshots()
 
     def finetune_run(self, variant: str, task: str, seed: int) -> RunLayout:
         return RunLayout(self.out / "finetune" / variant / f"{task}-seed{seed}")
@@ -164,13 +174,12 @@ def pretrain_stages(study: StudyRun, run: Pretraining) -> list[Stage]:
     layout = study.pretrain_run(run)
     key = StageKey.of("pretrain", run.name)
 
-    def fit() -> dict:
+    def launch():
         snapshots = [BackboneSnapshots(layout.snapshots, run.snapshots)] if run.snapshots else []
-        launch = pretrain_launch(study, run.variant, layout, run.steps, snapshots, dict(run.moe))
-        return train(str(key), launch, layout) | {"routing_stats": str(layout.routing_stats)}
+        return pretrain_launch(study, run.variant, layout, run.steps, snapshots, dict(run.moe))
 
-    export = exporting(StageKey.of(*key.parts, "export"), layout.last_checkpoint, study.pretrained(run.name))
-    return [Stage(key, layout.last_checkpoint, fit), export]
+    export = export_stage(StageKey.of(*key.parts, "export"), layout.last_checkpoint, study.pretrained(run.name))
+    return [pretrain_stage(key, launch, layout), export]
 
 
 def finetune_stages(study: StudyRun, settings: StudySettings) -> list[Stage]:
@@ -181,7 +190,7 @@ def finetune_stages(study: StudyRun, settings: StudySettings) -> list[Stage]:
     random = study.pretrained(f"{PRETRAINING_VARIANT}-{RANDOM_INIT}")  # the architecture, fresh weights
     source = study.pretrained(PRETRAINING_VARIANT)
     stages.append(
-        random_initialisation(StageKey.of("pretrain", f"{PRETRAINING_VARIANT}-{RANDOM_INIT}"), source, random)
+        random_backbone_stage(StageKey.of("pretrain", f"{PRETRAINING_VARIANT}-{RANDOM_INIT}"), source, random)
     )
     cells = [(variant, study.pretrained(variant)) for variant in settings.task_variants]
     cells.append((f"{PRETRAINING_VARIANT}-{RANDOM_INIT}", random))
@@ -190,19 +199,19 @@ def finetune_stages(study: StudyRun, settings: StudySettings) -> list[Stage]:
             for seed in range(settings.task_seeds):
                 layout = study.finetune_run(name, benchmark.name, seed)
                 key = StageKey.of("finetune", name, f"{benchmark.name}-seed{seed}")
-                stages.append(fine_tuning(study, key, benchmark, backbone, layout, seed))
-                stages.append(evaluation(study, StageKey.of(*key.parts, "eval"), benchmark, backbone, layout, seed))
+                stages.append(finetune_stage(study, key, benchmark, backbone, layout, seed))
+                stages.append(evaluate_stage(study, StageKey.of(*key.parts, "eval"), benchmark, backbone, layout, seed))
     consistency = StudyRun(study.out, settings.training.replace(
         finetune_steps={**settings.training.finetune_steps, CONSISTENCY_TASK: settings.consistency_steps}))  # fmt: skip
-    benchmark = next(b for b in BENCHMARKS if b.name == CONSISTENCY_TASK)
-    for router in ROUTERS:
+    benchmark = benchmark_named(CONSISTENCY_TASK)
+    for router in COMPARED_ROUTERS:
         name = router_run(router, settings.many_experts)
         backbone = study.pretrained(name)
         options = {"frozen_routing": router in FROZEN_IN_FINETUNING}
         for seed in range(settings.seeds):
             layout = study.finetune_run(name, CONSISTENCY_TASK, seed)
             key = StageKey.of("finetune", name, f"{CONSISTENCY_TASK}-seed{seed}")
-            stages.append(fine_tuning(consistency, key, benchmark, backbone, layout, seed,
+            stages.append(finetune_stage(consistency, key, benchmark, backbone, layout, seed,
                                       routing_every=settings.consistency_every, model_options=options))  # fmt: skip
     return stages
 
@@ -215,7 +224,7 @@ def analysis_stage(study: StudyRun, settings: StudySettings, runs: list[Pretrain
 
     def measure() -> dict:
         batches = held_out_batches(
-            study.shards / ANALYSIS_SHARDS,
+            study.corpus.shard(ANALYSIS_SHARDS),
             settings.training.image_size,
             settings.analysis_batches,
             settings.analysis_batch_size,
@@ -244,18 +253,17 @@ def measure_runs(study: StudyRun, settings: StudySettings, runs: list[Pretrainin
     by_name = {run.name: run for run in runs}
     experts = settings.many_experts
     xmoe = by_name[router_run("xmoe", experts)]
-    xmoe_snapshot = study.pretrain_run(xmoe).snapshots / f"step{settings.many_experts_steps:06d}.pt"
+    xmoe_snapshot = study.pretrain_run(xmoe).snapshot(settings.many_experts_steps)
     activation = {f"{xmoe.name}-step{settings.many_experts_steps}": {"heads": 1} | expert_loads(xmoe_snapshot, batches)}
     for run in runs:
         if run.variant == "mhmoe" and dict(run.moe).get("num_experts") == experts:
             activation[run.name] = {"heads": run.heads} | expert_loads(study.pretrained(run.name), batches)
     diversity = {run.name: diversity_by_region(study.pretrained(run.name), batches) for run in runs if run.heads > 1}
     snapshots, consistency = {}, {}
-    for router in ROUTERS:
+    for router in COMPARED_ROUTERS:
         run = by_name[router_run(router, experts)]
-        paths = study.snapshots(run)
-        steps = [int(path.stem.removeprefix("step")) for path in paths]
-        snapshots[router] = snapshot_measures(paths, steps, batches, settings.analysis_rows)
+        saved = study.snapshots(run)
+        snapshots[router] = snapshot_measures(list(saved.values()), list(saved), batches, settings.analysis_rows)
         folders = [study.finetune_run(run.name, CONSISTENCY_TASK, seed).root for seed in range(settings.seeds)]
         loads = [window_loads(read_stats(folder)) for folder in folders]
         result = consistency_through_training(loads, [str(folder) for folder in folders])
@@ -265,7 +273,7 @@ def measure_runs(study: StudyRun, settings: StudySettings, runs: list[Pretrainin
     stratified = study.pretrained(by_name[STRATIFIED].name)
     capacity = requested_capacity(stratified, batches)
     passes = token_passes(stratified, batches)
-    training = training_token_counts([study.shards / PRETRAIN_PAIR_SPLIT, study.shards / PRETRAIN_TEXT_SPLIT],
+    training = training_token_counts([study.corpus.shard(PRETRAIN_PAIR_SPLIT), study.corpus.shard(PRETRAIN_TEXT_SPLIT)],
                                      CAPTION_MAX_TEXT_LENGTH)  # fmt: skip
     seen = {token for entry in passes.values() for token in entry["ids"]}
     token_capacity = {"passes": passes, "training_counts": {str(t): training.get(t, 0) for t in sorted(seen)}}
@@ -275,10 +283,10 @@ def measure_runs(study: StudyRun, settings: StudySettings, runs: list[Pretrainin
 
 
 def chance_levels(study: StudyRun) -> dict[str, float]:
-    """Each task's chance level on its score: the VQA per-question-type prior, the constant NLVR2 answer, the constant
-    caption's CIDEr (:class:`mmoe.data.synth.corpus.ChanceLevels`)."""
+    """Each trained task's chance level on its main score (:attr:`mmoe.pipeline.benchmarks.Benchmark.chance`: the VQA
+    per-question-type prior, the constant NLVR2 answer, the constant caption's CIDEr)."""
     levels = ChanceLevels.from_summary(study.chance())
-    return {"vqav2": levels.vqa_prior, "nlvr2": levels.nlvr2_constant, "captioning": levels.caption_constant["CIDEr"]}
+    return {b.name: b.chance(levels) for b in trained_benchmarks(study.settings) if b.chance is not None}
 
 
 def collect_scores(study: StudyRun, name: str, seeds: int) -> dict:
@@ -291,19 +299,17 @@ def collect_scores(study: StudyRun, name: str, seeds: int) -> dict:
 
 
 def maps_stage(study: StudyRun, settings: StudySettings, runs: list[Pretraining]) -> Stage:
-    """``mmoe viz subtoken-map`` of the MH-MoE runs on held-out images (MH-MoE Fig. 1b / 8's maps)."""
-    from mmoe.viz.cli import checkpoint_labels, subtoken_map_path, viz_command
+    """The sub-token maps of the MH-MoE runs on held-out images (MH-MoE Fig. 1b / 8's maps), images only."""
+    from mmoe.viz.cli import checkpoint_labels, subtoken_map_path
 
     out = study.out / "figures" / "maps"
     backbones = [study.pretrained(run.name) for run in runs if run.heads > 1]
-    key = StageKey.of("maps")
 
     def draw() -> dict:
-        argv = ["subtoken-map", "--images", str(study.shards / ANALYSIS_SHARDS), "--out", str(out), "--no-text"]
-        argv += ["--num-images", str(settings.training.figure_images)]
-        for backbone in backbones:
-            argv += ["--ckpt", str(backbone)]
-        run_command(key, "viz", viz_command, argv)
+        from mmoe.viz.cli import draw_subtoken_maps
+
+        images = [study.corpus.shard(ANALYSIS_SHARDS)]
+        draw_subtoken_maps(backbones, images, out, num_images=settings.training.figure_images, text=False)
         return {"files": sorted(str(path) for path in out.glob("*.png"))}
 
-    return Stage(key, subtoken_map_path(out, checkpoint_labels(backbones)[0]), draw)
+    return Stage(StageKey.of("maps"), subtoken_map_path(out, checkpoint_labels(backbones)[0]), draw)

@@ -14,8 +14,8 @@ import dataclasses
 import json
 from dataclasses import dataclass
 
-from mmoe.demo.settings import FULL as DEMO_SETTINGS
-from mmoe.demo.settings import DemoSettings
+from mmoe.pipeline.settings import DEMO as DEMO_SETTINGS
+from mmoe.pipeline.settings import TrainingSettings
 
 #: The routers the study measures beside its claims: Switch top-1 at the tiny part's 8 experts (the baseline), then
 #: fine-grained and shared experts, loss-free bias, expert choice.
@@ -28,8 +28,8 @@ class StudySettings:
 
     Attributes:
         training: corpus, codebook, backbone, batch size, pre-training and fine-tuning steps of the task runs (the
-            demo's settings type; each of ``task_variants`` pre-trains ``training.pretrain_steps`` and fine-tunes each
-            task its steps).
+            pipeline's settings type; each of ``task_variants`` pre-trains ``training.pretrain_steps`` and fine-tunes
+            each task its steps).
         task_variants: the variants whose task scores are compared (MH-MoE Table 4: dense, X-MoE, MH-MoE).
         task_seeds: fine-tuning seeds of every compared task cell, and of the fine-tunings from random init that show
             what pre-training adds.
@@ -53,7 +53,7 @@ class StudySettings:
             measured like the activation-ratio runs (activation ratio, load balance per modality): a table, not a claim.
     """
 
-    training: DemoSettings
+    training: TrainingSettings
     task_variants: tuple[str, ...]
     task_seeds: int
     many_experts: int
@@ -85,14 +85,12 @@ class StudySettings:
 #: pre-training objective (masked data modelling over the whole vocabulary, the tiny config's learning rate): the
 #: study measures the MoE variants under the papers' objective.
 DEMO = DEMO_SETTINGS.replace(
-    synth=("--size", "small"),
+    nlvr2_eval_sets=None,
     backbone={},
     pretrain_learning_rate=None,
     contrastive_coefficient=0.0,
     pretrain_output_vocab=False,
-    finetune_learning_rates={},
-    finetune_head_lr_multipliers={},
-    finetune_layer_decays={},
+    finetune_optimizer={},
 )
 
 
@@ -101,7 +99,7 @@ DEFAULT = StudySettings(
         codebook_size=64,
         pretrain_steps=60,
         finetune_steps={"vqav2": 120, "nlvr2": 100, "captioning": 150},
-        finetune_learning_rates={"captioning": 6e-4},
+        finetune_optimizer={"captioning": {"learning_rate": 6e-4}},
         num_beams=1,
     ),
     task_variants=("dense", "xmoe", "mhmoe"),
@@ -124,7 +122,7 @@ DEFAULT = StudySettings(
 FAST = dataclasses.replace(
     DEFAULT,
     training=DEMO.replace(
-        synth=("--size", "tiny"),
+        corpus_size="tiny",
         codebook_size=32,
         backbone={"dim": 96, "num_heads": 2, "ffn_dim": 192},
         pretrain_steps=8,
@@ -152,7 +150,7 @@ FAST = dataclasses.replace(
 SCALE = dataclasses.replace(
     DEFAULT,
     training=DEMO.replace(
-        synth=("--size", "large"),
+        corpus_size="large",
         finetune_steps={"vqav2": 2000, "nlvr2": 2000, "captioning": 2000},
         pretrain_steps=2000,
         batch_size=64,

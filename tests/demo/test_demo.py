@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import io
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -15,29 +17,34 @@ import torch
 
 from mmoe.cli import main
 from mmoe.data.synth.scenes import COLORS
-from mmoe.demo import (
-    BENCHMARKS,
-    FAST,
-    FULL,
-    DemoError,
-    DemoRun,
-    Stage,
-    StageKey,
-    check_settings,
-    finetune_launch,
-    format_table,
-    predict_launch,
-    pretrain_launch,
-    run_stage,
-)
-from mmoe.demo.settings import CONFIGS, MAPPING_FIELDS
 from mmoe.metrics.caption_words import word_precision
 from mmoe.metrics.captions import load_karpathy_references
 from mmoe.metrics.nlvr2 import evaluate_nlvr2_files
 from mmoe.metrics.retrieval import evaluate_retrieval_file
 from mmoe.metrics.vqa import evaluate_vqa_files
+from mmoe.pipeline import (
+    BENCHMARKS,
+    CONFIGS,
+    PipelineError,
+    PipelineRun,
+    Stage,
+    StageKey,
+    finetune_launch,
+    predict_launch,
+    pretrain_launch,
+    run_stage,
+)
+from mmoe.pipeline.settings import DEMO as FULL
+from mmoe.pipeline.settings import DEMO_FAST as FAST
+from mmoe.pipeline.settings import record_demo_settings
+from mmoe.pipeline.tables import format_table
 from mmoe.tasks.launch import read_config
 from mmoe.tasks.routing_callback import RoutingStatsCallback
+from tests.demo import lane_marks
+
+
+def check_settings(run: PipelineRun) -> None:
+    record_demo_settings(run.out, run.settings)
 
 
 def writing_stage(path: Path, calls: list[int]) -> Stage:
@@ -50,7 +57,7 @@ def writing_stage(path: Path, calls: list[int]) -> Stage:
 
 
 def test_a_done_stage_is_reused_and_a_stage_without_marker_reruns(tmp_path):
-    run, calls = DemoRun(tmp_path, FAST), []
+    run, calls = PipelineRun(tmp_path, FAST), []
     stage = writing_stage(tmp_path / "output.txt", calls)
     first = run_stage(run, stage)
     assert calls == [1] and not first["reused"] and first["result"]["files"] == [str(tmp_path / "output.txt")]
@@ -61,23 +68,23 @@ def test_a_done_stage_is_reused_and_a_stage_without_marker_reruns(tmp_path):
 
 
 def test_a_stage_that_writes_nothing_is_an_error_and_leaves_no_marker(tmp_path):
-    run = DemoRun(tmp_path, FAST)
-    with pytest.raises(DemoError, match="without writing"):
+    run = PipelineRun(tmp_path, FAST)
+    with pytest.raises(PipelineError, match="without writing"):
         run_stage(run, Stage(StageKey.of("empty"), tmp_path / "never.txt", dict))
     assert not (tmp_path / "stages" / "empty.json").exists()
 
 
 def test_a_directory_made_with_other_settings_is_refused(tmp_path):
-    check_settings(DemoRun(tmp_path, FAST))
-    check_settings(DemoRun(tmp_path, FAST))  # same settings: fine
-    with pytest.raises(DemoError, match="other settings") as refused:
-        check_settings(DemoRun(tmp_path, FULL))
+    check_settings(PipelineRun(tmp_path, FAST))
+    check_settings(PipelineRun(tmp_path, FAST))  # same settings: fine
+    with pytest.raises(PipelineError, match="other settings") as refused:
+        check_settings(PipelineRun(tmp_path, FULL))
     # The message names what differs, e.g. the step counts of a run folder made by an older version.
     assert f"codebook_size: {FAST.codebook_size} there, {FULL.codebook_size} now" in str(refused.value)
     assert "precision:" not in str(refused.value)  # equal in both: not listed
 
 
-def stage_launches(run: DemoRun, variant: str = "mhmoe") -> dict:
+def stage_launches(run: PipelineRun, variant: str = "mhmoe") -> dict:
     """The ``mmoe fit`` launches of the demo's training stages."""
     launches = {"pretrain": pretrain_launch(run, variant, run.pretraining(variant))}
     for benchmark in BENCHMARKS:
@@ -87,23 +94,23 @@ def stage_launches(run: DemoRun, variant: str = "mhmoe") -> dict:
     return launches
 
 
-def stage_configs(run: DemoRun, variant: str = "mhmoe") -> dict:
+def stage_configs(run: PipelineRun, variant: str = "mhmoe") -> dict:
     """The configs ``mmoe fit`` runs in the demo's training stages, parsed by the CLI's own parser."""
     return {name: launch.config() for name, launch in stage_launches(run, variant).items()}
 
 
 def test_precision_reaches_every_stage_and_is_part_of_the_settings(tmp_path):
-    bf16 = DemoRun(tmp_path, dataclasses.replace(FAST, precision="bf16-mixed"))
+    bf16 = PipelineRun(tmp_path, dataclasses.replace(FAST, precision="bf16-mixed"))
     assert {config.trainer.precision for config in stage_configs(bf16).values()} == {"bf16-mixed"}
     check_settings(bf16)
-    with pytest.raises(DemoError, match="other settings"):
-        check_settings(DemoRun(tmp_path, FAST))
+    with pytest.raises(PipelineError, match="other settings"):
+        check_settings(PipelineRun(tmp_path, FAST))
 
 
 def test_stage_launches_point_the_shipped_configs_at_the_run_directory(tmp_path):
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    run = DemoRun(tmp_path, FAST)
+    run = PipelineRun(tmp_path, FAST)
     launches = stage_launches(run)
     configs = {name: launch.config() for name, launch in launches.items()}
     pretrain = configs["pretrain"]
@@ -116,12 +123,12 @@ def test_stage_launches_point_the_shipped_configs_at_the_run_directory(tmp_path)
     assert pretrain.model.init_args.contrastive_coefficient == FAST.contrastive_coefficient > 0
     assert (
         pretrain.model.init_args.output_vocab
-        == str(run.caption_tokens)
+        == str(run.corpus.caption_tokens)
         == configs["captioning"].model.init_args.output_vocab
     )
     assert pretrain.model.init_args.optimizer.learning_rate == FAST.pretrain_learning_rate
     plain = stage_launches(
-        DemoRun(
+        PipelineRun(
             tmp_path,
             FAST.replace(pretrain_learning_rate=None, contrastive_coefficient=0.0, pretrain_output_vocab=False),
         )
@@ -150,7 +157,7 @@ def test_stage_launches_point_the_shipped_configs_at_the_run_directory(tmp_path)
 
 
 def test_a_prediction_launch_reads_the_fine_tuning_checkpoint_and_writes_where_asked(tmp_path):
-    run = DemoRun(tmp_path, FAST)
+    run = PipelineRun(tmp_path, FAST)
     layout = run.finetuning("mhmoe", "vqav2")
     fit = stage_launches(run)["vqav2"]
     predict = predict_launch(fit, layout, run.shards / "vqav2-val2014", layout.predictions("answers.json"))
@@ -164,7 +171,7 @@ def test_a_prediction_launch_reads_the_fine_tuning_checkpoint_and_writes_where_a
 
 
 def test_retrieval_is_predicted_on_the_flickr30k_test_split_into_an_embeddings_file(tmp_path):
-    run = DemoRun(tmp_path, FAST)
+    run = PipelineRun(tmp_path, FAST)
     layout = run.finetuning("mhmoe", "retrieval")
     benchmark = next(b for b in BENCHMARKS if b.name == "retrieval")
     predictions = layout.predictions(benchmark.predictions)
@@ -179,12 +186,12 @@ def test_retrieval_is_predicted_on_the_flickr30k_test_split_into_an_embeddings_f
 def test_a_benchmark_without_steps_in_the_settings_has_no_stages(tmp_path):
     """The demo fine-tunes every benchmark of its settings' ``finetune_steps`` (retrieval included); settings without
     retrieval's steps (the claims study's) run the other three."""
-    from mmoe.demo.pipeline import random_init_stages, variant_stages
+    from mmoe.demo.recipe import random_init_stages, variant_stages
 
-    keys = [str(stage.key) for stage in variant_stages(DemoRun(tmp_path, FAST), "mhmoe")]
+    keys = [str(stage.key) for stage in variant_stages(PipelineRun(tmp_path, FAST), "mhmoe")]
     assert keys[-3:] == ["mhmoe/retrieval", "mhmoe/retrieval/eval", "mhmoe/figures"]
     steps = {name: count for name, count in FAST.finetune_steps.items() if name != "retrieval"}
-    without = DemoRun(tmp_path, FAST.replace(finetune_steps=steps))
+    without = PipelineRun(tmp_path, FAST.replace(finetune_steps=steps))
     keys = [str(stage.key) for stage in [*variant_stages(without, "mhmoe"), *random_init_stages(without, "mhmoe")]]
     assert not [key for key in keys if "retrieval" in key] and "mhmoe/captioning/eval" in keys
 
@@ -193,12 +200,11 @@ def test_retrieval_scores_are_the_official_scorers_beside_a_random_rankings(tmp_
     """The demo's retrieval scores equal ``mmoe eval retrieval``'s on the embeddings file, and its chance levels are
     a random ranking's of the test split in the Karpathy file: 1 / images (text -> image), captions per image /
     captions (image -> text)."""
-    from mmoe.demo.benchmarks import score_retrieval
-    from mmoe.demo.report import retrieval_rows
     from mmoe.metrics.retrieval import evaluate_retrieval_file
+    from mmoe.pipeline.benchmarks import retrieval_rows, score_retrieval
     from mmoe.tasks.retrieval import stack_embeddings
 
-    run = DemoRun(tmp_path, FAST)
+    run = PipelineRun(tmp_path, FAST)
     captions_per_image = [5, 5, 4, 5, 3, 5]
     split = [{"split": "train", "sentences": [{"raw": "a"}] * 5}]  # not scored
     split += [{"split": "test", "sentences": [{"raw": f"caption {i}"}] * count} for i, count in
@@ -252,34 +258,57 @@ def test_a_directory_from_before_the_precision_option_counts_as_32_true(tmp_path
     settings = FAST.to_json()
     del settings["precision"]
     (tmp_path / "demo.json").write_text(json.dumps({"settings": settings}))
-    check_settings(DemoRun(tmp_path, FAST))
-    with pytest.raises(DemoError, match="other settings"):
-        check_settings(DemoRun(tmp_path, dataclasses.replace(FAST, precision="bf16-mixed")))
+    check_settings(PipelineRun(tmp_path, FAST))
+    with pytest.raises(PipelineError, match="other settings"):
+        check_settings(PipelineRun(tmp_path, dataclasses.replace(FAST, precision="bf16-mixed")))
 
 
-@pytest.mark.parametrize("field", ["finetune_learning_rates", "finetune_head_lr_multipliers", "finetune_layer_decays"])
-def test_a_directory_from_before_an_optimiser_override_used_the_configs_values(tmp_path, field):
-    configs_values = FULL.replace(**{field: {}})
-    settings = configs_values.to_json()
-    del settings[field]
-    (tmp_path / "demo.json").write_text(json.dumps({"settings": settings}))
-    check_settings(DemoRun(tmp_path, configs_values))
-    with pytest.raises(DemoError, match=field):
-        check_settings(DemoRun(tmp_path, FULL))
+def older_form(settings: dict, optimizer_fields: tuple[str, ...]) -> dict:
+    """``settings`` as a ``demo.json`` of an older version stored them: the corpus options as ``mmoe data synth``
+    arguments, the per-task optimiser options in one field each of ``optimizer_fields`` (absent otherwise), and the
+    per-name fields as lists of ``[name, value]`` pairs."""
+    old = {key: value for key, value in settings.items() if key not in ("corpus_size", "nlvr2_eval_sets")}
+    old["synth"] = ["--size", settings["corpus_size"]]
+    if settings["nlvr2_eval_sets"] is not None:
+        old["synth"] += ["--nlvr2-eval-sets", str(settings["nlvr2_eval_sets"])]
+    optimizer = old.pop("finetune_optimizer")
+    names = {"finetune_learning_rates": "learning_rate", "finetune_head_lr_multipliers": "head_lr_multiplier",
+             "finetune_layer_decays": "layer_decay"}  # fmt: skip
+    for field in optimizer_fields:
+        old[field] = [[task, options[names[field]]] for task, options in optimizer.items() if names[field] in options]
+    old["backbone"] = [[name, value] for name, value in settings["backbone"].items()]
+    old["finetune_steps"] = [[name, value] for name, value in settings["finetune_steps"].items()]
+    return old
 
 
-def test_a_directory_whose_settings_list_name_value_pairs_is_the_same_run(tmp_path):
-    settings = FAST.to_json()
-    pairs = {key: [[name, value] for name, value in settings[key].items()] for key in MAPPING_FIELDS}
-    (tmp_path / "demo.json").write_text(json.dumps({"settings": settings | pairs}))
-    check_settings(DemoRun(tmp_path, FAST))
-    with pytest.raises(DemoError, match="finetune_steps"):
-        check_settings(DemoRun(tmp_path, FAST.replace(finetune_steps={**FAST.finetune_steps, "nlvr2": 1})))
+def test_a_directory_from_an_older_version_is_the_same_run(tmp_path):
+    """A ``demo.json`` that stored the corpus as command-line options, the optimiser overrides as three per-task
+    fields and the per-name fields as pairs holds the same settings; another value is still refused."""
+    fields = ("finetune_learning_rates", "finetune_head_lr_multipliers", "finetune_layer_decays")
+    (tmp_path / "demo.json").write_text(json.dumps({"settings": older_form(FULL.to_json(), fields)}))
+    check_settings(PipelineRun(tmp_path, FULL))
+    with pytest.raises(PipelineError, match="finetune_steps"):
+        check_settings(PipelineRun(tmp_path, FULL.replace(finetune_steps={**FULL.finetune_steps, "nlvr2": 1})))
+    with pytest.raises(PipelineError, match="nlvr2_eval_sets"):
+        check_settings(PipelineRun(tmp_path, FULL.replace(nlvr2_eval_sets=None)))
+
+
+def test_a_directory_from_before_the_optimiser_overrides_used_the_configs_values(tmp_path):
+    configs_values = FULL.replace(finetune_optimizer={})
+    (tmp_path / "demo.json").write_text(json.dumps({"settings": older_form(configs_values.to_json(), ())}))
+    check_settings(PipelineRun(tmp_path, configs_values))
+    with pytest.raises(PipelineError, match="finetune_optimizer"):
+        check_settings(PipelineRun(tmp_path, FULL))
+
+
+def test_an_optimiser_override_must_name_an_optimizer_config_field():
+    with pytest.raises(ValueError, match="'learning_rat' is not an OptimizerConfig field"):
+        FULL.replace(finetune_optimizer={"vqav2": {"learning_rat": 1e-3}})
 
 
 def test_fine_tuning_learning_rate_overrides_replace_only_their_tasks_rate(tmp_path):
     optimizers = {
-        name: config.model.init_args.optimizer for name, config in stage_configs(DemoRun(tmp_path, FAST)).items()
+        name: config.model.init_args.optimizer for name, config in stage_configs(PipelineRun(tmp_path, FAST)).items()
     }
     shipped = {
         benchmark.name: read_config(
@@ -287,9 +316,10 @@ def test_fine_tuning_learning_rate_overrides_replace_only_their_tasks_rate(tmp_p
         ).fit.model.init_args.optimizer
         for benchmark in BENCHMARKS
     }
-    assert optimizers["vqav2"].learning_rate == FAST.finetune_learning_rates["vqav2"] != shipped["vqav2"].learning_rate
-    assert optimizers["vqav2"].head_lr_multiplier == FAST.finetune_head_lr_multipliers["vqav2"] != 1.0
-    assert optimizers["vqav2"].layer_decay == FAST.finetune_layer_decays["vqav2"] != 1.0
+    vqa = FAST.finetune_optimizer["vqav2"]
+    assert optimizers["vqav2"].learning_rate == vqa["learning_rate"] != shipped["vqav2"].learning_rate
+    assert optimizers["vqav2"].head_lr_multiplier == vqa["head_lr_multiplier"] != 1.0
+    assert optimizers["vqav2"].layer_decay == vqa["layer_decay"] != 1.0
     for name in ("nlvr2", "captioning", "retrieval"):
         assert optimizers[name].learning_rate == shipped[name].learning_rate
         assert optimizers[name].head_lr_multiplier == shipped[name].head_lr_multiplier
@@ -297,14 +327,14 @@ def test_fine_tuning_learning_rate_overrides_replace_only_their_tasks_rate(tmp_p
     assert shipped["vqav2"].head_lr_multiplier == 1.0 == shipped["vqav2"].layer_decay
 
 
-def test_fine_tunings_form_groups_that_run_at_once_and_a_failed_group_is_named(tmp_path, capsys):
+def test_fine_tunings_form_groups_that_run_at_once_and_a_failed_group_is_named(tmp_path, capfd):
     """The parallel fine-tunings: one group per benchmark (and per benchmark from random init), each its fit and its
     evaluation and nothing else, dealt to lanes by their steps; a lane's process that fails is named after the others
     ended."""
-    from mmoe.demo.pipeline import fine_tuning_groups, in_group, needs_fine_tunings, random_init_stages, variant_stages
-    from mmoe.demo.stages import lanes_by_cost, run_parallel
+    from mmoe.demo.recipe import fine_tuning_groups, in_group, needs_fine_tunings, random_init_stages, variant_stages
+    from mmoe.pipeline.stages import lanes_by_cost, run_parallel
 
-    run = DemoRun(tmp_path, FAST)
+    run = PipelineRun(tmp_path, FAST)
     groups = fine_tuning_groups(run, "mhmoe", random_init=True)
     benchmarks = ["vqav2", "nlvr2", "captioning", "retrieval"]
     assert [FAST.steps(name) for name in benchmarks] == [300, 150, 500, 100]
@@ -330,15 +360,21 @@ def test_fine_tunings_form_groups_that_run_at_once_and_a_failed_group_is_named(t
     assert lanes_by_cost(list(groups), groups.__getitem__, 1) == [sorted(groups, key=lambda g: -groups[g])]
     assert lanes_by_cost(["a"], lambda group: 1, 2) == [["a"]]
 
-    argv = {("a",): ["demo", "--help"], ("b", "c"): ["no-such-command"], ("c",): ["demo", "--help"]}
-    with pytest.raises(DemoError, match=r"stages b c \(exit status 2\) failed"):
-        run_parallel([["a"], ["b", "c"]], lambda lane: argv[tuple(lane)], jobs=2)
-    run_parallel([["a"], ["c"]], lambda lane: argv[tuple(lane)], jobs=2)
+    marks = tmp_path / "lanes"
+    marks.mkdir()
+    with pytest.raises(PipelineError, match=r"stages b c \(exit status 1\) failed"):
+        run_parallel([["a"], ["b", "c"]], functools.partial(lane_marks.mark_lane, marks), jobs=2)
+    assert "mmoe: error: lane b c failed" in capfd.readouterr().err
+    run_parallel([["a"], ["c"]], functools.partial(lane_marks.mark_lane, marks), jobs=2)
+    # each lane ran in its own process, with the threads of its share of the cores
+    seen = {path.name: json.loads(path.read_text()) for path in marks.iterdir()}
+    assert set(seen) == {"a", "c"} and seen["a"]["pid"] != seen["c"]["pid"] != os.getpid()
+    assert seen["a"]["threads"] == seen["a"]["omp"] == max(1, (os.cpu_count() or 1) // 2)
 
     assert main(["demo", "--fast", "--out", str(tmp_path), "--stages", "mhmoe/nope"]) == 2
-    assert "--stages mhmoe/nope: no stage of this run" in capsys.readouterr().err
+    assert "--stages mhmoe/nope: no stage of this run" in capfd.readouterr().err
     assert main(["demo", "--fast", "--out", str(tmp_path), "--stages", "mhmoe/vqav2", "mhmoe/nope"]) == 2
-    assert "--stages mhmoe/nope: no stage of this run" in capsys.readouterr().err
+    assert "--stages mhmoe/nope: no stage of this run" in capfd.readouterr().err
 
 
 def test_table_has_one_column_per_variant():
@@ -468,14 +504,14 @@ def test_demo_scores_are_official_files_exist_and_a_rerun_reuses_stages(default_
 def test_random_init_stages_start_from_a_fresh_backbone_of_the_pretrained_architecture(tmp_path):
     """``mmoe demo --random-init``: the random backbone has the exported backbone's config and other weights, drawn
     the same whatever the global generator's state; each benchmark is fine-tuned and scored under ``random-init/``."""
-    from mmoe.demo.pipeline import random_backbone_stage, random_init_stages
+    from mmoe.demo.recipe import random_init_stages
     from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
     from mmoe.tasks.checkpoint import export_backbone, read_backbone_state
 
-    run = DemoRun(tmp_path, FAST)
+    run = PipelineRun(tmp_path, FAST)
     config = MultiwayConfig.preset("test", moe=MoEPlan(num_experts=4, heads=2, router="xmoe"))
     pretrained = MultiwayTransformer(config)
-    run.variant("mhmoe").mkdir(parents=True)
+    run.variant_folder("mhmoe").mkdir(parents=True)
     export_backbone(pretrained, run.backbone("mhmoe"))
 
     stages = random_init_stages(run, "mhmoe")
@@ -485,7 +521,7 @@ def test_random_init_stages_start_from_a_fresh_backbone_of_the_pretrained_archit
     for benchmark, fit, evaluate in zip(BENCHMARKS, stages[1::2], stages[2::2], strict=True):
         layout = run.finetuning_from_random("mhmoe", benchmark.name)
         assert fit.output == layout.last_checkpoint and evaluate.output == layout.scores
-        assert layout.root.parent == run.random_backbone("mhmoe").parent != run.variant("mhmoe")
+        assert layout.root.parent == run.random_backbone("mhmoe").parent != run.variant_folder("mhmoe")
 
     torch.manual_seed(123)
     record = run_stage(run, stages[0])
@@ -497,10 +533,10 @@ def test_random_init_stages_start_from_a_fresh_backbone_of_the_pretrained_archit
     assert "patch_embed.weight" in differing and "layers.0.attention.qkv.0.weight" in differing
     torch.manual_seed(456)  # another global state: the same weights again
     again = tmp_path / "again"
-    other = DemoRun(again, FAST)
-    other.variant("mhmoe").mkdir(parents=True)
+    other = PipelineRun(again, FAST)
+    other.variant_folder("mhmoe").mkdir(parents=True)
     export_backbone(pretrained, other.backbone("mhmoe"))
-    run_stage(other, random_backbone_stage(other, "mhmoe"))
+    run_stage(other, random_init_stages(other, "mhmoe")[0])
     _, weights_again = read_backbone_state(other.random_backbone("mhmoe"))
     assert all(torch.equal(weights_again[name], value) for name, value in random_weights.items())
 
@@ -508,7 +544,7 @@ def test_random_init_stages_start_from_a_fresh_backbone_of_the_pretrained_archit
 def test_a_moe_override_changes_only_its_fields_of_the_variants_plan(tmp_path):
     """``moe={"num_experts": 32}`` on the Switch configs keeps their linear router (a dict replacing the whole plan
     once turned a 32-expert Switch run into X-MoE, the plan's default router)."""
-    run = DemoRun(tmp_path, FAST)
+    run = PipelineRun(tmp_path, FAST)
     switch = pretrain_launch(run, "switch", run.pretraining("switch"), moe={"num_experts": 32}).config()
     moe = switch.model.init_args.backbone.moe
     assert (moe.num_experts, moe.router, moe.top_k) == (32, "linear", 1)

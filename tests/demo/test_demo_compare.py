@@ -11,12 +11,14 @@ import numpy as np
 import pytest
 import torch
 
-from mmoe.data.synth.corpus import ChanceLevels
+from mmoe.data.synth.chance import ChanceLevels
 from mmoe.data.synth.scenes import COLORS
-from mmoe.demo import BENCHMARKS, FAST, DemoRun
-from mmoe.demo.benchmarks import caption_test_files, score_nlvr2, score_retrieval, score_vqa, vqa_val_files
-from mmoe.demo.compare import (
-    ITEM_METRICS,
+from mmoe.metrics.caption_words import word_precision
+from mmoe.metrics.retrieval import evaluate_retrieval_file
+from mmoe.metrics.vqa import evaluate_vqa_files
+from mmoe.pipeline import BENCHMARKS, PipelineError, PipelineRun, benchmark_named
+from mmoe.pipeline.benchmarks import score_nlvr2, score_retrieval, score_vqa
+from mmoe.pipeline.compare import (
     NOT_SEPARATED,
     PRETRAINED_AHEAD,
     RANDOM_INIT_AHEAD,
@@ -24,11 +26,11 @@ from mmoe.demo.compare import (
     comparison,
     format_comparison,
 )
-from mmoe.demo.settings import DemoError
-from mmoe.metrics.caption_words import word_precision
-from mmoe.metrics.retrieval import evaluate_retrieval_file
-from mmoe.metrics.vqa import evaluate_vqa_files
+from mmoe.pipeline.items import caption_test_files
+from mmoe.pipeline.settings import DEMO_FAST as FAST
 
+#: The benchmarks compared, by name.
+BENCHMARK_NAMES = [benchmark.name for benchmark in BENCHMARKS]
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 VARIANT = "mhmoe"
 PRETRAINED, RANDOM_INIT = "pre-trained", "random init"
@@ -44,7 +46,7 @@ def write_json(path, content):
     path.write_text(json.dumps(content))
 
 
-def write_corpus(run: DemoRun, rng: np.random.Generator) -> dict:
+def write_corpus(run: PipelineRun, rng: np.random.Generator) -> dict:
     """The evaluation files the demo's scorers read, with skewed VQA answers, mixed NLVR2 labels and two-colour
     references; returns what the prediction writers need."""
     annotations = []
@@ -76,17 +78,17 @@ def write_corpus(run: DemoRun, rng: np.random.Generator) -> dict:
             "image_embeddings": torch.from_numpy(rng.normal(size=(RETRIEVED, 16)))}  # fmt: skip
 
 
-def prediction_file(run: DemoRun, name: str, start: str):
+def prediction_file(run: PipelineRun, name: str, start: str):
     """The prediction file of benchmark ``name`` fine-tuned from ``start`` (pre-trained or random init)."""
-    benchmark = next(b for b in BENCHMARKS if b.name == name)
+    benchmark = benchmark_named(name)
     layout = run.finetuning if start == PRETRAINED else run.finetuning_from_random
     return layout(VARIANT, name).predictions(benchmark.predictions)
 
 
-def write_predictions(run: DemoRun, corpus: dict, start: str, skill: float, rng: np.random.Generator) -> None:
+def write_predictions(run: PipelineRun, corpus: dict, start: str, skill: float, rng: np.random.Generator) -> None:
     """One start's four prediction files: each item right with probability ``skill`` (0: wrong on every item; 1:
     right on every item)."""
-    files = {name: prediction_file(run, name, start) for name in ITEM_METRICS}
+    files = {name: prediction_file(run, name, start) for name in BENCHMARK_NAMES}
 
     def right() -> bool:
         return bool(rng.random() < skill)
@@ -117,14 +119,14 @@ def write_predictions(run: DemoRun, corpus: dict, start: str, skill: float, rng:
 @pytest.fixture
 def demo_run(tmp_path):
     rng = np.random.default_rng(7)
-    run = DemoRun(tmp_path / "demo", FAST)
+    run = PipelineRun(tmp_path / "demo", FAST)
     corpus = write_corpus(run, rng)
     return run, corpus, rng
 
 
-def official_values(run: DemoRun, start: str) -> dict[tuple[str, str], float]:
+def official_values(run: PipelineRun, start: str) -> dict[tuple[str, str], float]:
     """(task, metric) -> the official scorer's value on ``start``'s files."""
-    files = {name: prediction_file(run, name, start) for name in ITEM_METRICS}
+    files = {name: prediction_file(run, name, start) for name in BENCHMARK_NAMES}
     references, captions = caption_test_files(run, files["captioning"])
     retrieval = score_retrieval(run, files["retrieval"])
     return {
@@ -137,12 +139,14 @@ def official_values(run: DemoRun, start: str) -> dict[tuple[str, str], float]:
     }  # fmt: skip
 
 
-def per_item_reference(run: DemoRun, start: str, tmp_path) -> dict[tuple[str, str], tuple[list, object]]:
+def per_item_reference(run: PipelineRun, start: str, tmp_path) -> dict[tuple[str, str], tuple[list, object]]:
     """(task, metric) -> (item ids, statistic of a list of picked item ids), straight from the official scorers'
     per-item outputs: VQA's perQuestion, NLVR2 labels against predictions, the colour check of one image at a time,
     each query's rank from ``mmoe eval retrieval --results``."""
-    files = {name: prediction_file(run, name, start) for name in ITEM_METRICS}
-    per_question = evaluate_vqa_files(*vqa_val_files(run), files["vqav2"])["perQuestion"]
+    files = {name: prediction_file(run, name, start) for name in BENCHMARK_NAMES}
+    per_question = evaluate_vqa_files(
+        run.corpus.vqa_questions("val2014"), run.corpus.vqa_annotations("val2014"), files["vqav2"]
+    )["perQuestion"]
     labels = {json.loads(line)["identifier"]: json.loads(line)["label"] == "True"
               for line in (run.data / "nlvr2" / "dev.json").read_text().splitlines()}  # fmt: skip
     predicted = dict(line.split(",") for line in files["nlvr2"].read_text().splitlines())
@@ -212,7 +216,7 @@ def test_paired_bootstrap_equals_a_per_item_loop_with_the_same_draws(demo_run, t
 def test_identical_predictions_are_not_separated(demo_run):
     run, corpus, rng = demo_run
     write_predictions(run, corpus, PRETRAINED, 0.7, rng)
-    for name in ITEM_METRICS:
+    for name in BENCHMARK_NAMES:
         target = prediction_file(run, name, RANDOM_INIT)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(prediction_file(run, name, PRETRAINED), target)
@@ -244,7 +248,7 @@ def test_starts_scored_on_different_items_are_refused(demo_run):
     content = torch.load(embeddings, weights_only=True)
     torch.save(content | {"image_ids": content["image_ids"] + 1000, "caption_image_ids": content["caption_image_ids"]
                           + 1000}, embeddings)  # fmt: skip
-    with pytest.raises(DemoError, match="the two starts were scored on different items"):
+    with pytest.raises(PipelineError, match="the two starts were scored on different items"):
         comparison(run, VARIANT)
 
 
@@ -254,8 +258,8 @@ def test_the_demo_command_saves_and_prints_the_comparison_after_the_table(demo_r
     run, corpus, rng = demo_run
     write_predictions(run, corpus, PRETRAINED, 0.8, rng)
     write_predictions(run, corpus, RANDOM_INIT, 0.5, rng)
-    write_json(run.corpus_summary, {"chance": {}})
-    monkeypatch.setattr(command, "run_stages", lambda *args: {})  # every stage done: only the report runs
+    write_json(run.corpus.summary, {"chance": {}})
+    monkeypatch.setattr(command, "run_demo", lambda *args: {})  # every stage done: only the report runs
     row = {"task": "NLVR2 dev", "metric": "accuracy", "value": 0.5, "chance": 0.5, "baseline": "constant answer"}
     monkeypatch.setattr(command, "variant_rows", lambda *args, **kwargs: [row])
     assert command.demo_command(["--out", str(run.out), "--fast", "--random-init"]) == 0
@@ -274,7 +278,7 @@ def test_each_compared_metric_is_a_row_of_the_main_table_with_the_same_value(dem
     run, corpus, rng = demo_run
     write_predictions(run, corpus, PRETRAINED, 0.8, rng)
     write_predictions(run, corpus, RANDOM_INIT, 0.5, rng)
-    files = {name: prediction_file(run, name, PRETRAINED) for name in ITEM_METRICS}
+    files = {name: prediction_file(run, name, PRETRAINED) for name in BENCHMARK_NAMES}
     colours = word_precision(*reversed(caption_test_files(run, files["captioning"])), COLORS)
     scores = {
         "vqav2": score_vqa(run, files["vqav2"]),
@@ -305,7 +309,7 @@ def test_the_seed_script_compares_two_ablation_folders_as_the_demo_compares_its_
     for start, folder in folders.items():
         folder.mkdir()
         (folder / "data").symlink_to(run.data)
-        for name in ITEM_METRICS:
+        for name in BENCHMARK_NAMES:
             source = prediction_file(run, name, start)
             (folder / name).mkdir()
             shutil.copy(source, folder / name / source.name)
@@ -315,5 +319,5 @@ def test_the_seed_script_compares_two_ablation_folders_as_the_demo_compares_its_
     assert [row for row in comparison(run, VARIANT) if row["task"] != "NLVR2 dev"] == rows
     truncated = folders[RANDOM_INIT] / "vqav2" / prediction_file(run, "vqav2", RANDOM_INIT).name
     truncated.write_text(truncated.read_text()[:40])
-    with pytest.raises(DemoError, match=f"comparing .* with {truncated}"):
+    with pytest.raises(PipelineError, match=f"comparing .* with {truncated}"):
         script.compare_folders(folders[PRETRAINED], folders[RANDOM_INIT])

@@ -13,12 +13,12 @@ import torch
 import yaml
 
 from mmoe.cli import main
-from mmoe.demo import FAST, VARIANTS, DemoRun, pretrain_launch
 from mmoe.demo.command import parse
-from mmoe.demo.pipeline import variant_stages
-from mmoe.demo.settings import CONFIGS
+from mmoe.demo.recipe import variant_stages
 from mmoe.model import MoEPlan, MultiwayTransformer
 from mmoe.moe.router import Router
+from mmoe.pipeline import CONFIGS, VARIANTS, PipelineRun, pretrain_launch
+from mmoe.pipeline.settings import DEMO_FAST as FAST
 from mmoe.tasks.checkpoint import export_backbone
 from tests.routing_fixtures import image_dir, shard, tiny_config, tiny_part_plan
 from tests.viz.test_viz import differ
@@ -29,11 +29,11 @@ ROUTER_VARIANTS = ("fine_grained", "shared_experts", "loss_free", "expert_choice
 @pytest.mark.parametrize("variant", ROUTER_VARIANTS)
 def test_a_router_variant_runs_every_stage_of_the_demo_on_its_tiny_part(tmp_path, variant):
     assert parse(["--variant", variant]).variant == variant and variant in VARIANTS  # so also in --variant all
-    run = DemoRun(tmp_path, FAST)
+    run = PipelineRun(tmp_path, FAST)
     reference = [str(stage.key).split("/", 1)[1] for stage in variant_stages(run, "mhmoe")]
     stages = variant_stages(run, variant)
     assert [str(stage.key) for stage in stages] == [f"{variant}/{name}" for name in reference]
-    assert stages[-1].output.parent == run.variant(variant) / "figures"
+    assert stages[-1].output.parent == run.variant_folder(variant) / "figures"
 
     config = pretrain_launch(run, variant, run.pretraining(variant)).config()
     part = yaml.safe_load((CONFIGS / "pretrain" / "tiny" / f"{variant}.yaml").read_text())
@@ -96,7 +96,7 @@ def test_the_router_balance_script_reads_its_table_from_the_run_files(tmp_path):
     spec = importlib.util.spec_from_file_location("router_balance", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    run = DemoRun(tmp_path, FAST)
+    run = PipelineRun(tmp_path, FAST)
     layout = run.pretraining("expert_choice")
     layout.csv_logs.joinpath("version_0").mkdir(parents=True)
     early, late = (

@@ -12,13 +12,12 @@ import pytest
 import torch
 
 from mmoe.data.tokenizer import CAPTION_MAX_TEXT_LENGTH
-from mmoe.demo.command import refuse_other_settings
-from mmoe.demo.settings import DemoError
-from mmoe.demo.stages import run_stage
-from mmoe.demo.training import configured_moe
 from mmoe.metrics.routing import record_key
 from mmoe.model import MultiwayTransformer
 from mmoe.moe.router import Router
+from mmoe.pipeline.launch import configured_moe
+from mmoe.pipeline.settings import refuse_other_settings
+from mmoe.pipeline.stages import PipelineError, run_stage
 from mmoe.study import claims_from
 from mmoe.study.command import upgraded_study
 from mmoe.study.measures import expert_loads, held_out_batches, inputs, router_variant_measures
@@ -155,5 +154,5 @@ def test_a_study_from_before_the_router_table_is_the_same_run_and_gets_the_route
     (tmp_path / "study.json").write_text(json.dumps({"settings": older}))
     refuse_other_settings(tmp_path / "study.json", FAST.to_json(), "a claims study", "", upgraded_study)  # accepted
     other = FAST.to_json() | {"router_variants": ["loss_free"]}
-    with pytest.raises(DemoError, match="router_variants"):
+    with pytest.raises(PipelineError, match="router_variants"):
         refuse_other_settings(tmp_path / "study.json", other, "a claims study", "", upgraded_study)

@@ -279,6 +279,7 @@ def test_backbone_snapshots_write_loadable_backbones_at_their_steps(tmp_path):
     import lightning as L
 
     from mmoe.model import MultiwayConfig
+    from mmoe.tasks.layout import RunLayout
     from mmoe.tasks.snapshots import BackboneSnapshots
     from tests.routing_fixtures import make_checkpoint
 
@@ -303,6 +304,14 @@ def test_backbone_snapshots_write_loadable_backbones_at_their_steps(tmp_path):
     trainer.fit(Module(), data)
     names = sorted(path.name for path in (tmp_path / "snapshots").iterdir())
     assert names == ["step000000.pt", "step000002.pt", "step000004.pt"]
+    # The run folder's layout names the same files, and lists them by step; other files in the folder are no snapshot.
+    layout = RunLayout(tmp_path)
+    assert [layout.snapshot(step) for step in (0, 2, 4)] == [callback.path(step) for step in (0, 2, 4)]
+    (layout.snapshots / "step12.pt").write_text("")
+    (layout.snapshots / "step000006.pt.tmp").write_text("")
+    (layout.snapshots / "step000010.pt").mkdir()
+    assert layout.saved_snapshots() == {step: layout.snapshot(step) for step in (0, 2, 4)}
+    assert RunLayout(tmp_path / "elsewhere").saved_snapshots() == {}
     first, last = (load_backbone(tmp_path / "snapshots" / name) for name in (names[0], names[-1]))
     assert isinstance(first.config, MultiwayConfig)
     pairs = zip(first.state_dict().values(), last.state_dict().values(), strict=True)
@@ -535,15 +544,16 @@ def test_the_study_fine_tunes_only_the_benchmarks_its_settings_give_steps(tmp_pa
 def test_the_study_keeps_its_training_setting_apart_from_the_demos():
     """The study trains as its shipped report says (BEiT-3's pre-training objective, the tiny width, the configs'
     learning rates but captioning's), whatever the demo's own setting becomes."""
+    from mmoe.pipeline.settings import upgraded_settings
     from mmoe.study.settings import DEFAULT, SCALE
     from mmoe.study.settings import FAST as STUDY_FAST
 
     shipped = json.loads((Path(__file__).parents[2] / "docs" / "claims" / "report.json").read_text())
-    stored = shipped["settings"]["training"]
+    stored = upgraded_settings(shipped["settings"]["training"])  # in today's form
     assert {key: DEFAULT.training.to_json()[key] for key in stored} == stored
     for settings in (DEFAULT, STUDY_FAST, SCALE):
         training = settings.training
         assert training.contrastive_coefficient == 0 and not training.pretrain_output_vocab
-        assert training.pretrain_learning_rate is None and training.finetune_head_lr_multipliers == {}
-        assert training.finetune_layer_decays == {}
-    assert STUDY_FAST.training.finetune_learning_rates == SCALE.training.finetune_learning_rates == {}
+        assert training.pretrain_learning_rate is None
+        assert all(set(options) <= {"learning_rate"} for options in training.finetune_optimizer.values())
+    assert STUDY_FAST.training.finetune_optimizer == SCALE.training.finetune_optimizer == {}

@@ -8,8 +8,8 @@ import lightning as L
 import pytest
 import torch
 
-from mmoe.demo.settings import CONFIGS
 from mmoe.model import MultiwayConfig
+from mmoe.pipeline.launch import CONFIGS
 from mmoe.tasks.launch import read_config
 from mmoe.tasks.nlvr2 import NLVR2FineTuning
 from mmoe.tasks.optimizer import (

@@ -20,16 +20,9 @@ from mmoe.data.converters import (
 from mmoe.data.processes import run_in_processes
 from mmoe.data.shards import Manifest
 from mmoe.data.synth.layout import (
-    CAPTION_TEST_SPLIT,
-    CAPTION_TRAIN_SPLIT,
-    NLVR2_DEV_SPLIT,
     PRETRAIN_IMAGE_SPLIT,
     PRETRAIN_PAIR_SPLIT,
     PRETRAIN_TEXT_SPLIT,
-    RETRIEVAL_TEST_SPLIT,
-    RETRIEVAL_TRAIN_SPLIT,
-    VQA_TRAIN_SPLIT,
-    VQA_VAL_SPLIT,
     CorpusLayout,
     answer_vocab_in,
     coco_captions_split,
@@ -39,24 +32,7 @@ from mmoe.data.synth.layout import (
     vqa_split,
 )
 
-# The split folders' names are defined with the rest of the corpus layout and re-exported here.
-__all__ = [
-    "CAPTION_TEST_SPLIT",
-    "CAPTION_TRAIN_SPLIT",
-    "NLVR2_DEV_SPLIT",
-    "PRETRAIN_IMAGE_SPLIT",
-    "PRETRAIN_PAIR_SPLIT",
-    "PRETRAIN_TEXT_SPLIT",
-    "RETRIEVAL_TEST_SPLIT",
-    "RETRIEVAL_TRAIN_SPLIT",
-    "VQA_TRAIN_SPLIT",
-    "VQA_VAL_SPLIT",
-    "convert_layout",
-    "flickr30k_split",
-    "karpathy_split",
-    "nlvr2_split",
-    "vqa_split",
-]
+__all__ = ["convert_layout"]
 
 Job = Callable[[], Manifest]
 

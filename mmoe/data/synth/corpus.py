@@ -21,27 +21,14 @@ import numpy as np
 
 from mmoe.data.processes import run_in_processes
 from mmoe.data.synth.chance import (
-    ChanceLevels,
-    caption_constant_baseline,
     chance_summary,
-    image_blind_answers,
-    vqa_prior_accuracy,
 )
 from mmoe.data.synth.karpathy import coco_document, flickr30k_document
 from mmoe.data.synth.language import captions, human_answers, majority_answer, questions, statement
-from mmoe.data.synth.layout import SUMMARY_FILE, CorpusLayout
+from mmoe.data.synth.layout import CorpusLayout
 from mmoe.data.synth.scenes import Scene, render, sample_scene
 
-__all__ = [
-    "SIZES",
-    "SUMMARY_FILE",
-    "ChanceLevels",
-    "SynthSizes",
-    "build_corpus",
-    "caption_constant_baseline",
-    "image_blind_answers",
-    "vqa_prior_accuracy",
-]
+__all__ = ["SIZES", "SynthSizes", "build_corpus"]
 
 _SPLIT_CODES = {"train2014": 1, "val2014": 2, "test2015": 3, "nlvr2-train": 4, "nlvr2-dev": 5, "nlvr2-test1": 6,
                 "text": 7, "nlvr2-statements": 8}  # fmt: skip

@@ -1,6 +1,6 @@
-"""How the demo trains and predicts: ``mmoe fit`` / ``predict`` in this process (:func:`mmoe.tasks.launch
+"""How a pipeline trains and predicts: ``mmoe fit`` / ``predict`` in this process (:func:`mmoe.tasks.launch
 .run_lightning`) on a config shipped in ``mmoe/configs``, with typed options that point it at the run directory and
-set the demo's step counts, and the demo's callbacks as objects."""
+set the run's step counts, and the run's callbacks as objects."""
 
 from __future__ import annotations
 
@@ -13,18 +13,27 @@ import lightning as L
 from jsonargparse import Namespace
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 
-from mmoe.demo.report import say
-from mmoe.demo.settings import CONFIGS, OPTIMIZER_OVERRIDES, DemoError, DemoRun
+from mmoe.pipeline.layout import PipelineRun
+from mmoe.pipeline.stages import PipelineError, print_progress
 from mmoe.tasks.finetuning import FineTuningTask
 from mmoe.tasks.launch import read_config, run_lightning
 from mmoe.tasks.layout import RunLayout
 from mmoe.tasks.routing_callback import RoutingStatsCallback
 from mmoe.tasks.run_logs import CSV_LOGGER
 
+#: The configs shipped with the package (``configs/`` at the repo root links here).
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+#: The pre-training parts ``configs/pretrain/tiny/<variant>.yaml`` a pipeline runs (``dense``: none). Not
+#: ``global_balance``: the pipelines train on one device, where the global-batch balance loss is Switch's own.
+VARIANTS = (
+    "dense", "switch", "xmoe", "mhmoe", "stratified", "fine_grained", "shared_experts", "loss_free", "expert_choice"
+)  # fmt: skip
+
 
 @dataclasses.dataclass(frozen=True)
 class Launch:
-    """One ``mmoe fit`` / ``predict`` of the demo.
+    """One ``mmoe fit`` / ``predict`` of a pipeline.
 
     Attributes:
         subcommand: ``fit`` or ``predict``.
@@ -43,12 +52,12 @@ class Launch:
         return read_config(self.configs, self.overrides, self.subcommand)[self.subcommand]
 
     def run(self, stage: str) -> None:
-        """Runs it; DemoError naming ``stage`` when the CLI exits with an error."""
+        """Runs it; PipelineError naming ``stage`` when the CLI exits with an error."""
         try:
             run_lightning(self.subcommand, self.configs, self.overrides, self.callbacks)
         except SystemExit as stop:  # LightningCLI ends bad configs and bad input with exit 2
             if stop.code not in (0, None):
-                raise DemoError(f"stage {stage}: mmoe {self.subcommand} exited with status {stop.code}") from None
+                raise PipelineError(f"stage {stage}: mmoe {self.subcommand} exited with status {stop.code}") from None
 
     def to_json(self) -> dict:
         """What a stage marker records: the subcommand, configs, options and callbacks."""
@@ -73,7 +82,7 @@ def config_file(relative: str) -> Path:
     """A config shipped with the package (``mmoe/configs/<relative>``)."""
     path = CONFIGS / relative
     if not path.is_file():
-        raise DemoError(f"config {path} does not exist (mmoe demo reads the configs shipped in the mmoe package)")
+        raise PipelineError(f"config {path} does not exist (pipelines read the configs shipped in the mmoe package)")
     return path
 
 
@@ -85,9 +94,9 @@ def pretrain_configs(variant: str) -> tuple[Path, ...]:
 
 
 def trainer_options(
-    run: DemoRun, layout: RunLayout, steps: int, routing_every: int, extra: Sequence[L.Callback] = ()
+    run: PipelineRun, layout: RunLayout, steps: int, routing_every: int, extra: Sequence[L.Callback] = ()
 ) -> tuple[dict[str, Any], tuple[L.Callback, ...]]:
-    """The trainer of a demo stage and its callbacks: ``steps`` steps without validation, one CSV logger, the latest
+    """The trainer of a pipeline stage and its callbacks: ``steps`` steps without validation, one CSV logger, the latest
     checkpoint as ``layout.last_checkpoint``, routing statistics every ``routing_every`` steps in ``layout``, no
     progress bar (:func:`progress_lines` instead), and ``extra`` callbacks."""
     csv = {"save_dir": str(layout.root), "name": layout.csv_logs.name, "version": 0}
@@ -108,7 +117,7 @@ def trainer_options(
 
 
 def progress_lines(label: str, steps: int) -> dict[str, Any]:
-    """The options of a demo stage's progress lines (:class:`mmoe.tasks.throughput.Throughput`, which every run
+    """The options of a pipeline stage's progress lines (:class:`mmoe.tasks.throughput.Throughput`, which every run
     has): about six lines for ``steps`` steps, each starting with ``label``."""
     return {"label": label, "every_n_steps": max(10, steps // 6)}
 
@@ -119,14 +128,14 @@ def configured_moe(variant: str):
 
 
 def pretrain_launch(
-    run: DemoRun,
+    run: PipelineRun,
     variant: str,
     layout: RunLayout,
     steps: int | None = None,
     extra_callbacks: Sequence[L.Callback] = (),
     moe: dict[str, Any] | None = None,
 ) -> Launch:
-    """``mmoe fit`` with the tiny configs of ``variant`` (:func:`pretrain_configs`) on the demo's corpus (its codebook
+    """``mmoe fit`` with the tiny configs of ``variant`` (:func:`pretrain_configs`) on the run's corpus (its codebook
     included) into ``layout``, for ``steps`` (default the settings' ``pretrain_steps``); ``moe`` replaces fields of the
     backbone's MoE plan."""
     steps = run.settings.pretrain_steps if steps is None else steps
@@ -142,7 +151,7 @@ def pretrain_launch(
     if run.settings.contrastive_coefficient:
         model["contrastive_coefficient"] = run.settings.contrastive_coefficient
     if run.settings.pretrain_output_vocab:
-        model["output_vocab"] = str(run.caption_tokens)
+        model["output_vocab"] = str(run.corpus.caption_tokens)
     overrides = {
         "trainer": trainer,
         "throughput": progress_lines(label, steps),
@@ -154,7 +163,7 @@ def pretrain_launch(
 
 
 def finetune_launch(
-    run: DemoRun,
+    run: PipelineRun,
     task: type[FineTuningTask],
     model_options: dict[str, Any],
     backbone: Path,
@@ -162,19 +171,14 @@ def finetune_launch(
     seed: int | None = None,
     routing_every: int = 20,
 ) -> Launch:
-    """``mmoe fit`` with ``configs/finetune/<task>_tiny.yaml`` on the demo's corpus into ``layout``, starting from
-    ``backbone`` (whose architecture it keeps), with the task's ``model_options`` (files in the demo's corpus, decoding
+    """``mmoe fit`` with ``configs/finetune/<task>_tiny.yaml`` on the run's corpus into ``layout``, starting from
+    ``backbone`` (whose architecture it keeps), with the task's ``model_options`` (files in the run's corpus, decoding
     settings); ``seed`` replaces the config's ``seed_everything``; routing statistics every ``routing_every`` steps."""
     steps = run.settings.steps(task.name)
     trainer, callbacks = trainer_options(run, layout, steps, routing_every)
     model = {"backbone": None, "pretrained": str(backbone), **model_options}
-    optimizer = {
-        option: getattr(run.settings, field)[task.name]
-        for field, option in OPTIMIZER_OVERRIDES.items()
-        if task.name in getattr(run.settings, field)
-    }
-    if optimizer:
-        model["optimizer"] = optimizer
+    if task.name in run.settings.finetune_optimizer:
+        model["optimizer"] = dict(run.settings.finetune_optimizer[task.name])
     overrides = {
         "trainer": trainer,
         "throughput": progress_lines(f"fine-tune {task.name}", steps),
@@ -200,7 +204,7 @@ def train(stage: str, launch: Launch, layout: RunLayout) -> dict:
     """Runs the ``fit`` ``launch``, resumed from ``layout.last_checkpoint`` when an earlier run left one; returns what
     ran and the files it wrote."""
     if layout.last_checkpoint.is_file():
-        say(f"    resuming from {layout.last_checkpoint}")
+        print_progress(f"    resuming from {layout.last_checkpoint}")
         launch = dataclasses.replace(launch, overrides=launch.overrides | {"ckpt_path": str(layout.last_checkpoint)})
     launch.run(stage)
     return {"launch": launch.to_json(), "files": [str(layout.last_checkpoint), str(layout.csv_logs)]}

@@ -1,0 +1,135 @@
+"""The stages the demo and the claims study share, each a typed call of mmoe's own functions (no command line in
+between): the corpus, the codebook, a pre-training, a backbone export, a fine-tuning and its scored evaluation, and a
+randomly initialised backbone."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from mmoe.data.shards import MANIFEST
+from mmoe.data.synth.layout import PRETRAIN_IMAGE_SPLIT, PRETRAIN_PAIR_SPLIT, PRETRAIN_TEXT_SPLIT
+from mmoe.io import write_json
+from mmoe.pipeline.benchmarks import Benchmark
+from mmoe.pipeline.launch import Launch, finetune_launch, predict_launch, pretrain_launch, train
+from mmoe.pipeline.layout import PipelineRun
+from mmoe.pipeline.stages import Stage, StageKey
+from mmoe.tasks.layout import RunLayout
+
+
+def corpus_stage(run: PipelineRun) -> Stage:
+    """``mmoe data synth --shards``: the synthetic corpus of the run's size under ``DIR/data``, each split
+    converted."""
+
+    def build() -> dict:
+        from mmoe.data.cli import synthesize_corpus
+
+        sizes = {} if run.settings.nlvr2_eval_sets is None else {"nlvr2_eval_sets": run.settings.nlvr2_eval_sets}
+        synthesize_corpus(run.data, run.settings.corpus_size, sizes=sizes, shards=True)
+        return {"files": [str(run.corpus.summary), str(run.shards)]}
+
+    return Stage(StageKey.of("corpus"), run.corpus.shard(PRETRAIN_TEXT_SPLIT) / MANIFEST, build)
+
+
+def codebook_stage(run: PipelineRun) -> Stage:
+    """``mmoe tokenizer fit``: the visual codebook (the targets of masked image modeling) of the pre-training
+    images."""
+
+    def fit() -> dict:
+        from mmoe.tasks.visual_codebook import fit_codebook_file
+
+        shards = [run.corpus.shard(PRETRAIN_IMAGE_SPLIT), run.corpus.shard(PRETRAIN_PAIR_SPLIT)]
+        fit_codebook_file(shards, run.codebook, run.settings.codebook_size, run.settings.image_size)
+        return {"files": [str(run.codebook)]}
+
+    return Stage(StageKey.of("codebook"), run.codebook, fit)
+
+
+def pretrain_stage(key: StageKey, launch: Callable[[], Launch], layout: RunLayout) -> Stage:
+    """The pre-training ``launch()`` builds, into ``layout`` (resumed from its latest checkpoint); built when the stage
+    runs, not when a done stage is listed."""
+
+    def fit() -> dict:
+        record = train(str(key), launch(), layout)
+        return record | {"files": [*record["files"], str(layout.routing_stats)]}
+
+    return Stage(key, layout.last_checkpoint, fit)
+
+
+def variant_pretrain_stage(run: PipelineRun, variant: str) -> Stage:
+    """The pre-training of the tiny configs of ``variant`` (:func:`mmoe.pipeline.launch.pretrain_launch`) into
+    ``DIR/<variant>/pretrain``: the demo's, and where a script that pre-trains as the demo does finds it."""
+    layout = run.pretraining(variant)
+    return pretrain_stage(StageKey.of(variant, "pretrain"), lambda: pretrain_launch(run, variant, layout), layout)
+
+
+def export_stage(key: StageKey, checkpoint: Path, target: Path) -> Stage:
+    """The backbone of a training checkpoint as an exported backbone file."""
+
+    def export() -> dict:
+        from mmoe.tasks.checkpoint import export_backbone, load_backbone
+
+        export_backbone(load_backbone(checkpoint), target)
+        return {"files": [str(target)]}
+
+    return Stage(key, target, export)
+
+
+def finetune_stage(
+    run: PipelineRun,
+    key: StageKey,
+    benchmark: Benchmark,
+    backbone: Path,
+    layout: RunLayout,
+    seed: int | None = None,
+    routing_every: int = 20,
+    model_options: dict | None = None,
+) -> Stage:
+    """``mmoe fit`` of ``benchmark``'s task from ``backbone`` into ``layout`` (``seed``: the config's when None),
+    routing statistics every ``routing_every`` steps; ``model_options`` add to the task's (e.g. ``frozen_routing``)."""
+
+    def fit() -> dict:
+        options = benchmark.model_options(run) | (model_options or {})
+        launch = finetune_launch(run, benchmark.task, options, backbone, layout, seed, routing_every)
+        return train(str(key), launch, layout)
+
+    return Stage(key, layout.last_checkpoint, fit)
+
+
+def evaluate_stage(
+    run: PipelineRun, key: StageKey, benchmark: Benchmark, backbone: Path, layout: RunLayout, seed: int | None = None
+) -> Stage:
+    """``mmoe predict`` of the fine-tuning in ``layout`` (from ``backbone``) on the benchmark's evaluation split,
+    scored by the official scorers into ``layout.scores``."""
+
+    def evaluate() -> dict:
+        predictions = layout.predictions(benchmark.predictions)
+        fit = finetune_launch(run, benchmark.task, benchmark.model_options(run), backbone, layout, seed)
+        launch = predict_launch(fit, layout, run.corpus.shard(benchmark.eval_split), predictions)
+        launch.run(str(key))
+        scores = benchmark.score(run, predictions)
+        write_json(layout.scores, scores)
+        return {"scores": scores, "launch": launch.to_json(), "files": [str(predictions), str(layout.scores)]}
+
+    return Stage(key, layout.scores, evaluate)
+
+
+def random_backbone_stage(key: StageKey, source: Path, target: Path, seed: int = 0) -> Stage:
+    """``target``: a backbone with the architecture of the exported backbone ``source`` and fresh weights from the
+    backbone's own initialisation under ``seed``."""
+
+    def initialise() -> dict:
+        import torch
+
+        from mmoe.model import MultiwayTransformer
+        from mmoe.tasks.checkpoint import export_backbone, read_backbone_state
+
+        config, _ = read_backbone_state(source)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            backbone = MultiwayTransformer(config)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        export_backbone(backbone, target)
+        return {"files": [str(target)], "seed": seed}
+
+    return Stage(key, target, initialise)
