@@ -7,8 +7,9 @@ ways, chosen per call:
 * GPU: one grouped GEMM per linear (``torch._grouped_mm``, slice ends ``offsets`` kept on the device: no host sync).
 * CPU with >= 256 rows per expert, or where the grouped GEMM is unavailable for the device / dtype / alignment: a
   per-expert ``addmm`` loop over ``unbind``-ed weights. On a CPU reading the counts costs nothing, and the fused
-  bias saves the (R, H) gathered bias of the grouped path (measured 1.1-1.45x faster fwd+bwd at >= 512 rows per
-  expert). ``unbind`` keeps the backward O(E); indexing ``W[e]`` in a loop would write E full-size zero gradients.
+  bias saves the (R, H) gathered bias of the grouped path (faster fwd+bwd at >= 512 rows per expert:
+  ``benchmarks/moe_layer.py``, README.md's Benchmarks section). ``unbind`` keeps the backward O(E); indexing
+  ``W[e]`` in a loop would write E full-size zero gradients.
 
 Shape legend: R rows (sorted choices), E experts, D model (or head) width, H expert hidden width.
 """

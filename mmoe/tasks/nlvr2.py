@@ -47,8 +47,8 @@ class NLVR2FineTuning(FineTuningTask):
         predictions_file: where ``mmoe predict`` writes ``identifier,prediction`` lines (atomically). None = not
             written.
         head_init_scale: factor on the MLP's initial linear weights and biases. BEiT-3's 1e-3 suits a pre-trained
-            backbone; from scratch it stalls learning (tiny X-MoE on the synthetic corpus, 150 steps: dev accuracy
-            0.500 at 1e-3, 0.638 at 1.0; tasks/nlvr2/README.md), so the tiny configs use 1.0.
+            backbone; from scratch it stalls learning (tiny X-MoE on the synthetic corpus: tasks/nlvr2/README.md
+            gives the measurement), so the tiny configs use 1.0.
         **kwargs: the shared fine-tuning arguments of :class:`mmoe.tasks.finetuning.FineTuningTask` (backbone,
             pretrained, frozen_routing, balance and optimiser settings).
     """

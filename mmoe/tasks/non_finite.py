@@ -59,7 +59,7 @@ def gradients_finite(optimizer: torch.optim.Optimizer) -> torch.Tensor:
     grads = [grad.to_local() if isinstance(grad, DTensor) else grad for grad in grads]
     if not grads:
         return torch.tensor(True)
-    # The 2-norm: on CPU ten times faster than the largest entry (order infinity) and as telling.
+    # The 2-norm: on CPU much faster than the largest entry (order infinity) and as telling.
     norms = torch.stack([norm.float() for norm in vector_norms(grads, 2.0)])
     return torch.isfinite(norms).all()
 

@@ -21,7 +21,17 @@ with warnings.catch_warnings():  # the reference implementation: scripts/setup.s
     from torchscale.model.BEiT3 import BEiT3
 
 SMALL = dict(dim=128, heads=2, ffn=256, layers=2, image=32, patch=16, vocab=120, text_rows=40)
-BASE = dict(dim=768, heads=12, ffn=3072, layers=12, image=224, patch=16, vocab=64010, text_rows=1024)
+
+
+def torchscale_shape(config: MultiwayConfig) -> dict:
+    """A backbone's shape in the keys :func:`torchscale_beit3` reads."""
+    return dict(dim=config.dim, heads=config.num_heads, ffn=config.ffn_dim, layers=config.depth,
+                image=config.image_size, patch=config.patch_size, vocab=config.vocab_size,
+                text_rows=config.max_text_positions)  # fmt: skip
+
+
+#: BEiT-3 base as released: the preset ``from_beit3`` reads.
+BASE = torchscale_shape(MultiwayConfig.preset("beit3_base"))
 
 
 def torchscale_beit3(shape: dict, normalize_output: bool = True, seed: int = 0) -> BEiT3:

@@ -180,7 +180,7 @@ def test_expert_parallelism_shards_plain_moe_layers_only(strata):
     from mmoe.tasks.expert_parallel import expert_parallel_layers
 
     plan = MoEPlan(num_experts=4, top_k=2, strata=strata, every=1)
-    config = MultiwayConfig(dim=32, depth=2, num_heads=4, ffn_dim=64, image_size=32, patch_size=16, moe=plan)
+    config = MultiwayConfig.preset("test", moe=plan)
     backbone = MultiwayTransformer(config)
     layers = [slot.layer for slot in backbone.moe_layers()]
     assert len(layers) == 4

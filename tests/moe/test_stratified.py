@@ -200,8 +200,7 @@ def test_stratified_layer_is_a_sibling_of_the_plain_layer():
     assert isinstance(layer, MoEFeedForward) and not isinstance(layer, MoELayer)
     assert not hasattr(layer, "shard_experts") and not hasattr(layer, "multi_head")
     plan = MoEPlan(num_experts=4, top_k=2, strata=[2, 2], layers=[1])
-    config = MultiwayConfig(dim=32, depth=2, num_heads=4, ffn_dim=64, image_size=32, patch_size=16, vocab_size=100,
-                            max_text_positions=16, moe=plan)  # fmt: skip
+    config = MultiwayConfig.preset("test", vocab_size=100, max_text_positions=16, moe=plan)
     backbone = MultiwayTransformer(config)
     assert [type(slot.layer) for slot in backbone.moe_layers()] == [StratifiedMoELayer, StratifiedMoELayer]
 
