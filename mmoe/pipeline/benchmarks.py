@@ -176,7 +176,8 @@ class Benchmark:
         predictions: file name of the predictions.
         score: (run, predictions file) -> the official scores.
         rows: (scores, chance levels of the corpus summary) -> table rows.
-        chance: (chance levels) -> the chance level of the benchmark's main score (None: none from the corpus).
+        headline: the benchmark's main score, (its name in the scores, its label in a table of runs).
+        chance: (chance levels) -> the chance level of the headline score (None: none from the corpus).
         items: (run, predictions file) -> the evaluation item by item.
         compared: the metrics of ``rows`` a paired comparison of two runs resamples from ``items``.
         corpus_files: (the corpus's layout) -> task arguments naming files of the corpus.
@@ -188,6 +189,7 @@ class Benchmark:
     predictions: str
     score: Callable[[PipelineRun, Path], dict]
     rows: Callable[[dict, ChanceLevels], list[dict]]
+    headline: tuple[str, str]
     chance: Callable[[ChanceLevels], float] | None
     items: Callable[[PipelineRun, Path], ItemCounts]
     compared: tuple[ItemMetric, ...]
@@ -206,16 +208,17 @@ class Benchmark:
 
 #: The benchmarks in the order the pipelines run them.
 BENCHMARKS = (
-    Benchmark(VQAFineTuning, VQA_VAL_SPLIT, "val_results.json", score_vqa, vqa_rows, vqa_chance,
+    Benchmark(VQAFineTuning, VQA_VAL_SPLIT, "val_results.json", score_vqa, vqa_rows,
+              ("overall", "VQAv2 accuracy (%)"), vqa_chance,
               vqa_items, (ItemMetric("VQAv2 val", "accuracy (%)", percent_of_items),), vqa_files),
     Benchmark(NLVR2FineTuning, NLVR2_DEV_SPLIT, "dev_predictions.csv", score_nlvr2, nlvr2_rows,
-              nlvr2_chance, nlvr2_items, (ItemMetric("NLVR2 dev", "accuracy", share),)),
+              ("accuracy", "NLVR2 accuracy"), nlvr2_chance, nlvr2_items, (ItemMetric("NLVR2 dev", "accuracy", share),)),
     Benchmark(CaptioningFineTuning, CAPTION_TEST_SPLIT, "test_captions.json", score_captions, caption_rows,
-              caption_chance, caption_items,
+              ("CIDEr", "COCO CIDEr"), caption_chance, caption_items,
               (ItemMetric("COCO captions Karpathy test", "colour words right (%)", percent_share),),
               caption_files, caption_options),
     Benchmark(RetrievalFineTuning, RETRIEVAL_TEST_SPLIT, "test_embeddings.pt", score_retrieval,
-              retrieval_rows, None, retrieval_items,
+              retrieval_rows, ("mean_recall", "Flickr30K mean recall"), None, retrieval_items,
               (ItemMetric("Flickr30K Karpathy test", "mean recall (R@1/5/10)", mean_recall),
                ItemMetric("Flickr30K Karpathy test", "text->image R@1", text_to_image_r1))),
 )  # fmt: skip
