@@ -1,4 +1,4 @@
-"""``python -m mmoe``: the ``mmoe`` command (the demo starts its parallel fine-tunings this way)."""
+"""``python -m mmoe``: the ``mmoe`` command (the same as the ``mmoe`` entry point)."""
 
 from mmoe.cli import main
 
