@@ -117,8 +117,13 @@ def read_weights(folder: Path, prefix: str = "") -> dict[str, torch.Tensor]:
         raise PretrainedFolderError(f"{path} does not exist (expected {PRETRAINED_FOLDER})")
     try:
         with safe_open(path, framework="pt", device="cpu") as weights:
+            # Each tensor copied into torch's own memory: those safetensors hands out start at the file's offsets, not
+            # on 64-byte boundaries, and the CPU matrix kernels take another path for such data, so the same weights
+            # gave other last bits than the checkpoint they were exported from.
             tensors = {
-                name[len(prefix) :]: weights.get_tensor(name) for name in weights.keys() if name.startswith(prefix)
+                name[len(prefix) :]: weights.get_tensor(name).clone()
+                for name in weights.keys()
+                if name.startswith(prefix)
             }
     except (SafetensorError, OSError) as error:
         raise PretrainedFolderError(

@@ -45,6 +45,8 @@ def test_a_moe_backbone_comes_back_bit_for_bit_in_its_dtype(tmp_path, dtype):
     for name, tensor in saved.items():
         assert back[name].dtype == tensor.dtype, name
         assert torch.equal(back[name], tensor), name
+        # in torch's own 64-byte aligned memory, as the saved model's: the CPU kernels take the same path on both
+        assert back[name].data_ptr() % 64 == 0, name
     assert torch.equal(hidden(loaded.eval()), hidden(backbone))
 
 
