@@ -85,18 +85,22 @@ def demo_stages(run: PipelineRun, variants: Sequence[str], random_init: bool) ->
     return stages
 
 
-def run_groups(run: PipelineRun, variants: Sequence[str], random_init: bool, prefixes: Sequence[str]) -> None:
-    """Runs the stages named by each of ``prefixes`` or under it, each prefix's in turn (the stages before them must
-    be done): one lane of fine-tunings, or ``mmoe demo --stages``. PipelineError naming a prefix no stage has."""
-    quiet_lightning()
-    stages = demo_stages(run, variants, random_init)
+def stages_under(stages: Sequence[Stage], prefixes: Sequence[str]) -> list[Stage]:
+    """The stages named by each of ``prefixes`` or under it, each prefix's in turn; PipelineError naming a prefix no
+    stage has, before any stage runs."""
     chosen = {prefix: [stage for stage in stages if in_group(stage, prefix)] for prefix in prefixes}
     for prefix, named in chosen.items():
         if not named:
             raise PipelineError(f"--stages {prefix}: no stage of this run is named so or under it")
-    for named in chosen.values():
-        for stage in named:
-            run_stage(run, stage)
+    return [stage for named in chosen.values() for stage in named]
+
+
+def run_groups(run: PipelineRun, variants: Sequence[str], random_init: bool, prefixes: Sequence[str]) -> None:
+    """Runs the stages under ``prefixes`` (:func:`stages_under`; the stages before them must be done): one lane of
+    fine-tunings, or ``mmoe demo --stages``."""
+    quiet_lightning()
+    for stage in stages_under(demo_stages(run, variants, random_init), prefixes):
+        run_stage(run, stage)
 
 
 def run_demo(run: PipelineRun, variants: Sequence[str], random_init: bool = False, jobs: int = 1) -> dict:
@@ -139,10 +143,12 @@ def demo_command(argv: Sequence[str]) -> int:
     try:
         record_demo_settings(run.out, run.settings)
         if args.stages is not None:
-            for prefix in args.stages:  # a bad prefix is the user's input: exit 2 before any stage runs
-                if not any(in_group(stage, prefix) for stage in demo_stages(run, variants, args.random_init)):
-                    return report_error("demo", f"--stages {prefix}: no stage of this run is named so or under it")
-            run_groups(run, variants, args.random_init, args.stages)
+            try:
+                chosen = stages_under(demo_stages(run, variants, args.random_init), args.stages)
+            except PipelineError as error:  # a bad prefix is the user's input: exit 2
+                return report_error("demo", error)
+            for stage in chosen:
+                run_stage(run, stage)
             return 0
         records = run_demo(run, variants, args.random_init, args.jobs)
         compared = {variant: comparison(run, variant) for variant in variants} if args.random_init else {}

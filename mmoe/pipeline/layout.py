@@ -1,11 +1,12 @@
-"""Where a pipeline run keeps its files: the corpus under ``DIR/data`` (:class:`mmoe.data.synth.CorpusLayout`), each
-variant's runs and exported backbones under ``DIR/<variant>``, the stage markers under ``DIR/stages``."""
+"""Where a pipeline run keeps its files: the corpus under ``DIR/data`` (:class:`mmoe.data.synth.layout.CorpusLayout`),
+each variant's runs and exported backbones under ``DIR/<variant>``, the stage markers under ``DIR/stages``."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
+from mmoe.data.synth.layout import CorpusLayout
 from mmoe.io import read_json
 from mmoe.pipeline.settings import TrainingSettings
 from mmoe.tasks.layout import RunLayout
@@ -34,10 +35,8 @@ class PipelineRun:
         return self.out / "data"
 
     @property
-    def corpus(self):
+    def corpus(self) -> CorpusLayout:
         """The synthetic corpus's files under :attr:`data`."""
-        from mmoe.data.synth.layout import CorpusLayout
-
         return CorpusLayout(self.data)
 
     @property
@@ -47,11 +46,6 @@ class PipelineRun:
     @property
     def codebook(self) -> Path:
         return self.data / "codebook.pt"
-
-    @property
-    def stages(self) -> Path:
-        """The stage markers."""
-        return self.out / "stages"
 
     def variant_folder(self, name: str) -> Path:
         """The folder of one variant's runs and files."""
