@@ -19,6 +19,7 @@ layer's widths to them, and a backbone's plan of MoE layers adds where the layer
 
 from __future__ import annotations
 
+import math
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Literal
 
@@ -43,6 +44,10 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _finite_or_none(value: float | None) -> bool:
+    return value is None or math.isfinite(value)
+
+
 @dataclass(frozen=True, kw_only=True)
 class RoutingChoices:
     """How MoE layers route, whatever their width: each choice, its default and its check, stated once.
@@ -63,8 +68,10 @@ class RoutingChoices:
         strata: Stratified MoE: number of experts in each stratum (Xu et al., §3). None for a plain MoE layer.
         capacity_factor: None = dropless (default). Otherwise each expert takes at most
             ``ceil(capacity_factor * top_k * T / N)`` choices, T the non-padding (sub-)tokens; first choices win
-            over second choices, then earlier tokens over later ones (GShard); overflow is dropped. With expert
-            choice: Zhou et al.'s c, each expert takes ``ceil(c * n / N)`` of the batch's n (sub-)tokens (required).
+            over second choices, then earlier tokens over later ones (GShard); overflow is dropped. Infinity
+            (``.inf`` in YAML) is no limit, the same as None. With expert choice: Zhou et al.'s c, each expert takes
+            ``ceil(c * n / N)`` of the batch's n (sub-)tokens (required and finite; c >= N gives every expert every
+            token).
         eval_capacity_factor: capacity factor in eval mode; None = same as ``capacity_factor``.
         frozen: X-MoE §3.3 frozen routing for fine-tuning: router and experts get no gradient, the balance loss is
             still returned (and still trains the layers below through the token representations).
@@ -98,8 +105,11 @@ class RoutingChoices:
             §3.2, :mod:`mmoe.moe.expert_choice`): each expert picks its top-C (sub-)tokens of the batch by gate value,
             C from ``capacity_factor``; a token may be taken by no expert (``RoutingRecord.unrouted_fraction``) or by
             several. Balanced by construction: its balance loss is 0. top_k must stay 1 (unused); refused with
-            strata, ``bias_update_rate`` and ``balance_batch: global`` (nothing to balance) and without a
+            strata, ``bias_update_rate`` and ``balance_batch: global`` (nothing to balance) and without a finite
             capacity factor. The expert FFNs run on the reference path (``expert_kernels`` applies to token choice).
+            A token's routing depends on the other tokens of its batch: evaluation results change with the
+            evaluation batch size (and which samples share a batch), and tasks whose text is causal (captioning)
+            refuse it, since an earlier token's routing would depend on later ones.
         expert_kernels: ``"torch"`` (default): the reference path, gather rows, grouped GEMMs, gather back.
             ``"triton"``: the first expert linear gathers its rows (bias and GELU in its epilogue) and the second
             scatters its outputs inside the GEMM (:mod:`mmoe.moe.triton_experts`, Hopper wgmma tiles); used on CUDA
@@ -144,8 +154,8 @@ class RoutingChoices:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"{owner}.{name} must be positive or None, got {value!r}")
-        if not self.bias_update_rate >= 0:
-            raise ValueError(f"{owner}.bias_update_rate must be >= 0, got {self.bias_update_rate!r}")
+        if not (self.bias_update_rate >= 0 and math.isfinite(self.bias_update_rate)):
+            raise ValueError(f"{owner}.bias_update_rate must be a finite number >= 0, got {self.bias_update_rate!r}")
         if self.balance_batch not in BALANCE_BATCHES:
             raise ValueError(f"{owner}.balance_batch must be one of {BALANCE_BATCHES}, got {self.balance_batch!r}")
         if self.routing not in ROUTINGS:
@@ -154,8 +164,8 @@ class RoutingChoices:
             self._validate_expert_choice()
         if self.expert_kernels not in EXPERT_KERNELS:
             raise ValueError(f"{owner}.expert_kernels must be one of {EXPERT_KERNELS}, got {self.expert_kernels!r}")
-        if not self.beta > 0:
-            raise ValueError(f"{owner}.beta must be positive, got {self.beta!r}")
+        if not (self.beta > 0 and math.isfinite(self.beta)):
+            raise ValueError(f"{owner}.beta must be a finite positive number, got {self.beta!r}")
         if self.routing_dim is not None and (not isinstance(self.routing_dim, int) or self.routing_dim <= 0):
             raise ValueError(f"{owner}.routing_dim must be a positive integer or None, got {self.routing_dim!r}")
         if self.strata is not None:
@@ -198,14 +208,18 @@ class RoutingChoices:
         object.__setattr__(self, "strata", strata)  # frozen: the one normalisation, a tuple given becomes a list
 
     def _validate_expert_choice(self) -> None:
-        refused = {
-            "capacity_factor": (self.capacity_factor is None, "each expert's share needs Zhou et al.'s c, e.g. 2.0"),
-            "top_k": (self.top_k != 1, "experts pick the tokens; leave top_k at 1"),
-            "strata": (self.strata is not None, "Stratified MoE gates route by token choice"),
-            "bias_update_rate": (self.bias_update_rate > 0, "every expert's load is fixed at its capacity"),
-            "balance_batch": (self.balance_batch != "local", "expert choice has no balance loss"),
-        }
-        for name, (bad, why) in refused.items():
+        infinite = "each expert takes ceil(c * n / num_experts) tokens: c must be finite (c = num_experts already "
+        infinite += "gives every expert every token)"
+        refused = [
+            ("capacity_factor", self.capacity_factor is None, "each expert's share needs Zhou et al.'s c, e.g. 2.0"),
+            ("capacity_factor", not _finite_or_none(self.capacity_factor), infinite),
+            ("eval_capacity_factor", not _finite_or_none(self.eval_capacity_factor), infinite),
+            ("top_k", self.top_k != 1, "experts pick the tokens; leave top_k at 1"),
+            ("strata", self.strata is not None, "Stratified MoE gates route by token choice"),
+            ("bias_update_rate", self.bias_update_rate > 0, "every expert's load is fixed at its capacity"),
+            ("balance_batch", self.balance_batch != "local", "expert choice has no balance loss"),
+        ]
+        for name, bad, why in refused:
             if bad:
                 raise ValueError(
                     f"{type(self).__name__}.{name}={getattr(self, name)!r} with routing='expert_choice': {why}"

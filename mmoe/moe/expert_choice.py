@@ -46,8 +46,9 @@ class ExpertChoicePlan:
 
 
 def expert_capacity(num_tokens: int, num_experts: int, capacity_factor: float) -> int:
-    """C = ceil(c * n / E) (Zhou et al. §3.2), at most n."""
-    return min(num_tokens, math.ceil(capacity_factor * num_tokens / num_experts))
+    """C = ceil(c * n / E) (Zhou et al. §3.2), at most n: every c >= E gives n (c is clipped to E first, so that a
+    huge c never overflows; the config refuses an infinite one)."""
+    return min(num_tokens, math.ceil(min(capacity_factor, num_experts) * num_tokens / num_experts))
 
 
 def plan_expert_choice(

@@ -57,6 +57,7 @@ def test_capacity_is_at_most_the_tokens_and_empty_batches_work():
     x, padding = padded_input(length=3)
     routing = assert_matches_reference(layer, x, padding)
     assert routing.expert_counts.tolist() == [int((~padding).sum())] * 4  # every expert takes every real token
+    assert expert_capacity(16, 4, 4.0) == expert_capacity(16, 4, 1e308) == 16  # c >= E: all, never an overflow
     y, routing = layer(torch.randn(0, 5, 16, dtype=torch.double))
     assert y.shape == (0, 5, 16) and routing.expert_counts.sum() == 0
 

@@ -51,7 +51,7 @@ def test_bias_is_saved_in_the_state_dict_and_only_when_on():
 
 
 def test_bad_rate_and_strata_are_refused():
-    with pytest.raises(ValueError, match="bias_update_rate must be >= 0"):
+    with pytest.raises(ValueError, match="bias_update_rate must be a finite number >= 0, got -0.1"):
         MoEConfig(dim=16, ffn_dim=32, num_experts=4, bias_update_rate=-0.1)
     with pytest.raises(ValueError, match="bias_update_rate=0.01 with strata"):
         MoEConfig(dim=16, ffn_dim=32, num_experts=4, top_k=2, strata=[2, 2], bias_update_rate=0.01)
