@@ -18,6 +18,11 @@ the verdict is any process's. A non-finite step:
 
 Under fp16 mixed precision the gradient scaler already skips steps with overflowing gradients (and lowers its
 scale): there only the loss is checked.
+
+With loss-free balancing (``MoEPlan.bias_update_rate``) the routers' selection biases are checked too, after each
+optimiser step has moved them (:meth:`mmoe.tasks.selection_bias.SelectionLoads.non_finite`) and before that step's
+checkpoint is saved: a NaN or infinite bias stops the run (whatever the ``action``: the biases are already moved)
+with one line naming the MoE layers, and :data:`DIVERGED_EXIT`. The loss stays finite while the biases overflow.
 """
 
 from __future__ import annotations
@@ -100,6 +105,8 @@ class NonFiniteGuard(L.Callback):
         self.consecutive_skips = 0
         #: Whether every loss since the last optimiser step was finite (a device tensor; None before the first).
         self._losses_finite: torch.Tensor | None = None
+        #: The ``global_step`` whose selection biases were last checked (once per optimiser step).
+        self._biases_checked_at: int | None = None
 
     def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
         finite = torch.isfinite(loss.detach()).all()
@@ -138,6 +145,24 @@ class NonFiniteGuard(L.Callback):
         if trainer.is_global_zero:
             for logger in trainer.loggers:
                 logger.log_metrics({"train/skipped_nonfinite_steps": float(self.skipped)}, step=step)
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        """Stops the run when an optimiser step left a router's selection bias non-finite; runs before the
+        checkpoint callbacks (Lightning calls them last), so that step is never saved."""
+        loads = pl_module.selection_loads if isinstance(pl_module, BackboneTask) else None
+        if loads is None or trainer.global_step == self._biases_checked_at:
+            return  # no biases, or no optimiser step since the last check (gradient accumulation)
+        self._biases_checked_at = trainer.global_step
+        broken = loads.non_finite()
+        if broken:
+            layers = ", ".join(f"MoE layer {index} ({modality})" for index, modality in broken)
+            raise NonFiniteTraining(
+                f"non-finite router selection biases after step {trainer.global_step - 1} in {layers} (loss-free "
+                "balancing): training stopped, and no checkpoint is written at this step (the last one saved, if any, "
+                "holds finite biases); lower model.backbone.moe.bias_update_rate"
+            )
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.action != "skip" or not trainer.is_global_zero:

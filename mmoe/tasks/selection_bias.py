@@ -60,6 +60,15 @@ class SelectionLoads:
             router.update_selection_bias(load)
         self.loads = {}
 
+    def non_finite(self) -> list[tuple[int, str]]:
+        """The (layer, modality) of each router whose selection bias holds a NaN or an infinity: one ``isfinite``
+        over the few small buffers and one host sync (none without biased routers). A huge ``bias_update_rate``
+        overflows the biases in a few steps while the loss stays finite, so the loss alone never shows it."""
+        if not self.routers:
+            return []
+        finite = torch.stack([torch.isfinite(router.selection_bias).all() for router in self.routers.values()])
+        return [key for key, ok in zip(self.routers, finite.tolist(), strict=True) if not ok]
+
     def bias_spread(self) -> torch.Tensor:
         """Mean over the routers of max(b) - min(b): how far the biases have moved the selection apart (for logs)."""
         spreads = [router.selection_bias.max() - router.selection_bias.min() for router in self.routers.values()]

@@ -1,15 +1,17 @@
 """Loss-free balancing in training (Wang et al., 2024, Algorithm 1): the biases after a few optimiser steps equal the
 hand computation from the steps' routing records, with gradient accumulation and no balance loss, and are logged and
-checkpointed."""
+checkpointed; biases that overflow stop the run before the step is saved."""
 
 from __future__ import annotations
 
 import lightning as L
 import pytest
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader
 
 from mmoe.model import MoEPlan, MultiwayConfig
+from mmoe.tasks.non_finite import NonFiniteGuard, NonFiniteTraining
 from mmoe.tasks.pretraining import MaskedPretraining
 from mmoe.tasks.selection_bias import SelectionLoads
 from tests.tasks.test_pretraining import BACKBONE, codebook_path, make_batches  # noqa: F401 (fixture)
@@ -63,3 +65,28 @@ def test_shared_mode_with_a_vl_ffn_is_refused():
     backbone = MultiwayTransformer(MultiwayConfig.preset("test", moe=plan, vl_layers=1))
     with pytest.raises(ValueError, match="not told apart"):
         SelectionLoads(backbone)
+
+
+def test_non_finite_biases_stop_the_run_before_that_step_is_saved(codebook_path, tmp_path):  # noqa: F811
+    """A finite but huge rate: the biases reach +-inf within a few steps (and then NaN) while the loss stays finite."""
+    torch.manual_seed(0)
+    config = MultiwayConfig(**BACKBONE, moe=MoEPlan(num_experts=4, top_k=2, every=1, bias_update_rate=1e308))
+    task = MaskedPretraining(config, codebook_path, balance_coefficient=0.0)
+    checkpoints = ModelCheckpoint(dirpath=tmp_path, filename="{step}", every_n_train_steps=1, save_top_k=-1)
+    trainer = L.Trainer(
+        max_steps=6, logger=False, enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
+        default_root_dir=tmp_path, callbacks=[checkpoints, NonFiniteGuard(action="skip")],
+    )  # fmt: skip
+    with pytest.raises(NonFiniteTraining) as error:
+        trainer.fit(task, DataLoader(make_batches(6), batch_size=None, shuffle=False))
+    message = str(error.value)
+    step = trainer.global_step - 1
+    assert message.startswith(f"non-finite router selection biases after step {step} in MoE layer ")
+    assert "\n" not in message and "model.backbone.moe.bias_update_rate" in message
+    broken = [slot for slot in task.backbone.moe_layers() if not slot.layer.router.selection_bias.isfinite().all()]
+    assert broken and all(f"MoE layer {slot.index} ({slot.modality})" in message for slot in broken)
+    saved = sorted(tmp_path.glob("step=*.ckpt"))
+    assert [path.name for path in saved] == [f"step={n}.ckpt" for n in range(1, step + 1)]  # not the broken step
+    for path in saved:
+        state = torch.load(path, weights_only=True)["state_dict"]
+        assert all(value.isfinite().all() for key, value in state.items() if key.endswith("selection_bias"))
