@@ -254,6 +254,43 @@ def test_karpathy_splits(tmp_path):
         convert_karpathy(path, "dev", tmp_path / "coco", tmp_path / "x")
 
 
+def test_one_image_file_under_two_ids_is_refused(tmp_path):
+    path = karpathy_file(tmp_path)
+    (tmp_path / "coco").mkdir()
+    data = json.loads(path.read_text())
+    data["images"][1]["filename"] = data["images"][2]["filename"]  # restval's cocoid 2 names the test image's file
+    write_json(path, data)
+    file_name = "val2014/COCO_val2014_000000000003.jpg"
+    message = rf"images\[2\] \(cocoid 3\): file '{file_name}' is also images\[1\] \(cocoid 2\)"
+    with pytest.raises(ConversionError, match=message):
+        convert_karpathy(path, "test,restval", tmp_path / "coco", tmp_path / "out")
+    path = coco_captions_file(tmp_path)
+    data = json.loads(path.read_text())
+    data["images"][1]["file_name"] = data["images"][0]["file_name"]
+    write_json(path, data)
+    message = r"images\[1\] \(id 7\): file 'COCO_val2014_000000391895.jpg' is also images\[0\] \(id 391895\)"
+    with pytest.raises(ConversionError, match=message):
+        convert_coco_captions(path, tmp_path / "coco", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_coco_image_without_captions_is_skipped_unless_the_file_has_none(tmp_path, capsys):
+    path = coco_captions_file(tmp_path)
+    image_file(tmp_path / "coco/COCO_val2014_000000391895.jpg")
+    image_file(tmp_path / "coco/COCO_val2014_000000000007.jpg")
+    data = json.loads(path.read_text())
+    data["annotations"].pop(1)  # image 7's only caption
+    write_json(path, data)
+    manifest = convert_coco_captions(path, tmp_path / "coco", tmp_path / "out")
+    assert (manifest.samples, manifest.skipped) == (1, 1)
+    assert "COCO_val2014_000000000007.jpg: no caption" in capsys.readouterr().err
+    data.pop("annotations")  # test image info: every sample without captions, for predictions only
+    write_json(path, data)
+    manifest = convert_coco_captions(path, tmp_path / "coco", tmp_path / "test")
+    assert (manifest.samples, manifest.skipped) == (2, 0)
+    assert [s["meta"]["captions"] for s in read_all(tmp_path / "test")] == [[], []]
+
+
 def test_nlvr2_naming_rule():
     assert image_names("dev-850-0-0") == ("dev-850-0-img0.png", "dev-850-0-img1.png")
     assert image_names("train-10171-0-1") == ("train-10171-0-img0.png", "train-10171-0-img1.png")

@@ -97,3 +97,42 @@ def test_the_synthetic_corpus_has_flickr30k_retrieval_splits(synthetic_corpus):
     summary = json.loads((synthetic_corpus / "synth.json").read_text())
     chance = summary["chance"]["retrieval_flickr30k_test"]
     assert chance["text_to_image_r1_random"] == pytest.approx(1 / counts["test"])
+
+
+def convert_edited(tmp_path, capsys, mutate) -> tuple[int, str]:
+    """``mmoe data convert flickr30k`` of the test split of :func:`flickr_file` edited by ``mutate``."""
+    path = flickr_file(tmp_path)
+    data = json.loads(path.read_text())
+    mutate(data)
+    write_json(path, data)
+    argv = ["flickr30k", "--karpathy", str(path), "--split", "test", "--images", str(tmp_path / "flickr30k-images")]
+    return run_cli(capsys, [*argv, "--out", str(tmp_path / "out")])
+
+
+def test_one_file_under_two_imgids_is_refused_naming_both_entries(tmp_path, capsys):
+    status, err = convert_edited(tmp_path, capsys, lambda data: data["images"][2].update(filename="1001.jpg"))
+    assert status == 2
+    assert_one_error_line(err, "images[2] (imgid 2): file '1001.jpg' is also images[1] (imgid 1)")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_file_without_its_dataset_field_is_said_to_be_read_as_coco(tmp_path, capsys):
+    status, err = convert_edited(tmp_path, capsys, lambda data: data.pop("dataset"))
+    assert status == 2
+    assert_one_error_line(
+        err, "images[1]: missing field 'cocoid'", "no 'dataset' field", "read as COCO's", '"dataset": "flickr30k"'
+    )
+
+
+def test_an_image_without_captions_is_skipped_and_counted(tmp_path, capsys):
+    status, err = convert_edited(tmp_path, capsys, lambda data: data["images"][2].update(sentences=[]))
+    assert status == 0, err
+    skipped = [line for line in err.splitlines() if line.startswith("skipped ")]
+    assert len(skipped) == 1 and "1002.jpg: no caption" in skipped[0] and "images[2] (imgid 2)" in skipped[0], err
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert (manifest["samples"], manifest["skipped"]) == (1, 1)
+    assert "no caption" in manifest["skipped_examples"][0]
+    assert [s["meta"]["image_id"] for s in read_all(tmp_path / "out")] == [1]
+    module = RetrievalDataModule(val_shards=str(tmp_path / "out"), image_size=32, batch_size=2, num_workers=0)
+    batches = list(module.val_dataloader())  # no caption-less sample left for the reader to count as corrupt
+    assert [batch["image_id"].tolist() for batch in batches] == [[1]] and not any(module.skipped_samples().values())

@@ -11,9 +11,13 @@ first caption, ``json`` = ``image_id`` (COCO id; Karpathy ``cocoid``, Flickr30K 
 tokenizer ids the split's captions use (:func:`mmoe.data.tokenizer.token_ids_of`): the output vocabulary a captioning
 head can be restricted to (``CaptioningFineTuning(output_vocab=...)``).
 
-An image id or annotation id that appears twice is an error. The same caption twice for one image (after stripping
-spaces) is kept once: the converter prints how many it dropped and the manifest stores it as ``duplicate_captions``.
-Image paths must lie inside the image folder.
+An image id or annotation id that appears twice is an error, and so is one image file under two image ids (the same
+picture would be two images of a retrieval test set). The same caption twice for one image (after stripping spaces) is
+kept once: the converter prints how many it dropped and the manifest stores it as ``duplicate_captions``. An image
+without a caption (Karpathy's ``"sentences": []``, or no annotation in a captions file that has annotations) is
+skipped and counted like a missing image file (``skipped`` in the manifest): retrieval has no positive for it (its
+reader would drop it as corrupt at every pass) and captioning no reference. A captions file without annotations (test
+image info) keeps its images, without captions, for predictions. Image paths must lie inside the image folder.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import os
 import re
 import sys
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +50,11 @@ from mmoe.data.tokenizer import TextTokenizer, token_ids_of
 KARPATHY_SPLITS = ("train", "restval", "val", "test")
 #: Karpathy's split files by their ``dataset`` field (a file without one is COCO's): the image field holding the id.
 KARPATHY_IMAGE_ID = {"coco": "cocoid", "flickr30k": "imgid"}
+#: Said of a COCO field missing from a file read as COCO's only because it has no ``dataset`` field.
+_READ_AS_COCO = (
+    "the file has no 'dataset' field, so it was read as COCO's Karpathy split; "
+    'Flickr30K\'s says "dataset": "flickr30k"'
+)
 _SUBTYPE_IN_FILE = re.compile(r"^COCO_([a-z]+\d+)_")
 #: Written next to a caption split's shards: the sorted tokenizer ids of its captions, end-of-text included.
 CAPTION_TOKENS_FILE = "caption_tokens.json"
@@ -95,6 +105,20 @@ class CaptionSet:
         return (caption for captions in self.by_image.values() for caption in captions)
 
 
+class ImageFiles:
+    """The image files of the records read so far: one file under two image ids is a ConversionError naming both
+    records (``entry``: ``images[2] (imgid 3)``) and the file."""
+
+    def __init__(self) -> None:
+        self._first_entry: dict[Path, str] = {}
+
+    def add(self, path: Path, file_name: str, source: Path, entry: str) -> Path:
+        first = self._first_entry.setdefault(path, entry)
+        if first != entry:
+            raise ConversionError(f"{source}: {entry}: file {file_name!r} is also {first}")
+        return path
+
+
 def _sample(image_id: int, captions: list[str], file_name: str, path: Path, **extra: Any) -> dict[str, Any] | Skip:
     meta = {"image_id": image_id, "captions": captions, "file_name": file_name, **extra}
     sample = {"__key__": str(image_id), "txt": captions[0] if captions else "", "json": meta}
@@ -127,14 +151,36 @@ def convert_coco_captions(
     if not image_list:
         raise ConversionError(f"{annotations}: field 'images' is empty: no images to convert")
     paths: dict[int, Path] = {}
+    files = ImageFiles()
     captions = CaptionSet()
     for index, image in enumerate(image_list):
         where = f"{annotations}: images[{index}]"
         image_id = field(image, "id", int, where)
         if image_id in paths:
             raise ConversionError(f"{where}: image id {image_id} appears twice")
-        paths[image_id] = image_path(images, field(image, "file_name", str, where), f"{where} (id {image_id})")
+        entry, file_name = f"images[{index}] (id {image_id})", field(image, "file_name", str, where)
+        path = image_path(images, file_name, f"{annotations}: {entry}")
+        paths[image_id] = files.add(path, file_name, annotations, entry)
         captions.by_image[image_id] = []
+    captioned = _read_annotations(data, annotations, captions)
+    subtype = annotations.stem.removeprefix("captions_")
+
+    def samples() -> Iterator[dict[str, Any] | Skip]:
+        for index, image in enumerate(image_list):
+            image_id = image["id"]
+            if captioned and not captions.by_image[image_id]:
+                yield Skip(str(paths[image_id]), f"no caption (images[{index}] (id {image_id}) has no annotation)")
+                continue
+            yield _sample(image_id, captions.by_image[image_id], image["file_name"], paths[image_id])
+
+    extra = {"source": {"annotations": str(annotations)}, **captions.report(annotations)}
+    files = {CAPTION_TOKENS_FILE: caption_tokens_text(captions.all_captions(), tokenizer)}
+    return write_split(out, name or f"coco-captions-{subtype}", samples(), shard_size, extra, files)
+
+
+def _read_annotations(data: dict[str, Any], annotations: Path, captions: CaptionSet) -> bool:
+    """Adds the captions of a COCO captions file's ``annotations`` to ``captions`` (whose ``by_image`` holds the
+    file's images); whether the file has annotations (test image info has none)."""
     annotation_at: dict[int, int] = {}
     for index, annotation in enumerate(data.get("annotations") or []):
         where = f"{annotations}: annotations[{index}]"
@@ -146,19 +192,10 @@ def convert_coco_captions(
                 first = annotation_at[annotation_id]
                 raise ConversionError(f"{where}: annotation id {annotation_id} appears twice (first at [{first}])")
             annotation_at[annotation_id] = index
-        if image_id not in paths:
+        if image_id not in captions.by_image:
             raise ConversionError(f"{where}: field 'image_id' = {image_id} is not in 'images'")
         captions.add(image_id, caption, f"{where}, image_id {image_id}")
-    subtype = annotations.stem.removeprefix("captions_")
-
-    def samples() -> Iterator[dict[str, Any] | Skip]:
-        for image in image_list:
-            image_id = image["id"]
-            yield _sample(image_id, captions.by_image[image_id], image["file_name"], paths[image_id])
-
-    extra = {"source": {"annotations": str(annotations)}, **captions.report(annotations)}
-    files = {CAPTION_TOKENS_FILE: caption_tokens_text(captions.all_captions(), tokenizer)}
-    return write_split(out, name or f"coco-captions-{subtype}", samples(), shard_size, extra, files)
+    return bool(data.get("annotations"))
 
 
 def image_path(images: Path, file_name: str, where: str) -> Path:
@@ -187,6 +224,58 @@ def _karpathy_dataset(data: Any, karpathy: Path) -> str:
     return dataset
 
 
+@dataclass(frozen=True)
+class KarpathyImage:
+    """One image of the chosen split(s) of a Karpathy split file."""
+
+    image_id: int
+    file_name: str
+    split: str
+    path: Path
+    entry: str  # ``images[2] (imgid 3)``
+
+
+def _karpathy_images(
+    data: Any, karpathy: Path, dataset: str, splits: list[str], images: Path, captions: CaptionSet
+) -> list[KarpathyImage]:
+    """The images of ``splits`` in the split file's ``data`` (of ``dataset``), their captions added to ``captions``;
+    bad records, repeated image ids and one file under two ids are ConversionErrors."""
+    id_field = KARPATHY_IMAGE_ID[dataset]
+    read_as_coco = not (isinstance(data, dict) and "dataset" in data)
+    files = ImageFiles()
+    chosen: list[KarpathyImage] = []
+    for index, image in enumerate(list_field(data, "images", f"{karpathy}")):
+        where = f"{karpathy}: images[{index}]"
+        image_split = field(image, "split", str, where)
+        if image_split not in splits:
+            continue
+        image_id = _karpathy_field(image, id_field, int, where, read_as_coco)
+        entry = f"images[{index}] ({id_field} {image_id})"
+        where = f"{karpathy}: {entry}"
+        if image_id in captions.by_image:
+            raise ConversionError(f"{where}: {id_field} {image_id} appears twice in the chosen split(s)")
+        file_name = field(image, "filename", str, where)
+        if dataset == "coco":
+            file_name = f"{_karpathy_field(image, 'filepath', str, where, read_as_coco)}/{file_name}"
+        path = files.add(path_under(images, file_name, where), file_name, karpathy, entry)
+        chosen.append(KarpathyImage(image_id, file_name, image_split, path, entry))
+        captions.by_image[image_id] = []
+        for position, sentence in enumerate(list_field(image, "sentences", where)):
+            sentence_where = f"{where}: sentences[{position}]"
+            captions.add(image_id, field(sentence, "raw", str, sentence_where), sentence_where)
+    if not chosen:
+        raise ConversionError(f"{karpathy}: no images in split {', '.join(splits)}")
+    return chosen
+
+
+def _karpathy_field(image: Any, name: str, kind: type, where: str, read_as_coco: bool) -> Any:
+    """:func:`field` for a field of COCO's split file; missing from a file read as COCO's for want of a ``dataset``
+    field, the error says so."""
+    if read_as_coco and isinstance(image, dict) and name not in image:
+        raise ConversionError(f"{where}: missing field {name!r} ({_READ_AS_COCO})")
+    return field(image, name, kind, where)
+
+
 def convert_karpathy(
     karpathy: str | os.PathLike,
     split: str | Sequence[str],
@@ -213,32 +302,17 @@ def convert_karpathy(
     splits = _karpathy_splits(split)
     data = load_json(karpathy)
     dataset = _karpathy_dataset(data, karpathy)
-    id_field = KARPATHY_IMAGE_ID[dataset]
-    chosen: list[tuple[int, str, str, Path]] = []  # image id, file name, split, path
     captions = CaptionSet()
-    for index, image in enumerate(list_field(data, "images", f"{karpathy}")):
-        where = f"{karpathy}: images[{index}]"
-        image_split = field(image, "split", str, where)
-        if image_split not in splits:
-            continue
-        image_id = field(image, id_field, int, where)
-        where = f"{where} ({id_field} {image_id})"
-        if image_id in captions.by_image:
-            raise ConversionError(f"{where}: {id_field} {image_id} appears twice in the chosen split(s)")
-        file_name = field(image, "filename", str, where)
-        if dataset == "coco":
-            file_name = f"{field(image, 'filepath', str, where)}/{file_name}"
-        chosen.append((image_id, file_name, image_split, path_under(images, file_name, where)))
-        captions.by_image[image_id] = []
-        for position, sentence in enumerate(list_field(image, "sentences", where)):
-            sentence_where = f"{where}: sentences[{position}]"
-            captions.add(image_id, field(sentence, "raw", str, sentence_where), sentence_where)
-    if not chosen:
-        raise ConversionError(f"{karpathy}: no images in split {', '.join(splits)}")
+    chosen = _karpathy_images(data, karpathy, dataset, splits, images, captions)
 
     def samples() -> Iterator[dict[str, Any] | Skip]:
-        for image_id, file_name, image_split, path in chosen:
-            yield _sample(image_id, captions.by_image[image_id], file_name, path, split=image_split)
+        for image in chosen:
+            if not captions.by_image[image.image_id]:
+                yield Skip(str(image.path), f"no caption ({image.entry} has no sentences)")
+                continue
+            yield _sample(
+                image.image_id, captions.by_image[image.image_id], image.file_name, image.path, split=image.split
+            )
 
     extra = {"source": {"karpathy": str(karpathy), "split": splits}, **captions.report(karpathy)}
     files = {CAPTION_TOKENS_FILE: caption_tokens_text(captions.all_captions(), tokenizer)}
