@@ -130,10 +130,26 @@ def deduplicated_images(
     return list(row_of), image_ND[keep], caption_rows
 
 
+def require_finite_embeddings(embeddings: dict[str, Any]) -> None:
+    """Raises ValueError naming the first embedding tensor (``image_embeddings``, ``caption_embeddings``) with NaN or
+    Inf rows, how many of its rows and the first one. A NaN compares false with every score, so a NaN row would rank
+    as if nothing scored above its positive: all-NaN image embeddings would give every caption R@1."""
+    for name in ("image_embeddings", "caption_embeddings"):
+        tensor = embeddings[name]
+        bad_rows = ~torch.isfinite(tensor.reshape(len(tensor), -1)).all(1)
+        if bool(bad_rows.any()):
+            first = int(bad_rows.nonzero()[0, 0])
+            raise ValueError(
+                f"{name} has {int(bad_rows.sum())} of {len(tensor)} rows with NaN or Inf (first: row {first}): "
+                "non-finite embeddings cannot be ranked"
+            )
+
+
 def score_embeddings(embeddings: dict[str, Any], chunk: int) -> tuple[dict[str, float], dict[str, list]]:
     """The recall scores of an embeddings file's content (:data:`EMBEDDING_FIELDS`) and each query's rank: ``images``
     ``[{"image_id", "rank"}]`` (image -> text) and ``captions`` ``[{"image_id", "caption", "rank"}]`` (text ->
-    image)."""
+    image). Non-finite embeddings are a ValueError (:func:`require_finite_embeddings`)."""
+    require_finite_embeddings(embeddings)
     ids, image_ND, caption_rows = deduplicated_images(
         embeddings["image_ids"].tolist(), embeddings["image_embeddings"], embeddings["caption_image_ids"].tolist()
     )
@@ -159,8 +175,8 @@ def evaluate_retrieval_file(
     ``results``, each query's rank written there as JSON (whole or absent).
 
     Raises:
-        EvalInputError: an unreadable file, a missing field, mismatched sizes, a caption of an unknown image or an
-            image without a caption.
+        EvalInputError: an unreadable file, a missing field, mismatched sizes, embeddings that are not floating-point
+            tensors or hold NaN or Inf, a caption of an unknown image or an image without a caption.
     """
     if results is not None:
         try:
@@ -185,7 +201,8 @@ def read_embeddings_file(embeddings: str | Path) -> dict[str, Any]:
     """The content of an embeddings file (:data:`EMBEDDING_FIELDS`), its fields and sizes checked.
 
     Raises:
-        EvalInputError: an unreadable file, a missing field or mismatched sizes.
+        EvalInputError: an unreadable file, a missing field, embeddings that are not floating-point tensors or
+            mismatched sizes.
     """
     try:
         content = load_checkpoint_file(embeddings, "embeddings file")
@@ -194,6 +211,11 @@ def read_embeddings_file(embeddings: str | Path) -> dict[str, Any]:
     missing = [name for name in EMBEDDING_FIELDS if name not in content]
     if missing:
         raise EvalInputError(f"{embeddings}: lacks {', '.join(missing)} (expected the file `mmoe predict` writes)")
+    for name in ("image_embeddings", "caption_embeddings"):
+        value = content[name]
+        if not isinstance(value, torch.Tensor) or not value.is_floating_point():
+            kind = f"a {value.dtype} tensor" if isinstance(value, torch.Tensor) else f"a {type(value).__name__}"
+            raise EvalInputError(f"{embeddings}: {name} is {kind}, not a floating-point tensor")
     images, captions = content["image_embeddings"], content["caption_embeddings"]
     sizes = (len(content["image_ids"]), len(images), len(content["caption_image_ids"]), len(captions))
     agree = sizes[0] == sizes[1] and sizes[2] == sizes[3] == len(content["captions"])

@@ -18,6 +18,7 @@ from mmoe.metrics.retrieval import (
     image_to_text_ranks,
     random_recall,
     retrieval_scores,
+    score_embeddings,
     text_to_image_ranks,
 )
 
@@ -201,3 +202,55 @@ def test_random_recall_equals_the_mean_over_every_ranking(captions_per_image):
 def test_random_recall_needs_a_caption_per_image():
     with pytest.raises(ValueError, match="each have a caption"):
         random_recall([2, 0])
+
+
+def with_non_finite(tensor: torch.Tensor, rows: list[int], value: float) -> torch.Tensor:
+    tensor = tensor.clone()
+    tensor[rows, 0] = value
+    return tensor
+
+
+@pytest.mark.parametrize(
+    ("field", "rows", "value", "message"),
+    [
+        ("images", [0, 1, 2, 3, 4], float("nan"), "image_embeddings has 5 of 5 rows with NaN or Inf (first: row 0)"),
+        ("captions", [6, 2], float("inf"), "caption_embeddings has 2 of 9 rows with NaN or Inf (first: row 2)"),
+    ],
+)
+def test_non_finite_embeddings_are_refused_naming_the_file_the_tensor_and_the_rows(
+    tmp_path, capsys, field, rows, value, message
+):
+    images, captions, caption_image = hand_made()
+    if field == "images":
+        images = with_non_finite(images, rows, value)
+    else:
+        captions = with_non_finite(captions, rows, value)
+    embeddings_file(tmp_path / "e.pt", images, captions, caption_image)
+    assert eval_command(["retrieval", "--embeddings", str(tmp_path / "e.pt")]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and len(captured.err.strip().splitlines()) == 1, captured.err
+    assert captured.err.startswith(f"mmoe eval retrieval: error: {tmp_path / 'e.pt'}: {message}")
+
+
+def test_the_in_training_scores_refuse_non_finite_embeddings():
+    """What validation scores (``RetrievalFineTuning.on_validation_epoch_end``): the same refusal, not a recall."""
+    images, captions, caption_image = hand_made()
+    content = {
+        "image_ids": torch.arange(5),
+        "image_embeddings": with_non_finite(images, [3], float("nan")),
+        "caption_image_ids": caption_image,
+        "caption_embeddings": captions,
+        "captions": [""] * 9,
+    }
+    with pytest.raises(ValueError, match=re.escape("image_embeddings has 1 of 5 rows with NaN or Inf (first: row 3)")):
+        score_embeddings(content, 4)
+
+
+def test_embeddings_that_are_not_tensors_are_one_line(tmp_path, capsys):
+    images, captions, caption_image = hand_made()
+    embeddings_file(tmp_path / "e.pt", images, captions, caption_image)
+    content = torch.load(tmp_path / "e.pt")
+    torch.save({**content, "caption_embeddings": captions.tolist()}, tmp_path / "e.pt")
+    assert eval_command(["retrieval", "--embeddings", str(tmp_path / "e.pt")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "caption_embeddings is a list, not a floating-point tensor" in err
