@@ -17,6 +17,12 @@ search (:mod:`mmoe.tasks.decoding`), batched over images and beams. The whole pr
 key/value cache): captions are short (BEiT-3: 32 tokens), and the backbone stays a plain ``forward``. Validation
 decodes every image, writes ``[{"image_id", "caption"}]`` when ``results_dir`` is set, and logs the COCO caption
 metrics of :func:`mmoe.metrics.captions.score_captions` against the references in the batches.
+
+The caption is causal, in the MoE layers too: dropless token-choice routing (as shipped) routes each token on its own
+state, so no token's output depends on a later one (tested). With a capacity factor, which choices are dropped depends
+on the whole batch (first choices, then earlier tokens of the flattened batch, win), other captions' later tokens
+included. Expert-choice routing is refused (:attr:`CaptioningFineTuning.causal_text`): each expert picks its top-C
+tokens of the whole batch, so a token's routing would depend on the tokens after it.
 """
 
 from __future__ import annotations
@@ -85,10 +91,12 @@ class CaptioningFineTuning(FineTuningTask):
         output_vocab: ``caption_tokens.json`` of the training split: the head predicts these ids only (label
             smoothing spreads over them); None = the whole vocabulary (BEiT-3).
         **kwargs: the shared fine-tuning arguments of :class:`mmoe.tasks.finetuning.FineTuningTask` (backbone,
-            pretrained, frozen_routing, balance and optimiser settings).
+            pretrained, frozen_routing, balance and optimiser settings). A backbone with ``routing:
+            expert_choice`` is refused (the caption is causal; module docstring).
     """
 
     name = "captioning"
+    causal_text = True
     beit3_heads = {"mlm_head.": "head."}
     prediction_key = "image_id"
     infer_aliases = ("caption",)

@@ -88,6 +88,9 @@ class FineTuningTask(BackboneTask):
     infer_files: ClassVar[tuple[str, ...]] = ("text_tokenizer",)
     #: Where ``mmoe predict`` writes the predictions; None = not written. Set by each task's ``__init__``.
     predictions_file: str | None = None
+    #: Whether the task's text tokens see only earlier ones (captioning): expert-choice routing is then refused, since
+    #: each expert picks its tokens over the whole batch and an earlier token's routing would depend on later ones.
+    causal_text: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -110,6 +113,8 @@ class FineTuningTask(BackboneTask):
         self.save_hyperparameters(ignore=list(OUTPUT_ARGUMENTS))
         weights = read_pretrained(pretrained) if pretrained is not None else None
         self.backbone = build_backbone(backbone, weights, frozen_routing, eval_capacity_factor)
+        if self.causal_text:
+            refuse_expert_choice(self.name, self.backbone.config)
         # A released BEiT-3 file's heads, until the subclass has built its own (load_beit3_head).
         self._beit3_heads = weights.heads if weights is not None else {}
         # The checkpoints of this task are self-contained: they rebuild the architecture from the saved config and
@@ -267,6 +272,18 @@ def required_argument(init_args: dict, key: str) -> str:
     if not value:
         raise ValueError(f"model.init_args.{key} is needed to count the head")
     return value
+
+
+def refuse_expert_choice(task: str, config: MultiwayConfig) -> None:
+    """One-line ``ValueError`` when ``config`` routes by expert choice, for a task whose text is causal."""
+    if config.moe is not None and config.moe.routing == "expert_choice":
+        raise ValueError(
+            f"model.backbone.moe.routing='expert_choice' is refused for {task}: its text is causal (a token sees only "
+            "earlier ones), but each expert picks its top-C tokens of the whole batch, so an earlier token's routing "
+            "would depend on later ones (and generation, which routes on the prefix, on other tokens than training); "
+            "give model.backbone with moe.routing: token_choice and capacity_factor: null (an expert-choice "
+            "backbone's weights load into it)"
+        )
 
 
 def build_backbone(

@@ -1,0 +1,76 @@
+"""Captioning stays causal through its MoE layers: with token-choice routing no caption position changes when a later
+token does; expert-choice routing, whose experts pick tokens over the whole batch, is refused in one line, from Python
+and from ``mmoe fit``."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+
+from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
+from mmoe.tasks.captioning import CaptioningFineTuning
+from mmoe.tasks.checkpoint import export_backbone
+from tests.cli_fixtures import run_mmoe
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+CAPTIONING = Path(__file__).resolve().parents[2] / "configs" / "finetune" / "captioning_tiny.yaml"
+REFUSED = "model.backbone.moe.routing='expert_choice' is refused for captioning: its text is causal"
+
+
+def captioner(**plan) -> CaptioningFineTuning:
+    torch.manual_seed(0)
+    backbone = MultiwayConfig.preset("test", moe=MoEPlan(num_experts=4, every=1, **plan))
+    return CaptioningFineTuning(backbone=backbone, max_length=8).eval()
+
+
+@pytest.mark.parametrize("plan", [dict(), dict(top_k=2), dict(heads=2, top_k=2)], ids=["top1", "top2", "mhmoe"])
+def test_token_choice_keeps_every_caption_position_blind_to_later_tokens(plan):
+    """Two batches of two captions that differ only in the last token of the first caption."""
+    task = captioner(**plan)
+    generator = torch.Generator().manual_seed(0)
+    image = torch.randn(2, 3, 32, 32, generator=generator)
+    text = torch.randint(0, 1000, (2, 8), generator=generator)
+    changed = text.clone()
+    changed[0, -1] = (text[0, -1] + 1) % 1000
+    with torch.no_grad():
+        logits, _ = task(image, text)
+        other, _ = task(image, changed)
+    torch.testing.assert_close(other[0, :-1], logits[0, :-1])  # every earlier position of the changed caption
+    torch.testing.assert_close(other[1], logits[1])  # and the other caption
+    assert (other[0, -1] - logits[0, -1]).abs().max() > 1e-3  # the changed token itself does change
+
+
+def test_expert_choice_is_refused_for_captioning():
+    with pytest.raises(ValueError) as error:
+        captioner(routing="expert_choice", capacity_factor=1.0)
+    assert str(error.value).startswith(REFUSED) and "\n" not in str(error.value)
+
+
+def test_mmoe_fit_refuses_expert_choice_captioning_in_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    edited = tmp_path / "expert_choice.yaml"
+    moe = "routing: expert_choice\n        capacity_factor: 1.0"
+    edited.write_text(f"model:\n  init_args:\n    backbone:\n      moe:\n        {moe}\n")
+    code, _, err = run_mmoe(["fit", "--config", str(CAPTIONING), "--config", str(edited)], capsys)
+    assert code == 2, err
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith(f"mmoe fit: error: {REFUSED}")
+    assert list(tmp_path.iterdir()) == [edited]  # nothing trained, nothing written
+
+
+def test_an_expert_choice_backbone_fine_tunes_captioning_only_under_token_choice(tmp_path):
+    """The way out the error names: the same backbone's weights under dropless token choice."""
+    plan = MoEPlan(num_experts=4, every=1, routing="expert_choice", capacity_factor=1.0)
+    pretrained = tmp_path / "backbone.pt"
+    export_backbone(MultiwayTransformer(MultiwayConfig.preset("test", moe=plan)), pretrained)
+    with pytest.raises(ValueError, match=REFUSED):
+        CaptioningFineTuning(pretrained=str(pretrained), max_length=8)
+    token_choice = dataclasses.replace(plan, routing="token_choice", capacity_factor=None)
+    task = CaptioningFineTuning(
+        backbone=MultiwayConfig.preset("test", moe=token_choice), pretrained=str(pretrained), max_length=8
+    )
+    assert task.backbone.config.moe.routing == "token_choice"
