@@ -3,8 +3,12 @@
 
 * ``--images DIR --text "..."``: the ``--top-k`` images of the folder closest to the text (cosine similarity of the
   two embeddings). The folder is embedded once: each image's embedding is cached under ``--cache`` in a file of the
-  checkpoint (its path, size and modification time), keyed by the image's path, size and modification time, so a
-  later search with the same checkpoint embeds only new or changed images. Unreadable images are skipped and counted.
+  checkpoint (its path, size and modification time), keyed by a BLAKE2b digest of the image file's bytes, so a later
+  search with the same checkpoint embeds only new or changed images (an image edited in place that keeps its size and
+  modification time included; a renamed or copied image is found under its content). Every image file is read to
+  digest it, 1 MiB at a time; a file over 1 GiB is skipped as unreadable. A cache entry that is not a finite float32
+  embedding of the checkpoint's width (a cache of another checkpoint's, or edited) is embedded again, said once on
+  stderr. Unreadable images are skipped and counted.
 * ``--image X --texts FILE``: the ``--top-k`` lines of the text file closest to the image.
 """
 
@@ -28,6 +32,10 @@ from mmoe.safe_load import load_checkpoint_file
 CACHE_FORMAT = "mmoe-retrieval-embeddings"
 #: Images and texts embedded per forward pass.
 EMBED_BATCH = 16
+#: Bytes of an image file read at once to digest it.
+DIGEST_CHUNK = 1 << 20
+#: The largest image file read (larger than any image Pillow decodes, 2 x its 89 M-pixel bomb limit in 24-bit RGB).
+MAX_IMAGE_BYTES = 1 << 30
 
 
 def is_search(args: argparse.Namespace) -> bool:
@@ -62,7 +70,7 @@ def default_cache() -> Path:
 
 
 def file_stamp(path: Path) -> str:
-    """A file's resolved path, size and modification time: what says it is unchanged."""
+    """A file's resolved path, size and modification time: what says a checkpoint file is unchanged."""
     stat = path.stat()
     return f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
 
@@ -74,8 +82,57 @@ def cache_file(cache: Path, checkpoint: Path) -> Path:
     return cache / f"{key}.pt"
 
 
-def read_cache(path: Path) -> dict[str, torch.Tensor]:
-    """Image stamp -> embedding from a cache file; empty when it is absent or unreadable (said on stderr)."""
+def content_key(path: Path) -> str:
+    """The cache key of an image file: the BLAKE2b digest of its bytes, read :data:`DIGEST_CHUNK` at a time, so that
+    any change of its content shows, whatever its size and modification time.
+
+    Raises:
+        InferError: the file cannot be read, or holds more than :data:`MAX_IMAGE_BYTES`.
+    """
+    digest, size = hashlib.blake2b(digest_size=16), 0
+    try:
+        with path.open("rb") as file:
+            while chunk := file.read(DIGEST_CHUNK):
+                digest.update(chunk)
+                size += len(chunk)
+                if size > MAX_IMAGE_BYTES:
+                    raise InferError(f"image {path} holds more than {MAX_IMAGE_BYTES >> 20} MiB: not read further")
+    except FileNotFoundError:
+        raise InferError(f"image {path} does not exist") from None
+    except OSError as error:
+        raise InferError(f"image {path} could not be read: {error.strerror or error}") from None
+    return f"blake2b:{digest.hexdigest()}"
+
+
+def is_embedding(key: object, value: object, width: int) -> bool:
+    """Whether a cache entry can be used: a content key (:func:`content_key`) and a finite float32 vector of the
+    checkpoint's embedding ``width``."""
+    return (
+        isinstance(key, str)
+        and key.startswith("blake2b:")
+        and isinstance(value, torch.Tensor)
+        and value.dtype == torch.float32
+        and value.shape == (width,)
+        and bool(torch.isfinite(value).all())
+    )
+
+
+def usable_entries(entries: dict, width: int, path: Path) -> tuple[dict[str, torch.Tensor], int]:
+    """The entries of a cache file that :func:`is_embedding` accepts, and how many it did not (said on stderr)."""
+    usable = {key: value for key, value in entries.items() if is_embedding(key, value, width)}
+    dropped = len(entries) - len(usable)
+    if dropped:
+        print(
+            f"mmoe infer: cache {path}: {dropped} unusable entries ignored, rebuilt (an entry must be a finite float32 "
+            f"embedding of this checkpoint's width, {width}, under an image's content digest)",
+            file=sys.stderr,
+        )
+    return usable, dropped
+
+
+def read_cache(path: Path) -> dict:
+    """Image key -> embedding from a cache file, not yet checked (:func:`usable_entries`); empty when the file is
+    absent or unreadable (said on stderr)."""
     if not path.exists():
         return {}
     try:
@@ -113,10 +170,10 @@ def embed_texts(model: FineTuned, texts: list[str]) -> torch.Tensor:
 
 
 def embedded_folder(
-    model: FineTuned, folder: Path, cache: Path, checkpoint: Path
+    model: FineTuned, folder: Path, cache: Path, checkpoint: Path, width: int
 ) -> tuple[list[Path], torch.Tensor, dict]:
-    """The readable images of ``folder``, their (N, D) embeddings, and counts: ``embedded`` now, ``cached``, and
-    ``unreadable_skipped``. New embeddings are added to the checkpoint's cache file (written whole)."""
+    """The readable images of ``folder``, their (N, ``width``) embeddings, and counts: ``embedded`` now, ``cached``,
+    and ``unreadable_skipped``. New embeddings are added to the checkpoint's cache file (written whole)."""
     from tqdm import tqdm
 
     try:
@@ -125,10 +182,10 @@ def embedded_folder(
         raise InferError(str(error).replace("--image ", "--images ", 1)) from None
     store = cache_file(cache, checkpoint)
     check_output_path(store, "--cache")
-    known = read_cache(store)
-    stamps = {path: file_stamp(path) for path in paths}
-    fresh_paths, fresh_images, unreadable = [], [], 0
-    for path in tqdm([p for p in paths if stamps[p] not in known], desc="mmoe infer: embedding", unit="image",
+    known, dropped = usable_entries(read_cache(store), width, store)
+    keys, unreadable = image_keys(paths)
+    fresh_paths, fresh_images = [], []
+    for path in tqdm([p for p in keys if keys[p] not in known], desc="mmoe infer: embedding", unit="image",
                      file=sys.stderr):  # fmt: skip
         try:
             fresh_images.append(model.image(path))
@@ -139,10 +196,11 @@ def embedded_folder(
         fresh_paths.append(path)
     if fresh_images:
         for path, embedding in zip(fresh_paths, embed_images(model, fresh_images), strict=True):
-            known[stamps[path]] = embedding.clone()
+            known[keys[path]] = embedding.clone()
+    if fresh_images or dropped:
         with writing_output(store, "--cache"):
             atomic_write(store, lambda temporary: torch.save({"format": CACHE_FORMAT, "embeddings": known}, temporary))
-    readable = [path for path in paths if stamps[path] in known]
+    readable = [path for path in keys if keys[path] in known]
     if not readable:
         raise InferError(f"--images {folder}: no image could be read")
     counts = {
@@ -150,7 +208,20 @@ def embedded_folder(
         "cached": len(readable) - len(fresh_paths),
         "unreadable_skipped": unreadable,
     }
-    return readable, torch.stack([known[stamps[path]] for path in readable]), counts
+    return readable, torch.stack([known[keys[path]] for path in readable]), counts
+
+
+def image_keys(paths: list[Path]) -> tuple[dict[Path, str], int]:
+    """The cache key (:func:`content_key`) of each readable file of ``paths``, in order, and how many could not be
+    read (each named on stderr)."""
+    keys, unreadable = {}, 0
+    for path in paths:
+        try:
+            keys[path] = content_key(path)
+        except InferError as error:
+            unreadable += 1
+            print(f"mmoe infer: skipped: {error}", file=sys.stderr)
+    return keys, unreadable
 
 
 def text_lines(path: str) -> list[str]:
@@ -178,8 +249,8 @@ def run_search(model: FineTuned, args: argparse.Namespace) -> dict:
     if args.images:
         folder = Path(args.images)
         cache = Path(args.cache) if args.cache else default_cache()
-        paths, images_ND, counts = embedded_folder(model, folder, cache, Path(args.ckpt))
         text_D = embed_texts(model, [args.text])[0]
+        paths, images_ND, counts = embedded_folder(model, folder, cache, Path(args.ckpt), len(text_D))
         matches = [
             {"file": paths[i].relative_to(folder).as_posix(), "score": score}
             for i, score in top(images_ND @ text_D, args.top_k)

@@ -1,6 +1,7 @@
 """``mmoe infer retrieve``: a folder's top-k images for a text and a text file's top-k lines for an image, scored as
-the task embeds them; the folder embedded once (a cache per checkpoint, keyed by each image file), unreadable images
-skipped and counted; a shard split's embeddings scored by ``mmoe eval retrieval``; bad input one line, exit 2."""
+the task embeds them; the folder embedded once (a cache per checkpoint, keyed by each image's content; unusable
+entries embedded again), unreadable images skipped and counted; a shard split's embeddings scored by ``mmoe eval
+retrieval``; bad input one line, exit 2."""
 
 from __future__ import annotations
 
@@ -137,3 +138,66 @@ def test_bad_input_is_one_line_and_exit_2(files, capsys, argv, message):
     lines = err.strip().splitlines()
     assert lines[-1].startswith("mmoe infer: error: ") and message.format(**names) in lines[-1], err
     assert "Traceback" not in err
+
+
+def search_argv(files: dict) -> list[str]:
+    return ["--ckpt", str(files["checkpoint"]), "--images", str(files["folder"]), "--text", TEXTS[2], "--top-k", "7"]
+
+
+def test_an_image_edited_in_place_with_its_size_and_time_kept_is_embedded_again(files, tmp_path, capsys):
+    """A BMP of the same dimensions has the same size; tools that keep timestamps keep its modification time."""
+    edited = files["folder"] / "edited.bmp"
+    Image.new("RGB", (36, 40), (250, 250, 250)).save(edited)
+    argv = [*search_argv(files), "--cache", str(tmp_path / "cache")]
+    code, before, err = infer(argv, capsys)
+    assert code == 0 and before["embedded"] == 7, err
+    stat = edited.stat()
+    Image.fromarray(torch.arange(36 * 40 * 3).remainder(251).to(torch.uint8).reshape(40, 36, 3).numpy()).save(edited)
+    os.utime(edited, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert (edited.stat().st_size, edited.stat().st_mtime_ns) == (stat.st_size, stat.st_mtime_ns)
+    code, after, err = infer(argv, capsys)
+    assert code == 0 and (after["embedded"], after["cached"]) == (1, 6), err
+    score = {match["file"]: match["score"] for match in after["matches"]}["edited.bmp"]
+    assert score == pytest.approx(reference_scores(files["checkpoint"], [edited], TEXTS[2])["edited.bmp"], abs=1e-5)
+
+
+@pytest.mark.parametrize(
+    "unusable",
+    [
+        torch.zeros(7),
+        "a string",
+        torch.full((32,), float("nan")),
+        torch.zeros(32, dtype=torch.long),
+        torch.zeros(1, 32),
+    ],
+)
+def test_unusable_cache_entries_are_embedded_again_and_said_once(files, tmp_path, capsys, unusable):
+    """Entries of a checkpoint of another width, or not embeddings at all, are as if absent."""
+    argv = [*search_argv(files), "--cache", str(tmp_path / "cache")]
+    code, first, err = infer(argv, capsys)
+    assert code == 0, err
+    (store,) = (tmp_path / "cache").glob("*.pt")
+    content = torch.load(store, weights_only=True)
+    keys = sorted(content["embeddings"])[:2]
+    content["embeddings"] |= {key: unusable for key in keys}
+    torch.save(content, store)
+    code, again, err = infer(argv, capsys)
+    assert code == 0, err
+    assert (again["embedded"], again["cached"]) == (2, 4) and again["matches"] == first["matches"]
+    said = [line for line in err.splitlines() if "unusable entries" in line]
+    assert len(said) == 1 and said[0].startswith(f"mmoe infer: cache {store}: 2 unusable entries"), err
+    code, third, err = infer(argv, capsys)
+    assert code == 0 and (third["embedded"], third["cached"]) == (0, 6) and "unusable entries" not in err
+
+
+def test_an_image_file_over_the_size_bound_is_skipped_unread(files, tmp_path, capsys, monkeypatch):
+    from mmoe.infer import search
+
+    sizes = {path.name: path.stat().st_size for path in files["folder"].glob("[0-9].*")}
+    bound = sorted(sizes.values())[2]
+    monkeypatch.setattr(search, "MAX_IMAGE_BYTES", bound)
+    code, result, err = infer([*search_argv(files), "--cache", str(tmp_path / "cache")], capsys)
+    over = sorted(name for name, size in sizes.items() if size > bound)
+    assert code == 0 and result["images"] == 6 - len(over) and result["unreadable_skipped"] == 1 + len(over), err
+    for name in over:
+        assert f"{name} holds more than" in err
