@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import torch
+from lightning.pytorch.trainer.states import TrainerFn
 
 from mmoe.atomic import write_text_atomic
 from mmoe.data.samples import Decoder
@@ -64,7 +65,9 @@ class FineTuningTask(BackboneTask):
     :meth:`prediction_entries` of each batch to ``self.predictions``; at the end the base class gathers them over the
     processes, keeps the first entry of each sample (``prediction_key``; a distributed sampler may repeat samples to
     even out the ranks), sets ``predicted_count`` and writes ``predictions_file`` atomically in the task's
-    :meth:`format_predictions` (a JSON list unless the task says otherwise).
+    :meth:`format_predictions` (a JSON list unless the task says otherwise). With an expert-choice backbone a
+    sample's result depends on the samples that share its batch (``eval_batch_size`` changes it): ``mmoe
+    validate``, ``test`` and ``predict`` say so in one warning line (:meth:`warn_batch_dependent_routing`).
     """
 
     #: The task's short name: its key in :data:`mmoe.tasks.catalog.FINETUNING_TASKS`, its configs'
@@ -126,6 +129,7 @@ class FineTuningTask(BackboneTask):
         #: Distinct samples predicted by the last ``predict`` (all processes); ``mmoe predict`` compares it with the
         #: number of samples the split holds.
         self.predicted_count: int | None = None
+        self._warned_routing = False
 
     @classmethod
     def head_parameters(cls, config: MultiwayConfig, init_args: dict) -> dict[str, int]:
@@ -212,6 +216,31 @@ class FineTuningTask(BackboneTask):
         print(
             f"mmoe: BEiT-3 {self.name} head: {len(loaded)} tensors loaded from model.pretrained{kept}", file=sys.stderr
         )
+
+    def on_validation_start(self) -> None:
+        self.warn_batch_dependent_routing()
+
+    def on_test_start(self) -> None:
+        self.warn_batch_dependent_routing()
+
+    def on_predict_start(self) -> None:
+        self.warn_batch_dependent_routing()
+
+    def warn_batch_dependent_routing(self) -> None:
+        """One stderr line when ``mmoe validate``, ``test`` or ``predict`` runs an expert-choice backbone (Zhou et al.,
+        2022): each expert picks its top-C tokens of the whole batch, so a sample's result depends on the samples
+        beside it; the routing is per batch by design, and ``mmoe infer`` routes each input alone."""
+        moe, state = self.backbone.config.moe, self.trainer.state.fn
+        if moe is None or moe.routing != "expert_choice" or state == TrainerFn.FITTING or self._warned_routing:
+            return
+        self._warned_routing = True
+        if self.trainer.is_global_zero:
+            print(
+                f"mmoe {state.value}: warning: model.backbone.moe.routing='expert_choice' picks each expert's tokens "
+                "over the whole batch, so these results depend on which samples share a batch (another "
+                "data.init_args.eval_batch_size, sample order or process count changes them)",
+                file=sys.stderr,
+            )
 
     def on_validation_epoch_start(self) -> None:
         self.validation_outputs = []
