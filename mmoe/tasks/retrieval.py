@@ -134,7 +134,9 @@ class RetrievalFineTuning(FineTuningTask):
         parser.add_argument("--texts", help="a text file, one candidate a line: its lines ranked against --image")
         parser.add_argument("--top-k", type=positive_int, default=5, help="matches to list (default 5)")
         parser.add_argument(
-            "--cache", help="folder of the --images embeddings cache (default $XDG_CACHE_HOME/mmoe/retrieval)"
+            "--cache",
+            help="folder of the --images embeddings cache: a file per checkpoint, each image keyed by a digest of its "
+            "bytes (default $XDG_CACHE_HOME/mmoe/retrieval)",
         )
 
     @classmethod
