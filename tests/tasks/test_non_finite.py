@@ -1,6 +1,6 @@
 """A non-finite training step (:mod:`mmoe.tasks.non_finite`): stopped before the update with nothing saved, or skipped
 (no update, AdamW's state untouched, counted) and resumed exactly; unit runs of a small module with a NaN injected at
-chosen steps, and a real diverging ``mmoe fit``."""
+chosen steps, a real diverging ``mmoe fit``, and one whose loss-free selection biases overflow."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
 from mmoe.tasks.non_finite import DIVERGED_EXIT, NonFiniteGuard, NonFiniteTraining
-from tests.cli_fixtures import small_shards
+from tests.cli_fixtures import run_mmoe, small_shards
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
 
@@ -216,3 +216,29 @@ def test_a_nan_in_one_process_stops_or_skips_the_step_in_every_process(action, t
             "stopped: non-finite gradients at step 2",
             "stopped: non-finite loss at step 2",
         ]
+
+
+@pytest.mark.slow
+def test_a_fit_whose_selection_biases_overflow_stops_in_one_line(tmp_path, capsys):
+    """Loss-free balancing at a rate float32 biases overflow at: the loss stays finite, the biases do not."""
+    shards = small_shards(tmp_path)
+    config = yaml.safe_load((Path(__file__).resolve().parents[2] / "configs/finetune/vqav2_tiny.yaml").read_text())
+    config["model"]["init_args"]["backbone"]["moe"]["bias_update_rate"] = 1e39
+    for callback in config["trainer"]["callbacks"]:
+        if callback["class_path"].endswith("ModelCheckpoint"):  # a checkpoint after every step
+            callback["init_args"] = {"save_last": True, "every_n_train_steps": 1, "save_top_k": -1}
+    path = tmp_path / "vqa.yaml"
+    path.write_text(yaml.safe_dump(config))
+    run = tmp_path / "run"
+    argv = ["fit", "--config", str(path), "--trainer.max_steps", "4", "--trainer.default_root_dir", str(run),
+            "--trainer.enable_progress_bar", "false", "--data.init_args.data_root", str(shards.parent),
+            "--model.init_args.answer_vocab", str(shards / "vqav2-train2014" / "answers.json"),
+            "--data.init_args.batch_size", "4", "--data.init_args.num_workers", "0",
+            "--trainer.limit_val_batches", "0"]  # fmt: skip
+    code, _, err = run_mmoe(argv, capsys)
+    assert code == DIVERGED_EXIT, err[-3000:]
+    assert "Traceback" not in err
+    errors = [line for line in err.splitlines() if line.startswith("mmoe fit: error:")]
+    assert len(errors) == 1, err[-3000:]
+    assert errors[0].startswith("mmoe fit: error: non-finite router selection biases after step 0 in MoE layer 1 (")
+    assert not (run / "checkpoints").exists() or not list((run / "checkpoints").glob("*.ckpt"))
