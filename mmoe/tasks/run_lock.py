@@ -1,16 +1,22 @@
 """One run per run folder: a lock file that ``mmoe fit | validate | test | predict`` hold in the folders they write.
 
 Two runs writing into one folder mix their logs, checkpoints and configs silently. Each command therefore takes
-:data:`LOCK_FILE` in ``trainer.default_root_dir`` (and, for ``fit``, in every ``ModelCheckpoint`` folder outside it)
-once its config is instantiated and before it runs, and a second command into a held folder is refused with the
-holder's host, pid and start time. A folder that cannot be written is refused at the same point, before any step.
+:data:`LOCK_FILE` in ``trainer.default_root_dir`` (and, for ``fit``, in every ``ModelCheckpoint`` folder, inside the
+run folder or not) once its config is instantiated and before it runs, and a second command into a held folder is
+refused with the holder's host, pid and start time. A folder below one another run holds is refused too (a
+``ModelCheckpoint`` dirpath, or a run folder, inside a running run's folder), so is a folder that cannot be written,
+at the same point, before any step. A folder holding another run's folder below it is not searched: that run locked
+its checkpoint folders, so a run whose own ``checkpoints/`` another run writes is refused there.
 
 The lock is ``fcntl.flock`` on the open file: the kernel releases it when the holding process ends, however it ends
-(SIGKILL included), so a lock is never stale while its file is, and no pid needs checking for liveness. The file's
-text (host, pid, start time) is only what the refusal names; a file left behind by a killed run is taken over with a
-line saying whose it was. The file is removed on release; a run that finds it removed under its lock (the holder
-released it meanwhile) locks afresh. Processes forked from the holder (DataLoader workers) close their copy of the
-file at once, so a killed run's workers, which outlive it for a moment, do not keep its folder locked.
+(SIGKILL included), so a lock is never stale while its file is, and no pid needs checking for liveness; the lock file
+a killed run left above a folder blocks nothing. The file's text (host, pid, start time) is only what the refusal
+names; a file left behind by a killed run is taken over with a line saying whose it was. A lock file is another run's
+to read, never to trust: it is opened without following a symbolic link, one that is not a regular file (a link, a
+fifo, a device) refuses the run, and only a line of the form ``host <name> pid <n> started <time>`` is ever quoted
+from it. The file is removed on release; a run that finds it removed under its lock (the holder released it
+meanwhile) locks afresh. Processes forked from the holder (DataLoader workers) close their copy of the file at once,
+so a killed run's workers, which outlive it for a moment, do not keep its folder locked.
 
 Under DDP only global rank 0 takes the lock: the other ranks are part of the same run.
 """
@@ -19,15 +25,19 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import fcntl
 import os
+import re
 import socket
+import stat
 import sys
 import tempfile
+import time
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import Any, BinaryIO
 
 from jsonargparse import Namespace
 from jsonargparse.typing import import_object
@@ -38,6 +48,21 @@ from mmoe.io import one_line
 
 #: The lock file in a run folder.
 LOCK_FILE = ".mmoe-run.lock"
+#: What a holder writes into its lock (:func:`holder_text`), the only content of a lock file that messages quote.
+HOLDER_LINE = re.compile(r"host [A-Za-z0-9._-]{1,255} pid [0-9]{1,10} started [A-Za-z0-9 :.+-]{1,40}")
+#: How many times a run tries to lock a folder before it is refused as held (:func:`lock_now`).
+PROBE_TRIES = 5
+#: How much of a lock file is read: a holder line is far shorter.
+LOCK_READ_BYTES = 512
+#: File types a lock path may be instead of a regular file, as refusals name them.
+FILE_TYPES = {
+    stat.S_IFLNK: "a symbolic link",
+    stat.S_IFIFO: "a fifo",
+    stat.S_IFDIR: "a folder",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+}
 
 
 class RunFolderError(ValueError):
@@ -48,6 +73,58 @@ def holder_text() -> str:
     """What this process writes into a lock it holds: ``host <name> pid <pid> started <UTC time>``."""
     started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     return f"host {socket.gethostname()} pid {os.getpid()} started {started}"
+
+
+def holder_in(handle: BinaryIO) -> str | None:
+    """The holder line of an open lock file ("" when it is empty), or None when it holds anything else, which is
+    never quoted: a planted lock file may hold anything."""
+    handle.seek(0)
+    text = handle.read(LOCK_READ_BYTES).decode("utf-8", errors="replace").strip()
+    return text if not text or HOLDER_LINE.fullmatch(text) else None
+
+
+def lock_now(handle: BinaryIO) -> bool:
+    """Takes the exclusive flock of ``handle`` unless another process holds it; tried a few times 10 ms apart, since
+    another run looking at whether this folder is held (:func:`live_holder`) takes it shared for a moment."""
+    for attempt in range(PROBE_TRIES):
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if attempt + 1 < PROBE_TRIES:
+                time.sleep(0.01)
+    return False
+
+
+def live_holder(folder: Path) -> str | None:
+    """Who holds ``folder``'s lock, when a live process does (its holder line, or a phrase when it has none); None
+    when it has no lock file, an unlocked one (its run has ended), or one that is not this user's regular file (a lock
+    file anyone could plant in a shared folder such as ``/tmp`` would otherwise refuse every run below it)."""
+    try:
+        descriptor = os.open(folder / LOCK_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(descriptor, "rb") as handle:
+        status = os.fstat(descriptor)
+        if not stat.S_ISREG(status.st_mode) or status.st_uid != os.geteuid():
+            return None
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)  # let go when the file closes
+        except BlockingIOError:
+            return holder_phrase(holder_in(handle))
+    return None
+
+
+def holder_phrase(holder: str | None) -> str:
+    """How a refusal names the holder of a lock from :func:`holder_in`'s reading of its file."""
+    if holder is None:
+        return "a process whose lock file holds something unrecognised"
+    return holder or "a process that has not written its name yet"
+
+
+def option_naming(what: str) -> str:
+    """The option that gives a run another folder of the kind ``what``."""
+    return "trainer.default_root_dir" if what == "run folder" else "ModelCheckpoint dirpath"
 
 
 def check_writable(folder: Path, what: str = "run folder") -> list[Path]:
@@ -96,7 +173,7 @@ class FolderLock:
         self.command = command
         self.what = what
         self.created: list[Path] = []  # the folders acquire created, deepest first
-        self._file: IO[str] | None = None
+        self._file: BinaryIO | None = None
 
     def acquire(self) -> None:
         """Takes the lock, or raises.
@@ -108,38 +185,61 @@ class FolderLock:
         self.created = check_writable(self.folder, self.what)
         while self._file is None:
             handle = self._open()
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                handle.seek(0)
-                holder = handle.read().strip() or "a process that has not written its name yet"
+            if not lock_now(handle):
+                holder = holder_phrase(holder_in(handle))
                 handle.close()
-                other = "trainer.default_root_dir" if self.what == "run folder" else "ModelCheckpoint dirpath"
                 raise RunFolderError(
-                    f"{self.what} {self.folder} is in use by another run ({holder}; lock file {self.path}): "
-                    f"wait for it to end, or give this run another {other}"
+                    f"{self.what} {self.folder} is in use by another run "
+                    f"({holder}; lock file {self.path}): "
+                    f"wait for it to end, or give this run another {option_naming(self.what)}"
                 ) from None
             if not self._still_named(handle):
                 handle.close()  # released and removed by its holder between our open and our lock: try again
                 continue
             self._take(handle)
 
-    def _open(self) -> IO[str]:
+    def _open(self) -> BinaryIO:
+        """The lock file opened for reading and writing (held open until release), created if absent; never through a
+        symbolic link, and only a regular file (a fifo or a device could block or act on being opened)."""
+        self._require_regular(os.lstat, self.path)
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         try:
-            return open(self.path, "a+", encoding="utf-8")  # held open until release
+            descriptor = os.open(self.path, flags, 0o666)
         except OSError as error:
+            if error.errno == errno.ELOOP:  # made a link since the check above
+                self._require_regular(os.lstat, self.path)
             raise RunFolderError(f"{self.what} {self.folder} cannot be written: {one_line(error)}") from None
+        try:
+            self._require_regular(os.fstat, descriptor)
+        except RunFolderError:
+            os.close(descriptor)
+            raise
+        return os.fdopen(descriptor, "r+b")
 
-    def _still_named(self, handle: IO[str]) -> bool:
+    def _require_regular(self, status: Callable[[Any], os.stat_result], target: Path | int) -> None:
+        """Refuses a lock path that exists and is not a regular file (``status``: ``os.lstat`` or ``os.fstat``)."""
+        try:
+            mode = status(target).st_mode
+        except FileNotFoundError:
+            return
+        if not stat.S_ISREG(mode):
+            kind = FILE_TYPES.get(stat.S_IFMT(mode), "a special file")
+            raise RunFolderError(
+                f"{self.what} {self.folder}: its lock file {self.path} is {kind}, not a regular file: remove it "
+                "(mmoe makes its lock files itself)"
+            )
+
+    def _still_named(self, handle: BinaryIO) -> bool:
         """Whether the locked file is still the one at :attr:`path` (not removed by a releasing holder)."""
         try:
-            return os.stat(self.path).st_ino == os.fstat(handle.fileno()).st_ino
+            return os.lstat(self.path).st_ino == os.fstat(handle.fileno()).st_ino
         except FileNotFoundError:
             return False
 
-    def _take(self, handle: IO[str]) -> None:
-        handle.seek(0)
-        previous = handle.read().strip()
+    def _take(self, handle: BinaryIO) -> None:
+        previous = holder_in(handle)
+        if previous is None:
+            previous = "its lock file held something unrecognised"
         if previous:  # the flock is free, so whoever wrote this has ended without releasing it
             print(
                 f"mmoe {self.command}: {self.what} {self.folder}: taking over the lock of a run that ended without "
@@ -148,7 +248,7 @@ class FolderLock:
             )
         handle.seek(0)
         handle.truncate()
-        handle.write(holder_text() + "\n")
+        handle.write((holder_text() + "\n").encode())
         handle.flush()
         self._file = handle
         HELD.add(self)
@@ -185,8 +285,9 @@ class RunFolderLocks:
     def hold_folders(
         self, command: str, root: str | os.PathLike | None, checkpoint_folders: Iterable[str | os.PathLike] = ()
     ) -> None:
-        """Locks the run folder ``root`` and each of ``checkpoint_folders`` outside it, and checks that those inside
-        it can be written. Nothing without ``root``, and nothing on a rank other than global rank 0.
+        """Locks the run folder ``root`` and each of ``checkpoint_folders``, inside it or not (another run may name one
+        inside it as its own), each refused when a folder above it is held by another run. Nothing without ``root``,
+        and nothing on a rank other than global rank 0.
 
         Args:
             command: the command (``fit``, ``predict``, ...), named in its messages.
@@ -194,31 +295,40 @@ class RunFolderLocks:
             checkpoint_folders: the ``ModelCheckpoint`` folders of the run.
 
         Raises:
-            RunFolderError: a folder held by another run, or one that cannot be written; the locks taken so far are
-                released.
+            RunFolderError: a folder held by another run, or inside one, or one that cannot be written; the locks
+                taken so far are released.
         """
         if root is None or not global_rank_zero():
             return
-        root = Path(root).absolute()
         try:
-            self._lock(root, command, "run folder")
+            self._lock(Path(root), command, "run folder")
             for folder in map(Path, checkpoint_folders):
-                folder = folder.absolute()
-                if folder.is_relative_to(root):
-                    self.created += check_writable(folder, "checkpoint folder")
-                else:
-                    self._lock(folder, command, "checkpoint folder")
+                self._lock(folder, command, "checkpoint folder")
         except RunFolderError:
             self.release()
             raise
 
     def _lock(self, folder: Path, command: str, what: str) -> None:
+        folder = Path(os.path.abspath(folder))
         if any(lock.folder == folder for lock in self.held):
             return
+        self._refuse_inside_another_run(folder, what)
         lock = FolderLock(folder, command, what)
         lock.acquire()
         self.held.append(lock)
         self.created += lock.created
+
+    def _refuse_inside_another_run(self, folder: Path, what: str) -> None:
+        """Raises when a folder above ``folder`` (its real path) holds a live lock that is not one of this command's:
+        a run folder or checkpoint folder of another run in progress."""
+        ours = {lock.folder.resolve() for lock in self.held}
+        for above in folder.resolve().parents:
+            holder = None if above in ours else live_holder(above)
+            if holder is not None:
+                raise RunFolderError(
+                    f"{what} {folder} is inside {above}, which another run holds ({holder}; lock file "
+                    f"{above / LOCK_FILE}): wait for it to end, or give this run another {option_naming(what)}"
+                )
 
     def release(self) -> None:
         """Releases every lock held, last taken first, and removes the folders it made that are still empty (a run

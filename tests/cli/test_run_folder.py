@@ -20,7 +20,7 @@ from mmoe.tasks.run_lock import LOCK_FILE
 from mmoe.tasks.run_logs import CSV_LOGGER
 from tests.cli_fixtures import run_mmoe
 from tests.tasks.test_pretraining_run import tiny_config
-from tests.tasks.test_run_lock import holding_process, read_only
+from tests.tasks.test_run_lock import holding_process, read_only, running_run
 
 ENV = os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
@@ -127,3 +127,41 @@ def test_a_second_fit_into_a_running_fit_s_folder_is_refused_and_the_first_finis
     checkpoint = torch.load(root / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert checkpoint["global_step"] == steps
     assert not (root / LOCK_FILE).exists()
+
+
+def test_fit_into_a_folder_whose_lock_file_is_a_symbolic_link_is_one_line_and_its_target_is_untouched(
+    synthetic_corpus, tmp_path, capsys
+):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious data line 1\nline 2\n")
+    root = tmp_path / "run"
+    root.mkdir()
+    (root / LOCK_FILE).symlink_to(victim)
+    code, _, stderr = run_mmoe(["fit", "--config", str(tiny_config_file(synthetic_corpus, tmp_path, root))], capsys)
+    assert code == 2
+    assert "precious" not in stderr and "Traceback" not in stderr
+    assert stderr.strip().splitlines()[-1] == (
+        f"mmoe fit: error: run folder {root}: its lock file {root / LOCK_FILE} is a symbolic link, not a regular "
+        "file: remove it (mmoe makes its lock files itself)"
+    )
+    assert victim.read_text() == "precious data line 1\nline 2\n"
+    assert sorted(path.name for path in root.iterdir()) == [LOCK_FILE]  # nothing trained, the link left as it was
+
+
+def test_fit_whose_checkpoint_folder_lies_in_a_running_run_s_folder_is_refused_in_one_line(
+    synthetic_corpus, tmp_path, capsys
+):
+    """As a second run given the first one's checkpoints/ as its ModelCheckpoint dirpath, which would mix the two."""
+    running, root = tmp_path / "running", tmp_path / "run"
+    with running_run(running, running / "checkpoints") as holder:
+        config = tiny_config_file(synthetic_corpus, tmp_path, root)
+        callbacks = [f'{{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": {{"dirpath": '
+                     f'"{running / "checkpoints"}", "save_last": true}}}}']  # fmt: skip
+        code, _, stderr = run_mmoe(["fit", "--config", str(config), f"--trainer.callbacks=[{callbacks[0]}]"], capsys)
+        assert code == 2
+        assert error_line(stderr).startswith(
+            f"mmoe fit: error: checkpoint folder {running / 'checkpoints'} is inside {running}, which another run "
+            f"holds (host {socket.gethostname()} pid {holder.pid} started "
+        )
+        assert sorted(path.name for path in (running / "checkpoints").iterdir()) == [LOCK_FILE]
+        assert not root.exists()

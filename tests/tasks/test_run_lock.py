@@ -4,6 +4,7 @@ process is taken over, unwritable folders are refused before anything runs."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import signal
 import socket
@@ -32,10 +33,16 @@ time.sleep(600)
 """
 
 
-@contextlib.contextmanager
-def holding_process(folder: Path) -> Iterator[subprocess.Popen]:
+def holding_process(folder: Path) -> contextlib.AbstractContextManager[subprocess.Popen]:
     """A live process that holds ``folder``'s lock; killed (SIGKILL) at the end if still running."""
-    process = subprocess.Popen([sys.executable, "-c", HOLDER, str(folder)], stdout=subprocess.PIPE, text=True)
+    return process_holding(HOLDER, str(folder))
+
+
+@contextlib.contextmanager
+def process_holding(script: str, *arguments: str) -> Iterator[subprocess.Popen]:
+    """A process running ``script`` with ``arguments``, once it printed that it holds its locks; SIGKILLed at the
+    end if still running."""
+    process = subprocess.Popen([sys.executable, "-c", script, *arguments], stdout=subprocess.PIPE, text=True)
     try:
         assert process.stdout.readline().strip() == "held"
         yield process
@@ -131,12 +138,12 @@ def test_a_released_lock_is_taken_again_without_a_word_and_held_against_this_pro
     assert capsys.readouterr().err == ""
 
 
-def test_a_checkpoint_folder_outside_the_run_folder_is_locked_too(tmp_path):
+def test_a_checkpoint_folder_outside_the_run_folder_is_locked_as_well(tmp_path):
     root, elsewhere = tmp_path / "run", tmp_path / "elsewhere" / "checkpoints"
     locks = RunFolderLocks()
     locks.hold_folders("fit", root, [root / "checkpoints", elsewhere])
     assert (root / LOCK_FILE).is_file() and (elsewhere / LOCK_FILE).is_file()
-    assert not (root / "checkpoints" / LOCK_FILE).exists()  # inside the locked run folder: only checked writable
+    assert (root / "checkpoints" / LOCK_FILE).is_file()  # inside the run folder too: another run may name it
     with pytest.raises(RunFolderError, match=f"checkpoint folder {elsewhere} is in use by another run") as refused:
         RunFolderLocks().hold_folders("fit", tmp_path / "other_run", [elsewhere])
     assert str(refused.value).endswith("wait for it to end, or give this run another ModelCheckpoint dirpath")
@@ -186,3 +193,114 @@ def test_folders_the_lock_made_are_removed_on_release_while_empty(tmp_path):
     (root / "checkpoints" / "last.ckpt").write_bytes(b"weights")
     locks.release()
     assert sorted(path.name for path in root.rglob("*")) == ["checkpoints", "last.ckpt"]
+
+
+def test_a_lock_file_that_is_a_symbolic_link_is_refused_and_its_target_left_untouched(tmp_path):
+    """A link planted in a shared or unpacked run folder would otherwise have the run truncate and write its target."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious data line 1\nline 2\n")
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / LOCK_FILE).symlink_to(victim)
+    with pytest.raises(RunFolderError) as refused:
+        RunFolderLocks().hold_folders("fit", folder)
+    message = str(refused.value)
+    assert message.startswith(f"run folder {folder}: its lock file {folder / LOCK_FILE} is a symbolic link")
+    assert "\n" not in message and "precious" not in message
+    assert victim.read_text() == "precious data line 1\nline 2\n"
+    assert (folder / LOCK_FILE).is_symlink()  # left for its owner to look at
+
+
+def test_a_lock_file_that_is_a_fifo_is_refused(tmp_path):
+    os.mkfifo(tmp_path / LOCK_FILE)
+    with pytest.raises(RunFolderError, match=f"its lock file {tmp_path / LOCK_FILE} is a fifo, not a regular file"):
+        FolderLock(tmp_path, "fit").acquire()
+
+
+@pytest.mark.parametrize(
+    "content",
+    ["precious data line 1\nline 2\n", "host h pid 1 started now\nsecond line\n", "\x1b]0;title\x07", "\xff\xfe"],
+    ids=["lines", "two-lines", "escape", "not-utf8"],
+)
+def test_an_old_lock_holding_anything_but_a_holder_line_is_taken_over_without_quoting_it(content, tmp_path, capsys):
+    (tmp_path / LOCK_FILE).write_bytes(content.encode("latin-1"))
+    lock = FolderLock(tmp_path, "fit")
+    lock.acquire()
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"mmoe fit: run folder {tmp_path}: taking over the lock of a run that ended without releasing it (its lock "
+        "file held something unrecognised)"
+    ]
+    assert (tmp_path / LOCK_FILE).read_text().startswith(f"host {socket.gethostname()} pid {os.getpid()} started ")
+    lock.release()
+
+
+def test_a_refusal_does_not_quote_a_held_lock_s_content_unless_it_is_a_holder_line(tmp_path):
+    (tmp_path / LOCK_FILE).write_text("secret line 1\nsecret line 2\n")
+    with open(tmp_path / LOCK_FILE) as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with pytest.raises(RunFolderError) as refused:
+            FolderLock(tmp_path, "fit").acquire()
+    assert "secret" not in str(refused.value)
+    assert f"run folder {tmp_path} is in use by another run (a process whose lock file holds something " \
+        f"unrecognised; lock file {tmp_path / LOCK_FILE})" in str(refused.value)  # fmt: skip
+
+
+#: Another process running as a run does: holding the locks of the run folder argv[1] and the checkpoint folders
+#: argv[2:] (:meth:`RunFolderLocks.hold_folders`) until killed; it prints a line once it holds them.
+RUN_HOLDER = """
+import sys, time
+from mmoe.tasks.run_lock import RunFolderLocks
+locks = RunFolderLocks()
+locks.hold_folders("fit", sys.argv[1], sys.argv[2:])
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def running_run(root: Path, *checkpoint_folders: Path) -> contextlib.AbstractContextManager[subprocess.Popen]:
+    """Another process holding the folders of a run into ``root`` (see :data:`RUN_HOLDER`); SIGKILLed at the end."""
+    return process_holding(RUN_HOLDER, str(root), *map(str, checkpoint_folders))
+
+
+def test_a_checkpoint_folder_inside_a_running_run_s_folder_is_refused_and_free_once_that_run_is_killed(
+    tmp_path, capsys
+):
+    run_a, run_c = tmp_path / "A", tmp_path / "C"
+    with running_run(run_a, run_a / "checkpoints") as holder:
+        for folder in (run_a / "checkpoints", run_a / "elsewhere"):  # its own checkpoint folder, or any in it
+            with pytest.raises(RunFolderError) as refused:
+                RunFolderLocks().hold_folders("fit", run_c, [folder])
+            assert str(refused.value).startswith(
+                f"checkpoint folder {folder} is inside {run_a}, which another run holds (host {socket.gethostname()} "
+                f"pid {holder.pid} started "
+            )
+            assert str(refused.value).endswith(f"; lock file {run_a / LOCK_FILE}): wait for it to end, or give this "
+                                               "run another ModelCheckpoint dirpath")  # fmt: skip
+        with pytest.raises(RunFolderError, match=f"run folder {run_a / 'nested'} is inside {run_a}, which another "):
+            RunFolderLocks().hold_folders("fit", run_a / "nested")
+        assert not run_c.exists() and not (run_a / "elsewhere").exists() and not (run_a / "nested").exists()
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    locks = RunFolderLocks()  # the killed run's lock files are left behind, and block nothing
+    locks.hold_folders("fit", run_c, [run_a / "checkpoints", run_a / "elsewhere"])
+    assert f"checkpoint folder {run_a / 'checkpoints'}: taking over the lock" in capsys.readouterr().err
+    locks.release()
+
+
+def test_a_run_whose_checkpoint_folder_another_run_holds_is_refused_before_it_writes(tmp_path):
+    """The other order: a run with another root writes into this run folder's checkpoints/ first."""
+    run_a, run_c = tmp_path / "A", tmp_path / "C"
+    with running_run(run_c, run_a / "checkpoints") as holder:
+        with pytest.raises(RunFolderError, match=f"checkpoint folder {run_a / 'checkpoints'} is in use by another "
+                                                 f"run \\(host {socket.gethostname()} pid {holder.pid} "):  # fmt: skip
+            RunFolderLocks().hold_folders("fit", run_a, [run_a / "checkpoints"])
+        assert sorted(path.name for path in run_a.iterdir()) == ["checkpoints"]  # its root lock was let go
+
+
+def test_a_run_s_own_checkpoint_folders_are_locked_beside_its_root_without_conflict(tmp_path):
+    root = tmp_path / "run"
+    locks = RunFolderLocks()
+    locks.hold_folders("fit", root, [root / "checkpoints", root / "checkpoints" / "best"])
+    assert all((folder / LOCK_FILE).is_file() for folder in (root, root / "checkpoints", root / "checkpoints" / "best"))
+    locks.release()
+    assert list(tmp_path.iterdir()) == []
