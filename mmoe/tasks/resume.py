@@ -1,11 +1,17 @@
 """Which checkpoint ``--ckpt_path`` names: a file, or ``last``, the run's latest checkpoint, found from the parsed
 config before anything is built.
 
-``last`` is resolved to the file Lightning would resume from (the newest ``last*.ckpt`` in the folders of the
-config's ``ModelCheckpoint`` callbacks), so that it goes through the same reading, task check and hyper-parameter
-merge as a named file. When that file cannot be read (a save cut short, an empty file), the readable checkpoint of
-the highest step in the same folder is used instead, and said; with none to resume, or none readable, it is an
-error naming the folder.
+``last`` is resolved to the run's own last checkpoint in the folders of the config's ``ModelCheckpoint`` callbacks, so
+that it goes through the same reading, task check and hyper-parameter merge as a named file: in each folder
+``last.ckpt``, the file the run keeps writing over (on a resume too:
+:class:`mmoe.tasks.checkpoint_saving.LastStepCheckpoint`); only without it Lightning's ``last-vN.ckpt`` of the highest
+``N`` (what a run started afresh beside another run's ``last.ckpt`` writes). Any other file, such as a copy named
+``last-before-lr-change.ckpt``, is never taken for it, however new: Lightning's own rule (the newest ``last*.ckpt``)
+would resume such a copy and then write over the run's ``last.ckpt``. With several folders, the newer of their last
+checkpoints is taken. The file and its step are said on stderr every time (the file is read whole anyway), and a
+``last-vN.ckpt`` passed over beside ``last.ckpt`` is named. When that file cannot be read (a save cut short, an empty
+file), the readable checkpoint of the highest step in the same folder is used instead, and said; with none to resume,
+or none readable, it is an error naming the folder.
 """
 
 from __future__ import annotations
@@ -28,10 +34,13 @@ from mmoe.tasks.layout import RunLayout
 
 #: ``--ckpt_path``'s name for the run's latest checkpoint.
 LAST = "last"
-#: Files Lightning takes for a last checkpoint: ``last.ckpt``, ``last-v1.ckpt``, ...
-LAST_FILE = re.compile(
-    re.escape(ModelCheckpoint.CHECKPOINT_NAME_LAST) + r".*" + re.escape(ModelCheckpoint.FILE_EXTENSION)
-)
+#: A run's last checkpoint: ``last.ckpt``.
+LAST_FILE = ModelCheckpoint.CHECKPOINT_NAME_LAST + ModelCheckpoint.FILE_EXTENSION
+#: The last checkpoints Lightning's version counter names (``last-v1.ckpt``, ...), its version in the group.
+LAST_VERSION_FILE = re.compile(
+    re.escape(ModelCheckpoint.CHECKPOINT_NAME_LAST + ModelCheckpoint.CHECKPOINT_JOIN_CHAR) + r"v([0-9]{1,9})"
+    + re.escape(ModelCheckpoint.FILE_EXTENSION)
+)  # fmt: skip
 
 
 def checkpoint_folders(trainer: Namespace | None, callbacks: Any = None) -> list[Path]:
@@ -66,12 +75,26 @@ def is_model_checkpoint(callback: Any) -> bool:
     return isinstance(kind, type) and issubclass(kind, ModelCheckpoint)
 
 
-def latest_last_file(folders: Iterable[Path]) -> Path | None:
-    """The newest (by modification time) last checkpoint in ``folders``, as Lightning picks it; None if none."""
-    files = [
-        path for folder in folders if folder.is_dir() for path in folder.iterdir() if LAST_FILE.fullmatch(path.name)
-    ]
+def last_checkpoint_file(folders: Iterable[Path]) -> Path | None:
+    """The run's last checkpoint in ``folders`` (see the module docstring); None if none."""
+    files = [path for path in map(last_file_in, folders) if path is not None]
     return max(files, key=lambda path: path.stat().st_mtime, default=None)
+
+
+def last_file_in(folder: Path) -> Path | None:
+    """``folder``'s ``last.ckpt``, else its ``last-vN.ckpt`` of the highest ``N``; None if neither."""
+    if (folder / LAST_FILE).is_file():
+        return folder / LAST_FILE
+    versions = last_versions(folder)
+    return max(versions, key=versions.get, default=None)
+
+
+def last_versions(folder: Path) -> dict[Path, int]:
+    """``folder``'s ``last-vN.ckpt`` files and their ``N``."""
+    if not folder.is_dir():
+        return {}
+    matches = ((path, LAST_VERSION_FILE.fullmatch(path.name)) for path in folder.iterdir())
+    return {path: int(match.group(1)) for path, match in matches if match and path.is_file()}
 
 
 def read_checkpoint(ckpt_path: str, folders: list[Path], command: str, expected: str) -> tuple[str, dict[str, Any]]:
@@ -85,13 +108,30 @@ def read_checkpoint(ckpt_path: str, folders: list[Path], command: str, expected:
     """
     if ckpt_path != LAST:
         return ckpt_path, load_checkpoint_file(ckpt_path, "--ckpt_path", expected)
-    last = latest_last_file(folders)
+    last = last_checkpoint_file(folders)
     if last is None:
         looked_in = " or ".join(str(folder.absolute()) for folder in folders)
         hint = "drop --ckpt_path to start a new run" if command == "fit" else "name a checkpoint file instead"
         raise FileNotFoundError(f"--ckpt_path last: there is no checkpoint to resume in {looked_in} ({hint})")
+    path, state = read_last(last, command, expected)
+    if rank_zero_only.rank == 0:
+        passed_over = sorted(other.name for other in last_versions(last.parent) if other != last)
+        beside = f"; not {', '.join(passed_over)} beside it (name one to use it)" if passed_over else ""
+        verb = "resuming from" if command == "fit" else "using"
+        print(f"mmoe {command}: --ckpt_path last: {verb} {path} (step {state.get('global_step')}){beside}",
+              file=sys.stderr)  # fmt: skip
+    return str(path), state
+
+
+def read_last(last: Path, command: str, expected: str) -> tuple[Path, dict[str, Any]]:
+    """(file, contents) of the last checkpoint ``last``, or, when it cannot be read, of the readable checkpoint of
+    the highest step beside it, said on stderr.
+
+    Raises:
+        ValueError: no checkpoint in the folder can be read.
+    """
     try:
-        return str(last), load_checkpoint_file(last, "--ckpt_path last:", expected)
+        return last, load_checkpoint_file(last, "--ckpt_path last:", expected)
     except ValueError as error:
         unreadable = error
     older = newest_readable(path for path in last.parent.glob("*" + ModelCheckpoint.FILE_EXTENSION) if path != last)
@@ -104,7 +144,7 @@ def read_checkpoint(ckpt_path: str, folders: list[Path], command: str, expected:
             f"the newest readable checkpoint beside it (step {state.get('global_step')})",
             file=sys.stderr,
         )
-    return str(path), state
+    return path, state
 
 
 def newest_readable(paths: Iterable[Path]) -> tuple[Path, dict[str, Any]] | None:

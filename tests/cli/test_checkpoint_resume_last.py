@@ -17,7 +17,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from mmoe.model.config import PRESETS
 from mmoe.tasks.launch import run_lightning
-from mmoe.tasks.resume import checkpoint_folders, latest_last_file
+from mmoe.tasks.resume import checkpoint_folders, last_checkpoint_file
 from tests.cli_fixtures import run_mmoe, small_shards
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -83,6 +83,22 @@ def test_the_last_step_is_saved_and_a_resume_saves_its_own(shards, tmp_path, cap
     fit(capsys, config, "--trainer.max_steps", "9", "--ckpt_path", "last")
     assert saved(last)["global_step"] == 9
     assert sorted(path.name for path in last.parent.glob("last*")) == ["last.ckpt"]
+
+
+@pytest.mark.slow
+def test_resuming_last_takes_the_run_s_last_ckpt_over_a_newer_copy_beside_it_and_says_which(shards, tmp_path, capsys):
+    run = tmp_path / "run"
+    config = write_config(tmp_path / "fit.yaml", nlvr2_config(shards, run, steps=EVERY + 2))
+    fit(capsys, config)
+    checkpoints = run / "checkpoints"
+    backup = checkpoints / "last-before-lr-change.ckpt"
+    shutil.copy(next(checkpoints.glob(f"*step={EVERY}.ckpt")), backup)  # an older checkpoint, copied in last
+    err = fit(capsys, config, "--trainer.max_steps", str(EVERY + 4), "--ckpt_path", "last")
+    assert (
+        f"mmoe fit: --ckpt_path last: resuming from {checkpoints / 'last.ckpt'} (step {EVERY + 2})" in err.splitlines()
+    )
+    assert saved(checkpoints / "last.ckpt")["global_step"] == EVERY + 4
+    assert saved(backup)["global_step"] == EVERY  # left as it was
 
 
 @pytest.mark.slow
@@ -184,5 +200,17 @@ def test_last_is_the_newest_last_checkpoint_where_the_run_saves_them(tmp_path):
     (tmp_path / "objects" / "last-v1.ckpt").write_bytes(b"newer")
     for not_last in (".last.ckpt.abcd1234", "epoch=0-step=9.ckpt", "last.ckpt.bak"):
         (tmp_path / "given" / not_last).write_bytes(b"newest, not a last checkpoint")
-    assert latest_last_file(folders) == tmp_path / "objects" / "last-v1.ckpt"
-    assert latest_last_file([tmp_path / "nowhere"]) is None
+    assert last_checkpoint_file(folders) == tmp_path / "objects" / "last-v1.ckpt"  # the newer of the folders' own
+    assert last_checkpoint_file([tmp_path / "nowhere"]) is None
+
+
+def test_last_is_the_folder_s_last_ckpt_else_lightning_s_highest_version_never_a_copy_beside_it(tmp_path):
+    for name, mtime in [("last.ckpt", 1), ("last-v3.ckpt", 3), ("last-v12.ckpt", 2), ("last-before-lr.ckpt", 9)]:
+        (tmp_path / name).write_bytes(b"a checkpoint")
+        os.utime(tmp_path / name, (mtime, mtime))
+    assert last_checkpoint_file([tmp_path]) == tmp_path / "last.ckpt"
+    (tmp_path / "last.ckpt").unlink()
+    assert last_checkpoint_file([tmp_path]) == tmp_path / "last-v12.ckpt"  # the highest version, not the newest file
+    for name in ("last-v3.ckpt", "last-v12.ckpt"):
+        (tmp_path / name).unlink()
+    assert last_checkpoint_file([tmp_path]) is None  # a copy named last-something is not the run's
