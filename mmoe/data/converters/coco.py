@@ -119,10 +119,11 @@ class ImageFiles:
         return path
 
 
-def _sample(image_id: int, captions: list[str], file_name: str, path: Path, **extra: Any) -> dict[str, Any] | Skip:
+def caption_sample(image_id: int, captions: list[str], file_name: str, **extra: Any) -> dict[str, Any]:
+    """A caption split's sample without its image: ``txt`` = the first caption, ``json`` = ``image_id``,
+    ``captions``, ``file_name`` and ``extra``."""
     meta = {"image_id": image_id, "captions": captions, "file_name": file_name, **extra}
-    sample = {"__key__": str(image_id), "txt": captions[0] if captions else "", "json": meta}
-    return with_image(sample, path)
+    return {"__key__": str(image_id), "txt": captions[0] if captions else "", "json": meta}
 
 
 def convert_coco_captions(
@@ -171,7 +172,7 @@ def convert_coco_captions(
             if captioned and not captions.by_image[image_id]:
                 yield Skip(str(paths[image_id]), f"no caption (images[{index}] (id {image_id}) has no annotation)")
                 continue
-            yield _sample(image_id, captions.by_image[image_id], image["file_name"], paths[image_id])
+            yield with_image(caption_sample(image_id, captions.by_image[image_id], image["file_name"]), paths[image_id])
 
     extra = {"source": {"annotations": str(annotations)}, **captions.report(annotations)}
     files = {CAPTION_TOKENS_FILE: caption_tokens_text(captions.all_captions(), tokenizer)}
@@ -206,7 +207,7 @@ def image_path(images: Path, file_name: str, where: str) -> Path:
     return first_existing([path] + ([images / match.group(1) / file_name] if match else []))
 
 
-def _karpathy_splits(split: str | Sequence[str]) -> list[str]:
+def karpathy_splits(split: str | Sequence[str]) -> list[str]:
     """The Karpathy splits ``split`` names (``"train,restval"`` or a sequence), each one of :data:`KARPATHY_SPLITS`."""
     splits = [s.strip() for s in split.split(",")] if isinstance(split, str) else list(split)
     unknown = [s for s in splits if s not in KARPATHY_SPLITS]
@@ -215,7 +216,7 @@ def _karpathy_splits(split: str | Sequence[str]) -> list[str]:
     return splits
 
 
-def _karpathy_dataset(data: Any, karpathy: Path) -> str:
+def karpathy_dataset(data: Any, karpathy: Path) -> str:
     """Which split file ``data`` is (a key of :data:`KARPATHY_IMAGE_ID`): its ``dataset`` field, COCO without one."""
     dataset = field(data, "dataset", str, f"{karpathy}") if isinstance(data, dict) and "dataset" in data else "coco"
     if dataset not in KARPATHY_IMAGE_ID:
@@ -235,7 +236,7 @@ class KarpathyImage:
     entry: str  # ``images[2] (imgid 3)``
 
 
-def _karpathy_images(
+def karpathy_images(
     data: Any, karpathy: Path, dataset: str, splits: list[str], images: Path, captions: CaptionSet
 ) -> list[KarpathyImage]:
     """The images of ``splits`` in the split file's ``data`` (of ``dataset``), their captions added to ``captions``;
@@ -299,20 +300,20 @@ def convert_karpathy(
             BPE.
     """
     karpathy, images = Path(karpathy), images_folder(images)
-    splits = _karpathy_splits(split)
+    splits = karpathy_splits(split)
     data = load_json(karpathy)
-    dataset = _karpathy_dataset(data, karpathy)
+    dataset = karpathy_dataset(data, karpathy)
     captions = CaptionSet()
-    chosen = _karpathy_images(data, karpathy, dataset, splits, images, captions)
+    chosen = karpathy_images(data, karpathy, dataset, splits, images, captions)
 
     def samples() -> Iterator[dict[str, Any] | Skip]:
         for image in chosen:
             if not captions.by_image[image.image_id]:
                 yield Skip(str(image.path), f"no caption ({image.entry} has no sentences)")
                 continue
-            yield _sample(
-                image.image_id, captions.by_image[image.image_id], image.file_name, image.path, split=image.split
-            )
+            image_captions = captions.by_image[image.image_id]
+            sample = caption_sample(image.image_id, image_captions, image.file_name, split=image.split)
+            yield with_image(sample, image.path)
 
     extra = {"source": {"karpathy": str(karpathy), "split": splits}, **captions.report(karpathy)}
     files = {CAPTION_TOKENS_FILE: caption_tokens_text(captions.all_captions(), tokenizer)}
