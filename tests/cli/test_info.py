@@ -56,7 +56,7 @@ def task_files(root: Path) -> dict:
 
 
 def built_tasks(config: MultiwayConfig, files: dict) -> dict:
-    """class path -> (the task module, its init arguments besides the backbone)."""
+    """class path -> (the task module, its init arguments besides the backbone); captioning refuses expert choice."""
     tasks = {
         VQAFineTuning: {"answer_vocab": files["answers"]},
         NLVR2FineTuning: {},
@@ -64,6 +64,8 @@ def built_tasks(config: MultiwayConfig, files: dict) -> dict:
         RetrievalFineTuning: {},
         MaskedPretraining: {"visual_codebook": files["codebook"]},
     }
+    if config.moe is not None and config.moe.routing == "expert_choice":
+        del tasks[CaptioningFineTuning]
     return {f"{cls.__module__}.{cls.__name__}": (cls(backbone=config, **args), args) for cls, args in tasks.items()}
 
 
