@@ -12,12 +12,13 @@ from mmoe.data.tokenizer import DEFAULT_MAX_TEXT_LENGTH, TextTokenizer
 from mmoe.data.transforms import eval_transform
 from mmoe.infer.images import ImageFileError, read_user_image
 from mmoe.io import one_line
+from mmoe.model.pretrained import unknown_backbone_fields, unknown_to_this_mmoe
 from mmoe.safe_load import load_checkpoint_file, require_finite_weights
 from mmoe.tasks.catalog import class_path, task_of_class_path
 from mmoe.tasks.checkpoint import config_from_dict
 from mmoe.tasks.finetuning import FineTuningTask
 from mmoe.tasks.optimizer import nest_optimizer_arguments
-from mmoe.tasks.pretrained import from_pretrained, text_length
+from mmoe.tasks.pretrained import from_pretrained, text_length, unknown_arguments
 from mmoe.tasks.pretraining import MaskedPretraining
 
 
@@ -54,7 +55,9 @@ def load_fine_tuned(
 ) -> FineTuned:
     """The ``task`` of a Lightning checkpoint of ``mmoe fit``, rebuilt from its saved arguments and weights, with the
     arguments the task's ``mmoe infer`` ``options`` replace (moved files: the VQA answer list, the captioning output
-    vocabulary, the SentencePiece tokenizer; the caption beams). A folder written by ``mmoe export`` reads as well."""
+    vocabulary, the SentencePiece tokenizer; the caption beams). A folder written by ``mmoe export`` reads as well.
+    Both run in float32, whatever the dtype of the weights (a ``bf16-true`` run's are bfloat16): a checkpoint's are
+    copied into the float32 model, a folder's cast to it."""
     path = Path(path)
     if path.is_dir():
         return load_exported(path, task, device, options)
@@ -77,6 +80,11 @@ def load_fine_tuned(
         raise InferError(f"checkpoint {path} is a {found.name if found else saved or 'unknown task'} checkpoint, "
                          f"not a {task.name} one")  # fmt: skip
     arguments = {k: v for k, v in nest_optimizer_arguments(hyper_parameters).items() if not k.startswith("_")}
+    unknown = unknown_arguments(task, arguments)
+    if isinstance(arguments["backbone"], dict):
+        unknown += [f"backbone.{name}" for name in unknown_backbone_fields(arguments["backbone"])]
+    if unknown:
+        raise InferError(f"checkpoint {path}: {unknown_to_this_mmoe(unknown, 'hyper-parameter')}")
     if isinstance(arguments["backbone"], dict):
         arguments["backbone"] = config_from_dict(arguments["backbone"])
     arguments["pretrained"] = None
@@ -94,10 +102,10 @@ def load_fine_tuned(
 
 
 def load_exported(folder: Path, task: type[FineTuningTask], device: str, options: dict[str, Any] | None) -> FineTuned:
-    """The ``task`` of a folder written by ``mmoe export`` (:func:`mmoe.tasks.pretrained.from_pretrained`), with the
-    arguments the task's ``mmoe infer`` ``options`` replace."""
+    """The ``task`` of a folder written by ``mmoe export`` (:func:`mmoe.tasks.pretrained.from_pretrained`) in float32,
+    with the arguments the task's ``mmoe infer`` ``options`` replace."""
     try:
-        model = from_pretrained(folder, task.infer_arguments(options or {}))
+        model = from_pretrained(folder, task.infer_arguments(options or {}), dtype=torch.float32)
     except (FileNotFoundError, ValueError) as error:
         raise InferError(one_line(error)) from None
     if not isinstance(model, task):

@@ -8,13 +8,22 @@ the backbone (stored once, as the folder's ``backbone``) and the ``pretrained`` 
 The files those arguments name (:attr:`FineTuningTask.infer_files`: the VQA answer list, the captioning output
 vocabulary, the SentencePiece model) are copied into ``files/`` and named relative to the folder, so a folder can be
 moved or shared whole. Nothing from the folder is run: the class comes from the catalog.
+
+SIGTERM or SIGINT stops ``mmoe export`` with one line and exit code 128 + the signal's number; the folder is then the
+earlier one (or absent), never a part, and its staging folder is removed (:func:`stopping_on_signals`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import inspect
 import json
-from collections.abc import Sequence
+import os
+import signal
+import sys
+import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +39,13 @@ from mmoe.model.pretrained import (
     PretrainedFolderError,
     backbone_config,
     check_destination,
+    in_float_dtype,
     load_weights,
     read_folder_config,
     read_weights,
     save_pretrained,
+    shared_float_dtype,
+    unknown_to_this_mmoe,
     write_folder,
 )
 from mmoe.safe_load import load_checkpoint_file, require_finite_weights
@@ -42,14 +54,22 @@ from mmoe.tasks.checkpoint import BACKBONE_FILES, pretrained_of
 from mmoe.tasks.finetuning import FineTuningTask
 from mmoe.tasks.optimizer import nest_optimizer_arguments
 
+#: The signals that stop ``mmoe export`` cleanly: ``kill``'s, ``timeout``'s and a scheduler's TERM, Ctrl-C's INT.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
-def from_pretrained(folder: str | Path, replaced: dict[str, Any] | None = None) -> FineTuningTask:
-    """The fine-tuned task model of a folder written by ``mmoe export`` (not ``--backbone-only``), in eval mode, every
-    tensor as saved (dtype kept); ``replaced``: init arguments given over the folder's (``mmoe infer``'s options).
+
+def from_pretrained(
+    folder: str | Path, replaced: dict[str, Any] | None = None, dtype: torch.dtype | None = None
+) -> FineTuningTask:
+    """The fine-tuned task model of a folder written by ``mmoe export`` (not ``--backbone-only``), in eval mode, its
+    values as saved, every floating-point tensor in ``dtype`` (None: the folder's, which a ``bf16-true`` run's export
+    keeps: :func:`mmoe.model.pretrained.shared_float_dtype`); ``replaced``: init arguments given over the folder's
+    (``mmoe infer``'s options).
 
     Raises:
         PretrainedFolderError: a backbone folder, a task this mmoe's catalog does not have, a missing or unreadable
-            file, arguments or weights that do not fit the task; one line naming the file.
+            file, arguments this mmoe's task does not take (a folder of another mmoe version), arguments or weights
+            that do not fit the task; one line naming the file.
     """
     folder = Path(folder)
     config = read_folder_config(folder)
@@ -67,18 +87,38 @@ def from_pretrained(folder: str | Path, replaced: dict[str, Any] | None = None) 
             f"no init_args (expected one of {known})"
         )
     arguments = dict(task_entry["init_args"])
+    unknown = [f"task.init_args.{name}" for name in unknown_arguments(task, arguments)]
+    if unknown:
+        raise PretrainedFolderError(f"{folder / 'config.json'}: {unknown_to_this_mmoe(unknown)}")
     for name in task.infer_files:
         if arguments.get(name) is not None:
             arguments[name] = str(folder_file(folder, name, arguments[name]))
     arguments |= {name: value for name, value in (replaced or {}).items() if name in arguments}
     arguments |= {"backbone": backbone_config(folder, config), "pretrained": None}
     weights = read_weights(folder)
+    dtype = dtype or shared_float_dtype(weights)
     try:
         model = task(**arguments)
-        load_weights(model, weights, f"{folder / WEIGHTS_FILE} does not fit its {task.name} task", assign=True)
+        message = f"{folder / WEIGHTS_FILE} does not fit its {task.name} task"
+        load_weights(model, in_float_dtype(weights, dtype), message, assign=True)
     except (FileNotFoundError, TypeError, ValueError) as error:
         raise PretrainedFolderError(f"{folder}: {one_line(error)}") from None
-    return model.eval()
+    return model.to(dtype).eval()  # the buffers a folder does not hold (not persistent) too
+
+
+def unknown_arguments(task: type[FineTuningTask], arguments: dict[str, Any]) -> list[str]:
+    """The names in ``arguments`` that ``task``'s ``__init__`` does not take, through the ``**kwargs`` it passes on to
+    its base classes (what a checkpoint or folder of another mmoe version may hold)."""
+    taken: set[str] = set()
+    for cls in task.__mro__:
+        init = cls.__dict__.get("__init__")
+        if init is None:
+            continue
+        parameters = inspect.signature(init).parameters.values()
+        taken |= {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        if not any(p.kind is p.VAR_KEYWORD for p in parameters):
+            return [name for name in arguments if name not in taken - {"self"}]
+    return []
 
 
 def text_length(folder: str | Path) -> int | None:
@@ -188,17 +228,68 @@ def export_command(argv: Sequence[str]) -> int:
     parser.add_argument("--backbone-only", action="store_true", help="write the backbone only, without the task head")
     args = parser.parse_args(list(argv))
     ckpt, out = Path(args.ckpt), Path(args.out)
+    before = folder_identity(out)
     try:
-        check_destination(out)
-        state = load_checkpoint_file(ckpt, "checkpoint", BACKBONE_FILES)
-        require_finite_weights(state, ckpt)
-        export = export_backbone_folder if args.backbone_only or "hyper_parameters" not in state else export_task
-        with torch.no_grad():
-            written = export(state, ckpt, out)
+        with stopping_on_signals():
+            written = export_checkpoint(ckpt, out, args.backbone_only)
+            print(json.dumps({"folder": str(out), **written}), flush=True)  # a stop meanwhile is still told
+    except ExportStopped as stop:
+        what = "was written whole" if folder_identity(out) not in (None, before) else "was not written"
+        print(f"mmoe export: stopped by {stop.signal.name}: {out} {what}", file=sys.stderr, flush=True)
+        return 128 + int(stop.signal)
     except (FileNotFoundError, ValueError) as error:
         return report_error("export", error)
     except OSError as error:
         where = f" ({error.filename})" if error.filename else ""
         return report_error("export", f"--out {out} cannot be written: {error.strerror or error}{where}")
-    print(json.dumps({"folder": str(out), **written}))
     return 0
+
+
+def export_checkpoint(ckpt: Path, out: Path, backbone_only: bool) -> dict[str, Any]:
+    """The checkpoint ``ckpt`` read, checked and written as the folder ``out`` (its task model, or with
+    ``backbone_only`` or a file without a task, its backbone); returns what was written."""
+    check_destination(out)
+    state = load_checkpoint_file(ckpt, "checkpoint", BACKBONE_FILES)
+    require_finite_weights(state, ckpt)
+    export = export_backbone_folder if backbone_only or "hyper_parameters" not in state else export_task
+    with torch.no_grad():
+        return export(state, ckpt, out)
+
+
+class ExportStopped(BaseException):
+    """A stop signal during ``mmoe export``, raised where the export was: it unwinds the write in progress, which
+    removes its staging folder on the way (:func:`mmoe.model.pretrained.replace_folder`). Not an ``Exception``, so no
+    handler of errors takes it for one."""
+
+    def __init__(self, number: int) -> None:
+        super().__init__(number)
+        self.signal = signal.Signals(number)
+
+
+@contextlib.contextmanager
+def stopping_on_signals() -> Iterator[None]:
+    """Within it, :data:`STOP_SIGNALS` raise :class:`ExportStopped` in the main thread (elsewhere, where Python
+    cannot set handlers, they keep theirs); the handlers from before are put back at its end."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(number: int, frame: object) -> None:
+        raise ExportStopped(number)
+
+    previous = {number: signal.signal(number, stop) for number in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+def folder_identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of ``path``, None when absent: a new export's folder is a new one (renamed into place), so a
+    change tells that the write was done."""
+    try:
+        found = os.stat(path)
+    except OSError:
+        return None
+    return found.st_dev, found.st_ino

@@ -14,12 +14,13 @@ import pytest
 import torch
 import yaml
 from PIL import Image
+from safetensors.torch import save_file
 
 import mmoe.tasks
 from mmoe.cli import main
 from mmoe.infer.load import load_fine_tuned
 from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer, from_pretrained
-from mmoe.model.pretrained import PretrainedFolderError
+from mmoe.model.pretrained import PretrainedFolderError, read_weights
 from mmoe.tasks.checkpoint import config_to_dict, export_backbone, load_backbone
 from mmoe.tasks.vqa import VQAFineTuning
 from tests.cli_fixtures import run_mmoe, small_shards
@@ -29,6 +30,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning"
 BACKBONE = MultiwayConfig.preset("test", moe=MoEPlan(num_experts=4, every=2, heads=2))
 #: The weight a NaN is written into: one expert of a MoE layer, deep in the state dict.
 SPOILED = "backbone.layers.1.ffn.0.experts.fc1_weight"
+#: A weight of a plain linear layer (the image's FFN of the first, dense layer), which meets float32 inputs.
+DENSE_WEIGHT = "backbone.layers.0.ffn.0.fc1.weight"
 
 
 @pytest.fixture(scope="module")
@@ -280,3 +283,79 @@ def test_what_cannot_be_exported_is_one_line(trained, tmp_path, case, capsys):
     assert err.startswith(f"mmoe export: error: checkpoint {path}") and says in err, err
     assert not (tmp_path / "folder").exists() and not (tmp_path / "ran").exists()
     assert all(path.suffix == ".ckpt" for path in tmp_path.iterdir())  # no staging folder left behind
+
+
+def test_a_bf16_true_run_exports_and_infers_as_its_checkpoint(trained, tmp_path, capsys):
+    run = tmp_path / "bf16_run"
+    argv = ["fit", "--config", str(trained["config"]), "--trainer.precision", "bf16-true",
+            "--trainer.default_root_dir", str(run)]  # fmt: skip
+    assert main(argv) == 0
+    checkpoint = next((run / "checkpoints").glob("*.ckpt"))
+    code, _, err = run_mmoe(["export", "--ckpt", str(checkpoint), "--out", str(tmp_path / "vqa")], capsys)
+    assert code == 0, err
+    question = ["--image", str(trained["image"]), "--question", "what color is the square?", "--top-k", "3", "--json"]
+    answers = {}
+    for source in (checkpoint, tmp_path / "vqa"):
+        code, out, err = run_mmoe(["infer", "vqa", "--ckpt", str(source), *question], capsys)
+        assert code == 0 and "Traceback" not in err, err
+        answers[source] = json.loads(out)
+    assert answers[tmp_path / "vqa"] == answers[checkpoint] and answers[checkpoint]["answers"]
+    # the folder keeps the run's dtype, and so does what loads it unless asked for another
+    assert {t.dtype for t in mmoe.tasks.from_pretrained(tmp_path / "vqa").state_dict().values()} == {torch.bfloat16}
+    assert {t.dtype for t in from_pretrained(tmp_path / "vqa").state_dict().values()} == {torch.bfloat16}
+    task = mmoe.tasks.from_pretrained(tmp_path / "vqa", dtype=torch.float32)
+    assert {t.dtype for t in task.state_dict().values()} == {torch.float32}
+
+
+def with_one_tensor_in(folder: Path, name: str, dtype: torch.dtype) -> None:
+    """Rewrites the weights of ``folder`` with the tensor ``name`` stored in ``dtype``."""
+    weights = read_weights(folder)
+    weights[name] = weights[name].to(dtype)
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+
+
+def test_a_float_tensor_of_another_precision_reads_in_the_models_and_an_integer_one_is_named(trained, tmp_path, capsys):
+    folder = tmp_path / "vqa"
+    code, _, err = run_mmoe(["export", "--ckpt", str(trained["ckpt"]), "--out", str(folder)], capsys)
+    assert code == 0, err
+    question = ["--image", str(trained["image"]), "--question", "what color is the square?", "--json"]
+    with_one_tensor_in(folder, DENSE_WEIGHT, torch.float16)
+    code, out, err = run_mmoe(["infer", "vqa", "--ckpt", str(folder), *question], capsys)
+    assert code == 0 and json.loads(out)["answers"], err
+    task = mmoe.tasks.from_pretrained(folder)
+    assert {t.dtype for t in task.state_dict().values()} == {torch.float32}  # the others' precision
+    assert torch.equal(task.state_dict()[DENSE_WEIGHT], read_weights(folder)[DENSE_WEIGHT].float())
+    with_one_tensor_in(folder, DENSE_WEIGHT, torch.int8)
+    code, out, err = run_mmoe(["infer", "vqa", "--ckpt", str(folder), *question], capsys)
+    assert code == 2 and out == ""
+    weights = folder / "model.safetensors"
+    assert err == (f"mmoe infer: error: {folder}: {weights} does not fit its vqav2 task: {DENSE_WEIGHT} is torch.int8 "
+                   "there, torch.float32 here (expected a floating-point tensor)\n")  # fmt: skip
+
+
+def set_nested(fields: dict, dotted: str, value) -> None:
+    *parents, last = dotted.split(".")
+    for parent in parents:
+        fields = fields[parent]
+    fields[last] = value
+
+
+@pytest.mark.parametrize("key", ["label_smoothing", "backbone.moe.router_jitter"])
+def test_a_hyper_parameter_of_another_mmoe_version_is_one_line_naming_it(trained, tmp_path, key, capsys):
+    state = torch.load(trained["ckpt"], map_location="cpu", weights_only=True)
+    set_nested(state["hyper_parameters"], key, 0.1)
+    torch.save(state, tmp_path / "other.ckpt")
+    code, _, err = run_mmoe(["export", "--ckpt", str(trained["ckpt"]), "--out", str(tmp_path / "vqa")], capsys)
+    assert code == 0, err
+    config_file = tmp_path / "vqa" / "config.json"
+    config = json.loads(config_file.read_text())
+    in_folder = key if key.startswith("backbone.") else f"task.init_args.{key}"
+    set_nested(config, in_folder, 0.1)
+    config_file.write_text(json.dumps(config))
+    question = ["--image", str(trained["image"]), "--question", "what color is the square?"]
+    named = {tmp_path / "other.ckpt": f'checkpoint {tmp_path / "other.ckpt"}: hyper-parameter "{key}"',
+             tmp_path / "vqa": f'{config_file}: field "{in_folder}"'}  # fmt: skip
+    for source, says in named.items():
+        code, out, err = run_mmoe(["infer", "vqa", "--ckpt", str(source), *question], capsys)
+        assert code == 2 and out == "", err
+        assert err == f"mmoe infer: error: {says} is unknown to this mmoe (written by another mmoe version)\n"

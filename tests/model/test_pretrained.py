@@ -116,6 +116,11 @@ def spoil(folder: Path, case: str) -> Path:
     if case == "data cut":
         weights.write_bytes(data[: len(data) - 100])
         return weights
+    if case == "integer tensor":
+        tensors = pretrained.read_weights(folder)
+        tensors["cls_token"] = tensors["cls_token"].to(torch.int8)
+        pretrained.save_file(tensors, weights)
+        return weights
     if case == "NaN weights":
         tensors = pretrained.read_weights(folder)
         tensors["cls_token"][0, 0, 3] = float("nan")
@@ -125,7 +130,7 @@ def spoil(folder: Path, case: str) -> Path:
 
 
 BAD_FOLDERS = ["config.json missing", "model.safetensors missing", "unknown config field", "not an mmoe config",
-               "shapes disagree", "header cut", "data cut", "NaN weights"]  # fmt: skip
+               "shapes disagree", "header cut", "data cut", "NaN weights", "integer tensor"]  # fmt: skip
 
 
 @pytest.mark.parametrize("case", BAD_FOLDERS)
@@ -136,8 +141,28 @@ def test_a_bad_folder_is_one_line_naming_the_file(tmp_path, case):
         from_pretrained(tmp_path / "folder")
     message = str(error.value)
     assert "\n" not in message and str(named) in message
-    words = {"unknown config field": "num_layers", "shapes disagree": "has shape", "NaN weights": "1 of its"}
+    words = {"unknown config field": 'field "backbone.num_layers" is unknown to this mmoe',
+             "shapes disagree": "has shape", "NaN weights": "1 of its",
+             "integer tensor": "cls_token is torch.int8 there, torch.float32 here"}  # fmt: skip
     assert words.get(case, "") in message
+
+
+def test_a_folder_reads_in_its_weights_shared_dtype_or_float32_when_they_mix_or_in_the_dtype_asked(tmp_path):
+    save_pretrained(moe_backbone(torch.bfloat16), tmp_path / "bf16")
+    assert {t.dtype for t in from_pretrained(tmp_path / "bf16").state_dict().values()} == {torch.bfloat16}
+    as_float = from_pretrained(tmp_path / "bf16", dtype=torch.float32)
+    assert as_float.cls_token.dtype == torch.float32 and all(
+        buffer.dtype == torch.float32 for buffer in as_float.buffers() if buffer.is_floating_point()
+    )
+    assert torch.equal(as_float.cls_token, moe_backbone(torch.bfloat16).cls_token.float())
+    mixed = moe_backbone().state_dict()
+    mixed["cls_token"] = mixed["cls_token"].half()
+    save_pretrained(moe_backbone(), tmp_path / "mixed")
+    pretrained.save_file(mixed, tmp_path / "mixed" / "model.safetensors")
+    loaded = from_pretrained(tmp_path / "mixed")
+    assert {t.dtype for t in loaded.state_dict().values()} == {torch.float32}
+    assert torch.equal(loaded.cls_token, mixed["cls_token"].float())
+    hidden(loaded.eval())  # runs: one dtype throughout
 
 
 def test_a_folder_gets_the_permissions_of_a_new_folder(tmp_path):
