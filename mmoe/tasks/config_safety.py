@@ -1,7 +1,11 @@
 """What every ``mmoe`` config read is protected by, installed once per process (:func:`install_config_safety`):
 
 * config files (and the files they name) are read by :func:`mmoe.tasks.config_yaml.load_yaml_config`: no duplicate
-  key, aliases bounded (a value typed on the command line is parsed by jsonargparse itself, without these checks);
+  key, aliases bounded; each command-line value is held to the same checks before parsing starts
+  (:func:`refuse_unsafe_command_line`: jsonargparse reads a value as YAML more than once, its later reads not through
+  the installed loader);
+* a file that is not a config (plain text such as ``/etc/passwd``), given as ``--config`` or as a config value, is
+  refused in one line naming the file and never quoting its content (:class:`NotAConfigFile`);
 * a ``class_path`` (or a class named by itself, ``--model X``, ``--trainer.callbacks+=X``) is imported only from
   :data:`ALLOWED_PACKAGES`, in files and on the command line alike; any other is refused before its module is
   imported, since importing a module runs its code. From Python, ``jsonargparse.set_parsing_settings(
@@ -17,13 +21,14 @@ import os
 import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import yaml
 from jsonargparse import ArgumentError, ArgumentParser, get_loader, set_loader, set_parsing_settings
 
 from mmoe.io import one_line, report_error
-from mmoe.tasks.config_yaml import ConfigFileError, load_yaml_config, shorten
+from mmoe.tasks.config_yaml import ConfigFileError, check_yaml_config, load_yaml_config, shorten
 from mmoe.tasks.lightning_internals import config_file_being_read
 
 #: The packages a config may name classes from: mmoe's tasks, DataModules and callbacks, and Lightning's callbacks,
@@ -45,6 +50,12 @@ ALLOWED_PACKAGES = (
 MAX_ERROR_CHARACTERS = 2000
 
 _DENIED_IMPORT = re.compile(r"Importing '([\w.]+)' is not allowed")
+_PARSER_KEY = re.compile(r'Parser key "([^"]+)"')
+
+
+class NotAConfigFile(ConfigFileError):
+    """A file read as a config (``--config``, or a path given as a config value) that holds no settings: plain text
+    or, for ``--config``, anything but a mapping. Its content is never quoted: it may be any file of the machine."""
 
 
 def install_config_safety() -> None:
@@ -55,7 +66,9 @@ def install_config_safety() -> None:
         return
 
     def load(text: str, path: Any = "") -> Any:
-        return load_yaml_config(text, file_being_read(path), current)
+        value = load_yaml_config(text, file_being_read(path), current)
+        refuse_file_without_settings(text, value, path)
+        return value
 
     load.checks_config = True  # type: ignore[attr-defined]
     set_loader("yaml", load, exceptions=(yaml.YAMLError,))
@@ -71,12 +84,69 @@ def file_being_read(path: Any) -> str:
     return config_file_being_read()
 
 
+def refuse_file_without_settings(text: str, value: Any, path: Any) -> None:
+    """Raises :class:`NotAConfigFile` when ``text``, built into ``value``, is the whole content of a file read as a
+    config and holds no settings: anything but a mapping (or nothing) for a ``--config`` file (``path`` given), a
+    plain string for a file named as a config value (one holding a list or a mapping may fill a field)."""
+    if path:
+        if value is None or isinstance(value, dict):
+            return
+        raise NotAConfigFile(
+            f"config {file_being_read(path)}: not a config file: it holds no mapping of settings (its content is not "
+            "shown)"
+        )
+    if not isinstance(value, str):
+        return
+    file = config_file_being_read()
+    if file and is_whole_content(file, text):
+        raise NotAConfigFile(
+            f"the value names {file}, which is not a config file: it holds plain text, not settings (its content is "
+            "not shown)"
+        )
+
+
+def is_whole_content(file: str, text: str) -> bool:
+    """Whether ``text`` is the whole content of ``file``: jsonargparse reads a file named as a value, and a string
+    value of that file, with the same file on its stack of files being read."""
+    try:
+        size = os.stat(file).st_size
+        return len(text) <= size <= 4 * len(text) + text.count("\n") and Path(file).read_text() == text
+    except (OSError, ValueError):
+        return False
+
+
+def refuse_unsafe_command_line(args: Any) -> None:
+    """Raises ``ArgumentError`` for the first value of the argv list ``args`` that a config file could not hold (a
+    key given twice, aliases that expand past the bound), naming its option: jsonargparse reads a command-line value
+    as YAML more than once, and only its first read goes through the installed loader. Text that is not YAML is left
+    to the parser, which takes it as a string."""
+    if not isinstance(args, list | tuple):
+        return
+    option = ""
+    for arg in args:
+        if not isinstance(arg, str):
+            continue
+        name, equals, value = arg.partition("=") if arg.startswith("--") else ("", "", arg)
+        if name and not equals:
+            option = name
+            continue
+        try:
+            check_yaml_config(value, f"command-line value of {name or option or repr(value[:50])}")
+        except ConfigFileError as error:
+            raise ArgumentError(None, one_line(error)) from error
+        except yaml.YAMLError:
+            pass
+        option = ""
+
+
 def config_error_line(error: BaseException) -> str:
     """The one line that says why a config did not parse: the loader's own message when it refused the file, the
     class path outside :data:`ALLOWED_PACKAGES` when one was named, else jsonargparse's message folded on one line and
     cut to :data:`MAX_ERROR_CHARACTERS`."""
     cause: BaseException | None = error
     while cause is not None:
+        if isinstance(cause, NotAConfigFile) and _PARSER_KEY.search(str(error)):
+            return f"{'.'.join(_PARSER_KEY.findall(str(error)))}: {one_line(cause)}"
         if isinstance(cause, ConfigFileError):
             return one_line(cause)
         cause = cause.__cause__ or cause.__context__
@@ -103,6 +173,7 @@ def parse_errors_in_one_line(parsers: Sequence[ArgumentParser], args: Any) -> It
     for parser in exiting:
         parser.exit_on_error = False
     try:
+        refuse_unsafe_command_line(args)
         yield
     except ArgumentError as error:
         raise SystemExit(report_error(command, config_error_line(error))) from None

@@ -5,9 +5,13 @@ at the end of a file drops the first one whole), and expands anchors and aliases
 laughs" file grows past any memory once the parser copies its value). :func:`load_yaml_config` refuses both before
 any value is built:
 
-* a key given twice in one mapping: one :class:`ConfigFileError` naming the file, the key and both lines;
+* a key given twice in one mapping: one :class:`ConfigFileError` naming the file, the key and both lines; a dotted
+  key is the key of its block (``trainer.max_steps: 7`` beside ``trainer: {max_steps: 300}`` gives ``max_steps``
+  twice), as jsonargparse merges the two;
 * aliases (``*name``) are allowed, but the config they expand to may hold at most :data:`MAX_CONFIG_NODES` values
-  (each scalar, list and mapping counts once per place it appears), and an anchor may not contain itself.
+  (each scalar, list and mapping counts once per place it appears), and an anchor may not contain itself. A quoted
+  value that is YAML itself (jsonargparse reads a string given for a number, a list or a class as YAML again) counts
+  with the values it expands to.
 
 Values are then built by jsonargparse's own YAML loader, so a config means what it meant before (``1e-4`` is a
 float, dates stay strings).
@@ -15,7 +19,7 @@ float, dates stay strings).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import yaml
@@ -23,6 +27,8 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 #: The most values a config may expand to through its aliases; the shipped configs hold a few hundred.
 MAX_CONFIG_NODES = 100_000
+
+MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
 class ConfigFileError(yaml.YAMLError):
@@ -32,8 +38,7 @@ class ConfigFileError(yaml.YAMLError):
 
 def load_yaml_config(text: str, path: str = "", build: Callable[[str], Any] | None = None) -> Any:
     """The value of the YAML ``text`` (a config file's content, or a command-line value), built by ``build``
-    (``yaml.safe_load`` unless given) once the text is known to hold no duplicate key and to expand to at most
-    :data:`MAX_CONFIG_NODES` values.
+    (``yaml.safe_load`` unless given) once :func:`check_yaml_config` passed it.
 
     Args:
         text: the YAML text.
@@ -44,19 +49,26 @@ def load_yaml_config(text: str, path: str = "", build: Callable[[str], Any] | No
         ConfigFileError: a duplicate key or an alias expansion over the bound.
         yaml.YAMLError: malformed YAML.
     """
-    where = f"config {path}" if path else "config value"
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        if root is not None:
-            refuse_duplicate_keys(root, where)
-            expanded_size(root, where, {}, set())
-    except RecursionError:
-        raise ConfigFileError(f"{where}: nested too deeply to read") from None
+    check_yaml_config(text, f"config {path}" if path else "config value")
     return (build or yaml.safe_load)(text)
 
 
+def check_yaml_config(text: str, where: str) -> None:
+    """Raises :class:`ConfigFileError` (its message starting with ``where``) when the YAML ``text`` gives a key twice
+    in one mapping or expands to more than :data:`MAX_CONFIG_NODES` values, and ``yaml.YAMLError`` when it is not
+    YAML; builds no value. The expansion is bounded first: the key check walks what the aliases expand to."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        if root is not None:
+            expanded_size(root, where, {}, set())
+            refuse_duplicate_keys(root, where)
+    except RecursionError:
+        raise ConfigFileError(f"{where}: nested too deeply to read") from None
+
+
 def refuse_duplicate_keys(root: Node, where: str) -> None:
-    """Raises :class:`ConfigFileError` for the first mapping of ``root`` that gives one key twice."""
+    """Raises :class:`ConfigFileError` for the first mapping of ``root`` that gives one key twice, directly or as a
+    dotted key beside its block (:func:`refuse_dotted_duplicates`)."""
     seen_nodes: set[int] = set()
     pending = [root]
     while pending:
@@ -73,12 +85,55 @@ def refuse_duplicate_keys(root: Node, where: str) -> None:
                 if not isinstance(key, ScalarNode):
                     continue
                 line = key.start_mark.line + 1
-                if key.value in first_line and key.tag != "tag:yaml.org,2002:merge":
-                    raise ConfigFileError(
-                        f"{where}: key {shorten(key.value)!r} is given twice in one mapping (line "
-                        f"{first_line[key.value]} and line {line}); the second would silently replace the first"
-                    )
+                if key.value in first_line and key.tag != MERGE_TAG:
+                    raise duplicate_key(where, key.value, first_line[key.value], line)
                 first_line.setdefault(key.value, line)
+            refuse_dotted_duplicates(node, where)
+
+
+def refuse_dotted_duplicates(node: MappingNode, where: str) -> None:
+    """Raises :class:`ConfigFileError` when a dotted key of the mapping ``node`` (``trainer.max_steps``) names a
+    setting that another of its keys gives too (``trainer: {max_steps: ...}``), or a part of one."""
+    dotted_heads = {key.value.split(".")[0] for key, _ in node.value if is_plain_key(key) and "." in key.value}
+    if not dotted_heads:
+        return
+    leaves: dict[tuple[str, ...], int] = {}  # each setting given, by its dotted path, and the line that gives it
+    branches: dict[tuple[str, ...], int] = {}  # the paths above them
+    for key, value in node.value:
+        if not is_plain_key(key) or key.value.split(".")[0] not in dotted_heads:
+            continue
+        for path, line in setting_paths(tuple(key.value.split(".")), key.start_mark.line + 1, value):
+            given = next((path[:end] for end in range(1, len(path) + 1) if path[:end] in leaves), None)
+            if given is not None:
+                raise duplicate_key(where, ".".join(given), leaves[given], line)
+            if path in branches:
+                raise duplicate_key(where, ".".join(path), branches[path], line)
+            leaves[path] = line
+            for end in range(1, len(path)):
+                branches.setdefault(path[:end], line)
+
+
+def setting_paths(path: tuple[str, ...], line: int, value: Node) -> Iterator[tuple[tuple[str, ...], int]]:
+    """The dotted path of each setting that ``value``, given at ``path`` on ``line``, holds: itself, or the settings
+    of its mapping (a merge key ``<<`` left out: it gives defaults that the mapping's own keys replace by design)."""
+    if not isinstance(value, MappingNode):
+        yield path, line
+        return
+    for key, item in value.value:
+        if is_plain_key(key):
+            yield from setting_paths(path + tuple(key.value.split(".")), key.start_mark.line + 1, item)
+
+
+def is_plain_key(key: Node) -> bool:
+    """Whether ``key`` is a scalar key other than a merge key."""
+    return isinstance(key, ScalarNode) and key.tag != MERGE_TAG
+
+
+def duplicate_key(where: str, key: str, first_line: int, line: int) -> ConfigFileError:
+    return ConfigFileError(
+        f"{where}: key {shorten(key)!r} is given twice in one mapping (line {first_line} and line {line}); the second "
+        "would silently replace the first"
+    )
 
 
 def expanded_size(node: Node, where: str, sizes: dict[int, int], open_nodes: set[int]) -> int:
@@ -93,12 +148,13 @@ def expanded_size(node: Node, where: str, sizes: dict[int, int], open_nodes: set
     if id(node) in open_nodes:
         raise ConfigFileError(f"{where}: line {node.start_mark.line + 1}: an anchor is used inside itself")
     open_nodes.add(id(node))
-    children: list[Node] = []
+    size = 1
     if isinstance(node, SequenceNode):
-        children = node.value
+        size += sum(expanded_size(child, where, sizes, open_nodes) for child in node.value)
     elif isinstance(node, MappingNode):
-        children = [part for pair in node.value for part in pair]
-    size = 1 + sum(expanded_size(child, where, sizes, open_nodes) for child in children)
+        size += sum(expanded_size(part, where, sizes, open_nodes) for pair in node.value for part in pair)
+    elif isinstance(node, ScalarNode):
+        size += quoted_yaml_size(node, where)
     open_nodes.discard(id(node))
     if size > MAX_CONFIG_NODES:
         raise ConfigFileError(
@@ -107,6 +163,21 @@ def expanded_size(node: Node, where: str, sizes: dict[int, int], open_nodes: set
         )
     sizes[id(node)] = size
     return size
+
+
+def quoted_yaml_size(node: ScalarNode, where: str) -> int:
+    """The number of values the text of the scalar ``node`` expands to when read as YAML again: 0 unless it holds an
+    anchor and an alias (without both, nothing in it is repeated) and is YAML."""
+    text = node.value
+    if "&" not in text or "*" not in text:
+        return 0
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return 0  # a string jsonargparse keeps as it is
+    if root is None:
+        return 0
+    return expanded_size(root, f"{where}: the value on line {node.start_mark.line + 1}", {}, set())
 
 
 def shorten(text: str, limit: int = 200) -> str:

@@ -39,6 +39,18 @@ trainer:
   max_steps: 7
 """
 
+#: A dotted key is the key of its block, as jsonargparse merges the two: ``max_steps`` given twice.
+DOTTED_BESIDE_BLOCK = "trainer:\n  max_steps: 300\ntrainer.max_steps: 7\n"
+
+#: The same, deeper and the other way round: the dotted key first.
+DOTTED_BEFORE_DEEP_BLOCK = """\
+model:
+  init_args:
+    optimizer.learning_rate: 5.0
+    optimizer:
+      learning_rate: 2.0e-4
+"""
+
 
 def alias_bomb(levels: int) -> str:
     """A "billion laughs" config: ``levels`` lists of ten aliases of the one before, 10**levels leaves in ~60 bytes
@@ -61,7 +73,12 @@ def only_line(err: str) -> str:
 
 @pytest.mark.parametrize(
     ("text", "key", "lines"),
-    [(DUPLICATE_LEARNING_RATE, "learning_rate", (4, 5)), (DUPLICATE_TRAINER, "trainer", (1, 4))],
+    [
+        (DUPLICATE_LEARNING_RATE, "learning_rate", (4, 5)),
+        (DUPLICATE_TRAINER, "trainer", (1, 4)),
+        (DOTTED_BESIDE_BLOCK, "trainer.max_steps", (2, 3)),
+        (DOTTED_BEFORE_DEEP_BLOCK, "optimizer.learning_rate", (3, 5)),
+    ],
 )
 def test_a_key_given_twice_is_one_line_naming_the_file_the_key_and_both_lines(text, key, lines, tmp_path, capsys):
     config = tmp_path / "edited.yaml"
