@@ -10,7 +10,7 @@ resume and the distributed hooks.
   ``train/selection_bias_spread``.
 * Exact resume: checkpoints hold the random generators' states (torch, CUDA, numpy, Python; every process's), put back
   before the first training step after ``--ckpt_path`` (:mod:`mmoe.tasks.state`); the data loaders save their own
-  position.
+  position. Optimiser settings changed on a resume train from the resumed step (:mod:`mmoe.tasks.optimizer_resume`).
 * Samples the data loaders skipped (corrupt or lost) are logged as ``data/skipped/<stream>``.
 """
 
@@ -21,6 +21,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.trainer.states import TrainerFn
 
 from mmoe.data.tokenizer import TextTokenizer
 from mmoe.model import MultiwayTransformer
@@ -35,6 +36,7 @@ from mmoe.tasks.expert_parallel import (
 )
 from mmoe.tasks.fsdp import shard_task
 from mmoe.tasks.optimizer import OptimizerConfig, adamw_with_schedule, parameter_groups
+from mmoe.tasks.optimizer_resume import apply_optimizer_config, report_changes, resume_changes
 from mmoe.tasks.predictions import gather_objects
 from mmoe.tasks.selection_bias import SelectionLoads
 from mmoe.tasks.state import add_missing_optimizer_states, random_states, reshape_scalar_states, set_random_states
@@ -111,6 +113,9 @@ class BackboneTask(L.LightningModule):
         self.fully_sharded = False
         #: This process's random states from a checkpoint, put back at the first training step after a resume.
         self.rng_states_to_restore: dict | None = None
+        #: The optimiser settings a resumed fit changed (name -> (checkpoint's, config's)), put into the restored
+        #: optimiser when training starts.
+        self.optimizer_changes: dict[str, tuple[Any, Any]] = {}
         #: The losses the latest training step logged (``train/loss``, ``train/balance_loss``, ...; detached): what a
         #: non-finite step is reported with (:mod:`mmoe.tasks.non_finite`), read before the optimiser step.
         self.latest_train_losses: dict[str, torch.Tensor] = {}
@@ -229,6 +234,24 @@ class BackboneTask(L.LightningModule):
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
         # Put back at the first training step, not now: loaders are created (and draw worker seeds) in between.
         self.rng_states_to_restore = states[rank] if states and rank < len(states) else None
+        if self.fitting():  # before Lightning restores the optimiser: a change it cannot take is refused first
+            self.optimizer_changes = resume_changes(self, checkpoint, self.trainer.ckpt_path)
+
+    def fitting(self) -> bool:
+        """Whether a trainer runs ``fit`` with this task (not so in ``load_from_checkpoint``, which has none)."""
+        try:
+            return self.trainer.state.fn == TrainerFn.FITTING
+        except RuntimeError:  # not attached to a trainer
+            return False
+
+    def on_train_start(self) -> None:
+        """A resume's changed optimiser settings go into the optimiser and schedule Lightning restored."""
+        if self.optimizer_changes:
+            groups = parameter_groups(self, self.optimizer_config, self.head_prefixes)
+            scheduler = self.trainer.lr_scheduler_configs[0].scheduler
+            apply_optimizer_config(self.trainer.optimizers[0], scheduler, groups, self.optimizer_config)
+            report_changes(self.optimizer_changes, self.trainer.global_step)
+            self.optimizer_changes = {}
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         if self.rng_states_to_restore is not None:

@@ -6,7 +6,8 @@
   i + 1, the rest L + 1) and a task-head learning-rate multiplier (BEiT-3's ``--task_head_lr_weight``).
 
 One typed config, :class:`OptimizerConfig`, is the ``optimizer`` argument of every task; each task states its own
-default (:data:`PRETRAINING_OPTIMIZER`, :data:`FINETUNING_OPTIMIZER`).
+default (:data:`PRETRAINING_OPTIMIZER`, :data:`FINETUNING_OPTIMIZER`). A setting named on the command line of a resume
+(``--ckpt_path``) trains from the resumed step, the schedule going on from there (:mod:`mmoe.tasks.optimizer_resume`).
 """
 
 from __future__ import annotations
