@@ -13,8 +13,10 @@ import lightning as L
 from jsonargparse import Namespace
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 
+from mmoe.model.config import config_to_dict
 from mmoe.pipeline.layout import PipelineRun
 from mmoe.pipeline.stages import PipelineError, print_progress
+from mmoe.tasks.checkpoint import read_backbone_state
 from mmoe.tasks.finetuning import FineTuningTask
 from mmoe.tasks.launch import read_config, run_lightning
 from mmoe.tasks.layout import RunLayout
@@ -176,7 +178,7 @@ def finetune_launch(
     settings); ``seed`` replaces the config's ``seed_everything``; routing statistics every ``routing_every`` steps."""
     steps = run.settings.steps(task.name)
     trainer, callbacks = trainer_options(run, layout, steps, routing_every)
-    model = {"backbone": None, "pretrained": str(backbone), **model_options}
+    model = {"backbone": causal_text_backbone(task, backbone), "pretrained": str(backbone), **model_options}
     if task.name in run.settings.finetune_optimizer:
         model["optimizer"] = dict(run.settings.finetune_optimizer[task.name])
     overrides = {
@@ -188,6 +190,21 @@ def finetune_launch(
     if seed is not None:
         overrides["seed_everything"] = seed
     return Launch("fit", (config_file(f"finetune/{task.name}_tiny.yaml"),), overrides, callbacks)
+
+
+def causal_text_backbone(task: type[FineTuningTask], backbone: Path) -> dict[str, Any] | None:
+    """The backbone config a task whose text is causal (:attr:`FineTuningTask.causal_text`: captioning) is fine-tuned
+    with from the exported ``backbone``: the backbone's own routed by dropless token choice when it routes by expert
+    choice, which such a task refuses (an expert picks its tokens over the whole batch, later caption tokens
+    included); its weights load unchanged. None, the backbone's own config, otherwise (and before it is exported)."""
+    if not task.causal_text or not backbone.is_file():
+        return None
+    config, _ = read_backbone_state(backbone)
+    if config.moe is None or config.moe.routing != "expert_choice":
+        return None
+    fields = config_to_dict(config)
+    fields["moe"] |= {"routing": "token_choice", "capacity_factor": None, "eval_capacity_factor": None}
+    return fields
 
 
 def predict_launch(fit: Launch, layout: RunLayout, shards: Path, predictions: Path) -> Launch:

@@ -16,10 +16,14 @@ from mmoe.cli import main
 from mmoe.demo.command import parse
 from mmoe.demo.recipe import variant_stages
 from mmoe.model import MoEPlan, MultiwayTransformer
+from mmoe.model.config import config_from_dict
 from mmoe.moe.router import Router
-from mmoe.pipeline import CONFIGS, VARIANTS, PipelineRun, pretrain_launch
+from mmoe.pipeline import CONFIGS, VARIANTS, PipelineRun, finetune_launch, pretrain_launch
 from mmoe.pipeline.settings import DEMO_FAST as FAST
+from mmoe.tasks.captioning import CaptioningFineTuning
 from mmoe.tasks.checkpoint import export_backbone
+from mmoe.tasks.layout import RunLayout
+from mmoe.tasks.vqa import VQAFineTuning
 from tests.routing_fixtures import image_dir, shard, tiny_config, tiny_part_plan
 from tests.viz.test_viz import differ
 
@@ -54,6 +58,22 @@ def checkpoint(path, plan: MoEPlan, seed: int, selection_bias: float | None = No
     path.parent.mkdir(parents=True, exist_ok=True)
     export_backbone(backbone, path)
     return path
+
+
+def test_captioning_of_an_expert_choice_backbone_is_fine_tuned_under_dropless_token_choice(tmp_path):
+    """Captioning refuses expert choice (its text is causal): the demo fine-tunes it from the expert-choice backbone
+    under dropless token choice, the backbone's weights loaded unchanged; the other tasks keep its routing."""
+    run = PipelineRun(tmp_path, FAST)
+    backbone = checkpoint(tmp_path / "backbone.pt", tiny_part_plan("expert_choice"), 0)
+    launch = finetune_launch(run, CaptioningFineTuning, {}, backbone, RunLayout(tmp_path / "captioning"))
+    config = launch.overrides["model"]["init_args"]["backbone"]
+    assert (config["moe"]["routing"], config["moe"]["capacity_factor"]) == ("token_choice", None)
+    assert launch.config().model.init_args.backbone.moe.routing == "token_choice"  # as mmoe fit parses it
+    task = CaptioningFineTuning(backbone=config_from_dict(config), pretrained=str(backbone))
+    exported = torch.load(backbone, weights_only=True)["state_dict"]
+    assert all(torch.equal(task.backbone.state_dict()[name], exported[name]) for name in exported)
+    vqa = finetune_launch(run, VQAFineTuning, {}, backbone, RunLayout(tmp_path / "vqa"))
+    assert vqa.overrides["model"]["init_args"]["backbone"] is None
 
 
 def draw(out, checkpoints, images, data) -> set[str]:
