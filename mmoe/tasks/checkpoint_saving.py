@@ -37,7 +37,17 @@ STALE_AFTER_S = 60.0
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning's ``torch.save`` checkpoint IO, writing local files whole or not at all (see the module docstring);
     a URL (``s3://...``) goes to Lightning's writer. Before each save, the temporary files killed saves left in the
-    checkpoint's folder are removed (:func:`remove_killed_saves`)."""
+    checkpoint's folder are removed (:func:`remove_killed_saves`); a save interrupted by an exception (a signal's
+    handler raising one included) removes its own at once.
+
+    Attributes:
+        saved_steps: the global step of each file this process has written whole (its absolute path), as
+            :func:`saved_step` tells it.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.saved_steps: dict[str, int | None] = {}
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
         if storage_options is not None or "://" in str(path):
@@ -45,6 +55,14 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             return
         remove_killed_saves(Path(path).parent)
         atomic_write(path, lambda temporary: save_synced(checkpoint, temporary))
+        self.saved_steps[os.path.abspath(path)] = checkpoint.get("global_step")
+
+
+def saved_step(trainer: L.Trainer, path: str | os.PathLike) -> int | None:
+    """The global step of the checkpoint ``trainer`` last wrote to ``path`` through :class:`AtomicCheckpointIO`,
+    without reading the file; None when it wrote none there (or through another checkpoint IO)."""
+    steps = getattr(trainer.strategy.checkpoint_io, "saved_steps", {})
+    return steps.get(os.path.abspath(path))
 
 
 def remove_killed_saves(folder: Path) -> None:

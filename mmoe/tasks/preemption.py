@@ -1,5 +1,6 @@
 """Stopping ``mmoe fit | validate | test | predict`` on a termination signal (SIGTERM from ``kill``, ``timeout`` or
-SLURM, SIGINT from Ctrl-C, SIGUSR1 from a scheduler's pre-emption warning), without losing a trained step.
+SLURM, SIGINT from Ctrl-C, SIGHUP from a closed terminal or a dropped SSH session, SIGUSR1 from a scheduler's
+pre-emption warning), without losing a trained step.
 
 :class:`Preemption` replaces Lightning's own SIGTERM handling (which finishes the batch, saves nothing and exits 0
 through ``SIGTERMException``) for the run: the handler only records the signal; the callback acts between steps.
@@ -8,8 +9,14 @@ the checkpoint IO plugins apply), lets the loop log it and exits before the next
 inside ``fit`` is acted on after the validation and the next step: a checkpoint taken mid-validation would not resume
 exactly); ``predict`` stops before its predictions file is written; ``validate``
 and ``test`` stop before their metrics. Each ends with one line on stderr naming the signal and what was saved, and
-exit code 128 + the signal's number (143 for SIGTERM, 130 for SIGINT), as a shell reports a process the signal
-killed.
+exit code 128 + the signal's number (143 for SIGTERM, 130 for SIGINT, 129 for SIGHUP), as a shell reports a process
+the signal killed.
+
+A second signal is not waited on. During the save of the step in progress it ends the save at once: its temporary
+file is removed (the previous ``last.ckpt`` stays whole), one line says the save was cut short and names the newest
+checkpoint and its step, and the exit code is again 128 + the (second) signal's number. At any other moment it goes
+to the handler from before the run; when that is the default one, which ends the process at once, a line naming the
+newest checkpoint comes first.
 
 Distributed runs: the handler of global rank 0 decides. Every step, rank 0's received signal (or none) is broadcast,
 so all ranks stop after the same step and save the checkpoint collectively (Lightning writes it from rank 0).
@@ -17,6 +24,7 @@ so all ranks stop after the same step and save the checkpoint collectively (Ligh
 
 from __future__ import annotations
 
+import os
 import shlex
 import signal
 import sys
@@ -30,11 +38,12 @@ import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
 
+from mmoe.tasks.checkpoint_saving import saved_step
 from mmoe.tasks.layout import RunLayout
 from mmoe.tasks.lightning_internals import SignalConnector, replace_signal_connector
 
 #: The signals handled unless a run names others.
-DEFAULT_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1")
+DEFAULT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1")
 
 
 def signal_numbers(names: Sequence[str]) -> list[signal.Signals]:
@@ -61,15 +70,21 @@ class Preempted(SystemExit):
     """The command stopped on a signal; ``code`` is 128 + the signal's number. Its line is printed when raised."""
 
 
+class SaveInterrupted(Preempted):
+    """A second signal during the save of the step in progress, raised by its handler out of the save."""
+
+
 class Preemption(L.Callback):
     """Stops the run on any of ``signals`` after the step in progress, saving it (see the module docstring).
 
     Added to every ``mmoe`` Lightning command by :class:`mmoe.tasks.cli.MMoECLI`; a config's ``trainer.callbacks``
     may list it to choose the signals (those it leaves out keep Lightning's and Python's handling). A second signal
-    goes to the handler from before the run: by default, the process ends at once.
+    ends a save in progress, or goes to the handler from before the run: by default, the process ends at once (see
+    the module docstring).
 
     Args:
-        signals: names of the signals that stop the run (``SIGTERM``, ``SIGINT``, ``SIGUSR1``, ``SIGUSR2``, ...).
+        signals: names of the signals that stop the run (``SIGTERM``, ``SIGINT``, ``SIGHUP``, ``SIGUSR1``,
+            ``SIGUSR2``, ...).
 
     Attributes:
         command: the ``mmoe`` arguments of the running command (``["fit", "--config", ...]``), to print the resume
@@ -86,6 +101,9 @@ class Preemption(L.Callback):
         self._saved_path: str | None = None
         self._saved_step = 0
         self._resume_from = "last"
+        self._trainer: L.Trainer | None = None  # the fitting trainer, whose checkpoints a second signal names
+        self._saving: Path | None = None  # the checkpoint being saved
+        self._resumed: tuple[str, int] | None = None  # (absolute path, global step) of the checkpoint resumed
 
     # --- the handlers -------------------------------------------------------------------------------------------------
 
@@ -108,15 +126,30 @@ class Preemption(L.Callback):
         if self.received is None:
             self.received = signal.Signals(number)
             return
-        self.restore()
+        self.restore()  # a third signal goes to the handler from before the run
+        if self._saving is not None:
+            raise SaveInterrupted(128 + number)  # out of the save, which removes its temporary file; see _save
+        if self._trainer is not None and self._before.get(number) in (signal.SIG_DFL, None):  # the process ends now
+            last = self._last_checkpoint(self._trainer)
+            saved = self._saved_path is not None
+            when = f"after saving global step {self._saved_step}" if saved else "before the step in progress was saved"
+            self._say_stopped_at_once(number, when, last, self._known_step(self._trainer, last))
         signal.raise_signal(number)
 
     # --- where the run stops ------------------------------------------------------------------------------------------
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self.received, self._saved_path, self._trained_steps, self._before = None, None, 0, {}
+        self._trainer = trainer if stage == "fit" else None
         replace_signal_connector(trainer, PreemptionSignalConnector(trainer, self))
         self.install()
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._trainer = None
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        resumed = trainer.ckpt_path
+        self._resumed = (os.path.abspath(resumed), trainer.global_step) if resumed else None
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -180,19 +213,66 @@ class Preemption(L.Callback):
         return self.received is not None
 
     def _save(self, trainer: L.Trainer) -> None:
-        """Saves the whole run (weights, optimiser, loops, data position) to ``last.ckpt`` in the folder of the
-        trainer's ``ModelCheckpoint``, the one ``--ckpt_path last`` resumes from; without one, in the run folder's
-        ``checkpoints/`` (and the resume command names the file)."""
+        """Saves the whole run (weights, optimiser, loops, data position) to ``last.ckpt`` (:meth:`_last_checkpoint`);
+        a second signal meanwhile ends the save and the run at once (see the module docstring)."""
+        path = self._last_checkpoint(trainer)
         callback = trainer.checkpoint_callback
         if isinstance(callback, ModelCheckpoint) and callback.dirpath is not None:
-            path = str(Path(callback.dirpath) / f"{callback.CHECKPOINT_NAME_LAST}{callback.FILE_EXTENSION}")
             # Saved as the callback's own last checkpoint, so the resumed run's callback writes over it (a file it
             # did not write would be kept, and the next one named last-v1.ckpt).
-            callback.last_model_path, self._resume_from = path, "last"
+            callback.last_model_path, self._resume_from = str(path), "last"
         else:
-            path = self._resume_from = str(RunLayout(Path(trainer.default_root_dir)).last_checkpoint)
-        trainer.save_checkpoint(path, weights_only=False)
-        self._saved_path, self._saved_step = path, trainer.global_step
+            self._resume_from = str(path)
+        before = file_identity(path)
+        self._saving = path
+        try:
+            trainer.save_checkpoint(path, weights_only=False)
+        except SaveInterrupted as interrupted:
+            number = int(interrupted.code) - 128
+            if file_identity(path) != before:  # renamed into place before the signal came
+                when = f"right after saving global step {trainer.global_step}"
+                self._say_stopped_at_once(number, when, path, trainer.global_step)
+            else:
+                when = (
+                    f"during the save of global step {trainer.global_step}, which was cut short (no partial file left)"
+                )
+                self._say_stopped_at_once(number, when, path, self._known_step(trainer, path))
+            raise
+        finally:
+            self._saving = None
+        self._saved_path, self._saved_step = str(path), trainer.global_step
+
+    def _last_checkpoint(self, trainer: L.Trainer) -> Path:
+        """``last.ckpt`` in the folder of the trainer's ``ModelCheckpoint``, the one ``--ckpt_path last`` resumes
+        from; without one, in the run folder's ``checkpoints/`` (and the resume command names the file)."""
+        callback = trainer.checkpoint_callback
+        if isinstance(callback, ModelCheckpoint) and callback.dirpath is not None:
+            return Path(callback.dirpath) / f"{callback.CHECKPOINT_NAME_LAST}{callback.FILE_EXTENSION}"
+        return RunLayout(Path(trainer.default_root_dir)).last_checkpoint
+
+    def _say_stopped_at_once(self, number: int, when: str, last: Path, step: int | None) -> None:
+        """The line of a fit a second signal ends at once ``when``, naming the newest checkpoint, ``last``, and its
+        ``step`` (None: unknown)."""
+        trainer = self._trainer
+        if trainer is None or not trainer.is_global_zero:
+            return
+        if not last.is_file():
+            newest = f"no checkpoint was saved to {last}"
+        else:
+            newest = (
+                f"the newest checkpoint is {last} ({'its step unknown' if step is None else f'global step {step}'})"
+            )
+        command = self.command[0] if self.command else "fit"
+        name = signal.Signals(number).name
+        print(f"mmoe {command}: stopped at once by a second {name} {when}; {newest}", file=sys.stderr, flush=True)
+
+    def _known_step(self, trainer: L.Trainer, last: Path) -> int | None:
+        """The global step of the checkpoint at ``last`` as this process knows it, without reading the file: of its
+        own last save there, else of the checkpoint it resumed when that is the file; None when neither."""
+        step = saved_step(trainer, last)
+        if step is None and self._resumed is not None and self._resumed[0] == os.path.abspath(last):
+            step = self._resumed[1]
+        return step
 
     def _saved(self) -> str:
         return f"global step {self._saved_step}, saved to {self._saved_path}"
@@ -227,6 +307,15 @@ class PreemptionSignalConnector(SignalConnector):
     def teardown(self) -> None:
         super().teardown()
         self.preemption.restore()
+
+
+def file_identity(path: Path) -> tuple[int, int] | None:
+    """(inode, modification time) of ``path``, which a save renamed into place changes; None when it is absent."""
+    try:
+        status = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return status.st_ino, status.st_mtime_ns
 
 
 def batches(count: int) -> str:
