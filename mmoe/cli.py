@@ -72,7 +72,7 @@ def moe_info(argv: Sequence[str]) -> int:
     install_config_safety()
     parser = ArgumentParser(prog="mmoe moe-info", description="Parameter and FLOP counts of one MoE layer.")
     parser.add_class_arguments(MoEConfig, "moe")
-    with parse_errors_in_one_line([parser], ["moe-info"]):
+    with parse_errors_in_one_line([parser], ["moe-info", *argv]):
         args = parser.parse_args(list(argv))
     try:
         config = parser.instantiate(args).moe

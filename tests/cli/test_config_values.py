@@ -161,3 +161,12 @@ def test_a_config_file_that_is_no_config_is_refused_without_quoting_it(secret_fi
         f"mmoe fit: error: config {secret_file}: not a config file: it holds no mapping of settings (its content is "
         "not shown)"
     )
+
+
+def test_an_alias_bomb_in_a_moe_info_value_is_refused(capsys):
+    code, out, err = run_mmoe(["moe-info", "--moe.dim", "64", "--moe.num_experts", alias_bomb_value(5)], capsys)
+    assert (code, out) == (2, "")
+    assert only_line(err).startswith(
+        f"mmoe moe-info: error: command-line value of --moe.num_experts: its anchors and aliases (&name, *name) expand "
+        f"to more than {MAX_CONFIG_NODES}"
+    )
