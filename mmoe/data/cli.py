@@ -3,18 +3,24 @@
 ```
 mmoe data convert vqav2 --questions Q.json [--annotations A.json] --images DIR --out OUT [--answer-vocab answers.json]
     [--holdout-images 1000 --holdout-out REST [--seed 0]]
+mmoe data convert vqav2 --parquet F.parquet [...] --split validation|testdev|test|train --out OUT [--answer-vocab A]
 mmoe data answers --annotations train.json [val.json ...] --out answers.json [--min-answer-count 9]
 mmoe data convert coco-captions (--annotations captions_*.json | --karpathy dataset_coco.json --split S) --images DIR --out OUT
     [--text-tokenizer beit3.spm]
-mmoe data convert flickr30k --karpathy dataset_flickr30k.json --split S --images DIR --out OUT [--text-tokenizer beit3.spm]
-mmoe data convert nlvr2 --data dev.json --images DIR --out OUT
+mmoe data convert coco-captions --parquet F.parquet [...] --split S --out OUT [--test-images 5000]
+mmoe data convert flickr30k --karpathy dataset_flickr30k.json --split S (--images DIR | --parquet F.parquet [...]) --out OUT
+    [--text-tokenizer beit3.spm]
+mmoe data convert nlvr2 (--data dev.json --images DIR | --parquet F.parquet [...]) --out OUT
 mmoe data convert images --images DIR --out OUT [--name images]
 mmoe data convert tsv --tsv pairs.tsv --images DIR --out OUT [--name pairs]
 mmoe data convert text --text corpus.txt [more.txt ...] --out OUT [--name text]
 mmoe data synth --out DIR [--size tiny|small|medium|large] [--seed 0] [--shards] [--workers N]
 ```
 
-Each ``convert`` prints its manifest (JSON) on stdout; skipped images go to stderr. Bad options or input files give
+``--parquet`` reads the benchmark's HF ``datasets`` parquet files (one split, in the order given) instead of the
+official files, into the same shards (:mod:`mmoe.data.converters.parquet`): the images are inside the rows, so
+``--images`` does not apply; the converters import pyarrow only then. Each ``convert`` prints its manifest (JSON) on
+stdout; skipped images go to stderr. Bad options or input files give
 one line on stderr and exit status 2 (nothing is written); a failure while writing (e.g. a full disk) gives one
 line and exit status 1, and the split folder keeps what it held.
 """  # noqa: E501
@@ -63,11 +69,18 @@ def _text_tokenizer(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _parquet(group: argparse._MutuallyExclusiveGroup, what: str) -> None:
+    group.add_argument("--parquet", nargs="+", metavar="FILE", help=f"HF datasets parquet files of one split ({what})")
+
+
 def _vqav2_source(sources: argparse._SubParsersAction) -> None:
-    vqa = sources.add_parser("vqav2", help="VQAv2 questions (+ annotations) and COCO images")
-    vqa.add_argument("--questions", required=True, help="v2_OpenEnded_mscoco_<subtype>_questions.json")
+    vqa = sources.add_parser("vqav2", help="VQAv2 questions (+ annotations) and COCO images, or parquet")
+    which = vqa.add_mutually_exclusive_group(required=True)
+    which.add_argument("--questions", help="v2_OpenEnded_mscoco_<subtype>_questions.json")
+    _parquet(which, "lmms-lab/VQAv2; with --split")
+    vqa.add_argument("--split", help="with --parquet: validation, testdev, test, train (or val2014, test-dev2015, ...)")
     vqa.add_argument("--annotations", help="v2_mscoco_<subtype>_annotations.json (absent for test splits)")
-    vqa.add_argument("--images", required=True, help="COCO image folder (images in it or in <subtype>/)")
+    vqa.add_argument("--images", help="COCO image folder (images in it or in <subtype>/); with --questions")
     vqa.add_argument("--answer-vocab", help=f"{ANSWERS_FILE} written by the training split (other annotated splits)")
     vqa.add_argument("--min-answer-count", type=int, default=9, help="vocabulary threshold when building (9)")
     vqa.add_argument(
@@ -83,23 +96,31 @@ def _caption_sources(sources: argparse._SubParsersAction) -> None:
     which = coco.add_mutually_exclusive_group(required=True)
     which.add_argument("--annotations", help="captions_<subtype>.json")
     which.add_argument("--karpathy", help="dataset_coco.json (with --split)")
+    _parquet(which, "Karpathy records with images, a row per image or per sentence; with --split")
     coco.add_argument("--split", help="Karpathy split(s): train, restval, val, test; e.g. train,restval")
-    coco.add_argument("--images", required=True, help="COCO image folder")
+    coco.add_argument("--images", help="COCO image folder; with --annotations or --karpathy")
+    coco.add_argument(
+        "--test-images", type=positive_int, default=5000, help="with --parquet: images the test split must hold (5000)"
+    )
     _text_tokenizer(coco)
     _common(coco)
 
     flickr = sources.add_parser("flickr30k", help="Flickr30K captions (Karpathy split, for retrieval)")
-    flickr.add_argument("--karpathy", required=True, help="dataset_flickr30k.json")
+    flickr.add_argument("--karpathy", help="dataset_flickr30k.json (required: it chooses the split's images)")
     flickr.add_argument("--split", required=True, help="Karpathy split(s): train, val, test")
-    flickr.add_argument("--images", required=True, help="the Flickr30K image folder (flickr30k-images)")
+    which = flickr.add_mutually_exclusive_group(required=True)
+    which.add_argument("--images", help="the Flickr30K image folder (flickr30k-images)")
+    _parquet(which, "lmms-lab/flickr30k: images matched to --karpathy by filename")
     _text_tokenizer(flickr)
     _common(flickr)
 
 
 def _other_sources(sources: argparse._SubParsersAction) -> None:
-    nlvr2 = sources.add_parser("nlvr2", help="NLVR2 JSON lines and images")
-    nlvr2.add_argument("--data", required=True, help="train.json, dev.json or test1.json")
-    nlvr2.add_argument("--images", required=True, help="folder searched recursively for <split>-<set>-<pair>-img*.png")
+    nlvr2 = sources.add_parser("nlvr2", help="NLVR2 JSON lines and images, or parquet")
+    which = nlvr2.add_mutually_exclusive_group(required=True)
+    which.add_argument("--data", help="train.json, dev.json or test1.json")
+    _parquet(which, "identifier, sentence, label, left_image, right_image")
+    nlvr2.add_argument("--images", help="with --data: folder searched recursively for <split>-<set>-<pair>-img*.png")
     _common(nlvr2)
 
     images = sources.add_parser("images", help="an image folder (image-only pre-training samples)")
@@ -166,18 +187,73 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise ConversionError(str(error)) from None
 
 
+#: The sources that read parquet, and the options of their official files that ``--parquet`` excludes.
+_OFFICIAL_ONLY = {
+    "vqav2": ("images", "annotations", "holdout_images", "holdout_out"),
+    "coco-captions": ("images",),
+    "flickr30k": (),
+    "nlvr2": ("images",),
+}
+
+
+def _tokenizer(args: argparse.Namespace) -> TextTokenizer:
+    try:
+        return TextTokenizer(sentencepiece=args.text_tokenizer)
+    except (FileNotFoundError, ValueError) as error:
+        raise ConversionError(f"--text-tokenizer: {error}") from None
+
+
+def _convert_parquet(args: argparse.Namespace):
+    """``--parquet``: the benchmark's HF parquet files into the shards of its official files."""
+    from mmoe.data.converters.parquet_captions import convert_flickr30k_parquet, convert_karpathy_parquet
+    from mmoe.data.converters.parquet_nlvr2 import convert_nlvr2_parquet
+    from mmoe.data.converters.parquet_vqav2 import convert_vqav2_parquet
+
+    options = vars(args)
+    for option in _OFFICIAL_ONLY[args.source]:
+        if options[option]:
+            flag = "--" + option.replace("_", "-")
+            raise ConversionError(f"{flag} does not apply to --parquet (the parquet rows hold the images and answers)")
+    if args.source == "nlvr2":
+        return convert_nlvr2_parquet(args.parquet, args.out, args.shard_size, args.name)
+    if not args.split:
+        raise ConversionError(f"{args.source} --parquet needs --split (the split whose rows to convert)")
+    if args.source == "vqav2":
+        return convert_vqav2_parquet(
+            args.parquet, args.split, args.out, args.answer_vocab, args.min_answer_count, args.shard_size, args.name
+        )
+    if args.source == "flickr30k":
+        return convert_flickr30k_parquet(
+            args.parquet, args.karpathy, args.split, args.out, args.shard_size, args.name, _tokenizer(args)
+        )
+    return convert_karpathy_parquet(
+        args.parquet, args.split, args.out, args.shard_size, args.name, _tokenizer(args), args.test_images
+    )
+
+
+def _check_official(args: argparse.Namespace) -> None:
+    """The options a conversion of the official files needs beside its input file."""
+    if args.source == "flickr30k" and not args.karpathy:
+        raise ConversionError("flickr30k needs --karpathy dataset_flickr30k.json")
+    if args.source == "vqav2" and args.split:
+        raise ConversionError("--split applies to --parquet only (a questions file names its split)")
+    if args.source in _OFFICIAL_ONLY and not args.images:
+        raise ConversionError(f"{args.source} needs --images DIR (or --parquet files holding the images)")
+
+
 def _convert(args: argparse.Namespace):
     check_arguments(args)
+    if args.source in _OFFICIAL_ONLY:
+        if args.parquet:
+            return _convert_parquet(args)
+        _check_official(args)
     if args.source == "vqav2":
         return convert_vqav2(
             args.questions, args.images, args.out, args.annotations, args.answer_vocab, args.min_answer_count,
             args.shard_size, args.name, args.holdout_images, args.holdout_out, args.seed,
         )  # fmt: skip
     if args.source in ("coco-captions", "flickr30k"):
-        try:
-            tokenizer = TextTokenizer(sentencepiece=args.text_tokenizer)
-        except (FileNotFoundError, ValueError) as error:
-            raise ConversionError(f"--text-tokenizer: {error}") from None
+        tokenizer = _tokenizer(args)
         if args.karpathy:
             if not args.split:
                 raise ConversionError("--karpathy needs --split (train, restval, val, test, or e.g. train,restval)")

@@ -1,5 +1,9 @@
-"""Converters from the benchmarks' original files (VQAv2, COCO captions, NLVR2) and from generic pre-training
-corpora to webdataset shards with a ``manifest.json``."""
+"""Converters from the benchmarks' original files (VQAv2, COCO captions, Flickr30K, NLVR2) and from generic
+pre-training corpora to webdataset shards with a ``manifest.json``.
+
+The benchmarks' HF ``datasets`` parquet copies convert to the same shards through :mod:`.parquet_vqav2`,
+:mod:`.parquet_captions` and :mod:`.parquet_nlvr2` (over :mod:`.parquet`); they are imported from there, so that only
+a parquet conversion loads pyarrow."""
 
 from mmoe.data.converters.coco import convert_coco_captions, convert_karpathy
 from mmoe.data.converters.common import ConversionError
