@@ -288,8 +288,15 @@ class BackboneTask(L.LightningModule):
             self.selection_loads.update()
 
     def configure_optimizers(self):
+        # Lightning refuses to clip the gradients of a fused optimiser under mixed precision (it would unscale them
+        # itself), so a clipped mixed-precision run takes torch's default AdamW.
+        clipped_mixed = bool(self.trainer.gradient_clip_val) and str(self.trainer.precision).endswith("-mixed")
         return adamw_with_schedule(
-            self, self.optimizer_config, self.head_prefixes, lambda: self.trainer.estimated_stepping_batches
+            self,
+            self.optimizer_config,
+            self.head_prefixes,
+            lambda: self.trainer.estimated_stepping_batches,
+            fused=not clipped_mixed,
         )
 
 

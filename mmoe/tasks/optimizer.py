@@ -167,16 +167,20 @@ def fused_kernel_applies(module: nn.Module) -> bool:
 
 
 def adamw_with_schedule(
-    module: nn.Module, config: OptimizerConfig, head_prefixes: tuple[str, ...], estimated_steps: Callable[[], float]
+    module: nn.Module,
+    config: OptimizerConfig,
+    head_prefixes: tuple[str, ...],
+    estimated_steps: Callable[[], float],
+    fused: bool = True,
 ) -> dict[str, Any]:
     """Lightning's ``configure_optimizers`` answer: AdamW over :func:`parameter_groups` and the warm-up cosine
-    schedule per step, ``config.total_steps`` long (else ``estimated_steps()``, the trainer's estimate)."""
+    schedule per step, ``config.total_steps`` long (else ``estimated_steps()``, the trainer's estimate); torch's fused
+    kernel where it applies (:func:`fused_kernel_applies`) unless ``fused`` is False."""
     groups = parameter_groups(module, config, head_prefixes)
     for group in groups:
         group["lr"] = config.learning_rate * group.pop("lr_scale")
-    optimizer = torch.optim.AdamW(
-        groups, lr=config.learning_rate, betas=config.betas, eps=config.eps, fused=fused_kernel_applies(module)
-    )
+    fused = fused and fused_kernel_applies(module)
+    optimizer = torch.optim.AdamW(groups, lr=config.learning_rate, betas=config.betas, eps=config.eps, fused=fused)
     total = config.total_steps or estimated_steps()
     if not math.isfinite(total):
         raise ValueError(

@@ -66,8 +66,9 @@ class PatchCodebook(nn.Module):
     @torch.no_grad()
     def encode(self, images: torch.Tensor) -> torch.Tensor:
         """(B, 3, H, W) -> (B, N) long visual token ids."""
-        features = self.patch_features(images)
-        distances = torch.cdist(features, self.centroids.to(features.device)[None].expand(features.shape[0], -1, -1))
+        features = self.patch_features(images)  # float32 whatever the run's precision, like the centroids used here
+        centroids = self.centroids.to(features.device, features.dtype)  # a bf16-true run casts the buffer to bf16
+        distances = torch.cdist(features, centroids[None].expand(features.shape[0], -1, -1))
         return distances.argmin(-1)
 
     def save(self, path: str | Path) -> None:

@@ -109,6 +109,17 @@ def test_tiny_xmoe_loss_falls(synthetic_corpus, tmp_path):
             assert torch.equal(value, state[name]), name
 
 
+@pytest.mark.parametrize("precision", ["bf16-mixed", "bf16-true"])
+def test_tiny_xmoe_trains_in_bf16_with_its_gradient_clipping(synthetic_corpus, tmp_path, precision):
+    """The shipped configs clip gradients: under bf16-mixed the optimiser must not be torch's fused AdamW (Lightning
+    refuses to clip its gradients), and under bf16-true the codebook's bf16 centroids still encode float32 patches."""
+    config = tiny_config("xmoe", synthetic_corpus, tmp_path, steps=3)
+    assert yaml.safe_load(config.read_text())["trainer"]["gradient_clip_val"] > 0
+    assert main(["fit", "--config", str(config), "--trainer.precision", precision]) == 0
+    loss = column(read_metrics(tmp_path), "train/loss")
+    assert len(loss) == 3 and all(torch.isfinite(torch.tensor(loss)))
+
+
 def test_tiny_dense_with_vqkd_targets_mim_loss_falls(synthetic_corpus, tmp_path, capsys):
     """BEiT-3's targets: a VQ-KD tokenizer file in the released layout (random weights, 64 codes) in place of the
     k-means codebook, its codes computed by the loader's worker (a CPU run with one); the MIM loss falls and its
