@@ -344,3 +344,46 @@ def test_the_official_files_still_need_their_images_and_split_file(tmp_path, cap
     status, err = run_cli(capsys, argv)
     assert status == 2
     assert_one_error_line(err, "flickr30k needs --karpathy dataset_flickr30k.json")
+
+
+def edited_karpathy_copy(root: Path, edit) -> Path:
+    path = karpathy_file(root)
+    for cocoid, folder in ((1, "train2014"), (2, "val2014"), (3, "val2014")):
+        image_file(root / f"coco/{folder}/COCO_{folder}_{cocoid:012d}.jpg")
+    rows = karpathy_rows(path, root / "coco", per_sentence=False)
+    edit(rows)
+    return write_parquet(root / "karpathy.parquet", rows, karpathy_schema(per_sentence=False))
+
+
+def edited_nlvr2_copy(root: Path, edit) -> Path:
+    data = nlvr2_file(root / "dev.json", [{"identifier": f"dev-{i}-0-0", "sentence": "s", "label": "True"}
+                                          for i in range(2)])  # fmt: skip
+    image = root / "pair.png"
+    image_file(image, image_format="PNG")
+    rows = [{**row, "left_image": cell(image), "right_image": cell(image)} for row in nlvr2_rows_without_images(data)]
+    edit(rows)
+    return write_parquet(root / "dev.parquet", rows, NLVR2_SCHEMA)
+
+
+@pytest.mark.parametrize(
+    ("source", "make", "parts"),
+    [
+        ("coco-captions", lambda d: edited_karpathy_copy(d, lambda rows: rows[1].update(cocoid=1, split="train")),
+         ["karpathy.parquet: row 1: cocoid 1", "is also", "karpathy.parquet: row 0", "a row per image holds all"]),
+        ("coco-captions", lambda d: edited_karpathy_copy(d, lambda rows: rows[2]["sentences"][1].update(raw=None)),
+         ["karpathy.parquet: row 2 (cocoid 3): sentences[1]: field 'raw' is null"]),
+        ("nlvr2", lambda d: edited_nlvr2_copy(d, lambda rows: rows[1].update(label=None)),
+         ["dev.parquet: row 1: field 'label' of 'dev-1-0-0' is null, but", "dev.parquet: row 0 ('dev-0-0-0') has one"]),
+        ("nlvr2", lambda d: edited_nlvr2_copy(d, lambda rows: rows[0].update(label="maybe")),
+         ["dev.parquet: row 0: field 'label' of 'dev-0-0-0' must be \"True\" or \"False\", got 'maybe'"]),
+        ("nlvr2", lambda d: edited_nlvr2_copy(d, lambda rows: rows[1].update(identifier="dev-0-0-0")),
+         ["dev.parquet: row 1: field 'identifier' = 'dev-0-0-0' appears twice (first at", "row 0)"]),
+    ],
+    ids=["cocoid-twice", "null-caption", "label-missing", "label-bad", "identifier-twice"],
+)  # fmt: skip
+def test_bad_caption_and_pair_rows_are_one_line(tmp_path, capsys, source, make, parts):
+    copy = make(tmp_path)
+    split = ["--split", "train,restval,test", "--test-images", "1"] if source == "coco-captions" else []
+    status, err = run_cli(capsys, [source, "--parquet", str(copy), *split, "--out", str(tmp_path / "out")])
+    assert status == 2 and not (tmp_path / "out").exists()
+    assert_one_error_line(err, *parts)
