@@ -72,13 +72,15 @@ def list_field(record: Any, name: str, where: str) -> list:
 
 @functools.lru_cache(maxsize=256)
 def read_image(path: str) -> tuple[bytes, str]:
-    """The file's bytes and the extension of its actual format (jpg / png / webp), after a full decode.
+    """:func:`image_of_bytes` of the file at ``path``. Raises OSError / ValueError for a missing or unreadable file.
+    Cached, since one COCO image serves several VQA questions."""
+    return image_of_bytes(Path(path).read_bytes())
 
-    Other formats (GIF, BMP, TIFF, ...) are re-encoded as 8-bit RGB PNG (16-bit greyscale scaled, not clipped:
-    :func:`mmoe.data.transforms.to_rgb`). Raises OSError / ValueError for a missing or unreadable file. Cached, since
-    one COCO image serves several VQA questions.
-    """
-    data = Path(path).read_bytes()
+
+def image_of_bytes(data: bytes) -> tuple[bytes, str]:
+    """Encoded image bytes as a sample stores them, with the extension of their actual format (jpg / png / webp), after
+    a full decode. Other formats (GIF, BMP, TIFF, ...) are re-encoded as 8-bit RGB PNG (16-bit greyscale scaled, not
+    clipped: :func:`mmoe.data.transforms.to_rgb`). Raises what the decoder raises for bytes it cannot read."""
     with Image.open(io.BytesIO(data)) as image:
         image_format = image.format
         if image_format == "JPEG":

@@ -22,7 +22,6 @@ and ``split_rule`` (how its rows were chosen).
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -32,18 +31,15 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from PIL import Image
 
-from mmoe.data.converters.common import ConversionError, Skip
-from mmoe.data.transforms import to_rgb
+from mmoe.data.converters.common import ConversionError, Skip, image_of_bytes
 from mmoe.io import one_line
 
 #: Rows whose images are held in memory at once while shards are written.
 IMAGE_ROWS_PER_BATCH = 32
+
+
 #: The formats a sample keeps as they are, and their extensions (as for image files).
-_KEPT_FORMATS = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp"}
-
-
 @dataclass(frozen=True)
 class Kind:
     """What a column must hold: ``description`` is said in errors, ``accepts`` checks an arrow type."""
@@ -162,22 +158,6 @@ def required(row: Mapping[str, Any], name: str, where: str) -> Any:
     if value is None:
         raise ConversionError(f"{where}: field {name!r} is null")
     return value
-
-
-def image_of_bytes(data: bytes) -> tuple[bytes, str]:
-    """Encoded image bytes as a sample stores them, with their extension: JPEG, PNG and WebP as they are (after a
-    full decode), other formats re-encoded as 8-bit RGB PNG (:func:`mmoe.data.transforms.to_rgb`). Raises what the
-    decoder raises for bytes it cannot read."""
-    with Image.open(io.BytesIO(data)) as image:
-        image_format = image.format
-        if image_format == "JPEG":
-            image.draft("RGB", (64, 64))  # decoding at 1/8 scale still reads (and checks) the whole stream
-        image.load()
-        if image_format not in _KEPT_FORMATS:
-            buffer = io.BytesIO()
-            to_rgb(image).save(buffer, format="PNG")
-            return buffer.getvalue(), "png"
-    return data, _KEPT_FORMATS[image_format]
 
 
 def image_or_skip(cell: Mapping[str, Any] | None, column: str, where: str) -> tuple[bytes, str] | Skip:
