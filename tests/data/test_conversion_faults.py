@@ -118,7 +118,8 @@ def test_vqa_answers_json_is_swapped_with_its_shards(tmp_path, monkeypatch):
     image_file(tmp_path / "coco/COCO_train2014_000000000042.jpg")
     out = tmp_path / "out"
     manifest = convert_vqav2(q, tmp_path / "coco", out, annotations=a, min_answer_count=1, shard_size=1)
-    assert manifest.files == ["answers.json"] and manifest.to_json()["files"] == ["answers.json"]
+    files = ["answers.json", "image_digests.json"]
+    assert manifest.files == files and manifest.to_json()["files"] == files
     before = folder_bytes(out)
     q, a = vqa_files(tmp_path, answers={9000: ["blue"] * 10, 9001: ["yes"] * 10, 42000: ["4"] * 10})
     interrupt_on_call(monkeypatch, vqav2, "with_image", 3)
@@ -129,7 +130,8 @@ def test_vqa_answers_json_is_swapped_with_its_shards(tmp_path, monkeypatch):
     convert_vqav2(q, tmp_path / "coco", out, annotations=a, min_answer_count=1, shard_size=1)
     assert sorted(json.loads((out / "answers.json").read_text())) == ["4", "blue", "yes"]
     convert_vqav2(q, tmp_path / "coco", out, shard_size=1)  # the same split without annotations: no vocabulary
-    assert not (out / "answers.json").exists() and json.loads((out / "manifest.json").read_text())["files"] == []
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert not (out / "answers.json").exists() and manifest["files"] == ["image_digests.json"]
 
 
 def test_caption_tokens_are_swapped_with_their_shards(tmp_path, monkeypatch):

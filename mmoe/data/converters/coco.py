@@ -44,6 +44,7 @@ from mmoe.data.converters.common import (
     with_image,
     write_split,
 )
+from mmoe.data.converters.provenance import provenance
 from mmoe.data.shards import Manifest
 from mmoe.data.tokenizer import TextTokenizer, token_ids_of
 
@@ -175,6 +176,7 @@ def convert_coco_captions(
             yield with_image(caption_sample(image_id, captions.by_image[image_id], image["file_name"]), paths[image_id])
 
     extra = {"source": {"annotations": str(annotations)}, **captions.report(annotations)}
+    extra.update(provenance([annotations], "every image of the captions file (one without a caption skipped)"))
     files = {CAPTION_TOKENS_FILE: caption_tokens_text(captions.all_captions(), tokenizer)}
     return write_split(out, name or f"coco-captions-{subtype}", samples(), shard_size, extra, files)
 
@@ -316,5 +318,6 @@ def convert_karpathy(
             yield with_image(sample, image.path)
 
     extra = {"source": {"karpathy": str(karpathy), "split": splits}, **captions.report(karpathy)}
+    extra.update(provenance([karpathy], f"images whose 'split' is {' or '.join(splits)}"))
     files = {CAPTION_TOKENS_FILE: caption_tokens_text(captions.all_captions(), tokenizer)}
     return write_split(out, name or f"{dataset}-karpathy-{'-'.join(splits)}", samples(), shard_size, extra, files)

@@ -24,6 +24,7 @@ from typing import Any
 from PIL import Image
 
 from mmoe.atomic import write_json_atomic, write_text_atomic
+from mmoe.data.converters.image_digests import IMAGE_DIGESTS_FILE, ImageDigests
 from mmoe.data.converters.staging import (
     OutputFolderError,
     check_replaceable,
@@ -124,6 +125,16 @@ def path_under(root: Path, relative: str, where: str) -> Path:
     return root / normal
 
 
+def path_inside(root: Path, relative: str, where: str) -> Path:
+    """:func:`path_under`, and the file it names, links resolved, inside ``root`` too: a symbolic link out of
+    ``root`` is a ConversionError naming ``where`` (a user's own table never reaches outside its image folder)."""
+    path = path_under(root, relative, where)
+    inside, real_root = os.path.realpath(path), os.path.realpath(root)
+    if os.path.commonpath([inside, real_root]) != real_root:
+        raise ConversionError(f"{where}: image path {relative!r} links out of --images {root}")
+    return path
+
+
 def first_existing(candidates: Iterable[Path]) -> Path:
     """The first existing path among ``candidates`` (else the first candidate, which then reads as missing)."""
     candidates = list(candidates)
@@ -190,6 +201,7 @@ def _write_staged(
 ) -> Manifest:
     """Writes the shards, ``files`` and the manifest into ``staging``; ``out`` is where they will be read."""
     skips: list[Skip] = []
+    digests = ImageDigests()
     with ShardWriter(staging, name, max_count=shard_size) as writer:
         for sample in samples:
             if isinstance(sample, Skip):
@@ -197,11 +209,14 @@ def _write_staged(
                     print(f"skipped {sample.path}: {sample.reason}", file=sys.stderr)
                 skips.append(sample)
                 continue
+            digests.add(sample)
             writer.write(sample)
     if writer.samples == 0:
         raise ConversionError(_nothing_to_write(extra, skips, out))
     if len(skips) > SHOWN_SKIPS:
         print(f"skipped {len(skips) - SHOWN_SKIPS} more samples (see {out / MANIFEST})", file=sys.stderr)
+    if len(digests):
+        files = {**files, IMAGE_DIGESTS_FILE: digests.text()}
     for file_name, text in files.items():
         if "/" in file_name or file_name == MANIFEST or file_name.startswith(f"{name}-"):
             raise ValueError(f"write_split: {file_name!r} cannot be a split's extra file")

@@ -18,6 +18,7 @@ from mmoe.data.converters.common import (
     with_image,
     write_split,
 )
+from mmoe.data.converters.provenance import provenance
 from mmoe.data.shards import Manifest
 
 
@@ -44,7 +45,8 @@ def convert_images(
         for index, path in enumerate(paths):
             yield with_image({"__key__": f"{index:09d}", "json": {"path": str(path.relative_to(root))}}, path)
 
-    return write_split(out, name, samples(), shard_size, {"source": {"images": str(root)}})
+    rule = f"every {'/'.join(IMAGE_SUFFIXES)} file under --images, sorted by path"
+    return write_split(out, name, samples(), shard_size, {"source": {"images": str(root)}, **provenance([], rule)})
 
 
 def convert_tsv(
@@ -74,7 +76,8 @@ def convert_tsv(
             sample = {"__key__": f"{index:09d}", "txt": caption, "json": {"path": path, "line": number}}
             yield with_image(sample, file)
 
-    return write_split(out, name, samples(), shard_size, {"source": {"tsv": str(tsv), "images": str(root)}})
+    extra = {"source": {"tsv": str(tsv), "images": str(root)}, **provenance([tsv], "every line of the file")}
+    return write_split(out, name, samples(), shard_size, extra)
 
 
 def convert_text(
@@ -95,4 +98,6 @@ def convert_text(
                     yield {"__key__": f"{index:09d}", "txt": line.strip(), "json": {"file": path.name, "line": number}}
                     index += 1
 
-    return write_split(out, name, samples(), shard_size, {"source": {"text": [str(path) for path, _ in files]}})
+    extra = {"source": {"text": [str(path) for path, _ in files]}}
+    extra.update(provenance([path for path, _ in files], "every non-empty line of each file, in order"))
+    return write_split(out, name, samples(), shard_size, extra)

@@ -30,6 +30,7 @@ from mmoe.data.converters.common import (
     iter_json_lines,
     write_split,
 )
+from mmoe.data.converters.provenance import provenance
 from mmoe.data.shards import Manifest
 
 
@@ -162,4 +163,5 @@ def convert_nlvr2(
                 yield sample
 
     extra = {"source": {"data": str(data)}, "labelled": records[0].label is not None}
+    extra.update(provenance([data], "every line of the file"))
     return write_split(out, name or f"nlvr2-{data.stem}", samples(), shard_size, extra)

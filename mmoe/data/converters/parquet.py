@@ -21,7 +21,6 @@ and ``split_rule`` (how its rows were chosen).
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -33,6 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from mmoe.data.converters.common import ConversionError, Skip, image_of_bytes
+from mmoe.data.converters.provenance import provenance
 from mmoe.io import one_line
 
 #: Rows whose images are held in memory at once while shards are written.
@@ -125,9 +125,8 @@ class ParquetRows:
         """The manifest fields of a parquet split: ``source`` (the files; ``more_sources`` beside them), ``sha256``
         (every input file's digest) and ``split_rule``."""
         others = {name: Path(path) for name, path in more_sources.items()}
-        digests = {str(path): file_sha256(path) for path in [*self.paths, *others.values()]}
         source = {"parquet": [str(path) for path in self.paths], **{k: str(v) for k, v in others.items()}}
-        return {"source": source, "sha256": digests, "split_rule": split_rule}
+        return {"source": source, **provenance([*self.paths, *others.values()], split_rule)}
 
     def __str__(self) -> str:
         return ", ".join(str(path) for path in self.paths)
@@ -181,18 +180,6 @@ def with_image_cell(
     data, extension = image
     sample[extension] = data
     return sample
-
-
-def file_sha256(path: Path) -> str:
-    """The hex SHA-256 digest of a file's bytes, read 1 MiB at a time."""
-    digest = hashlib.sha256()
-    try:
-        with open(path, "rb") as file:
-            while chunk := file.read(1 << 20):
-                digest.update(chunk)
-    except OSError as error:
-        raise ConversionError(f"{path}: cannot read ({error.strerror or error})") from None
-    return digest.hexdigest()
 
 
 def evaluation_note(rows: ParquetRows, benchmark: str, split: str, training: str) -> None:

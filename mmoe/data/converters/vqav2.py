@@ -40,6 +40,7 @@ from mmoe.data.converters.common import (
     with_image,
     write_split,
 )
+from mmoe.data.converters.provenance import provenance
 from mmoe.data.shards import Manifest
 
 _SUBTYPE_IN_NAME = re.compile(r"v2_OpenEnded_mscoco_(.+)_questions\.json$")
@@ -275,16 +276,19 @@ def convert_vqav2(
     vocab = _split_answer_vocab(questions, subtype, annotations, by_question, answer_vocab, min_answer_count)
     vocab_index = VocabIndex.of({answer: label for label, answer in enumerate(vocab or [])})
     samples = partial(_question_samples, subtype, images, by_question, vocab_index)  # questions -> samples
-    extra = _manifest_extra(questions, annotations, vocab)
+    extra = {**_manifest_extra(questions, annotations, vocab), **provenance([questions, annotations, answer_vocab], "")}
     files = {ANSWERS_FILE: json_text(vocab)} if vocab is not None and subtype.startswith("train") else {}
     name = name or f"vqav2-{subtype}"
     if not holdout_images:
+        extra["split_rule"] = "every question of the questions file"
         return write_split(out, name, samples(question_list), shard_size, extra, files)
     held = held_out_images(question_list, holdout_images, seed, str(questions))
     rest = [question for question in question_list if question["image_id"] in held]
     kept = [question for question in question_list if question["image_id"] not in held]
     holdout = {"images": holdout_images, "seed": seed, "questions": len(rest), "trainable_questions": len(kept)}
-    held_extra = {**extra, "holdout": {**holdout, "part": "held out", "other_split": str(out)}}
+    drawn = f"the questions of {holdout_images} images drawn by random.Random({seed}) from the sorted image ids"
+    held_extra = {**extra, "holdout": {**holdout, "part": "held out", "other_split": str(out)}, "split_rule": drawn}
     write_split(holdout_out, f"{name}-rest", samples(rest), shard_size, held_extra, files)
     kept_extra = {**extra, "holdout": {**holdout, "part": "trainable", "other_split": str(holdout_out)}}
+    kept_extra["split_rule"] = f"every question but {drawn}"
     return write_split(out, f"{name}-trainable", samples(kept), shard_size, kept_extra, files)
