@@ -2,9 +2,10 @@
 one-line errors that name the file, what it was to the caller and what was expected.
 
 Unpickling with ``weights_only=True`` rebuilds only tensors, containers, numbers, strings and classes registered with
-``torch.serialization.add_safe_globals`` (mmoe registers its backbone configs in :mod:`mmoe.tasks.checkpoint`), never
-an arbitrary callable, so a crafted file cannot run code. The format is found from the bytes, not the file name: a
-``.pth`` saved as ``.zip`` (a torch zip archive under another name) reads like any other.
+``torch.serialization.add_safe_globals`` (mmoe registers its backbone configs in :mod:`mmoe.tasks.checkpoint`) or
+allowed for one load by its caller (``allowed``: a VQ-KD file's ``argparse.Namespace``), never an arbitrary callable, so
+a crafted file cannot run code. The format is found from the bytes, not the file name: a ``.pth`` saved as ``.zip`` (a
+torch zip archive under another name) reads like any other.
 
 :func:`require_finite_weights` is the one check every command that uses a checkpoint's weights (``mmoe infer``,
 ``predict``, ``export``, ``export-backbone``, ``upcycle``) runs before any work: NaN or infinite weights are refused.
@@ -15,7 +16,7 @@ from __future__ import annotations
 import pickle
 import re
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -26,13 +27,17 @@ ZIP_MAGIC = b"PK\x03\x04"
 TORCH_FILE = "a file written by torch.save"
 
 
-def load_checkpoint_file(path: str | Path, what: str = "checkpoint", expected: str = TORCH_FILE) -> dict:
+def load_checkpoint_file(
+    path: str | Path, what: str = "checkpoint", expected: str = TORCH_FILE, allowed: Sequence[type] = ()
+) -> dict:
     """The dict ``torch.save``d in ``path``, loaded with ``weights_only=True`` on the CPU.
 
     Args:
         path: the file.
         what: what the file is to the caller, first word of the errors (``"checkpoint"``, ``"visual codebook"``).
         expected: what the file should be, named when it is not.
+        allowed: classes of plain data this file may hold beside its weights (e.g. ``argparse.Namespace``, the
+            training arguments a release saves), allowed for this load only (``torch.serialization.safe_globals``).
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
@@ -45,8 +50,8 @@ def load_checkpoint_file(path: str | Path, what: str = "checkpoint", expected: s
     if not path.is_file():
         raise ValueError(f"{what} {path} is not a file (expected {expected})")
     try:
-        with warnings.catch_warnings():  # e.g. "Detected pickle protocol 4": the error below says it all
-            warnings.simplefilter("ignore")
+        with warnings.catch_warnings(), torch.serialization.safe_globals(list(allowed)):
+            warnings.simplefilter("ignore")  # e.g. "Detected pickle protocol 4": the error below says it all
             state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # noqa: BLE001 - torch raises many types for a bad file; each is reported in one line
         refused = re.search(r"GLOBAL ([\w.]+)", str(error)) if isinstance(error, pickle.UnpicklingError) else None

@@ -14,8 +14,11 @@ import torch
 EPS = 1e-6
 
 
-def vit_keys(prefix: str, dim: int, depth: int, mlp: int, channels: int, patch: int, grid: int) -> dict:
-    """(key -> shape) of a release ``VisionTransformer`` with mean pooling (``fc_norm``, no ``norm``) and no head."""
+def vit_keys(
+    prefix: str, dim: int, depth: int, mlp: int, channels: int, patch: int, grid: int, layer_scale: bool = False
+) -> dict:
+    """(key -> shape) of a release ``VisionTransformer`` with mean pooling (``fc_norm``, no ``norm``) and no head; with
+    ``layer_scale`` its blocks have the ``gamma_1`` / ``gamma_2`` of a model built with ``init_values`` > 0."""
     shapes = {
         f"{prefix}.cls_token": (1, 1, dim),
         f"{prefix}.pos_embed": (1, grid * grid + 1, dim),
@@ -33,13 +36,17 @@ def vit_keys(prefix: str, dim: int, depth: int, mlp: int, channels: int, patch: 
             f"{block}.mlp.fc1.weight": (mlp, dim), f"{block}.mlp.fc1.bias": (mlp,),
             f"{block}.mlp.fc2.weight": (dim, mlp), f"{block}.mlp.fc2.bias": (dim,),
         }  # fmt: skip
+        if layer_scale:
+            shapes |= {f"{block}.gamma_1": (dim,), f"{block}.gamma_2": (dim,)}
     return shapes | {f"{prefix}.fc_norm.weight": (dim,), f"{prefix}.fc_norm.bias": (dim,)}
 
 
 def random_value(key: str, shape: tuple, generator: torch.Generator) -> torch.Tensor:
     """Weights of a trained network's scale: linears ~ 1 / sqrt(fan in), LayerNorm gains around 1, biases and
-    embeddings that matter."""
+    embeddings that matter, layer scales spread around 0.1 (none at 1, so a layer scale left out changes the codes)."""
     noise = torch.randn(shape, generator=generator)
+    if key.endswith(("gamma_1", "gamma_2")):
+        return 0.1 * (1 + 0.5 * noise).abs() + 0.01
     if key.endswith(("norm1.weight", "norm2.weight", "fc_norm.weight")):
         return 1 + 0.2 * noise
     if key.endswith(("pos_embed", "cls_token")):
@@ -51,13 +58,14 @@ def random_value(key: str, shape: tuple, generator: torch.Generator) -> torch.Te
 
 def released_state(
     dim: int = 128, depth: int = 2, mlp: int = 512, patch: int = 16, grid: int = 4, codes: int = 512,
-    code_dim: int = 32, seed: int = 0,
+    code_dim: int = 32, seed: int = 0, layer_scale: bool = False,
 ) -> dict[str, torch.Tensor]:  # fmt: skip
     """The ``model`` dict of a VQ-KD file (``vqkd_encoder_base_decoder_3x768x12_clip`` at these sizes: a 3-block
-    decoder over the codes, a 512-wide CLIP target), every key the release saves."""
+    decoder over the codes, a 512-wide CLIP target), every key the release saves; with ``layer_scale``, of a tokenizer
+    built with ``init_values`` > 0 (``gamma_1`` / ``gamma_2`` in every encoder and decoder block)."""
     generator = torch.Generator().manual_seed(seed)
-    shapes = vit_keys("encoder", dim, depth, mlp, 3, patch, grid)
-    shapes |= vit_keys("decoder", dim, 3, mlp, code_dim, 1, grid)
+    shapes = vit_keys("encoder", dim, depth, mlp, 3, patch, grid, layer_scale)
+    shapes |= vit_keys("decoder", dim, 3, mlp, code_dim, 1, grid, layer_scale)
     shapes |= {
         "encode_task_layer.0.weight": (dim, dim), "encode_task_layer.0.bias": (dim,),
         "encode_task_layer.2.weight": (code_dim, dim), "encode_task_layer.2.bias": (code_dim,),
@@ -88,7 +96,8 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> tor
 
 def reference_codes(state: dict, images: torch.Tensor) -> torch.Tensor:
     """(B, N) code ids of (B, 3, S, S) images in [0, 1] at the file's own size, in float64: every token and every
-    patch one at a time."""
+    patch one at a time. A block with layer scale scales each residual branch by its gamma, as the release's
+    ``Block.forward`` does: x + gamma_1 * attn(norm1(x)), then x + gamma_2 * mlp(norm2(x))."""
     w = {key: value.double() for key, value in state.items()}
     proj = w["encoder.patch_embed.proj.weight"]
     dim, patch = proj.shape[0], proj.shape[-1]
@@ -117,13 +126,14 @@ def reference_codes(state: dict, images: torch.Tensor) -> torch.Tensor:
                 for t in range(len(x)):
                     scores = torch.stack([q[t, part] @ k[s, part] for s in range(len(x))]) / math.sqrt(head_dim)
                     mixed[t, part] = scores.softmax(0) @ v[:, part]
-            x = x + mixed @ w[b + "attn.proj.weight"].T + w[b + "attn.proj.bias"]
+            gamma_1, gamma_2 = w.get(b + "gamma_1", 1.0), w.get(b + "gamma_2", 1.0)
+            x = x + gamma_1 * (mixed @ w[b + "attn.proj.weight"].T + w[b + "attn.proj.bias"])
             out = []
             for t in x:
                 hidden = w[b + "mlp.fc1.weight"] @ layer_norm(t, w[b + "norm2.weight"], w[b + "norm2.bias"])
                 hidden = hidden + w[b + "mlp.fc1.bias"]
                 hidden = 0.5 * hidden * (1 + torch.erf(hidden / math.sqrt(2)))  # exact GELU
-                out.append(t + w[b + "mlp.fc2.weight"] @ hidden + w[b + "mlp.fc2.bias"])
+                out.append(t + gamma_2 * (w[b + "mlp.fc2.weight"] @ hidden + w[b + "mlp.fc2.bias"]))
             x = torch.stack(out)
         codes = []
         for token in x[1:]:  # patch tokens only
