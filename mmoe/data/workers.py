@@ -21,8 +21,9 @@ import signal
 import threading
 from collections.abc import Callable, Iterator
 
-#: What a scheduler or a user sends to ask a job to stop (Ctrl-C, ``kill``, ``timeout``, SLURM's pre-emption warning).
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
+#: What a scheduler or a user sends to ask a job to stop (Ctrl-C, ``kill``, ``timeout``, SLURM's pre-emption warning,
+#: the hang-up a shell sends its jobs when its terminal or SSH session closes).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 
 
 class IgnoringStopSignals:
