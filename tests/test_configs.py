@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 from pathlib import Path
 
 import pytest
@@ -197,3 +198,31 @@ def test_a_pretraining_config_takes_vqkd_targets_in_place_of_its_codebook(config
     targets = config["model"]["init_args"]
     assert targets["visual_codebook"] is None and targets["teacher_checkpoint"] is None
     assert targets["vqkd_tokenizer"] == tokenizer
+
+
+def readme_shard_names() -> set[str]:
+    """The split folder names data/README.md gives: ``--out data/shards/<name>`` (and ``--holdout-out``) of its
+    commands, and the synthetic corpus's list (``coco-karpathy-{train-restval,val,test}`` expanded)."""
+    text = (ROOT / "data" / "README.md").read_text()
+    names = set(re.findall(r"data/shards/([a-z0-9][a-z0-9.-]*[a-z0-9])", text))
+    for stem, choices in re.findall(r"`([a-z0-9-]+)-\{([a-z0-9,-]+)\}`", text):
+        names |= {f"{stem}-{choice}" for choice in choices.split(",")}
+    return names
+
+
+def shard_paths(config: Path) -> list[str]:
+    data = yaml.safe_load(config.read_text())["data"]["init_args"]
+    values = [data[key] for key in data if key.endswith("_shards") and data[key]]
+    return [path for value in values for path in (value if isinstance(value, list) else [value])]
+
+
+@pytest.mark.parametrize("config", WHOLE, ids=lambda path: run_name((path,)))
+def test_shard_paths_follow_the_data_readme_layout(config):
+    """Every shard path is ``shards/<name>`` under the config's corpus (``data``, or ``data/synthetic`` for the tiny
+    configs), as data/README.md lays them out; the base configs' names are the folders its commands write."""
+    data_root = yaml.safe_load(config.read_text())["data"]["init_args"]["data_root"]
+    assert data_root == ("data/synthetic" if config.stem.endswith("tiny") else "data")
+    paths = shard_paths(config)
+    assert paths and all(re.fullmatch(r"shards/[a-z0-9][a-z0-9.-]*", path) for path in paths), paths
+    if config.stem.endswith("base"):
+        assert {path.removeprefix("shards/") for path in paths} <= readme_shard_names()

@@ -43,15 +43,17 @@ class UnusableStreamError(ValueError):
 @dataclass
 class SkipCount:
     """Samples a stream could not use: ``corrupt`` (undecodable), ``lost`` (missing from truncated or unreadable
-    shards) and the first few ``shards`` they came from."""
+    shards), ``left_out`` (cause -> samples its shards' index leaves out: :mod:`mmoe.data.img2dataset`) and the first
+    few ``shards`` they came from."""
 
     corrupt: int = 0
     lost: int = 0
     shards: list[str] = field(default_factory=list)
+    left_out: dict[str, int] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
-        return self.corrupt + self.lost
+        return self.corrupt + self.lost + sum(self.left_out.values())
 
     def note_shard(self, shard: str) -> None:
         if shard not in self.shards and len(self.shards) < SHOWN_SHARDS:
@@ -60,15 +62,19 @@ class SkipCount:
     def add(self, other: SkipCount) -> None:
         self.corrupt += other.corrupt
         self.lost += other.lost
+        for cause, count in other.left_out.items():
+            self.left_out[cause] = self.left_out.get(cause, 0) + count
         for shard in other.shards:
             self.note_shard(shard)
 
     def to_state(self) -> dict[str, Any]:
-        return {"corrupt": self.corrupt, "lost": self.lost, "shards": list(self.shards)}
+        state = {"corrupt": self.corrupt, "lost": self.lost, "shards": list(self.shards)}
+        return state | ({"left_out": dict(self.left_out)} if self.left_out else {})
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> SkipCount:
-        return cls(int(state["corrupt"]), int(state["lost"]), [str(shard) for shard in state["shards"]])
+        left_out = {str(cause): int(count) for cause, count in state.get("left_out", {}).items()}
+        return cls(int(state["corrupt"]), int(state["lost"]), [str(shard) for shard in state["shards"]], left_out)
 
 
 def add_skips(totals: dict[str, SkipCount], skipped: dict[str, SkipCount] | None) -> None:
@@ -78,12 +84,16 @@ def add_skips(totals: dict[str, SkipCount], skipped: dict[str, SkipCount] | None
 
 
 def describe_skips(totals: dict[str, SkipCount]) -> str:
-    """One line: ``"train/pair: 12 skipped (3 corrupt, 9 lost; from a.tar, b.tar)"`` per stream, or ``"none"``."""
-    parts = [
-        f"{stream}: {count.total} skipped ({count.corrupt} corrupt, {count.lost} lost; from {', '.join(count.shards)})"
-        for stream, count in sorted(totals.items())
-        if count.total
-    ]
+    """One line: ``"train/pair: 12 skipped (3 corrupt, 9 lost; from a.tar, b.tar)"`` per stream, or ``"none"``; a
+    stream with left-out samples adds them by cause (``"..., 4 left out: 3 too_small, 1 duplicate_uid; from ..."``)."""
+    parts = []
+    for stream, count in sorted(totals.items()):
+        if not count.total:
+            continue
+        left_out = ", ".join(f"{n} {cause}" for cause, n in sorted(count.left_out.items()) if n)
+        left_out = f", {sum(count.left_out.values())} left out: {left_out}" if left_out else ""
+        counts = f"{count.corrupt} corrupt, {count.lost} lost{left_out}"
+        parts.append(f"{stream}: {count.total} skipped ({counts}; from {', '.join(count.shards)})")
     return "; ".join(parts) or "none"
 
 
@@ -138,6 +148,13 @@ class SkipLedger:
         self._log(f"lost {count} samples{self._label}: shard {shard}: {why}")
         if not self.quiet:
             self.pending.lost += count
+            self.pending.note_shard(shard)
+
+    def left_out(self, shard: str, key: str, cause: str) -> None:
+        """A sample the shards' index leaves out (``cause``: :data:`mmoe.data.img2dataset.CAUSES`), not decoded."""
+        logger.debug("left out a sample%s: shard %s, key %r: %s", self._label, shard, key, cause)
+        if not self.quiet:
+            self.pending.left_out[cause] = self.pending.left_out.get(cause, 0) + 1
             self.pending.note_shard(shard)
 
     def used(self) -> None:

@@ -274,19 +274,30 @@ def expected_samples(shards: Sequence[str]) -> dict[str, int]:
     manifest, remote shards (``pipe:``, URLs) and shards of a manifest written before ``shard_samples`` existed are
     absent from the result. A manifest that is not valid is a ValueError (:func:`read_manifest`).
     """
-    counts_by_folder: dict[str, dict[str, int]] = {}
-    expected: dict[str, int] = {}
+    return _per_shard(shards, _manifest_counts)
+
+
+def excluded_samples(shards: Sequence[str]) -> dict[str, dict[str, str]]:
+    """For each shard path whose folder's manifest leaves samples out (an indexed img2dataset folder:
+    :mod:`mmoe.data.img2dataset`), sample key -> cause; keys as :func:`expected_samples`."""
+    return _per_shard(shards, _manifest_exclusions)
+
+
+def _per_shard(shards: Sequence[str], of_folder) -> dict[str, Any]:
+    """Shard path -> ``of_folder(folder)[file name]``, each folder's manifest read once; remote shards skipped."""
+    by_folder: dict[str, dict[str, Any]] = {}
+    found: dict[str, Any] = {}
     for shard in shards:
         path = os.fspath(shard)
         if "://" in path or path.startswith("pipe:"):
             continue
         folder, file_name = os.path.split(path)
-        if folder not in counts_by_folder:
-            counts_by_folder[folder] = _manifest_counts(folder or ".")
-        count = counts_by_folder[folder].get(file_name)
-        if count is not None:
-            expected[path] = count
-    return expected
+        if folder not in by_folder:
+            by_folder[folder] = of_folder(folder or ".")
+        value = by_folder[folder].get(file_name)
+        if value is not None:
+            found[path] = value
+    return found
 
 
 def _manifest_counts(folder: str) -> dict[str, int]:
@@ -296,3 +307,18 @@ def _manifest_counts(folder: str) -> dict[str, int]:
     manifest = read_manifest(folder)
     counts = manifest.get("shard_samples")
     return {} if counts is None else dict(zip(manifest["shard_files"], counts, strict=True))
+
+
+def _manifest_exclusions(folder: str) -> dict[str, dict[str, str]]:
+    """Shard file name -> {key: cause} from ``folder``'s manifest ``excluded`` (empty without one)."""
+    if not os.path.isfile(os.path.join(folder, MANIFEST)):
+        return {}
+    excluded = read_manifest(folder).get("excluded") or {}
+    path = os.path.join(folder, MANIFEST)
+    ok = isinstance(excluded, dict) and all(
+        isinstance(keys, dict) and all(isinstance(k, str) and isinstance(c, str) for k, c in keys.items())
+        for keys in excluded.values()
+    )
+    if not ok:
+        raise ValueError(f"{path}: 'excluded' must map shard file names to {{sample key: cause}}")
+    return excluded

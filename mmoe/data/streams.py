@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import itertools
+import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
@@ -31,7 +32,7 @@ from torch.utils.data import IterableDataset
 
 from mmoe.data.accounting import END, Delivery, SkipCount, SkipLedger, UnusableStreamError, add_skips
 from mmoe.data.samples import Collator, CorruptSampleError, Decoder, Sample
-from mmoe.data.shards import expected_samples
+from mmoe.data.shards import excluded_samples, expected_samples
 
 
 class SeedDomain(enum.IntEnum):
@@ -123,13 +124,15 @@ def read_shards(
     expected: dict[str, int] | None,
     shards_per_pass: int,
     repeat: bool,
+    excluded: dict[str, dict[str, str]] | None = None,
 ) -> Iterator[Sample]:
     """Raw samples of each shard in turn (webdataset groups tar members by key).
 
     A shard that gives fewer samples than ``expected[url]`` (its manifest's count) lost the difference; without a
     manifest count each read error counts as one lost sample (a lower bound). ``expected=None`` reports no loss (an
-    other consumer reads the same shards and reports it). A repeating stream whose shards give no sample in a whole
-    pass stops with :class:`UnusableStreamError`.
+    other consumer reads the same shards and reports it). The samples ``excluded[url]`` names (key -> cause), and a
+    key read a second time in one shard, are left out without decoding and counted by cause (where losses are). A
+    repeating stream whose shards give no sample in a whole pass stops with :class:`UnusableStreamError`.
     """
     empty_in_a_row = 0
     for shard in shards:
@@ -140,9 +143,18 @@ def read_shards(
             errors.append(f"{type(error).__name__}: {error.args[0] if error.args else error}")
             return True
 
-        read = 0
+        read = kept = 0
+        left_out, seen = (excluded or {}).get(url, {}), set()
         for sample in wds.tarfile_to_samples(handler=on_error)([shard]):
             read += 1
+            key = sample.get("__key__")
+            cause = left_out.get(key) or ("duplicate_key" if key in seen else None)
+            seen.add(key)
+            if cause:
+                if expected is not None:
+                    ledger.left_out(url, key, cause)
+                continue
+            kept += 1
             yield sample
         if expected is not None:
             count = expected.get(url)
@@ -151,7 +163,7 @@ def read_shards(
                 ledger.lost(url, count - read, f"read {read} of the {count} samples its manifest lists{first}")
             elif count is None and errors:
                 ledger.lost(url, len(errors), f"{len(errors)} read errors, no manifest count (first: {errors[0]})")
-        empty_in_a_row = 0 if read else empty_in_a_row + 1
+        empty_in_a_row = 0 if kept else empty_in_a_row + 1
         if repeat and empty_in_a_row >= shards_per_pass:
             raise UnusableStreamError(
                 f"{ledger.stream or 'data'}: a whole pass over the shards gave no sample (e.g. {url}"
@@ -244,6 +256,10 @@ class ShardStream(ResumableStream):
         name: the stream's name in logs and skip counts (e.g. ``"train/pair"``).
         expected: samples each shard should hold (:func:`mmoe.data.shards.expected_samples`); a shard that gives
             fewer lost the rest. None = read the manifests next to the shards.
+        excluded: samples to leave out, shard -> {key: cause} (:func:`mmoe.data.shards.excluded_samples`); None =
+            read the manifests next to the shards.
+        reports: count what the stream skips; False for a stream over shards another stream reads and reports
+            (pre-training's image and text objectives drawing from the pairs).
         rank: override this process's rank (tests, custom launchers); None = torch.distributed / environment.
         world_size: override the number of processes.
     """
@@ -263,6 +279,8 @@ class ShardStream(ResumableStream):
         expected: dict[str, int] | None = None,
         rank: int | None = None,
         world_size: int | None = None,
+        excluded: dict[str, dict[str, str]] | None = None,
+        reports: bool = True,
     ) -> None:
         super().__init__()
         if not shards:
@@ -277,6 +295,8 @@ class ShardStream(ResumableStream):
         self.shuffle_buffer, self.repeat, self.seed, self.split = shuffle_buffer, repeat, seed, split
         self.name = name
         self.expected = expected_samples(self.shards) if expected is None else expected
+        self.excluded = excluded_samples(self.shards) if excluded is None else excluded
+        self.reports = reports
         self.rank, self.world_size = rank, world_size
 
     def stream_names(self) -> list[str]:
@@ -299,14 +319,15 @@ class ShardStream(ResumableStream):
         start = Position(*start)
         by_shard = self.split == "shard" or (self.split == "auto" and len(self.shards) >= consumer.count)
         # The first shuffled sample not yet (wholly) used: skips before it were counted before the interruption.
-        ledger = SkipLedger(self.name, self.shards, quiet_below=start.samples + (start.items > 0))
+        quiet_below = start.samples + (start.items > 0) if self.reports else sys.maxsize
+        ledger = SkipLedger(self.name, self.shards, quiet_below=quiet_below)
         order: Iterable = self._shard_order(np.random.default_rng([self.seed, self.epoch]))
         if by_shard:
             order = split_items(order, consumer)
         # With split by sample every consumer reads every shard: the first reports what a shard lost.
         reports = by_shard or consumer.index == 0
         expected = self.expected if reports else None
-        samples: Iterable = read_shards(order, ledger, expected, len(self.shards), self.repeat)
+        samples: Iterable = read_shards(order, ledger, expected, len(self.shards), self.repeat, self.excluded)
         if not by_shard:
             samples = split_items(samples, consumer)
         own_rng = np.random.default_rng(consumer_entropy(self.seed, self.epoch, consumer, SeedDomain.SHUFFLE))

@@ -98,7 +98,11 @@ class ShardDataModule(L.LightningDataModule):
         batch_size: int,
         train: bool,
         repeat: bool = False,
+        seed_offset: int = 0,
+        reports: bool = True,
     ) -> ShardStream:
+        """A stream over ``shards``; ``seed_offset`` gives a second stream over the same shards its own order, and
+        ``reports=False`` leaves its skip counts to the stream that reports those shards."""
         return ShardStream(
             resolve_shards(shards),
             decode,
@@ -107,8 +111,9 @@ class ShardDataModule(L.LightningDataModule):
             drop_last=train,
             shuffle_buffer=self.shuffle_buffer if train else 0,
             repeat=repeat,
-            seed=self.seed,
+            seed=self.seed + seed_offset,
             name=split,
+            reports=reports,
         )
 
     def _loader(self, split: str, dataset) -> EpochDataLoader:

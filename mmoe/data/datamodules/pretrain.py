@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 
 import torch
@@ -31,6 +32,11 @@ class PretrainDataModule(ShardDataModule):
 
     Validation (optional val shards) reads each stream once with fixed masks.
 
+    A corpus of pairs alone pre-trains every objective (``objectives_from_pairs``): the image-only and text-only
+    objectives draw from ``pair_shards`` (their images, or their captions), as BEiT-3's data mixes allow, each in its
+    own shuffled order; the run says so on stderr when the DataModule is made. Skipped and left-out samples of the
+    pair shards are counted once, under ``train/pair``.
+
     Args:
         image_shards: image-only shards (``mmoe data convert images``).
         text_shards: text-only shards (``mmoe data convert text``).
@@ -42,6 +48,9 @@ class PretrainDataModule(ShardDataModule):
         text_weight: relative frequency of text batches.
         pair_weight: relative frequency of pair batches.
         joint: one batch of every stream per training step instead of a weighted mixture.
+        objectives_from_pairs: whether the image-only and text-only objectives without shards of their own draw
+            from ``pair_shards``: None = when pairs are the only training shards and ``joint`` is on (a pairs-only
+            corpus such as CC3M, CC12M or LAION); True = whenever one of them has no shards; False = never.
         patch_size: the model's patch side; the mask grid is (S / patch_size)^2.
         masking: masking ratios (BEiT-3's) and replacement fractions (BERT's 80/10/10).
         batches_per_epoch: training batches (steps, with ``joint``) per epoch and process.
@@ -60,6 +69,7 @@ class PretrainDataModule(ShardDataModule):
         text_weight: float = 1.0,
         pair_weight: float = 1.0,
         joint: bool = False,
+        objectives_from_pairs: bool | None = None,
         patch_size: int = 16,
         masking: MaskingConfig | None = None,
         batches_per_epoch: int | None = 1000,
@@ -85,6 +95,8 @@ class PretrainDataModule(ShardDataModule):
             PAIR: shards["val_pair_shards"],
         }
         self.weights = {IMAGE: image_weight, TEXT: text_weight, PAIR: pair_weight}
+        #: The objectives whose training batches come from the pair shards (no shards of their own given).
+        self.from_pairs = self._objectives_from_pairs(objectives_from_pairs, joint)
         self.joint = joint
         self.grid = (self.image_size // patch_size, self.image_size // patch_size)
         self.masking = masking or MaskingConfig()
@@ -92,6 +104,23 @@ class PretrainDataModule(ShardDataModule):
         #: The visual tokens of a batch's images, computed by the loader's collators when the task hands it over
         #: before the loaders are made (the VQ-KD codes of a CPU run with workers); None = the task computes them.
         self.image_targets: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+    def _objectives_from_pairs(self, wanted: bool | None, joint: bool) -> list[BatchKind]:
+        """The objectives without shards that draw from the pairs (``objectives_from_pairs``), said on stderr."""
+        if wanted is None:
+            wanted = joint and not (self.train_shards[IMAGE] or self.train_shards[TEXT])
+        kinds = [kind for kind in (IMAGE, TEXT) if wanted and self.train_shards[PAIR] and not self.train_shards[kind]]
+        for kind in kinds:
+            self.train_shards[kind] = self.train_shards[PAIR]
+        if kinds:
+            objectives = " and ".join(f"{kind}-only" for kind in kinds)
+            print(
+                f"mmoe: no {' or '.join(f'{kind}_shards' for kind in kinds)} given: the {objectives} objective"
+                f"{'s' if len(kinds) > 1 else ''} draw{'' if len(kinds) > 1 else 's'} from pair_shards, in "
+                "their own shuffled order (skips of the pair shards are counted under train/pair)",
+                file=sys.stderr,
+            )
+        return kinds
 
     def _decoder(self, kind: BatchKind, train: bool) -> Decoder:
         transform, min_side = self._transform(train)
@@ -102,6 +131,7 @@ class PretrainDataModule(ShardDataModule):
         return PairDecoder(transform, self.tokenizer, min_side)
 
     def _mixture(self, shards: dict[BatchKind, ShardSpec], train: bool) -> StreamMixture:
+        drawn = self.from_pairs if train else []
         streams = {
             kind: self._stream(
                 f"{'train' if train else 'val'}/{kind}",
@@ -111,6 +141,8 @@ class PretrainDataModule(ShardDataModule):
                 self.batch_size,
                 train=train,
                 repeat=train,
+                seed_offset=1 + drawn.index(kind) if kind in drawn else 0,
+                reports=kind not in drawn,
             )
             for kind, spec in shards.items()
             if spec

@@ -1,0 +1,257 @@
+"""img2dataset / DataComp shard folders as they are: ``mmoe data index DIR`` writes the manifest mmoe's readers use.
+
+img2dataset (``--output_format webdataset``) writes ``00000.tar``, ``00001.tar``, ... with ``<key>.jpg|webp|png``,
+``<key>.txt`` (the caption) and ``<key>.json`` per sample, and beside each tar ``00000.parquet``: one row per
+attempted sample, failed downloads included (only successful ones are in the tar). DataComp adds a ``uid`` per sample.
+
+The index counts each shard's samples from its parquet (the rows whose ``status`` is ``success``) or, without one,
+from the tar's member headers (plus the small ``.json`` members, for status, size and uid); image bytes are never read.
+It decides which samples a run leaves out, in shard order, and records them in the manifest by cause:
+
+* ``status``: the sample's ``status`` is not ``success`` (a failed row of the parquet is never in the tar: it is
+  counted in the manifest only; a tar sample with another status is left out when read);
+* ``duplicate_key`` / ``duplicate_uid``: a key or DataComp ``uid`` an earlier sample already has (the first is kept);
+* ``too_small``: ``min(width, height)`` below ``min_side`` (from the json / parquet ``width`` and ``height``).
+
+``shard_samples`` counts the samples in each tar, left-out ones included, so a reader counts a truncated shard's
+losses against it; the stream skips the left-out samples without decoding them and reports them by cause
+(:func:`mmoe.data.shards.excluded_samples`, :mod:`mmoe.data.accounting`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tarfile
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mmoe.atomic import write_json_atomic
+from mmoe.data.converters.common import ConversionError
+from mmoe.data.shards import MANIFEST, check_shard_name
+
+#: The manifest's ``format`` of an indexed img2dataset folder.
+INDEX_FORMAT = "img2dataset"
+SUCCESS = "success"
+#: Default smallest image side kept (pixels).
+DEFAULT_MIN_SIDE = 64
+#: A ``.json`` member larger than this is not read (its sample keeps what the parquet or nothing says).
+MAX_JSON_BYTES = 1 << 20
+#: webdataset's rule: a member's sample key is its path up to the first dot of its file name.
+_MEMBER = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")
+CAUSES = ("status", "duplicate_key", "duplicate_uid", "too_small")
+
+
+@dataclass(frozen=True)
+class SampleRecord:
+    """What the index knows of one attempted sample: its ``key``, ``status``, stored ``width`` / ``height`` and
+    DataComp ``uid`` (None where absent)."""
+
+    key: str
+    status: str
+    width: int | None = None
+    height: int | None = None
+    uid: str | None = None
+
+    @property
+    def in_tar(self) -> bool:
+        """Whether the tar holds it (img2dataset writes only successful downloads)."""
+        return self.status == SUCCESS
+
+
+def _int_or_none(value: Any) -> int | None:
+    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) and value == value else None
+
+
+def records_from_parquet(path: Path) -> list[SampleRecord]:
+    """The rows of img2dataset's per-shard parquet (``key`` and ``status`` required; ``width``, ``height`` and
+    ``uid`` read where present), in order."""
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except Exception as error:  # pyarrow raises several types for a file that is not parquet
+        raise ConversionError(f"{path}: not a readable parquet file ({type(error).__name__})") from None
+    columns = set(table.column_names)
+    for required in ("key", "status"):
+        if required not in columns:
+            raise ConversionError(f"{path}: no '{required}' column (img2dataset's metadata has key and status)")
+    wanted = [name for name in ("key", "status", "width", "height", "uid") if name in columns]
+    rows = table.select(wanted).to_pylist()
+    records = []
+    for index, row in enumerate(rows):
+        for field in ("key", "status"):
+            if not isinstance(row[field], str) or not row[field]:
+                raise ConversionError(f"{path}: row {index}: field '{field}' is {row[field]!r}, expected a string")
+        uid = row.get("uid")
+        records.append(
+            SampleRecord(
+                row["key"], row["status"], _int_or_none(row.get("width")), _int_or_none(row.get("height")),
+                None if uid is None else str(uid),
+            )
+        )  # fmt: skip
+    return records
+
+
+def _tar_groups(path: Path) -> Iterator[tuple[str, dict[str, tarfile.TarInfo], tarfile.TarFile]]:
+    """(key, extension -> member) per sample, grouped as webdataset groups consecutive members."""
+    try:
+        archive = tarfile.open(path, "r:")
+    except (tarfile.TarError, OSError) as error:
+        raise ConversionError(f"{path}: not a readable tar file ({error})") from None
+    with archive:
+        key, members = None, {}
+        for member in archive:
+            match = _MEMBER.match(member.name) if member.isfile() else None
+            if match is None:
+                continue
+            if match.group(1) != key and members:
+                yield key, members, archive
+                members = {}
+            key = match.group(1)
+            members[match.group(2)] = member
+        if members:
+            yield key, members, archive
+
+
+def _json_meta(archive: tarfile.TarFile, member: tarfile.TarInfo | None) -> dict[str, Any]:
+    if member is None or member.size > MAX_JSON_BYTES:
+        return {}
+    try:
+        value = json.loads(archive.extractfile(member).read())
+    except (ValueError, OSError, tarfile.TarError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def records_from_tar(path: Path) -> list[SampleRecord]:
+    """The samples of a tar from its member headers, with status, size and uid from each small ``.json`` member
+    (a sample without one counts as a success of unknown size)."""
+    records = []
+    for key, members, archive in _tar_groups(path):
+        meta = _json_meta(archive, members.get("json"))
+        status = meta.get("status", SUCCESS)
+        uid = meta.get("uid")
+        records.append(
+            SampleRecord(
+                key, status if isinstance(status, str) else str(status), _int_or_none(meta.get("width")),
+                _int_or_none(meta.get("height")), None if uid is None else str(uid),
+            )
+        )  # fmt: skip
+    return records
+
+
+class Exclusions:
+    """Which samples a run leaves out, decided in shard order (the first of a repeated key or uid is kept)."""
+
+    def __init__(self, min_side: int) -> None:
+        self.min_side = min_side
+        self.keys: set[str] = set()
+        self.uids: set[str] = set()
+        self.counts: Counter[str] = Counter()
+        self.statuses: Counter[str] = Counter()
+
+    def cause(self, record: SampleRecord) -> str | None:
+        """Why ``record`` is left out (one of :data:`CAUSES`), or None; counts it."""
+        cause = None
+        if record.status != SUCCESS:
+            cause = "status"
+            self.statuses[record.status] += 1
+        elif record.key in self.keys:
+            cause = "duplicate_key"
+        elif record.uid is not None and record.uid in self.uids:
+            cause = "duplicate_uid"
+        elif min(record.width or self.min_side, record.height or self.min_side) < self.min_side:
+            cause = "too_small"
+        self.keys.add(record.key)
+        if record.uid is not None:
+            self.uids.add(record.uid)
+        if cause:
+            self.counts[cause] += 1
+        return cause
+
+
+def shard_tars(folder: Path) -> list[Path]:
+    """The folder's ``*.tar`` files in name order; a tar that is a symbolic link is refused (never followed)."""
+    if not folder.is_dir():
+        raise ConversionError(f"{folder}: not a folder")
+    tars = sorted(path for path in folder.iterdir() if path.name.endswith(".tar"))
+    for path in tars:
+        if path.is_symlink() or not path.is_file():
+            raise ConversionError(f"{path}: a shard must be a regular file in {folder} (links are not followed)")
+    if not tars:
+        raise ConversionError(f"{folder}: no .tar shards (img2dataset's webdataset output: 00000.tar, ...)")
+    return tars
+
+
+def _check_replaceable(folder: Path) -> None:
+    path = folder / MANIFEST
+    if not path.exists():
+        return
+    try:
+        existing = json.loads(path.read_text())
+    except (ValueError, OSError):
+        existing = None
+    if not isinstance(existing, dict) or existing.get("format") != INDEX_FORMAT:
+        raise ConversionError(f"{path}: exists and is not an img2dataset index; it is left as it is")
+
+
+def index_folder(folder: str | os.PathLike, min_side: int = DEFAULT_MIN_SIDE) -> dict[str, Any]:
+    """Indexes an img2dataset shard folder and writes its ``manifest.json`` (whole or absent); returns it."""
+    folder = Path(folder)
+    tars = shard_tars(folder)
+    _check_replaceable(folder)
+    exclusions = Exclusions(min_side)
+    shard_samples: list[int] = []
+    excluded: dict[str, dict[str, str]] = {}
+    counted_from: dict[str, str] = {}
+    kept = 0
+    for tar in tars:
+        parquet = tar.with_suffix(".parquet")
+        from_parquet = parquet.is_file() and not parquet.is_symlink()
+        records = records_from_parquet(parquet) if from_parquet else records_from_tar(tar)
+        counted_from[tar.name] = "parquet" if from_parquet else "tar"
+        left_out: dict[str, str] = {}
+        in_shard: set[str] = set()
+        in_tar = 0
+        for record in records:
+            cause = exclusions.cause(record)
+            if record.in_tar or not from_parquet:
+                # A key read twice in one shard: the reader drops the repeat itself (the first is kept).
+                if cause and record.key not in in_shard:
+                    left_out[record.key] = cause
+                kept += not cause
+                in_shard.add(record.key)
+                in_tar += 1
+        shard_samples.append(in_tar)
+        if left_out:
+            excluded[tar.name] = left_out
+    name = folder.resolve().name
+    manifest = {
+        "name": name if _valid_name(name) else "img2dataset",
+        "format": INDEX_FORMAT,
+        "samples": kept,
+        "skipped": sum(exclusions.counts.values()),
+        "shards": len(tars),
+        "shard_files": [tar.name for tar in tars],
+        "shard_samples": shard_samples,
+        "skipped_by_cause": {cause: exclusions.counts[cause] for cause in CAUSES},
+        "statuses": dict(sorted(exclusions.statuses.items())),
+        "min_side": min_side,
+        "counted_from": counted_from,
+        "excluded": excluded,
+    }
+    write_json_atomic(folder / MANIFEST, manifest)
+    return manifest
+
+
+def _valid_name(name: str) -> bool:
+    try:
+        check_shard_name(name)
+    except ValueError:
+        return False
+    return True
