@@ -29,6 +29,8 @@ from mmoe.study.claims import (
     pretraining_claim,
     tasks_claim,
 )
+from mmoe.study.plan import StudyPlan
+from mmoe.study.plan_design import study_plan
 from mmoe.study.report import write_report
 from mmoe.study.routers import router_rows
 from mmoe.study.runs import (
@@ -53,20 +55,25 @@ def upgraded_study(stored: dict) -> dict:
     return stored | ({"training": upgraded_settings(training)} if isinstance(training, dict) else {})
 
 
-def claims_from(measures: Measures) -> list[Claim]:
-    """Every claim of the report from ``analysis/measures.json`` (recomputable from that file alone)."""
+def claims_from(measures: Measures, plan: StudyPlan | None = None) -> list[Claim]:
+    """Every claim of the report from ``analysis/measures.json`` (recomputable from that file alone), each judged by
+    its rules in ``plan`` (the default settings' plan without one)."""
+    plan = plan or study_plan(DEFAULT, "default")
+    rules = plan.claim
     return [
-        activation_claim(measures.activation),
-        diversity_claim(measures.diversity),
-        collapse_claim(measures.snapshots),
-        fluctuation_claim(measures.snapshots),
-        consistency_claim(measures.consistency),
+        activation_claim(measures.activation, rules("activation")),
+        diversity_claim(measures.diversity, rules("diversity")),
+        collapse_claim(measures.snapshots, rules("collapse")),
+        fluctuation_claim(measures.snapshots, rules("fluctuation")),
+        consistency_claim(measures.consistency, rules("consistency")),
         tasks_claim(measures.scores, measures.chance),
         pretraining_claim(
             PRETRAINING_VARIANT, measures.scores[PRETRAINING_VARIANT], measures.random_init, measures.chance
         ),
-        capacity_claim(measures.capacity),
-        frequency_claim(measures.token_capacity["passes"], measures.token_capacity["training_counts"]),
+        capacity_claim(measures.capacity, rules("capacity")),
+        frequency_claim(
+            measures.token_capacity["passes"], measures.token_capacity["training_counts"], rules("frequency")
+        ),
     ]
 
 

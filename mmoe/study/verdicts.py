@@ -13,9 +13,11 @@ windows; :func:`bootstrap`) or a Student-t interval over seeds (:func:`seed_inte
 * **uninformative**: the measurement is at its no-learning level (a task below its chance level, routing that
   changes as often as random reassignment), whatever the interval says.
 
-Modalities are judged apart: each claim names the modality its paper measured (:data:`PAPER_MODALITY`: the X-MoE
-analyses and MH-MoE's activation are on text, the sub-token maps on images) and shows the other beside it; values
-are never averaged across modalities.
+Modalities are judged apart: each claim's plan names the modality its paper measured
+(:attr:`mmoe.study.plan.ClaimPlan.paper_modality`: the X-MoE analyses and MH-MoE's activation are on text, the
+sub-token maps on images) and the claim shows the other beside it; values are never averaged across modalities.
+
+These intervals resample inside one training run; the decision over runs is :mod:`mmoe.study.run_statistics`'.
 """
 
 from __future__ import annotations
@@ -49,15 +51,6 @@ def t_975(degrees: int) -> float:
     return T_975[degrees - 1] if degrees <= len(T_975) else Z_975
 
 
-#: The modality each claim's paper measured its tokens in (X-MoE's MLM and XNLI text, MH-MoE's XNLI / Harness text
-#: for Fig. 1a / 5; MH-MoE's image maps for Fig. 1b / 8). The other modality is reported beside it.
-PAPER_MODALITY = {
-    "activation": "language",
-    "diversity": "vision",
-    "collapse": "language",
-    "fluctuation": "language",
-    "consistency": "language",
-}
 MODALITIES = ("language", "vision")
 
 

@@ -12,29 +12,22 @@ init) and :mod:`~mmoe.study.claims.stratified` (Stratified MoE's requested capac
 
 from mmoe.study.claims.claim import Claim, Statement, empty_claim, modality_claim
 from mmoe.study.claims.mhmoe_routing import (
-    ACTIVATION_CEILING,
-    SATURATION_SHARE,
     activation_claim,
     diversity_claim,
     random_activation,
 )
-from mmoe.study.claims.stratified import MIN_OCCURRENCES, average_ranks, capacity_claim, frequency_claim, spearman
+from mmoe.study.claims.stratified import average_ranks, capacity_claim, frequency_claim, spearman
 from mmoe.study.claims.task_scores import TASK_ORDER, TASK_SCORES, order_verdict, pretraining_claim, spread, tasks_claim
 from mmoe.study.claims.xmoe_routing import (
-    CONSISTENCY_CEILING,
-    RANDOM_FLUCTUATION_SHARE,
     collapse_claim,
+    collapse_keys,
     consistency_claim,
     fluctuation_claim,
+    judged_window,
     mean_correlation,
 )
 
 __all__ = [
-    "ACTIVATION_CEILING",
-    "CONSISTENCY_CEILING",
-    "MIN_OCCURRENCES",
-    "RANDOM_FLUCTUATION_SHARE",
-    "SATURATION_SHARE",
     "TASK_ORDER",
     "TASK_SCORES",
     "Claim",
@@ -43,6 +36,7 @@ __all__ = [
     "average_ranks",
     "capacity_claim",
     "collapse_claim",
+    "collapse_keys",
     "consistency_claim",
     "diversity_claim",
     "empty_claim",
@@ -56,4 +50,5 @@ __all__ = [
     "spearman",
     "spread",
     "tasks_claim",
+    "judged_window",
 ]

@@ -1,6 +1,6 @@
 """What every claim of the study is: :class:`Statement`, a paper's claim as the report words it, and :class:`Claim`,
 that statement measured. :func:`modality_claim` builds the claims judged per modality, on the tokens their paper
-measured (:data:`mmoe.study.verdicts.PAPER_MODALITY`) with the other modality beside them."""
+measured (the plan's :attr:`mmoe.study.plan.ClaimPlan.paper_modality`) with the other modality beside them."""
 
 from __future__ import annotations
 

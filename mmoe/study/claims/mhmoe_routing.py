@@ -8,11 +8,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from mmoe.metrics.routing import DEFAULT_ACTIVATION_THRESHOLD, activation_ratio, choice_activation_ratio
+from mmoe.metrics.routing import activation_ratio, choice_activation_ratio
 from mmoe.study.claims.claim import Claim, Statement, modality_claim
+from mmoe.study.plan import ClaimPlan
+from mmoe.study.plan_design import shipped_rules
 from mmoe.study.verdicts import (
-    MODALITIES,
-    PAPER_MODALITY,
     bootstrap,
     combined,
     describe,
@@ -22,10 +22,9 @@ from mmoe.study.verdicts import (
     percentile_interval,
 )
 
-#: Diversity counts as saturated when both regions reach this share of the ceiling min(h, E).
-SATURATION_SHARE = 0.97
-#: Activation ratios count as saturated from here (every expert active).
-ACTIVATION_CEILING = 0.999
+# The plan's gates: diversity is saturated when both regions reach ``saturation_share`` of the ceiling min(h, E);
+# activation ratios from ``activation_ceiling`` (every expert active); an expert is active above
+# ``activation_threshold`` (:func:`mmoe.metrics.routing.activation_ratio`).
 
 # -- claim 1: activation ratio ----------------------------------------------------------------------------------------
 
@@ -42,7 +41,7 @@ def random_activation(experts: int, choices_per_token: int, tokens: float, thres
     }
 
 
-def _activation_modality(runs: list[tuple[str, dict]], keys: list[str], threshold: float) -> dict:
+def _activation_modality(runs: list[tuple[str, dict]], keys: list[str], threshold: float, ceiling: float) -> dict:
     """Claim 1 on one modality's MoE layers (the mean over them): every run's ratios in both views, and the rise from
     the fewest to the most heads with its interval over held-out batches."""
     views = {
@@ -74,7 +73,7 @@ def _activation_modality(runs: list[tuple[str, dict]], keys: list[str], threshol
     for view in views:
         interval = percentile_interval(bootstrap(lambda b, v=view: value(high, v, b) - value(low, v, b), batches))
         ends = (entry["runs"][low_name][view], entry["runs"][high_name][view])
-        verdict = gated(direction_verdict(interval, +1), saturated=min(ends) >= ACTIVATION_CEILING)
+        verdict = gated(direction_verdict(interval, +1), saturated=min(ends) >= ceiling)
         entry["views"][view] = {"difference": ends[1] - ends[0], "interval": interval, "verdict": verdict}
         verdicts.append(verdict)
     entry["verdict"] = combined(verdicts)
@@ -89,7 +88,7 @@ ACTIVATION = Statement(
 )
 
 
-def activation_claim(activation: dict, threshold: float = DEFAULT_ACTIVATION_THRESHOLD) -> Claim:
+def activation_claim(activation: dict, rules: ClaimPlan | None = None) -> Claim:
     """MH-MoE Fig. 1a / 5: with 32 experts, the share of activated experts is far higher for MH-MoE than for X-MoE and
     rises with h.
 
@@ -97,14 +96,16 @@ def activation_claim(activation: dict, threshold: float = DEFAULT_ACTIVATION_THR
     per batch]}}``, X-MoE with h = 1. Both views: per token (the paper's: each token makes h choices, so part of the
     rise with h is built in) and as a share of the layer's choices (independent of h). Per modality, the mean over
     its MoE layers; the difference largest h minus h = 1 gets an interval over held-out batches; the claim reproduces
-    when both views rise beyond the noise.
+    when both views rise beyond the noise. ``rules``: the plan's (its threshold, ceiling, modalities).
     """
+    rules = rules or shipped_rules("activation")
+    threshold, ceiling = rules.gate("activation_threshold"), rules.gate("activation_ceiling")
     runs = sorted(activation.items(), key=lambda item: item[1]["heads"])
     by_modality = {}
-    for name in MODALITIES:
+    for name in rules.modalities:
         keys = keys_of(runs[0][1]["loads"], name)
         if keys and len(runs) > 1:
-            by_modality[name] = _activation_modality(runs, keys, threshold)
+            by_modality[name] = _activation_modality(runs, keys, threshold, ceiling)
 
     def text(entry: dict) -> str:
         values = ", ".join(
@@ -114,7 +115,7 @@ def activation_claim(activation: dict, threshold: float = DEFAULT_ACTIVATION_THR
         view = entry["views"]["share_of_choices"]
         return f"{values}; share-of-choices rise {describe(view['interval'], 100)} points"
 
-    measured = {"threshold": threshold, "paper_modality": PAPER_MODALITY["activation"], "by_modality": by_modality}
+    measured = {"threshold": threshold, "paper_modality": rules.paper_modality, "by_modality": by_modality}
     return modality_claim(ACTIVATION, measured, text)
 
 
@@ -129,7 +130,7 @@ def _region_means(entry: dict, images: np.ndarray) -> tuple[float | None, float 
     return object_mean, background_mean
 
 
-def _diversity_run(per_key: dict, keys: list[str]) -> dict:
+def _diversity_run(per_key: dict, keys: list[str], saturation_share: float) -> dict:
     """Claim 2 on one MH-MoE run's vision layers: the mean of the layers' region means, and object minus background
     with its interval over held-out images."""
 
@@ -149,7 +150,7 @@ def _diversity_run(per_key: dict, keys: list[str]) -> dict:
     heads, experts = per_key[keys[0]]["heads"], per_key[keys[0]]["experts"]
     ceiling = min(heads, experts)
     interval = percentile_interval(bootstrap(difference, images))
-    saturated = object_mean is not None and min(object_mean, background_mean) >= SATURATION_SHARE * ceiling
+    saturated = object_mean is not None and min(object_mean, background_mean) >= saturation_share * ceiling
     return {
         "keys": keys,
         "heads": heads,
@@ -173,19 +174,20 @@ DIVERSITY = Statement(
 )
 
 
-def diversity_claim(diversity: dict) -> Claim:
+def diversity_claim(diversity: dict, rules: ClaimPlan | None = None) -> Claim:
     """MH-MoE Fig. 1b / 8: sub-tokens of object (semantically rich) patches go to more distinct experts than those of
     background patches. ``diversity``: run name -> :func:`mmoe.study.measures.diversity_by_region`.
 
     Per run, over its vision MoE layers (the mean of the layers' region means): object minus background with an
-    interval over held-out images. Saturated when both regions reach :data:`SATURATION_SHARE` of the ceiling min(h,
-    E); the expected count of a uniform random router, E (1 - (1 - 1/E)^h), is shown beside it.
+    interval over held-out images. Saturated when both regions reach the plan's ``saturation_share`` of the ceiling
+    min(h, E); the expected count of a uniform random router, E (1 - (1 - 1/E)^h), is shown beside it.
     """
+    rules = rules or shipped_rules("diversity")
     runs = {}
     for run_name, per_key in diversity.items():
-        keys = keys_of(per_key, "vision")
+        keys = keys_of(per_key, rules.paper_modality)
         if keys:
-            runs[run_name] = _diversity_run(per_key, keys)
+            runs[run_name] = _diversity_run(per_key, keys, rules.gate("saturation_share"))
     summary = "; ".join(
         f"{name} (h={run['heads']}, E={run['experts']}): objects {run['object_mean']:.2f} vs background "
         f"{run['background_mean']:.2f} of at most {run['ceiling']} (random router {run['random_router']:.2f}), "
@@ -194,7 +196,7 @@ def diversity_claim(diversity: dict) -> Claim:
         if run["object_mean"] is not None
     )
     return DIVERSITY.measured(
-        {"paper_modality": "vision", "runs": runs},
+        {"paper_modality": rules.paper_modality, "runs": runs},
         combined(run["verdict"] for run in runs.values()),
         summary + " (vision tokens; the language tokens have no object / background split)",
     )

@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 
 from mmoe.study.claims.claim import Claim, Statement, modality_claim
+from mmoe.study.plan import ClaimPlan
+from mmoe.study.plan_design import shipped_rules
 from mmoe.study.verdicts import (
-    MODALITIES,
     NOT_SEPARATED,
     bootstrap,
     describe,
@@ -57,14 +58,15 @@ CAPACITY = Statement(
 )
 
 
-def capacity_claim(capacity: dict) -> Claim:
+def capacity_claim(capacity: dict, rules: ClaimPlan | None = None) -> Claim:
     """Stratified MoE §5 / Fig. 4: the first SMoE block requests the most capacity (FFN passes per token), later
     blocks less. ``capacity``: :func:`mmoe.study.measures.requested_capacity` of the Stratified MoE run.
 
     Per modality (the paper's languages have a VL analogue in the two modalities, shown with their overall capacity):
     the first MoE layer's capacity minus the mean of the later ones, with an interval over held-out batches."""
+    rules = rules or shipped_rules("capacity")
     by_modality = {}
-    for name in MODALITIES:
+    for name in rules.modalities:
         keys = keys_of(capacity, name)
         if len(keys) > 1:
             by_modality[name] = _capacity_modality(capacity, keys)
@@ -80,14 +82,10 @@ def capacity_claim(capacity: dict) -> Claim:
             entry.get("interval")
         )
 
-    return modality_claim(CAPACITY, {"paper_modality": "language", "by_modality": by_modality}, text)
+    return modality_claim(CAPACITY, {"paper_modality": rules.paper_modality, "by_modality": by_modality}, text)
 
 
 # -- Stratified MoE §5: token frequency ------------------------------------------------------------------------------
-
-#: Token ids seen fewer times than this on held-out text are left out of the frequency claim (their mean passes are
-#: too noisy to rank).
-MIN_OCCURRENCES = 3
 
 
 def average_ranks(values: np.ndarray) -> np.ndarray:
@@ -115,14 +113,17 @@ FREQUENCY = Statement(
 )
 
 
-def frequency_claim(token_passes: dict, training_counts: dict[str, int]) -> Claim:
+def frequency_claim(token_passes: dict, training_counts: dict[str, int], rules: ClaimPlan | None = None) -> Claim:
     """Stratified MoE §5 / Fig. 3: tokens that request little capacity (few FFN passes) tend to be frequent ones.
     ``token_passes``: :func:`mmoe.study.measures.token_passes` of the Stratified MoE run; ``training_counts``: token id
     (as text) -> occurrences in the pre-training text.
 
-    Per token id seen at least :data:`MIN_OCCURRENCES` times on held-out text: its mean passes over the language MoE
-    layers (pooled) against its training frequency; Spearman's ρ with an interval over token ids (the paper predicts
-    ρ < 0). Uninformative when every token makes the same number of passes."""
+    Per token id seen at least the plan's ``min_occurrences`` times per layer on held-out text (rarer ones are too
+    noisy to rank): its mean passes over the language MoE layers (pooled) against its training frequency; Spearman's
+    ρ with an interval over token ids (the paper predicts ρ < 0). Uninformative when every token makes the same
+    number of passes."""
+    rules = rules or shipped_rules("frequency")
+    least = rules.gate("min_occurrences")
     totals: dict[int, list[float]] = {}
     for entry in token_passes.values():
         for token, passes, occurrences in zip(entry["ids"], entry["passes"], entry["occurrences"], strict=True):
@@ -130,7 +131,7 @@ def frequency_claim(token_passes: dict, training_counts: dict[str, int]) -> Clai
             total[0] += passes
             total[1] += occurrences
     layers = max(1, len(token_passes))
-    kept = sorted(t for t, (_, n) in totals.items() if n / layers >= MIN_OCCURRENCES)
+    kept = sorted(t for t, (_, n) in totals.items() if n / layers >= least)
     capacity = np.asarray([totals[t][0] / totals[t][1] for t in kept])
     frequency = np.asarray([training_counts.get(str(t), 0) for t in kept], dtype=np.float64)
     rho = spearman(frequency, capacity) if len(kept) > 2 else None
@@ -138,13 +139,13 @@ def frequency_claim(token_passes: dict, training_counts: dict[str, int]) -> Clai
     constant = len(kept) > 2 and capacity.std() == 0
     verdict = gated(direction_verdict(interval, -1), uninformative=constant)
     summary = (
-        f"{len(kept)} token ids seen >= {MIN_OCCURRENCES} times per layer on held-out text: Spearman ρ(training "
+        f"{len(kept)} token ids seen >= {least:g} times per layer on held-out text: Spearman ρ(training "
         f"frequency, passes per token) = {rho:.3f} {describe(interval)}"
         if rho is not None
         else f"{len(kept)} token ids: no rank correlation (constant passes or too few tokens)"
     )
     measured = {
-        "paper_modality": "language",
+        "paper_modality": rules.paper_modality,
         "layers": sorted(token_passes),
         "tokens": len(kept),
         "rho": rho,

@@ -8,6 +8,7 @@ import numpy as np
 
 from mmoe.pipeline.benchmarks import benchmark_named
 from mmoe.study.claims.claim import Claim, Statement
+from mmoe.study.plan_design import TASK_ORDER
 from mmoe.study.verdicts import (
     NOT_SEPARATED,
     OPPOSITE,
@@ -39,10 +40,6 @@ def spread(values: list[float]) -> dict:
         "std": float(np.std(values, ddof=1)) if len(values) > 1 else 0.0,
         "values": values,
     }
-
-
-#: The order MH-MoE Table 4 reports: each variant above the next.
-TASK_ORDER = ("mhmoe", "xmoe", "dense")
 
 
 def order_verdict(gaps: list[str]) -> str:

@@ -9,9 +9,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from mmoe.study.claims.claim import Claim, Statement, empty_claim, modality_claim
+from mmoe.study.plan import ClaimPlan
+from mmoe.study.plan_design import shipped_rules
 from mmoe.study.verdicts import (
-    MODALITIES,
-    PAPER_MODALITY,
     bootstrap,
     describe,
     direction_verdict,
@@ -21,27 +21,30 @@ from mmoe.study.verdicts import (
     percentile_interval,
 )
 
-#: Fluctuation is uninformative when both routers change expert at least this share as often as a random reassignment
-#: with the same loads would (1 - Σ_e p_e²): routing is then still being re-drawn.
-RANDOM_FLUCTUATION_SHARE = 0.9
-#: Agreement of seeds' loads (mean Pearson ρ between runs) counts as saturated from here.
-CONSISTENCY_CEILING = 0.99
+# The plan's gates: fluctuation is uninformative when both routers change expert at least
+# ``random_fluctuation_share`` as often as a random reassignment with the same loads would (1 - Σ_e p_e²): routing is
+# then still being re-drawn. Agreement of seeds' loads (mean Pearson ρ between runs) is saturated from
+# ``consistency_ceiling``.
 
 # -- claims 3 and 4: through pre-training ----------------------------------------------------------------------------
 
 
-def _second_half(values: Sequence) -> list:
-    return list(values[len(values) // 2 :])
+def judged_window(values: Sequence, window_from: float) -> list:
+    """The judged window of snapshots or windows: those from the share ``window_from`` of them on (0.5: the second
+    half)."""
+    return list(values[int(len(values) * window_from) :])
 
 
-def _defined_collapse_keys(snapshots: dict, name: str) -> list[str]:
-    """The modality's MoE layers whose RC is defined at every snapshot of every router (both compared on the same
-    keys)."""
+def collapse_keys(snapshots: dict, name: str, rules: ClaimPlan) -> list[str]:
+    """The modality's MoE layers the plan's ``layers`` rule keeps: all; those whose RC is defined at every snapshot
+    of every router; or at every snapshot of the window (both routers compared on the same keys)."""
     keys = None
     for measures in snapshots.values():
-        for snapshot in measures:
+        kept = judged_window(measures, rules.window_from) if rules.layers == "defined_in_window" else measures
+        for snapshot in kept:
             collapse = snapshot["collapse"]
-            defined = {key for key in keys_of(collapse, name) if (collapse[key]["rc"] or 0) > 0}
+            kept_keys = keys_of(collapse, name)
+            defined = {key for key in kept_keys if rules.layers == "all" or (collapse[key]["rc"] or 0) > 0}
             keys = defined if keys is None else keys & defined
     return sorted(keys or [])
 
@@ -73,7 +76,7 @@ def _layer_collapse(late: list[dict], key: str) -> dict:
     }
 
 
-def _collapse_modality(snapshots: dict, keys: list[str]) -> dict:
+def _collapse_modality(snapshots: dict, keys: list[str], window_from: float) -> dict:
     curves = {
         variant: {
             "steps": [m["step"] for m in measures],
@@ -82,14 +85,15 @@ def _collapse_modality(snapshots: dict, keys: list[str]) -> dict:
         }
         for variant, measures in snapshots.items()
     }
-    late = {variant: _second_half(measures) for variant, measures in snapshots.items()}
+    late = {variant: judged_window(measures, window_from) for variant, measures in snapshots.items()}
     resamples = min(len(m["collapse"][keys[0]]["resamples"]) for ms in late.values() for m in ms)
     replicates = [_late_log_ratio(late, keys, r) for r in range(resamples)]
     interval = percentile_interval(np.asarray([r for r in replicates if r is not None]))
     slopes = {}
     for variant, curve in curves.items():
-        steps, rc = _second_half(curve["steps"]), _second_half(curve["rc"])
-        slopes[variant] = float(np.polyfit(steps, np.log(rc), 1)[0]) if len(steps) > 1 else None
+        steps, rc = judged_window(curve["steps"], window_from), judged_window(curve["rc"], window_from)
+        fit = len(steps) > 1 and None not in rc
+        slopes[variant] = float(np.polyfit(steps, np.log(rc), 1)[0]) if fit else None
     per_layer = {key: {variant: _layer_collapse(measures, key) for variant, measures in late.items()} for key in keys}
     return {
         "keys": keys,
@@ -110,22 +114,26 @@ COLLAPSE = Statement(
 )
 
 
-def collapse_claim(snapshots: dict) -> Claim:
+def collapse_claim(snapshots: dict, rules: ClaimPlan | None = None) -> Claim:
     """X-MoE Fig. 2c: X-MoE's router inputs keep a larger RC (less collapse) than the linear (Switch) router's through
     pre-training. ``snapshots``: variant -> :func:`mmoe.study.measures.snapshot_measures` (``switch`` and ``xmoe``).
 
-    Per modality, RC of each snapshot is the geometric mean over the modality's MoE layers (keys defined for both
-    routers at every snapshot); the trend is the second half of the snapshots: the mean log ratio X-MoE / Switch with
-    an interval from the rows' bootstrap replicates, and each router's slope of log RC.
+    Per modality, RC of each snapshot is the geometric mean over the modality's MoE layers (the keys the plan's
+    ``layers`` rule keeps, :func:`collapse_keys`); the trend is the plan's window of the snapshots (``window_from``):
+    the mean log ratio X-MoE / Switch with an interval from the rows' bootstrap replicates, and each router's slope of
+    log RC.
     """
+    rules = rules or shipped_rules("collapse")
     by_modality = {}
     if set(snapshots) == {"switch", "xmoe"}:
-        for name in MODALITIES:
-            keys = _defined_collapse_keys(snapshots, name)
+        for name in rules.modalities:
+            keys = collapse_keys(snapshots, name, rules)
             if keys:
-                by_modality[name] = _collapse_modality(snapshots, keys)
+                by_modality[name] = _collapse_modality(snapshots, keys, rules.window_from)
 
     def text(entry: dict) -> str:
+        if entry["second_half_log_ratio"] is None:
+            return "RC undefined in the window"
         ratio = np.exp(entry["second_half_log_ratio"])
         low, high = np.exp(entry["interval"]) if entry["interval"] else (np.nan, np.nan)
         slopes = ", ".join(f"{v} slope {s:+.2g}/step" for v, s in entry["second_half_slope"].items() if s is not None)
@@ -136,8 +144,9 @@ def collapse_claim(snapshots: dict) -> Claim:
         )
         return f"X-MoE / Switch RC {ratio:.2f}x [{low:.2f}, {high:.2f}] ({slopes}; {layers})"
 
-    measured = {"paper_modality": PAPER_MODALITY["collapse"], "by_modality": by_modality}
-    return modality_claim(COLLAPSE, measured, text, " (second half of the snapshots, geometric mean over MoE layers)")
+    measured = {"paper_modality": rules.paper_modality, "by_modality": by_modality}
+    note = _window_text(rules, "snapshots") + ", geometric mean over MoE layers)"
+    return modality_claim(COLLAPSE, measured, text, note)
 
 
 def _fluctuation(pairs: list[dict], keys: list[str], batches: np.ndarray) -> float | None:
@@ -166,10 +175,15 @@ def _random_fluctuation(pairs: list[dict], keys: list[str]) -> float:
     return float(np.mean(values))
 
 
-def _fluctuation_modality(pairs: dict, keys: list[str]) -> dict:
+def _window_text(rules: ClaimPlan, what: str) -> str:
+    """`` (second half of the snapshots``, or the share the window starts at (no closing parenthesis)."""
+    return f" (second half of the {what}" if rules.window_from == 0.5 else f" ({what} from {rules.window_from:.0%} on"
+
+
+def _fluctuation_modality(pairs: dict, keys: list[str], rules: ClaimPlan) -> dict:
     batches = len(pairs["xmoe"][0]["fluctuation"][keys[0]]["compared"])
     everything = np.arange(batches)
-    late = {variant: _second_half(p) for variant, p in pairs.items()}
+    late = {variant: judged_window(p, rules.window_from) for variant, p in pairs.items()}
     curves = {
         variant: {"steps": [p["step"] for p in ps], "fluctuation": [_fluctuation([p], keys, everything) for p in ps]}
         for variant, ps in pairs.items()
@@ -180,7 +194,7 @@ def _fluctuation_modality(pairs: dict, keys: list[str]) -> dict:
         lambda b: _fluctuation(late["xmoe"], keys, b) - _fluctuation(late["switch"], keys, b), batches
     )
     interval = percentile_interval(replicates)
-    at_random = all(values[v] >= RANDOM_FLUCTUATION_SHARE * random[v] for v in values)
+    at_random = all(values[v] >= rules.gate("random_fluctuation_share") * random[v] for v in values)
     return {
         "keys": keys,
         "curves": curves,
@@ -200,21 +214,22 @@ FLUCTUATION = Statement(
 )
 
 
-def fluctuation_claim(snapshots: dict) -> Claim:
+def fluctuation_claim(snapshots: dict, rules: ClaimPlan | None = None) -> Claim:
     """X-MoE Fig. 3a: X-MoE's routing fluctuates less between consecutive checkpoints than the linear router's (the
-    paper sees it after 15K of 125K steps: compared here over the second half of the snapshot pairs).
+    paper sees it after 15K of 125K steps: compared here over the plan's window of the snapshot pairs).
 
     Per modality, pooled over its MoE layers: the difference X-MoE minus Switch with an interval over held-out
     batches; uninformative when both change expert about as often as a random reassignment with their loads would
-    (:data:`RANDOM_FLUCTUATION_SHARE`)."""
+    (the plan's ``random_fluctuation_share``)."""
+    rules = rules or shipped_rules("fluctuation")
     by_modality = {}
     pairs = {variant: [m for m in measures if m["fluctuation"] is not None] for variant, measures in snapshots.items()}
     if set(pairs) != {"switch", "xmoe"} or not all(pairs.values()):
         return empty_claim("fluctuation")
-    for name in MODALITIES:
+    for name in rules.modalities:
         keys = keys_of(pairs["xmoe"][0]["fluctuation"], name)
         if keys:
-            by_modality[name] = _fluctuation_modality(pairs, keys)
+            by_modality[name] = _fluctuation_modality(pairs, keys, rules)
 
     def text(entry: dict) -> str:
         values = ", ".join(
@@ -223,8 +238,8 @@ def fluctuation_claim(snapshots: dict) -> Claim:
         )
         return f"{values} change expert; X-MoE - Switch {describe(entry['interval'], 100)} points"
 
-    measured = {"paper_modality": PAPER_MODALITY["fluctuation"], "by_modality": by_modality}
-    return modality_claim(FLUCTUATION, measured, text, " (second half of the snapshot pairs)")
+    measured = {"paper_modality": rules.paper_modality, "by_modality": by_modality}
+    return modality_claim(FLUCTUATION, measured, text, _window_text(rules, "snapshot pairs") + ")")
 
 
 # -- claim 5: inter-run consistency ----------------------------------------------------------------------------------
@@ -236,7 +251,7 @@ def mean_correlation(ic: float | None, runs: int) -> float | None:
     return None if ic is None else (runs * ic - 1) / (runs - 1)
 
 
-def _consistency_modality(consistency: dict, keys: list[str]) -> dict | None:
+def _consistency_modality(consistency: dict, keys: list[str], rules: ClaimPlan) -> dict | None:
     curves = {}
     for variant, result in consistency.items():
         rho = []
@@ -245,13 +260,14 @@ def _consistency_modality(consistency: dict, keys: list[str]) -> dict | None:
             defined = [v for v in values if v is not None]
             rho.append(float(np.mean(defined)) if defined else None)
         curves[variant] = {"steps": result["steps"], "rho": rho, "runs": result["runs"]}
-    late = {variant: _second_half(curve["rho"]) for variant, curve in curves.items()}
+    late = {variant: judged_window(curve["rho"], rules.window_from) for variant, curve in curves.items()}
     paired = [(x, s) for x, s in zip(late["xmoe"], late["switch"], strict=False) if None not in (x, s)]
     if not paired:
         return None
     differences = np.asarray([x - s for x, s in paired])
     interval = percentile_interval(bootstrap(lambda b: float(differences[b].mean()), len(differences)))
     means = {variant: float(np.mean([v for v in values if v is not None])) for variant, values in late.items()}
+    ceiling = rules.gate("consistency_ceiling")
     return {
         "keys": keys,
         "curves": curves,
@@ -259,7 +275,7 @@ def _consistency_modality(consistency: dict, keys: list[str]) -> dict | None:
         "windows": len(differences),
         "difference": float(differences.mean()),
         "interval": interval,
-        "verdict": gated(direction_verdict(interval, +1), saturated=min(means.values()) >= CONSISTENCY_CEILING),
+        "verdict": gated(direction_verdict(interval, +1), saturated=min(means.values()) >= ceiling),
     }
 
 
@@ -271,20 +287,21 @@ CONSISTENCY = Statement(
 )
 
 
-def consistency_claim(consistency: dict) -> Claim:
+def consistency_claim(consistency: dict, rules: ClaimPlan | None = None) -> Claim:
     """X-MoE Fig. 3b: fine-tuning runs that differ only in the seed converge to more similar expert loads with X-MoE
     than with the linear router. ``consistency``: variant -> :func:`mmoe.metrics.routing_collect
     .consistency_through_training` plus ``runs`` (m).
 
     Per modality: each window's mean ρ between runs (:func:`mean_correlation`, averaged over the modality's MoE
-    layers); the difference X-MoE minus Switch over the second half of the windows, with an interval over those
-    windows."""
+    layers); the difference X-MoE minus Switch over the plan's window of the windows, with an interval over those
+    windows (within-run: the decision over seeds is :mod:`mmoe.study.decisions`')."""
+    rules = rules or shipped_rules("consistency")
     by_modality = {}
     if set(consistency) != {"switch", "xmoe"}:
         return empty_claim("consistency")
-    for name in MODALITIES:
+    for name in rules.modalities:
         keys = keys_of([k for k in consistency["xmoe"]["windows"][0] if "/" in k], name)
-        entry = _consistency_modality(consistency, keys) if keys else None
+        entry = _consistency_modality(consistency, keys, rules) if keys else None
         if entry is not None:
             by_modality[name] = entry
 
@@ -293,7 +310,7 @@ def consistency_claim(consistency: dict) -> Claim:
         return f"{means}; X-MoE - Switch {describe(entry['interval'])} over {entry['windows']} windows"
 
     runs = consistency["xmoe"]["runs"]
-    measured = {"paper_modality": PAPER_MODALITY["consistency"], "runs": runs, "by_modality": by_modality}
+    measured = {"paper_modality": rules.paper_modality, "runs": runs, "by_modality": by_modality}
     return modality_claim(
         CONSISTENCY, measured, text, f" (mean ρ between {runs} seeds' loads, second half of fine-tuning)"
     )
