@@ -3,11 +3,14 @@ image-text retrieval."""
 
 from __future__ import annotations
 
+import torch
+
 from mmoe.data.answers import read_answer_vocab
 from mmoe.data.collate import CaptionCollator, PlainCollator, RetrievalCollator, VQACollator
 from mmoe.data.datamodules.base import ShardDataModule, ShardSpec
 from mmoe.data.decoders import CaptionDecoder, NLVR2Decoder, RetrievalDecoder, VQADecoder
 from mmoe.data.loader import EpochDataLoader
+from mmoe.data.overlap import warn_shared_images
 from mmoe.data.samples import Collator, Decoder
 from mmoe.data.shards import expected_samples, resolve_shards
 from mmoe.data.tokenizer import CAPTION_MAX_TEXT_LENGTH
@@ -15,6 +18,10 @@ from mmoe.data.tokenizer import CAPTION_MAX_TEXT_LENGTH
 
 class FinetuneDataModule(ShardDataModule):
     """Train / val / test loaders over one task's shards (``predict`` reads the test shards).
+
+    At its first ``setup`` it warns on stderr, one line per split, when the val or test split shares images with the
+    training split, by id or by image digest (from the split folders' ``image_digests.json``; splits given as globs
+    or without that file are not checked): :func:`mmoe.data.overlap.warn_shared_images`.
 
     Args:
         train_shards: training shards.
@@ -36,6 +43,14 @@ class FinetuneDataModule(ShardDataModule):
         shards = self.checked_shards(train_shards=train_shards, val_shards=val_shards, test_shards=test_shards)
         self.shards = {"train": shards["train_shards"], "val": shards["val_shards"], "test": shards["test_shards"]}
         self.eval_batch_size = eval_batch_size or self.batch_size
+        self.shared_image_warnings: list[str] | None = None  # set at the first setup
+
+    def setup(self, stage: str) -> None:
+        """Warns once when the eval splits share images with the training split (rank 0 only)."""
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+        if self.shared_image_warnings is None and rank == 0:
+            evaluations = {"val": self.shards["val"], "test": self.shards["test"]}
+            self.shared_image_warnings = warn_shared_images(self.shards["train"], evaluations)
 
     def _decoder(self, train: bool) -> Decoder:
         raise NotImplementedError

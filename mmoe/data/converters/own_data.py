@@ -1,0 +1,248 @@
+"""A user's own image folder and table (:mod:`.own_rows`: CSV, JSON lines, LLaVA-style JSON) -> the shards the
+benchmark converters write, one command per kind of task.
+
+* :func:`convert_own_pairs`: one pre-training pair per row (the image, ``txt`` = the caption, ``json`` = ``path``,
+  ``line``), as ``mmoe data convert tsv`` writes them.
+* :func:`convert_own_captions`: one sample per image with all its captions (captioning and retrieval), as the COCO
+  converter writes them, with ``caption_tokens.json``. ``image_id`` is the rows' integer ``image_id`` or, without one,
+  the image's position among the file's distinct images (from 0).
+* :func:`convert_own_vqa`: one sample per question (``image``, ``question``, ``answers``), as ``convert vqav2``
+  writes them: the human answers scored with the official VQA soft score against the answer vocabulary, which the
+  split builds (and writes as ``answers.json``) unless ``answer_vocab`` is given.
+
+Image paths are relative to the image folder and stay inside it: an absolute path, ``..`` or a symbolic link out of
+the folder is an error naming the file, the row and the field. A missing or unreadable image skips its sample and is
+counted, as in the other converters. Every split's manifest records the table, its SHA-256 digest and the rule.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from mmoe.data.answers import ANSWERS_FILE, VocabIndex, build_answer_vocab, read_answer_vocab, soft_targets
+from mmoe.data.converters.coco import CAPTION_TOKENS_FILE, CaptionSet, caption_sample, caption_tokens_text
+from mmoe.data.converters.common import (
+    ConversionError,
+    Skip,
+    images_folder,
+    json_text,
+    path_inside,
+    with_image,
+    write_split,
+)
+from mmoe.data.converters.image_digests import IMAGE_ID_KEY
+from mmoe.data.converters.own_rows import (
+    RowSkips,
+    answers_of,
+    caption_of,
+    optional_int,
+    read_rows,
+    row_format,
+    text_field,
+)
+from mmoe.data.converters.provenance import provenance
+from mmoe.data.shards import Manifest
+from mmoe.data.tokenizer import TextTokenizer
+
+
+def _image(row: dict[str, Any], root: Path, where: str) -> tuple[str, Path]:
+    """The row's ``image`` path as written and the file it names inside ``root``."""
+    relative = text_field(row, "image", where)
+    return relative, path_inside(root, relative, f"{where}: field 'image'")
+
+
+def _extra(table: Path, root: Path, rule: str, answer_vocab: str | os.PathLike | None = None) -> dict[str, Any]:
+    """The manifest's provenance: the table and image folder, the digests of the table (and answer vocabulary)."""
+    source = {"table": str(table), "images": str(root)}
+    return {"source": source, **provenance([table, answer_vocab], f"{rule} of {table.name}")}
+
+
+def _line(where: str) -> int | str:
+    """The line number of a ``FILE:LINE`` row, else its ``record N``."""
+    tail = where.rsplit(":", 1)[-1].strip()
+    return int(tail) if tail.isdigit() else tail
+
+
+def convert_own_pairs(
+    table: str | os.PathLike,
+    images: str | os.PathLike,
+    out: str | os.PathLike,
+    shard_size: int = 1000,
+    name: str = "pairs",
+) -> Manifest:
+    """Pre-training pairs, one per row of ``table`` (``image``, ``caption``; or LLaVA caption rows)."""
+    table, root = Path(table), images_folder(images)
+    skips = RowSkips()
+    pairs = []
+    for where, row in read_rows(table):
+        caption = caption_of(row, where, skips)
+        if caption is not None:
+            pairs.append((where, *_image(row, root, where), caption))
+    if not pairs:
+        raise ConversionError(f"{table}: no caption pairs to convert ({skips.report(table)['skipped_rows']})")
+
+    def samples() -> Iterator[dict[str, Any] | Skip]:
+        for index, (where, relative, path, caption) in enumerate(pairs):
+            meta = {"path": relative, "line": _line(where)}
+            yield with_image({"__key__": f"{index:09d}", "txt": caption, "json": meta, IMAGE_ID_KEY: relative}, path)
+
+    extra = {**_extra(table, root, f"every caption row of the {row_format(table)}"), **skips.report(table)}
+    return write_split(out, name, samples(), shard_size, extra)
+
+
+class ImageIds:
+    """The image id of each image path: the rows' own ``image_id`` (one per path, one path per id) or, for rows
+    without one, the path's position among the distinct paths."""
+
+    def __init__(self) -> None:
+        self.of_path: dict[str, int] = {}
+        self._path_of: dict[int, tuple[str, str]] = {}
+
+    def add(self, row: dict[str, Any], relative: str, where: str) -> int:
+        given = optional_int(row, "image_id", where)
+        known = self.of_path.get(relative)
+        image_id = given if given is not None else known if known is not None else len(self.of_path)
+        if known is not None and image_id != known:
+            raise ConversionError(f"{where}: field 'image_id' = {image_id}, but {relative!r} is image {known} above")
+        first = self._path_of.setdefault(image_id, (relative, where))
+        if first[0] != relative:
+            raise ConversionError(f"{where}: field 'image_id' = {image_id} is also {first[0]!r} ({first[1]})")
+        self.of_path[relative] = image_id
+        return image_id
+
+
+def convert_own_captions(
+    table: str | os.PathLike,
+    images: str | os.PathLike,
+    out: str | os.PathLike,
+    shard_size: int = 1000,
+    name: str = "captions",
+    tokenizer: TextTokenizer | None = None,
+) -> Manifest:
+    """A caption split (captioning, retrieval): one sample per image of ``table`` with all its captions, in the order
+    of each image's first row."""
+    table, root = Path(table), images_folder(images)
+    skips, ids, captions = RowSkips(), ImageIds(), CaptionSet()
+    files: dict[int, tuple[str, Path]] = {}
+    for where, row in read_rows(table):
+        caption = caption_of(row, where, skips)
+        if caption is None:
+            continue
+        relative, path = _image(row, root, where)
+        image_id = ids.add(row, relative, where)
+        files.setdefault(image_id, (relative, path))
+        captions.by_image.setdefault(image_id, [])
+        captions.add(image_id, caption, where)
+    if not files:
+        raise ConversionError(f"{table}: no caption rows to convert ({skips.report(table)['skipped_rows']})")
+
+    def samples() -> Iterator[dict[str, Any] | Skip]:
+        for image_id, (relative, path) in files.items():
+            sample = caption_sample(image_id, captions.by_image[image_id], relative)
+            yield with_image({**sample, IMAGE_ID_KEY: relative}, path)
+
+    extra = _extra(table, root, f"every caption row of the {row_format(table)}, grouped by image")
+    extra.update({**captions.report(table), **skips.report(table)})
+    tokens = {CAPTION_TOKENS_FILE: caption_tokens_text(captions.all_captions(), tokenizer)}
+    return write_split(out, name, samples(), shard_size, extra, tokens)
+
+
+def _question(row: dict[str, Any], where: str, ids: ImageIds, index: int, root: Path) -> dict[str, Any]:
+    """One validated question record of a VQA row."""
+    relative, path = _image(row, root, where)
+    record: dict[str, Any] = {
+        "where": where,
+        "relative": relative,
+        "path": path,
+        "question_id": optional_int(row, "question_id", where),
+        "image_id": ids.add(row, relative, where),
+        "question": text_field(row, "question", where),
+        "answers": answers_of(row, where),
+    }
+    if record["question_id"] is None:
+        record["question_id"] = index
+    if record["answers"] is not None:
+        counts = Counter(record["answers"])
+        most_common = max(counts, key=counts.__getitem__)  # the first of the most frequent, in the annotators' order
+        record["multiple_choice_answer"] = _optional_text(row, "multiple_choice_answer", where) or most_common
+        record["answer_type"] = _optional_text(row, "answer_type", where) or ""
+        record["question_type"] = _optional_text(row, "question_type", where) or ""
+    return record
+
+
+def _optional_text(row: dict[str, Any], name: str, where: str) -> str | None:
+    return text_field(row, name, where) if name in row else None
+
+
+def read_questions(table: Path, root: Path) -> list[dict[str, Any]]:
+    """The validated questions of a VQA table: question ids unique, answers in every row or in none."""
+    ids, questions, first_at = ImageIds(), [], {}
+    for index, (where, row) in enumerate(read_rows(table)):
+        record = _question(row, where, ids, index, root)
+        first = first_at.setdefault(record["question_id"], where)
+        if first != where:
+            raise ConversionError(
+                f"{where}: field 'question_id' = {record['question_id']} appears twice (first: {first})"
+            )
+        if questions and (record["answers"] is None) != (questions[0]["answers"] is None):
+            raise ConversionError(
+                f"{where}: field 'answers' is {'missing' if record['answers'] is None else 'given'} here but not in "
+                f"{questions[0]['where']}; a split has answers in every row or in none"
+            )
+        questions.append(record)
+    return questions
+
+
+def convert_own_vqa(
+    table: str | os.PathLike,
+    images: str | os.PathLike,
+    out: str | os.PathLike,
+    answer_vocab: str | os.PathLike | None = None,
+    min_answer_count: int = 9,
+    shard_size: int = 1000,
+    name: str = "vqa",
+    split: str = "own",
+) -> Manifest:
+    """A VQA split: one sample per row of ``table`` (``image``, ``question``, ``answers``; optional ``question_id``,
+    ``image_id``, ``multiple_choice_answer``, ``answer_type``, ``question_type``). With answers and without
+    ``answer_vocab`` the split is a training split: it builds the vocabulary from each question's
+    ``multiple_choice_answer`` (given, else its most frequent answer) and writes ``answers.json``."""
+    if min_answer_count < 1:
+        raise ConversionError(f"--min-answer-count must be >= 1, got {min_answer_count}")
+    table, root = Path(table), images_folder(images)
+    questions = read_questions(table, root)
+    annotated = questions[0]["answers"] is not None
+    vocab = read_answer_vocab(answer_vocab, ConversionError, allow_empty=True) if answer_vocab is not None else None
+    if vocab is None and annotated:
+        vocab = build_answer_vocab((question["multiple_choice_answer"] for question in questions), min_answer_count)
+        if not vocab:
+            print(
+                f"{table}: warning: no answer is the multiple-choice answer of {min_answer_count} or more questions, "
+                "so the answer vocabulary is empty (no question has a target); lower --min-answer-count",
+                file=sys.stderr,
+            )
+    vocab_index = VocabIndex.of({answer: label for label, answer in enumerate(vocab or [])})
+
+    def samples() -> Iterator[dict[str, Any] | Skip]:
+        for record in questions:
+            meta = {name: record[name] for name in ("question_id", "image_id", "question")}
+            meta["data_subtype"] = split
+            if annotated:
+                labels, scores = soft_targets(record["answers"], vocab_index)
+                meta.update({name: record[name] for name in ("answers", "multiple_choice_answer")})
+                meta.update(answer_type=record["answer_type"], question_type=record["question_type"])
+                meta.update(labels=labels, scores=scores)
+            sample = {"__key__": str(record["question_id"]), "txt": record["question"], "json": meta}
+            yield with_image({**sample, IMAGE_ID_KEY: record["relative"]}, record["path"])
+
+    extra = _extra(table, root, f"every question row of the {row_format(table)}", answer_vocab)
+    extra["source"]["answer_vocab"] = str(answer_vocab) if answer_vocab is not None else None
+    if vocab is not None:
+        extra["answer_vocab_size"] = len(vocab)
+    files = {ANSWERS_FILE: json_text(vocab)} if vocab is not None and answer_vocab is None else {}
+    return write_split(out, name, samples(), shard_size, extra, files)

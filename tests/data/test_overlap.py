@@ -1,0 +1,130 @@
+"""Provenance and contamination: every conversion's manifest names its inputs' SHA-256 digests and its split rule;
+``mmoe data check-overlap`` finds images two splits share by id and by digest (from ``image_digests.json`` or from
+the shards themselves), ``--strict`` exits 2 on any overlap; a fine-tuning DataModule warns at setup when its train
+and eval splits share images."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from mmoe.cli import main
+from mmoe.data.converters import convert_karpathy, convert_nlvr2, convert_text, convert_tsv, convert_vqav2
+from mmoe.data.converters.own_data import convert_own_captions
+from mmoe.data.datamodules import CaptioningDataModule, RetrievalDataModule
+from tests.data.test_converters import image_file, karpathy_file, nlvr2_file, vqa_files
+from tests.data.test_own_data import picture, write_jsonl
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_every_conversion_records_its_inputs_digests_and_split_rule(tmp_path):
+    q, a = vqa_files(tmp_path)
+    for image_id in (9, 42):
+        image_file(tmp_path / f"coco/train2014/COCO_train2014_{image_id:012d}.jpg")
+    manifest = convert_vqav2(q, tmp_path / "coco", tmp_path / "vqa", annotations=a, min_answer_count=1)
+    assert manifest.extra["sha256"] == {str(q): digest(q), str(a): digest(a)}
+    assert manifest.extra["split_rule"] == "every question of the questions file"
+    held = convert_vqav2(q, tmp_path / "coco", tmp_path / "kept", annotations=a, min_answer_count=1,
+                         holdout_images=1, holdout_out=tmp_path / "rest", seed=3)  # fmt: skip
+    rest = json.loads((tmp_path / "rest/manifest.json").read_text())
+    assert "random.Random(3)" in rest["split_rule"] and held.extra["split_rule"].startswith("every question but")
+    karpathy = karpathy_file(tmp_path)
+    image_file(tmp_path / "coco/val2014/COCO_val2014_000000000003.jpg")
+    manifest = convert_karpathy(karpathy, "test", tmp_path / "coco", tmp_path / "test")
+    assert manifest.extra["sha256"] == {str(karpathy): digest(karpathy)}
+    assert manifest.extra["split_rule"] == "images whose 'split' is test"
+    data = nlvr2_file(tmp_path / "dev.json", [{"identifier": "dev-1-0-0", "sentence": "s", "label": "True"}])
+    for side in (0, 1):
+        image_file(tmp_path / f"nlvr2/dev-1-0-img{side}.png", image_format="PNG")
+    assert convert_nlvr2(data, tmp_path / "nlvr2", tmp_path / "n").extra["sha256"] == {str(data): digest(data)}
+    (tmp_path / "p.tsv").write_text("train2014/COCO_train2014_000000000009.jpg\ta caption\n")
+    manifest = convert_tsv(tmp_path / "p.tsv", tmp_path / "coco", tmp_path / "pairs")
+    assert manifest.extra["sha256"] == {str(tmp_path / "p.tsv"): digest(tmp_path / "p.tsv")}
+    (tmp_path / "t.txt").write_text("one\n")
+    manifest = convert_text([tmp_path / "t.txt"], tmp_path / "text")
+    assert manifest.extra["sha256"] == {str(tmp_path / "t.txt"): digest(tmp_path / "t.txt")}
+    assert not (tmp_path / "text/image_digests.json").exists()  # no images, no image digests
+
+
+@pytest.fixture
+def splits(tmp_path) -> dict[str, Path]:
+    """Caption splits: ``train``; ``clean`` (other images); ``same_name`` (train's file name, other bytes);
+    ``same_bytes`` (train's bytes under another name)."""
+    train_images, eval_images = tmp_path / "train-images", tmp_path / "eval-images"
+    red = picture(train_images / "red.jpg", (200, 10, 10))
+    picture(train_images / "green.jpg", (10, 200, 10))
+    picture(eval_images / "blue.jpg", (10, 10, 200))
+    picture(eval_images / "red.jpg", (250, 250, 10))  # the name of a training image, another picture
+    shutil.copy(red, eval_images / "copy.jpg")  # a training image under another name
+    tables = {
+        "train": (train_images, ["red.jpg", "green.jpg"]),
+        "clean": (eval_images, ["blue.jpg"]),
+        "same_name": (eval_images, ["blue.jpg", "red.jpg"]),
+        "same_bytes": (eval_images, ["blue.jpg", "copy.jpg"]),
+    }
+    for name, (images, files) in tables.items():
+        table = write_jsonl(tmp_path / f"{name}.jsonl", [{"image": f, "caption": f"a {f}"} for f in files])
+        convert_own_captions(table, images, tmp_path / name)
+    return {name: tmp_path / name for name in tables}
+
+
+@pytest.mark.parametrize("from_shards", [False, True])
+@pytest.mark.parametrize(("split", "by_id", "by_digest"), [("clean", 0, 0), ("same_name", 1, 0), ("same_bytes", 0, 1)])
+def test_check_overlap_by_id_and_by_digest(splits, capsys, split, by_id, by_digest, from_shards):
+    if from_shards:  # folders converted before image_digests.json existed: their shards are read
+        for folder in (splits["train"], splits[split]):
+            (folder / "image_digests.json").unlink()
+    assert main(["data", "check-overlap", str(splits["train"]), str(splits[split])]) == 0
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    assert (report["by_id"]["count"], report["by_digest"]["count"]) == (by_id, by_digest)
+    assert report["shared_images"] == by_id + by_digest and report["eval"]["images"] == 2 - (split == "clean")
+    assert report["train"]["read_from"] == ("shards" if from_shards else "image_digests.json")
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mmoe data check-overlap: ")
+    assert ("shares none" in lines[0]) == (split == "clean")
+    if by_id:
+        assert report["by_id"]["examples"] == ["red.jpg"]
+    if by_digest:
+        assert report["by_digest"]["examples"][0] == {
+            "eval_id": "copy.jpg",
+            "train_id": "red.jpg",
+            "sha256": digest(splits["train"].parent / "train-images/red.jpg"),
+        }
+    strict = main(["data", "check-overlap", "--strict", str(splits["train"]), str(splits[split])])
+    assert strict == (2 if by_id or by_digest else 0)
+
+
+def test_check_overlap_bad_folders_are_one_line(splits, tmp_path, capsys):
+    assert main(["data", "check-overlap", str(splits["train"]), str(tmp_path / "absent")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"mmoe data check-overlap: error: {tmp_path / 'absent'}: not a folder"]
+    (splits["clean"] / "image_digests.json").write_text('{"format": "something else"}')
+    assert main(["data", "check-overlap", str(splits["train"]), str(splits["clean"])]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "image_digests.json: not an mmoe-image-digests file" in err[0]
+
+
+@pytest.mark.parametrize("module_class", [CaptioningDataModule, RetrievalDataModule])
+def test_finetuning_warns_when_train_and_eval_splits_share_images(splits, capsys, module_class):
+    def setup(val: str, test: str | None = None) -> list[str]:
+        module = module_class(train_shards=splits["train"], val_shards=[str(splits[val])],
+                              test_shards=test and str(splits[test]), image_size=32, num_workers=0)  # fmt: skip
+        capsys.readouterr()
+        module.setup("fit")
+        module.setup("validate")  # warned once
+        return capsys.readouterr().err.strip().splitlines()
+
+    assert setup("clean") == []
+    lines = setup("same_bytes", test="same_name")
+    assert len(lines) == 2
+    assert lines[0].startswith("mmoe: warning: data.val_shards shares 1 of its 2 images with data.train_shards")
+    assert "(0 by id, 1 by digest; e.g. copy.jpg)" in lines[0] and "mmoe data check-overlap" in lines[0]
+    assert lines[1].startswith("mmoe: warning: data.test_shards shares 1 of its 2 images") and "1 by id" in lines[1]
