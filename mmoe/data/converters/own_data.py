@@ -56,10 +56,12 @@ def _image(row: dict[str, Any], root: Path, where: str) -> tuple[str, Path]:
     return relative, path_inside(root, relative, f"{where}: field 'image'")
 
 
-def _extra(table: Path, root: Path, rule: str, answer_vocab: str | os.PathLike | None = None) -> dict[str, Any]:
-    """The manifest's provenance: the table and image folder, the digests of the table (and answer vocabulary)."""
+def _extra(table: Path, root: Path, rows: str, answer_vocab: str | os.PathLike | None = None) -> dict[str, Any]:
+    """The manifest's provenance: the table and image folder, the digests of the table (and answer vocabulary), and
+    the rule: every ``rows`` row of the table."""
     source = {"table": str(table), "images": str(root)}
-    return {"source": source, **provenance([table, answer_vocab], f"{rule} of {table.name}")}
+    rule = f"every {rows} row of {table.name} ({row_format(table)})"
+    return {"source": source, **provenance([table, answer_vocab], rule)}
 
 
 def _line(where: str) -> int | str:
@@ -91,7 +93,7 @@ def convert_own_pairs(
             meta = {"path": relative, "line": _line(where)}
             yield with_image({"__key__": f"{index:09d}", "txt": caption, "json": meta, IMAGE_ID_KEY: relative}, path)
 
-    extra = {**_extra(table, root, f"every caption row of the {row_format(table)}"), **skips.report(table)}
+    extra = {**_extra(table, root, "caption"), **skips.report(table)}
     return write_split(out, name, samples(), shard_size, extra)
 
 
@@ -146,7 +148,8 @@ def convert_own_captions(
             sample = caption_sample(image_id, captions.by_image[image_id], relative)
             yield with_image({**sample, IMAGE_ID_KEY: relative}, path)
 
-    extra = _extra(table, root, f"every caption row of the {row_format(table)}, grouped by image")
+    extra = _extra(table, root, "caption")
+    extra["split_rule"] += ", one sample per image"
     extra.update({**captions.report(table), **skips.report(table)})
     tokens = {CAPTION_TOKENS_FILE: caption_tokens_text(captions.all_captions(), tokenizer)}
     return write_split(out, name, samples(), shard_size, extra, tokens)
@@ -240,7 +243,7 @@ def convert_own_vqa(
             sample = {"__key__": str(record["question_id"]), "txt": record["question"], "json": meta}
             yield with_image({**sample, IMAGE_ID_KEY: record["relative"]}, record["path"])
 
-    extra = _extra(table, root, f"every question row of the {row_format(table)}", answer_vocab)
+    extra = _extra(table, root, "question", answer_vocab)
     extra["source"]["answer_vocab"] = str(answer_vocab) if answer_vocab is not None else None
     if vocab is not None:
         extra["answer_vocab_size"] = len(vocab)
