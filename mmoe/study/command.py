@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from mmoe.io import read_json
+from mmoe.io import read_json, report_error
 from mmoe.pipeline.layout import RANDOM_INIT
 from mmoe.pipeline.settings import refuse_other_settings, upgraded_settings
 from mmoe.pipeline.stages import PipelineError, print_progress, run_stage
@@ -29,8 +29,10 @@ from mmoe.study.claims import (
     pretraining_claim,
     tasks_claim,
 )
-from mmoe.study.plan import StudyPlan
+from mmoe.study.decisions import run_decisions
+from mmoe.study.plan import PlanError, StudyPlan, plan_hash
 from mmoe.study.plan_design import study_plan
+from mmoe.study.plan_runs import check_runs_plan, plan_of_run, record_plan, refuse_other_plan, under_plan
 from mmoe.study.report import write_report
 from mmoe.study.routers import router_rows
 from mmoe.study.runs import (
@@ -144,6 +146,13 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     size.add_argument("--fast", action="store_true", help="a few steps of a narrower model (for tests)")
     size.add_argument("--scale", action="store_true", help="longer runs on a larger corpus, bf16 (for a GPU)")
     claims.add_argument(
+        "--plan",
+        type=Path,
+        default=None,
+        help="the plan file whose rules judge the claims (default: the design of the chosen settings; "
+        "docs/claims/plan.json is the default settings')",
+    )
+    claims.add_argument(
         "--precision",
         choices=("32-true", "bf16-mixed"),
         default=None,
@@ -153,9 +162,11 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def study_command(argv: Sequence[str]) -> int:
-    """Runs ``mmoe study claims``; 0, or 1 when a stage fails (the message names it)."""
+    """Runs ``mmoe study claims``; 0, 1 when a stage fails (the message names it), 2 for a bad plan file or runs made
+    under another plan (one line naming both plans' hashes)."""
     args = parse(argv)
-    settings = SCALE if args.scale else FAST if args.fast else DEFAULT
+    preset = "scale" if args.scale else "fast" if args.fast else "default"
+    settings = {"scale": SCALE, "fast": FAST, "default": DEFAULT}[preset]
     if args.precision is not None:
         settings = dataclasses.replace(
             settings, training=dataclasses.replace(settings.training, precision=args.precision)
@@ -165,15 +176,21 @@ def study_command(argv: Sequence[str]) -> int:
         logging.getLogger(name).setLevel(logging.WARNING)
     start = time.perf_counter()
     try:
+        plan = plan_of_run(settings, preset, args.plan)
+        refuse_other_plan(study.out, plan)
         hint = "use another --out, or that run's --fast / --scale / --precision with the version that made it"
         refuse_other_settings(study.out / "study.json", settings.to_json(), "a claims study", hint, upgraded_study)
+        record_plan(study.out, plan)
         runs = pretrainings(settings)
         stages = [corpus_stage(study), codebook_stage(study)]
         for run in runs:
             stages += pretrain_stages(study, run)
         stages += finetune_stages(study, settings)
         stages += [analysis_stage(study, settings, runs), maps_stage(study, settings, runs)]
-        records = {stage.key: run_stage(study, stage) for stage in stages}
+        records = {stage.key: run_stage(study, under_plan(stage, plan_hash(plan))) for stage in stages}
+        digest = check_runs_plan(records, plan)
+    except PlanError as error:
+        return report_error("study", error)
     except PipelineError as error:
         print(f"mmoe study: error: {error}", file=sys.stderr)
         return 1
@@ -181,29 +198,60 @@ def study_command(argv: Sequence[str]) -> int:
     measures = Measures.from_json(read_json(study.analysis / MEASURES_FILE, "measures"))
     command = shlex.join(["mmoe", "study", *argv])
     facts = run_facts(study.out, records, seconds)
-    header = (
-        f"# Claims of the X-MoE, MH-MoE and Stratified MoE papers, measured by mmoe\n\nMade by `{command}`: "
-        f"{facts['trainings']} trainings, {facts['stage_seconds'] / 60:.1f} min in its stages on "
-        f"{facts['machine']}, {facts['disk_bytes'] / 1e9:.1f} GB written; torch {facts['versions']['torch']}, "
-        f"Lightning {facts['versions']['lightning']}. Tiny scale on the synthetic world: each claim is judged on the "
-        "tokens its paper measured, beside the other modality, with a 95% interval (bootstrap over held-out batches, "
-        "images, router-input rows or fine-tuning windows; Student-t over seeds) and the verdicts of "
-        "`mmoe.study.verdicts`: reproduces / opposite (the interval on one side of zero), not separated (across "
-        "zero), saturated (at a ceiling), uninformative (at the no-learning level). Every number below is "
-        "recomputed from `analysis/measures.json` by `mmoe.study.command.claims_from`."
-    )
+    claims = claims_from(measures, plan)
+    decisions = run_decisions(claims, plan, measures)
     report = write_report(
-        claims_from(measures),
+        claims,
         study.out,
-        header,
-        {"command": command, "settings": settings.to_json(), "run": facts},
+        report_header(command, facts, plan, digest),
+        {"command": command, "settings": settings.to_json(), "run": facts, "plan": {"sha256": digest} | plan.to_json()},
         measures.chance,
         claim_settings(settings),
         router_rows(measures.router_variants, settings.router_variants),
+        decisions,
+        rule_change_verdicts(measures, plan, decisions),
     )
     print_progress(
         f"\n{study.out / 'report.md'} ({seconds:.0f} s this run, {facts['stage_seconds']:.0f} s in all stages)"
     )
-    for claim in report["claims"]:
-        print_progress(f"  {claim['verdict']:>28}  {claim['title']}")  # the report's JSON form
+    for claim, decision in zip(report["claims"], decisions, strict=True):
+        print_progress(f"  {decision['verdict']:>40}  {claim['title']}")  # the report's JSON form
     return 0
+
+
+def report_header(command: str, facts: dict, plan: StudyPlan, digest: str) -> str:
+    """The report's first paragraph: the command, what it took, the plan's hash, runs per arm and every interval's
+    unit."""
+    runs = ", ".join(f"{claim.id} {'/'.join(map(str, sorted(set(claim.runs_per_arm()))))}" for claim in plan.claims)
+    return (
+        f"# Claims of the X-MoE, MH-MoE and Stratified MoE papers, measured by mmoe\n\nMade by `{command}`: "
+        f"{facts['trainings']} trainings, {facts['stage_seconds'] / 60:.1f} min in its stages on "
+        f"{facts['machine']}, {facts['disk_bytes'] / 1e9:.1f} GB written; torch {facts['versions']['torch']}, "
+        f"Lightning {facts['versions']['lightning']}. Plan `{digest}` (SHA-256 of `plan.json`, fixed before the "
+        f"runs; every stage recorded it). Runs per arm: {runs}. Tiny scale on the synthetic world. **The unit is the "
+        "training run:** a claim is decided over independent runs per arm (Welch's t interval over runs, 95%; Holm's "
+        "correction over a claim's gaps where the plan says so; the smallest effect the runs can detect at power 0.8 "
+        "beside it), and a claim with 1 run per arm is not decided. The within-run intervals (95% bootstrap over "
+        "held-out batches, images, router-input rows or fine-tuning windows of one run; Student-t over seeds for the "
+        "task scores) are shown as secondary terms with the verdicts of `mmoe.study.verdicts`: reproduces / opposite "
+        "(the interval on one side of zero), not separated (across zero), saturated (at a ceiling), uninformative (at "
+        "the no-learning level). Every number below is recomputed from `analysis/measures.json` by "
+        "`mmoe.study.command.claims_from` and `mmoe.study.decisions.run_decisions`."
+    )
+
+
+def rule_change_verdicts(measures: Measures, plan: StudyPlan, decisions: list[dict]) -> list[dict]:
+    """Each of the plan's rule changes with the affected claim's verdicts (within one run and over runs) under the old
+    rule and under the plan's."""
+    by_id = {decision["id"]: decision for decision in decisions}
+    changes = []
+    for change in plan.rule_changes:
+        old_plan = plan.under_old_rule(change)
+        old_claims = claims_from(measures, old_plan)
+        old = next(d for d in run_decisions(old_claims, old_plan, measures) if d["id"] == change.claim)
+        new = by_id[change.claim]
+        changes.append(dataclasses.asdict(change) | {
+            "old_verdicts": {"within_run": old["within_run_verdict"], "over_runs": old["verdict"]},
+            "new_verdicts": {"within_run": new["within_run_verdict"], "over_runs": new["verdict"]},
+        })  # fmt: skip
+    return changes

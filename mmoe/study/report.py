@@ -10,6 +10,7 @@ import numpy as np
 from mmoe.atomic import write_text_atomic
 from mmoe.io import write_json
 from mmoe.study.claims import TASK_SCORES, Claim
+from mmoe.study.decisions import decision_text, short_verdict
 from mmoe.study.routers import router_table
 from mmoe.study.verdicts import describe
 from mmoe.viz.figures import new_figure, save_figure
@@ -17,6 +18,7 @@ from mmoe.viz.figures import new_figure, save_figure
 #: The report's files in the study's folder.
 REPORT_FILE, REPORT_MARKDOWN = "report.json", "report.md"
 ROUTERS_HEADING = "## Routers beyond top-1 token choice (measured, not a claim)"
+RULE_CHANGES_HEADING = "## Rules changed after results were seen"
 ROUTERS_TEXT = (
     "Each router's tiny pre-training part with its own plan (Switch top-1 over 8 experts the baseline), pre-trained "
     "as many steps as the activation-ratio runs, "
@@ -188,18 +190,30 @@ def markdown(
     chance: dict[str, float],
     settings: dict[str, str],
     routers: list[dict] | None = None,
+    decisions: list[dict] | None = None,
+    rule_changes: list[dict] | None = None,
 ) -> str:
     """The report as Markdown; figure links relative to ``root`` (where report.md lies); ``settings``: claim id ->
     mmoe's setting, put beside the paper's; ``routers``: the rows of the router table after the claims
-    (:func:`mmoe.study.routers.router_rows`)."""
-    lines = [header, "", "| # | claim | paper | mmoe | verdict |", "| --- | --- | --- | --- | --- |"]
+    (:func:`mmoe.study.routers.router_rows`); ``decisions``: each claim decided over runs
+    (:func:`mmoe.study.decisions.run_decisions`); ``rule_changes``: each changed rule with the verdicts under the old
+    and the new rule."""
+    decided = {decision["id"]: decision for decision in decisions or []}
+    lines = [header, "", "| # | claim | paper | mmoe (within one run) | within-run verdict | decided over runs |",
+             "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     for number, claim in enumerate(claims, 1):
-        lines.append(f"| {number} | {claim.title} | {claim.paper} | {claim.summary} | {claim.verdict} |")
+        over_runs = short_verdict(decided[claim.id]) if claim.id in decided else "not computed"
+        lines.append(f"| {number} | {claim.title} | {claim.paper} | {claim.summary} | {claim.verdict} | {over_runs} |")
+    if rule_changes:
+        lines += ["", RULE_CHANGES_HEADING, "", *_rule_change_lines(rule_changes)]
     for number, claim in enumerate(claims, 1):
         lines += ["", f"## {number}. {claim.title}", "", f"**Paper.** {claim.paper}.", ""]
         if claim.id in settings:
             lines += [f"**mmoe's setting.** {settings[claim.id]}.", ""]
-        lines += [f"**mmoe.** {claim.summary}. **Verdict: {claim.verdict}.**", ""]
+        lines += [f"**mmoe, within one run.** {claim.summary}. **Within-run verdict: {claim.verdict}.**", ""]
+        if claim.id in decided:
+            decision = decided[claim.id]
+            lines += [f"**Decided over runs.** {decision_text(decision)}. **Verdict: {decision['verdict']}.**", ""]
         if claim.id == "tasks":
             lines += _score_table(claim.measured["scores"], chance)
         if claim.id in figures:
@@ -207,6 +221,17 @@ def markdown(
     if routers:
         lines += ["", ROUTERS_HEADING, "", ROUTERS_TEXT, "", *router_table(routers)]
     return "\n".join(lines) + "\n"
+
+
+def _rule_change_lines(rule_changes: list[dict]) -> list[str]:
+    lines = ["| claim | rule | old | new | why (date) | verdicts under the old rule | under the new rule |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    for change in rule_changes:
+        old, new = change["old_verdicts"], change["new_verdicts"]
+        lines.append(f"| {change['claim']} | {change['rule']} | {change['old']} | {change['new']} | {change['why']} "
+                     f"({change['date']}) | within run: {old['within_run']}; over runs: {old['over_runs']} | within "
+                     f"run: {new['within_run']}; over runs: {new['over_runs']} |")  # fmt: skip
+    return lines
 
 
 def _score_table(scores: dict, chance: dict[str, float]) -> list[str]:
@@ -237,21 +262,26 @@ def write_report(
     chance: dict[str, float],
     settings: dict[str, str] | None = None,
     routers: list[dict] | None = None,
+    decisions: list[dict] | None = None,
+    rule_changes: list[dict] | None = None,
 ) -> dict:
     """``out/report.json``, ``out/report.md`` and ``out/figures/*.png``; ``chance``: task -> its chance level (drawn
-    with the scores); ``settings``: claim id -> mmoe's setting in one line; ``routers``: the router table's rows.
-    Returns the JSON object."""
+    with the scores); ``settings``: claim id -> mmoe's setting in one line; ``routers``: the router table's rows;
+    ``decisions``: each claim decided over runs; ``rule_changes``: the plan's changed rules with the verdicts under
+    the old and the new rule. Returns the JSON object."""
     figures = draw_figures(claims, out / "figures", chance)
     claims_json = [claim.to_json() for claim in claims]
     settings = settings or {}
     report = extra | {
         "claim_settings": settings,
         "claims": claims_json,
+        "decisions": decisions or [],
+        "rule_changes": rule_changes or [],
         "chance": chance,
         "figures": {key: str(path) for key, path in figures.items()},
         "routers": routers or [],
     }
     write_json(out / REPORT_FILE, report)
-    text = markdown(claims, figures, header, out, chance, settings, routers)
+    text = markdown(claims, figures, header, out, chance, settings, routers, decisions, rule_changes)
     write_text_atomic(out / REPORT_MARKDOWN, text)
     return report

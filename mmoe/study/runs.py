@@ -55,7 +55,8 @@ class Measures:
         activation: activation-ratio run -> its heads, loads and tokens per MoE layer (:func:`expert_loads`).
         diversity: MH-MoE run -> per MoE layer the object and background patches' distinct experts.
         snapshots: router run -> RC and fluctuation through pre-training (:func:`snapshot_measures`).
-        consistency: router -> inter-run consistency through fine-tuning, window by window.
+        consistency: router -> inter-run consistency through fine-tuning, window by window, and (``leave_one_out``)
+            the same windows with each seed left out in turn.
         scores: variant -> task -> the seeds' ``scores.json``.
         random_init: task -> the seeds' ``scores.json`` of :data:`PRETRAINING_VARIANT` fine-tuned from random init.
         capacity: the Stratified MoE run's requested capacity per MoE layer and held-out batch.
@@ -266,8 +267,13 @@ def measure_runs(study: StudyRun, settings: StudySettings, runs: list[Pretrainin
         snapshots[router] = snapshot_measures(list(saved.values()), list(saved), batches, settings.analysis_rows)
         folders = [study.finetune_run(run.name, CONSISTENCY_TASK, seed).root for seed in range(settings.seeds)]
         loads = [window_loads(read_stats(folder)) for folder in folders]
-        result = consistency_through_training(loads, [str(folder) for folder in folders])
-        consistency[router] = result | {"runs": len(folders), "frozen_routing": router in FROZEN_IN_FINETUNING}
+        names = [str(folder) for folder in folders]
+        result = consistency_through_training(loads, names)
+        # each seed left out in turn: the jackknife over runs that decides the claim (mmoe.study.decisions)
+        left_out = [consistency_through_training(loads[:i] + loads[i + 1 :], names[:i] + names[i + 1 :])["windows"]
+                    for i in range(len(loads))] if len(loads) > 2 else []  # fmt: skip
+        consistency[router] = result | {"runs": len(folders), "frozen_routing": router in FROZEN_IN_FINETUNING,
+                                        "leave_one_out": left_out}  # fmt: skip
     scores = {variant: collect_scores(study, variant, settings.task_seeds) for variant in settings.task_variants}
     random_init = collect_scores(study, f"{PRETRAINING_VARIANT}-{RANDOM_INIT}", settings.task_seeds)
     stratified = study.pretrained(by_name[STRATIFIED].name)

@@ -5,6 +5,7 @@ backbone snapshots (fast), and the whole study at ``--fast`` with its report rec
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import math
@@ -37,6 +38,7 @@ from mmoe.study.claims import (
     spearman,
     tasks_claim,
 )
+from mmoe.study.decisions import NO_SEED_VALUES, run_decisions
 from mmoe.study.measures import (
     RC_RESAMPLES,
     held_out_batches,
@@ -45,9 +47,12 @@ from mmoe.study.measures import (
     token_passes,
     training_token_counts,
 )
+from mmoe.study.plan import plan_hash, read_plan, write_plan
+from mmoe.study.plan_design import study_plan
 from mmoe.study.report import write_report
+from mmoe.study.run_statistics import UNDECIDABLE
 from mmoe.study.runs import Measures
-from mmoe.study.settings import FAST
+from mmoe.study.settings import DEFAULT, FAST
 from mmoe.study.verdicts import NOT_SEPARATED, OPPOSITE, REPRODUCES, SATURATED, UNINFORMATIVE, VERDICTS
 from mmoe.tasks.checkpoint import load_backbone
 
@@ -337,15 +342,22 @@ def test_fast_study_report_is_recomputed_from_its_saved_statistics(fast_study):
     out = fast_study
     report = json.loads((out / "report.json").read_text())
     measures = json.loads((out / "analysis" / "measures.json").read_text())
+    plan = study_plan(FAST, "fast")
     assert report["claims"] == json.loads(
-        json.dumps([claim.to_json() for claim in claims_from(Measures.from_json(measures))])
+        json.dumps([claim.to_json() for claim in claims_from(Measures.from_json(measures), plan)])
     )
+    # the plan: its hash in the report and in every stage's marker; the claims decided over runs beside
+    assert report["plan"]["sha256"] == plan_hash(plan) and read_plan(out / "plan.json") == plan
+    markers = [json.loads(path.read_text()) for path in (out / "stages").glob("*.json")]
+    assert markers and {marker["result"]["plan_sha256"] for marker in markers} == {plan_hash(plan)}
+    assert [d["id"] for d in report["decisions"]] == [c["id"] for c in report["claims"]]
+    assert report["decisions"][0]["verdict"] == UNDECIDABLE and report["decisions"][4]["runs_per_arm"] == [3, 3]
     assert [claim["id"] for claim in report["claims"]] == [
         "activation", "diversity", "collapse", "fluctuation", "consistency", "tasks", "pretraining", "capacity",
         "frequency",
     ]  # fmt: skip
     markdown = (out / "report.md").read_text()
-    assert "mmoe study claims --fast" in markdown
+    assert "mmoe study claims --fast" in markdown and f"Plan `{plan_hash(plan)}`" in markdown
     # the run's facts come from the run: every training it made with FAST's settings (9 pre-trainings and the 5 of the
     # router table, 4 cells x 3 tasks x 2 seeds of task fine-tunings, 2 routers x 3 seeds of consistency fine-tunings)
     assert report["run"]["trainings"] == 9 + 5 + 24 + 6
@@ -382,6 +394,10 @@ def test_fast_study_report_is_recomputed_from_its_saved_statistics(fast_study):
             for key in runs[0][position][1]:
                 ic = inter_run_consistency([run[position][1][key].tolist() for run in runs])
                 assert window[key] == (pytest.approx(ic) if math.isfinite(ic) else None)
+                for left, windows in enumerate(saved["leave_one_out"]):  # each seed left out: the jackknife's
+                    rest = [run[position][1][key].tolist() for seed, run in enumerate(runs) if seed != left]
+                    ic = inter_run_consistency(rest)
+                    assert windows[position][key] == (pytest.approx(ic) if math.isfinite(ic) else None)
 
     # claims 6 and 7: the scores are the evaluation files' own, each cell at 2 seeds
     scores = report["claims"][5]["measured"]["scores"]
@@ -416,6 +432,19 @@ def test_fast_study_reuses_its_stages_and_refuses_other_settings(fast_study, cap
     assert (fast_study / "report.json").stat().st_mtime_ns >= before
     assert main(["study", "claims", "--out", str(fast_study)]) == 1
     assert "other settings" in capsys.readouterr().err
+    # the plan changed after the runs (a window moved, undeclared): refused, both hashes named, nothing rewritten
+    plan = study_plan(FAST, "fast")
+    claims = tuple(dataclasses.replace(c, window_from=0.25) if c.id == "collapse" else c for c in plan.claims)
+    changed = dataclasses.replace(plan, claims=claims)
+    write_plan(changed, fast_study.parent / "changed.json")
+    report = (fast_study / "report.json").stat().st_mtime_ns
+    assert (
+        main(["study", "claims", "--fast", "--out", str(fast_study), "--plan", str(fast_study.parent / "changed.json")])
+        == 2
+    )
+    error = capsys.readouterr().err.strip()
+    assert "\n" not in error and plan_hash(plan) in error and plan_hash(changed) in error
+    assert (fast_study / "report.json").stat().st_mtime_ns == report
 
 
 def test_a_report_of_hand_made_claims_is_written_whole(tmp_path):
@@ -441,13 +470,26 @@ def test_a_report_of_hand_made_claims_is_written_whole(tmp_path):
         frequency_claim(_token_passes(lambda t: 1 + t / 30), {str(t): 1000 - 30 * t for t in range(30)}),
     ]
     settings = {"collapse": "Switch and X-MoE, 32 experts"}
-    report = write_report(claims, tmp_path, "# header", {"command": "test"}, CHANCE, settings)
-    assert report["claims"] == [claim.to_json() for claim in claims]
+    plan = study_plan(DEFAULT, "default")
+    measures = Measures({}, {}, {}, consistency, {}, {}, {}, {}, CHANCE)
+    decisions = run_decisions(claims, plan, measures)
+    report = write_report(claims, tmp_path, "# header", {"command": "test"}, CHANCE, settings, None, decisions)
+    assert report["claims"] == [claim.to_json() for claim in claims] and report["decisions"] == decisions
     assert json.loads((tmp_path / "report.json").read_text()) == json.loads(json.dumps(report))
     markdown = (tmp_path / "report.md").read_text()
-    for number, claim in enumerate(claims, 1):
-        assert f"## {number}. {claim.title}" in markdown and f"**Verdict: {claim.verdict}.**" in markdown
+    for number, (claim, decision) in enumerate(zip(claims, decisions, strict=True), 1):
+        assert f"## {number}. {claim.title}" in markdown and f"**Within-run verdict: {claim.verdict}.**" in markdown
+        assert f"**Verdict: {decision['verdict']}.**" in markdown
         assert claim.verdict in VERDICTS
+    # one run per arm is not decided, whatever the within-run interval says; the seeds decide claims 6 and 7
+    by_id = {decision["id"]: decision for decision in decisions}
+    assert by_id["activation"]["verdict"] == UNDECIDABLE and by_id["activation"]["within_run_verdict"] == REPRODUCES
+    assert "| 1 run per arm: not decided |" in markdown
+    assert by_id["consistency"]["verdict"] == NO_SEED_VALUES  # these measures hold no leave-one-out windows
+    assert by_id["tasks"]["runs_per_arm"] == [2] * 9 and len(by_id["tasks"]["gaps"]) == 6
+    gaps = by_id["tasks"]["gaps"]  # VQA has two seeds per cell, NLVR2 and captioning one here
+    assert all((gap["holm_p"] is not None) == (gap["task"] == "vqav2") for gap in gaps)
+    assert {gap["verdict"] for gap in gaps if gap["task"] != "vqav2"} == {UNDECIDABLE}
     assert "language (the paper's)" in markdown and "vision" in markdown
     assert set(report["figures"]) == {claim.id for claim in claims}
     assert "**mmoe's setting.** Switch and X-MoE, 32 experts." in markdown

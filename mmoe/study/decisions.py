@@ -1,0 +1,150 @@
+"""Each claim decided over training runs, as its plan says: the unit is the run (a seed), the interval Welch's over
+the runs per arm (:mod:`mmoe.study.run_statistics`), a claim of several gaps corrected by Holm where the plan says
+so, and a claim whose arms have one run each undecidable; the claim's within-run verdict (batches, images, rows or
+windows of one run) is kept beside it as a secondary term, never in its place.
+
+Decided today: the task order (claim 6) and pre-training against random init (claim 7) over fine-tuning seeds, and
+the inter-run consistency (claim 5) over the seeds' leave-one-out jackknife pseudo-values of the mean correlation
+between runs (Tukey's jackknife: a pair of runs is not an independent unit, a run is).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mmoe.study.claims import Claim, judged_window, mean_correlation, order_verdict
+from mmoe.study.claims.task_scores import TASK_SCORES
+from mmoe.study.plan import ClaimPlan, StudyPlan
+from mmoe.study.plan_design import TASK_ORDER
+from mmoe.study.run_statistics import UNDECIDABLE, family_verdicts, run_verdict
+from mmoe.study.runs import Measures
+from mmoe.study.verdicts import SATURATED, UNINFORMATIVE, combined, keys_of
+
+#: The consistency claim's verdict where the measures hold no leave-one-out values (made before they were saved).
+NO_SEED_VALUES = "undecidable: the measures hold no per-seed values"
+
+
+def _decision(rules: ClaimPlan, claim: Claim, verdict: str, **fields) -> dict:
+    entry = {"id": claim.id, "runs_per_arm": rules.runs_per_arm(), "unit": rules.noise_rule.unit}
+    entry |= {"multiplicity": rules.multiplicity, "within_run_verdict": claim.verdict}
+    return entry | {"verdict": verdict} | fields
+
+
+def _corrected(gaps: list[dict], rules: ClaimPlan) -> list[dict]:
+    return family_verdicts(gaps, rules.noise_rule.alpha) if rules.multiplicity == "holm" else gaps
+
+
+def _task_decision(claim: Claim, rules: ClaimPlan) -> dict:
+    scores, tasks = claim.measured["scores"], claim.measured["tasks"]
+    gaps, where = [], []
+    for task, _, _ in TASK_SCORES:
+        for upper, lower in zip(TASK_ORDER, TASK_ORDER[1:], strict=False):
+            gaps.append(run_verdict(scores[upper][task]["values"], scores[lower][task]["values"], +1))
+            where.append((task, [upper, lower]))
+    corrected = zip(_corrected(gaps, rules), where, strict=True)
+    gaps = [gap | {"task": task, "pair": pair} for gap, (task, pair) in corrected]
+    per_task = {}
+    for task, _, _ in TASK_SCORES:
+        verdicts = [gap["verdict"] for gap in gaps if gap["task"] == task]
+        per_task[task] = UNINFORMATIVE if tasks[task]["verdict"] == UNINFORMATIVE else order_verdict(verdicts)
+    return _decision(rules, claim, combined(per_task.values()), gaps=gaps, tasks=per_task)
+
+
+def _pretraining_decision(claim: Claim, rules: ClaimPlan) -> dict:
+    tasks = claim.measured["tasks"]
+    gaps = [run_verdict(entry["pretrained"]["values"], entry["random_init"]["values"], +1) for entry in tasks.values()]
+    gaps = [gap | {"task": task} for gap, task in zip(_corrected(gaps, rules), tasks, strict=True)]
+    per_task = {gap["task"]: UNINFORMATIVE if tasks[gap["task"]]["verdict"] == UNINFORMATIVE else gap["verdict"]
+                for gap in gaps}  # fmt: skip
+    return _decision(rules, claim, combined(per_task.values()), gaps=gaps, tasks=per_task)
+
+
+def _mean_rho(window: dict, keys: list[str], runs: int) -> float | None:
+    values = [mean_correlation(window.get(key), runs) for key in keys]
+    return None if None in values else float(np.mean(values))
+
+
+def pseudo_values(result: dict, keys: list[str], window_from: float) -> list[float] | None:
+    """Per seed, the jackknife pseudo-value m θ - (m - 1) θ_(-i) of θ, the mean correlation between runs over
+    ``keys`` averaged over the judged windows; None without leave-one-out values or where a window's ρ is undefined."""
+    runs, windows, left_out = result["runs"], result["windows"], result.get("leave_one_out") or []
+    if len(left_out) != runs or runs < 3:
+        return None
+    judged = judged_window(list(range(len(windows))), window_from)
+    values = []
+    for seed in range(runs):
+        per_window = []
+        for position in judged:
+            full, part = _mean_rho(windows[position], keys, runs), _mean_rho(left_out[seed][position], keys, runs - 1)
+            if None in (full, part):
+                return None
+            per_window.append(runs * full - (runs - 1) * part)
+        values.append(float(np.mean(per_window)))
+    return values
+
+
+def _consistency_decision(claim: Claim, rules: ClaimPlan, consistency: dict) -> dict:
+    by_modality = {}
+    for name, entry in claim.measured.get("by_modality", {}).items():
+        keys = keys_of(entry["keys"], name)
+        arms = [pseudo_values(consistency[router], keys, rules.window_from) for router in ("xmoe", "switch")]
+        if None in arms:
+            by_modality[name] = {"verdict": NO_SEED_VALUES, "within_run": entry["interval"]}
+            continue
+        gap = run_verdict(arms[0], arms[1], +1, within_run=entry["interval"])
+        if entry["verdict"] in (SATURATED, UNINFORMATIVE):
+            gap["verdict"] = entry["verdict"]
+        by_modality[name] = gap | {"pseudo_values": {"xmoe": arms[0], "switch": arms[1]}}
+    verdict = by_modality.get(rules.paper_modality, {}).get("verdict", NO_SEED_VALUES)
+    return _decision(rules, claim, verdict, by_modality=by_modality)
+
+
+def run_decisions(claims: list[Claim], plan: StudyPlan, measures: Measures) -> list[dict]:
+    """Every claim decided over runs (one entry per claim, in order): ``runs_per_arm``, the deciding ``unit``,
+    ``verdict`` over runs, ``within_run_verdict`` (the claim's), and the gaps with their Welch intervals, detectable
+    effects and Holm-adjusted p-values where runs decide."""
+    decisions = []
+    for claim in claims:
+        rules = plan.claim(claim.id)
+        if min(rules.runs_per_arm(), default=1) < 2:
+            decisions.append(_decision(rules, claim, UNDECIDABLE))
+        elif claim.id == "tasks":
+            decisions.append(_task_decision(claim, rules))
+        elif claim.id == "pretraining":
+            decisions.append(_pretraining_decision(claim, rules))
+        elif claim.id == "consistency":
+            decisions.append(_consistency_decision(claim, rules, measures.consistency))
+        else:
+            raise ValueError(f"claim {claim.id!r} has several runs per arm in the plan but no decision over runs")
+    return decisions
+
+
+def _gap_text(gap: dict) -> str:
+    where = " - ".join(gap["pair"]) + " " if "pair" in gap else ""
+    label = f"{gap['task']} " if "task" in gap else ""
+    if gap["welch"] is None:
+        return f"{label}{where}{gap['verdict']}"
+    welch = gap["welch"]
+    holm = "" if gap.get("holm_p") is None else f", Holm p {gap['holm_p']:.3g}"
+    return (f"{label}{where}{welch['difference']:.3g} [{welch['interval'][0]:.3g}, {welch['interval'][1]:.3g}] over "
+            f"{welch['runs'][0]} and {welch['runs'][1]} runs (p {welch['p_value']:.3g}{holm}; detectable at power "
+            f"0.8: {gap['detectable']:.3g}), {gap['verdict']}")  # fmt: skip
+
+
+def decision_text(decision: dict) -> str:
+    """The decision over runs in one line: runs per arm and unit, then each gap's Welch interval, p-value, Holm's
+    adjusted p-value and detectable effect (or why nothing is decided)."""
+    runs = sorted(set(decision["runs_per_arm"]))
+    head = f"{'/'.join(map(str, runs))} run(s) per arm; unit: {decision['unit']}"
+    if decision["verdict"] == UNDECIDABLE:
+        return f"{head}: not decided (the within-run interval covers one run of each arm)"
+    if "gaps" in decision:
+        return f"{head}; {decision['multiplicity']} correction: " + "; ".join(map(_gap_text, decision["gaps"]))
+    parts = [f"{name}: " + _gap_text(entry) if "welch" in entry else f"{name}: {entry['verdict']}"
+             for name, entry in decision.get("by_modality", {}).items()]  # fmt: skip
+    return f"{head}; " + "; ".join(parts)
+
+
+def short_verdict(decision: dict) -> str:
+    """The decision for the summary table (``1 run per arm: not decided`` where an arm has one run)."""
+    return "1 run per arm: not decided" if decision["verdict"] == UNDECIDABLE else decision["verdict"]
