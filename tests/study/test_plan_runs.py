@@ -111,3 +111,35 @@ def test_a_plan_of_another_design_or_a_bad_file_is_one_line(tmp_path, capsys):
     error = capsys.readouterr().err.strip()
     assert "\n" not in error and "bad.json" in error and "lacks the field 'claims'" in error
     assert not (tmp_path / "out").exists()
+
+
+def test_a_rule_change_shows_the_verdict_under_the_old_rule_beside_the_new(tmp_path):
+    """On the shipped measures: keeping the collapse claim's layers over the judged window (both language layers)
+    instead of over every snapshot turns its within-run verdict from reproduces to not separated; the report shows
+    both, and neither is decided over runs (1 run per router)."""
+    from pathlib import Path
+
+    from mmoe.study.command import claims_from, rule_change_verdicts
+    from mmoe.study.decisions import run_decisions
+    from mmoe.study.report import RULE_CHANGES_HEADING, write_report
+    from mmoe.study.run_statistics import UNDECIDABLE
+    from mmoe.study.runs import Measures
+
+    docs = Path(__file__).resolve().parents[2] / "docs" / "claims"
+    measures = Measures.from_json(json.loads((docs / "measures.json").read_text()))
+    base = study_plan(DEFAULT, "default")
+    change = RuleChange("collapse", "layers", "defined_at_every_snapshot", "defined_in_window",
+                        "a layer undefined before the window was dropped", "2026-11-28")  # fmt: skip
+    claims = tuple(dataclasses.replace(c, layers="defined_in_window") if c.id == "collapse" else c for c in base.claims)
+    plan = dataclasses.replace(base, claims=claims, rule_changes=(change,))
+    judged = claims_from(measures, plan)
+    decisions = run_decisions(judged, plan, measures)
+    (entry,) = rule_change_verdicts(measures, plan, decisions)
+    assert entry["old_verdicts"] == {"within_run": "reproduces", "over_runs": UNDECIDABLE}
+    assert entry["new_verdicts"] == {"within_run": "not separated", "over_runs": UNDECIDABLE}
+    collapse = next(claim for claim in judged if claim.id == "collapse")
+    assert collapse.measured["by_modality"]["language"]["keys"] == ["layer1/language", "layer3/language"]
+    write_report(judged, tmp_path, "# header", {}, measures.chance, {}, None, decisions, [entry])
+    markdown = (tmp_path / "report.md").read_text()
+    assert RULE_CHANGES_HEADING in markdown and "a layer undefined before the window was dropped" in markdown
+    assert json.loads((tmp_path / "report.json").read_text())["rule_changes"] == [entry]
