@@ -25,6 +25,8 @@ from typing import Any
 
 from webdataset.shardlists import expand_urls
 
+from mmoe.data.remote import is_remote, read_remote_text, remote_glob
+
 MANIFEST = "manifest.json"
 _SHARD_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
@@ -186,9 +188,14 @@ class Manifest:
 def read_manifest(folder: str | os.PathLike) -> dict[str, Any]:
     """The manifest of a split folder, checked: the required keys, and ``shard_files`` / ``shard_samples`` (where
     present) agreeing with ``shards`` and naming files in the folder itself."""
-    path = Path(folder) / MANIFEST
+    return parse_manifest(Path(folder) / MANIFEST, (Path(folder) / MANIFEST).read_text())
+
+
+def parse_manifest(path: str | os.PathLike, text: str) -> dict[str, Any]:
+    """A manifest's ``text`` (read from ``path``, local or remote), checked as :func:`read_manifest` says."""
+    folder = os.path.dirname(os.fspath(path))
     try:
-        manifest = json.loads(path.read_text())
+        manifest = json.loads(text)
     except json.JSONDecodeError as error:
         raise ValueError(f"{path}: not valid JSON ({error})") from None
     if not isinstance(manifest, dict) or not {"name", "samples", "skipped", "shards"} <= manifest.keys():
@@ -199,7 +206,7 @@ def read_manifest(folder: str | os.PathLike) -> dict[str, Any]:
     files = manifest.get("shard_files")
     if files is not None:
         if not isinstance(files, list) or not all(isinstance(f, str) and f and "/" not in f for f in files):
-            raise ValueError(f"{path}: 'shard_files' must be a list of file names in {Path(folder)}")
+            raise ValueError(f"{path}: 'shard_files' must be a list of file names in {folder}")
         if len(files) != count:
             raise ValueError(f"{path}: 'shards' = {count} but 'shard_files' lists {len(files)} files")
     samples = manifest.get("shard_samples")
@@ -249,7 +256,9 @@ def resolve_shards(spec: str | os.PathLike | Sequence[str | os.PathLike]) -> lis
     if isinstance(spec, (list, tuple)):
         return [path for item in spec for path in resolve_shards(item)]
     text = os.fspath(spec)
-    if os.path.isdir(text):
+    if is_remote(text) and "{" not in text:
+        paths = remote_shards(text)
+    elif os.path.isdir(text):
         if os.path.exists(os.path.join(text, MANIFEST)):
             paths = manifest_shards(text)
         else:
@@ -267,12 +276,35 @@ def resolve_shards(spec: str | os.PathLike | Sequence[str | os.PathLike]) -> lis
     return paths
 
 
+def remote_manifest(folder: str) -> dict[str, Any] | None:
+    """The checked manifest of a remote split folder, or None where it has none."""
+    url = f"{folder.rstrip('/')}/{MANIFEST}"
+    text = read_remote_text(url)
+    return None if text is None else parse_manifest(url, text)
+
+
+def remote_shards(spec: str) -> list[str]:
+    """The shard URLs of a remote spec: a ``.tar`` URL itself, a glob's matches, or a folder's manifest shards (else
+    its ``*.tar`` objects). Listed shards are not checked one by one (a request each): one that is gone is counted as
+    lost when read."""
+    if spec.endswith(".tar"):
+        return [spec]
+    if any(char in spec for char in "*?["):
+        return remote_glob(spec)
+    folder = spec.rstrip("/")
+    manifest = remote_manifest(folder)
+    if manifest is None:
+        return remote_glob(f"{folder}/*.tar")
+    return [f"{folder}/{file_name}" for file_name in _listed_shards(manifest)]
+
+
 def expected_samples(shards: Sequence[str]) -> dict[str, int]:
     """For each shard path whose folder's manifest lists it with a sample count, that count.
 
-    Paths are taken as :func:`resolve_shards` returns them and are the keys of the result. Shards without a
-    manifest, remote shards (``pipe:``, URLs) and shards of a manifest written before ``shard_samples`` existed are
-    absent from the result. A manifest that is not valid is a ValueError (:func:`read_manifest`).
+    Paths are taken as :func:`resolve_shards` returns them and are the keys of the result; a remote shard's manifest
+    is the ``manifest.json`` beside it. Shards without a manifest, ``pipe:`` shards and shards of a manifest written
+    before ``shard_samples`` existed are absent from the result. A manifest that is not valid is a ValueError
+    (:func:`read_manifest`).
     """
     return _per_shard(shards, _manifest_counts)
 
@@ -284,37 +316,38 @@ def excluded_samples(shards: Sequence[str]) -> dict[str, dict[str, str]]:
 
 
 def _per_shard(shards: Sequence[str], of_folder) -> dict[str, Any]:
-    """Shard path -> ``of_folder(folder)[file name]``, each folder's manifest read once; remote shards skipped."""
+    """Shard path -> ``of_folder(manifest)[file name]``, each folder's manifest read once (None without one)."""
     by_folder: dict[str, dict[str, Any]] = {}
     found: dict[str, Any] = {}
     for shard in shards:
         path = os.fspath(shard)
-        if "://" in path or path.startswith("pipe:"):
+        remote = is_remote(path)
+        if path.startswith("pipe:") or ("://" in path and not remote):
             continue
-        folder, file_name = os.path.split(path)
+        folder, file_name = path.rsplit("/", 1) if remote else os.path.split(path)
         if folder not in by_folder:
-            by_folder[folder] = of_folder(folder or ".")
+            manifest = remote_manifest(folder) if remote else _local_manifest(folder or ".")
+            by_folder[folder] = {} if manifest is None else of_folder(manifest, folder)
         value = by_folder[folder].get(file_name)
         if value is not None:
             found[path] = value
     return found
 
 
-def _manifest_counts(folder: str) -> dict[str, int]:
-    """Shard file name -> sample count from ``folder``'s manifest (empty without a manifest or its counts)."""
-    if not os.path.isfile(os.path.join(folder, MANIFEST)):
-        return {}
-    manifest = read_manifest(folder)
+def _local_manifest(folder: str) -> dict[str, Any] | None:
+    return read_manifest(folder) if os.path.isfile(os.path.join(folder, MANIFEST)) else None
+
+
+def _manifest_counts(manifest: dict[str, Any], folder: str) -> dict[str, int]:
+    """Shard file name -> sample count from a manifest (empty without its counts)."""
     counts = manifest.get("shard_samples")
     return {} if counts is None else dict(zip(manifest["shard_files"], counts, strict=True))
 
 
-def _manifest_exclusions(folder: str) -> dict[str, dict[str, str]]:
-    """Shard file name -> {key: cause} from ``folder``'s manifest ``excluded`` (empty without one)."""
-    if not os.path.isfile(os.path.join(folder, MANIFEST)):
-        return {}
-    excluded = read_manifest(folder).get("excluded") or {}
-    path = os.path.join(folder, MANIFEST)
+def _manifest_exclusions(manifest: dict[str, Any], folder: str) -> dict[str, dict[str, str]]:
+    """Shard file name -> {key: cause} from a manifest's ``excluded`` (empty without one)."""
+    excluded = manifest.get("excluded") or {}
+    path = f"{folder}/{MANIFEST}"
     ok = isinstance(excluded, dict) and all(
         isinstance(keys, dict) and all(isinstance(k, str) and isinstance(c, str) for k, c in keys.items())
         for keys in excluded.values()

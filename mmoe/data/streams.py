@@ -31,6 +31,7 @@ import webdataset as wds
 from torch.utils.data import IterableDataset
 
 from mmoe.data.accounting import END, Delivery, SkipCount, SkipLedger, UnusableStreamError, add_skips
+from mmoe.data.remote import RemoteReading, tar_samples
 from mmoe.data.samples import Collator, CorruptSampleError, Decoder, Sample
 from mmoe.data.shards import excluded_samples, expected_samples
 
@@ -125,6 +126,7 @@ def read_shards(
     shards_per_pass: int,
     repeat: bool,
     excluded: dict[str, dict[str, str]] | None = None,
+    reading: RemoteReading | None = None,
 ) -> Iterator[Sample]:
     """Raw samples of each shard in turn (webdataset groups tar members by key).
 
@@ -132,7 +134,8 @@ def read_shards(
     manifest count each read error counts as one lost sample (a lower bound). ``expected=None`` reports no loss (an
     other consumer reads the same shards and reports it). The samples ``excluded[url]`` names (key -> cause), and a
     key read a second time in one shard, are left out without decoding and counted by cause (where losses are). A
-    repeating stream whose shards give no sample in a whole pass stops with :class:`UnusableStreamError`.
+    repeating stream whose shards give no sample in a whole pass stops with :class:`UnusableStreamError`. Remote
+    shards are read as ``reading`` says (:mod:`mmoe.data.remote`: bounded retries), and counted the same way.
     """
     empty_in_a_row = 0
     for shard in shards:
@@ -145,7 +148,7 @@ def read_shards(
 
         read = kept = 0
         left_out, seen = (excluded or {}).get(url, {}), set()
-        for sample in wds.tarfile_to_samples(handler=on_error)([shard]):
+        for sample in tar_samples(url, on_error, reading or RemoteReading()):
             read += 1
             key = sample.get("__key__")
             cause = left_out.get(key) or ("duplicate_key" if key in seen else None)
@@ -260,6 +263,8 @@ class ShardStream(ResumableStream):
             read the manifests next to the shards.
         reports: count what the stream skips; False for a stream over shards another stream reads and reports
             (pre-training's image and text objectives drawing from the pairs).
+        remote: how remote shards (``s3://``, ``gs://``, ``hf://``, ``https://``) are read: retries, pauses, range
+            size (:class:`mmoe.data.remote.RemoteReading`); None = its defaults.
         rank: override this process's rank (tests, custom launchers); None = torch.distributed / environment.
         world_size: override the number of processes.
     """
@@ -281,6 +286,7 @@ class ShardStream(ResumableStream):
         world_size: int | None = None,
         excluded: dict[str, dict[str, str]] | None = None,
         reports: bool = True,
+        remote: RemoteReading | None = None,
     ) -> None:
         super().__init__()
         if not shards:
@@ -297,6 +303,7 @@ class ShardStream(ResumableStream):
         self.expected = expected_samples(self.shards) if expected is None else expected
         self.excluded = excluded_samples(self.shards) if excluded is None else excluded
         self.reports = reports
+        self.remote = remote or RemoteReading()
         self.rank, self.world_size = rank, world_size
 
     def stream_names(self) -> list[str]:
@@ -327,7 +334,9 @@ class ShardStream(ResumableStream):
         # With split by sample every consumer reads every shard: the first reports what a shard lost.
         reports = by_shard or consumer.index == 0
         expected = self.expected if reports else None
-        samples: Iterable = read_shards(order, ledger, expected, len(self.shards), self.repeat, self.excluded)
+        samples: Iterable = read_shards(
+            order, ledger, expected, len(self.shards), self.repeat, self.excluded, self.remote
+        )
         if not by_shard:
             samples = split_items(samples, consumer)
         own_rng = np.random.default_rng(consumer_entropy(self.seed, self.epoch, consumer, SeedDomain.SHUFFLE))

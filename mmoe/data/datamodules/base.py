@@ -13,6 +13,7 @@ import torch
 
 from mmoe.data.accounting import SkipCount, add_skips, describe_skips
 from mmoe.data.loader import EpochDataLoader
+from mmoe.data.remote import RemoteReading
 from mmoe.data.samples import Collator, Decoder
 from mmoe.data.shards import resolve_shards
 from mmoe.data.streams import ShardStream
@@ -52,6 +53,9 @@ class ShardDataModule(L.LightningDataModule):
         seed: seeds shuffling and every random choice of the data (crops, flips, masks, the pre-training stream).
         data_root: the folder every relative shard argument lies under (a config's corpus: pointing the config at
             another corpus, e.g. a demo run's, is this one option); None = relative to the working directory.
+        remote_retries: how often a remote shard (``s3://``, ``gs://``, ``hf://``, ``https://``) is reopened, in a
+            row, after a transient error, continuing at the byte it stopped at (:mod:`mmoe.data.remote`); what still
+            cannot be read is counted as lost.
     """
 
     def __init__(
@@ -67,6 +71,7 @@ class ShardDataModule(L.LightningDataModule):
         num_workers: int = 2,
         seed: int = 0,
         data_root: str | None = None,
+        remote_retries: int = 3,
     ) -> None:
         super().__init__()
         if num_workers < 0:
@@ -80,6 +85,7 @@ class ShardDataModule(L.LightningDataModule):
         self.crop_scale, self.hflip, self.randaugment = crop_scale, hflip, randaugment
         self.num_workers, self.shuffle_buffer, self.seed = num_workers, shuffle_buffer, seed
         self.data_root = None if data_root is None else Path(data_root)
+        self.remote = RemoteReading(retries=remote_retries)
         self.skipped: dict[str, dict[str, SkipCount]] = {}  # split -> its latest loader's counts
 
     def _transform(self, train: bool) -> tuple[Callable, int]:
@@ -114,6 +120,7 @@ class ShardDataModule(L.LightningDataModule):
             seed=self.seed + seed_offset,
             name=split,
             reports=reports,
+            remote=self.remote,
         )
 
     def _loader(self, split: str, dataset) -> EpochDataLoader:
@@ -127,11 +134,12 @@ class ShardDataModule(L.LightningDataModule):
         )
 
     def rooted(self, spec: ShardSpec) -> ShardSpec:
-        """``spec`` with every relative path under ``data_root`` (as it is without one)."""
+        """``spec`` with every relative path under ``data_root`` (as it is without one); URLs stay as they are."""
         if self.data_root is None or not spec:
             return spec
         if isinstance(spec, str):
-            return spec if Path(spec).is_absolute() else str(self.data_root / spec)
+            url = "://" in spec or spec.startswith("pipe:")
+            return spec if url or Path(spec).is_absolute() else str(self.data_root / spec)
         return [self.rooted(item) for item in spec]
 
     def checked_shards(self, **specs: ShardSpec) -> dict[str, ShardSpec]:
@@ -144,7 +152,7 @@ class ShardDataModule(L.LightningDataModule):
                     resolve_shards(spec)
                 except FileNotFoundError as error:
                     raise FileNotFoundError(f"data.{name}: {error}") from None
-                except ValueError as error:
+                except (ValueError, ImportError) as error:  # ImportError: the fsspec package a URL scheme needs
                     raise ValueError(f"data.{name}: {error}") from None
         return rooted
 

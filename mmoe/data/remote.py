@@ -1,0 +1,174 @@
+"""Shards on object stores and web servers (``s3://``, ``gs://``, ``hf://``, ``https://``), read through fsspec with
+bounded retries.
+
+fsspec opens each shard (``s3://`` needs s3fs and ``gs://`` gcsfs: ``pip install -e ".[remote]"``; ``hf://`` and
+``https://`` work as installed); credentials and endpoints come from the usual places (``AWS_*`` variables,
+``FSSPEC_S3_ENDPOINT_URL``, ``fsspec.config.conf``). :class:`RetryingReader` reads a shard in ranges of
+:attr:`RemoteReading.block_size` bytes; a transient error (a dropped connection, a timeout, a server error) reopens
+the object and continues at the same byte, at most :attr:`RemoteReading.retries` times in a row with growing pauses.
+A shard that is gone (``FileNotFoundError``) or refused (``PermissionError``) is not retried. What could not be read is
+counted by the stream like a truncated local shard: against the manifest beside the shards, where there is one
+(:mod:`mmoe.data.accounting`).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import webdataset as wds
+from webdataset.tariterators import group_by_keys, tar_file_expander
+
+logger = logging.getLogger("mmoe.data")
+
+#: The URL schemes read through fsspec (``file://`` and plain paths stay with webdataset's local reader).
+REMOTE_SCHEMES = ("s3", "gs", "gcs", "hf", "http", "https")
+#: Errors that say the object will not come however often it is asked for.
+PERMANENT_ERRORS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, ValueError, TypeError)
+
+
+def is_remote(url: str) -> bool:
+    """Whether ``url`` names a shard fsspec reads (one of :data:`REMOTE_SCHEMES`)."""
+    scheme, separator, _ = str(url).partition("://")
+    return bool(separator) and scheme.lower() in REMOTE_SCHEMES
+
+
+@dataclass(frozen=True)
+class RemoteReading:
+    """How remote shards are read.
+
+    Attributes:
+        retries: reopenings after a transient error, in a row (a successful read starts the count again); 0 = none.
+        backoff_s: the pause before the first reopening; each next one doubles it, up to 30 s.
+        block_size: bytes asked for per range request.
+    """
+
+    retries: int = 3
+    backoff_s: float = 0.5
+    block_size: int = 8 << 20
+
+    def __post_init__(self) -> None:
+        if self.retries < 0 or self.backoff_s < 0 or self.block_size < 1:
+            raise ValueError(f"RemoteReading needs retries >= 0, backoff_s >= 0 and block_size >= 1, got {self}")
+
+    def pause(self, attempt: int) -> float:
+        return min(self.backoff_s * 2**attempt, 30.0)
+
+
+def open_url(url: str, block_size: int) -> Any:
+    """The fsspec file of ``url`` opened for reading (an ImportError naming the package a scheme needs)."""
+    from fsspec.core import url_to_fs
+
+    fs, path = url_to_fs(url)
+    return fs.open(path, "rb", block_size=block_size)
+
+
+class RetryingReader(io.RawIOBase):
+    """A remote file read from its start, reopened at the byte it stopped at after a transient error.
+
+    Args:
+        url: the object.
+        reading: retries, pauses and range size.
+        opener: (url, block_size) -> a seekable binary file (:func:`open_url`).
+        sleep: the pause function (tests pass a recorder).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        reading: RemoteReading,
+        opener: Callable[[str, int], Any] = open_url,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        super().__init__()
+        self.url, self.reading, self.opener, self.sleep = url, reading, opener, sleep
+        self.offset = 0
+        self.reopened = 0
+        self._file = self._attempt(lambda: self.opener(url, reading.block_size), reopen=False)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        data = self._attempt(lambda: self._file.read(len(buffer)))
+        buffer[: len(data)] = data
+        self.offset += len(data)
+        return len(data)
+
+    def _attempt(self, action: Callable[[], Any], reopen: bool = True) -> Any:
+        for attempt in range(self.reading.retries + 1):
+            try:
+                return action()
+            except PERMANENT_ERRORS:
+                raise
+            except Exception as error:  # noqa: BLE001 (network stacks raise many types; all are retried a bounded time)
+                if attempt == self.reading.retries:
+                    raise
+                pause = self.reading.pause(attempt)
+                logger.warning(
+                    "%s: %s at byte %d; reading again in %.1f s (retry %d of %d)",
+                    self.url, type(error).__name__, self.offset, pause, attempt + 1, self.reading.retries,
+                )  # fmt: skip
+                self.sleep(pause)
+                if reopen:
+                    self._reopen()
+        raise AssertionError("unreachable")
+
+    def _reopen(self) -> None:
+        try:
+            self._file.close()
+        except Exception:  # noqa: BLE001 (a broken connection may fail to close; it is dropped either way)
+            pass
+        self._file = self.opener(self.url, self.reading.block_size)
+        self._file.seek(self.offset)
+        self.reopened += 1
+
+    def close(self) -> None:
+        if not self.closed and getattr(self, "_file", None) is not None:
+            self._file.close()
+        super().close()
+
+
+def remote_tar_samples(url: str, handler: Callable[[Exception], bool], reading: RemoteReading) -> Iterator[dict]:
+    """The samples of one remote tar shard, as webdataset groups them; errors go to ``handler`` (which counts)."""
+
+    def opened() -> Iterator[dict]:
+        try:
+            stream = io.BufferedReader(RetryingReader(url, reading), buffer_size=min(reading.block_size, 1 << 20))
+        except Exception as error:  # noqa: BLE001 (handed to the stream's handler, which counts it)
+            handler(error)
+            return
+        with stream:
+            yield {"url": url, "stream": stream}
+
+    return group_by_keys(tar_file_expander(opened(), handler=handler), handler=handler)
+
+
+def tar_samples(url: str, handler: Callable[[Exception], bool], reading: RemoteReading) -> Iterator[dict]:
+    """The samples of one tar shard: remote ones through :func:`remote_tar_samples`, others through webdataset."""
+    if is_remote(url):
+        return remote_tar_samples(url, handler, reading)
+    return wds.tarfile_to_samples(handler=handler)([{"url": url}])
+
+
+def read_remote_text(url: str, reading: RemoteReading | None = None) -> str | None:
+    """A small remote text file (a manifest), or None when it does not exist."""
+    reading = reading or RemoteReading()
+    try:
+        with io.BufferedReader(RetryingReader(url, reading)) as stream:
+            return stream.read().decode("utf-8")
+    except FileNotFoundError:
+        return None
+
+
+def remote_glob(pattern: str) -> list[str]:
+    """The URLs matching a remote glob pattern, sorted, with their scheme."""
+    import fsspec
+
+    fs, _, paths = fsspec.get_fs_token_paths(pattern)
+    protocol = fs.protocol[0] if isinstance(fs.protocol, tuple | list) else fs.protocol
+    return sorted(path if "://" in path else f"{protocol}://{path}" for path in paths)

@@ -1,0 +1,55 @@
+"""End to end: an img2dataset folder, indexed as it is, pre-trains with ``mmoe fit`` from its pairs alone (slow)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import yaml
+
+from mmoe.data.img2dataset import index_folder
+from tests.cli_fixtures import run_mmoe, tiny_pretraining
+from tests.data.img2dataset_layout import PLANTED_CAUSES, write_planted
+
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning")]
+
+
+def pairs_only_config(pairs, codebook, out, steps: int, batch_size: int):
+    """The tiny pre-training config over ``pairs`` alone (joint steps), 32-px images, one pass in order."""
+    config = tiny_pretraining("dense")
+    config["trainer"].update(
+        max_steps=steps, default_root_dir=str(out), enable_progress_bar=False, accelerator="cpu",
+        limit_val_batches=0, log_every_n_steps=1,
+    )  # fmt: skip
+    model = config["model"]["init_args"]
+    model["backbone"].update(image_size=32, dim=32, num_heads=2, ffn_dim=64, depth=2)
+    model["visual_codebook"] = str(codebook)
+    data = config["data"]["init_args"]
+    for key in ("image_shards", "text_shards", "val_pair_shards"):
+        data.pop(key)
+    data.update(
+        data_root=None, pair_shards=str(pairs), image_size=32, batch_size=batch_size, num_workers=0,
+        batches_per_epoch=steps, shuffle_buffer=0,
+    )  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "pairs_only.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_an_indexed_img2dataset_folder_pretrains_from_its_pairs_and_reports_what_it_left_out(
+    synthetic_corpus, tmp_path, capsys
+):
+    folder = write_planted(tmp_path / "cc")
+    index_folder(folder, min_side=32)
+    # 9 kept pairs in batches of 3: three steps read the shards once, every planted sample before the last batch.
+    config = pairs_only_config(folder, synthetic_corpus / "codebook.pt", tmp_path / "run", steps=3, batch_size=3)
+    code, _, err = run_mmoe(["fit", "--config", str(config)], capsys)
+    assert code == 0, err[-2000:]
+    assert "the image-only and text-only objectives draw from pair_shards" in err.splitlines()[0]
+    report = [line for line in err.splitlines() if line.startswith("mmoe fit: samples skipped")]
+    assert len(report) == 1
+    read_time = {cause: n for cause, n in PLANTED_CAUSES.items() if cause != "status"}
+    expected = ", ".join(f"{n} {cause}" for cause, n in sorted(read_time.items()))
+    assert re.search(rf"train/pair: 3 skipped \(0 corrupt, 0 lost, 3 left out: {expected}; from ", report[0])
+    assert "train/image" not in report[0] and "train/text" not in report[0]
