@@ -177,9 +177,9 @@ def study_command(argv: Sequence[str]) -> int:
     start = time.perf_counter()
     try:
         plan = plan_of_run(settings, preset, args.plan)
-        refuse_other_plan(study.out, plan)
         hint = "use another --out, or that run's --fast / --scale / --precision with the version that made it"
         refuse_other_settings(study.out / "study.json", settings.to_json(), "a claims study", hint, upgraded_study)
+        refuse_other_plan(study.out, plan)
         record_plan(study.out, plan)
         runs = pretrainings(settings)
         stages = [corpus_stage(study), codebook_stage(study)]
