@@ -73,15 +73,15 @@ def records_from_parquet(path: Path) -> list[SampleRecord]:
     import pyarrow.parquet as pq
 
     try:
-        table = pq.read_table(path)
+        columns = set(pq.read_schema(path).names)
+        wanted = [name for name in ("key", "status", "width", "height", "uid") if name in columns]
+        table = pq.read_table(path, columns=wanted)  # DataComp's metadata has many more columns: not read
     except Exception as error:  # pyarrow raises several types for a file that is not parquet
         raise ConversionError(f"{path}: not a readable parquet file ({type(error).__name__})") from None
-    columns = set(table.column_names)
     for required in ("key", "status"):
         if required not in columns:
             raise ConversionError(f"{path}: no '{required}' column (img2dataset's metadata has key and status)")
-    wanted = [name for name in ("key", "status", "width", "height", "uid") if name in columns]
-    rows = table.select(wanted).to_pylist()
+    rows = table.to_pylist()
     records = []
     for index, row in enumerate(rows):
         for field in ("key", "status"):
@@ -165,7 +165,7 @@ class Exclusions:
             cause = "duplicate_key"
         elif record.uid is not None and record.uid in self.uids:
             cause = "duplicate_uid"
-        elif min(record.width or self.min_side, record.height or self.min_side) < self.min_side:
+        elif self._too_small(record):
             cause = "too_small"
         self.keys.add(record.key)
         if record.uid is not None:
@@ -173,6 +173,12 @@ class Exclusions:
         if cause:
             self.counts[cause] += 1
         return cause
+
+    def _too_small(self, record: SampleRecord) -> bool:
+        """Whether the stored image's smaller side is below ``min_side`` (an unknown size is kept)."""
+        if record.width is None or record.height is None:
+            return False
+        return min(record.width, record.height) < self.min_side
 
 
 def shard_tars(folder: Path) -> list[Path]:
