@@ -15,6 +15,7 @@ mmoe data convert images --images DIR --out OUT [--name images]
 mmoe data convert tsv --tsv pairs.tsv --images DIR --out OUT [--name pairs]
 mmoe data convert text --text corpus.txt [more.txt ...] --out OUT [--name text]
 mmoe data synth --out DIR [--size tiny|small|medium|large] [--seed 0] [--shards] [--workers N]
+mmoe data index DIR [--min-side 64]
 ```
 
 ``--parquet`` reads the benchmark's HF ``datasets`` parquet files (one split, in the order given) instead of the
@@ -154,6 +155,25 @@ def _synth_command(commands: argparse._SubParsersAction) -> None:
     )
 
 
+def _index_command(commands: argparse._SubParsersAction) -> None:
+    index = commands.add_parser("index", help="write the manifest of an img2dataset / DataComp shard folder")
+    index.add_argument("folder", help="img2dataset's webdataset output: 00000.tar (+ 00000.parquet), ...")
+    index.add_argument(
+        "--min-side", type=int, default=None, help="leave out images whose smaller side is below this (64 pixels)"
+    )
+
+
+def _index(args: argparse.Namespace) -> dict:
+    """``mmoe data index``: the manifest, without its per-sample exclusion lists (they stay in the file)."""
+    from mmoe.data.img2dataset import DEFAULT_MIN_SIDE, index_folder
+
+    min_side = DEFAULT_MIN_SIDE if args.min_side is None else args.min_side
+    if min_side < 0:
+        raise ConversionError(f"--min-side must be >= 0, got {min_side}")
+    manifest = index_folder(args.folder, min_side)
+    return {key: value for key, value in manifest.items() if key != "excluded"}
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mmoe data", description="Build webdataset shards and the synthetic corpus.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -170,6 +190,7 @@ def _parser() -> argparse.ArgumentParser:
     _caption_sources(sources)
     _other_sources(sources)
     _synth_command(commands)
+    _index_command(commands)
     return parser
 
 
@@ -318,6 +339,8 @@ def data_command(argv: Sequence[str]) -> int:
     try:
         if args.command == "convert":
             result = _convert(args).to_json()
+        elif args.command == "index":
+            result = _index(args)
         else:
             result = _answers(args) if args.command == "answers" else _synth(args)
     except ConversionError as error:
