@@ -60,11 +60,13 @@ class RemoteReading:
 
 
 def open_url(url: str, block_size: int) -> Any:
-    """The fsspec file of ``url`` opened for reading (an ImportError naming the package a scheme needs)."""
+    """The fsspec file of ``url`` opened for reading (an ImportError naming the package a scheme needs). HTTP(S) is
+    read as one stream: many servers answer no range requests (a retry then reads again from the start)."""
     from fsspec.core import url_to_fs
 
     fs, path = url_to_fs(url)
-    return fs.open(path, "rb", block_size=block_size)
+    streaming = url.lower().startswith(("http://", "https://"))
+    return fs.open(path, "rb", block_size=0 if streaming else block_size)
 
 
 class RetryingReader(io.RawIOBase):
@@ -124,7 +126,14 @@ class RetryingReader(io.RawIOBase):
         except Exception:  # noqa: BLE001 (a broken connection may fail to close; it is dropped either way)
             pass
         self._file = self.opener(self.url, self.reading.block_size)
-        self._file.seek(self.offset)
+        if getattr(self._file, "seekable", lambda: False)():
+            self._file.seek(self.offset)
+        else:  # a stream: read again up to where reading stopped
+            left = self.offset
+            while left and (skipped := len(self._file.read(min(left, self.reading.block_size)))):
+                left -= skipped
+            if left:
+                raise OSError(f"{self.url}: ended {left} bytes before byte {self.offset} when read again")
         self.reopened += 1
 
     def close(self) -> None:

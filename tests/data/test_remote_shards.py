@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from mmoe.data.img2dataset import index_folder
-from mmoe.data.remote import RemoteReading, RetryingReader, is_remote
+from mmoe.data.remote import RemoteReading, is_remote
 from mmoe.data.shards import expected_samples, resolve_shards
 from mmoe.data.streams import ShardStream
 from tests.data.img2dataset_layout import PLANTED_CAUSES, PLANTED_KEPT, write_planted
@@ -110,41 +110,6 @@ def test_a_connection_that_keeps_dropping_gives_up_after_the_retries_and_counts_
     assert count.lost >= 1 and count.lost + len(from_shard) + count.left_out.get("too_small", 0) == 6
     assert [key for key in keys if key.startswith("00001")] == read(f"s3://{BUCKET}/cc/00001.tar", FAST)[0]
     assert proxy.gets[shard] <= 1 + 2 * (6 * 3)  # bounded: a few requests per attempt, 2 retries per read
-
-
-def test_the_reader_retries_a_bounded_number_of_times_in_a_row():
-    class Flaky:
-        def __init__(self, failures):
-            self.failures, self.position = failures, 0
-
-        def read(self, size):
-            if self.failures:
-                self.failures.pop(0)
-                raise ConnectionResetError("dropped")
-            data = b"abcdef"[self.position : self.position + size]
-            self.position += len(data)
-            return data
-
-        def seek(self, offset):
-            self.position = offset
-
-        def close(self):
-            pass
-
-    failures, pauses = [1, 1], []
-    reader = RetryingReader("s3://b/x.tar", RemoteReading(retries=2, backoff_s=0.5), lambda url, size: Flaky(failures),
-                            pauses.append)  # fmt: skip
-    assert reader.read(3) == b"abc" and pauses == [0.5, 1.0] and reader.reopened == 2
-    failures.extend([1, 1, 1])
-    with pytest.raises(ConnectionResetError):
-        reader.read(3)
-    missing = RetryingReader.__new__(RetryingReader)
-    with pytest.raises(FileNotFoundError):
-        RetryingReader.__init__(missing, "s3://b/gone.tar", RemoteReading(), _gone, pauses.append)
-
-
-def _gone(url, size):
-    raise FileNotFoundError(url)
 
 
 @pytest.mark.slow

@@ -1,0 +1,75 @@
+"""mmoe.data.remote's reader: bounded retries in a row, continuing at the byte it stopped at (seeking, or reading a
+stream again), and no retry for an object that is gone."""
+
+from __future__ import annotations
+
+import pytest
+
+from mmoe.data.remote import RemoteReading, RetryingReader, is_remote
+
+DATA = bytes(range(256)) * 4
+
+
+class FlakyFile:
+    """A file over :data:`DATA` whose reads fail while ``failures`` has entries (one popped per failure)."""
+
+    def __init__(self, failures: list[int], seekable: bool, opened: list[int]) -> None:
+        self.failures, self._seekable, self.position = failures, seekable, 0
+        opened.append(1)
+
+    def read(self, size: int) -> bytes:
+        if self.failures and self.position >= self.failures[0]:
+            self.failures.pop(0)
+            raise ConnectionResetError("connection dropped")
+        data = DATA[self.position : self.position + size]
+        self.position += len(data)
+        return data
+
+    def seekable(self) -> bool:
+        return self._seekable
+
+    def seek(self, offset: int) -> None:
+        assert self._seekable
+        self.position = offset
+
+    def close(self) -> None:
+        pass
+
+
+def reader(failures, seekable=True, retries=2):
+    pauses, opened = [], []
+    opener = lambda url, size: FlakyFile(failures, seekable, opened)  # noqa: E731
+    return RetryingReader("s3://b/x.tar", RemoteReading(retries=retries, backoff_s=0.5), opener, pauses.append), pauses
+
+
+@pytest.mark.parametrize("seekable", [True, False])
+def test_a_dropped_read_continues_at_the_byte_it_stopped_at(seekable):
+    failures = [100, 100, 600]  # two drops in a row at byte 100, one later at 600
+    stream, pauses = reader(failures, seekable)
+    data = b"".join(iter(lambda: stream.read(64), b""))
+    assert data == DATA and stream.reopened == 3 and pauses == [0.5, 1.0, 0.5]  # the count restarts after a read
+
+
+def test_more_drops_in_a_row_than_retries_raise():
+    stream, pauses = reader([0, 0, 0], retries=2)
+    with pytest.raises(ConnectionResetError):
+        stream.read(10)
+    assert pauses == [0.5, 1.0]
+
+
+def test_an_object_that_is_gone_is_not_retried():
+    pauses = []
+
+    def gone(url, size):
+        raise FileNotFoundError(url)
+
+    with pytest.raises(FileNotFoundError):
+        RetryingReader("s3://b/gone.tar", RemoteReading(), gone, pauses.append)
+    assert pauses == []
+
+
+def test_remote_schemes():
+    assert all(map(is_remote, ["s3://b/k.tar", "gs://b/k", "hf://datasets/u/r/a.tar", "https://h/a.tar"]))
+    assert not any(map(is_remote, ["data/a.tar", "/abs/a.tar", "pipe:cat a.tar", "file:///a.tar"]))
+    with pytest.raises(ValueError, match="retries >= 0"):
+        RemoteReading(retries=-1)
