@@ -14,8 +14,9 @@ from tests.data.img2dataset_layout import PLANTED_CAUSES, write_planted
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning")]
 
 
-def pairs_only_config(pairs, codebook, out, steps: int, batch_size: int):
-    """The tiny pre-training config over ``pairs`` alone (joint steps), 32-px images, one pass in order."""
+def pairs_only_config(pairs, codebook, out, steps: int, batch_size: int, workers: int = 0):
+    """The tiny pre-training config over ``pairs`` alone (joint steps), 32-px images, one pass in order, read by
+    ``workers`` DataLoader workers."""
     config = tiny_pretraining("dense")
     config["trainer"].update(
         max_steps=steps, default_root_dir=str(out), enable_progress_bar=False, accelerator="cpu",
@@ -28,7 +29,7 @@ def pairs_only_config(pairs, codebook, out, steps: int, batch_size: int):
     for key in ("image_shards", "text_shards", "val_pair_shards"):
         data.pop(key)
     data.update(
-        data_root=None, pair_shards=str(pairs), image_size=32, batch_size=batch_size, num_workers=0,
+        data_root=None, pair_shards=str(pairs), image_size=32, batch_size=batch_size, num_workers=workers,
         batches_per_epoch=steps, shuffle_buffer=0,
     )  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)

@@ -114,11 +114,14 @@ def test_a_connection_that_keeps_dropping_gives_up_after_the_retries_and_counts_
 
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::UserWarning")
-def test_mmoe_fit_pretrains_from_the_s3_folder_and_reports_what_it_left_out(s3, synthetic_corpus, tmp_path, capsys):
+@pytest.mark.parametrize("workers", [0, 1])
+def test_mmoe_fit_pretrains_from_the_s3_folder_and_reports_what_it_left_out(
+    s3, synthetic_corpus, tmp_path, capsys, workers
+):
     from tests.cli_fixtures import run_mmoe
     from tests.data.test_img2dataset_fit import pairs_only_config
 
-    config = pairs_only_config(f"s3://{BUCKET}/cc", synthetic_corpus / "codebook.pt", tmp_path / "run", 3, 3)
+    config = pairs_only_config(f"s3://{BUCKET}/cc", synthetic_corpus / "codebook.pt", tmp_path / "run", 3, 3, workers)
     code, _, err = run_mmoe(["fit", "--config", str(config)], capsys)
     assert code == 0, err[-2000:]
     expected = ", ".join(f"{n} {cause}" for cause, n in sorted(READ_TIME.items()))
