@@ -152,7 +152,7 @@ class ShardDataModule(L.LightningDataModule):
                     resolve_shards(spec)
                 except FileNotFoundError as error:
                     raise FileNotFoundError(f"data.{name}: {error}") from None
-                except (ValueError, ImportError) as error:  # ImportError: the fsspec package a URL scheme needs
+                except (ValueError, ImportError, OSError) as error:  # the package a URL needs; a refused request
                     raise ValueError(f"data.{name}: {error}") from None
         return rooted
 
