@@ -14,6 +14,8 @@ mmoe data convert nlvr2 (--data dev.json --images DIR | --parquet F.parquet [...
 mmoe data convert images --images DIR --out OUT [--name images]
 mmoe data convert tsv --tsv pairs.tsv --images DIR --out OUT [--name pairs]
 mmoe data convert text --text corpus.txt [more.txt ...] --out OUT [--name text]
+mmoe data convert pairs | captions | vqa --table T.csv|.jsonl|.json --images DIR --out OUT   (mmoe.data.cli_own)
+mmoe data check-overlap TRAIN EVAL [--strict]
 mmoe data synth --out DIR [--size tiny|small|medium|large] [--seed 0] [--shards] [--workers N]
 mmoe data index DIR [--min-side 64]
 ```
@@ -38,6 +40,7 @@ from pathlib import Path
 
 from mmoe.atomic import write_text_atomic
 from mmoe.data.answers import ANSWERS_FILE
+from mmoe.data.cli_own import OWN_SOURCES, add_overlap_command, add_own_sources, convert_own, overlap_command
 from mmoe.data.converters import (
     ConversionError,
     convert_coco_captions,
@@ -189,6 +192,8 @@ def _parser() -> argparse.ArgumentParser:
 
     _caption_sources(sources)
     _other_sources(sources)
+    add_own_sources(sources, _common)
+    add_overlap_command(commands)
     _synth_command(commands)
     _index_command(commands)
     return parser
@@ -284,6 +289,8 @@ def _convert(args: argparse.Namespace):
         if args.split:
             raise ConversionError("--split applies to --karpathy only")
         return convert_coco_captions(args.annotations, args.images, args.out, args.shard_size, args.name, tokenizer)
+    if args.source in OWN_SOURCES:
+        return convert_own(args, _tokenizer)
     if args.source == "nlvr2":
         return convert_nlvr2(args.data, args.images, args.out, args.shard_size, args.name)
     if args.source == "images":
@@ -336,6 +343,8 @@ def data_command(argv: Sequence[str]) -> int:
     """Runs ``mmoe data ...``; returns the exit status (2 for bad input, with the reason on stderr)."""
     parser = _parser()
     args = parser.parse_args(list(argv))
+    if args.command == "check-overlap":
+        return overlap_command(args)
     try:
         if args.command == "convert":
             result = _convert(args).to_json()
