@@ -90,6 +90,7 @@ class RetryingReader(io.RawIOBase):
         self.url, self.reading, self.opener, self.sleep = url, reading, opener, sleep
         self.offset = 0
         self.reopened = 0
+        self._stale = False  # the open file failed: the next attempt reopens it before reading
         self._file = self._attempt(lambda: self.opener(url, reading.block_size), reopen=False)
 
     def readable(self) -> bool:
@@ -102,8 +103,13 @@ class RetryingReader(io.RawIOBase):
         return len(data)
 
     def _attempt(self, action: Callable[[], Any], reopen: bool = True) -> Any:
+        """``action``'s result, retried after transient errors; reopening a failed file is part of the next attempt,
+        so a refused reopening (a server restarting) uses one retry rather than escaping."""
         for attempt in range(self.reading.retries + 1):
             try:
+                if self._stale:
+                    self._reopen()
+                    self._stale = False
                 return action()
             except PERMANENT_ERRORS:
                 raise
@@ -116,8 +122,7 @@ class RetryingReader(io.RawIOBase):
                     self.url, type(error).__name__, self.offset, pause, attempt + 1, self.reading.retries,
                 )  # fmt: skip
                 self.sleep(pause)
-                if reopen:
-                    self._reopen()
+                self._stale = self._stale or reopen
         raise AssertionError("unreachable")
 
     def _reopen(self) -> None:

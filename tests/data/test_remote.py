@@ -73,3 +73,32 @@ def test_remote_schemes():
     assert not any(map(is_remote, ["data/a.tar", "/abs/a.tar", "pipe:cat a.tar", "file:///a.tar"]))
     with pytest.raises(ValueError, match="retries >= 0"):
         RemoteReading(retries=-1)
+
+
+def test_a_refused_reopen_is_one_more_attempt():
+    """A reopening that fails with a transient error (a server restarting) is retried like a dropped read."""
+    pauses, opened = [], []
+
+    def opener(url, size):
+        if len(opened) == 1:  # the first reopening is refused once
+            opened.append(0)
+            raise ConnectionRefusedError("server restarting")
+        return FlakyFile([100] if not opened else [], True, opened)
+
+    stream = RetryingReader("s3://b/x.tar", RemoteReading(retries=3, backoff_s=0.5), opener, pauses.append)
+    data = b"".join(iter(lambda: stream.read(64), b""))
+    assert data == DATA and len(opened) == 3 and stream.reopened == 1 and pauses == [0.5, 1.0]
+
+
+def test_refused_reopens_past_the_retries_raise():
+    pauses, opened = [], []
+
+    def opener(url, size):
+        if opened:
+            raise ConnectionRefusedError("server down")
+        return FlakyFile([100], True, opened)
+
+    stream = RetryingReader("s3://b/x.tar", RemoteReading(retries=2, backoff_s=0.5), opener, pauses.append)
+    with pytest.raises(ConnectionRefusedError):
+        b"".join(iter(lambda: stream.read(64), b""))
+    assert pauses == [0.5, 1.0]
