@@ -29,6 +29,8 @@ logger = logging.getLogger("mmoe.data")
 REMOTE_SCHEMES = ("s3", "gs", "gcs", "hf", "http", "https")
 #: Errors that say the object will not come however often it is asked for.
 PERMANENT_ERRORS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, ValueError, TypeError)
+#: The most bytes :func:`read_remote_text` reads (a manifest lists shards; a larger one is not what it claims to be).
+MAX_REMOTE_TEXT_BYTES = 64 << 20
 
 
 def is_remote(url: str) -> bool:
@@ -169,14 +171,23 @@ def tar_samples(url: str, handler: Callable[[Exception], bool], reading: RemoteR
     return wds.tarfile_to_samples(handler=handler)([{"url": url}])
 
 
-def read_remote_text(url: str, reading: RemoteReading | None = None) -> str | None:
-    """A small remote text file (a manifest), or None when it does not exist."""
+def read_remote_text(
+    url: str,
+    reading: RemoteReading | None = None,
+    opener: Callable[[str, int], Any] = open_url,
+    max_bytes: int = MAX_REMOTE_TEXT_BYTES,
+) -> str | None:
+    """A small remote text file (a manifest), or None when it does not exist; a ValueError naming ``url`` when it is
+    over ``max_bytes`` (only that much plus one byte is read)."""
     reading = reading or RemoteReading()
     try:
-        with io.BufferedReader(RetryingReader(url, reading)) as stream:
-            return stream.read().decode("utf-8")
+        with io.BufferedReader(RetryingReader(url, reading, opener)) as stream:
+            data = stream.read(max_bytes + 1)
     except FileNotFoundError:
         return None
+    if len(data) > max_bytes:
+        raise ValueError(f"{url}: larger than {max_bytes} bytes, the most a remote text file (a manifest) may hold")
+    return data.decode("utf-8")
 
 
 def remote_glob(pattern: str) -> list[str]:

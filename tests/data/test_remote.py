@@ -5,23 +5,24 @@ from __future__ import annotations
 
 import pytest
 
-from mmoe.data.remote import RemoteReading, RetryingReader, is_remote
+from mmoe.data.remote import RemoteReading, RetryingReader, is_remote, read_remote_text
 
 DATA = bytes(range(256)) * 4
 
 
 class FlakyFile:
-    """A file over :data:`DATA` whose reads fail while ``failures`` has entries (one popped per failure)."""
+    """A file over ``data`` (:data:`DATA` unless given) whose reads fail while ``failures`` has entries (one popped
+    per failure)."""
 
-    def __init__(self, failures: list[int], seekable: bool, opened: list[int]) -> None:
-        self.failures, self._seekable, self.position = failures, seekable, 0
+    def __init__(self, failures: list[int], seekable: bool, opened: list[int], data: bytes = DATA) -> None:
+        self.failures, self._seekable, self.position, self.data = failures, seekable, 0, data
         opened.append(1)
 
     def read(self, size: int) -> bytes:
         if self.failures and self.position >= self.failures[0]:
             self.failures.pop(0)
             raise ConnectionResetError("connection dropped")
-        data = DATA[self.position : self.position + size]
+        data = self.data[self.position : self.position + size]
         self.position += len(data)
         return data
 
@@ -102,3 +103,11 @@ def test_refused_reopens_past_the_retries_raise():
     with pytest.raises(ConnectionRefusedError):
         b"".join(iter(lambda: stream.read(64), b""))
     assert pauses == [0.5, 1.0]
+
+
+def test_a_remote_text_over_its_bound_is_refused():
+    text = b"{" + b" " * 200 + b"}"
+    opener = lambda url, size: FlakyFile([], True, [], data=text)  # noqa: E731
+    assert read_remote_text("s3://b/manifest.json", opener=opener, max_bytes=202) == text.decode()
+    with pytest.raises(ValueError, match=r"^s3://b/manifest\.json: larger than 201 bytes"):
+        read_remote_text("s3://b/manifest.json", opener=opener, max_bytes=201)
