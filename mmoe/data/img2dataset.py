@@ -10,7 +10,8 @@ It decides which samples a run leaves out, in shard order, and records them in t
 
 * ``status``: the sample's ``status`` is not ``success`` (a failed row of the parquet is never in the tar: it is
   counted in the manifest only; a tar sample with another status is left out when read);
-* ``duplicate_key`` / ``duplicate_uid``: a key or DataComp ``uid`` an earlier sample already has (the first is kept);
+* ``duplicate_key`` / ``duplicate_uid``: a key or DataComp ``uid`` an earlier kept sample already has (the first kept
+  one claims it: a failed download or a left-out sample claims nothing);
 * ``too_small``: ``min(width, height)`` below ``min_side`` (from the json / parquet ``width`` and ``height``).
 
 ``shard_samples`` counts the samples in each tar, left-out ones included, so a reader counts a truncated shard's
@@ -146,7 +147,8 @@ def records_from_tar(path: Path) -> list[SampleRecord]:
 
 
 class Exclusions:
-    """Which samples a run leaves out, decided in shard order (the first of a repeated key or uid is kept)."""
+    """Which samples a run leaves out, decided in shard order: the first kept sample of a key or uid claims it (one
+    left out, a failed download above all, claims nothing, so a later sample with its key or uid may be kept)."""
 
     def __init__(self, min_side: int) -> None:
         self.min_side = min_side
@@ -155,23 +157,25 @@ class Exclusions:
         self.counts: Counter[str] = Counter()
         self.statuses: Counter[str] = Counter()
 
-    def cause(self, record: SampleRecord) -> str | None:
-        """Why ``record`` is left out (one of :data:`CAUSES`), or None; counts it."""
+    def cause(self, record: SampleRecord, repeated_in_shard: bool = False) -> str | None:
+        """Why ``record`` is left out (one of :data:`CAUSES`), or None; counts it. ``repeated_in_shard``: its shard
+        already holds its key (the reader keeps only a key's first sample in a shard, left out or not)."""
         cause = None
         if record.status != SUCCESS:
             cause = "status"
             self.statuses[record.status] += 1
-        elif record.key in self.keys:
+        elif repeated_in_shard or record.key in self.keys:
             cause = "duplicate_key"
         elif record.uid is not None and record.uid in self.uids:
             cause = "duplicate_uid"
         elif self._too_small(record):
             cause = "too_small"
-        self.keys.add(record.key)
-        if record.uid is not None:
-            self.uids.add(record.uid)
         if cause:
             self.counts[cause] += 1
+        else:
+            self.keys.add(record.key)
+            if record.uid is not None:
+                self.uids.add(record.uid)
         return cause
 
     def _too_small(self, record: SampleRecord) -> bool:
@@ -225,8 +229,9 @@ def index_folder(folder: str | os.PathLike, min_side: int = DEFAULT_MIN_SIDE) ->
         in_shard: set[str] = set()
         in_tar = 0
         for record in records:
-            cause = exclusions.cause(record)
-            if record.in_tar or not from_parquet:
+            in_this_tar = record.in_tar or not from_parquet
+            cause = exclusions.cause(record, repeated_in_shard=in_this_tar and record.key in in_shard)
+            if in_this_tar:
                 # A key read twice in one shard: the reader drops the repeat itself (the first is kept).
                 if cause and record.key not in in_shard:
                     left_out[record.key] = cause

@@ -151,3 +151,29 @@ def test_a_stream_over_an_indexed_folder_resumes_at_any_batch_with_the_same_batc
     for cut in range(1, len(batches)):
         resumed = [d.batch for d in stream().deliveries(whole[cut - 1].position) if d.batch is not None]
         assert resumed == batches[cut:]
+
+
+def test_a_sample_left_out_claims_no_key_or_uid_a_later_one_has(tmp_path):
+    from tests.data.img2dataset_layout import Attempt, write_shard
+
+    folder = tmp_path / "cc"
+    folder.mkdir()
+    write_shard(folder, 0, [Attempt(status="failed_to_download", uid="U", key="k1"), Attempt(side=8, uid="V")])
+    write_shard(folder, 1, [Attempt(uid="U", key="k1"), Attempt(uid="V")])  # the first downloaded U, k1 and V
+    manifest = index_folder(folder, min_side=32)
+    assert manifest["samples"] == 2 and manifest["skipped_by_cause"] == {
+        "status": 1, "duplicate_key": 0, "duplicate_uid": 0, "too_small": 1,
+    }  # fmt: skip
+    keys, _ = read_keys(folder)
+    assert keys == ["k1", "000010001"]
+
+
+def test_a_key_twice_in_one_shard_after_a_left_out_first_is_still_read_once(tmp_path):
+    from tests.data.img2dataset_layout import Attempt, write_shard
+
+    folder = tmp_path / "cc"
+    folder.mkdir()
+    write_shard(folder, 0, [Attempt(side=8, key="k1"), Attempt(key="k1"), Attempt(key="k2")])
+    manifest = index_folder(folder, min_side=32)
+    keys, _ = read_keys(folder)
+    assert keys == ["k2"] and manifest["samples"] == 1
