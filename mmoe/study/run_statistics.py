@@ -10,8 +10,9 @@
 * :func:`run_verdict`: the verdict of one gap over runs, with the within-run resampling interval as a secondary term;
   an arm with one run is :data:`UNDECIDABLE`, whatever the within-run interval says.
 
-Student's t distribution comes from mpmath (the regularized incomplete beta function, inverted by a bracketing root
-finder): numpy has no t quantile and torch's StudentT has no inverse CDF.
+Student's t distribution comes from mpmath (the regularized incomplete beta function, inverted by bisection on a
+bracket: a monotone CDF always converges, where a secant-type solver stalls far in the tail): numpy has no t quantile
+and torch's StudentT has no inverse CDF.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ UNDECIDABLE = "undecidable: 1 run per arm"
 #: Family-wise error rate, power and interval level of the run-level decisions.
 ALPHA = 0.05
 POWER = 0.8
+#: The relative width at which :func:`t_quantile` stops bisecting (a few hundred ulps of a double).
+QUANTILE_TOLERANCE = 1e-13
 
 
 def t_cdf(value: float, degrees: float) -> float:
@@ -41,18 +44,23 @@ def t_cdf(value: float, degrees: float) -> float:
 
 
 def t_quantile(probability: float, degrees: float) -> float:
-    """The ``probability`` quantile of Student's t with ``degrees`` degrees of freedom (0 < probability < 1)."""
+    """The ``probability`` quantile of Student's t with ``degrees`` degrees of freedom (0 < probability < 1), by
+    bisection of the monotone CDF on a doubling bracket to a relative width of :data:`QUANTILE_TOLERANCE`."""
     if not 0 < probability < 1:
         raise ValueError(f"a quantile needs a probability strictly between 0 and 1, got {probability}")
     if probability < 0.5:
         return -t_quantile(1 - probability, degrees)
     if probability == 0.5:
         return 0.0
-    upper = 1.0
+    lower, upper = 0.0, 1.0
     while t_cdf(upper, degrees) < probability:
-        upper *= 2
-    root = mpmath.findroot(lambda t: t_cdf(float(t), degrees) - probability, (0.0, upper), solver="anderson")
-    return float(root)
+        lower, upper = upper, upper * 2
+    while upper - lower > QUANTILE_TOLERANCE * upper:
+        middle = (lower + upper) / 2
+        if middle in (lower, upper):  # adjacent floats: the bracket cannot narrow further
+            break
+        lower, upper = (middle, upper) if t_cdf(middle, degrees) < probability else (lower, middle)
+    return (lower + upper) / 2
 
 
 @dataclass(frozen=True)

@@ -107,3 +107,29 @@ def test_holm_keeps_a_gap_only_where_the_family_rejects():
     assert decided[0]["holm_p"] == pytest.approx(2 * marginal["welch"]["p_value"])
     kept = family_verdicts([clear, marginal])
     assert [gap["verdict"] for gap in kept] == [REPRODUCES, REPRODUCES]  # the second compared with 0.05 / 1
+
+
+# Upper tail quantiles from the published two-sided 0.002 and 0.001 columns (NIST/SEMATECH Table 1.3.6.7.2 and the
+# usual 0.0005 one-sided column): the probabilities a plan's level 0.999 and alpha 0.001 ask for.
+T_TAIL = [(0.999, 10, 4.144), (0.999, 30, 3.385), (0.9995, 11, 4.437), (0.9995, 12, 4.318), (0.9995, 16, 4.015)]
+
+
+@pytest.mark.parametrize(("probability", "degrees", "value"), T_TAIL)
+def test_t_quantile_matches_the_published_far_tail(probability, degrees, value):
+    assert t_quantile(probability, degrees) == pytest.approx(value, abs=6e-4)
+    assert t_quantile(1 - probability, degrees) == pytest.approx(-value, abs=6e-4)
+
+
+@pytest.mark.parametrize("probability", [0.999, 0.9995, 0.9999])
+@pytest.mark.parametrize("degrees", [0.3, 1, 2, 10, 11, 12.5, 13, 14, 15, 16, 30, 200, 1e5])
+def test_t_quantile_inverts_the_cdf_in_the_far_tail(probability, degrees):
+    quantile = t_quantile(probability, degrees)
+    assert t_cdf(quantile, degrees) == pytest.approx(probability, abs=1e-12)
+
+
+def test_t_quantile_has_the_closed_forms_of_one_and_two_degrees():
+    """Cauchy (1 degree): tan(pi (p - 1/2)); 2 degrees: (2p - 1) / sqrt(2 p (1 - p))."""
+    for probability in (0.8, 0.975, 0.9995, 0.9999):
+        assert t_quantile(probability, 1) == pytest.approx(np.tan(np.pi * (probability - 0.5)), rel=1e-9)
+        two = (2 * probability - 1) / np.sqrt(2 * probability * (1 - probability))
+        assert t_quantile(probability, 2) == pytest.approx(two, rel=1e-9)
