@@ -5,8 +5,13 @@ A split's images are read from its ``image_digests.json`` (every conversion writ
 :mod:`mmoe.data.converters.image_digests`) or, for a folder without one, from its shards' image entries, with the
 same id rule. Two images are shared *by id* when their ids (file names as their dataset names them) are equal and
 *by digest* when the SHA-256 of their stored bytes are equal: the same file under another name or in another dataset.
-A re-encoded or resized copy has other bytes and is not found (decoded pixels are not compared: that needs a full
-decode of every image, and a lossy re-encoding changes the pixels anyway).
+A benchmark's file name names its image wherever it is stored, so an id match counts whatever the digests (the same
+COCO image re-encoded by another converter is shared). A user's own file names mean something only inside their image
+folder, so their ids carry the folder (:func:`mmoe.data.converters.image_digests.folder_image_id`): ``000000.jpg`` of
+two folders is not shared unless its bytes are. A folder read from its shards names an own image by its file name
+alone (only ``image_digests.json`` holds the folder). A re-encoded or resized copy under another name has other bytes
+and is not found (decoded pixels are not compared: that needs a full decode of every image, and a lossy re-encoding
+changes the pixels anyway).
 """
 
 from __future__ import annotations

@@ -26,6 +26,9 @@ from tests.data.test_converters import read_all, vqa_files, write_json
 COLORS = {"red.jpg": (200, 10, 10), "sub/blue.png": (10, 10, 200), "green.jpg": (10, 200, 10)}
 ANSWER_FIELDS = ("multiple_choice_answer", "answer_type", "question_type")
 PROVENANCE = ("source", "sha256", "split_rule", "skipped_rows")
+#: Files an own-data split holds with other contents than the official conversion's: its manifest (provenance) and
+#: its image ids (qualified by the image folder).
+SET_APART = (MANIFEST, "image_digests.json")
 
 
 def picture(path: Path, color, image_format: str | None = None) -> Path:
@@ -120,7 +123,7 @@ def test_captions_equal_the_official_coco_conversion_and_read_as_captioning_and_
     rows.append({"image": "red.jpg", "caption": " a red box ", "image_id": "7"})  # a repeated caption, dropped
     manifest = convert_own_captions(write_csv(tmp_path / "own.csv", rows), images, tmp_path / "own", name="c")
     assert manifest.extra["duplicate_captions"] == 1
-    assert_same_folders(tmp_path / "official", tmp_path / "own")
+    assert_same_folders(tmp_path / "official", tmp_path / "own", images)
     for module_class in (CaptioningDataModule, RetrievalDataModule):
         module = module_class(train_shards=str(tmp_path / "own"), val_shards=str(tmp_path / "own"), image_size=32,
                               batch_size=2, num_workers=0, crop_scale=None)  # fmt: skip
@@ -137,17 +140,19 @@ def test_captions_equal_the_official_coco_conversion_and_read_as_captioning_and_
     ]
 
 
-def assert_same_folders(official: Path, own: Path) -> None:
-    """The same files byte for byte (shards, caption_tokens.json / answers.json, image_digests.json) and manifests
-    equal but for provenance."""
+def assert_same_folders(official: Path, own: Path, images: Path) -> None:
+    """The same files byte for byte (shards, caption_tokens.json / answers.json) and manifests equal but for
+    provenance; ``image_digests.json`` holds the same digests, the own images named by ``images`` and their path."""
 
     def contents(folder: Path) -> dict[str, bytes]:
-        return {path.name: path.read_bytes() for path in sorted(folder.iterdir()) if path.name != MANIFEST}
+        return {path.name: path.read_bytes() for path in sorted(folder.iterdir()) if path.name not in SET_APART}
 
-    assert contents(official) == contents(own) and "image_digests.json" in contents(own)
+    assert contents(official) == contents(own)
     theirs, ours = ({k: v for k, v in json.loads((f / MANIFEST).read_text()).items() if k not in PROVENANCE}
                     for f in (official, own))  # fmt: skip
     assert theirs == ours
+    theirs, ours = (json.loads((f / "image_digests.json").read_text())["images"] for f in (official, own))
+    assert ours == [[f"{images.resolve().as_posix()}/{name}", digest] for name, digest in theirs] and ours
 
 
 def vqa_rows(root: Path, subtype: str) -> list[dict]:
@@ -175,7 +180,7 @@ def test_vqa_rows_equal_the_official_vqav2_conversion_and_train_with_soft_scores
     convert_vqav2(q, coco, tmp_path / "official", annotations=a, min_answer_count=1, name="v")
     table = write_jsonl(tmp_path / "train.jsonl", vqa_rows(tmp_path, "train2014"))
     manifest = convert_own_vqa(table, coco, tmp_path / "own", min_answer_count=1, name="v", split="train2014")
-    assert_same_folders(tmp_path / "official", tmp_path / "own")
+    assert_same_folders(tmp_path / "official", tmp_path / "own", coco)
     assert manifest.files == ["answers.json", "image_digests.json"]
     vocab = tmp_path / "own/answers.json"
     q, a = vqa_files(tmp_path, "val2014")
@@ -183,7 +188,7 @@ def test_vqa_rows_equal_the_official_vqav2_conversion_and_train_with_soft_scores
     val_rows = vqa_rows(tmp_path, "val2014")
     table = write_jsonl(tmp_path / "val.jsonl", val_rows)
     convert_own_vqa(table, coco, tmp_path / "own-val", answer_vocab=vocab, name="w", split="val2014")
-    assert_same_folders(tmp_path / "official-val", tmp_path / "own-val")
+    assert_same_folders(tmp_path / "official-val", tmp_path / "own-val", coco)
     # a CSV of any number of answers per question, '|'-separated, ids assigned by row and image
     csv_rows = [{"image": r["image"], "question": r["question"], "answers": "|".join(r["answers"][:n])}
                 for r, n in zip(val_rows, (10, 3, 1), strict=True)]  # fmt: skip

@@ -5,8 +5,11 @@ written, so that two splits can be checked for shared images without reading the
 check-overlap``, and the warning a fine-tuning DataModule gives when its train and eval splits share images:
 :mod:`mmoe.data.overlap`). An image's id is the name of its file as its dataset names it (:func:`image_id`):
 COCO's ``COCO_val2014_000000000042.jpg`` (VQAv2 samples, COCO and Flickr30K caption samples: the base name of
-``file_name``), NLVR2's ``dev-850-0-img0.png``, the path under ``--images`` of a pre-training pair or a user's own
-rows. File names, unlike numeric ids, do not collide across datasets (COCO image 42 and Flickr30K image 42 differ).
+``file_name``), NLVR2's ``dev-850-0-img0.png``, the path under ``--images`` of a pre-training pair. File names,
+unlike numeric ids, do not collide across datasets (COCO image 42 and Flickr30K image 42 differ). A user's own rows
+name files only within their image folder (two folders may both hold ``000000.jpg``), so their id is the folder's
+resolved path joined with the path under it (:func:`folder_image_id`): tables over one folder share ids, tables over
+two folders do not (a file copied from one to the other is still found by its digest).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import hashlib
 import json
 import posixpath
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 IMAGE_DIGESTS_FILE = "image_digests.json"
@@ -56,6 +60,11 @@ def image_id(sample: Mapping[str, Any], entry: str, meta: Mapping[str, Any]) -> 
         subtype = "test2015" if meta["data_subtype"] == "test-dev2015" else meta["data_subtype"]
         return f"COCO_{subtype}_{meta['image_id']:012d}.jpg"
     return meta["path"] if isinstance(meta.get("path"), str) else None
+
+
+def folder_image_id(folder: Path, relative: str) -> str:
+    """The id of a user's own image ``relative`` (a path checked to lie under ``folder``): unique across folders."""
+    return f"{folder.resolve().as_posix()}/{posixpath.normpath(relative)}"
 
 
 class ImageDigests:
