@@ -1,7 +1,8 @@
 """Each claim decided over training runs, as its plan says: the unit is the run (a seed), the interval Welch's over
-the runs per arm (:mod:`mmoe.study.run_statistics`), a claim of several gaps corrected by Holm where the plan says
-so, and a claim whose arms have one run each undecidable; the claim's within-run verdict (batches, images, rows or
-windows of one run) is kept beside it as a secondary term, never in its place.
+the runs per arm (:mod:`mmoe.study.run_statistics`) at the level, alpha and power of the claim's noise rule, a claim of
+several gaps corrected by Holm at that alpha where the plan says so (each gap's p-value compared with alpha where it
+says none), and a claim whose arms have one run each undecidable; the claim's within-run verdict (batches, images,
+rows or windows of one run) is kept beside it as a secondary term, never in its place.
 
 Decided today: the task order (claim 6) and pre-training against random init (claim 7) over fine-tuning seeds, and
 the inter-run consistency (claim 5) over the seeds' leave-one-out jackknife pseudo-values of the mean correlation
@@ -16,7 +17,7 @@ from mmoe.study.claims import Claim, judged_window, mean_correlation, order_verd
 from mmoe.study.claims.task_scores import TASK_SCORES
 from mmoe.study.plan import ClaimPlan, StudyPlan
 from mmoe.study.plan_design import TASK_ORDER
-from mmoe.study.run_statistics import UNDECIDABLE, family_verdicts, run_verdict
+from mmoe.study.run_statistics import POWER, UNDECIDABLE, family_verdicts, run_verdict
 from mmoe.study.runs import Measures
 from mmoe.study.verdicts import SATURATED, UNINFORMATIVE, combined, keys_of
 
@@ -25,12 +26,22 @@ NO_SEED_VALUES = "undecidable: the measures hold no per-seed values"
 
 
 def _decision(rules: ClaimPlan, claim: Claim, verdict: str, **fields) -> dict:
-    entry = {"id": claim.id, "runs_per_arm": rules.runs_per_arm(), "unit": rules.noise_rule.unit}
+    noise = rules.noise_rule
+    entry = {"id": claim.id, "runs_per_arm": rules.runs_per_arm(), "unit": noise.unit}
+    entry |= {"level": noise.level, "alpha": noise.alpha, "power": noise.power}
     entry |= {"multiplicity": rules.multiplicity, "within_run_verdict": claim.verdict}
     return entry | {"verdict": verdict} | fields
 
 
+def _gap(a: list[float], b: list[float], rules: ClaimPlan, within_run: list[float] | None = None) -> dict:
+    """One gap a - b (predicted positive) decided over runs at the level, alpha and power of the claim's noise rule."""
+    noise = rules.noise_rule
+    return run_verdict(a, b, +1, within_run, level=noise.level, alpha=noise.alpha, power=noise.power)
+
+
 def _corrected(gaps: list[dict], rules: ClaimPlan) -> list[dict]:
+    """The claim's gaps under its multiplicity rule: Holm at the plan's alpha, or (none) as :func:`_gap` left them,
+    each compared with that alpha alone."""
     return family_verdicts(gaps, rules.noise_rule.alpha) if rules.multiplicity == "holm" else gaps
 
 
@@ -39,7 +50,7 @@ def _task_decision(claim: Claim, rules: ClaimPlan) -> dict:
     gaps, where = [], []
     for task, _, _ in TASK_SCORES:
         for upper, lower in zip(TASK_ORDER, TASK_ORDER[1:], strict=False):
-            gaps.append(run_verdict(scores[upper][task]["values"], scores[lower][task]["values"], +1))
+            gaps.append(_gap(scores[upper][task]["values"], scores[lower][task]["values"], rules))
             where.append((task, [upper, lower]))
     corrected = zip(_corrected(gaps, rules), where, strict=True)
     gaps = [gap | {"task": task, "pair": pair} for gap, (task, pair) in corrected]
@@ -52,7 +63,7 @@ def _task_decision(claim: Claim, rules: ClaimPlan) -> dict:
 
 def _pretraining_decision(claim: Claim, rules: ClaimPlan) -> dict:
     tasks = claim.measured["tasks"]
-    gaps = [run_verdict(entry["pretrained"]["values"], entry["random_init"]["values"], +1) for entry in tasks.values()]
+    gaps = [_gap(entry["pretrained"]["values"], entry["random_init"]["values"], rules) for entry in tasks.values()]
     gaps = [gap | {"task": task} for gap, task in zip(_corrected(gaps, rules), tasks, strict=True)]
     per_task = {gap["task"]: UNINFORMATIVE if tasks[gap["task"]]["verdict"] == UNINFORMATIVE else gap["verdict"]
                 for gap in gaps}  # fmt: skip
@@ -91,7 +102,7 @@ def _consistency_decision(claim: Claim, rules: ClaimPlan, consistency: dict) -> 
         if None in arms:
             by_modality[name] = {"verdict": NO_SEED_VALUES, "within_run": entry["interval"]}
             continue
-        gap = run_verdict(arms[0], arms[1], +1, within_run=entry["interval"])
+        gap = _gap(arms[0], arms[1], rules, within_run=entry["interval"])
         if entry["verdict"] in (SATURATED, UNINFORMATIVE):
             gap["verdict"] = entry["verdict"]
         by_modality[name] = gap | {"pseudo_values": {"xmoe": arms[0], "switch": arms[1]}}
@@ -119,7 +130,7 @@ def run_decisions(claims: list[Claim], plan: StudyPlan, measures: Measures) -> l
     return decisions
 
 
-def _gap_text(gap: dict) -> str:
+def _gap_text(gap: dict, power: float) -> str:
     where = " - ".join(gap["pair"]) + " " if "pair" in gap else ""
     label = f"{gap['task']} " if "task" in gap else ""
     if gap["welch"] is None:
@@ -128,19 +139,23 @@ def _gap_text(gap: dict) -> str:
     holm = "" if gap.get("holm_p") is None else f", Holm p {gap['holm_p']:.3g}"
     return (f"{label}{where}{welch['difference']:.3g} [{welch['interval'][0]:.3g}, {welch['interval'][1]:.3g}] over "
             f"{welch['runs'][0]} and {welch['runs'][1]} runs (p {welch['p_value']:.3g}{holm}; detectable at power "
-            f"0.8: {gap['detectable']:.3g}), {gap['verdict']}")  # fmt: skip
+            f"{power:g}: {gap['detectable']:.3g}), {gap['verdict']}")  # fmt: skip
 
 
 def decision_text(decision: dict) -> str:
-    """The decision over runs in one line: runs per arm and unit, then each gap's Welch interval, p-value, Holm's
-    adjusted p-value and detectable effect (or why nothing is decided)."""
+    """The decision over runs in one line: runs per arm and unit, the level and alpha, then each gap's Welch interval,
+    p-value, Holm's adjusted p-value and detectable effect (or why nothing is decided)."""
     runs = sorted(set(decision["runs_per_arm"]))
     head = f"{'/'.join(map(str, runs))} run(s) per arm; unit: {decision['unit']}"
+    power = decision.get("power", POWER)  # a report written before decisions named their noise rule
+    if "level" in decision:
+        head += f"; level {decision['level']:g}, alpha {decision['alpha']:g}"
     if decision["verdict"] == UNDECIDABLE:
         return f"{head}: not decided (the within-run interval covers one run of each arm)"
     if "gaps" in decision:
-        return f"{head}; {decision['multiplicity']} correction: " + "; ".join(map(_gap_text, decision["gaps"]))
-    parts = [f"{name}: " + _gap_text(entry) if "welch" in entry else f"{name}: {entry['verdict']}"
+        gaps = "; ".join(_gap_text(gap, power) for gap in decision["gaps"])
+        return f"{head}; {decision['multiplicity']} correction: {gaps}"
+    parts = [f"{name}: " + _gap_text(entry, power) if "welch" in entry else f"{name}: {entry['verdict']}"
              for name, entry in decision.get("by_modality", {}).items()]  # fmt: skip
     return f"{head}; " + "; ".join(parts)
 

@@ -3,12 +3,13 @@
 
 * :func:`welch`: the difference of the arms' means over runs with Welch's t interval (Welch 1947; the
   Welch-Satterthwaite degrees of freedom) and its two-sided p-value.
-* :func:`detectable_effect`: the smallest difference the runs can detect at power 0.8 and alpha 0.05 from the
-  run-to-run spread, (t_{1-alpha/2, df} + t_{power, df}) x the standard error (the usual t approximation of the
-  noncentral t's power; Cohen 1988, ch. 2).
+* :func:`detectable_effect`: the smallest difference the runs can detect at the plan's power and alpha (by default
+  0.8 and 0.05) from the run-to-run spread, (t_{1-alpha/2, df} + t_{power, df}) x the standard error (the usual t
+  approximation of the noncentral t's power; Cohen 1988, ch. 2).
 * :func:`holm`: Holm's step-down family-wise correction (Holm 1979) of a claim decided by several gaps.
-* :func:`run_verdict`: the verdict of one gap over runs, with the within-run resampling interval as a secondary term;
-  an arm with one run is :data:`UNDECIDABLE`, whatever the within-run interval says.
+* :func:`run_verdict`: the verdict of one gap over runs at the plan's level, alpha and power, with the within-run
+  resampling interval as a secondary term; an arm with one run is :data:`UNDECIDABLE`, whatever the within-run
+  interval says.
 
 Student's t distribution comes from mpmath (the regularized incomplete beta function, inverted by bisection on a
 bracket: a monotone CDF always converges, where a secant-type solver stalls far in the tail): numpy has no t quantile
@@ -28,7 +29,9 @@ from mmoe.study.verdicts import NOT_SEPARATED, direction_verdict
 
 #: The verdict where an arm has a single run: no run-to-run spread, nothing decided.
 UNDECIDABLE = "undecidable: 1 run per arm"
-#: Family-wise error rate, power and interval level of the run-level decisions.
+#: The default interval level, family-wise error rate and power of the run-level decisions (a plan's noise rule may
+#: name others).
+LEVEL = 0.95
 ALPHA = 0.05
 POWER = 0.8
 #: The relative width at which :func:`t_quantile` stops bisecting (a few hundred ulps of a double).
@@ -97,7 +100,7 @@ def welch_degrees(variances: Sequence[float], runs: Sequence[int]) -> float:
     return sum(terms) ** 2 / denominator if denominator > 0 else float(sum(runs) - 2)
 
 
-def welch(a: Sequence[float], b: Sequence[float], level: float = 0.95) -> Welch | None:
+def welch(a: Sequence[float], b: Sequence[float], level: float = LEVEL) -> Welch | None:
     """mean(a) - mean(b) with Welch's t interval over runs; None when either arm has fewer than two runs."""
     if len(a) < 2 or len(b) < 2:
         return None
@@ -149,19 +152,28 @@ def holm_adjusted(p_values: Sequence[float]) -> list[float]:
 
 
 def run_verdict(
-    a: Sequence[float], b: Sequence[float], expected_sign: int, within_run: list[float] | None = None
+    a: Sequence[float],
+    b: Sequence[float],
+    expected_sign: int,
+    within_run: list[float] | None = None,
+    *,
+    level: float = LEVEL,
+    alpha: float = ALPHA,
+    power: float = POWER,
 ) -> dict:
     """One gap decided over runs: arm ``a`` minus arm ``b``, whose sign the paper predicts to be ``expected_sign``.
 
-    Returns ``runs`` per arm, ``welch`` (:class:`Welch` as JSON, None with one run in an arm), the ``detectable``
-    effect at power 0.8, the ``within_run`` interval (secondary: resampling inside the runs, not a verdict) and the
-    ``verdict`` (:data:`UNDECIDABLE` with one run in an arm; else from the Welch interval's side of zero)."""
-    result = welch(a, b)
+    Returns ``runs`` per arm, ``welch`` (:class:`Welch` as JSON with its ``level`` interval, None with one run in an
+    arm), the ``detectable`` effect at ``alpha`` and ``power``, the ``within_run`` interval (secondary: resampling
+    inside the runs, not a verdict) and the ``verdict``: :data:`UNDECIDABLE` with one run in an arm; else from the
+    Welch interval's side of zero, and not separated unless the p-value is also at most ``alpha`` (the same test
+    where level = 1 - alpha)."""
+    result = welch(a, b, level)
     entry: dict = {"runs": [len(a), len(b)], "within_run": within_run}
     if result is None:
         return entry | {"welch": None, "detectable": None, "verdict": UNDECIDABLE}
-    detectable = detectable_effect(result.std, result.runs)
-    verdict = direction_verdict(result.interval, expected_sign)
+    detectable = detectable_effect(result.std, result.runs, alpha, power)
+    verdict = direction_verdict(result.interval, expected_sign) if result.p_value <= alpha else NOT_SEPARATED
     return entry | {"welch": result.to_json(), "detectable": detectable, "verdict": verdict}
 
 
