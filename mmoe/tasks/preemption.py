@@ -18,6 +18,10 @@ checkpoint and its step, and the exit code is again 128 + the (second) signal's 
 to the handler from before the run; when that is the default one, which ends the process at once, a line naming the
 newest checkpoint comes first.
 
+A signal that is ignored when the run starts stays ignored, as the one who started it asked: SIGHUP under ``nohup``
+(the run goes on when the terminal closes), SIGINT in a job a shell script started in the background (the Ctrl-C
+meant for the script does not stop it), any signal a launcher set aside.
+
 Distributed runs: the handler of global rank 0 decides. Every step, rank 0's received signal (or none) is broadcast,
 so all ranks stop after the same step and save the checkpoint collectively (Lightning writes it from rank 0).
 """
@@ -78,9 +82,9 @@ class Preemption(L.Callback):
     """Stops the run on any of ``signals`` after the step in progress, saving it (see the module docstring).
 
     Added to every ``mmoe`` Lightning command by :class:`mmoe.tasks.cli.MMoECLI`; a config's ``trainer.callbacks``
-    may list it to choose the signals (those it leaves out keep Lightning's and Python's handling). A second signal
-    ends a save in progress, or goes to the handler from before the run: by default, the process ends at once (see
-    the module docstring).
+    may list it to choose the signals (those it leaves out keep Lightning's and Python's handling; one ignored when
+    the run starts, as SIGHUP under ``nohup``, stays ignored). A second signal ends a save in progress, or goes to
+    the handler from before the run: by default, the process ends at once (see the module docstring).
 
     Args:
         signals: names of the signals that stop the run (``SIGTERM``, ``SIGINT``, ``SIGHUP``, ``SIGUSR1``,
@@ -108,12 +112,13 @@ class Preemption(L.Callback):
     # --- the handlers -------------------------------------------------------------------------------------------------
 
     def install(self) -> None:
-        """Sets the handler for each of :attr:`signals`, keeping the handlers it replaces the first time."""
+        """Sets the handler for each of :attr:`signals`, keeping the handlers it replaces the first time; a signal
+        ignored then stays ignored (see the module docstring)."""
         if threading.current_thread() is not threading.main_thread():
             return  # only the main thread may set signal handlers
         for number in self.signals:
-            previous = signal.signal(number, self._record)
-            self._before.setdefault(number, previous)
+            before = self._before.setdefault(number, signal.getsignal(number))
+            signal.signal(number, signal.SIG_IGN if before == signal.SIG_IGN else self._record)
 
     def restore(self) -> None:
         """Puts back the handlers :meth:`install` replaced."""

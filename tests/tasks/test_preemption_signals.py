@@ -1,15 +1,17 @@
 """Signals a fit meets outside a scheduler's single SIGTERM, sent to a real process: SIGHUP (a terminal closed, an SSH
 session dropped) stops it like SIGTERM, saving the step in progress; a second signal that ends the run at once, during
 the save of that step or before it, says so in one line naming the newest checkpoint, and a cut save leaves no
-temporary file beside it."""
+temporary file beside it; a signal ignored when the fit starts (SIGHUP under ``nohup``) stays ignored."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import lightning as L
@@ -45,6 +47,26 @@ def fit_config(shards: Path, root: Path, steps: int) -> Path:
     path = root.parent / "fit.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
+
+
+@contextlib.contextmanager
+def fit_with_a_checkpoint(config: Path, last: Path, sighup: signal.Handlers) -> Iterator[subprocess.Popen]:
+    """``mmoe fit --config config`` as a user runs it, started with SIGHUP's handler ``sighup`` (SIG_DFL: as a
+    terminal's job, whatever pytest has; SIG_IGN: as under ``nohup``), yielded once it has saved ``last``; killed at
+    the end if still running."""
+    process = subprocess.Popen([sys.executable, "-c", MMOE_FIT, "fit", "--config", str(config)], cwd=config.parent,
+                               env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGHUP, sighup))  # fmt: skip
+    try:
+        deadline = time.monotonic() + 600
+        while saved_step(last) is None:  # training, with a checkpoint saved
+            assert process.poll() is None, process.stderr.read()[-3000:]
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        yield process
+    finally:
+        process.kill()
+        process.wait()
 
 
 def temporaries(folder: Path) -> list[str]:
@@ -122,20 +144,10 @@ def test_sighup_stops_a_fit_like_sigterm_saving_the_step_in_progress(shards, tmp
     """As an SSH session dropped without tmux or nohup: the run stops, its steps saved, exit code 129."""
     root = tmp_path / "run"
     config = fit_config(shards, root, steps=10_000)
-    process = subprocess.Popen([sys.executable, "-c", MMOE_FIT, "fit", "--config", str(config)], cwd=tmp_path,
-                               env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
     last = root / "checkpoints" / "last.ckpt"
-    try:
-        deadline = time.monotonic() + 600
-        while saved_step(last) is None:  # training, with a checkpoint saved
-            assert process.poll() is None, process.stderr.read()[-3000:]
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+    with fit_with_a_checkpoint(config, last, signal.SIG_DFL) as process:
         process.send_signal(signal.SIGHUP)
         _, stderr = process.communicate(timeout=600)
-    finally:
-        process.kill()
-        process.wait()
     assert process.returncode == 128 + signal.SIGHUP == 129, stderr[-3000:]
     line = stderr.strip().splitlines()[-1]
     assert line.startswith("mmoe fit: stopped by SIGHUP after global step "), stderr[-3000:]
@@ -143,3 +155,22 @@ def test_sighup_stops_a_fit_like_sigterm_saving_the_step_in_progress(shards, tmp
     assert line.startswith(f"mmoe fit: stopped by SIGHUP after global step {step}, saved to {last}; resume with: ")
     assert saved_step(last) == step
     assert not (root / ".mmoe-run.lock").exists() and os.listdir(root / "checkpoints") == ["last.ckpt"]
+
+
+def test_a_fit_started_with_sighup_ignored_as_under_nohup_keeps_training_to_its_end(shards, tmp_path):
+    """``nohup mmoe fit ... &``: the terminal closing (SIGHUP) does not stop the run. The fit is paused (SIGSTOP)
+    while SIGHUP is sent, so that the signal surely comes before its last step."""
+    root = tmp_path / "run"
+    steps = 40
+    config = fit_config(shards, root, steps=steps)
+    last = root / "checkpoints" / "last.ckpt"
+    with fit_with_a_checkpoint(config, last, signal.SIG_IGN) as process:
+        process.send_signal(signal.SIGSTOP)
+        _, status = os.waitpid(process.pid, os.WUNTRACED)
+        assert os.WIFSTOPPED(status) and saved_step(last) < steps  # paused before its end
+        process.send_signal(signal.SIGHUP)
+        process.send_signal(signal.SIGCONT)
+        _, stderr = process.communicate(timeout=600)
+    assert process.returncode == 0, stderr[-3000:]
+    assert "stopped by" not in stderr
+    assert saved_step(last) == steps
