@@ -8,8 +8,10 @@ that it goes through the same reading, task check and hyper-parameter merge as a
 ``N`` (what a run started afresh beside another run's ``last.ckpt`` writes). Any other file, such as a copy named
 ``last-before-lr-change.ckpt``, is never taken for it, however new: Lightning's own rule (the newest ``last*.ckpt``)
 would resume such a copy and then write over the run's ``last.ckpt``. With several folders, the newer of their last
-checkpoints is taken. The file and its step are said on stderr every time (the file is read whole anyway), and a
-``last-vN.ckpt`` passed over beside ``last.ckpt`` is named. When that file cannot be read (a save cut short, an empty
+checkpoints is taken. The file and its step are said on stderr every time (the file is read whole anyway), and an
+older ``last-vN.ckpt`` passed over beside ``last.ckpt`` is named; a newer one (modification time) is refused: a run
+started afresh beside ``last.ckpt`` wrote it and may have been killed after many steps, so the user names the file to
+resume with ``--ckpt_path FILE``. When that file cannot be read (a save cut short, an empty
 file), the readable checkpoint of the highest step in the same folder is used instead, and said; with none to resume,
 or none readable, it is an error naming the folder.
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -97,6 +100,21 @@ def last_versions(folder: Path) -> dict[Path, int]:
     return {path: int(match.group(1)) for path, match in matches if match and path.is_file()}
 
 
+def newer_last_version(last: Path) -> Path | None:
+    """The newest ``last-vN.ckpt`` beside ``last`` when ``last`` is a ``last.ckpt`` and that file is newer than it;
+    None otherwise."""
+    if last.name != LAST_FILE:
+        return None
+    modified = last.stat().st_mtime
+    newer = [path for path in last_versions(last.parent) if path.stat().st_mtime > modified]
+    return max(newer, key=lambda path: path.stat().st_mtime, default=None)
+
+
+def modified_at(path: Path) -> str:
+    """``path``'s modification time in local time, as ``ls -l`` would show it to the user."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(path.stat().st_mtime))
+
+
 def read_checkpoint(ckpt_path: str, folders: list[Path], command: str, expected: str) -> tuple[str, dict[str, Any]]:
     """(file, its contents) that ``--ckpt_path ckpt_path`` resumes from: the file itself, or for ``last`` the run's
     latest checkpoint in ``folders`` (see the module docstring); a fall-back to an older file is said on stderr,
@@ -104,7 +122,8 @@ def read_checkpoint(ckpt_path: str, folders: list[Path], command: str, expected:
 
     Raises:
         FileNotFoundError: the file, or any last checkpoint in ``folders``, does not exist (naming the folders).
-        ValueError: the file cannot be read, or for ``last`` no checkpoint in its folder can (naming it and why).
+        ValueError: the file cannot be read, or for ``last`` no checkpoint in its folder can (naming it and why), or a
+            ``last-vN.ckpt`` beside ``last.ckpt`` is newer than it (naming both).
     """
     if ckpt_path != LAST:
         return ckpt_path, load_checkpoint_file(ckpt_path, "--ckpt_path", expected)
@@ -113,6 +132,12 @@ def read_checkpoint(ckpt_path: str, folders: list[Path], command: str, expected:
         looked_in = " or ".join(str(folder.absolute()) for folder in folders)
         hint = "drop --ckpt_path to start a new run" if command == "fit" else "name a checkpoint file instead"
         raise FileNotFoundError(f"--ckpt_path last: there is no checkpoint to resume in {looked_in} ({hint})")
+    newer = newer_last_version(last)
+    if newer is not None:
+        raise ValueError(
+            f"--ckpt_path last: {newer} (saved {modified_at(newer)}) is newer than {last} (saved {modified_at(last)}), "
+            "written by a run started afresh beside it: name the checkpoint to resume with --ckpt_path FILE"
+        )
     path, state = read_last(last, command, expected)
     if rank_zero_only.rank == 0:
         passed_over = sorted(other.name for other in last_versions(last.parent) if other != last)

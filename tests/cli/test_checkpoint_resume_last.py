@@ -102,6 +102,32 @@ def test_resuming_last_takes_the_run_s_last_ckpt_over_a_newer_copy_beside_it_and
 
 
 @pytest.mark.slow
+def test_resuming_last_is_refused_when_a_run_started_afresh_beside_it_saved_a_newer_last_version(
+    shards, tmp_path, capsys
+):
+    """A run started again without --ckpt_path beside a finished run's last.ckpt saves last-v1.ckpt; once it is
+    killed, --ckpt_path last must not resume the older last.ckpt and pass over its steps."""
+    run = tmp_path / "run"
+    config = write_config(tmp_path / "fit.yaml", nlvr2_config(shards, run, steps=2))
+    fit(capsys, config)
+    checkpoints = run / "checkpoints"
+    finished = (checkpoints / "last.ckpt").stat().st_mtime - 3600
+    os.utime(checkpoints / "last.ckpt", (finished, finished))  # the first run ended an hour before
+    fit(capsys, config, "--trainer.max_steps", "3")
+    assert saved(checkpoints / "last-v1.ckpt")["global_step"] == 3
+    line = error_line(capsys, ["fit", "--config", config, "--trainer.max_steps", "6", "--ckpt_path", "last"])
+    assert line.startswith(f"mmoe fit: error: --ckpt_path last: {checkpoints / 'last-v1.ckpt'} (saved ")
+    assert f") is newer than {checkpoints / 'last.ckpt'} (saved " in line
+    assert line.endswith("name the checkpoint to resume with --ckpt_path FILE")
+    assert saved(checkpoints / "last.ckpt")["global_step"] == 2  # neither file was written
+    assert saved(checkpoints / "last-v1.ckpt")["global_step"] == 3
+    older = (checkpoints / "last-v1.ckpt").stat().st_mtime - 7200
+    os.utime(checkpoints / "last-v1.ckpt", (older, older))  # older than last.ckpt: last.ckpt is the run's own
+    err = fit(capsys, config, "--trainer.max_steps", "4", "--ckpt_path", "last")
+    assert f"resuming from {checkpoints / 'last.ckpt'} (step 2); not last-v1.ckpt beside it" in err
+
+
+@pytest.mark.slow
 def test_runs_started_from_python_save_their_last_step_too(shards, tmp_path):
     """The demo's way: ``run_lightning`` with a ``ModelCheckpoint`` object among its callbacks."""
     config = nlvr2_config(shards, tmp_path / "run", steps=3)
