@@ -13,7 +13,14 @@ from pathlib import Path
 import pytest
 
 from mmoe.cli import main
-from mmoe.data.converters import convert_karpathy, convert_nlvr2, convert_text, convert_tsv, convert_vqav2
+from mmoe.data.converters import (
+    convert_images,
+    convert_karpathy,
+    convert_nlvr2,
+    convert_text,
+    convert_tsv,
+    convert_vqav2,
+)
 from mmoe.data.converters.own_data import convert_own_captions
 from mmoe.data.datamodules import CaptioningDataModule, RetrievalDataModule
 from mmoe.data.overlap import overlap_report, split_images
@@ -168,3 +175,17 @@ def test_a_coco_image_stored_with_other_bytes_is_shared_by_its_file_name(tmp_pat
     report = overlap_report(split_images(tmp_path / "coco-test"), split_images(tmp_path / "recoded-test"))
     assert (report["shared_images"], report["by_id"]["count"], report["by_digest"]["count"]) == (1, 1, 0)
     assert report["by_id"]["examples"] == ["COCO_val2014_000000000003.jpg"]
+
+
+def test_pair_and_image_folders_with_the_same_file_names_share_no_images_by_that_name(tmp_path):
+    """The pre-training converters' ids carry their image folder too (``convert tsv`` / ``convert images``)."""
+    for folder, color in (("a", (250, 10, 10)), ("b", (10, 10, 250))):
+        picture(tmp_path / folder / "000000.jpg", color)
+        (tmp_path / f"{folder}.tsv").write_text("000000.jpg\ta picture\n")
+        convert_tsv(tmp_path / f"{folder}.tsv", tmp_path / folder, tmp_path / f"pairs-{folder}")
+        convert_images(tmp_path / folder, tmp_path / f"images-{folder}")
+    for kind in ("pairs", "images"):
+        report = overlap_report(split_images(tmp_path / f"{kind}-a"), split_images(tmp_path / f"{kind}-b"))
+        assert report["shared_images"] == 0, kind
+    same = overlap_report(split_images(tmp_path / "pairs-a"), split_images(tmp_path / "images-a"))
+    assert (same["shared_images"], same["by_id"]["count"], same["by_digest"]["count"]) == (1, 1, 1)

@@ -18,6 +18,7 @@ from mmoe.data.converters.common import (
     with_image,
     write_split,
 )
+from mmoe.data.converters.image_digests import IMAGE_ID_KEY, folder_image_id
 from mmoe.data.converters.provenance import provenance
 from mmoe.data.shards import Manifest
 
@@ -43,7 +44,9 @@ def convert_images(
 
     def samples() -> Iterator[dict[str, Any] | Skip]:
         for index, path in enumerate(paths):
-            yield with_image({"__key__": f"{index:09d}", "json": {"path": str(path.relative_to(root))}}, path)
+            relative = path.relative_to(root).as_posix()
+            sample = {"__key__": f"{index:09d}", "json": {"path": relative}}
+            yield with_image({**sample, IMAGE_ID_KEY: folder_image_id(root, relative)}, path)
 
     rule = f"every {'/'.join(IMAGE_SUFFIXES)} file under --images, sorted by path"
     return write_split(out, name, samples(), shard_size, {"source": {"images": str(root)}, **provenance([], rule)})
@@ -74,7 +77,7 @@ def convert_tsv(
     def samples() -> Iterator[dict[str, Any] | Skip]:
         for index, (number, path, file, caption) in enumerate(rows):
             sample = {"__key__": f"{index:09d}", "txt": caption, "json": {"path": path, "line": number}}
-            yield with_image(sample, file)
+            yield with_image({**sample, IMAGE_ID_KEY: folder_image_id(root, path)}, file)
 
     extra = {"source": {"tsv": str(tsv), "images": str(root)}, **provenance([tsv], "every line of the file")}
     return write_split(out, name, samples(), shard_size, extra)
