@@ -13,10 +13,11 @@ The lock is ``fcntl.flock`` on the open file: the kernel releases it when the ho
 a killed run left above a folder blocks nothing. The file's text (host, pid, start time) is only what the refusal
 names; a file left behind by a killed run is taken over with a line saying whose it was. A lock file is another run's
 to read, never to trust: it is opened without following a symbolic link, one that is not a regular file (a link, a
-fifo, a device) refuses the run, and only a line of the form ``host <name> pid <n> started <time>`` is ever quoted
-from it. The file is removed on release; a run that finds it removed under its lock (the holder released it
-meanwhile) locks afresh. Processes forked from the holder (DataLoader workers) close their copy of the file at once,
-so a killed run's workers, which outlive it for a moment, do not keep its folder locked.
+fifo, a device) or is a hard link (writing the lock would write the file it shares) refuses the run, and only a line
+of the form ``host <name> pid <n> started <time>`` is ever quoted from it. The file is removed on release; a run
+that finds it removed under its lock (the holder released it meanwhile) locks afresh. Processes forked from the holder
+(DataLoader workers) close their copy of the file at once, so a killed run's workers, which outlive it for a moment, do
+not keep its folder locked.
 
 Under DDP only global rank 0 takes the lock: the other ranks are part of the same run.
 """
@@ -200,7 +201,8 @@ class FolderLock:
 
     def _open(self) -> BinaryIO:
         """The lock file opened for reading and writing (held open until release), created if absent; never through a
-        symbolic link, and only a regular file (a fifo or a device could block or act on being opened)."""
+        symbolic link, and only a regular file (a fifo or a device could block or act on being opened) of its own
+        (not a hard link)."""
         self._require_regular(os.lstat, self.path)
         flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         try:
@@ -217,17 +219,22 @@ class FolderLock:
         return os.fdopen(descriptor, "r+b")
 
     def _require_regular(self, status: Callable[[Any], os.stat_result], target: Path | int) -> None:
-        """Refuses a lock path that exists and is not a regular file (``status``: ``os.lstat`` or ``os.fstat``)."""
+        """Refuses a lock path that exists and is not a regular file, or is a hard link (writing the lock would write
+        the file it shares) (``status``: ``os.lstat`` or ``os.fstat``)."""
         try:
-            mode = status(target).st_mode
+            found = status(target)
         except FileNotFoundError:
             return
-        if not stat.S_ISREG(mode):
-            kind = FILE_TYPES.get(stat.S_IFMT(mode), "a special file")
-            raise RunFolderError(
-                f"{self.what} {self.folder}: its lock file {self.path} is {kind}, not a regular file: remove it "
-                "(mmoe makes its lock files itself)"
-            )
+        if not stat.S_ISREG(found.st_mode):
+            kind = f"{FILE_TYPES.get(stat.S_IFMT(found.st_mode), 'a special file')}, not a regular file"
+        elif found.st_nlink > 1:
+            kind = f"a hard link (one of {found.st_nlink} names of one file), not a file of its own"
+        else:
+            return
+        raise RunFolderError(
+            f"{self.what} {self.folder}: its lock file {self.path} is {kind}: remove it (mmoe makes its lock files "
+            "itself)"
+        )
 
     def _still_named(self, handle: BinaryIO) -> bool:
         """Whether the locked file is still the one at :attr:`path` (not removed by a releasing holder)."""

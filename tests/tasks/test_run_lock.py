@@ -195,20 +195,30 @@ def test_folders_the_lock_made_are_removed_on_release_while_empty(tmp_path):
     assert sorted(path.name for path in root.rglob("*")) == ["checkpoints", "last.ckpt"]
 
 
-def test_a_lock_file_that_is_a_symbolic_link_is_refused_and_its_target_left_untouched(tmp_path):
-    """A link planted in a shared or unpacked run folder would otherwise have the run truncate and write its target."""
+#: How a link is planted as a lock file, and how to see it is left there.
+PLANTED_LOCKS = {
+    "a symbolic link": (lambda lock, victim: lock.symlink_to(victim), lambda lock: lock.is_symlink()),
+    "a hard link": (lambda lock, victim: os.link(victim, lock), lambda lock: os.stat(lock).st_nlink == 2),
+}
+
+
+@pytest.mark.parametrize("kind", PLANTED_LOCKS)
+def test_a_lock_file_that_is_a_link_is_refused_and_its_target_left_untouched(kind, tmp_path):
+    """A link planted in a shared or unpacked run folder would otherwise have the run truncate and write its target
+    (for a hard link, the file it shares)."""
+    plant, left_there = PLANTED_LOCKS[kind]
     victim = tmp_path / "victim.txt"
     victim.write_text("precious data line 1\nline 2\n")
     folder = tmp_path / "run"
     folder.mkdir()
-    (folder / LOCK_FILE).symlink_to(victim)
+    plant(folder / LOCK_FILE, victim)
     with pytest.raises(RunFolderError) as refused:
         RunFolderLocks().hold_folders("fit", folder)
     message = str(refused.value)
-    assert message.startswith(f"run folder {folder}: its lock file {folder / LOCK_FILE} is a symbolic link")
+    assert message.startswith(f"run folder {folder}: its lock file {folder / LOCK_FILE} is {kind}")
     assert "\n" not in message and "precious" not in message
     assert victim.read_text() == "precious data line 1\nline 2\n"
-    assert (folder / LOCK_FILE).is_symlink()  # left for its owner to look at
+    assert left_there(folder / LOCK_FILE)  # left for its owner to look at
 
 
 def test_a_lock_file_that_is_a_fifo_is_refused(tmp_path):
