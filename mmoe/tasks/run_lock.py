@@ -19,6 +19,9 @@ that finds it removed under its lock (the holder released it meanwhile) locks af
 (DataLoader workers) close their copy of the file at once, so a killed run's workers, which outlive it for a moment, do
 not keep its folder locked.
 
+A folder holding nothing but its lock file is a fresh run's: Lightning's warning that a checkpoint folder "exists and
+is not empty" is silenced for it until the locks are released; it is still given for a folder holding checkpoints.
+
 Under DDP only global rank 0 takes the lock: the other ranks are part of the same run.
 """
 
@@ -35,6 +38,7 @@ import stat
 import sys
 import tempfile
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -282,6 +286,7 @@ class RunFolderLocks:
     def __init__(self) -> None:
         self.held: list[FolderLock] = []
         self.created: list[Path] = []  # folders made by hold, removed on release while still empty
+        self.quieted: list[tuple] = []  # warning filters added by hold (quiet_fresh_folder_warning)
 
     def hold(self, subcommand: str | None, trainer: Namespace, trainer_defaults: Mapping[str, Any]) -> None:
         """Locks the folders ``mmoe <subcommand>`` writes (:func:`run_folders`) with the parsed ``trainer`` config and
@@ -324,6 +329,7 @@ class RunFolderLocks:
         lock.acquire()
         self.held.append(lock)
         self.created += lock.created
+        self.quieted += quiet_fresh_folder_warning(folder)
 
     def _refuse_inside_another_run(self, folder: Path, what: str) -> None:
         """Raises when a folder above ``folder`` (its real path) holds a live lock that is not one of this command's:
@@ -339,13 +345,28 @@ class RunFolderLocks:
 
     def release(self) -> None:
         """Releases every lock held, last taken first, and removes the folders it made that are still empty (a run
-        that stopped before writing anything leaves no trace)."""
+        that stopped before writing anything leaves no trace), and the warning filters it added."""
         while self.held:
             self.held.pop().release()
+        for entry in self.quieted:
+            with contextlib.suppress(ValueError):  # gone already: the filters were put back (warnings.catch_warnings)
+                warnings.filters.remove(entry)
+        self.quieted = []
         for folder in sorted(self.created, key=lambda path: len(path.parts), reverse=True):
             with contextlib.suppress(OSError):
                 folder.rmdir()
         self.created = []
+
+
+def quiet_fresh_folder_warning(folder: Path) -> list[tuple]:
+    """Ignores ``ModelCheckpoint``'s warning that ``folder`` "exists and is not empty" while it holds nothing but its
+    lock file: a fresh run's folder, which the warning would otherwise flag on every fit, teaching to ignore it where
+    it matters (a folder holding another run's checkpoints). Returns the filter added, if any."""
+    if os.listdir(folder) != [LOCK_FILE]:
+        return []
+    names = "|".join(re.escape(name) for name in sorted({str(folder), os.path.realpath(folder)}))
+    warnings.filterwarnings("ignore", rf"Checkpoint directory ({names}) exists and is not empty\.\Z")
+    return [warnings.filters[0]]
 
 
 def global_rank_zero() -> bool:

@@ -165,3 +165,17 @@ def test_fit_whose_checkpoint_folder_lies_in_a_running_run_s_folder_is_refused_i
         )
         assert sorted(path.name for path in (running / "checkpoints").iterdir()) == [LOCK_FILE]
         assert not root.exists()
+
+
+def test_a_fresh_fit_is_not_warned_that_its_checkpoint_folder_is_not_empty_and_a_fit_beside_checkpoints_is(
+    synthetic_corpus, tmp_path
+):
+    """The folder holds only the run's own lock file when Lightning looks; once it holds checkpoints, the warning is
+    given as Lightning gives it."""
+    root = tmp_path / "run"
+    config = tiny_config_file(synthetic_corpus, tmp_path, root)
+    warning = f"Checkpoint directory {root / 'checkpoints'} exists and is not empty."
+    for fit, warned in [("fresh", False), ("beside the first's checkpoints", True)]:
+        done = subprocess.run(fit_command(config), cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert (warning in done.stderr) is warned, f"{fit}: {done.stderr[-3000:]}"

@@ -11,12 +11,15 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
+import lightning as L
 import pytest
 from jsonargparse import Namespace
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.demos.boring_classes import BoringModel
 
 from mmoe.tasks.run_lock import LOCK_FILE, FolderLock, RunFolderError, RunFolderLocks, run_folders
 
@@ -314,3 +317,27 @@ def test_a_run_s_own_checkpoint_folders_are_locked_beside_its_root_without_confl
     assert all((folder / LOCK_FILE).is_file() for folder in (root, root / "checkpoints", root / "checkpoints" / "best"))
     locks.release()
     assert list(tmp_path.iterdir()) == []
+
+
+def not_empty_warnings(root: Path) -> list[str]:
+    """The "exists and is not empty" warnings of a one-step Lightning fit into ``root``, its folders locked as
+    ``mmoe fit`` locks them."""
+    checkpoints = root / "checkpoints"
+    trainer = L.Trainer(max_steps=1, default_root_dir=root, logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, callbacks=[ModelCheckpoint(dirpath=checkpoints)])  # fmt: skip
+    locks = RunFolderLocks()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        locks.hold_folders("fit", root, [checkpoints])
+        try:
+            trainer.fit(BoringModel())
+        finally:
+            locks.release()
+    return [str(warning.message) for warning in caught if "exists and is not empty" in str(warning.message)]
+
+
+def test_a_fresh_checkpoint_folder_holding_only_the_lock_is_not_warned_about_and_one_holding_checkpoints_is(tmp_path):
+    root = tmp_path / "run"
+    assert not_empty_warnings(root) == []
+    assert any(path.suffix == ".ckpt" for path in (root / "checkpoints").iterdir())
+    assert not_empty_warnings(root) == [f"Checkpoint directory {root / 'checkpoints'} exists and is not empty."]
