@@ -50,6 +50,16 @@ class SignalBeforeTraining(L.Callback):
         signal.raise_signal(self.signum)
 
 
+@pytest.fixture(autouse=True)
+def ctrl_c_handled():
+    """SIGINT handled as in a terminal's foreground process, whatever this test run inherited: a run started in the
+    background by a non-interactive shell (or ``nohup``) has it ignored, and :class:`Preemption` leaves an ignored
+    signal ignored."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory):
     return small_shards(tmp_path_factory.mktemp("preemption"))

@@ -27,9 +27,17 @@ from tests.tasks.test_resume_exact import (
 pytestmark = pytest.mark.slow
 
 
+def handled_as_in_a_terminal() -> None:
+    """SIGINT and SIGHUP handled by default, as in a terminal's foreground job, whatever this test run inherited (a
+    background job of a non-interactive shell ignores SIGINT, ``nohup`` SIGHUP, and a fit leaves them ignored)."""
+    for number in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(number, signal.SIG_DFL)
+
+
 def start_fit(config: Path, cwd: Path) -> subprocess.Popen:
     """``mmoe fit --config config`` in a new session (its own process group), stderr captured."""
     return subprocess.Popen(fit_command(config), cwd=cwd, env=ENV, start_new_session=True,
+                            preexec_fn=handled_as_in_a_terminal,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
 
 
