@@ -24,7 +24,7 @@ from typing import Any
 from PIL import Image
 
 from mmoe.atomic import write_json_atomic, write_text_atomic
-from mmoe.data.converters.image_digests import IMAGE_DIGESTS_FILE, ImageDigests
+from mmoe.data.converters.image_digests import IMAGE_DIGESTS_FILE, IMAGE_ID_KEY, ImageDigests, folder_image_id
 from mmoe.data.converters.staging import (
     OutputFolderError,
     check_replaceable,
@@ -262,6 +262,12 @@ def with_image(sample: dict[str, Any], path: Path, entry: str | None = None) -> 
     data, extension = image
     sample[entry or extension] = data
     return sample
+
+
+def with_folder_image(sample: dict[str, Any], root: Path, relative: str, path: Path) -> dict[str, Any] | Skip:
+    """:func:`with_image` of a user's own image ``relative`` under ``root`` (at ``path``), its id in
+    ``image_digests.json`` qualified by the folder (:func:`mmoe.data.converters.image_digests.folder_image_id`)."""
+    return with_image({**sample, IMAGE_ID_KEY: folder_image_id(root, relative)}, path)
 
 
 def iter_json_lines(path: str | os.PathLike) -> Iterator[tuple[int, dict[str, Any]]]:

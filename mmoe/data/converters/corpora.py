@@ -15,10 +15,9 @@ from mmoe.data.converters.common import (
     Skip,
     images_folder,
     path_under,
-    with_image,
+    with_folder_image,
     write_split,
 )
-from mmoe.data.converters.image_digests import IMAGE_ID_KEY, folder_image_id
 from mmoe.data.converters.provenance import provenance
 from mmoe.data.shards import Manifest
 
@@ -46,7 +45,7 @@ def convert_images(
         for index, path in enumerate(paths):
             relative = path.relative_to(root).as_posix()
             sample = {"__key__": f"{index:09d}", "json": {"path": relative}}
-            yield with_image({**sample, IMAGE_ID_KEY: folder_image_id(root, relative)}, path)
+            yield with_folder_image(sample, root, relative, path)
 
     rule = f"every {'/'.join(IMAGE_SUFFIXES)} file under --images, sorted by path"
     return write_split(out, name, samples(), shard_size, {"source": {"images": str(root)}, **provenance([], rule)})
@@ -77,7 +76,7 @@ def convert_tsv(
     def samples() -> Iterator[dict[str, Any] | Skip]:
         for index, (number, path, file, caption) in enumerate(rows):
             sample = {"__key__": f"{index:09d}", "txt": caption, "json": {"path": path, "line": number}}
-            yield with_image({**sample, IMAGE_ID_KEY: folder_image_id(root, path)}, file)
+            yield with_folder_image(sample, root, path, file)
 
     extra = {"source": {"tsv": str(tsv), "images": str(root)}, **provenance([tsv], "every line of the file")}
     return write_split(out, name, samples(), shard_size, extra)

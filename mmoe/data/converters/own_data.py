@@ -32,10 +32,9 @@ from mmoe.data.converters.common import (
     images_folder,
     json_text,
     path_inside,
-    with_image,
+    with_folder_image,
     write_split,
 )
-from mmoe.data.converters.image_digests import IMAGE_ID_KEY, folder_image_id
 from mmoe.data.converters.own_rows import (
     RowSkips,
     answers_of,
@@ -92,7 +91,7 @@ def convert_own_pairs(
         for index, (where, relative, path, caption) in enumerate(pairs):
             meta = {"path": relative, "line": _line(where)}
             sample = {"__key__": f"{index:09d}", "txt": caption, "json": meta}
-            yield with_image({**sample, IMAGE_ID_KEY: folder_image_id(root, relative)}, path)
+            yield with_folder_image(sample, root, relative, path)
 
     extra = {**_extra(table, root, "caption"), **skips.report(table)}
     return write_split(out, name, samples(), shard_size, extra)
@@ -147,7 +146,7 @@ def convert_own_captions(
     def samples() -> Iterator[dict[str, Any] | Skip]:
         for image_id, (relative, path) in files.items():
             sample = caption_sample(image_id, captions.by_image[image_id], relative)
-            yield with_image({**sample, IMAGE_ID_KEY: folder_image_id(root, relative)}, path)
+            yield with_folder_image(sample, root, relative, path)
 
     extra = _extra(table, root, "caption")
     extra["split_rule"] += ", one sample per image"
@@ -242,7 +241,7 @@ def convert_own_vqa(
                 meta.update(answer_type=record["answer_type"], question_type=record["question_type"])
                 meta.update(labels=labels, scores=scores)
             sample = {"__key__": str(record["question_id"]), "txt": record["question"], "json": meta}
-            yield with_image({**sample, IMAGE_ID_KEY: folder_image_id(root, record["relative"])}, record["path"])
+            yield with_folder_image(sample, root, record["relative"], record["path"])
 
     extra = _extra(table, root, "question", answer_vocab)
     extra["source"]["answer_vocab"] = str(answer_vocab) if answer_vocab is not None else None
