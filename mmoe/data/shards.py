@@ -306,19 +306,27 @@ def expected_samples(shards: Sequence[str]) -> dict[str, int]:
     before ``shard_samples`` existed are absent from the result. A manifest that is not valid is a ValueError
     (:func:`read_manifest`).
     """
-    return _per_shard(shards, _manifest_counts)
+    return _per_shard(shards, _manifest_counts)[0]
 
 
 def excluded_samples(shards: Sequence[str]) -> dict[str, dict[str, str]]:
     """For each shard path whose folder's manifest leaves samples out (an indexed img2dataset folder:
     :mod:`mmoe.data.img2dataset`), sample key -> cause; keys as :func:`expected_samples`."""
-    return _per_shard(shards, _manifest_exclusions)
+    return _per_shard(shards, _manifest_exclusions)[0]
 
 
-def _per_shard(shards: Sequence[str], of_folder) -> dict[str, Any]:
-    """Shard path -> ``of_folder(manifest)[file name]``, each folder's manifest read once (None without one)."""
-    by_folder: dict[str, dict[str, Any]] = {}
-    found: dict[str, Any] = {}
+def expected_and_excluded_samples(shards: Sequence[str]) -> tuple[dict[str, int], dict[str, dict[str, str]]]:
+    """:func:`expected_samples` and :func:`excluded_samples` of ``shards``, each folder's manifest read once (a remote
+    one is fetched once)."""
+    expected, excluded = _per_shard(shards, _manifest_counts, _manifest_exclusions)
+    return expected, excluded
+
+
+def _per_shard(shards: Sequence[str], *of_folder) -> list[dict[str, Any]]:
+    """For each function of ``of_folder``: shard path -> ``function(manifest, folder)[file name]``, each folder's
+    manifest read once (shards without one absent)."""
+    by_folder: dict[str, list[dict[str, Any]]] = {}
+    found: list[dict[str, Any]] = [{} for _ in of_folder]
     for shard in shards:
         path = os.fspath(shard)
         remote = is_remote(path)
@@ -327,10 +335,11 @@ def _per_shard(shards: Sequence[str], of_folder) -> dict[str, Any]:
         folder, file_name = path.rsplit("/", 1) if remote else os.path.split(path)
         if folder not in by_folder:
             manifest = remote_manifest(folder) if remote else _local_manifest(folder or ".")
-            by_folder[folder] = {} if manifest is None else of_folder(manifest, folder)
-        value = by_folder[folder].get(file_name)
-        if value is not None:
-            found[path] = value
+            by_folder[folder] = [{} if manifest is None else of(manifest, folder) for of in of_folder]
+        for values, result in zip(by_folder[folder], found, strict=True):
+            value = values.get(file_name)
+            if value is not None:
+                result[path] = value
     return found
 
 

@@ -33,7 +33,7 @@ from torch.utils.data import IterableDataset
 from mmoe.data.accounting import END, Delivery, SkipCount, SkipLedger, UnusableStreamError, add_skips
 from mmoe.data.remote import RemoteReading, tar_samples
 from mmoe.data.samples import Collator, CorruptSampleError, Decoder, Sample
-from mmoe.data.shards import excluded_samples, expected_samples
+from mmoe.data.shards import expected_and_excluded_samples
 
 
 class SeedDomain(enum.IntEnum):
@@ -300,8 +300,11 @@ class ShardStream(ResumableStream):
         self.batch_size, self.drop_last = batch_size, drop_last
         self.shuffle_buffer, self.repeat, self.seed, self.split = shuffle_buffer, repeat, seed, split
         self.name = name
-        self.expected = expected_samples(self.shards) if expected is None else expected
-        self.excluded = excluded_samples(self.shards) if excluded is None else excluded
+        if expected is None or excluded is None:
+            read_expected, read_excluded = expected_and_excluded_samples(self.shards)  # the manifests, read once
+            expected = read_expected if expected is None else expected
+            excluded = read_excluded if excluded is None else excluded
+        self.expected, self.excluded = expected, excluded
         self.reports = reports
         self.remote = remote or RemoteReading()
         self.rank, self.world_size = rank, world_size
