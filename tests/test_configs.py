@@ -28,9 +28,13 @@ BASE = PRETRAIN / "base.yaml"
 SIZES = ("tiny", "base")
 #: The parts of each size's base config: (size, variant) -> file.
 PARTS = {(size, path.stem): path for size in SIZES for path in sorted((PRETRAIN / size).glob("*.yaml"))}
+#: The trainer parts the fine-tuning configs extend (``extends: trainer/<size>.yaml``).
+FINETUNE_TRAINERS = ROOT / "configs" / "finetune" / "trainer"
 #: Every config that is a whole run by itself.
 WHOLE = sorted(
-    path for path in (ROOT / "configs").rglob("*.yaml") if path.parent not in {PRETRAIN / size for size in SIZES}
+    path
+    for path in (ROOT / "configs").rglob("*.yaml")
+    if path.parent not in {PRETRAIN / size for size in SIZES} | {FINETUNE_TRAINERS}
 )
 #: Every run the configs describe: each whole config, and each size's base with each of its parts over it.
 RUNS = [(path,) for path in WHOLE] + [(PRETRAIN / f"{size}.yaml", part) for (size, _), part in PARTS.items()]

@@ -3,7 +3,7 @@
 * config files (and the files they name) are read by :func:`mmoe.tasks.config_yaml.load_yaml_config`: no duplicate
   key, aliases bounded; each command-line value is held to the same checks before parsing starts
   (:func:`refuse_unsafe_command_line`: jsonargparse reads a value as YAML more than once, its later reads not through
-  the installed loader);
+  the installed loader); a ``--config`` file's ``extends`` part is merged in (:mod:`mmoe.tasks.config_extends`);
 * a file that is not a config (plain text such as ``/etc/passwd``), given as ``--config`` or as a config value, is
   refused in one line naming the file and never quoting its content (:class:`NotAConfigFile`);
 * a ``class_path`` (or a class named by itself, ``--model X``, ``--trainer.callbacks+=X``) is imported only from
@@ -28,6 +28,7 @@ import yaml
 from jsonargparse import ArgumentError, ArgumentParser, get_loader, set_loader, set_parsing_settings
 
 from mmoe.io import one_line, report_error
+from mmoe.tasks.config_extends import EXTENDS_KEY, extended_config
 from mmoe.tasks.config_yaml import ConfigFileError, check_yaml_config, load_yaml_config, shorten
 from mmoe.tasks.lightning_internals import config_file_being_read
 
@@ -68,6 +69,8 @@ def install_config_safety() -> None:
     def load(text: str, path: Any = "") -> Any:
         value = load_yaml_config(text, file_being_read(path), current)
         refuse_file_without_settings(text, value, path)
+        if path and isinstance(value, dict) and EXTENDS_KEY in value:
+            value = extended_config(value, file_being_read(path), current)
         return value
 
     load.checks_config = True  # type: ignore[attr-defined]

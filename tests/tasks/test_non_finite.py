@@ -18,6 +18,7 @@ import yaml
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
+from mmoe.tasks.config_extends import read_config_file
 from mmoe.tasks.non_finite import DIVERGED_EXIT, NonFiniteGuard, NonFiniteTraining
 from tests.cli_fixtures import run_mmoe, small_shards
 
@@ -145,7 +146,7 @@ def test_bad_settings_are_refused_naming_the_option():
 def test_a_diverging_fit_stops_with_one_line_and_keeps_only_finite_checkpoints(tmp_path):
     """The learning rate 1e4 without warm-up: step 0 is finite, step 1's loss is NaN."""
     shards = small_shards(tmp_path)
-    config = yaml.safe_load((Path(__file__).resolve().parents[2] / "configs/finetune/vqav2_tiny.yaml").read_text())
+    config = read_config_file(Path(__file__).resolve().parents[2] / "configs/finetune/vqav2_tiny.yaml")
     for callback in config["trainer"]["callbacks"]:
         if callback["class_path"].endswith("ModelCheckpoint"):  # a checkpoint after every step
             callback["init_args"] = {"save_last": True, "every_n_train_steps": 1, "save_top_k": -1}
@@ -222,7 +223,7 @@ def test_a_nan_in_one_process_stops_or_skips_the_step_in_every_process(action, t
 def test_a_fit_whose_selection_biases_overflow_stops_in_one_line(tmp_path, capsys):
     """Loss-free balancing at a rate float32 biases overflow at: the loss stays finite, the biases do not."""
     shards = small_shards(tmp_path)
-    config = yaml.safe_load((Path(__file__).resolve().parents[2] / "configs/finetune/vqav2_tiny.yaml").read_text())
+    config = read_config_file(Path(__file__).resolve().parents[2] / "configs/finetune/vqav2_tiny.yaml")
     config["model"]["init_args"]["backbone"]["moe"]["bias_update_rate"] = 1e39
     for callback in config["trainer"]["callbacks"]:
         if callback["class_path"].endswith("ModelCheckpoint"):  # a checkpoint after every step
