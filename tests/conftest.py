@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# On pytest-xdist's worker processes, the machine's cores are shared between the workers: each worker's torch (and
+# every process a test starts, which inherits the environment) gets its share of threads instead of all of them.
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ and "OMP_NUM_THREADS" not in os.environ:
+    share = str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = share
 
 
 @pytest.fixture(scope="session")
@@ -32,3 +40,13 @@ def synthetic_corpus(tmp_path_factory):
         == 0
     )
     return root
+
+
+#: Test files whose module fixtures train for minutes (the default demo, the fast claims study): run first, so that
+#: a run on worker processes (``pytest -n 2 --dist loadfile``) ends near the longest of them, not after it.
+RUN_FIRST = ("tests/demo/test_demo.py", "tests/study/test_study.py")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {path: index for index, path in enumerate(RUN_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(RUN_FIRST)))
