@@ -47,6 +47,7 @@ from mmoe.tasks.optimizer import PRETRAINING_OPTIMIZER, OptimizerConfig
 from mmoe.tasks.output_vocab import class_index, classes_of, load_output_vocab
 from mmoe.tasks.retrieval import contrastive_loss, gather_with_grad
 from mmoe.tasks.visual_codebook import PatchCodebook
+from mmoe.tasks.zero_shot_probes import DEFAULT_PROBE_PAIRS, ProbeEncoder, ZeroShotProbeCollector, probe_metrics
 
 __all__ = ["MaskedPretraining"]
 
@@ -95,6 +96,11 @@ class MaskedPretraining(BackboneTask):
             X-MoE and MH-MoE.
         optimizer: AdamW and its warm-up cosine schedule (:class:`mmoe.tasks.optimizer.OptimizerConfig`); the
             default is BEiT-3's pre-training optimiser (:data:`mmoe.tasks.optimizer.PRETRAINING_OPTIMIZER`).
+        zero_shot_probes: whether validation logs zero-shot probes on the first held-out pairs of the validation pair
+            stream (:mod:`mmoe.tasks.zero_shot_probes`: ``val/probe/...``, image-text matching and the synthetic
+            world's colour and shape from class-name prompts). Off in FSDP2 and expert-parallel runs, whose forwards
+            are collective.
+        probe_pairs: the held-out pairs probed per validation and process.
     """
 
     def __init__(
@@ -111,6 +117,8 @@ class MaskedPretraining(BackboneTask):
         balance_reduce: Literal["sum", "mean"] = "sum",
         z_loss_coefficient: float = 0.0,
         optimizer: OptimizerConfig = PRETRAINING_OPTIMIZER,
+        zero_shot_probes: bool = True,
+        probe_pairs: int = DEFAULT_PROBE_PAIRS,
     ) -> None:
         super().__init__(balance_reduce, optimizer, text_tokenizer, z_loss_coefficient)
         if isinstance(backbone, dict):  # the saved hyper-parameter (``load_from_checkpoint``)
@@ -137,6 +145,13 @@ class MaskedPretraining(BackboneTask):
         if contrastive_coefficient > 0:
             self.vision_head, self.language_head = retrieval_heads(backbone.dim)
             self.logit_scale = nn.Parameter(torch.tensor(LOG_LOGIT_SCALE_INIT))
+        if probe_pairs < 2:
+            raise ValueError(f"model.probe_pairs must be >= 2 (a positive and a negative), got {probe_pairs!r}")
+        self.probe_collector = (
+            ZeroShotProbeCollector(probe_pairs, TextTokenizer(sentencepiece=text_tokenizer))
+            if zero_shot_probes
+            else None
+        )
 
     def _load_mim_target(
         self,
@@ -262,6 +277,31 @@ class MaskedPretraining(BackboneTask):
 
     def validation_step(self, batch: PretrainStep, batch_idx: int) -> None:
         self.shared_step(batch, "val")
+        if self.probing:
+            for single in step_batches(batch):
+                self.probe_collector.add(self.probe_encoder(), single)
+
+    @property
+    def probing(self) -> bool:
+        """Whether this validation runs the zero-shot probes (``zero_shot_probes``; never in FSDP2 or expert-parallel
+        runs, where a process cannot run a forward of its own)."""
+        return self.probe_collector is not None and not self.fully_sharded and self.expert_groups is None
+
+    def probe_encoder(self) -> ProbeEncoder:
+        """The passes the probes embed images and texts with: the retrieval heads with the contrastive loss on,
+        mean-pooled features without."""
+        if self.hparams.contrastive_coefficient > 0:
+            return ProbeEncoder(self.backbone, self.vision_head, self.language_head)
+        return ProbeEncoder(self.backbone)
+
+    def on_validation_epoch_end(self) -> None:
+        """Logs the zero-shot probes of the pairs this validation collected (``val/probe/...``)."""
+        super().on_validation_epoch_end()
+        if not self.probing:
+            return
+        embeddings = self.probe_collector.finish(self.probe_encoder(), self.device)
+        if embeddings is not None:
+            self.log_dict(probe_metrics(embeddings), sync_dist=True, batch_size=len(embeddings.image_ND))
 
 
 #: The option that names the VQ-KD tokenizer file, as its errors and report name it.
