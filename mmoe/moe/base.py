@@ -8,7 +8,7 @@ in the order a token meets them, and ``y, routing = layer(x, padding_mask)``. ``
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -38,6 +38,9 @@ class RoutingRecord:
         token_mask: (B, L) bool, True at the non-padding tokens. It tells a token that no expert took (expert choice,
             every choice dropped by the capacity) from padding, which ``expert_index`` marks alike; None = read the
             tokens from ``expert_index``.
+        auxiliary_losses: the config's further differentiable losses by name, already weighted, for the task to add
+            to its objective and log as ``<stage>/<name>`` (LIMoE's ``local_entropy_loss`` and
+            ``global_entropy_loss``, :mod:`mmoe.moe.entropy_losses`); empty when the config turns none on.
     """
 
     balance_loss: torch.Tensor
@@ -52,6 +55,7 @@ class RoutingRecord:
     stratum_path: torch.Tensor | None = None
     unrouted_fraction: torch.Tensor | None = None
     token_mask: torch.Tensor | None = None
+    auxiliary_losses: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 class MoEFeedForward(nn.Module):

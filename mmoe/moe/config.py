@@ -12,6 +12,8 @@ Every MoE variant mmoe implements is a value of this one dataclass:
 * Auxiliary-loss-free balancing (Wang et al., 2024, §3, Algorithm 1): ``bias_update_rate > 0``.
 * Global-batch balance loss (Qiu et al., 2025): ``balance_batch="global"``.
 * Expert-choice routing (Zhou et al., 2022, §3.2): ``routing="expert_choice"``.
+* LIMoE's entropy losses and V-MoE's batch-priority routing, DeepSeek's balance-loss conventions, routed scaling and
+  group-limited top-k, Switch Transformer's router jitter: :class:`mmoe.moe.routing_details.RoutingDetails`.
 
 The routing choices, with their defaults and their checks, are :class:`RoutingChoices`; :class:`MoEConfig` adds one
 layer's widths to them, and a backbone's plan of MoE layers adds where the layers go.
@@ -23,10 +25,12 @@ import math
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Literal
 
+from mmoe.moe.routing_details import RoutingDetails
+
 ROUTERS = ("linear", "xmoe")
 GATES = ("softmax", "sigmoid")
 EXPERT_KERNELS = ("torch", "triton")
-BALANCE_BATCHES = ("local", "global")
+BALANCE_BATCHES = ("local", "global", "sequence")
 ROUTINGS = ("token_choice", "expert_choice")
 
 #: X-MoE App. A: the gating temperature starts at 0.3 for softmax gates and 0.07 for sigmoid gates; the balance loss
@@ -49,10 +53,11 @@ def _finite_or_none(value: float | None) -> bool:
 
 
 @dataclass(frozen=True, kw_only=True)
-class RoutingChoices:
+class RoutingChoices(RoutingDetails):
     """How MoE layers route, whatever their width: each choice, its default and its check, stated once.
 
-    Errors name the field as ``<class>.<field>`` of the config that holds it.
+    Errors name the field as ``<class>.<field>`` of the config that holds it. The routing details of LIMoE, V-MoE,
+    Switch Transformer and DeepSeek are fields of the base :class:`mmoe.moe.routing_details.RoutingDetails`.
 
     Args:
         num_experts: number of experts N (for Stratified MoE, the sum over strata).
@@ -132,7 +137,7 @@ class RoutingChoices:
     beta: float = 1.0
     shared_experts: int = 0
     bias_update_rate: float = 0.0
-    balance_batch: Literal["local", "global"] = "local"
+    balance_batch: Literal["local", "global", "sequence"] = "local"
     routing: Literal["token_choice", "expert_choice"] = "token_choice"
     expert_kernels: Literal["torch", "triton"] = "torch"
 
@@ -170,6 +175,7 @@ class RoutingChoices:
             raise ValueError(f"{owner}.routing_dim must be a positive integer or None, got {self.routing_dim!r}")
         if self.strata is not None:
             self._validate_strata()
+        self._validate_details()
 
     def require_divisible_width(self, dim: int, owner: str) -> None:
         """Refuse a token width ``dim`` (a field of ``owner``) that MH-MoE's split into ``heads`` sub-tokens of

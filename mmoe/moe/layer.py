@@ -28,11 +28,13 @@ from torch.profiler import record_function
 
 from mmoe.moe.base import MoEFeedForward, RoutingRecord, compute_dtype
 from mmoe.moe.config import MoEConfig
-from mmoe.moe.dispatch import combine, combine_unsorted, dispatch_rows, plan_dispatch
+from mmoe.moe.dispatch import combine, combine_unsorted, dispatch_rows
 from mmoe.moe.expert_choice import combine_expert_choice, plan_expert_choice
 from mmoe.moe.expert_parallel import ExpertShard, exchange
 from mmoe.moe.experts import GroupedExperts
+from mmoe.moe.priority import plan_token_dispatch
 from mmoe.moe.router import Router, RouterOutput, XMoEScorer
+from mmoe.moe.token_layout import TokenLayout
 
 
 class MoELayer(MoEFeedForward):
@@ -114,10 +116,14 @@ class MoELayer(MoEFeedForward):
         Stratified MoE layer. The first one sees every (sub-)token."""
         return [self.router]
 
-    def forward(self, x: torch.Tensor, padding_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, RoutingRecord]:
+    def forward(
+        self, x: torch.Tensor, padding_mask: torch.Tensor | None = None, segment_lengths: list[int] | None = None
+    ) -> tuple[torch.Tensor, RoutingRecord]:
         """Args:
             x: (B, L, D) tokens.
             padding_mask: (B, L) bool, True = padding; padding neither counts nor changes other tokens.
+            segment_lengths: the lengths of the modalities the sequence is made of, in order (a shared FFN's image
+                and text tokens), for LIMoE's per-modality entropy losses; None = one modality.
 
         Returns:
             ``(y, routing)`` with y of x's shape and dtype (the autocast dtype under autocast).
@@ -134,7 +140,7 @@ class MoELayer(MoEFeedForward):
 
         # The record_function labels name the phases in profiles (benchmarks/moe_layer.py, expert_parallel.py sum them).
         with record_function("mmoe.moe.route"):
-            routed = self.router(x_SD, valid_S)
+            routed = self.router(x_SD, valid_S, TokenLayout(batch, length, heads, segment_lengths))
         if config.routing == "expert_choice":
             y_SD, counts_E, expert_index_SK, dropped, unrouted = self._expert_choice(x_SD, valid_S, routed)
             balance_loss = torch.zeros((), device=x.device)  # balanced by construction: every expert takes C
@@ -161,6 +167,7 @@ class MoELayer(MoEFeedForward):
             router_entropy=routed.entropy,
             unrouted_fraction=unrouted,
             token_mask=x.new_ones((batch, length), dtype=torch.bool) if padding_mask is None else ~padding_mask,
+            auxiliary_losses=routed.auxiliary_losses,
         )
         return y, routing
 
@@ -168,8 +175,9 @@ class MoELayer(MoEFeedForward):
         """Each (sub-)token's top-k experts, sorted dispatch: (y, expert counts, expert index, dropped fraction)."""
         config = self.config
         with record_function("mmoe.moe.plan"):
-            plan = plan_dispatch(
-                routed.expert_SK, valid_S, config.num_experts, config.active_capacity_factor(self.training)
+            priority_S = routed.priority_S if config.capacity_priority == "batch_priority" else None  # V-MoE §4.1
+            plan = plan_token_dispatch(
+                routed.expert_SK, priority_S, valid_S, config.num_experts, config.active_capacity_factor(self.training)
             )
         if self.shard is None and self.use_fused_kernels(x_SD):
             with record_function("mmoe.moe.experts"):

@@ -9,7 +9,13 @@ Scorers:
 
 Balance loss (X-MoE Eq. 9, Switch form; MH-MoE Eq. 10 over sub-tokens): ``N * sum_i f_i * P_i``, with f_i the share of
 non-padding (sub-)tokens whose *first* choice is expert i and P_i their mean routing probability. For the X-MoE scorer
-P is a softmax over s / tau_0 with the fixed tau_0 (= tau's initial value), also when the gate is a sigmoid.
+P is a softmax over s / tau_0 with the fixed tau_0 (= tau's initial value), also when the gate is a sigmoid. DeepSeek's
+conventions (every choice counted, per sequence) are in :mod:`mmoe.moe.balance`.
+
+Routing details (:class:`mmoe.moe.routing_details.RoutingDetails`): Switch Transformer's router jitter (§2.4),
+DeepSeek-V2/V3's group-limited top-k (:mod:`mmoe.moe.group_limited`) and routed scaling factor, LIMoE's entropy losses
+(:mod:`mmoe.moe.entropy_losses`), and each (sub-)token's top gate value for V-MoE's batch-priority routing
+(:mod:`mmoe.moe.priority`).
 
 Global-batch balance loss (Qiu et al., 2025; ``MoEConfig.balance_batch="global"``): in training, with a process group,
 f_i is counted over every data-parallel rank's (sub-)tokens (one all-reduce), and each rank's P_i is its share of the
@@ -31,14 +37,18 @@ Shape legend: S (sub-)tokens, E experts, K top-k choices, R routing dim.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from mmoe.moe.balance import balance_loss, counted_choices, sequence_balance_loss
 from mmoe.moe.config import EXPERT_EMBEDDING_NORM, MoEConfig
+from mmoe.moe.entropy_losses import entropy_losses
+from mmoe.moe.group_limited import group_limited_top_k
+from mmoe.moe.token_layout import TokenLayout
 
 
 class LinearScorer(nn.Module):
@@ -105,11 +115,14 @@ class RouterOutput:
 
     Attributes:
         expert_SK: chosen experts, first choice first.
-        weight_SK: gate weight of each choice (top-k renormalised to sum to one unless ``renormalize`` is off).
+        weight_SK: gate weight of each choice (top-k renormalised to sum to one unless ``renormalize`` is off), times
+            the routed scaling factor.
         scores_SE: the gate values of every expert (softmax or sigmoid; what expert-choice routing ranks).
-        balance_loss: X-MoE Eq. 9 over the non-padding (sub-)tokens; zero when there are none.
+        balance_loss: X-MoE Eq. 9 (or DeepSeek's conventions) over the non-padding (sub-)tokens; zero when none.
         z_loss: ST-MoE Eq. 5 over the non-padding (sub-)tokens; zero when there are none.
         entropy: mean entropy of the routing distribution over the non-padding (sub-)tokens (detached, for logs).
+        priority_S: the top gate value of each (sub-)token (batch-priority routing's score; V-MoE §4.1).
+        auxiliary_losses: the config's further weighted losses by name (LIMoE's entropy losses); empty when none.
     """
 
     expert_SK: torch.Tensor
@@ -118,15 +131,19 @@ class RouterOutput:
     balance_loss: torch.Tensor
     z_loss: torch.Tensor
     entropy: torch.Tensor
+    priority_S: torch.Tensor | None = None
+    auxiliary_losses: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 class Router(nn.Module):
-    """Scorer + gate + top-k (any k <= E) + balance loss (X-MoE Eq. 7-9; GShard top-2)."""
+    """Scorer + gate + top-k (any k <= E) + balance loss (X-MoE Eq. 7-9; GShard top-2), with the routing details of
+    :class:`mmoe.moe.routing_details.RoutingDetails`."""
 
     def __init__(self, config: MoEConfig, num_experts: int | None = None) -> None:
         """``num_experts`` overrides the config's (a Stratified MoE gate scores its visible experts only); top-k is
         capped at the number of experts scored."""
         super().__init__()
+        self.config = config
         self.gate = config.gate
         num_experts = config.num_experts if num_experts is None else num_experts
         self.top_k = min(config.top_k, num_experts)
@@ -144,31 +161,53 @@ class Router(nn.Module):
         else:
             self.scorer = LinearScorer(config.head_dim, num_experts)
 
-    def forward(self, x_SD: torch.Tensor, valid_S: torch.Tensor | None) -> RouterOutput:
-        """Route S (sub-)tokens; ``valid_S`` (bool, True = real token) excludes padding from the statistics."""
+    def forward(
+        self, x_SD: torch.Tensor, valid_S: torch.Tensor | None, layout: TokenLayout | None = None
+    ) -> RouterOutput:
+        """Route S (sub-)tokens; ``valid_S`` (bool, True = real token) excludes padding from the statistics;
+        ``layout`` gives each (sub-)token's sequence and modality (None: one sequence, one modality)."""
+        config = self.config
+        layout = TokenLayout(batch=1, length=x_SD.shape[0]) if layout is None else layout
         # Routing runs in fp32 even under autocast: top-k choices and the balance loss are sensitive to the rounding
         # of near-tied bf16 logits, and the router costs ~0.1% of the expert FLOPs.
         with torch.autocast(device_type=x_SD.device.type, enabled=False):
-            gate_logits_SE, balance_logits_SE = self.scorer(x_SD.to(torch.promote_types(x_SD.dtype, torch.float32)))
-            if self.gate == "softmax":
-                scores_SE = gate_logits_SE.softmax(dim=-1)
-            else:
-                scores_SE = gate_logits_SE.sigmoid()
-            if self.selection_bias is None:
-                weight_SK, expert_SK = scores_SE.topk(self.top_k, dim=-1)
-            else:  # Wang et al. Eq. 3: the bias picks the experts, the unbiased scores weigh them
-                _, expert_SK = (scores_SE + self.selection_bias.to(scores_SE.dtype)).topk(self.top_k, dim=-1)
-                weight_SK = scores_SE.gather(-1, expert_SK)
+            x_SD = x_SD.to(torch.promote_types(x_SD.dtype, torch.float32))
+            if self.training and config.router_jitter > 0:  # Switch Transformer §2.4: the router's input only
+                x_SD = x_SD * torch.empty_like(x_SD).uniform_(1 - config.router_jitter, 1 + config.router_jitter)
+            gate_logits_SE, balance_logits_SE = self.scorer(x_SD)
+            scores_SE = gate_logits_SE.softmax(dim=-1) if self.gate == "softmax" else gate_logits_SE.sigmoid()
+            expert_SK = self._select(scores_SE)
+            weight_SK = scores_SE.gather(-1, expert_SK)
+            priority_S = weight_SK[:, 0].detach()  # V-MoE §4.1: the top gate value, before renormalisation
             if self.top_k > 1 and self.renormalize:  # GShard; MH-MoE Eq. 2 / 6 and Stratified Eq. 6 keep raw values
                 weight_SK = weight_SK / weight_SK.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(weight_SK.dtype).tiny)
+            if config.routed_scaling_factor != 1:  # DeepSeek-V2/V3: the routed experts' mix times a constant
+                weight_SK = weight_SK * config.routed_scaling_factor
             balance_probs_SE = balance_logits_SE.softmax(dim=-1)
             weights_S, count = _row_weights(balance_probs_SE, valid_S)
-            global_batch = self.balance_batch == "global" and self.training and dist.is_available()
-            global_batch = global_batch and dist.is_initialized() and dist.get_world_size() > 1
-            balance_loss = _balance_loss(balance_probs_SE, expert_SK[:, 0], weights_S, global_batch)
+            balance = self._balance_loss(balance_probs_SE, expert_SK, weights_S, layout)
             z_loss = (weights_S @ gate_logits_SE.logsumexp(dim=-1).square()) / count  # ST-MoE Eq. 5
             entropy = (weights_S @ torch.special.entr(balance_probs_SE.detach()).sum(-1)) / count
-        return RouterOutput(expert_SK, weight_SK, scores_SE, balance_loss, z_loss, entropy)
+            segment_S = layout.segment_S(x_SD.device)
+            auxiliary = entropy_losses(gate_logits_SE, weights_S, segment_S, layout.num_segments, config)
+        return RouterOutput(expert_SK, weight_SK, scores_SE, balance, z_loss, entropy, priority_S, auxiliary)
+
+    def _select(self, scores_SE: torch.Tensor) -> torch.Tensor:
+        """The top-k experts by the gate values, plus the loss-free selection bias when set (Wang et al. Eq. 3: the
+        bias picks the experts, the unbiased scores weigh them), inside the best groups when grouped (DeepSeek)."""
+        if self.selection_bias is not None:
+            scores_SE = scores_SE + self.selection_bias.to(scores_SE.dtype)
+        config = self.config
+        return group_limited_top_k(scores_SE, self.top_k, config.expert_groups, config.top_groups, config.group_score)
+
+    def _balance_loss(self, probs_SE, expert_SK, weights_S, layout: TokenLayout) -> torch.Tensor:
+        chosen_SK = counted_choices(expert_SK, self.config.balance_choices)
+        if self.balance_batch == "sequence":
+            sequence_S = layout.sequence_S(probs_SE.device)
+            return sequence_balance_loss(probs_SE, chosen_SK, weights_S, sequence_S, layout.batch)
+        global_batch = self.balance_batch == "global" and self.training and dist.is_available()
+        global_batch = global_batch and dist.is_initialized() and dist.get_world_size() > 1
+        return balance_loss(probs_SE, chosen_SK, weights_S, global_batch)
 
     @torch.no_grad()
     def update_selection_bias(self, load_E: torch.Tensor) -> None:
@@ -182,21 +221,3 @@ def _row_weights(probs_SE: torch.Tensor, valid_S: torch.Tensor | None) -> tuple[
     """1 for rows that count, 0 for padding, and their number (at least 1, so that no row gives 0, not NaN)."""
     weights_S = probs_SE.new_ones(probs_SE.shape[0]) if valid_S is None else valid_S.to(probs_SE.dtype)
     return weights_S, weights_S.sum().clamp_min(1.0)
-
-
-def _balance_loss(probs_SE, first_choice_S, weights_S, global_batch: bool = False) -> torch.Tensor:
-    """``N * sum_i f_i * P_i`` (X-MoE Eq. 9, Switch form) over the rows of weight 1; f_i counts first choices only
-    (GShard, torchscale). ``global_batch``: f_i over every rank's rows and P_i this rank's share of the global mean
-    (Qiu et al., 2025), so that the mean over the W ranks is the loss of the global batch."""
-    num_experts = probs_SE.shape[-1]
-    first_counts_E = probs_SE.new_zeros(num_experts).index_add_(0, first_choice_S, weights_S)
-    local_rows = weights_S.sum()
-    if global_batch:
-        totals = torch.cat([first_counts_E, local_rows[None]]).detach()
-        dist.all_reduce(totals)
-        first_counts_E, rows = totals[:-1], totals[-1].clamp_min(1.0)
-        mean_prob_E = (weights_S @ probs_SE) * dist.get_world_size() / rows  # this rank's share of P_i
-    else:
-        rows = local_rows.clamp_min(1.0)
-        mean_prob_E = (weights_S @ probs_SE) / rows  # P_i
-    return num_experts * (first_counts_E / rows * mean_prob_E).sum()

@@ -22,6 +22,10 @@ def test_a_layer_config_takes_every_routing_choice_of_its_plan():
                 shared_experts=1, bias_update_rate=1e-3, balance_batch="global", expert_kernels="triton", every=1),
         MoEPlan(num_experts=4, top_k=2, strata=[1, 3], routing_dim=8),
         MoEPlan(num_experts=4, routing="expert_choice", capacity_factor=2.0, routing_dim=8),
+        MoEPlan(num_experts=8, top_k=4, capacity_factor=1.0, routing_dim=8, local_entropy_weight=0.1,
+                global_entropy_weight=0.2, global_entropy_min_experts=2.0, capacity_priority="batch_priority",
+                balance_choices="all", routed_scaling_factor=2.5, expert_groups=4, top_groups=2,
+                group_score="top_sum", router_jitter=0.01),
     ]  # fmt: skip
     defaults = RoutingChoices()
     changed = {name for plan in plans for name in routing if getattr(plan, name) != getattr(defaults, name)}

@@ -1,0 +1,58 @@
+"""Balance losses of a router: the Switch / GShard form and DeepSeek's conventions.
+
+* GShard / X-MoE Eq. 9 (``balance_choices="first"``): ``N * sum_i f_i * P_i``, f_i the share of non-padding
+  (sub-)tokens whose *first* choice is expert i, P_i their mean routing probability.
+* DeepSeekMoE (Dai et al., 2024, §3.3, Eq. 12-14; ``balance_choices="all"``): ``sum_i f_i * P_i`` with
+  ``f_i = N / (K T) * (selections of expert i among all K choices of the T (sub-)tokens)``. With K = 1 both agree.
+* Global batch (Qiu et al., 2025; ``balance_batch="global"``): f_i all-reduced over the data-parallel ranks, P_i each
+  rank's share of the global mean, so that the ranks' mean is the loss of the global batch.
+* Sequence-wise (DeepSeek-V3, 2024, §2.1.2, Eq. 17-20; ``balance_batch="sequence"``): the loss of each sequence's
+  (sub-)tokens alone, averaged over the sequences that have any. DeepSeek-V3 normalises its sigmoid affinities to sum to
+  one for P_i (Eq. 19); the probabilities here already do (a softmax, X-MoE's convention for every gate).
+
+Shape legend: S (sub-)tokens, E experts, K counted choices per (sub-)token, B sequences.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def counted_choices(expert_SK: torch.Tensor, balance_choices: str) -> torch.Tensor:
+    """The choices f_i counts: the first one (GShard) or all K (DeepSeekMoE Eq. 13)."""
+    return expert_SK[:, :1] if balance_choices == "first" else expert_SK
+
+
+def balance_loss(probs_SE, chosen_SK, weights_S, global_batch: bool = False) -> torch.Tensor:
+    """``N / K * sum_i (c_i / T) * P_i`` over the rows of weight 1, c_i the counted choices of expert i and K their
+    number per row (K = 1: X-MoE Eq. 9; all K: DeepSeekMoE Eq. 12-14). ``global_batch``: c_i and T over every rank's
+    rows and P_i this rank's share of the global mean (Qiu et al., 2025)."""
+    num_experts, counted = probs_SE.shape[-1], chosen_SK.shape[-1]
+    counts_E = probs_SE.new_zeros(num_experts).index_add_(0, chosen_SK.reshape(-1), weights_S.repeat(counted))
+    local_rows = weights_S.sum()
+    if global_batch:
+        totals = torch.cat([counts_E, local_rows[None]]).detach()
+        dist.all_reduce(totals)
+        counts_E, rows = totals[:-1], totals[-1].clamp_min(1.0)
+        mean_prob_E = (weights_S @ probs_SE) * dist.get_world_size() / rows  # this rank's share of P_i
+    else:
+        rows = local_rows.clamp_min(1.0)
+        mean_prob_E = (weights_S @ probs_SE) / rows  # P_i
+    return num_experts / counted * (counts_E / rows * mean_prob_E).sum()
+
+
+def sequence_balance_loss(probs_SE, chosen_SK, weights_S, sequence_S, num_sequences: int) -> torch.Tensor:
+    """DeepSeek-V3 Eq. 17-20: :func:`balance_loss` of each sequence's rows, averaged over the sequences with rows."""
+    num_experts, counted = probs_SE.shape[-1], chosen_SK.shape[-1]
+    slots_SK = sequence_S[:, None] * num_experts + chosen_SK
+    counts_BE = probs_SE.new_zeros(num_sequences * num_experts)
+    counts_BE = counts_BE.index_add_(0, slots_SK.reshape(-1), weights_S[:, None].expand_as(chosen_SK).reshape(-1))
+    counts_BE = counts_BE.view(num_sequences, num_experts)
+    rows_B = probs_SE.new_zeros(num_sequences).index_add_(0, sequence_S, weights_S)
+    prob_sums_BE = probs_SE.new_zeros(num_sequences, num_experts)
+    prob_sums_BE = prob_sums_BE.index_add_(0, sequence_S, weights_S[:, None] * probs_SE)
+    denominator_B = rows_B.clamp_min(1.0)
+    loss_B = num_experts / counted * (counts_BE * prob_sums_BE).sum(-1) / denominator_B.square()
+    present_B = (rows_B > 0).to(loss_B.dtype)
+    return (loss_B * present_B).sum() / present_B.sum().clamp_min(1.0)
