@@ -29,7 +29,8 @@ def balance_loss(probs_SE, chosen_SK, weights_S, global_batch: bool = False) -> 
     number per row (K = 1: X-MoE Eq. 9; all K: DeepSeekMoE Eq. 12-14). ``global_batch``: c_i and T over every rank's
     rows and P_i this rank's share of the global mean (Qiu et al., 2025)."""
     num_experts, counted = probs_SE.shape[-1], chosen_SK.shape[-1]
-    counts_E = probs_SE.new_zeros(num_experts).index_add_(0, chosen_SK.reshape(-1), weights_S.repeat(counted))
+    weights_SK = weights_S[:, None].expand_as(chosen_SK)
+    counts_E = probs_SE.new_zeros(num_experts).index_add_(0, chosen_SK.reshape(-1), weights_SK.reshape(-1))
     local_rows = weights_S.sum()
     if global_batch:
         totals = torch.cat([counts_E, local_rows[None]]).detach()
