@@ -12,8 +12,20 @@ import math
 
 import torch
 
-from mmoe.moe import MoELayer
+from mmoe.moe import MoEConfig, MoELayer
 from tests.moe.reference import reference_expert, reference_gate_values, reference_scores
+
+
+def make_detail_layer(seed: int = 0, **fields) -> MoELayer:
+    """A float64 layer (D 16, 4 experts unless told) with realistic routing: linear router logits of order 1-4, so
+    routing is neither uniform nor tied, and a selection bias that changes choices, as after some training."""
+    torch.manual_seed(seed)
+    layer = MoELayer(MoEConfig(**{"dim": 16, "ffn_dim": 12, "num_experts": 4, **fields})).double()
+    if layer.config.router == "linear":
+        torch.nn.init.normal_(layer.router.scorer.weight, std=1.0)
+    if layer.router.selection_bias is not None:
+        layer.router.selection_bias.copy_(0.2 * torch.randn(layer.config.num_experts, dtype=torch.double))
+    return layer
 
 
 def reference_choices(config, scores: torch.Tensor, bias) -> list[int]:

@@ -10,21 +10,12 @@ import torch
 from mmoe.moe import MoEConfig, MoELayer
 from mmoe.moe.cost import active_parameters_per_token, flops_per_token, moe_parameter_count
 from tests.moe.routing_reference import assert_details_match_reference
+from tests.moe.routing_reference import make_detail_layer as make_layer
 
 DEEPSEEK_V3_LIKE = dict(
     num_experts=8, top_k=4, expert_groups=4, top_groups=2, group_score="top_sum", balance_choices="all",
     balance_batch="sequence", routed_scaling_factor=2.5,
 )  # fmt: skip
-
-
-def make_layer(seed: int = 0, **fields) -> MoELayer:
-    torch.manual_seed(seed)
-    layer = MoELayer(MoEConfig(**{"dim": 16, "ffn_dim": 12, "num_experts": 4, **fields})).double()
-    if layer.config.router == "linear":  # logits of order 1-4, so routing is neither uniform nor tied
-        torch.nn.init.normal_(layer.router.scorer.weight, std=1.0)
-    if layer.router.selection_bias is not None:  # a bias that changes choices, as after some training
-        layer.router.selection_bias.copy_(0.2 * torch.randn(layer.config.num_experts, dtype=torch.double))
-    return layer
 
 
 def padded_input(seed: int = 1, batch: int = 3, length: int = 7):

@@ -11,16 +11,9 @@ import torch
 from mmoe.moe import MoEConfig, MoELayer
 from mmoe.moe.cost import active_parameters_per_token, flops_per_token, moe_parameter_count
 from tests.moe.routing_reference import assert_details_match_reference
+from tests.moe.routing_reference import make_detail_layer as make_layer
 
 LIMOE = dict(local_entropy_weight=0.3, global_entropy_weight=0.7, capacity_priority="batch_priority")
-
-
-def make_layer(seed: int = 0, **fields) -> MoELayer:
-    torch.manual_seed(seed)
-    layer = MoELayer(MoEConfig(**{"dim": 16, "ffn_dim": 12, "num_experts": 4, **fields})).double()
-    if layer.config.router == "linear":  # logits of order 1-4, so routing is neither uniform nor tied
-        torch.nn.init.normal_(layer.router.scorer.weight, std=1.0)
-    return layer
 
 
 def joint_input(seed: int = 1, batch: int = 3, length: int = 9):
