@@ -14,9 +14,15 @@ batches it sums them over the ranks (``trainer.strategy.reduce``), logs per laye
     routing/layer{i}/{modality}/load_cv             std / mean of the expert counts
     routing/layer{i}/{modality}/dropped_fraction    share of choices dropped by the capacity
     routing/layer{i}/{modality}/requested_capacity  Stratified MoE RC (1 for a plain layer)
+    routing/layer{i}/{modality}/dead_experts        experts that took no choice in the window
+    routing/layer{i}/{modality}/busiest_share       the busiest expert's share of the choices
     routing/activation_ratio                        mean over the MoE layers
 
-and, with ``save_dir``, appends the window's loads to ``save_dir/routing_stats.json``
+and, to TensorBoard and Weights & Biases loggers, a load heatmap image per window; ``tier="detailed"`` adds per-layer
+expert-load and utilisation histograms and the sub-token maps of a few held-out images
+(:mod:`mmoe.tasks.routing_logging`). Per-expert values are never scalar keys: the number of keys is bounded by the
+MoE layers, whatever the number of experts (:func:`mmoe.tasks.routing_logging.metric_key_bound`). With
+``save_dir``, it also appends the window's loads to ``save_dir/routing_stats.json``
 (:mod:`mmoe.metrics.routing_stats`) for :mod:`mmoe.viz`.
 
 The callback's state (batches seen, the window being accumulated, the windows and totals so far) is saved in the
@@ -49,6 +55,7 @@ from mmoe.metrics.routing import (
 from mmoe.metrics.routing_stats import STATS_FILENAME, STATS_FORMAT
 from mmoe.model import MultiwayTransformer
 from mmoe.moe import RoutingRecord
+from mmoe.tasks.routing_logging import TIERS, HeldOutImages, Tier, load_scalars, log_media, window_media
 
 
 def moe_experts(module: torch.nn.Module) -> dict[str, int]:
@@ -71,6 +78,9 @@ class RoutingStatsCallback(L.Callback):
             (:data:`mmoe.metrics.routing.DEFAULT_ACTIVATION_THRESHOLD`).
         save_dir: directory for ``routing_stats.json`` (written atomically by global rank 0); None = do not save.
         prefix: prefix of the logged names.
+        tier: ``"brief"`` (scalars and a load heatmap image) or ``"detailed"`` (also per-expert load and utilisation
+            histograms and held-out sub-token maps); see :mod:`mmoe.tasks.routing_logging`.
+        map_images: held-out images of the detailed tier's sub-token maps (the first of the first validation batch).
     """
 
     def __init__(
@@ -79,15 +89,23 @@ class RoutingStatsCallback(L.Callback):
         activation_threshold: float = DEFAULT_ACTIVATION_THRESHOLD,
         save_dir: str | Path | None = None,
         prefix: str = "routing",
+        tier: Tier = "brief",
+        map_images: int = 4,
     ) -> None:
         if every_n_steps <= 0:
             raise ValueError(f"RoutingStatsCallback.every_n_steps must be a positive integer, got {every_n_steps!r}")
         if activation_threshold < 0:
             raise ValueError(f"RoutingStatsCallback.activation_threshold must be >= 0, got {activation_threshold!r}")
+        if tier not in TIERS:
+            raise ValueError(f"RoutingStatsCallback.tier must be one of {list(TIERS)}, got {tier!r}")
+        if map_images < 0:
+            raise ValueError(f"RoutingStatsCallback.map_images must be >= 0, got {map_images!r}")
         self.every_n_steps = every_n_steps
         self.activation_threshold = activation_threshold
         self.save_dir = None if save_dir is None else Path(save_dir)
         self.prefix = prefix
+        self.tier = tier
+        self.held_out = HeldOutImages(map_images if tier == "detailed" else 0)
         self._keys: dict[str, int] = {}  # key -> row
         self._num_experts: dict[str, int] = {}
         self._counts: torch.Tensor | None = None  # (K, max E) long
@@ -120,6 +138,9 @@ class RoutingStatsCallback(L.Callback):
                 f"log_every_n_steps={log_every}: windows are written at the next logging step",
                 stacklevel=2,
             )
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self.held_out.offer(batch)
 
     def _allocate(self, device: torch.device) -> None:
         max_experts = max(self._num_experts.values(), default=1)
@@ -232,12 +253,7 @@ class RoutingStatsCallback(L.Callback):
         if not summary:
             return
         if log:
-            metrics = {
-                f"{self.prefix}/{key}/{name}": value for key, stats in summary.items() for name, value in stats.items()
-            }
-            ratios = [stats["activation_ratio"] for stats in summary.values()]
-            metrics[f"{self.prefix}/activation_ratio"] = sum(ratios) / len(ratios)
-            pl_module.log_dict(metrics, on_step=True, on_epoch=False, batch_size=1)
+            self._log(trainer, pl_module, summary, totals)
         if self.save_dir is not None and trainer.is_global_zero:
             loads = {key: totals.counts[key].tolist() for key in summary}
             tokens = {key: stats["tokens"] for key, stats in summary.items()}
@@ -248,6 +264,20 @@ class RoutingStatsCallback(L.Callback):
             window = {"step": trainer.global_step, "batches": self._batches, "loads": loads, "tokens": tokens}
             self._windows.append(window | {"stats": summary})
             self.save(self.save_dir / STATS_FILENAME)
+
+    def _log(self, trainer: L.Trainer, pl_module: L.LightningModule, summary: dict, totals: RoutingTotals) -> None:
+        """The window's scalars to every logger (``log_dict``), its media to TensorBoard and W&B (rank 0)."""
+        metrics = {}
+        for key, stats in summary.items():
+            for name, value in (stats | load_scalars(totals.counts[key])).items():
+                metrics[f"{self.prefix}/{key}/{name}"] = value
+        ratios = [stats["activation_ratio"] for stats in summary.values()]
+        metrics[f"{self.prefix}/activation_ratio"] = sum(ratios) / len(ratios)
+        pl_module.log_dict(metrics, on_step=True, on_epoch=False, batch_size=1)
+        maps = self.held_out.diversity_grid(trainer, pl_module) if self.tier == "detailed" else None
+        if trainer.is_global_zero and trainer.loggers:
+            loads = {key: totals.counts[key].cpu().numpy() for key in summary}
+            log_media(trainer.loggers, window_media(trainer.global_step, loads, maps, self.tier), self.prefix)
 
     def save(self, path: str | Path) -> None:
         """Write the windows logged so far (:mod:`mmoe.metrics.routing_stats` format), atomically."""
