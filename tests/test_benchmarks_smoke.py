@@ -133,3 +133,12 @@ def test_synth_corpus_benchmark_compares_worker_processes_with_one():
                             "--workers", "2")  # fmt: skip
     assert line["case"] == "synth_corpus" and line["workers"] == 2
     assert line["ratio"] == pytest.approx(line["workers_s"] / line["one_process_s"], rel=0.05)
+
+
+def test_routing_logging_benchmark_times_the_callback_within_each_tier(tmp_path):
+    routing_logging = load_benchmark("routing_logging")
+    for tier in ("brief", "detailed"):
+        line = routing_logging.run(tier, *routing_logging.quick_case(), tmp_path / tier)
+        assert (line["tier"], line["steps"], line["every_n_steps"]) == (tier, 6, 2)
+        assert 0 < line["callback_s"] < line["train_s"] and line["share"] > 0
+        assert (tmp_path / tier / "tensorboard").is_dir()

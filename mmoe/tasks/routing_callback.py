@@ -267,17 +267,18 @@ class RoutingStatsCallback(L.Callback):
 
     def _log(self, trainer: L.Trainer, pl_module: L.LightningModule, summary: dict, totals: RoutingTotals) -> None:
         """The window's scalars to every logger (``log_dict``), its media to TensorBoard and W&B (rank 0)."""
+        loads = {key: totals.counts[key].cpu() for key in summary}  # one copy to the host per layer
         metrics = {}
         for key, stats in summary.items():
-            for name, value in (stats | load_scalars(totals.counts[key])).items():
+            for name, value in (stats | load_scalars(loads[key])).items():
                 metrics[f"{self.prefix}/{key}/{name}"] = value
         ratios = [stats["activation_ratio"] for stats in summary.values()]
         metrics[f"{self.prefix}/activation_ratio"] = sum(ratios) / len(ratios)
         pl_module.log_dict(metrics, on_step=True, on_epoch=False, batch_size=1)
         maps = self.held_out.diversity_grid(trainer, pl_module) if self.tier == "detailed" else None
         if trainer.is_global_zero and trainer.loggers:
-            loads = {key: totals.counts[key].cpu().numpy() for key in summary}
-            log_media(trainer.loggers, window_media(trainer.global_step, loads, maps, self.tier), self.prefix)
+            media = window_media(trainer.global_step, {k: v.numpy() for k, v in loads.items()}, maps, self.tier)
+            log_media(trainer.loggers, media, self.prefix)
 
     def save(self, path: str | Path) -> None:
         """Write the windows logged so far (:mod:`mmoe.metrics.routing_stats` format), atomically."""

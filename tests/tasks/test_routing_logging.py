@@ -272,3 +272,26 @@ def test_the_documented_wandb_preset_parses_over_the_tiny_config(tmp_path, monke
     assert [logger["class_path"] for logger in config.fit.trainer.logger] == [
         logger["class_path"] for logger in loggers
     ]
+
+
+@pytest.mark.slow
+def test_mmoe_fit_writes_the_detailed_tier_to_its_run_folders_tensorboard(synthetic_corpus, tmp_path):
+    from mmoe.cli import main
+    from tests.tasks.test_pretraining_run import tiny_config
+
+    path = tiny_config("mhmoe", synthetic_corpus, tmp_path, steps=4)
+    config = yaml.safe_load(path.read_text())
+    del config["trainer"]["logger"]  # the run folder's own: tensorboard/ and csv/
+    for callback in config["trainer"]["callbacks"]:
+        if callback["class_path"].endswith("RoutingStatsCallback"):
+            callback["init_args"].update(every_n_steps=2, tier="detailed", map_images=2)
+    path.write_text(yaml.safe_dump(config))
+    assert main(["fit", "--config", str(path)]) == 0
+    (folder,) = {event.parent for event in (tmp_path / "tensorboard").rglob("events.out.tfevents.*")}
+    events = read_events(folder)
+    windows = json.loads((tmp_path / "routing_stats.json").read_text())["windows"]
+    assert [image.step for image in events.Images("routing/subtoken_maps")] == [w["step"] for w in windows] == [2, 4]
+    maps = events.Images("routing/subtoken_maps")[-1]
+    assert (maps.width, maps.height) == (3 * 32 + 2 * 2, 2 * 32 + 2)  # 2 pair images x (image + 2 vision layers)
+    for key, loads in windows[-1]["loads"].items():
+        assert events.Histograms(f"routing/{key}/expert_load")[-1].histogram_value.bucket == loads
