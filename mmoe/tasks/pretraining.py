@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import sys
+import warnings
 from functools import partial
 from pathlib import Path
 from typing import Literal
@@ -98,9 +99,9 @@ class MaskedPretraining(BackboneTask):
             default is BEiT-3's pre-training optimiser (:data:`mmoe.tasks.optimizer.PRETRAINING_OPTIMIZER`).
         zero_shot_probes: whether validation logs zero-shot probes on the first held-out pairs of the validation pair
             stream (:mod:`mmoe.tasks.zero_shot_probes`: ``val/probe/...``, image-text matching and the synthetic
-            world's colour and shape from class-name prompts). Off in FSDP2 and expert-parallel runs, whose forwards
-            are collective.
-        probe_pairs: the held-out pairs probed per validation and process.
+            world's colour and shape from class-name prompts), measured by the first process alone. Off in FSDP2 and
+            expert-parallel runs, whose forwards are collective.
+        probe_pairs: the held-out pairs probed per validation.
     """
 
     def __init__(
@@ -271,6 +272,8 @@ class MaskedPretraining(BackboneTask):
         workers (how the two places compare: README.md's Benchmarks section, ``benchmarks/vqkd_targets.py``), else in
         the task, on the run's device."""
         super().setup(stage)
+        if self.probe_collector is not None:  # the first process alone logs the probes: nothing to gather
+            warnings.filterwarnings("ignore", message=r"It is recommended to use `self\.log\('val/probe/")
         datamodule = self.trainer.datamodule
         if self._vqkd and codes_in_loader(self.trainer.strategy.root_device, datamodule):
             datamodule.image_targets = partial(vqkd_codes, self._vqkd[0])
@@ -283,9 +286,11 @@ class MaskedPretraining(BackboneTask):
 
     @property
     def probing(self) -> bool:
-        """Whether this validation runs the zero-shot probes (``zero_shot_probes``; never in FSDP2 or expert-parallel
-        runs, where a process cannot run a forward of its own)."""
-        return self.probe_collector is not None and not self.fully_sharded and self.expert_groups is None
+        """Whether this process runs the zero-shot probes (``zero_shot_probes``): the first process alone, so that the
+        others run no extra forward and every process logs the same keys; never in FSDP2 or expert-parallel runs,
+        where a process cannot run a forward of its own."""
+        collective = self.fully_sharded or self.expert_groups is not None
+        return self.probe_collector is not None and not collective and self.global_rank == 0
 
     def probe_encoder(self) -> ProbeEncoder:
         """The passes the probes embed images and texts with: the retrieval heads with the contrastive loss on,
@@ -301,7 +306,7 @@ class MaskedPretraining(BackboneTask):
             return
         embeddings = self.probe_collector.finish(self.probe_encoder(), self.device)
         if embeddings is not None:
-            self.log_dict(probe_metrics(embeddings), sync_dist=True, batch_size=len(embeddings.image_ND))
+            self.log_dict(probe_metrics(embeddings), rank_zero_only=True, batch_size=len(embeddings.image_ND))
 
 
 #: The option that names the VQ-KD tokenizer file, as its errors and report name it.

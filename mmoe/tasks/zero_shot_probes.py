@@ -27,7 +27,7 @@ always lists the objects top to bottom (:func:`mmoe.data.synth.language.captions
 colour and shape. A caption naming no colour (shape) leaves its pair out of that accuracy; with none left, the
 accuracy is not logged.
 
-Each process probes its own pairs; the logged values are the mean over processes.
+The first process alone probes (its own first pairs) and logs; the others run no probe forward.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ PREFIX = "val/probe/"
 #: Recall is reported at these ranks.
 PROBE_RECALL_AT = (1, 5)
 
-#: Pairs probed per validation and process by default (``MaskedPretraining(probe_pairs=)``).
+#: Pairs probed per validation by default (``MaskedPretraining(probe_pairs=)``).
 DEFAULT_PROBE_PAIRS = 128
 
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import lightning as L
 import pytest
@@ -272,3 +275,21 @@ def test_a_randomly_initialised_backbone_scores_at_chance(synthetic_corpus, held
             level = next(level for suffix, level in chance.items() if name.endswith(suffix))
             tolerance = 3 * math.sqrt(level * (1 - level) / count)
             assert abs(value - level) <= tolerance, (name, value, level)
+
+
+def test_the_first_of_two_ddp_processes_alone_probes_and_logs(synthetic_corpus, tmp_path):
+    """Every process must log the same keys (or none) and run the same collective forwards: only rank 0 probes."""
+    script = Path(__file__).parents[1] / "scripts" / "ddp_probes.py"
+    codebook = str(synthetic_corpus / "codebook.pt")
+    result = subprocess.run(
+        [sys.executable, str(script), str(tmp_path), codebook, str(synthetic_corpus)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=Path(__file__).parents[2],
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert ranks[0]["probing"] and not ranks[1]["probing"]
+    assert ranks[0]["probes"]["val/probe/pairs"] == 2 and len(ranks[0]["probes"]) == 7
+    assert "self.log('val/probe/" not in result.stderr  # no advice to gather what one process logs
