@@ -23,7 +23,7 @@ from timm.layers import DropPath
 from torch import nn
 
 from mmoe.model.config import MultiwayConfig
-from mmoe.moe import MoEFeedForward, RoutingRecord
+from mmoe.moe import MoEFeedForward, MoELayer, RoutingRecord
 
 VISION, LANGUAGE = 0, 1
 MODALITY_NAMES = ("vision", "language")
@@ -166,7 +166,8 @@ class MultiwayBlock(nn.Module):
 
     def _joint_ffn(self, ffn, norms, hidden, modalities, padding) -> tuple[list[torch.Tensor], RoutingRecord | None]:
         """One FFN over the concatenated modalities (each normed by its own LayerNorm): the per-modality updates and
-        the FFN's routing record (None for a dense FFN)."""
+        the FFN's routing record (None for a dense FFN). A :class:`MoELayer` with LIMoE's entropy losses is told the
+        modalities' lengths in sequence order (image tokens, then text tokens): the losses are per modality."""
         joint_mask = None
         if any(mask is not None for mask in padding):
             joint_mask = torch.cat(
@@ -177,8 +178,19 @@ class MultiwayBlock(nn.Module):
                 dim=1,
             )
         joint = torch.cat([norms[m](h) for m, h in zip(modalities, hidden, strict=True)], dim=1)
-        update, record = ffn(joint, joint_mask)
-        return list(torch.split(update, [h.shape[1] for h in hidden], dim=1)), record
+        lengths = [h.shape[1] for h in hidden]
+        update, record = ffn(joint, joint_mask, **_modality_segments(ffn, lengths))
+        return list(torch.split(update, lengths, dim=1)), record
+
+
+def _modality_segments(ffn: nn.Module, lengths: list[int]) -> dict[str, list[int]]:
+    """``{"segment_lengths": lengths}`` for a MoE layer with LIMoE's per-modality entropy losses on, else nothing: a
+    dense FFN and a Stratified MoE layer take no lengths, and no other loss reads them (a layer given lengths copies
+    them to the device on every forward)."""
+    config = ffn.config if isinstance(ffn, MoELayer) else None
+    if config is not None and (config.local_entropy_weight > 0 or config.global_entropy_weight > 0):
+        return {"segment_lengths": lengths}
+    return {}
 
 
 def _tag(record: RoutingRecord, layer: int, modality: str) -> RoutingRecord:

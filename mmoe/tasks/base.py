@@ -2,7 +2,10 @@
 resume and the distributed hooks.
 
 * Total loss = task loss + alpha * sum (or mean) of the MoE layers' balance losses (X-MoE Eq. 10), plus, when
-  ``z_loss_coefficient`` is set, that coefficient times the sum (or mean) of their router z-losses (ST-MoE Eq. 5).
+  ``z_loss_coefficient`` is set, that coefficient times the sum (or mean) of their router z-losses (ST-MoE Eq. 5),
+  plus the sum (or mean) of each further loss the layers return (``RoutingRecord.auxiliary_losses``: LIMoE's local
+  and global entropy losses, already weighted by the MoE plan's ``local_entropy_weight`` / ``global_entropy_weight``),
+  each logged as ``<stage>/<name>``.
 * AdamW with warm-up cosine (:mod:`mmoe.tasks.optimizer`, one typed ``optimizer`` argument of every task).
 * X-MoE §3.1: expert embeddings are put back to L2 norm 0.1 after every optimiser step.
 * Auxiliary-loss-free balancing (Wang et al., 2024): routers with a selection bias get it updated after every
@@ -46,8 +49,14 @@ BALANCE_REDUCTIONS = ("sum", "mean")
 
 
 def detached(record: RoutingRecord) -> RoutingRecord:
-    """A copy of the record with its balance loss and z-loss detached (what ``training_step`` hands to callbacks)."""
-    return dataclasses.replace(record, balance_loss=record.balance_loss.detach(), z_loss=record.z_loss.detach())
+    """A copy of the record with its balance loss, z-loss and auxiliary losses detached (what ``training_step`` hands
+    to callbacks)."""
+    return dataclasses.replace(
+        record,
+        balance_loss=record.balance_loss.detach(),
+        z_loss=record.z_loss.detach(),
+        auxiliary_losses={name: value.detach() for name, value in record.auxiliary_losses.items()},
+    )
 
 
 @dataclasses.dataclass
@@ -73,11 +82,12 @@ class BackboneTask(L.LightningModule):
     """Base of the mmoe tasks: a ``backbone`` plus heads, trained with AdamW + warm-up cosine and the balance term.
 
     One step for every task (:meth:`shared_step`): the subclass's :meth:`step_losses` gives the task loss, its metrics
-    and the routing records; the base adds alpha x the balance loss (X-MoE Eq. 10), logs ``<stage>/loss``,
-    ``<stage>/balance_loss``, ``<stage>/z_loss``, ``<stage>/dropped_fraction``, ``<stage>/requested_capacity`` (and
-    ``<stage>/unrouted_fraction`` with expert-choice routing) with
-    the task's metrics,
-    and ``training_step`` hands the callbacks the routing records with detached balance losses.
+    and the routing records; the base adds alpha x the balance loss (X-MoE Eq. 10) and the layers' auxiliary losses
+    (:meth:`auxiliary_losses`), logs ``<stage>/loss``, ``<stage>/balance_loss``, ``<stage>/z_loss``, each auxiliary
+    loss as ``<stage>/<name>`` (``<stage>/local_entropy_loss``, ``<stage>/global_entropy_loss``),
+    ``<stage>/dropped_fraction``, ``<stage>/requested_capacity`` (and ``<stage>/unrouted_fraction`` with expert-choice
+    routing) with the task's metrics, and ``training_step`` hands the callbacks the routing records with detached
+    losses.
 
     Subclasses save these hyper-parameters (``self.save_hyperparameters()``): ``backbone`` and ``optimizer`` (stored as
     plain dicts by :meth:`store_configs`), ``balance_coefficient``, ``balance_reduce`` and ``z_loss_coefficient``.
@@ -144,6 +154,15 @@ class BackboneTask(L.LightningModule):
         """Sum (or mean, as the balance losses) of the MoE layers' router z-losses (ST-MoE Eq. 5)."""
         return self.reduce_layers([record.z_loss for record in routing])
 
+    def auxiliary_losses(self, routing: list[RoutingRecord]) -> dict[str, torch.Tensor]:
+        """Each further loss the MoE layers return (``RoutingRecord.auxiliary_losses``, already weighted), summed (or
+        averaged) over the records that carry it as the balance losses are; empty when no layer returns one."""
+        names = dict.fromkeys(name for record in routing for name in record.auxiliary_losses)
+        return {
+            name: self.reduce_layers([r.auxiliary_losses[name] for r in routing if name in r.auxiliary_losses])
+            for name in names
+        }
+
     def reduce_layers(self, losses: list[torch.Tensor]) -> torch.Tensor:
         if not losses:
             return torch.zeros((), device=self.device)
@@ -155,8 +174,8 @@ class BackboneTask(L.LightningModule):
         raise NotImplementedError
 
     def shared_step(self, batch: Any, stage: str) -> tuple[torch.Tensor, list[RoutingRecord], Any]:
-        """Task loss + alpha * balance loss of one batch, logged under ``stage``: (loss, routing, the step's
-        ``output``)."""
+        """Task loss + alpha * balance loss (+ the z-loss term and the auxiliary losses) of one batch, logged under
+        ``stage``: (loss, routing, the step's ``output``)."""
         step = self.step_losses(batch)
         balance = self.balance_loss(step.routing)
         loss = step.task_loss + self.hparams.balance_coefficient * balance
@@ -166,6 +185,9 @@ class BackboneTask(L.LightningModule):
             if self.z_loss_coefficient > 0:
                 loss = loss + self.z_loss_coefficient * z_loss
             log[f"{stage}/z_loss"] = z_loss.detach()
+        for name, value in self.auxiliary_losses(step.routing).items():
+            loss = loss + value
+            log[f"{stage}/{name}"] = value.detach()
         log[f"{stage}/loss"] = loss.detach()
         log[f"{stage}/balance_loss"] = balance.detach()
         if step.routing:
