@@ -1,10 +1,15 @@
-"""Batch-priority routing (V-MoE, Riquelme et al., 2021, §4.1; LIMoE's choice): what a capacity drops.
+"""Batch Prioritized Routing (V-MoE, Riquelme et al., 2021, "Scaling Vision with Sparse Mixture of Experts", arXiv
+2106.05974): what a capacity drops.
 
 GShard's capacity keeps first choices before second choices, then earlier tokens before later ones, so the end of a
 batch is dropped whatever its routing. Batch-priority routing keeps first choices before second choices too, but
 orders the (sub-)tokens by a priority score, the top gate value ``max_e p(e | x)``, highest first: when an expert
 overflows, the tokens the router is least sure of are dropped. The score is the raw gate value of the first choice
 (before any top-k renormalisation), which is that maximum unless loss-free balancing's bias picked another expert.
+
+Checked against V-MoE's released code (google-research/vmoe, ``vmoe/moe.py``, ``batch_priority=True``): the items
+are sorted by their largest gate value before each expert's buffer positions are counted, every item's k-th choice
+before any item's (k+1)-th. The paper's section number is unchecked, so none is cited here.
 
 The plan is :func:`mmoe.moe.dispatch.plan_dispatch`'s dropless plan (the sort by expert does not depend on the order
 of the choices inside an expert's slice) with the kept choices, counts and dropped share decided here.

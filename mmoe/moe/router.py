@@ -12,10 +12,13 @@ non-padding (sub-)tokens whose *first* choice is expert i and P_i their mean rou
 P is a softmax over s / tau_0 with the fixed tau_0 (= tau's initial value), also when the gate is a sigmoid. DeepSeek's
 conventions (every choice counted, per sequence) are in :mod:`mmoe.moe.balance`.
 
-Routing details (:class:`mmoe.moe.routing_details.RoutingDetails`): Switch Transformer's router jitter (§2.4),
-DeepSeek-V2/V3's group-limited top-k (:mod:`mmoe.moe.group_limited`) and routed scaling factor, LIMoE's entropy losses
+Routing details (:class:`mmoe.moe.routing_details.RoutingDetails`): Switch Transformer's router jitter, DeepSeek-V2/V3's
+group-limited top-k (:mod:`mmoe.moe.group_limited`) and routed scaling factor, LIMoE's entropy losses
 (:mod:`mmoe.moe.entropy_losses`), and each (sub-)token's top gate value for V-MoE's batch-priority routing
-(:mod:`mmoe.moe.priority`).
+(:mod:`mmoe.moe.priority`). The jitter (Fedus et al., 2022) is as Switch Transformer's released Mesh TensorFlow code
+has it (``moe.py``'s default ``input_jitter`` policy, ``layers.multiplicative_jitter``): in training only, the
+router's input, not the experts', times noise uniform in [1 - eps, 1 + eps], eps = 1e-2 there; the paper's section
+for it is unchecked, so none is cited.
 
 Global-batch balance loss (Qiu et al., 2025; ``MoEConfig.balance_batch="global"``): in training, with a process group,
 f_i is counted over every data-parallel rank's (sub-)tokens (one all-reduce), and each rank's P_i is its share of the
@@ -172,7 +175,7 @@ class Router(nn.Module):
         # of near-tied bf16 logits, and the router costs ~0.1% of the expert FLOPs.
         with torch.autocast(device_type=x_SD.device.type, enabled=False):
             x_SD = x_SD.to(torch.promote_types(x_SD.dtype, torch.float32))
-            if self.training and config.router_jitter > 0:  # Switch Transformer §2.4: the router's input only
+            if self.training and config.router_jitter > 0:  # Switch Transformer's input jitter: the router's only
                 x_SD = x_SD * torch.empty_like(x_SD).uniform_(1 - config.router_jitter, 1 + config.router_jitter)
             gate_logits_SE, balance_logits_SE = self.scorer(x_SD)
             scores_SE = gate_logits_SE.softmax(dim=-1) if self.gate == "softmax" else gate_logits_SE.sigmoid()
