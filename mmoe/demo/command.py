@@ -25,6 +25,7 @@ from mmoe.io import positive_int, report_error, write_json
 from mmoe.pipeline.compare import comparison, format_comparison
 from mmoe.pipeline.launch import VARIANTS
 from mmoe.pipeline.layout import PipelineRun
+from mmoe.pipeline.probes import probes_text
 from mmoe.pipeline.settings import DEMO, DEMO_FAST, record_demo_settings
 from mmoe.pipeline.stages import PipelineError, Stage, is_done, lanes_by_cost, print_progress, run_parallel, run_stage
 from mmoe.pipeline.standard_stages import codebook_stage, corpus_stage
@@ -160,10 +161,13 @@ def demo_command(argv: Sequence[str]) -> int:
         rows[variant] = variant_rows(run, variant, records)
         if args.random_init:
             rows[f"{variant}, random init"] = variant_rows(run, variant, records, random_init=True)
-    report = results(run, rows, records, time.perf_counter() - start) | ({"comparison": compared} if compared else {})
+    report = results(run, rows, records, time.perf_counter() - start, variants)
+    report |= {"comparison": compared} if compared else {}
     write_json(run.out / RESULTS_FILE, report)
     print_progress(f"\nResults ({report['seconds_this_run']:.0f} s this run, {report['device']})\n")
     print_progress(format_table(report["variants"]))
+    for variant, probes in report["probes"].items():
+        print_progress(f"\nZero-shot probes of the {variant} pre-training, {probes_text(probes)}")
     if compared:
         print_progress(f"\n{format_comparison(compared)}")
     print_progress("\nFiles:")

@@ -5,6 +5,7 @@ set the run's step counts, and the run's callbacks as objects."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from mmoe.tasks.launch import read_config, run_lightning
 from mmoe.tasks.layout import RunLayout
 from mmoe.tasks.routing_callback import RoutingStatsCallback
 from mmoe.tasks.run_logs import CSV_LOGGER
+from mmoe.tasks.zero_shot_probes import DEFAULT_PROBE_PAIRS
 
 #: The configs shipped with the package (``configs/`` at the repo root links here).
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -95,13 +97,22 @@ def pretrain_configs(variant: str) -> tuple[Path, ...]:
     return (tiny,) if variant == "dense" else (tiny, config_file(f"pretrain/tiny/{variant}.yaml"))
 
 
+#: The version folder of a stage's CSV logs (``csv/version_0``): one per run folder, continued across a resume.
+CSV_VERSION = 0
+
+
+def metrics_csv(layout: RunLayout) -> Path:
+    """The ``metrics.csv`` a pipeline stage's training logs to."""
+    return layout.csv_logs / f"version_{CSV_VERSION}" / "metrics.csv"
+
+
 def trainer_options(
     run: PipelineRun, layout: RunLayout, steps: int, routing_every: int, extra: Sequence[L.Callback] = ()
 ) -> tuple[dict[str, Any], tuple[L.Callback, ...]]:
     """The trainer of a pipeline stage and its callbacks: ``steps`` steps without validation, one CSV logger, the latest
     checkpoint as ``layout.last_checkpoint``, routing statistics every ``routing_every`` steps in ``layout``, no
     progress bar (:func:`progress_lines` instead), and ``extra`` callbacks."""
-    csv = {"save_dir": str(layout.root), "name": layout.csv_logs.name, "version": 0}
+    csv = {"save_dir": str(layout.root), "name": layout.csv_logs.name, "version": CSV_VERSION}
     trainer = {"max_steps": steps, "val_check_interval": steps, "limit_val_batches": 0,
                "default_root_dir": str(layout.root), "enable_progress_bar": False, "enable_model_summary": False,
                "precision": run.settings.precision, "callbacks": [],
@@ -136,13 +147,17 @@ def pretrain_launch(
     steps: int | None = None,
     extra_callbacks: Sequence[L.Callback] = (),
     moe: dict[str, Any] | None = None,
+    probes: bool = False,
 ) -> Launch:
     """``mmoe fit`` with the tiny configs of ``variant`` (:func:`pretrain_configs`) on the run's corpus (its codebook
     included) into ``layout``, for ``steps`` (default the settings' ``pretrain_steps``); ``moe`` replaces fields of the
-    backbone's MoE plan."""
+    backbone's MoE plan; ``probes``: one validation after the last step, on the held-out batches that hold the zero-shot
+    probes' pairs (:mod:`mmoe.tasks.zero_shot_probes`, read back by :func:`mmoe.pipeline.probes.logged_probes`)."""
     steps = run.settings.pretrain_steps if steps is None else steps
     label = f"pretrain {layout.root.name if layout.root.name != 'pretrain' else variant}"
     trainer, callbacks = trainer_options(run, layout, steps, 50, extra_callbacks)
+    if probes:
+        trainer["limit_val_batches"] = math.ceil(DEFAULT_PROBE_PAIRS / run.settings.batch_size)
     backbone = {**run.settings.backbone, "image_size": run.settings.image_size}
     if moe:
         # A dict for the MoE plan replaces the config's whole plan (its router too): start from the configured one.

@@ -4,6 +4,7 @@ randomly initialised backbone."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
 
@@ -58,9 +59,11 @@ def pretrain_stage(key: StageKey, launch: Callable[[], Launch], layout: RunLayou
 
 def variant_pretrain_stage(run: PipelineRun, variant: str) -> Stage:
     """The pre-training of the tiny configs of ``variant`` (:func:`mmoe.pipeline.launch.pretrain_launch`) into
-    ``DIR/<variant>/pretrain``: the demo's, and where a script that pre-trains as the demo does finds it."""
+    ``DIR/<variant>/pretrain``: the demo's, and where a script that pre-trains as the demo does finds it; its zero-shot
+    probes are measured once, after the last step (:mod:`mmoe.pipeline.probes`)."""
     layout = run.pretraining(variant)
-    return pretrain_stage(StageKey.of(variant, "pretrain"), lambda: pretrain_launch(run, variant, layout), layout)
+    launch = functools.partial(pretrain_launch, run, variant, layout, probes=True)
+    return pretrain_stage(StageKey.of(variant, "pretrain"), launch, layout)
 
 
 def export_stage(key: StageKey, checkpoint: Path, target: Path) -> Stage:

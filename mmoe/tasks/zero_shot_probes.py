@@ -48,11 +48,13 @@ from mmoe.model import MultiwayTransformer
 __all__ = [
     "ATTRIBUTE_CLASSES",
     "DEFAULT_PROBE_PAIRS",
+    "PREFIX",
     "ProbeEncoder",
     "ProbeEmbeddings",
     "ZeroShotProbeCollector",
     "caption_labels",
     "class_prompts",
+    "probe_chance",
     "probe_metrics",
 ]
 
@@ -222,3 +224,18 @@ def probe_metrics(embeddings: ProbeEmbeddings) -> dict[str, float]:
             right = int((predicted_N == labels_N)[labelled].sum())
             metrics[f"{PREFIX}{attribute}_acc"] = right / int(labelled.sum())
     return metrics
+
+
+def probe_chance(metrics: dict[str, float]) -> dict[str, float]:
+    """The chance level of each logged probe value in ``metrics`` (keys as :func:`probe_metrics` gives them): K / N
+    for recall at K among the N pairs (``val/probe/pairs``), one over the number of classes for an attribute."""
+    count = metrics[f"{PREFIX}pairs"]
+    chance = {}
+    for key in metrics:
+        name = key.removeprefix(PREFIX)
+        rank = re.fullmatch(r"(?:pooled_)?(?:i2t|t2i)_r(\d+)", name)
+        if rank:
+            chance[key] = min(1.0, int(rank.group(1)) / count)
+        elif name.endswith("_acc") and name[: -len("_acc")] in ATTRIBUTE_CLASSES:
+            chance[key] = 1 / len(ATTRIBUTE_CLASSES[name[: -len("_acc")]])
+    return chance
