@@ -150,7 +150,9 @@ class WindowMedia:
     detailed: bool = False
 
 
-def window_media(step: int, loads: Mapping[str, np.ndarray], subtoken_maps: np.ndarray | None, tier: Tier):
+def window_media(
+    step: int, loads: Mapping[str, np.ndarray], subtoken_maps: np.ndarray | None, tier: Tier
+) -> WindowMedia:
     """The :class:`WindowMedia` of a window's loads (keys in depth order)."""
     return WindowMedia(step, dict(loads), load_heatmap(loads, list(loads)), subtoken_maps, tier == "detailed")
 
