@@ -124,7 +124,7 @@ class RouterOutput:
         balance_loss: X-MoE Eq. 9 (or DeepSeek's conventions) over the non-padding (sub-)tokens; zero when none.
         z_loss: ST-MoE Eq. 5 over the non-padding (sub-)tokens; zero when there are none.
         entropy: mean entropy of the routing distribution over the non-padding (sub-)tokens (detached, for logs).
-        priority_S: the top gate value of each (sub-)token (batch-priority routing's score; V-MoE §4.1).
+        priority_S: the top gate value of each (sub-)token (batch-priority routing's score; V-MoE batch priority).
         auxiliary_losses: the config's further weighted losses by name (LIMoE's entropy losses); empty when none.
     """
 
@@ -181,7 +181,7 @@ class Router(nn.Module):
             scores_SE = gate_logits_SE.softmax(dim=-1) if self.gate == "softmax" else gate_logits_SE.sigmoid()
             expert_SK = self._select(scores_SE)
             weight_SK = scores_SE.gather(-1, expert_SK)
-            priority_S = weight_SK[:, 0].detach()  # V-MoE §4.1: the top gate value, before renormalisation
+            priority_S = weight_SK[:, 0].detach()  # V-MoE batch priority: the top gate value, before renormalisation
             if self.top_k > 1 and self.renormalize:  # GShard; MH-MoE Eq. 2 / 6 and Stratified Eq. 6 keep raw values
                 weight_SK = weight_SK / weight_SK.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(weight_SK.dtype).tiny)
             if config.routed_scaling_factor != 1:  # DeepSeek-V2/V3: the routed experts' mix times a constant

@@ -4,13 +4,14 @@
 (a backbone's plan carries them to every layer), kept here so that each module stays one screen of choices. Every
 default leaves routing as it was without the field; each paper's own value is named in the field's docstring.
 
-* LIMoE (Mustafa et al., 2022, §3.1): per-modality local and global entropy losses (:mod:`mmoe.moe.entropy_losses`).
-* V-MoE (Riquelme et al., 2021, §4.1): batch-priority routing, the least confident choices dropped first
+* LIMoE (Mustafa et al., 2022): per-modality local and global entropy losses (:mod:`mmoe.moe.entropy_losses`).
+* V-MoE (Riquelme et al., 2021, arXiv 2106.05974): batch-priority routing, the least confident choices dropped first
   (:mod:`mmoe.moe.priority`).
 * DeepSeekMoE (Dai et al., 2024, §3.3, Eq. 12-14): a balance loss that counts every one of the K choices; DeepSeek-V3
   (2024, §2.1.2, Eq. 17-20): the sequence-wise balance loss (``RoutingChoices.balance_batch="sequence"``);
   DeepSeek-V2/V3: the routed scaling factor and group-limited top-k (:mod:`mmoe.moe.group_limited`).
-* Switch Transformer (Fedus et al., 2022, §2.4): multiplicative jitter on the router input in training.
+* Switch Transformer (Fedus et al., 2022; as in its released Mesh TensorFlow code): multiplicative jitter on the
+  router input in training.
 """
 
 from __future__ import annotations
@@ -33,22 +34,22 @@ class RoutingDetails:
     """Routing details beyond the router's kind and top-k (a base of :class:`mmoe.moe.RoutingChoices`).
 
     Args:
-        local_entropy_weight: LIMoE's local entropy loss (Mustafa et al., 2022, §3.1, Eq. 1), weighted by this value:
+        local_entropy_weight: LIMoE's local entropy loss (Mustafa et al., 2022), weighted by this value:
             per modality, the mean over its non-padding (sub-)tokens of the entropy H(p(experts | x)) of each one's
             softmax gate, which pushes each token to a confident choice. Summed over the modalities a layer routes
             (one for a per-modality MoE FFN; image and text for a shared one when the backbone passes the split:
-            ``segment_lengths`` of :meth:`mmoe.moe.MoELayer.forward`). 0 = off (LIMoE tunes the weight per
-            modality; mmoe uses one weight for both). Returned weighted in ``RoutingRecord.auxiliary_losses``.
-        global_entropy_weight: LIMoE's global entropy loss (§3.1, Eq. 2), weighted by this value: per modality,
+            ``segment_lengths`` of :meth:`mmoe.moe.MoELayer.forward`). 0 = off (one weight for both
+            modalities). Returned weighted in ``RoutingRecord.auxiliary_losses``.
+        global_entropy_weight: LIMoE's global entropy loss, weighted by this value: per modality,
             minus the entropy of the modality's mean gate distribution p̃(experts), which keeps a modality spread
             over several experts; thresholded as ``global_entropy_min_experts`` says. 0 = off.
         global_entropy_min_experts: LIMoE's threshold tau on the global entropy loss, given as tau = log(S) for S
             this value: the loss becomes ``max(0, tau - H(p̃))``, zero once the modality's mean distribution is at
-            least as spread as a uniform one over S experts. None = no threshold (the plain ``-H(p̃)`` of Eq. 2).
+            least as spread as a uniform one over S experts. None = no threshold (the plain ``-H(p̃)``).
             1 <= S <= num_experts.
         capacity_priority: which choices a finite capacity drops. ``"position"`` (GShard, the default): first
             choices before second choices, then earlier tokens before later ones. ``"batch_priority"`` (V-MoE,
-            Riquelme et al., 2021, §4.1, batch-priority routing, LIMoE's choice): first choices before second
+            Riquelme et al., 2021, batch-priority routing): first choices before second
             choices, then the tokens by their top gate value (max_e p(e | x), before any top-k renormalisation),
             highest first, so that the least confident tokens are dropped first. Needs a capacity factor.
         balance_choices: which choices the balance loss's f_i counts. ``"first"`` (GShard, X-MoE Eq. 9,
@@ -67,9 +68,10 @@ class RoutingDetails:
         group_score: how a group is ranked. ``"max"`` (DeepSeek-V2): its best expert's score. ``"top_sum"``
             (DeepSeek-V3): the sum of its K/M highest scores (2 in V3: K = 8, M = 4). Scores are the gate values,
             plus the loss-free selection bias when set (as DeepSeek-V3 ranks with the biased scores).
-        router_jitter: Switch Transformer's jitter (Fedus et al., 2022, §2.4): in training, the router's input is
-            multiplied element-wise by noise drawn uniformly from ``[1 - eps, 1 + eps]``; the experts see the clean
-            input, and evaluation never jitters. 0 = off (the default; Switch Transformer's code uses 1e-2).
+        router_jitter: Switch Transformer's jitter (Fedus et al., 2022; its released Mesh TensorFlow code): in
+            training, the router's input is multiplied element-wise by noise drawn uniformly from
+            ``[1 - eps, 1 + eps]``; the experts see the clean input, and evaluation never jitters. 0 = off (the
+            default; Switch Transformer's code uses 1e-2).
     """
 
     local_entropy_weight: float = 0.0

@@ -1,7 +1,7 @@
 """A per-token reference of the routing details (:mod:`mmoe.moe.routing_details`), written from the papers.
 
-Plain loops over (sub-)tokens: LIMoE's per-modality entropy losses (§3.1, Eq. 1-2, thresholded), V-MoE's
-batch-priority capacity (§4.1), DeepSeekMoE's all-choices balance loss (Eq. 12-14), DeepSeek-V3's sequence-wise
+Plain loops over (sub-)tokens: LIMoE's per-modality entropy losses (thresholded), V-MoE's
+batch-priority capacity, DeepSeekMoE's all-choices balance loss (Eq. 12-14), DeepSeek-V3's sequence-wise
 balance loss (Eq. 17-20), the routed scaling factor, group-limited top-k (DeepSeek-V2 / V3) and Switch Transformer's
 router jitter. It reads the layer's parameters and none of its code paths.
 """
@@ -44,7 +44,8 @@ def reference_choices(config, scores: torch.Tensor, bias) -> list[int]:
 
 
 def reference_keep_by_priority(choices, priority, padded, capacity, num_experts):
-    """Capacity with first choices before second choices, then tokens by priority, highest first (V-MoE §4.1)."""
+    """Capacity with first choices before second choices, then tokens by priority, highest first (V-MoE's batch
+    priority)."""
     order = sorted(range(len(choices)), key=lambda i: -priority[i])
     kept = [[False] * len(choices[0]) for _ in choices]
     load = [0] * num_experts
@@ -72,15 +73,16 @@ def reference_balance(config, rows, num_experts) -> torch.Tensor:
 
 
 def reference_entropy(config, rows, num_segments) -> dict[str, torch.Tensor]:
-    """``rows``: (segment, gate probabilities) of each real (sub-)token; LIMoE Eq. 1-2 summed over the segments."""
+    """``rows``: (segment, gate probabilities) of each real (sub-)token; LIMoE's local and global losses summed over
+    the segments."""
     local, spread = [], []
     for segment in range(num_segments):
         probs = [p for m, p in rows if m == segment]
         if not probs:
             continue
-        local.append(torch.stack([-(p * p.log()).sum() for p in probs]).mean())  # Eq. 1
+        local.append(torch.stack([-(p * p.log()).sum() for p in probs]).mean())  # local entropy
         mean = torch.stack(probs).mean(0)
-        entropy = -(mean * mean.log()).sum()  # H of the modality's mean distribution, Eq. 2
+        entropy = -(mean * mean.log()).sum()  # H of the modality's mean distribution
         if config.global_entropy_min_experts is None:
             spread.append(-entropy)
         else:

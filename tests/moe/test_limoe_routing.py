@@ -1,5 +1,5 @@
-"""LIMoE's entropy losses (Mustafa et al., 2022, §3.1) and V-MoE's batch-priority routing (Riquelme et al., 2021,
-§4.1) against the per-token reference of tests/moe/routing_reference.py, by hand, and their refusals."""
+"""LIMoE's entropy losses (Mustafa et al., 2022) and V-MoE's batch-priority routing (Riquelme et al., 2021) against
+the per-token reference of tests/moe/routing_reference.py, by hand, and their refusals."""
 
 from __future__ import annotations
 
