@@ -101,9 +101,10 @@ class MultiwayTransformer(nn.Module):
     def _ffn_factory(self, is_moe: bool):
         config = self.config
         if is_moe:
-            moe_config = config.moe.layer_config(config.dim, config.ffn_dim, config.subln)
-            return lambda: build_moe_layer(moe_config)
-        return lambda: FeedForward(config.dim, config.ffn_dim, config.subln, config.layernorm_eps)
+            return lambda modality: build_moe_layer(
+                config.moe.layer_config(config.dim, config.ffn_dim, config.subln, modality)
+            )
+        return lambda modality: FeedForward(config.dim, config.ffn_dim, config.subln, config.layernorm_eps)
 
     def _norm_factory(self, is_moe: bool):
         config = self.config

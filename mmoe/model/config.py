@@ -14,6 +14,9 @@ from typing import Literal
 from mmoe.moe import MoEConfig, RoutingChoices
 from mmoe.vocabulary import VOCAB_SIZE
 
+#: The modalities of a multiway backbone, as its routing records and ``MoEPlan.experts_by_modality`` name them.
+MODALITIES = ("vision", "language")
+
 
 @dataclass(frozen=True, kw_only=True)
 class MoEPlan(RoutingChoices):
@@ -31,12 +34,20 @@ class MoEPlan(RoutingChoices):
         layers: explicit 0-based MoE layer indices; overrides ``every`` when given.
         mode: ``"per_modality"`` turns the vision FFN and the language FFN each into its own MoE; ``"shared"`` routes
             all tokens of both modalities through one MoE.
+        experts_by_modality: MoMa's modality-aware expert pools (Lin et al., 2024): with ``mode: per_modality``, the
+            number of experts of each modality's MoE FFN, e.g. ``{vision: 4, language: 8}``; each pool routes only
+            its modality's tokens, by the plan's routing (MoMa: expert choice inside each pool). A modality left out,
+            and a VL-FFN (``vl_layers``, which serves both), keep ``num_experts``. Every other routing choice must
+            hold for each pool's count (``top_k``, ``expert_groups``, ``global_entropy_min_experts``, ...). None =
+            every MoE FFN has ``num_experts``. Refused with ``mode: shared`` (one pool) and with
+            ``expert_parallel > 1``.
     """
 
     expert_parallel: int = 1
     every: int = 2
     layers: list[int] | None = None
     mode: Literal["per_modality", "shared"] = "per_modality"
+    experts_by_modality: dict[str, int] | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -56,6 +67,40 @@ class MoEPlan(RoutingChoices):
             )
         if self.mode not in ("per_modality", "shared"):
             raise ValueError(f"MoEPlan.mode must be 'per_modality' or 'shared', got {self.mode!r}")
+        if self.experts_by_modality is not None:
+            self._validate_pools()
+
+    def _validate_pools(self) -> None:
+        """Each modality's pool: a known modality, a positive count, and the plan's routing choices valid at it."""
+        pools = self.experts_by_modality
+        if not isinstance(pools, dict) or not pools:
+            raise ValueError(f"MoEPlan.experts_by_modality must map {MODALITIES} to expert counts, got {pools!r}")
+        if self.mode != "per_modality":
+            raise ValueError(
+                f"MoEPlan.experts_by_modality={pools!r} with mode={self.mode!r}: one shared MoE is one pool; "
+                "set mode: per_modality"
+            )
+        if self.expert_parallel > 1:
+            raise ValueError(
+                f"MoEPlan.experts_by_modality={pools!r} with expert_parallel={self.expert_parallel}: pools of "
+                "different sizes are not expert-sharded; set expert_parallel: 1"
+            )
+        routing = {f.name: getattr(self, f.name) for f in dataclasses.fields(RoutingChoices)}
+        for modality, count in pools.items():
+            where = f"MoEPlan.experts_by_modality[{modality!r}]"
+            if modality not in MODALITIES:
+                raise ValueError(f"{where}: unknown modality; expected one of {MODALITIES}")
+            if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+                raise ValueError(f"{where} must be a positive integer number of experts, got {count!r}")
+            try:
+                RoutingChoices(**routing | {"num_experts": count})
+            except ValueError as error:
+                raise ValueError(f"{where}={count}: {error}") from None
+
+    def experts_of(self, modality: str) -> int:
+        """The number of experts of ``modality``'s MoE FFNs ("vision", "language"; "shared" for a shared FFN or a
+        VL-FFN): its pool's count in ``experts_by_modality``, else ``num_experts``."""
+        return (self.experts_by_modality or {}).get(modality, self.num_experts)
 
     def is_moe_layer(self, index: int) -> bool:
         """Whether the 0-based layer ``index`` has MoE FFNs: listed in ``layers``, else every ``every``-th layer."""
@@ -63,10 +108,12 @@ class MoEPlan(RoutingChoices):
             return index in self.layers
         return (index + 1) % self.every == 0
 
-    def layer_config(self, dim: int, ffn_dim: int, subln: bool) -> MoEConfig:
+    def layer_config(self, dim: int, ffn_dim: int, subln: bool, modality: str = "shared") -> MoEConfig:
         """The :class:`MoEConfig` of one MoE layer of a backbone of width ``dim`` and FFN width ``ffn_dim``: this
-        plan's routing choices, whatever fields :class:`RoutingChoices` has."""
+        plan's routing choices, whatever fields :class:`RoutingChoices` has, with ``modality``'s pool of experts
+        (:meth:`experts_of`)."""
         routing = {f.name: getattr(self, f.name) for f in dataclasses.fields(RoutingChoices)}
+        routing["num_experts"] = self.experts_of(modality)
         return MoEConfig(dim=dim, ffn_dim=ffn_dim, subln=subln, **routing)
 
 

@@ -9,11 +9,14 @@ q/k/v, Sub-LN, output projection), its pre-FFN LayerNorm and its FFN (dense, or 
 App. D, :mod:`mmoe.moe.cost`). FLOPs count a multiply-add as 2 and cover the weights; the attention scores
 (QK^T and the weighted sum of V, 4 L D per token and layer over a sequence of L tokens) are reported apart, since they
 depend on L. A VL-FFN (``vl_layers``) serves image + text input in place of the modality FFN, with the same count.
+With MoMa's modality-aware pools (``MoEPlan.experts_by_modality``) the two modality paths differ in their experts: a
+layer's parameters count each pool, and the per-token numbers are the least and the most over the modalities, each
+modality's own under ``by_modality``.
 """
 
 from __future__ import annotations
 
-from mmoe.model.config import MultiwayConfig
+from mmoe.model.config import MODALITIES, MultiwayConfig
 from mmoe.moe.cost import active_parameters_per_token, flops_per_token, moe_parameter_count
 
 
@@ -37,8 +40,12 @@ def layer_parameters(config: MultiwayConfig, index: int) -> int:
     ways = 2 if config.attention == "multiway" else 1
     attention = ways * attention_way_parameters(config)
     if config.moe is not None and config.moe.is_moe_layer(index):
-        one_ffn = moe_parameter_count(config.moe.layer_config(dim, config.ffn_dim, config.subln))
-        ffns = one_ffn * (1 if config.moe.mode == "shared" else 2)
+        one_ffn = moe_parameter_count(config.moe.layer_config(dim, config.ffn_dim, config.subln))  # also the VL-FFN
+        modalities = ["shared"] if config.moe.mode == "shared" else MODALITIES
+        ffns = sum(
+            moe_parameter_count(config.moe.layer_config(dim, config.ffn_dim, config.subln, modality))
+            for modality in modalities
+        )
     else:
         one_ffn = dense_ffn_parameters(config)
         ffns = 2 * one_ffn
@@ -73,24 +80,17 @@ def layer_cost(config: MultiwayConfig, index: int) -> dict:
     """Layer ``index``: its parameters, and the active parameters and forward FLOPs (weights) of one token.
 
     ``active_parameters_per_token`` / ``flops_per_token`` are what every token takes; the ``max_`` fields are the
-    most one token can take, which differ only in a Stratified MoE layer (a token passes gate 1, then up to all
-    gates: Stratified MoE §3).
+    most one token can take, which differ in a Stratified MoE layer (a token passes gate 1, then up to all gates:
+    Stratified MoE §3) and between modalities whose pools differ (``MoEPlan.experts_by_modality``; each modality's
+    numbers then under ``by_modality``).
     """
-    dim = config.dim
-    attention = attention_way_parameters(config), 2 * 4 * dim * dim  # q, k, v and output projections
+    attention = attention_way_parameters(config), 2 * 4 * config.dim * config.dim  # q, k, v and output projections
     is_moe = config.moe is not None and config.moe.is_moe_layer(index)
-    if not is_moe:
-        # pre-FFN LayerNorm and FFN
-        dense = dense_ffn_parameters(config) + 2 * dim, ffn_flops_per_token(dim, config.ffn_dim)
-        least = most = dense
-    elif config.moe.strata is not None:  # the layer's own LayerNorms replace the block's pre-FFN LayerNorm
-        moe = config.moe.layer_config(dim, config.ffn_dim, config.subln)
-        least = active_parameters_per_token(moe, gates=[0]), flops_per_token(moe, gates=[0])
-        most = active_parameters_per_token(moe), flops_per_token(moe)
-    else:
-        moe = config.moe.layer_config(dim, config.ffn_dim, config.subln)
-        least = most = active_parameters_per_token(moe) + 2 * dim, flops_per_token(moe)
-    return {
+    pooled = is_moe and config.moe.experts_by_modality is not None
+    by_modality = {modality: _ffn_cost(config, index, modality) for modality in MODALITIES}
+    least = min(cost[0] for cost in by_modality.values()), min(cost[1] for cost in by_modality.values())
+    most = max(cost[2] for cost in by_modality.values()), max(cost[3] for cost in by_modality.values())
+    cost = {
         "index": index,
         "ffn": "moe" if is_moe else "dense",
         "parameters": layer_parameters(config, index),
@@ -99,13 +99,38 @@ def layer_cost(config: MultiwayConfig, index: int) -> dict:
         "max_active_parameters_per_token": attention[0] + most[0],
         "max_flops_per_token": attention[1] + most[1],
     }
+    if pooled:
+        cost["by_modality"] = {
+            modality: {
+                "experts": config.moe.experts_of(modality),
+                "active_parameters_per_token": attention[0] + active,
+                "flops_per_token": attention[1] + flops,
+            }
+            for modality, (active, flops, _, _) in by_modality.items()
+        }
+    return cost
+
+
+def _ffn_cost(config: MultiwayConfig, index: int, modality: str) -> tuple[int, int, int, int]:
+    """One ``modality`` token's pre-FFN LayerNorm and FFN at layer ``index``: (least active parameters, least
+    FLOPs, most active parameters, most FLOPs)."""
+    dim = config.dim
+    if config.moe is None or not config.moe.is_moe_layer(index):
+        dense = dense_ffn_parameters(config) + 2 * dim, ffn_flops_per_token(dim, config.ffn_dim)
+        return *dense, *dense
+    moe = config.moe.layer_config(dim, config.ffn_dim, config.subln, modality)
+    if moe.strata is not None:  # the layer's own LayerNorms replace the block's pre-FFN LayerNorm
+        least = active_parameters_per_token(moe, gates=[0]), flops_per_token(moe, gates=[0])
+        return *least, active_parameters_per_token(moe), flops_per_token(moe)
+    routed = active_parameters_per_token(moe) + 2 * dim, flops_per_token(moe)
+    return *routed, *routed
 
 
 def backbone_cost(config: MultiwayConfig, sequence_length: int) -> dict:
     """Every layer's :func:`layer_cost` and the backbone's totals for a sequence of ``sequence_length`` tokens:
     parameters (:func:`backbone_parameters`), active parameters per token (the layers and the final LayerNorm; as
     MH-MoE App. D, the embedding tables are left out), forward FLOPs per token in the weights and in the attention
-    scores."""
+    scores; with modality pools, each modality's token under ``by_modality``."""
     layers = [layer_cost(config, index) for index in range(config.depth)]
     final_norm = 2 * config.dim if config.output_norm else 0
     totals = {
@@ -117,6 +142,15 @@ def backbone_cost(config: MultiwayConfig, sequence_length: int) -> dict:
             "max_flops_per_token",
         )
     }
+    if config.moe is not None and config.moe.experts_by_modality is not None:
+        totals["by_modality"] = {
+            modality: {
+                key: final_norm * ("active" in key)
+                + sum(layer.get("by_modality", {}).get(modality, layer)[key] for layer in layers)
+                for key in ("active_parameters_per_token", "flops_per_token")
+            }
+            for modality in MODALITIES
+        }
     return {
         "layers": layers,
         "parameters": backbone_parameters(config),

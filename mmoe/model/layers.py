@@ -22,11 +22,11 @@ import torch.nn.functional as F
 from timm.layers import DropPath
 from torch import nn
 
-from mmoe.model.config import MultiwayConfig
+from mmoe.model.config import MODALITIES, MultiwayConfig
 from mmoe.moe import MoEFeedForward, MoELayer, RoutingRecord
 
 VISION, LANGUAGE = 0, 1
-MODALITY_NAMES = ("vision", "language")
+MODALITY_NAMES = MODALITIES
 
 
 class FeedForward(nn.Module):
@@ -90,8 +90,10 @@ class MultiwayBlock(nn.Module):
         config: backbone config.
         index: 0-based layer index (written into the routing records).
         drop_path: stochastic depth rate of this layer.
-        make_ffn: builds one FFN module (``FeedForward`` or a MoE layer); called once per FFN the layer needs. The
-            module returns the update ``FFN(norm(h))`` that the block adds to the residual stream.
+        make_ffn: builds one FFN module (``FeedForward`` or a MoE layer) for the modality it serves ("vision",
+            "language", or "shared" for a shared FFN and the VL-FFN: a MoE layer's pool of experts may depend on it,
+            ``MoEPlan.experts_by_modality``); called once per FFN the layer needs. The module returns the update
+            ``FFN(norm(h))`` that the block adds to the residual stream.
         make_norm: builds one pre-FFN norm (a LayerNorm; ``nn.Identity``, which has no parameters, for an FFN that
             normalises its own input, such as a Stratified MoE layer); one per modality, one for the VL-FFN.
         shared_ffn: one FFN for all tokens (MoE ``mode="shared"``) instead of one per modality.
@@ -103,7 +105,7 @@ class MultiwayBlock(nn.Module):
         config: MultiwayConfig,
         index: int,
         drop_path: float,
-        make_ffn: Callable[[], nn.Module],
+        make_ffn: Callable[[str], nn.Module],
         make_norm: Callable[[], nn.Module],
         shared_ffn: bool = False,
         vision_language_ffn: bool = False,
@@ -112,9 +114,9 @@ class MultiwayBlock(nn.Module):
         self.index = index
         self.attention_ways = 2 if config.attention == "multiway" else 1
         self.attention = MultiwayAttention(config, self.attention_ways)
-        self.ffn = nn.ModuleList(make_ffn() for _ in range(1 if shared_ffn else 2))
+        self.ffn = nn.ModuleList(make_ffn(modality) for modality in (["shared"] if shared_ffn else MODALITY_NAMES))
         self.ffn_norm = nn.ModuleList(make_norm() for _ in range(2))
-        self.vl_ffn = make_ffn() if vision_language_ffn else None
+        self.vl_ffn = make_ffn("shared") if vision_language_ffn else None
         self.vl_norm = make_norm() if vision_language_ffn else None
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         # Residual dropout (MultiwayConfig.dropout), before drop path as torchscale's encoder layer does it.

@@ -22,6 +22,7 @@ from pathlib import Path
 from mmoe.data.tokenizer import DEFAULT_MAX_TEXT_LENGTH
 from mmoe.io import one_line, report_error
 from mmoe.model import MultiwayConfig
+from mmoe.model.config import MODALITIES
 from mmoe.model.cost import backbone_cost
 from mmoe.model.vqkd import read_vqkd_shape, vqkd_cost
 from mmoe.safe_load import load_checkpoint_file
@@ -186,7 +187,11 @@ def variant_name(config: MultiwayConfig) -> str:
     width = f", expert width {moe.beta:g} x FFN" if moe.beta != 1.0 else ""
     choice = f"expert choice c={moe.capacity_factor:g}" if moe.routing == "expert_choice" else f"top-{moe.top_k}"
     balancing = ", loss-free bias" if moe.bias_update_rate else ""
-    return f"{router}{heads}, {moe.num_experts} experts{shared}, {choice}{width}{balancing}"
+    experts = f"{moe.num_experts} experts"
+    if moe.experts_by_modality is not None:  # MoMa's modality-aware pools
+        experts = " / ".join(f"{moe.experts_of(modality)} {modality}" for modality in MODALITIES)
+        experts += " experts"
+    return f"{router}{heads}, {experts}{shared}, {choice}{width}{balancing}"
 
 
 def millions(count: int) -> str:
@@ -214,6 +219,11 @@ def table(result: dict) -> str:
         f"{mflops(backbone['attention_score_flops_per_token'])} in attention scores "
         f"({backbone['sequence_length']} tokens)",
     ]
+    for modality, counts in backbone.get("by_modality", {}).items():
+        lines.append(
+            f"  a {modality} token: {millions(counts['active_parameters_per_token'])} active parameters, "
+            f"{mflops(counts['flops_per_token'])} MFLOPs in the weights"
+        )
     tokenizer = result["visual_tokenizer"]
     if tokenizer is not None:
         lines.append(
