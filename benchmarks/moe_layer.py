@@ -39,6 +39,7 @@ from mmoe.moe import MoEConfig, MoEFeedForward, MoELayer, build_moe_layer
 from mmoe.moe.cost import routed_experts
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from moe_balanced import ExpertFloor, forced_balanced  # noqa: E402
 from timing import interleaved_medians, labelled_seconds  # noqa: E402
 
 #: The layer's ``record_function`` labels (``mmoe.moe.<label>``) in forward order, and the autograd engine's range
@@ -59,8 +60,10 @@ class DenseFFN(nn.Module):
 
 @dataclass
 class Case:
-    """Two timed steps and the case's description; ``eager_moe`` is ``moe`` run eagerly (the same step unless the
-    case is graphed)."""
+    """The timed steps and the case's description; ``eager_moe`` is ``moe`` run eagerly (the same step unless the
+    case is graphed). ``balanced``: the layer with forced-balanced routing (None: the same as ``moe``, expert choice;
+    or not defined, Stratified); ``floor``: its experts' grouped-GEMM floor (None for Stratified),
+    :mod:`moe_balanced`. ``floor_target`` bounds ``balanced / floor``."""
 
     name: str
     target: float | None
@@ -68,6 +71,9 @@ class Case:
     baseline: Callable[[], None]
     info: dict
     eager_moe: Callable[[], None]
+    balanced: Callable[[], None] | None = None
+    floor: Callable[[], None] | None = None
+    floor_target: float | None = None
 
 
 class TensorOutputs(nn.Module):
@@ -117,6 +123,7 @@ def make_case(
     strata: list[int] | None = None,
     graphed: bool = False,
     expert_kernels: str = "torch",
+    floor_target: float | None = None,
     **routing,
 ) -> Case:
     """``routing``: further :class:`MoEConfig` fields (``shared_experts``, ``bias_update_rate``, ``routing``)."""
@@ -156,6 +163,7 @@ def make_case(
         routing_record = moe(x)[1]
     counts = routing_record.expert_counts.double()
     info["load_cv"] = round((counts.std(correction=0) / counts.mean()).item(), 3)  # at initialisation, random tokens
+    info["load_max_over_mean"] = round((counts.max() / counts.mean()).item(), 3)  # the padded CPU path's row factor
     if routing_record.unrouted_fraction is not None:
         info["unrouted_fraction"] = round(routing_record.unrouted_fraction.item(), 3)
     if strata is not None:
@@ -169,27 +177,55 @@ def make_case(
         moe_side = torch.cuda.make_graphed_callables(TensorOutputs(moe), (x,))  # a new wrapper: eager_side stays eager
         baseline = torch.cuda.make_graphed_callables(baseline, (x,))
     moe_step, baseline_step = step(moe_side, x, grad, True), step(baseline, x, grad, baseline_is_moe)
-    return Case(name, target, moe_step, baseline_step, info, eager_moe=step(eager_side, x, grad, True))
+    case = Case(name, target, moe_step, baseline_step, info, step(eager_side, x, grad, True), floor_target=floor_target)
+    if isinstance(moe, MoELayer):
+        case.balanced, case.floor = balanced_and_floor_steps(moe, x, grad, graphed)
+    return case
+
+
+def balanced_and_floor_steps(moe: MoELayer, x: torch.Tensor, grad: torch.Tensor | None, graphed: bool):
+    """Steps of the forced-balanced layer (None for expert choice: balanced already) and of the experts'
+    grouped-GEMM floor on the same rows, graphed like the case."""
+    floor = ExpertFloor(moe, x.shape[1])
+    rows_x = torch.randn(floor.rows, floor.width, device=x.device, dtype=x.dtype, requires_grad=x.requires_grad)
+    rows_grad = None if grad is None else torch.randn_like(rows_x)
+    balanced_layer = forced_balanced(moe)
+    balanced = None if balanced_layer is moe else TensorOutputs(balanced_layer)
+    if graphed:
+        floor = torch.cuda.make_graphed_callables(floor, (rows_x,))
+        balanced = balanced and torch.cuda.make_graphed_callables(balanced, (x,))
+    balanced_step = None if balanced is None else step(balanced, x, grad, True)
+    return balanced_step, step(floor, rows_x, rows_grad, False)
 
 
 def measure(case: Case, rounds: int) -> dict:
-    """Both sides' median seconds and their ratio; ``ok`` is None for cases reported without a target."""
-    moe_s, base_s = interleaved_medians([case.moe, case.baseline], rounds, case.info["device"])
-    ratio = moe_s / base_s
-    return {
-        "case": case.name,
-        "moe_s": round(moe_s, 5),
-        "baseline_s": round(base_s, 5),
-        "ratio": round(ratio, 3),
-        "target": case.target,
-        "ok": None if case.target is None else ratio <= case.target,
-        **case.info,
-    }
+    """Every step's median seconds, interleaved in one run, and the ratios: ``ratio`` (routed / baseline, bounded by
+    ``target``), ``balanced_ratio`` (forced-balanced / baseline), ``floor_ratio`` (routed / floor: imbalance and
+    routing overhead) and ``balanced_floor_ratio`` (forced-balanced / floor: the routing overhead alone, bounded by
+    ``floor_target``). ``ok`` / ``floor_ok`` are None without a target."""
+    steps = {"moe": case.moe, "baseline": case.baseline, "balanced": case.balanced, "floor": case.floor}
+    steps = {name: fn for name, fn in steps.items() if fn is not None}
+    seconds = dict(zip(steps, interleaved_medians(list(steps.values()), rounds, case.info["device"]), strict=True))
+    seconds.setdefault("balanced", seconds["moe"] if case.floor is not None else None)  # expert choice: balanced
+    result = {"case": case.name, **{f"{name}_s": round(value, 5) for name, value in seconds.items() if value}}
+    ratios = {"ratio": ("moe", "baseline"), "balanced_ratio": ("balanced", "baseline"),
+              "floor_ratio": ("moe", "floor"), "balanced_floor_ratio": ("balanced", "floor")}  # fmt: skip
+    for name, (over, under) in ratios.items():
+        if seconds.get(over) and seconds.get(under):
+            result[name] = round(seconds[over] / seconds[under], 3)
+    result["target"] = case.target
+    result["ok"] = None if case.target is None else result["ratio"] <= case.target
+    if case.floor_target is not None:
+        result["floor_target"] = case.floor_target
+        result["floor_ok"] = result["balanced_floor_ratio"] <= case.floor_target
+    return result | case.info
 
 
 def cpu_cases() -> list[partial[Case]]:
     """Case builders (the name is each one's first argument), built only when selected."""
     d, h = 384, 1536
+    floor = dict(floor_target=1.25)
+    expert_choice = dict(routing="expert_choice", **floor)
     return [
         partial(make_case, "top1_4096", 1.25, d, h, 8, 4096),
         partial(make_case, "top2_4096", 1.15, d, h, 8, 4096, top_k=2),
@@ -199,13 +235,26 @@ def cpu_cases() -> list[partial[Case]]:
         partial(make_case, "mhmoe_h4_vs_dense_plus_proj", 2.0, d, h, 8, 4096, heads=4),
         partial(make_case, "capacity1_4096", 1.25, d, h, 8, 4096, capacity_factor=1.0),
         partial(make_case, "stratified_4_4_vs_top2_4096", None, d, h, 8, 4096, top_k=2, strata=[4, 4]),
-        # The routers of configs/pretrain/tiny/{fine_grained,shared_experts,loss_free,expert_choice}.yaml, reported
-        # without a target, each against the dense FFN of its active FLOPs (H for the first four, 2H for c = 2).
-        partial(make_case, "fine_grained_e32_top4_4096", None, d, h // 4, 32, 4096, top_k=4),
-        partial(make_case, "shared1_fine_grained_e32_top3_4096", None, d, h // 4, 32, 4096, top_k=3, shared_experts=1),
+        # The routers of configs/pretrain/tiny/{fine_grained,shared_experts,loss_free,expert_choice}.yaml, each against
+        # the dense FFN of its active FLOPs (H for the first five, 2H for c = 2) without a target; the modern shapes'
+        # forced-balanced layer within floor_target of their experts' grouped-GEMM floor.
+        partial(make_case, "fine_grained_e32_top4_4096", None, d, h // 4, 32, 4096, top_k=4, **floor),
+        partial(make_case, "fine_grained_e64_top8_4096", None, d, h // 8, 64, 4096, top_k=8, **floor),
+        partial(
+            make_case,
+            "shared1_fine_grained_e32_top3_4096",
+            None,
+            d,
+            h // 4,
+            32,
+            4096,
+            top_k=3,
+            shared_experts=1,
+            **floor,
+        ),  # fmt: skip
         partial(make_case, "loss_free_bias_top1_4096", None, d, h, 8, 4096, bias_update_rate=1e-3),
-        partial(make_case, "expert_choice_c1_4096", None, d, h, 8, 4096, capacity_factor=1.0, routing="expert_choice"),
-        partial(make_case, "expert_choice_c2_4096", None, d, h, 8, 4096, capacity_factor=2.0, routing="expert_choice"),
+        partial(make_case, "expert_choice_c1_4096", None, d, h, 8, 4096, capacity_factor=1.0, **expert_choice),
+        partial(make_case, "expert_choice_c2_4096", None, d, h, 8, 4096, capacity_factor=2.0, **expert_choice),
     ]
 
 
@@ -335,7 +384,8 @@ def main() -> None:
             print(json.dumps(result), flush=True)
     summary = {
         "summary": {r["case"]: r.get("ratio", r["ok"]) for r in results},
-        "all_ok": all(r["ok"] for r in results if r["ok"] is not None),
+        "floor_summary": {r["case"]: r["balanced_floor_ratio"] for r in results if "balanced_floor_ratio" in r},
+        "all_ok": all(r[ok] for r in results for ok in ("ok", "floor_ok") if r.get(ok) is not None),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
     }

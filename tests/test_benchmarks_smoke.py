@@ -68,6 +68,71 @@ def test_moe_layer_router_cases_compare_with_the_dense_ffn_of_their_active_flops
         assert moe_layer.time_split(case)["shared_experts"] > 0
 
 
+@pytest.mark.parametrize("fields", [dict(top_k=4), dict(top_k=3, shared_experts=1), dict(top_k=2, heads=2)])
+def test_forced_balanced_routing_gives_every_expert_the_same_rows_and_leaves_the_layer_alone(fields):
+    load_benchmark("moe_layer")  # puts benchmarks/ on the path
+    from moe_balanced import RoundRobinRouter, forced_balanced
+
+    from mmoe.moe import MoEConfig, MoELayer
+    from tests.moe.reference import reference_expert
+
+    torch.manual_seed(0)
+    layer = MoELayer(MoEConfig(32, 64, num_experts=8, router="linear", **fields)).double()
+    with torch.no_grad():
+        layer.router.scorer.weight.normal_()  # gates far from uniform
+    balanced = forced_balanced(layer)
+    assert isinstance(balanced.router, RoundRobinRouter) and not isinstance(layer.router, RoundRobinRouter)
+    assert balanced.experts is layer.experts and balanced.router.router is layer.router  # the same parameters
+    x = torch.randn(2, 16, 32, dtype=torch.double)
+    y, routing = balanced(x)
+    heads, top_k = fields.get("heads", 1), fields["top_k"]
+    assert routing.expert_counts.tolist() == [2 * 16 * heads * top_k // 8] * 8
+    choices_SK = routing.expert_index.reshape(-1, top_k)
+    assert all(len(set(row.tolist())) == top_k for row in choices_SK)  # k distinct experts per (sub-)token
+    assert not torch.equal(layer(x)[1].expert_index, routing.expert_index)  # the layer itself still routes
+    if heads > 1:
+        return
+    # Each token: its round-robin experts weighted by the router's renormalised gate values for them.
+    gates_SE = layer.router(x.reshape(-1, 32), None).scores_SE
+    for s, x_D in enumerate(x.reshape(-1, 32)):
+        weights = gates_SE[s, choices_SK[s]] / gates_SE[s, choices_SK[s]].sum()
+        want = sum(
+            w * reference_expert(layer.experts, int(e), x_D) for w, e in zip(weights, choices_SK[s], strict=True)
+        )
+        if layer.shared_experts is not None:
+            want = want + reference_expert(layer.shared_experts, 0, x_D)
+        torch.testing.assert_close(y.reshape(-1, 32)[s], want)
+
+
+def test_moe_layer_case_times_the_routed_and_forced_balanced_layer_and_the_grouped_gemm_floor():
+    moe_layer = load_benchmark("moe_layer")
+    token_choice = moe_layer.make_case("t", None, 32, 16, 8, 64, top_k=4, shared_experts=1, floor_target=1.25)
+    result = moe_layer.measure(token_choice, rounds=1)
+    for key in ("moe_s", "balanced_s", "floor_s", "ratio", "balanced_ratio", "floor_ratio", "balanced_floor_ratio"):
+        assert result[key] > 0, key
+    assert result["balanced_floor_ratio"] == pytest.approx(result["balanced_s"] / result["floor_s"], rel=0.05)
+    assert result["floor_ok"] == (result["balanced_floor_ratio"] <= 1.25)
+    expert_choice = moe_layer.make_case("c", None, 32, 16, 8, 64, capacity_factor=1.0, routing="expert_choice")
+    assert expert_choice.balanced is None  # balanced by construction: the routed time is reported for both
+    result = moe_layer.measure(expert_choice, rounds=1)
+    assert result["balanced_s"] == result["moe_s"] and "floor_ok" not in result
+    stratified = moe_layer.make_case("s", None, 32, 16, 8, 64, top_k=2, strata=[4, 4])
+    assert stratified.balanced is None and stratified.floor is None
+
+
+def test_expert_floor_runs_the_routed_rows_balanced():
+    load_benchmark("moe_layer")
+    from moe_balanced import ExpertFloor
+
+    from mmoe.moe import MoEConfig, MoELayer
+
+    top4 = ExpertFloor(MoELayer(MoEConfig(32, 16, num_experts=8, top_k=4, shared_experts=1, heads=2)), 64)
+    assert (top4.routed, top4.rows, top4.width) == (4 * 128, 4 * 128 + 128, 16)
+    assert top4(torch.randn(top4.rows, 16)).shape == (top4.rows, 16)
+    choice = ExpertFloor(MoELayer(MoEConfig(32, 16, num_experts=8, routing="expert_choice", capacity_factor=1.5)), 60)
+    assert choice.routed == choice.rows == 8 * 12  # E * ceil(1.5 * 60 / 8)
+
+
 def test_moe_layer_cuda_cases_pair_each_fused_case_with_a_graphed_twin():
     builders = {build.args[0]: build for build in load_benchmark("moe_layer").cuda_cases()}  # not built: needs CUDA
     eager = [name for name in builders if name.endswith("_triton")]

@@ -142,8 +142,15 @@ def dispatch_rows(x_SD: torch.Tensor, plan: DispatchPlan) -> torch.Tensor:
 
 
 def combine(y_CD: torch.Tensor, plan: DispatchPlan, weight_SK: torch.Tensor) -> torch.Tensor:
-    """Undo the sort and sum each (sub-)token's expert outputs weighted by its gate weights (zero where not kept)."""
-    return combine_unsorted(_PermutedRows.apply(y_CD, plan.inverse_C, plan.order_C, 1), plan, weight_SK)
+    """Sum each (sub-)token's expert outputs, in expert order, weighted by its gate weights (zero where not kept).
+
+    The weights go to the sorted rows and the weighted rows are added onto their (sub-)tokens in place: one pass over
+    the K*S rows fewer than undoing the sort first, and no (K, S, D) temporary; the backward gathers the token
+    gradients back through ``token_C``."""
+    kept_weight_SK = torch.where(plan.kept_SK, weight_SK, torch.zeros_like(weight_SK))
+    weight_C = kept_weight_SK.t().reshape(-1).index_select(0, plan.order_C).to(y_CD.dtype)
+    out_SD = y_CD.new_zeros(weight_SK.shape[0], y_CD.shape[-1])
+    return out_SD.index_add(0, plan.token_C, y_CD * weight_C[:, None])
 
 
 def combine_unsorted(y_CD: torch.Tensor, plan: DispatchPlan, weight_SK: torch.Tensor) -> torch.Tensor:
@@ -151,9 +158,9 @@ def combine_unsorted(y_CD: torch.Tensor, plan: DispatchPlan, weight_SK: torch.Te
     choice order (all first choices, then all second choices), as the fused kernels write it."""
     top_k = weight_SK.shape[1]
     num_tokens = weight_SK.shape[0]
-    y_KSD = y_CD.view(top_k, num_tokens, y_CD.shape[-1])
     weight_KS1 = torch.where(plan.kept_SK, weight_SK, torch.zeros_like(weight_SK)).t().to(y_CD.dtype)[..., None]
-    out_SD = y_KSD[0] * weight_KS1[0]
-    for k in range(1, top_k):
-        out_SD = out_SD + y_KSD[k] * weight_KS1[k]
-    return out_SD
+    if top_k == 1:
+        return y_CD * weight_KS1.view(num_tokens, 1)
+    # One product and one sum over the K choices rather than a loop over y[k]: each slice's backward would write a
+    # full-size (K, S, D) zero gradient (K of them, measured 10 % of a top-4 layer's step on the CPU).
+    return (y_CD.view(top_k, num_tokens, y_CD.shape[-1]) * weight_KS1).sum(0)

@@ -34,6 +34,7 @@ class ExpertChoicePlan:
         expert_counts_E: long, real (sub-)tokens each expert took.
         expert_index_SE: long, the experts that took each (sub-)token, highest gate first, then -1.
         unrouted_fraction: share of the real (sub-)tokens no expert took.
+        capacity: C, the rows of every expert (a static shape: the experts run batched on E x C rows).
     """
 
     token_C: torch.Tensor
@@ -43,6 +44,7 @@ class ExpertChoicePlan:
     expert_counts_E: torch.Tensor
     expert_index_SE: torch.Tensor
     unrouted_fraction: torch.Tensor
+    capacity: int
 
 
 def expert_capacity(num_tokens: int, num_experts: int, capacity_factor: float) -> int:
@@ -83,6 +85,7 @@ def plan_expert_choice(
         expert_counts_E=taken_SE.sum(0),
         expert_index_SE=expert_index_SE,
         unrouted_fraction=unrouted.float() / num_valid.clamp_min(1).float(),
+        capacity=capacity,
     )
 
 

@@ -4,12 +4,17 @@ Each expert is ``fc2(act(fc1(x)))`` (optionally with BEiT-3's Sub-LN before ``fc
 weights of all experts are stacked (``fc1_weight: (E, D, H)``) and applied to contiguous row slices in one of two
 ways, chosen per call:
 
+* Every expert's slice the same length (expert choice's C rows, the shared experts' S rows: known by the caller, on
+  any device; a CPU plan whose counts happen to be equal): one batched GEMM per linear (``baddbmm`` over an
+  (E, R/E, D) view, biases fused).
 * GPU: one grouped GEMM per linear (``torch._grouped_mm``, slice ends ``offsets`` kept on the device: no host sync).
-* CPU with >= 256 rows per expert, or where the grouped GEMM is unavailable for the device / dtype / alignment: a
-  per-expert ``addmm`` loop over ``unbind``-ed weights. On a CPU reading the counts costs nothing, and the fused
-  bias saves the (R, H) gathered bias of the grouped path (faster fwd+bwd at >= 512 rows per expert:
-  ``benchmarks/moe_layer.py``, README.md's Benchmarks section). ``unbind`` keeps the backward O(E); indexing
-  ``W[e]`` in a loop would write E full-size zero gradients.
+* CPU, uneven slices (reading the counts costs nothing there): below 256 rows per expert the grouped GEMM. From
+  there, while padding every slice to the longest adds at most :data:`CPU_PAD_TOLERANCE` rows per row, the rows are
+  padded with zeros into (E, max count, D) and run batched: a few kernels per linear whatever E, where a per-expert
+  loop issues E small GEMMs, each its own parallel region (on a shared 2-core CPU a descheduled thread stalls each of
+  them; ``benchmarks/moe_layer.py``). Otherwise a per-expert ``addmm`` loop over ``unbind``-ed weights (the fused
+  bias saves the (R, H) gathered bias of the grouped path). ``unbind`` keeps the backward O(E); indexing ``W[e]`` in
+  a loop would write E full-size zero gradients.
 
 Shape legend: R rows (sorted choices), E experts, D model (or head) width, H expert hidden width.
 """
@@ -33,6 +38,8 @@ from mmoe.moe.expert_parallel import (
 
 #: Mean rows per expert from which the CPU per-expert addmm loop beats the grouped GEMM (benchmarks/moe_layer.py).
 CPU_LOOP_MIN_ROWS = 256
+#: Padded rows (E x the longest slice) per real row up to which the CPU pads uneven slices and runs them batched.
+CPU_PAD_TOLERANCE = 1.25
 
 
 def _grouped_mm_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -115,27 +122,56 @@ class GroupedExperts(nn.Module):
         self.register_state_dict_post_hook(gather_full_experts)
         self.register_load_state_dict_pre_hook(keep_local_experts)
 
-    def forward(self, x_RD: torch.Tensor, expert_R: torch.Tensor, offsets_E: torch.Tensor) -> torch.Tensor:
-        """Apply expert ``expert_R[r]`` to row r; rows are sorted by expert and ``offsets_E`` ends each slice."""
-        # GPU: always grouped (no host sync). CPU: the addmm loop wins once experts get >= 256 rows on average;
-        # below that small GEMMs dominate and the grouped kernel is faster.
-        prefer_grouped = x_RD.device.type == "cuda" or x_RD.shape[0] < CPU_LOOP_MIN_ROWS * self.num_experts
-        if prefer_grouped and _grouped_mm_supported(x_RD, self.fc1_weight.to(x_RD.dtype)):
+    def forward(
+        self, x_RD: torch.Tensor, expert_R: torch.Tensor, offsets_E: torch.Tensor, rows_per_expert: int | None = None
+    ) -> torch.Tensor:
+        """Apply expert ``expert_R[r]`` to row r; rows are sorted by expert and ``offsets_E`` ends each slice.
+        ``rows_per_expert``: every slice has this many rows (a static shape the caller knows), run batched."""
+        if rows_per_expert is not None:
+            return self.forward_batched(x_RD)
+        if x_RD.device.type == "cuda":  # no host sync: the counts stay on the device
+            if _grouped_mm_supported(x_RD, self.fc1_weight.to(x_RD.dtype)):
+                return self.forward_grouped(x_RD, expert_R, offsets_E)
+            return self.forward_loop(x_RD, offsets_E)
+        counts = torch.diff(offsets_E, prepend=offsets_E.new_zeros(1)).tolist()
+        longest = max(counts, default=0)
+        if longest * self.num_experts == x_RD.shape[0]:  # equal slices
+            return self.forward_batched(x_RD)
+        if x_RD.shape[0] < CPU_LOOP_MIN_ROWS * self.num_experts and _grouped_mm_supported(
+            x_RD, self.fc1_weight.to(x_RD.dtype)
+        ):
             return self.forward_grouped(x_RD, expert_R, offsets_E)
+        if longest * self.num_experts <= CPU_PAD_TOLERANCE * x_RD.shape[0]:
+            return self.forward_padded(x_RD, counts)
         return self.forward_loop(x_RD, offsets_E)
+
+    def forward_batched(self, x_RD: torch.Tensor) -> torch.Tensor:
+        """Every expert on its R/E rows (equal slices), one ``baddbmm`` per linear with the bias fused."""
+        return self._batched(x_RD.reshape(self.num_experts, -1, self.dim)).reshape(x_RD.shape[0], self.dim)
+
+    def _batched(self, x_ECD: torch.Tensor) -> torch.Tensor:
+        dtype = x_ECD.dtype
+        # .to(dtype): under an autocast of another dtype baddbmm returns the autocast dtype.
+        hidden_ECH = F.gelu(torch.baddbmm(self.fc1_bias.to(dtype)[:, None], x_ECD, self.fc1_weight.to(dtype)).to(dtype))
+        if self.ln_weight is not None:
+            normed_ECH = F.layer_norm(hidden_ECH, (self.hidden_dim,)).to(dtype)
+            hidden_ECH = torch.addcmul(self.ln_bias.to(dtype)[:, None], normed_ECH, self.ln_weight.to(dtype)[:, None])
+        return torch.baddbmm(self.fc2_bias.to(dtype)[:, None], hidden_ECH, self.fc2_weight.to(dtype)).to(dtype)
+
+    def forward_padded(self, x_RD: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        """Uneven slices (``counts`` rows each, read on the host) padded with zero rows to the longest and run
+        batched; the padding's outputs are dropped, so it gets no gradient."""
+        longest = max(counts)
+        counts_E = torch.tensor(counts, device=x_RD.device)
+        starts_E = counts_E.cumsum(0) - counts_E
+        slot_shift_E = torch.arange(self.num_experts, device=x_RD.device) * longest - starts_E
+        slot_R = torch.arange(x_RD.shape[0], device=x_RD.device) + slot_shift_E.repeat_interleave(counts_E)
+        padded_PD = x_RD.new_zeros(self.num_experts * longest, self.dim).index_copy(0, slot_R, x_RD)
+        return self.forward_batched(padded_PD).index_select(0, slot_R)
 
     def forward_every_expert(self, x_SD: torch.Tensor) -> torch.Tensor:
         """The sum of every expert's output on every row (always-on experts: DeepSeekMoE §3.2, Eq. 9), (S, D)."""
-        num_rows = x_SD.shape[0]
-        experts_E = torch.arange(self.num_experts, device=x_SD.device)
-        expert_R = experts_E.repeat_interleave(num_rows)
-        offsets_E = ((experts_E + 1) * num_rows).to(torch.int32)
-        out_RD = self(x_SD.repeat(self.num_experts, 1), expert_R, offsets_E)
-        width = out_RD.shape[-1]
-        # A product with ones rather than .sum(0): its backward materialises the gradient, where sum's passes on a
-        # stride-0 view that the grouped GEMM's backward refuses.
-        ones_E = out_RD.new_ones(self.num_experts)
-        return (ones_E @ out_RD.view(self.num_experts, num_rows * width)).view(num_rows, width)
+        return self._batched(x_SD.expand(self.num_experts, -1, -1)).sum(0)
 
     def forward_grouped(self, x_RD: torch.Tensor, expert_R: torch.Tensor, offsets_E: torch.Tensor) -> torch.Tensor:
         """One grouped GEMM per linear, slice ends on the device: no host sync (the GPU path).
@@ -166,6 +202,19 @@ class GroupedExperts(nn.Module):
         return fused_expert_ffn(
             x_SD, self.fc1_weight, self.fc1_bias, self.fc2_weight, self.fc2_bias, self.ln_weight, self.ln_bias,
             plan.token_C, plan.order_C, plan.expert_C, plan.offsets_E, plan.kept_SK.shape[1],
+        )  # fmt: skip
+
+    def forward_fused_rows(
+        self, x_SD: torch.Tensor, token_C: torch.Tensor, expert_C: torch.Tensor, offsets_E: torch.Tensor
+    ) -> torch.Tensor:
+        """The fused path for rows that are not K choices per token (expert choice): row r is expert
+        ``expert_C[r]`` on (sub-)token ``token_C[r]``, gathered inside the first linear; (C, D) outputs in row order."""
+        from mmoe.moe.triton_experts import fused_expert_ffn
+
+        rows_C = torch.arange(token_C.numel(), device=token_C.device)
+        return fused_expert_ffn(
+            x_SD, self.fc1_weight, self.fc1_bias, self.fc2_weight, self.fc2_bias, self.ln_weight, self.ln_bias,
+            token_C, rows_C, expert_C, offsets_E, None,
         )  # fmt: skip
 
     def forward_loop(self, x_RD: torch.Tensor, offsets_E: torch.Tensor) -> torch.Tensor:

@@ -195,23 +195,36 @@ class MoELayer(MoEFeedForward):
 
     def _expert_choice(self, x_SD: torch.Tensor, valid_S: torch.Tensor | None, routed: RouterOutput):
         """Each expert's top-C (sub-)tokens (Zhou et al., 2022): (y, expert counts, expert index, dropped fraction 0,
-        unrouted fraction)."""
+        unrouted fraction). The rows go through the experts as a token-choice plan's do (fused where that runs), as
+        E slices of exactly C rows."""
         with record_function("mmoe.moe.plan"):
             plan = plan_expert_choice(routed.scores_SE, valid_S, self.config.active_capacity_factor(self.training))
-        with record_function("mmoe.moe.permute"):
-            rows_CD = x_SD.to(compute_dtype(x_SD)).index_select(0, plan.token_C)
-        y_CD = self._run_experts(rows_CD, plan.expert_C, plan.offsets_E)
+        x_SD = x_SD.to(compute_dtype(x_SD))
+        if self.shard is None and self.use_fused_kernels(x_SD):
+            with record_function("mmoe.moe.experts"):
+                y_CD = self.experts.forward_fused_rows(x_SD, plan.token_C, plan.expert_C, plan.offsets_E)
+        else:
+            with record_function("mmoe.moe.permute"):
+                rows_CD = x_SD.index_select(0, plan.token_C)
+            y_CD = self._run_experts(rows_CD, plan.expert_C, plan.offsets_E, plan.capacity)
         with record_function("mmoe.moe.combine"):
             y_SD = combine_expert_choice(y_CD, plan, x_SD.shape[0])
         dropped = torch.zeros((), device=x_SD.device)
         return y_SD, plan.expert_counts_E, plan.expert_index_SE, dropped, plan.unrouted_fraction
 
-    def _run_experts(self, rows_CD: torch.Tensor, expert_C: torch.Tensor, offsets_E: torch.Tensor) -> torch.Tensor:
-        """The experts on rows sorted by expert: here, or through the expert-parallel exchange when sharded."""
+    def _run_experts(
+        self,
+        rows_CD: torch.Tensor,
+        expert_C: torch.Tensor,
+        offsets_E: torch.Tensor,
+        rows_per_expert: int | None = None,
+    ) -> torch.Tensor:
+        """The experts on rows sorted by expert: here, or through the expert-parallel exchange when sharded.
+        ``rows_per_expert``: every expert's slice has this many rows (a static shape)."""
         if self.shard is not None:
             return exchange(rows_CD, offsets_E, self.shard, self.experts)
         with record_function("mmoe.moe.experts"):
-            return self.experts(rows_CD, expert_C, offsets_E)
+            return self.experts(rows_CD, expert_C, offsets_E, rows_per_expert)
 
 
 @torch.no_grad()

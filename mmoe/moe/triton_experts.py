@@ -247,7 +247,8 @@ class FusedDispatch:
             gradient before the top-k rows of a token are summed).
         expert_C: the expert of each sorted row.
         offsets_E: int32 slice ends.
-        top_k: K, the rows each (sub-)token has.
+        top_k: K, the rows each (sub-)token has; None: rows are not a token's K choices (expert choice: a token has
+            0 to E rows, ``order_C`` is the identity), so the input gradient of a token sums its rows by ``token_C``.
         schedule: :func:`block_schedule` of ``offsets_E``.
     """
 
@@ -255,7 +256,7 @@ class FusedDispatch:
     order_C: torch.Tensor
     expert_C: torch.Tensor
     offsets_E: torch.Tensor
-    top_k: int
+    top_k: int | None
     schedule: BlockSchedule
 
 
@@ -335,7 +336,10 @@ class FusedExpertFFN(torch.autograd.Function):
                 # Row r's input gradient goes to its choice's place; a token's top-k choices are then summed.
                 grad_x = gather_gemm(grad_pre, fc1_w, None, offsets, schedule, num_rows, out_index=dispatch.order_C,
                                      transpose_weight=True)  # fmt: skip
-                grad_x = grad_x.view(dispatch.top_k, -1, grad_x.shape[1]).sum(0)
+                if dispatch.top_k is None:
+                    grad_x = torch.zeros_like(x_SD).index_add_(0, dispatch.token_C, grad_x)
+                else:
+                    grad_x = grad_x.view(dispatch.top_k, -1, grad_x.shape[1]).sum(0)
         weight_dtype, ln_dtype = ctx.parameter_dtypes
 
         def cast(grad, to):
@@ -357,10 +361,11 @@ def fused_expert_ffn(
     order_C: torch.Tensor,
     expert_C: torch.Tensor,
     offsets_E: torch.Tensor,
-    top_k: int,
+    top_k: int | None,
 ) -> torch.Tensor:
     """The experts on the (sub-)tokens ``x_SD`` (S, D) for the sorted choices of a dispatch; (K*S, D) outputs in
-    choice order. Weights are stacked per expert: fc1 (E, D, H), fc2 (E, H, D)."""
+    choice order. Weights are stacked per expert: fc1 (E, D, H), fc2 (E, H, D). ``top_k`` None: the rows are not K
+    choices per token (:class:`FusedDispatch`); ``order_C`` then places each row's output."""
     tiles = gemm_tiles(x_SD.dtype, expert_C.numel(), offsets_E.numel())
     schedule = block_schedule(offsets_E, expert_C.numel(), tiles)
     dispatch = FusedDispatch(token_C, order_C, expert_C, offsets_E, top_k, schedule)

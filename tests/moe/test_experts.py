@@ -3,6 +3,8 @@ outputs and gradients, with Sub-LN and under autocast."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
 from mmoe.moe.experts import GroupedExperts
@@ -59,3 +61,51 @@ def test_grouped_path_under_an_autocast_of_another_dtype_keeps_the_input_dtype()
         out = experts.forward_grouped(x, expert, offsets)
     assert out.dtype == torch.float32
     torch.testing.assert_close(out, experts.forward_loop(x, offsets), atol=5e-2, rtol=5e-2)
+
+
+def _outputs_and_gradients(experts, run, x, grad):
+    out = run()
+    return out, torch.autograd.grad((out * grad).sum(), [x, *experts.parameters()])
+
+
+def test_batched_and_padded_paths_equal_the_loop_outputs_and_every_gradient():
+    """Equal slices run as one batched GEMM per linear, uneven ones padded to the longest (its padding gets no
+    gradient): both equal the per-expert loop, with Sub-LN's affine and the biases away from their start."""
+    torch.manual_seed(0)
+    experts = GroupedExperts(4, 8, 12, subln=True).double()
+    with torch.no_grad():
+        for parameter in experts.parameters():
+            parameter.normal_(std=0.5)
+    for counts in ([3, 3, 3, 3], [3, 0, 5, 2]):
+        offsets = torch.tensor(counts).cumsum(0).to(torch.int32)
+        x = torch.randn(sum(counts), 8, dtype=torch.double, requires_grad=True)
+        grad = torch.randn(sum(counts), 8, dtype=torch.double)
+        want, want_grads = _outputs_and_gradients(experts, partial(experts.forward_loop, x, offsets), x, grad)
+        runs = [partial(experts.forward_padded, x, counts)]
+        if len(set(counts)) == 1:
+            runs.append(partial(experts.forward_batched, x))
+        for run in runs:
+            got, got_grads = _outputs_and_gradients(experts, run, x, grad)
+            torch.testing.assert_close(got, want)
+            for got_grad, want_grad in zip(got_grads, want_grads, strict=True):
+                torch.testing.assert_close(got_grad, want_grad)
+
+
+def test_cpu_forward_pads_uneven_slices_only_within_the_tolerance(monkeypatch):
+    from mmoe.moe import experts as experts_module
+
+    experts = GroupedExperts(4, 8, 12)
+    chosen = []
+    for name in ("forward_batched", "forward_padded", "forward_grouped", "forward_loop"):
+        original = getattr(GroupedExperts, name)
+        monkeypatch.setattr(
+            GroupedExperts, name, lambda self, *a, _n=name, _o=original: chosen.append(_n) or _o(self, *a)
+        )
+    for counts in ([300, 300, 300, 300], [300, 290, 310, 300], [600, 200, 200, 200], [3, 9, 1, 3]):
+        offsets = torch.tensor(counts).cumsum(0).to(torch.int32)
+        expert = torch.arange(4).repeat_interleave(torch.tensor(counts))
+        experts(torch.randn(sum(counts), 8), expert, offsets)
+    assert experts_module.CPU_PAD_TOLERANCE == 1.25
+    # Equal slices pad nothing; 310 x 4 rows pad 3 %; 600 x 4 pads 100 % (>= 256 rows each: the loop); 9 x 4 pads
+    # 125 % of 16 rows (fewer than 256 rows each: the grouped GEMM).
+    assert chosen == ["forward_batched", "forward_padded", "forward_batched", "forward_loop", "forward_grouped"]

@@ -228,3 +228,36 @@ def test_fused_layer_is_close_to_the_reference_in_bf16(kernels, case):
     assert grads.keys() == grads_ref.keys()
     far = [name for name in grads if not close_in_bf16(grads[name], grads_ref[name])]
     assert not far, far
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"capacity_factor": 1.0},
+        {"capacity_factor": 2.0, "heads": 2, "subln": True, "shared_experts": 1, "router": "linear"},
+    ],
+)
+def test_fused_expert_choice_equals_the_reference_path(kernels, monkeypatch, options):
+    """Expert choice (rows that are not K choices per token: a token has 0 to E rows) through the fused kernels:
+    outputs, the input gradient (summed by token) and every parameter gradient equal the batched reference path."""
+    torch.manual_seed(4)
+    reference, fused = (
+        build_moe_layer(MoEConfig(32, 48, num_experts=4, routing="expert_choice", expert_kernels=kernel, **options))
+        for kernel in ("torch", "triton")
+    )
+    with torch.no_grad():
+        for parameter in reference.experts.parameters():
+            parameter.normal_(std=0.3)  # Sub-LN affine and biases away from their 1 / 0 start
+    fused.load_state_dict(reference.state_dict())
+    calls = []
+    original = GroupedExperts.forward_fused_rows
+    monkeypatch.setattr(GroupedExperts, "forward_fused_rows", lambda self, *a: calls.append(1) or original(self, *a))
+    x, padding = torch.randn(2, 13, 32), torch.arange(13).expand(2, 13) >= torch.tensor([[13], [9]])
+    (y_ref, gx_ref, grads_ref, routing_ref), (y, gx, grads, routing) = (
+        run_layer(layer, x, padding) for layer in (reference, fused)
+    )
+    assert calls == [1] and int((routing.expert_index >= 0).sum(-1).max()) > 1  # some token has several rows
+    torch.testing.assert_close((y, gx), (y_ref, gx_ref), rtol=1e-5, atol=1e-6)
+    assert grads.keys() == grads_ref.keys() and "experts.fc1_weight" in grads
+    torch.testing.assert_close(grads, grads_ref, rtol=1e-4, atol=1e-6)
+    assert torch.equal(routing.expert_index, routing_ref.expert_index)
