@@ -1,19 +1,20 @@
-"""MoE layer cost relative to a dense FFN with the same active parameters per token.
+"""MoE layer cost relative to a dense FFN with the same active parameters per token, and to its experts' floor.
 
-Every case times two callables in one process, interleaved round by round (the order alternating), and reports the
-median over the rounds of each and their ratio. Baseline: ``Linear(D, k*H) -> GELU -> Linear(k*H, D)``, the dense
-FFN whose FLOPs equal the MoE's active FLOPs (k = top-k plus shared experts, or expert choice's capacity factor
-c; H the expert width, so fine-grained experts compare with the same dense FFN as the coarse layer they split).
-fwd+bwd in fp32 on CPU unless the case says otherwise; the routing is X-MoE (d_e = 16), dropless unless noted.
-``load_cv`` (std / mean of the expert loads) is the layer's at initialisation on the case's random tokens.
+Every case times its callables in one process, interleaved round by round (the order alternating), and reports the
+median of each and their ratios. Baseline: ``Linear(D, k*H) -> GELU -> Linear(k*H, D)``, the dense FFN whose FLOPs
+equal the MoE's active FLOPs (k = top-k plus shared experts, or expert choice's c; H the expert width, so fine-grained
+experts compare with the dense FFN of the coarse layer they split). An MoELayer case also times the layer with
+forced-balanced routing and its experts' grouped-GEMM floor (:mod:`moe_balanced`), so that imbalance and routing
+overhead show apart. fwd+bwd in fp32 on CPU unless noted; X-MoE routing (d_e = 16), dropless unless noted.
+``load_cv`` (std / mean of the expert loads) and ``load_max_over_mean`` are the layer's at initialisation.
 
-Output: one JSON line per case ``{"case", "moe_s", "baseline_s", "ratio", "target", "ok", ...}`` and a final
-``{"summary": ...}`` line. ``--cuda`` adds the GPU cases (bf16, 16K tokens) and a sync-free forward+backward check
-of the layer on both expert paths (``cuda_no_host_sync`` and ``cuda_no_host_sync_triton``); the ``_triton`` cases
-run the layer with ``expert_kernels="triton"`` (row moves fused into the expert GEMMs); the ``_graphed`` ones (the
-``_triton_graphed`` ones too) replay both sides as CUDA graphs (``torch.cuda.make_graphed_callables``), which the
-layer allows because it never syncs with the host and keeps its shapes static: that takes the per-operator launch
-cost out, which at this size is larger than the MoE layer's GPU time.
+Output: one JSON line per case ``{"case", "moe_s", "baseline_s", "balanced_s", "floor_s", "ratio", "floor_ratio",
+"balanced_floor_ratio", "target", "ok", "floor_target", "floor_ok", ...}`` (:func:`measure`) and a final
+``{"summary": ..., "floor_summary": ...}`` line. ``--cuda`` adds the GPU cases (bf16, 16K tokens) and a sync-free
+forward+backward check of the layer on both expert paths (``cuda_no_host_sync`` and ``cuda_no_host_sync_triton``);
+the ``_triton`` cases run the layer with ``expert_kernels="triton"`` (row moves fused into the expert GEMMs); the
+``_graphed`` ones replay every side as CUDA graphs (``torch.cuda.make_graphed_callables``), which the layer allows
+because it never syncs with the host and keeps its shapes static: that takes the per-operator launch cost out.
 
 ``--split`` adds to each case's line a field ``"split"``: the MoE side's seconds per step under each of the layer's
 ``mmoe.moe.*`` labels (route, plan, permute, experts, combine; the fused path has no permute) and in its backward,

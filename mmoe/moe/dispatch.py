@@ -1,9 +1,9 @@
 """Sort-based token dispatch: group routed choices by expert, optionally enforce a capacity, combine back.
 
 Dropless by default: every choice of every (sub-)token is sorted by expert so that each expert runs on one
-contiguous slice; outputs are gathered back through the inverse permutation and summed with the gate weights. No
-``S x E x C`` one-hot tensor is ever built, and nothing here reads a tensor back to the host, so the path has no
-host-device sync.
+contiguous slice; outputs are gathered back through the inverse permutation (on a CPU: added onto their tokens)
+and summed with the gate weights. No ``S x E x C`` one-hot tensor is ever built, and nothing here reads a tensor back
+to the host, so the path has no host-device sync.
 
 Both row moves are permutations of the K*S choices, so each one's backward is a gather through the other permutation
 (:class:`_PermutedRows`), not the scatter-add that ``index_select``'s backward would run: on a GPU that atomic
@@ -142,11 +142,13 @@ def dispatch_rows(x_SD: torch.Tensor, plan: DispatchPlan) -> torch.Tensor:
 
 
 def combine(y_CD: torch.Tensor, plan: DispatchPlan, weight_SK: torch.Tensor) -> torch.Tensor:
-    """Sum each (sub-)token's expert outputs, in expert order, weighted by its gate weights (zero where not kept).
+    """Sum each (sub-)token's expert outputs weighted by its gate weights (zero where not kept).
 
-    The weights go to the sorted rows and the weighted rows are added onto their (sub-)tokens in place: one pass over
-    the K*S rows fewer than undoing the sort first, and no (K, S, D) temporary; the backward gathers the token
-    gradients back through ``token_C``."""
+    On a GPU the sort is undone by a gather (no atomic scatter-add, module docstring). On a CPU, where ``index_add``
+    runs without atomics, the weights go to the sorted rows and the weighted rows are added onto their (sub-)tokens:
+    one pass over the K*S rows fewer and no (K, S, D) temporary; the backward gathers through ``token_C``."""
+    if y_CD.device.type == "cuda":
+        return combine_unsorted(_PermutedRows.apply(y_CD, plan.inverse_C, plan.order_C, 1), plan, weight_SK)
     kept_weight_SK = torch.where(plan.kept_SK, weight_SK, torch.zeros_like(weight_SK))
     weight_C = kept_weight_SK.t().reshape(-1).index_select(0, plan.order_C).to(y_CD.dtype)
     out_SD = y_CD.new_zeros(weight_SK.shape[0], y_CD.shape[-1])
