@@ -57,6 +57,15 @@ TINY_MOE = {
                       "gate": "softmax", "every": 2, "mode": "per_modality"},
     "global_balance": {"num_experts": 8, "top_k": 1, "router": "linear", "gate": "softmax", "balance_batch": "global",
                        "every": 2, "mode": "per_modality"},
+    "limoe": {"num_experts": 16, "top_k": 1, "router": "linear", "gate": "softmax", "capacity_factor": 1.0,
+              "capacity_priority": "batch_priority", "local_entropy_weight": 1.0e-2, "global_entropy_weight": 1.0e-2,
+              "global_entropy_min_experts": 4.0, "every": 2, "mode": "shared"},
+    "moma": {"num_experts": 8, "experts_by_modality": {"vision": 4, "language": 8}, "routing": "expert_choice",
+             "capacity_factor": 1.0, "router": "linear", "gate": "softmax", "every": 2, "mode": "per_modality"},
+    "deepseek": {"num_experts": 32, "top_k": 3, "beta": 0.25, "shared_experts": 1, "router": "linear",
+                 "gate": "sigmoid",
+                 "renormalize": True, "routed_scaling_factor": 2.5, "bias_update_rate": 0.001,
+                 "balance_batch": "sequence", "balance_choices": "all", "every": 2, "mode": "per_modality"},
 }  # fmt: skip
 #: What each base part sets: the MoE plan of the base backbone (BEiT-3 base; the dense base has none).
 BASE_MOE = {
@@ -67,12 +76,20 @@ BASE_MOE = {
               "beta": 1.0, "every": 2, "mode": "per_modality"},
     "stratified": {"num_experts": 8, "top_k": 2, "renormalize": False, "capacity_factor": 1.0, "router": "linear",
                    "gate": "softmax", "strata": [4, 4], "every": 2, "mode": "per_modality"},
+    "limoe": TINY_MOE["limoe"],
+    "moma": TINY_MOE["moma"] | {"num_experts": 4, "experts_by_modality": {"vision": 4, "language": 4}},
+    "deepseek": TINY_MOE["deepseek"] | {"num_experts": 64, "top_k": 7, "beta": 0.125},
 }  # fmt: skip
 #: Each size's MoE plans, by variant.
 MOE_PLANS = {"tiny": TINY_MOE, "base": BASE_MOE}
 #: The model arguments a part sets beside the MoE plan: Stratified MoE averages its balance loss over the SMoE blocks
 #: (Xu et al. 2023, §3.2).
-PART_MODEL_ARGUMENTS = {("base", "stratified"): {"balance_reduce": "mean"}}
+PART_MODEL_ARGUMENTS = {
+    ("base", "stratified"): {"balance_reduce": "mean"},
+    # DeepSeek-V3's sequence-wise balance loss weight, beside its loss-free bias.
+    ("tiny", "deepseek"): {"balance_coefficient": 1.0e-4},
+    ("base", "deepseek"): {"balance_coefficient": 1.0e-4},
+}
 
 
 def run_name(configs: tuple[Path, ...]) -> str:

@@ -203,9 +203,10 @@ def mflops(count: int) -> str:
 
 
 def span(counts: dict, key: str, unit) -> str:
-    """``counts[key]``, or ``least-most`` where a token may take more (Stratified MoE)."""
-    least, most = counts[key], counts[f"max_{key}"]
-    return unit(least) if least == most else f"{unit(least)}-{unit(most)}"
+    """``counts[key]``, or ``least-most`` where a token may take more (Stratified MoE, modality pools) and the unit
+    shows it."""
+    least, most = unit(counts[key]), unit(counts[f"max_{key}"])
+    return least if least == most else f"{least}-{most}"
 
 
 def table(result: dict) -> str:
