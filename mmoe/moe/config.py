@@ -12,6 +12,8 @@ Every MoE variant mmoe implements is a value of this one dataclass:
 * Auxiliary-loss-free balancing (Wang et al., 2024, §3, Algorithm 1): ``bias_update_rate > 0``.
 * Global-batch balance loss (Qiu et al., 2025): ``balance_batch="global"``.
 * Expert-choice routing (Zhou et al., 2022, §3.2): ``routing="expert_choice"``.
+* MoMa's modality-aware expert pools (Lin et al., 2024): a backbone's plan, ``mmoe.model.MoEPlan.experts_by_modality``,
+  which builds each modality's layers with their own ``num_experts``.
 * LIMoE's entropy losses and V-MoE's batch-priority routing, DeepSeek's balance-loss conventions, routed scaling and
   group-limited top-k, Switch Transformer's router jitter: :class:`mmoe.moe.routing_details.RoutingDetails`.
 
