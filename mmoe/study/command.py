@@ -17,7 +17,10 @@ from mmoe.pipeline.layout import RANDOM_INIT
 from mmoe.pipeline.settings import refuse_other_settings, upgraded_settings
 from mmoe.pipeline.stages import PipelineError, print_progress, run_stage
 from mmoe.pipeline.standard_stages import codebook_stage, corpus_stage
+from mmoe.study.claim_settings import claim_settings
 from mmoe.study.claims import (
+    TASKS,
+    TRAINED,
     Claim,
     activation_claim,
     capacity_claim,
@@ -26,12 +29,13 @@ from mmoe.study.claims import (
     diversity_claim,
     fluctuation_claim,
     frequency_claim,
+    not_run_claim,
     pretraining_claim,
     tasks_claim,
 )
 from mmoe.study.decisions import run_decisions
 from mmoe.study.plan import PlanError, StudyPlan, plan_hash
-from mmoe.study.plan_design import study_plan
+from mmoe.study.plan_design import plan_markdown, study_plan
 from mmoe.study.plan_runs import check_runs_plan, plan_of_run, record_plan, refuse_other_plan, under_plan
 from mmoe.study.report import write_report
 from mmoe.study.routers import router_rows
@@ -46,7 +50,7 @@ from mmoe.study.runs import (
     pretrain_stages,
     pretrainings,
 )
-from mmoe.study.settings import DEFAULT, FAST, ROUTER_VARIANTS, SCALE, StudySettings
+from mmoe.study.settings import DEFAULT, PRESETS, ROUTER_VARIANTS, StudySettings
 
 
 def upgraded_study(stored: dict) -> dict:
@@ -59,19 +63,28 @@ def upgraded_study(stored: dict) -> dict:
 
 def claims_from(measures: Measures, plan: StudyPlan | None = None) -> list[Claim]:
     """Every claim of the report from ``analysis/measures.json`` (recomputable from that file alone), each judged by
-    its rules in ``plan`` (the default settings' plan without one)."""
+    its rules in ``plan`` (the default settings' plan without one); a claim the plan does not run says so."""
     plan = plan or study_plan(DEFAULT, "default")
     rules = plan.claim
-    return [
+    ids = [claim.id for claim in plan.claims]
+    claims = [
         activation_claim(measures.activation, rules("activation")),
         diversity_claim(measures.diversity, rules("diversity")),
         collapse_claim(measures.snapshots, rules("collapse")),
         fluctuation_claim(measures.snapshots, rules("fluctuation")),
         consistency_claim(measures.consistency, rules("consistency")),
-        tasks_claim(measures.scores, measures.chance),
-        pretraining_claim(
-            PRETRAINING_VARIANT, measures.scores[PRETRAINING_VARIANT], measures.random_init, measures.chance
-        ),
+    ]
+    if "consistency_trained" in ids:
+        claims.append(consistency_claim(measures.consistency_trained, rules("consistency_trained"), TRAINED))
+    claims.append(not_run_claim(TASKS) if rules("tasks").not_run else tasks_claim(measures.scores, measures.chance))
+    if measures.backbones:
+        backbones = measures.backbones
+        claims.append(pretraining_claim(PRETRAINING_VARIANT, backbones["pretrained"], backbones["random_init"],
+                                        measures.chance))  # fmt: skip
+    else:  # a measures.json from before claim 7's backbones: one pre-trained xmoe against its random init
+        claims.append(pretraining_claim("xmoe", measures.scores["xmoe"], measures.random_init, measures.chance))
+    return [
+        *claims,
         capacity_claim(measures.capacity, rules("capacity")),
         frequency_claim(
             measures.token_capacity["passes"], measures.token_capacity["training_counts"], rules("frequency")
@@ -84,8 +97,10 @@ def run_facts(out: Path, records: dict, seconds: float) -> dict:
     import platform
     from importlib.metadata import version
 
+    # a random init's stage draws weights, it trains nothing
     trainings = [key for key in records if key.parts[0] in ("pretrain", "finetune") and len(key.parts) in (2, 3)
-                 and key.parts[-1] not in ("export", "eval") and not key.parts[-1].endswith(RANDOM_INIT)]  # fmt: skip
+                 and key.parts[-1] not in ("export", "eval")
+                 and not (key.parts[0] == "pretrain" and RANDOM_INIT in key.parts[-1])]  # fmt: skip
     return {
         "trainings": len(trainings),
         "stage_seconds": sum(record["seconds"] for record in records.values()),
@@ -102,37 +117,6 @@ def torch_cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def claim_settings(settings: StudySettings) -> dict[str, str]:
-    """mmoe's setting of each claim in one line, from the study's settings (the report puts it beside the paper's)."""
-    training, experts = settings.training, settings.many_experts
-    pairs = f"{settings.analysis_batches * settings.analysis_batch_size} held-out image-caption pairs"
-    steps = ", ".join(f"{task} {n}" for task, n in training.finetune_steps.items())
-    return {
-        "activation": f"{experts} experts, top-1; X-MoE (its snapshot at step {settings.many_experts_steps}) and "
-        f"MH-MoE h = {', '.join(map(str, settings.heads))}, {settings.many_experts_steps} pre-training steps from "
-        f"scratch, batch {training.batch_size}; 2 MoE layers per modality; {pairs}",
-        "diversity": f"every MH-MoE run (the task run at the tiny config's experts, {experts} experts with h = "
-        f"{', '.join(map(str, settings.heads))}, and (h, E) = {list(settings.diversity_runs)}); top-1 choices; "
-        f"object patches = a pixel channel > 120; {pairs}",
-        "collapse": f"Switch and X-MoE, {experts} experts, top-1, {settings.router_steps} pre-training steps, a "
-        f"snapshot every {settings.snapshot_every}; {settings.analysis_rows} router-input rows per MoE layer of "
-        f"{pairs}",
-        "fluctuation": f"Switch and X-MoE, {experts} experts, {settings.router_steps} pre-training steps, snapshots "
-        f"{settings.snapshot_every} steps apart; every (sub-)token of {pairs}",
-        "consistency": f"{settings.seeds} VQA fine-tunings per router from the {experts}-expert backbones, "
-        f"{settings.consistency_steps} steps, loads over {settings.consistency_every}-step windows; X-MoE's routing "
-        "frozen (§3.3), Switch fine-tuned whole",
-        "tasks": f"{', '.join(settings.task_variants)} at the tiny config's experts, {training.pretrain_steps} "
-        f"pre-training steps; fine-tuning {steps} steps; {settings.task_seeds} seeds per cell; synthetic VQAv2 val, "
-        "NLVR2 dev, Karpathy test",
-        "pretraining": f"{PRETRAINING_VARIANT} pre-trained {training.pretrain_steps} steps vs the same architecture "
-        f"from random init; the same fine-tuning ({steps} steps), {settings.task_seeds} seeds each",
-        "capacity": f"Stratified MoE (the tiny config's strata), {training.pretrain_steps} pre-training steps; {pairs}",
-        "frequency": f"the same Stratified MoE run: passes per text token of {pairs} against the token's count in the "
-        "pre-training pairs and text",
-    }
-
-
 def parse(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="mmoe study",
@@ -144,7 +128,17 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     claims.add_argument("--out", default="runs/claims", help="output directory (default runs/claims)")
     size = claims.add_mutually_exclusive_group()
     size.add_argument("--fast", action="store_true", help="a few steps of a narrower model (for tests)")
-    size.add_argument("--scale", action="store_true", help="longer runs on a larger corpus, bf16 (for a GPU)")
+    size.add_argument(
+        "--scale",
+        choices=("gpu",),
+        default=None,
+        help="gpu: the designs with 8 or more runs per arm, longer runs on a larger corpus, bf16",
+    )
+    claims.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the plan (arms, runs per arm, steps, rules) and its estimated cost; run nothing",
+    )
     claims.add_argument(
         "--plan",
         type=Path,
@@ -156,7 +150,7 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
         "--precision",
         choices=("32-true", "bf16-mixed"),
         default=None,
-        help="Lightning precision of every stage (default 32-true; bf16-mixed with --scale)",
+        help="Lightning precision of every stage (default 32-true; bf16-mixed with --scale gpu)",
     )
     return parser.parse_args(list(argv))
 
@@ -165,26 +159,28 @@ def study_command(argv: Sequence[str]) -> int:
     """Runs ``mmoe study claims``; 0, 1 when a stage fails (the message names it), 2 for a bad plan file or runs made
     under another plan (one line naming both plans' hashes)."""
     args = parse(argv)
-    preset = "scale" if args.scale else "fast" if args.fast else "default"
-    settings = {"scale": SCALE, "fast": FAST, "default": DEFAULT}[preset]
+    preset = args.scale or ("fast" if args.fast else "default")
+    settings = PRESETS[preset]
     if args.precision is not None:
         settings = dataclasses.replace(
             settings, training=dataclasses.replace(settings.training, precision=args.precision)
         )
+    if args.dry_run:
+        return dry_run(settings, preset, args.plan)
     study = StudyRun(Path(args.out), settings.training)
     for name in ("lightning.pytorch", "lightning.fabric"):
         logging.getLogger(name).setLevel(logging.WARNING)
     start = time.perf_counter()
     try:
         plan = plan_of_run(settings, preset, args.plan)
-        hint = "use another --out, or that run's --fast / --scale / --precision with the version that made it"
+        hint = "use another --out, or that run's --fast / --scale gpu / --precision with the version that made it"
         refuse_other_settings(study.out / "study.json", settings.to_json(), "a claims study", hint, upgraded_study)
         refuse_other_plan(study.out, plan)
         record_plan(study.out, plan)
         runs = pretrainings(settings)
         stages = [corpus_stage(study), codebook_stage(study)]
         for run in runs:
-            stages += pretrain_stages(study, run)
+            stages += pretrain_stages(study, run, settings.pretraining_recipe)
         stages += finetune_stages(study, settings)
         stages += [analysis_stage(study, settings, runs), maps_stage(study, settings, runs)]
         records = {stage.key: run_stage(study, under_plan(stage, plan_hash(plan))) for stage in stages}
@@ -216,6 +212,17 @@ def study_command(argv: Sequence[str]) -> int:
     )
     for claim, decision in zip(report["claims"], decisions, strict=True):
         print_progress(f"  {decision['verdict']:>40}  {claim['title']}")  # the report's JSON form
+    return 0
+
+
+def dry_run(settings: StudySettings, preset: str, path: Path | None) -> int:
+    """Prints the plan of ``preset`` (or the plan file ``path``, checked against the settings) with its estimated
+    cost; runs and writes nothing. 0, or 2 for a bad plan file."""
+    try:
+        plan = plan_of_run(settings, preset, path)
+    except PlanError as error:
+        return report_error("study", error)
+    print(plan_markdown(plan, settings), end="")
     return 0
 
 

@@ -4,9 +4,11 @@ several gaps corrected by Holm at that alpha where the plan says so (each gap's 
 says none), and a claim whose arms have one run each undecidable; the claim's within-run verdict (batches, images,
 rows or windows of one run) is kept beside it as a secondary term, never in its place.
 
-Decided today: the task order (claim 6) and pre-training against random init (claim 7) over fine-tuning seeds, and
-the inter-run consistency (claim 5) over the seeds' leave-one-out jackknife pseudo-values of the mean correlation
-between runs (Tukey's jackknife: a pair of runs is not an independent unit, a run is).
+Decided today: the routing claims 1, 3 and 4 over the routing seeds (:mod:`mmoe.study.routing_decisions`), the task
+order (claim 6) over fine-tuning seeds, pre-training against random init (claim 7) over the backbones, and the
+inter-run consistency (claim 5, one row per fine-tuning rule) over the seeds' leave-one-out jackknife pseudo-values of
+the mean correlation between runs (Tukey's jackknife: a pair of runs is not an independent unit, a run is). A claim
+the preset does not run is :data:`mmoe.study.verdicts.NOT_RUN`.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from mmoe.study.claims import Claim, judged_window, mean_correlation, order_verd
 from mmoe.study.claims.task_scores import TASK_SCORES
 from mmoe.study.plan import ClaimPlan, StudyPlan
 from mmoe.study.plan_design import TASK_ORDER
+from mmoe.study.routing_decisions import DECIDERS, image_interval, routing_decision
 from mmoe.study.run_statistics import POWER, UNDECIDABLE, family_verdicts, run_verdict
 from mmoe.study.runs import Measures
-from mmoe.study.verdicts import SATURATED, UNINFORMATIVE, combined, keys_of
+from mmoe.study.verdicts import NOT_RUN, SATURATED, UNINFORMATIVE, combined, keys_of
 
 #: The consistency claim's verdict where the measures hold no leave-one-out values (made before they were saved).
 NO_SEED_VALUES = "undecidable: the measures hold no per-seed values"
@@ -61,9 +64,13 @@ def _task_decision(claim: Claim, rules: ClaimPlan) -> dict:
     return _decision(rules, claim, combined(per_task.values()), gaps=gaps, tasks=per_task)
 
 
-def _pretraining_decision(claim: Claim, rules: ClaimPlan) -> dict:
-    tasks = claim.measured["tasks"]
-    gaps = [_gap(entry["pretrained"]["values"], entry["random_init"]["values"], rules) for entry in tasks.values()]
+def _pretraining_decision(claim: Claim, rules: ClaimPlan, images: dict | None = None) -> dict:
+    """Claim 7 over the backbones (or, in a file from before them, the fine-tuning seeds), each task's gap with the
+    bootstrap over its evaluation's images as the within-run term where the images were saved."""
+    tasks, images = claim.measured["tasks"], images or {}
+    gaps = [_gap(entry["pretrained"]["values"], entry["random_init"]["values"], rules, image_interval(images[task]))
+            if task in images else _gap(entry["pretrained"]["values"], entry["random_init"]["values"], rules)
+            for task, entry in tasks.items()]  # fmt: skip
     gaps = [gap | {"task": task} for gap, task in zip(_corrected(gaps, rules), tasks, strict=True)]
     per_task = {gap["task"]: UNINFORMATIVE if tasks[gap["task"]]["verdict"] == UNINFORMATIVE else gap["verdict"]
                 for gap in gaps}  # fmt: skip
@@ -107,7 +114,19 @@ def _consistency_decision(claim: Claim, rules: ClaimPlan, consistency: dict) -> 
             gap["verdict"] = entry["verdict"]
         by_modality[name] = gap | {"pseudo_values": {"xmoe": arms[0], "switch": arms[1]}}
     verdict = by_modality.get(rules.paper_modality, {}).get("verdict", NO_SEED_VALUES)
-    return _decision(rules, claim, verdict, by_modality=by_modality)
+    modalities = {name: entry["verdict"] for name, entry in _paper_first(by_modality, rules).items()}
+    return _decision(rules, claim, verdict, by_modality=by_modality, modalities=modalities)
+
+
+def _paper_first(by_modality: dict, rules: ClaimPlan) -> dict:
+    order = [rules.paper_modality, *[name for name in by_modality if name != rules.paper_modality]]
+    return {name: by_modality[name] for name in order if name in by_modality}
+
+
+def _routing_decision(claim: Claim, rules: ClaimPlan, seeded: dict) -> dict:
+    by_modality = routing_decision(claim.id, claim.measured, rules, seeded)
+    modalities = {name: entry["verdict"] for name, entry in by_modality.items()}
+    return _decision(rules, claim, modalities[rules.paper_modality], by_modality=by_modality, modalities=modalities)
 
 
 def run_decisions(claims: list[Claim], plan: StudyPlan, measures: Measures) -> list[dict]:
@@ -117,20 +136,27 @@ def run_decisions(claims: list[Claim], plan: StudyPlan, measures: Measures) -> l
     decisions = []
     for claim in claims:
         rules = plan.claim(claim.id)
-        if min(rules.runs_per_arm(), default=1) < 2:
+        if rules.not_run:
+            decisions.append(_decision(rules, claim, NOT_RUN))
+        elif min(rules.runs_per_arm(), default=1) < 2:
             decisions.append(_decision(rules, claim, UNDECIDABLE))
+        elif claim.id in DECIDERS:
+            decisions.append(_routing_decision(claim, rules, measures.seeded))
         elif claim.id == "tasks":
             decisions.append(_task_decision(claim, rules))
         elif claim.id == "pretraining":
-            decisions.append(_pretraining_decision(claim, rules))
-        elif claim.id == "consistency":
-            decisions.append(_consistency_decision(claim, rules, measures.consistency))
+            decisions.append(_pretraining_decision(claim, rules, measures.backbones.get("images", {})))
+        elif claim.id in ("consistency", "consistency_trained"):
+            consistency = measures.consistency if claim.id == "consistency" else measures.consistency_trained
+            decisions.append(_consistency_decision(claim, rules, consistency))
         else:
             raise ValueError(f"claim {claim.id!r} has several runs per arm in the plan but no decision over runs")
     return decisions
 
 
 def _gap_text(gap: dict, power: float) -> str:
+    if "welch" not in gap:
+        return gap["verdict"]
     where = " - ".join(gap["pair"]) + " " if "pair" in gap else ""
     label = f"{gap['task']} " if "task" in gap else ""
     if gap["welch"] is None:
@@ -152,14 +178,26 @@ def decision_text(decision: dict) -> str:
         head += f"; level {decision['level']:g}, alpha {decision['alpha']:g}"
     if decision["verdict"] == UNDECIDABLE:
         return f"{head}: not decided (the within-run interval covers one run of each arm)"
+    if decision["verdict"] == NOT_RUN:
+        return f"{head}: not run under this preset (--scale gpu runs it)"
     if "gaps" in decision:
         gaps = "; ".join(_gap_text(gap, power) for gap in decision["gaps"])
         return f"{head}; {decision['multiplicity']} correction: {gaps}"
-    parts = [f"{name}: " + _gap_text(entry, power) if "welch" in entry else f"{name}: {entry['verdict']}"
-             for name, entry in decision.get("by_modality", {}).items()]  # fmt: skip
+    parts = []
+    for name, entry in decision.get("by_modality", {}).items():
+        gaps = entry.get("gaps", [entry])
+        text = "; ".join(_gap_text(gap, power) for gap in gaps)
+        parts.append(f"{name}: {text}" + (f" (order: {entry['verdict']})" if "gaps" in entry else ""))
     return f"{head}; " + "; ".join(parts)
 
 
 def short_verdict(decision: dict) -> str:
-    """The decision for the summary table (``1 run per arm: not decided`` where an arm has one run)."""
-    return "1 run per arm: not decided" if decision["verdict"] == UNDECIDABLE else decision["verdict"]
+    """The decision for the summary table (``1 run per arm: not decided`` where an arm has one run), each modality's
+    verdict where the claim was decided per modality, the paper's first."""
+    if decision["verdict"] == UNDECIDABLE:
+        return "1 run per arm: not decided"
+    modalities = list(decision.get("modalities", {}).items())
+    if not modalities:
+        return decision["verdict"]
+    (paper, verdict), rest = modalities[0], modalities[1:]
+    return "; ".join([f"{paper} (the paper's): {verdict}", *(f"{name}: {v}" for name, v in rest)])

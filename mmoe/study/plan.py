@@ -108,6 +108,11 @@ class ClaimPlan:
     def runs_per_arm(self) -> list[int]:
         return [len(arm.runs) for arm in self.arms]
 
+    @property
+    def not_run(self) -> bool:
+        """Whether the preset trains none of the claim's runs (every arm without runs)."""
+        return all(not arm.runs for arm in self.arms)
+
 
 @dataclass(frozen=True)
 class RuleChange:
@@ -133,12 +138,14 @@ class RuleChange:
 
 @dataclass(frozen=True)
 class StudyPlan:
-    """The plan of one study: its preset, each claim's plan and the rule changes."""
+    """The plan of one study: its preset, each claim's plan, the rule changes (after results were seen) and the
+    design notes (why the design is what it is, and what changed from an earlier plan before any run of this one)."""
 
     preset: str
     claims: tuple[ClaimPlan, ...]
     rule_changes: tuple[RuleChange, ...] = ()
     version: int = PLAN_VERSION
+    design_notes: tuple[str, ...] = ()
 
     def claim(self, claim_id: str) -> ClaimPlan:
         for claim in self.claims:
@@ -233,7 +240,8 @@ class _Reader:
 
 def _arm(reader: _Reader, value: Any, path: str) -> Arm:
     fields = reader.mapping(value, path, ("name", "runs", "seeds", "steps", "measured_at"))
-    runs = tuple(reader.text(run, f"{path}.runs[{i}]") for i, run in enumerate(reader.items(fields["runs"], path, 1)))
+    # no runs: the claim is not run under this preset (its row says which preset runs it)
+    runs = tuple(reader.text(run, f"{path}.runs[{i}]") for i, run in enumerate(reader.items(fields["runs"], path)))
     seeds = tuple(reader.integer(s, f"{path}.seeds[{i}]") for i, s in enumerate(reader.items(fields["seeds"], path)))
     if len(seeds) != len(runs):
         raise reader.fail(f"{path}.seeds", fields["seeds"], f"one seed per run ({len(runs)})")
@@ -301,7 +309,7 @@ def _rule_change(reader: _Reader, value: Any, path: str, claims: dict[str, Claim
 def plan_from_json(value: Any, where: str = "plan") -> StudyPlan:
     """The plan of a decoded plan file; PlanError naming ``where`` and the first invalid field."""
     reader = _Reader(where)
-    fields = reader.mapping(value, "plan", ("preset", "claims", "rule_changes", "version"))
+    fields = reader.mapping(value, "plan", ("preset", "claims", "rule_changes", "version"), ("design_notes",))
     if fields["version"] != PLAN_VERSION:
         raise reader.fail("plan.version", fields["version"], f"{PLAN_VERSION}")
     claims = tuple(_claim(reader, c, f"claims[{i}]") for i, c in enumerate(reader.items(fields["claims"], "claims", 1)))
@@ -311,4 +319,6 @@ def plan_from_json(value: Any, where: str = "plan") -> StudyPlan:
         raise reader.fail("claims[].id", repeated, "each claim once")
     changes = tuple(_rule_change(reader, change, f"rule_changes[{i}]", by_id)
                     for i, change in enumerate(reader.items(fields["rule_changes"], "rule_changes")))  # fmt: skip
-    return StudyPlan(reader.text(fields["preset"], "plan.preset"), claims, changes)
+    given = reader.items(fields.get("design_notes", []), "plan.design_notes")
+    notes = tuple(reader.text(note, f"plan.design_notes[{i}]") for i, note in enumerate(given))
+    return StudyPlan(reader.text(fields["preset"], "plan.preset"), claims, changes, design_notes=notes)

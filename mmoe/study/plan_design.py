@@ -1,5 +1,5 @@
 """The plan of the study's current design (:func:`study_plan`): what ``mmoe study claims`` (and ``--fast``,
-``--scale``) run today, written down claim by claim, and its human-readable form (:func:`plan_markdown`).
+``--scale gpu``) run today, written down claim by claim, and its human-readable form (:func:`plan_markdown`).
 
 ``docs/claims/plan.json`` is :func:`study_plan` of the default settings (with the rule changes it records), written
 by ``python -m mmoe.study.plan_design docs/claims --from-design``; ``plan.md`` beside it is rendered from that file
@@ -9,29 +9,45 @@ code's constants before the plan existed: they are stated here, once, and the cl
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
+from statistics import NormalDist
 
 from mmoe.atomic import write_text_atomic
 from mmoe.metrics.routing import DEFAULT_ACTIVATION_THRESHOLD
 from mmoe.pipeline.benchmarks import trained_benchmarks
-from mmoe.pipeline.layout import RANDOM_INIT
+from mmoe.study.cost import CPU_COSTS, GPU_COSTS, cost_lines
 from mmoe.study.plan import Arm, ClaimPlan, NoiseRule, StudyPlan, plan_hash, read_plan, write_plan
 from mmoe.study.runs import (
     CONSISTENCY_TASK,
-    FROZEN_IN_FINETUNING,
     PRETRAINING_VARIANT,
     STRATIFIED,
-    router_run,
+    consistency_folder,
+    diversity_run,
+    recipe_run,
+    routing_run,
 )
-from mmoe.study.settings import DEFAULT, FAST, SCALE, StudySettings
+from mmoe.study.settings import CONSISTENCY_RULES, DEFAULT, PRESETS, StudySettings
 
-PRESETS = {"default": DEFAULT, "fast": FAST, "scale": SCALE}
 BOTH = ("language", "vision")
 PRETRAIN_SCHEDULE = "AdamW, linear warm-up over 30 steps, then cosine decay to the run's last step (tiny configs)"
+ROUTING_SCHEDULE = ("AdamW, linear warm-up over 30 steps, then the peak learning rate held constant to the run's last "
+                    "step (min_lr_ratio 1.0), the same steps on every side")  # fmt: skip
 FINETUNE_SCHEDULE = "AdamW, linear warm-up over 30 steps, then cosine decay to the run's last step (tiny task configs)"
+RECIPE_SCHEDULE = (
+    "the demo's recipe: pre-training with the contrastive loss and the output vocabulary at peak learning rate 3e-4, "
+    "VQA with head x2 and layer decay 0.4 at 3e-4, warm-up then cosine decay"
+)
 #: The task order MH-MoE Table 4 reports, each variant above the next.
 TASK_ORDER = ("mhmoe", "xmoe", "dense")
+#: The window of claims 3 and 4: from 30% of the snapshots on, i.e. from the warm-up's end (step 30 of 100) where the
+#: learning rate is constant (the paper's fluctuation is read after 15K of 125K steps, 12%).
+ROUTING_WINDOW = 0.3
+
+
+def _over_runs(statistic: str, within: str) -> NoiseRule:
+    return NoiseRule(f"training run (pre-training seed): per run {statistic}; Welch t over runs per arm", within)
 
 
 def _one_run(unit_inside: str) -> NoiseRule:
@@ -42,68 +58,137 @@ def _pretraining(name: str, steps: int, measured_at: int | None = None, label: s
     return Arm(label or name, (f"pretrain/{name}",), (0,), steps, steps if measured_at is None else measured_at)
 
 
+def _seeded(settings: StudySettings, arm: str, label: str) -> Arm:
+    seeds = tuple(range(settings.routing_seeds))
+    runs = tuple(f"pretrain/{routing_run(arm, settings.many_experts, seed)}" for seed in seeds)
+    return Arm(label, runs, seeds, settings.router_steps, settings.router_steps)
+
+
+def _fine_tuned(settings: StudySettings, router: str, rule: str) -> Arm:
+    folder = consistency_folder(router, settings.many_experts, rule)
+    seeds = tuple(range(settings.seeds))
+    runs = tuple(f"finetune/{folder}/{CONSISTENCY_TASK}-seed{seed}" for seed in seeds)
+    return Arm(f"{router} ({rule})", runs, seeds, settings.consistency_steps, settings.consistency_steps)
+
+
+def _consistency(settings: StudySettings, rule: str) -> ClaimPlan:
+    how = "both routers' routing frozen (X-MoE §3.3)" if rule == "frozen" else "both routers fine-tuned whole"
+    noise = NoiseRule("fine-tuning run (seed): Welch t over the seeds' leave-one-out jackknife pseudo-values of the "
+                      "mean correlation between runs, from each router's routing-seed-0 backbone",
+                      "load windows of the judged half")  # fmt: skip
+    arms = tuple(_fine_tuned(settings, router, rule) for router in ("xmoe", "switch"))
+    claim_id = "consistency" if rule == "frozen" else "consistency_trained"
+    return ClaimPlan(claim_id, arms, f"{FINETUNE_SCHEDULE}; {how}", "all", BOTH, "language", 0.5,
+                     {"consistency_ceiling": 0.99}, noise, "none")  # fmt: skip
+
+
 def _routing_claims(settings: StudySettings) -> list[ClaimPlan]:
-    experts, steps = settings.many_experts, settings.many_experts_steps
-    mhmoe = [_pretraining(f"mhmoe-e{experts}-h{h}", steps, label=f"mhmoe h={h}") for h in sorted(settings.heads)]
-    xmoe_at = _pretraining(router_run("xmoe", experts), settings.router_steps, steps, "xmoe (snapshot)")
-    diversity = [_pretraining(name, settings.training.pretrain_steps if name == "mhmoe" else steps)
-                 for name in ("mhmoe", *(f"mhmoe-e{experts}-h{h}" for h in settings.heads),
-                              *(f"mhmoe-e{e}-h{h}" for h, e in settings.diversity_runs))]  # fmt: skip
-    routers = [_pretraining(router_run(r, experts), settings.router_steps, label=r) for r in ("xmoe", "switch")]
-    fine_tuned = [
-        Arm(router, tuple(f"finetune/{router_run(router, experts)}/{CONSISTENCY_TASK}-seed{s}" for s in
-                          range(settings.seeds)), tuple(range(settings.seeds)), settings.consistency_steps,
-            settings.consistency_steps)
-        for router in ("xmoe", "switch")
-    ]  # fmt: skip
+    experts = settings.many_experts
+    mhmoe = [_seeded(settings, f"mhmoe-h{h}", f"mhmoe h={h}") for h in sorted(settings.heads)]
+    xmoe, switch = _seeded(settings, "xmoe", "xmoe"), _seeded(settings, "switch", "switch")
+    diversity = [_pretraining(routing_run(f"mhmoe-h{h}", experts, 0), settings.router_steps) for h in settings.heads]
+    diversity += [_pretraining(diversity_run(h, e), settings.router_steps) for h, e in settings.diversity_runs]
+    activation = _over_runs("the share of choices activated at the run's end, the mean over the modality's MoE layers",
+                            "held-out batches of routing seed 0")  # fmt: skip
+    collapse = _over_runs("the mean over the window's snapshots of log RC, RC the geometric mean over every MoE layer "
+                          "of the modality (a run with RC undefined there leaves the arm, reported)",
+                          "router-input rows of routing seed 0, drawn per snapshot")  # fmt: skip
+    fluctuation = _over_runs(
+        "the mean over the window's snapshot pairs of the share of (sub-)tokens that changed "
+        "expert, pooled over the modality's MoE layers",
+        "held-out batches of routing seed 0",
+    )
     return [
-        ClaimPlan("activation", (mhmoe[-1], *mhmoe[:-1], xmoe_at), PRETRAIN_SCHEDULE, "all", BOTH, "language", None,
-                  {"activation_threshold": DEFAULT_ACTIVATION_THRESHOLD, "activation_ceiling": 0.999},
-                  _one_run("held-out batches"), "none"),
-        ClaimPlan("diversity", tuple(diversity), PRETRAIN_SCHEDULE, "all", ("vision",), "vision", None,
+        ClaimPlan("activation", (mhmoe[-1], *mhmoe[:-1], xmoe), ROUTING_SCHEDULE, "all", BOTH, "language", None,
+                  {"activation_threshold": DEFAULT_ACTIVATION_THRESHOLD, "activation_ceiling": 0.999}, activation,
+                  "holm"),
+        ClaimPlan("diversity", tuple(diversity), ROUTING_SCHEDULE, "all", ("vision",), "vision", None,
                   {"saturation_share": 0.97}, _one_run("held-out images"), "none"),
-        ClaimPlan("collapse", tuple(routers), PRETRAIN_SCHEDULE, "defined_at_every_snapshot", BOTH, "language", 0.5,
-                  {}, _one_run("router-input rows, drawn per snapshot"), "none"),
-        ClaimPlan("fluctuation", tuple(routers), PRETRAIN_SCHEDULE, "all", BOTH, "language", 0.5,
-                  {"random_fluctuation_share": 0.9}, _one_run("held-out batches"), "none"),
-        ClaimPlan("consistency", tuple(fine_tuned), FINETUNE_SCHEDULE + f"; routing frozen for "
-                  f"{', '.join(FROZEN_IN_FINETUNING)}, not for switch", "all", BOTH, "language", 0.5,
-                  {"consistency_ceiling": 0.99},
-                  NoiseRule("fine-tuning run (seed): Welch t over the seeds' leave-one-out jackknife pseudo-values of "
-                            "the mean correlation between runs, one pre-trained backbone per arm",
-                            "load windows of the judged half"), "none"),
+        ClaimPlan("collapse", (xmoe, switch), ROUTING_SCHEDULE, "all", BOTH, "language", ROUTING_WINDOW, {}, collapse,
+                  "none"),
+        ClaimPlan("fluctuation", (xmoe, switch), ROUTING_SCHEDULE, "all", BOTH, "language", ROUTING_WINDOW,
+                  {"random_fluctuation_share": 0.9}, fluctuation, "none"),
+        *(_consistency(settings, rule) for rule in CONSISTENCY_RULES),
     ]  # fmt: skip
 
 
-def _task_arm(settings: StudySettings, variant: str, task: str, label: str) -> Arm:
-    seeds = tuple(range(settings.task_seeds))
+def _task_arm(settings: StudySettings, variant: str, task: str) -> Arm:
+    seeds = tuple(range(settings.task_seeds)) if settings.run_tasks else ()
     steps = settings.training.finetune_steps[task]
-    return Arm(f"{label} {task}", tuple(f"finetune/{variant}/{task}-seed{s}" for s in seeds), seeds, steps, steps)
+    return Arm(f"{variant} {task}", tuple(f"finetune/{variant}/{task}-seed{s}" for s in seeds), seeds, steps, steps)
+
+
+def _backbone_arm(settings: StudySettings, task: str, random_init: bool) -> Arm:
+    seeds = tuple(range(settings.pretraining_backbones))
+    runs = tuple(f"finetune/{recipe_run(seed, random_init)}/{task}-seed{seed}" for seed in seeds)
+    steps = settings.pretraining_recipe.finetune_steps[task]
+    return Arm(f"{'random init' if random_init else 'pre-trained'} {task}", runs, seeds, steps, steps)
 
 
 def _task_claims(settings: StudySettings) -> list[ClaimPlan]:
     tasks = [benchmark.name for benchmark in trained_benchmarks(settings.training)]
-    seeds = NoiseRule("fine-tuning run (seed): Welch t over seeds per arm, one pre-training per variant",
+    seeds = NoiseRule("fine-tuning run (seed): Welch t over seeds per arm, one pre-training per variant (conditional "
+                      "on that draw)" if settings.run_tasks else "not run under this preset: --scale gpu only",
                       "none (each run is one score)")  # fmt: skip
-    order = tuple(_task_arm(settings, v, task, v) for task in tasks for v in TASK_ORDER if v in settings.task_variants)
-    random = f"{PRETRAINING_VARIANT}-{RANDOM_INIT}"
-    pretraining = tuple(arm for task in tasks for arm in (
-        _task_arm(settings, PRETRAINING_VARIANT, task, "pre-trained"), _task_arm(settings, random, task, "random init")
-    ))  # fmt: skip
+    order = tuple(_task_arm(settings, v, task) for task in tasks for v in TASK_ORDER if v in settings.task_variants)
+    recipe_tasks = list(settings.pretraining_recipe.finetune_steps)
+    backbones = tuple(_backbone_arm(settings, task, random) for task in recipe_tasks for random in (False, True))
+    unit = NoiseRule(f"backbone: each {PRETRAINING_VARIANT} pre-training (seed b) and random init (seed b) fine-tuned "
+                     "once (seed b); Welch t over the backbones per arm", "paired bootstrap over the evaluation's "
+                     "images (a cluster of questions), the arms' mean accuracies")  # fmt: skip
     stratified = _pretraining(STRATIFIED, settings.training.pretrain_steps)
+    frequency = NoiseRule(f"none: undecidable on the synthetic corpus ({FREQUENCY_POWER})", "token ids")
     return [
         ClaimPlan("tasks", order, FINETUNE_SCHEDULE, "all", BOTH, "language", None, {}, seeds, "holm"),
-        ClaimPlan("pretraining", pretraining, FINETUNE_SCHEDULE, "all", BOTH, "language", None, {}, seeds, "holm"),
+        ClaimPlan("pretraining", backbones, RECIPE_SCHEDULE, "all", BOTH, "language", None, {}, unit, "holm"),
         ClaimPlan("capacity", (stratified,), PRETRAIN_SCHEDULE, "all", BOTH, "language", None, {},
                   _one_run("held-out batches"), "none"),
         ClaimPlan("frequency", (stratified,), PRETRAIN_SCHEDULE, "all", ("language",), "language", None,
-                  {"min_occurrences": 3.0}, _one_run("token ids"), "none"),
+                  {"min_occurrences": 3.0}, frequency, "none"),
     ]  # fmt: skip
+
+
+def frequency_types_needed(rho: float = -0.3, alpha: float = 0.05, power: float = 0.8) -> int:
+    """Token types a two-sided test of Spearman's rho = ``rho`` needs at ``alpha`` and ``power`` (Fisher's z: n = ((z
+    _{1-alpha/2} + z_power) / atanh|rho|)^2 + 3)."""
+    normal = NormalDist()
+    needed = ((normal.inv_cdf(1 - alpha / 2) + normal.inv_cdf(power)) / math.atanh(abs(rho))) ** 2 + 3
+    return math.ceil(needed)
+
+
+FREQUENCY_POWER = (f"35 token ids over 1.4 decades of frequency; Spearman rho = -0.3 at power 0.8 and alpha 0.05 needs "
+                   f"{frequency_types_needed()} token types (Fisher z); real captions (thousands of types over 4+ "
+                   "decades, e.g. COCO) and 3 Stratified MoE seeds would decide it")  # fmt: skip
+
+DESIGN_NOTES = (
+    "The training run is the unit: claims 1, 3 and 4 are decided over the routing seeds of each arm, claim 5 over "
+    "the fine-tuning seeds (jackknife), claim 7 over the backbones; resampling inside a run is a secondary term.",
+    "Like with like: every routing arm (X-MoE, Switch, MH-MoE h = 4 and 8, all at the same experts) trains the same "
+    "steps with the same schedule, a constant learning rate after the warm-up; claim 1's X-MoE is measured at the end "
+    "of its own run.",
+    "Claims 3 and 4 read every MoE layer of each modality over the snapshots from the warm-up's end on (30%); both "
+    "modalities' verdicts are reported, the paper's first.",
+    "Claim 5 is two rows, each under one fine-tuning rule on both sides: both routers frozen, both trained.",
+    f"Claim 7 uses the demo's recipe (contrastive loss, output vocabulary, its learning rates and VQA optimiser) on "
+    f"the study's corpus and 64-token codebook, VQA only: {PRETRAINING_VARIANT} pre-trainings against random inits of "
+    "the same seeds.",
+    "Budget: the default must fit 60 minutes alone on the 2-core CPU. The task order (claim 6: 3 variants x 3 tasks "
+    "x 2 seeds, about 20 more minutes) does not fit beside the runs per arm above and runs under --scale gpu only; "
+    "the router table (a table, not a claim) is pre-trained 60 steps instead of 100.",
+    f"Claim 9 is undecidable on the synthetic corpus: {FREQUENCY_POWER}.",
+    "Changed from plan 5f7cffac (before any run of this plan): runs per arm 1 -> routing_seeds for claims 1, 3, 4; "
+    "X-MoE 200 steps cosine -> 100 steps constant like MH-MoE, measured at its end (claim 1 compared a step-100 "
+    "snapshot of a 200-step cosine run with annealed 100-step runs); claim 3 layers defined_at_every_snapshot -> all "
+    "(a layer was dropped after the fact); claims 3 and 4 window 0.5 -> 0.3 (the constant-rate part of the run); "
+    "claim 1 multiplicity none -> holm over its two gaps; claim 5 X-MoE frozen vs Switch trained -> two rows under "
+    "one rule each; claim 7 MDM-only recipe, one backbone per arm -> the demo's recipe, 3 backbones per arm; claim 6 "
+    "-> --scale gpu only.",
+)
 
 
 def study_plan(settings: StudySettings, preset: str) -> StudyPlan:
     """The plan of the study's design under ``settings`` (one of :data:`PRESETS`, named ``preset``)."""
-    return StudyPlan(preset, tuple(_routing_claims(settings) + _task_claims(settings)))
+    return StudyPlan(preset, tuple(_routing_claims(settings) + _task_claims(settings)), design_notes=DESIGN_NOTES)
 
 
 def shipped_rules(claim_id: str) -> ClaimPlan:
@@ -121,7 +206,7 @@ def _arms_text(claim: ClaimPlan) -> list[str]:
     return lines
 
 
-def plan_markdown(plan: StudyPlan) -> str:
+def plan_markdown(plan: StudyPlan, settings: StudySettings | None = None) -> str:
     """The plan as Markdown: per claim its arms, schedule, layers, window, gates, noise rule and correction; then the
     rule changes."""
     lines = [f"# The claims study's plan (preset `{plan.preset}`)", "",
@@ -133,6 +218,7 @@ def plan_markdown(plan: StudyPlan) -> str:
         gates = ", ".join(f"{name} = {value:g}" for name, value in claim.gates.items()) or "none"
         runs = sorted(set(claim.runs_per_arm()))
         undecidable = " (undecidable: 1 run per arm)" if 1 in runs else ""
+        undecidable = " (not run under this preset: --scale gpu only)" if claim.not_run else undecidable
         lines += [f"## {claim.id}", "", "- arms:", *_arms_text(claim),
                   f"- runs per arm: {', '.join(map(str, runs))}{undecidable}",
                   f"- schedule: {claim.schedule}", f"- layers: {claim.layers}; modalities: "
@@ -140,6 +226,10 @@ def plan_markdown(plan: StudyPlan) -> str:
                   f"- gates: {gates}", f"- deciding unit: {claim.noise_rule.unit}; within-run (secondary): "
                   f"{claim.noise_rule.within_run}; level {claim.noise_rule.level}, alpha {claim.noise_rule.alpha}, "
                   f"power {claim.noise_rule.power}", f"- multiplicity: {claim.multiplicity}", ""]  # fmt: skip
+    lines += ["## Design", "", *(f"- {note}" for note in plan.design_notes), ""]
+    settings = settings or PRESETS.get(plan.preset)
+    if settings is not None:
+        lines += ["## Estimated cost", "", *cost_lines(settings, CPU_COSTS if plan.preset != "gpu" else GPU_COSTS), ""]
     lines += ["## Rule changes", ""]
     changes = [f"- {c.date}, {c.claim}: {c.rule} {c.old!r} -> {c.new!r}: {c.why}" for c in plan.rule_changes]
     lines += changes or ["None."]

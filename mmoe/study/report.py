@@ -124,8 +124,25 @@ def draw_figures(claims: list[Claim], out: Path, chance: dict[str, float]) -> di
             by_id["consistency"], out / "inter_run_consistency.png", "rho", "mean ρ between seeds' loads",
             "fine-tuning step (VQAv2)", lambda e: f"late X-MoE - Switch {describe(e['interval'])}",
         )  # fmt: skip
-    scores = by_id["tasks"]["scores"]
-    tasks = by_id["tasks"]["tasks"]
+    if by_id.get("consistency_trained", {}).get("by_modality"):
+        figures["consistency_trained"] = _curves_figure(
+            by_id["consistency_trained"], out / "inter_run_consistency_trained.png", "rho",
+            "mean ρ between seeds' loads", "fine-tuning step (VQAv2), both routers trained",
+            lambda e: f"late X-MoE - Switch {describe(e['interval'])}",
+        )  # fmt: skip
+    if by_id["tasks"]["scores"]:
+        figures["tasks"] = _tasks_figure(by_id["tasks"], out / "tasks.png", chance)
+    if "pretraining" in by_id:
+        figures["pretraining"] = _pretraining_figure(by_id["pretraining"], out / "pretraining.png")
+    if by_id.get("capacity", {}).get("by_modality"):
+        figures["capacity"] = _capacity_figure(by_id["capacity"], out / "requested_capacity.png")
+    if by_id.get("frequency", {}).get("mean_passes"):
+        figures["frequency"] = _frequency_figure(by_id["frequency"], out / "capacity_by_token_frequency.png")
+    return figures
+
+
+def _tasks_figure(measured: dict, path: Path, chance: dict[str, float]) -> Path:
+    scores, tasks = measured["scores"], measured["tasks"]
     figure = new_figure(9.0, 3.6)
     axes = figure.subplots(1, len(TASK_SCORES))
     for ax, (task, _, label) in zip(axes, TASK_SCORES, strict=True):
@@ -135,14 +152,7 @@ def draw_figures(claims: list[Claim], out: Path, chance: dict[str, float]) -> di
             ax.axhline(chance[task], color="black", linestyle="--", linewidth=1, label="chance")
         ax.set_title(f"{label}\n{tasks[task]['verdict']}", fontsize=8)
         ax.tick_params(axis="x", labelsize=7, rotation=30)
-    figures["tasks"] = save_figure(figure, out / "tasks.png")
-    if "pretraining" in by_id:
-        figures["pretraining"] = _pretraining_figure(by_id["pretraining"], out / "pretraining.png")
-    if by_id.get("capacity", {}).get("by_modality"):
-        figures["capacity"] = _capacity_figure(by_id["capacity"], out / "requested_capacity.png")
-    if by_id.get("frequency", {}).get("mean_passes"):
-        figures["frequency"] = _frequency_figure(by_id["frequency"], out / "capacity_by_token_frequency.png")
-    return figures
+    return save_figure(figure, path)
 
 
 def _frequency_figure(measured: dict, path: Path) -> Path:
@@ -159,7 +169,7 @@ def _frequency_figure(measured: dict, path: Path) -> Path:
 
 def _pretraining_figure(measured: dict, path: Path) -> Path:
     figure = new_figure(9.0, 3.6)
-    axes = figure.subplots(1, len(measured["tasks"]))
+    axes = np.atleast_1d(figure.subplots(1, len(measured["tasks"])))
     for ax, entry in zip(axes, measured["tasks"].values(), strict=True):
         cells = [entry["pretrained"], entry["random_init"]]
         ax.bar(["pre-trained", "random init"], [c["mean"] for c in cells], yerr=[c["std"] for c in cells], capsize=3,
@@ -201,12 +211,15 @@ def markdown(
     decided = {decision["id"]: decision for decision in decisions or []}
     lines = [header, "", "| # | claim | paper | mmoe (within one run) | within-run verdict | decided over runs |",
              "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
-    for number, claim in enumerate(claims, 1):
+    numbers = claim_numbers(claims)
+    for claim in claims:
+        number = numbers[claim.id]
         over_runs = short_verdict(decided[claim.id]) if claim.id in decided else "not computed"
         lines.append(f"| {number} | {claim.title} | {claim.paper} | {claim.summary} | {claim.verdict} | {over_runs} |")
     if rule_changes:
         lines += ["", RULE_CHANGES_HEADING, "", *_rule_change_lines(rule_changes)]
-    for number, claim in enumerate(claims, 1):
+    for claim in claims:
+        number = numbers[claim.id]
         lines += ["", f"## {number}. {claim.title}", "", f"**Paper.** {claim.paper}.", ""]
         if claim.id in settings:
             lines += [f"**mmoe's setting.** {settings[claim.id]}.", ""]
@@ -221,6 +234,20 @@ def markdown(
     if routers:
         lines += ["", ROUTERS_HEADING, "", ROUTERS_TEXT, "", *router_table(routers)]
     return "\n".join(lines) + "\n"
+
+
+def claim_numbers(claims: list[Claim]) -> dict[str, str]:
+    """Each claim's number in the report: the claims in order from 1, claim 5's second fine-tuning rule as 5b beside
+    5a (so the later claims keep their numbers)."""
+    numbers, number = {}, 0
+    for claim in claims:
+        if claim.id == "consistency_trained":
+            numbers[claim.id] = f"{number}b"
+            numbers["consistency"] = f"{number}a"
+            continue
+        number += 1
+        numbers[claim.id] = str(number)
+    return numbers
 
 
 def _rule_change_lines(rule_changes: list[dict]) -> list[str]:

@@ -10,12 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from mmoe.data.synth.chance import ChanceLevels
-from mmoe.data.synth.layout import CAPTION_TEST_SPLIT, PRETRAIN_PAIR_SPLIT, PRETRAIN_TEXT_SPLIT
+from mmoe.data.synth.layout import CAPTION_TEST_SPLIT
 from mmoe.data.tokenizer import CAPTION_MAX_TEXT_LENGTH
 from mmoe.io import read_json, write_json
 from mmoe.pipeline.benchmarks import benchmark_named, trained_benchmarks
 from mmoe.pipeline.launch import configured_moe, pretrain_launch
 from mmoe.pipeline.layout import RANDOM_INIT, PipelineRun
+from mmoe.pipeline.settings import TrainingSettings
 from mmoe.pipeline.stages import Stage, StageKey
 from mmoe.pipeline.standard_stages import (
     evaluate_stage,
@@ -24,7 +25,7 @@ from mmoe.pipeline.standard_stages import (
     pretrain_stage,
     random_backbone_stage,
 )
-from mmoe.study.settings import StudySettings
+from mmoe.study.settings import CONSISTENCY_RULES, StudySettings
 from mmoe.tasks.layout import RunLayout
 from mmoe.tasks.vqa import VQAFineTuning
 
@@ -36,11 +37,8 @@ ANALYSIS_SHARDS = CAPTION_TEST_SPLIT
 COMPARED_ROUTERS = ("switch", "xmoe")
 #: The task of the seeds' fine-tuning runs (X-MoE Fig. 3b fine-tunes on one task, XNLI).
 CONSISTENCY_TASK = VQAFineTuning.name
-#: The routers whose routing is frozen in those fine-tunings (X-MoE §3.3 freezes X-MoE's routers and experts; the
-#: SMoE baseline is fine-tuned whole).
-FROZEN_IN_FINETUNING = ("xmoe",)
-#: The variant fine-tuned from random init beside its pre-trained backbone (the claim that pre-training helps).
-PRETRAINING_VARIANT = "xmoe"
+#: The variant of claim 7, pre-trained with the demo's recipe against random init (the demo's default variant).
+PRETRAINING_VARIANT = "mhmoe"
 #: The exported backbone of each pre-training, in its folder.
 EXPORTED_BACKBONE = "backbone.pt"
 #: The variant whose requested capacity is measured (Stratified MoE §5).
@@ -52,19 +50,26 @@ class Measures:
     """What the analysis stage measures, saved as ``analysis/measures.json`` (the claims are computed from it).
 
     Attributes:
-        activation: activation-ratio run -> its heads, loads and tokens per MoE layer (:func:`expert_loads`).
+        activation: activation-ratio arm -> its heads, loads and tokens per MoE layer (:func:`expert_loads`), of
+            routing seed 0 (the within-run term).
         diversity: MH-MoE run -> per MoE layer the object and background patches' distinct experts.
-        snapshots: router run -> RC and fluctuation through pre-training (:func:`snapshot_measures`).
+        snapshots: router -> RC and fluctuation through pre-training (:func:`snapshot_measures`), of routing seed 0.
         consistency: router -> inter-run consistency through fine-tuning, window by window, and (``leave_one_out``)
-            the same windows with each seed left out in turn.
-        scores: variant -> task -> the seeds' ``scores.json``.
-        random_init: task -> the seeds' ``scores.json`` of :data:`PRETRAINING_VARIANT` fine-tuned from random init.
+            the same windows with each seed left out in turn; both routers' routing frozen in fine-tuning.
+        scores: variant -> task -> the seeds' ``scores.json`` (empty where the task order was not trained).
+        random_init: task -> the seeds' ``scores.json`` from random init (a file made before claim 7's backbones).
         capacity: the Stratified MoE run's requested capacity per MoE layer and held-out batch.
         token_capacity: the Stratified MoE run's passes per held-out text token id (``passes``) and those ids'
             occurrences in the pre-training text (``training_counts``, ids as text).
         chance: task -> the chance level of its score on the corpus (:func:`chance_levels`).
         router_variants: router variant -> its loads, tokens, unrouted fractions and selection biases per MoE layer
             (:func:`mmoe.study.measures.router_variant_measures`); empty in a file made before they were measured.
+        seeded: per routing seed, ``activation`` (arm -> loads at the run's end) and ``snapshots`` (router -> its
+            snapshots' measures): what claims 1, 3 and 4 are decided over; empty in a file made before.
+        consistency_trained: ``consistency`` with both routers fine-tuned whole.
+        backbones: claim 7: ``pretrained`` and ``random_init``, task -> per backbone seed its ``scores.json``, and
+            ``images``, task -> per arm and backbone the sum and count of the questions' accuracies per image (the
+            within-run bootstrap's clusters).
     """
 
     activation: dict[str, Any]
@@ -77,6 +82,9 @@ class Measures:
     token_capacity: dict[str, Any]
     chance: dict[str, float]
     router_variants: dict[str, Any] = dataclasses.field(default_factory=dict)
+    seeded: dict[str, Any] = dataclasses.field(default_factory=dict)
+    consistency_trained: dict[str, Any] = dataclasses.field(default_factory=dict)
+    backbones: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_json(cls, value: dict[str, Any]) -> Measures:
@@ -97,12 +105,16 @@ class Pretraining:
     """One pre-training run of the study.
 
     Attributes:
-        name: folder under ``DIR/pretrain``.
+        name: folder under ``DIR/pretrain`` (the seed in it where the arm has several runs: ``xmoe-e32-seed1``).
         variant: the tiny configs' variant (:func:`mmoe.pipeline.launch.pretrain_configs`).
         steps: optimiser steps.
         moe: overrides of the config's ``backbone.moe`` (e.g. ``num_experts``, ``heads``).
         heads: MH-MoE heads h (1 without sub-tokens).
         snapshots: steps between backbone snapshots (0: none).
+        seed: the training seed (``seed_everything``: initialisation and data order).
+        min_lr_ratio: the final learning rate as a share of the peak (1.0: constant after the warm-up; None: the
+            config's schedule).
+        recipe: trained with the study's ``pretraining_recipe`` (the demo's) instead of its ``training`` settings.
     """
 
     name: str
@@ -111,6 +123,9 @@ class Pretraining:
     moe: tuple[tuple[str, int], ...] = ()
     heads: int = 1
     snapshots: int = 0
+    seed: int = 0
+    min_lr_ratio: float | None = None
+    recipe: bool = False
 
 
 def config_heads(variant: str) -> int:
@@ -119,31 +134,59 @@ def config_heads(variant: str) -> int:
     return 1 if moe is None else int(moe.heads)
 
 
-def pretrainings(settings: StudySettings) -> list[Pretraining]:
-    """The task variants and Stratified MoE at the demo's size (claims 2 and 6, Stratified MoE §5), Switch and X-MoE
-    with ``many_experts`` and snapshots (claims 1, 3-5), MH-MoE with ``many_experts`` and each of ``heads`` (claim 1),
-    the diversity runs with headroom (claim 2), and each of ``router_variants`` with its tiny part's own plan for as
-    many steps as the activation-ratio runs (the router table)."""
-    runs = [Pretraining(variant, variant, settings.training.pretrain_steps, heads=config_heads(variant))
-            for variant in (*settings.task_variants, STRATIFIED)]  # fmt: skip
-    experts = settings.many_experts
-    for router in COMPARED_ROUTERS:
-        runs.append(Pretraining(router_run(router, experts), router, settings.router_steps,
-                                (("num_experts", experts),), snapshots=settings.snapshot_every))  # fmt: skip
-    for heads in settings.heads:
-        moe = (("num_experts", experts), ("heads", heads))
-        runs.append(Pretraining(f"mhmoe-e{experts}-h{heads}", "mhmoe", settings.many_experts_steps, moe, heads))
-    for heads, few in settings.diversity_runs:
-        moe = (("num_experts", few), ("heads", heads))
-        runs.append(Pretraining(f"mhmoe-e{few}-h{heads}", "mhmoe", settings.many_experts_steps, moe, heads))
-    for variant in settings.router_variants:
-        runs.append(Pretraining(variant, variant, settings.many_experts_steps, heads=config_heads(variant)))
+def routing_run(arm: str, experts: int, seed: int) -> str:
+    """The pre-training of a routing arm (``xmoe``, ``switch``, ``mhmoe-h8``) with ``experts`` experts and ``seed``."""
+    if arm.startswith("mhmoe-h"):
+        return f"mhmoe-e{experts}-h{arm.removeprefix('mhmoe-h')}-seed{seed}"
+    return f"{arm}-e{experts}-seed{seed}"
+
+
+def diversity_run(heads: int, experts: int) -> str:
+    return f"mhmoe-e{experts}-h{heads}"
+
+
+def recipe_run(seed: int, random_init: bool = False) -> str:
+    """Claim 7's pre-training (or random init) of :data:`PRETRAINING_VARIANT` with the demo's recipe and ``seed``."""
+    return f"{PRETRAINING_VARIANT}-demo-{RANDOM_INIT + '-' if random_init else ''}seed{seed}"
+
+
+def routing_arms(settings: StudySettings) -> tuple[str, ...]:
+    """The routing arms pre-trained at every routing seed: X-MoE, Switch, MH-MoE at each of ``heads``."""
+    return ("xmoe", "switch", *(f"mhmoe-h{h}" for h in settings.heads))
+
+
+def _routing_pretrainings(settings: StudySettings) -> list[Pretraining]:
+    experts, steps, ratio = settings.many_experts, settings.router_steps, settings.routing_min_lr_ratio
+    runs = []
+    for seed in range(settings.routing_seeds):
+        for router in COMPARED_ROUTERS:
+            runs.append(Pretraining(routing_run(router, experts, seed), router, steps, (("num_experts", experts),),
+                                    snapshots=settings.snapshot_every, seed=seed, min_lr_ratio=ratio))  # fmt: skip
+        for heads in settings.heads:
+            moe = (("num_experts", experts), ("heads", heads))
+            name = routing_run(f"mhmoe-h{heads}", experts, seed)
+            runs.append(Pretraining(name, "mhmoe", steps, moe, heads, seed=seed, min_lr_ratio=ratio))
     return runs
 
 
-def router_run(router: str, experts: int) -> str:
-    """The name of a router's pre-training with ``experts`` experts and snapshots."""
-    return f"{router}-e{experts}"
+def pretrainings(settings: StudySettings) -> list[Pretraining]:
+    """Stratified MoE (§5), the task variants where the task order is trained (claim 6), every routing arm at each
+    routing seed (claims 1, 3-5: the same steps and schedule on every side), the diversity runs with headroom (claim
+    2), the router table's routers with their own tiny parts, and claim 7's pre-trainings with the demo's recipe."""
+    variants = (*settings.task_variants, STRATIFIED) if settings.run_tasks else (STRATIFIED,)
+    runs = [Pretraining(v, v, settings.training.pretrain_steps, heads=config_heads(v)) for v in variants]
+    runs += _routing_pretrainings(settings)
+    for heads, few in settings.diversity_runs:
+        moe = (("num_experts", few), ("heads", heads))
+        runs.append(Pretraining(diversity_run(heads, few), "mhmoe", settings.router_steps, moe, heads,
+                                min_lr_ratio=settings.routing_min_lr_ratio))  # fmt: skip
+    for variant in settings.router_variants:
+        runs.append(Pretraining(variant, variant, settings.router_table_steps, heads=config_heads(variant)))
+    recipe = settings.pretraining_recipe
+    for seed in range(settings.pretraining_backbones):
+        runs.append(Pretraining(recipe_run(seed), PRETRAINING_VARIANT, recipe.pretrain_steps,
+                                heads=config_heads(PRETRAINING_VARIANT), seed=seed, recipe=True))  # fmt: skip
+    return runs
 
 
 class StudyRun(PipelineRun):
@@ -169,56 +212,83 @@ class StudyRun(PipelineRun):
         return self.out / "analysis"
 
 
-def pretrain_stages(study: StudyRun, run: Pretraining) -> list[Stage]:
+def pretrain_stages(study: StudyRun, run: Pretraining, recipe: TrainingSettings | None = None) -> list[Stage]:
+    """The pre-training ``run`` (with ``recipe``'s settings where ``run.recipe``) and the export of its backbone."""
     from mmoe.tasks.snapshots import BackboneSnapshots
 
     layout = study.pretrain_run(run)
     key = StageKey.of("pretrain", run.name)
+    trained_by = StudyRun(study.out, recipe) if run.recipe and recipe is not None else study
 
     def launch():
         snapshots = [BackboneSnapshots(layout.snapshots, run.snapshots)] if run.snapshots else []
-        return pretrain_launch(study, run.variant, layout, run.steps, snapshots, dict(run.moe))
+        launched = pretrain_launch(trained_by, run.variant, layout, run.steps, snapshots, dict(run.moe))
+        return seeded_launch(launched, run.seed, run.min_lr_ratio)
 
     export = export_stage(StageKey.of(*key.parts, "export"), layout.last_checkpoint, study.pretrained(run.name))
     return [pretrain_stage(key, launch, layout), export]
 
 
+def seeded_launch(launch, seed: int, min_lr_ratio: float | None):
+    """``launch`` with ``seed_everything`` set to ``seed`` and, where given, the optimiser's ``min_lr_ratio``."""
+    launch.overrides["seed_everything"] = seed
+    if min_lr_ratio is not None:
+        model = launch.overrides["model"]["init_args"]
+        model["optimizer"] = {**model.get("optimizer", {}), "min_lr_ratio": min_lr_ratio}
+    return launch
+
+
+def consistency_folder(router: str, experts: int, rule: str) -> str:
+    """The fine-tunings' folder of claim 5 under ``finetune``: the router's seed-0 backbone and the rule."""
+    return f"{routing_run(router, experts, 0)}-{rule}"
+
+
 def finetune_stages(study: StudyRun, settings: StudySettings) -> list[Stage]:
-    """Every task of every task variant at ``task_seeds`` seeds, and of :data:`PRETRAINING_VARIANT` from random
-    init at as many (MH-MoE Table 4; what pre-training adds), each scored; and the routers' VQA fine-tunings at
-    ``seeds`` seeds with a routing window every ``consistency_every`` steps (X-MoE Fig. 3b), X-MoE's routing frozen."""
+    """The task order's cells (where trained: every task of every task variant at ``task_seeds`` seeds, scored), the
+    routers' VQA fine-tunings of claim 5 (``seeds`` per router and rule, from each router's seed-0 backbone, a routing
+    window every ``consistency_every`` steps, the routing frozen under ``frozen``), and claim 7's VQA fine-tunings of
+    each pre-trained backbone and random init (the backbone's seed as the fine-tuning's), scored."""
     stages = []
-    random = study.pretrained(f"{PRETRAINING_VARIANT}-{RANDOM_INIT}")  # the architecture, fresh weights
-    source = study.pretrained(PRETRAINING_VARIANT)
-    stages.append(
-        random_backbone_stage(StageKey.of("pretrain", f"{PRETRAINING_VARIANT}-{RANDOM_INIT}"), source, random)
-    )
-    cells = [(variant, study.pretrained(variant)) for variant in settings.task_variants]
-    cells.append((f"{PRETRAINING_VARIANT}-{RANDOM_INIT}", random))
-    for name, backbone in cells:
-        for benchmark in trained_benchmarks(settings.training):
-            for seed in range(settings.task_seeds):
-                layout = study.finetune_run(name, benchmark.name, seed)
-                key = StageKey.of("finetune", name, f"{benchmark.name}-seed{seed}")
-                stages.append(finetune_stage(study, key, benchmark, backbone, layout, seed))
-                stages.append(evaluate_stage(study, StageKey.of(*key.parts, "eval"), benchmark, backbone, layout, seed))
+    if settings.run_tasks:
+        for variant in settings.task_variants:
+            for benchmark in trained_benchmarks(settings.training):
+                for seed in range(settings.task_seeds):
+                    stages += _scored(study, variant, study.pretrained(variant), benchmark, seed)
     consistency = StudyRun(study.out, settings.training.replace(
         finetune_steps={**settings.training.finetune_steps, CONSISTENCY_TASK: settings.consistency_steps}))  # fmt: skip
     benchmark = benchmark_named(CONSISTENCY_TASK)
-    for router in COMPARED_ROUTERS:
-        name = router_run(router, settings.many_experts)
-        backbone = study.pretrained(name)
-        options = {"frozen_routing": router in FROZEN_IN_FINETUNING}
-        for seed in range(settings.seeds):
-            layout = study.finetune_run(name, CONSISTENCY_TASK, seed)
-            key = StageKey.of("finetune", name, f"{CONSISTENCY_TASK}-seed{seed}")
-            stages.append(finetune_stage(consistency, key, benchmark, backbone, layout, seed,
-                                      routing_every=settings.consistency_every, model_options=options))  # fmt: skip
+    for rule in CONSISTENCY_RULES:
+        for router in COMPARED_ROUTERS:
+            backbone = study.pretrained(routing_run(router, settings.many_experts, 0))
+            folder = consistency_folder(router, settings.many_experts, rule)
+            for seed in range(settings.seeds):
+                layout = study.finetune_run(folder, CONSISTENCY_TASK, seed)
+                key = StageKey.of("finetune", folder, f"{CONSISTENCY_TASK}-seed{seed}")
+                stages.append(finetune_stage(consistency, key, benchmark, backbone, layout, seed,
+                                             routing_every=settings.consistency_every,
+                                             model_options={"frozen_routing": rule == "frozen"}))  # fmt: skip
+    recipe = StudyRun(study.out, settings.pretraining_recipe)
+    source = study.pretrained(recipe_run(0))
+    for seed in range(settings.pretraining_backbones):
+        random = study.pretrained(recipe_run(seed, random_init=True))
+        stages.append(random_backbone_stage(StageKey.of("pretrain", recipe_run(seed, True)), source, random, seed))
+        for name in (recipe_run(seed), recipe_run(seed, True)):
+            for benchmark in trained_benchmarks(settings.pretraining_recipe):
+                stages += _scored(recipe, name, study.pretrained(name), benchmark, seed)
     return stages
+
+
+def _scored(run: StudyRun, name: str, backbone: Path, benchmark, seed: int) -> list[Stage]:
+    """The fine-tuning of ``benchmark`` from ``backbone`` into ``finetune/<name>/<task>-seed<seed>`` and its scoring."""
+    layout = run.finetune_run(name, benchmark.name, seed)
+    key = StageKey.of("finetune", name, f"{benchmark.name}-seed{seed}")
+    return [finetune_stage(run, key, benchmark, backbone, layout, seed),
+            evaluate_stage(run, StageKey.of(*key.parts, "eval"), benchmark, backbone, layout, seed)]  # fmt: skip
 
 
 def analysis_stage(study: StudyRun, settings: StudySettings, runs: list[Pretraining]) -> Stage:
     """Every routing measurement on the held-out batches and every score, saved as ``analysis/measures.json``."""
+    from mmoe.study.measure_runs import measure_runs
     from mmoe.study.measures import held_out_batches
 
     target = study.analysis / MEASURES_FILE
@@ -236,56 +306,6 @@ def analysis_stage(study: StudyRun, settings: StudySettings, runs: list[Pretrain
         return {"files": [str(target)]}
 
     return Stage(StageKey.of("analysis"), target, measure)
-
-
-def measure_runs(study: StudyRun, settings: StudySettings, runs: list[Pretraining], batches: list) -> Measures:
-    from mmoe.metrics.routing_collect import consistency_through_training
-    from mmoe.metrics.routing_stats import read_stats, window_loads
-    from mmoe.study.measures import (
-        diversity_by_region,
-        expert_loads,
-        requested_capacity,
-        router_variant_measures,
-        snapshot_measures,
-        token_passes,
-        training_token_counts,
-    )
-
-    by_name = {run.name: run for run in runs}
-    experts = settings.many_experts
-    xmoe = by_name[router_run("xmoe", experts)]
-    xmoe_snapshot = study.pretrain_run(xmoe).snapshot(settings.many_experts_steps)
-    activation = {f"{xmoe.name}-step{settings.many_experts_steps}": {"heads": 1} | expert_loads(xmoe_snapshot, batches)}
-    for run in runs:
-        if run.variant == "mhmoe" and dict(run.moe).get("num_experts") == experts:
-            activation[run.name] = {"heads": run.heads} | expert_loads(study.pretrained(run.name), batches)
-    diversity = {run.name: diversity_by_region(study.pretrained(run.name), batches) for run in runs if run.heads > 1}
-    snapshots, consistency = {}, {}
-    for router in COMPARED_ROUTERS:
-        run = by_name[router_run(router, experts)]
-        saved = study.snapshots(run)
-        snapshots[router] = snapshot_measures(list(saved.values()), list(saved), batches, settings.analysis_rows)
-        folders = [study.finetune_run(run.name, CONSISTENCY_TASK, seed).root for seed in range(settings.seeds)]
-        loads = [window_loads(read_stats(folder)) for folder in folders]
-        names = [str(folder) for folder in folders]
-        result = consistency_through_training(loads, names)
-        # each seed left out in turn: the jackknife over runs that decides the claim (mmoe.study.decisions)
-        left_out = [consistency_through_training(loads[:i] + loads[i + 1 :], names[:i] + names[i + 1 :])["windows"]
-                    for i in range(len(loads))] if len(loads) > 2 else []  # fmt: skip
-        consistency[router] = result | {"runs": len(folders), "frozen_routing": router in FROZEN_IN_FINETUNING,
-                                        "leave_one_out": left_out}  # fmt: skip
-    scores = {variant: collect_scores(study, variant, settings.task_seeds) for variant in settings.task_variants}
-    random_init = collect_scores(study, f"{PRETRAINING_VARIANT}-{RANDOM_INIT}", settings.task_seeds)
-    stratified = study.pretrained(by_name[STRATIFIED].name)
-    capacity = requested_capacity(stratified, batches)
-    passes = token_passes(stratified, batches)
-    training = training_token_counts([study.corpus.shard(PRETRAIN_PAIR_SPLIT), study.corpus.shard(PRETRAIN_TEXT_SPLIT)],
-                                     CAPTION_MAX_TEXT_LENGTH)  # fmt: skip
-    seen = {token for entry in passes.values() for token in entry["ids"]}
-    token_capacity = {"passes": passes, "training_counts": {str(t): training.get(t, 0) for t in sorted(seen)}}
-    routers = {name: router_variant_measures(study.pretrained(name), batches) for name in settings.router_variants}
-    return Measures(activation, diversity, snapshots, consistency, scores, random_init, capacity, token_capacity,
-                    chance_levels(study), routers)  # fmt: skip
 
 
 def chance_levels(study: StudyRun) -> dict[str, float]:

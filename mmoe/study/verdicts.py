@@ -31,7 +31,9 @@ OPPOSITE = "opposite"
 NOT_SEPARATED = "not separated"
 SATURATED = "saturated"
 UNINFORMATIVE = "uninformative"
-VERDICTS = (REPRODUCES, OPPOSITE, NOT_SEPARATED, SATURATED, UNINFORMATIVE)
+#: A claim whose runs the preset does not train (the task order outside ``--scale gpu``): nothing measured.
+NOT_RUN = "not run: --scale gpu only"
+VERDICTS = (REPRODUCES, OPPOSITE, NOT_SEPARATED, SATURATED, UNINFORMATIVE, NOT_RUN)
 
 #: Bootstrap resamples and the interval's coverage.
 RESAMPLES = 1000

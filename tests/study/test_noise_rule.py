@@ -20,6 +20,8 @@ from mmoe.study.runs import Measures
 from mmoe.study.verdicts import NOT_SEPARATED, REPRODUCES
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "claims"
+#: The plan the shipped measures were made under (the design before the runs per arm), kept for their report.
+SHIPPED_PLAN = Path(__file__).resolve().parent / "data" / "plan_before_seeds.json"
 # Four seeds per arm whose gap has p = 0.038: inside alpha 0.05, outside alpha 0.01.
 PRETRAINED, RANDOM_INIT = [1.0, 1.6, 0.4, 1.2], [0.0, 0.7, -0.3, 0.3]
 
@@ -102,7 +104,7 @@ SHIPPED_GAPS = [
 
 
 def test_the_shipped_plans_decisions_over_the_shipped_measures_are_unchanged():
-    plan = read_plan(DOCS / "plan.json")
+    plan = read_plan(SHIPPED_PLAN)
     measures = _shipped()
     decisions = run_decisions(claims_from(measures, plan), plan, measures)
     for got, expected in zip(_gaps(decisions), SHIPPED_GAPS, strict=True):
@@ -113,7 +115,7 @@ def test_the_shipped_plans_decisions_over_the_shipped_measures_are_unchanged():
 
 def test_a_plan_file_with_another_level_decides_the_shipped_measures_at_that_level(tmp_path):
     """The noise rule read back from a plan file reaches the decisions: a 0.99 level widens every interval."""
-    plan = read_plan(DOCS / "plan.json")
+    plan = read_plan(SHIPPED_PLAN)
     claims = tuple(dataclasses.replace(c, noise_rule=dataclasses.replace(c.noise_rule, level=0.99, alpha=0.01))
                    for c in plan.claims)  # fmt: skip
     write_plan(dataclasses.replace(plan, claims=claims), tmp_path / "plan.json")

@@ -25,22 +25,45 @@ def test_plan_round_trips_through_json_with_the_same_hash(preset, tmp_path):
     assert again == plan and plan_hash(again) == plan_hash(plan)
     assert len(plan_hash(plan)) == 64
     assert [claim.id for claim in plan.claims] == [
-        "activation", "diversity", "collapse", "fluctuation", "consistency", "tasks", "pretraining", "capacity",
-        "frequency",
+        "activation", "diversity", "collapse", "fluctuation", "consistency", "consistency_trained", "tasks",
+        "pretraining", "capacity", "frequency",
     ]  # fmt: skip
 
 
 def test_the_plan_describes_todays_design():
     plan = study_plan(DEFAULT, "default")
     activation = plan.claim("activation")
-    xmoe = activation.arms[-1]
-    assert (xmoe.steps, xmoe.measured_at) == (200, 100)  # X-MoE's snapshot at step 100 of a 200-step run
-    assert all(arm.steps == arm.measured_at == 100 for arm in activation.arms[:-1])
-    assert plan.claim("consistency").runs_per_arm() == [5, 5]
-    assert plan.claim("tasks").runs_per_arm() == [2] * 9 and plan.claim("tasks").multiplicity == "holm"
-    assert plan.claim("collapse").layers == "defined_at_every_snapshot" and plan.claim("collapse").window_from == 0.5
+    # like with like: X-MoE and both MH-MoE arms, 3 seeds each, measured at the end of their own 100-step runs
+    assert [arm.name for arm in activation.arms] == ["mhmoe h=8", "mhmoe h=4", "xmoe"]
+    assert all(arm.steps == arm.measured_at == 100 and arm.seeds == (0, 1, 2) for arm in activation.arms)
+    assert activation.arms[-1].runs == tuple(f"pretrain/xmoe-e32-seed{seed}" for seed in range(3))
+    assert activation.multiplicity == "holm" and "constant" in activation.schedule
+    for claim in ("collapse", "fluctuation"):
+        assert plan.claim(claim).runs_per_arm() == [3, 3] and plan.claim(claim).layers == "all"
+        assert plan.claim(claim).window_from == 0.3
+    assert plan.claim("consistency").runs_per_arm() == plan.claim("consistency_trained").runs_per_arm() == [4, 4]
+    assert plan.claim("consistency").arms[0].name == "xmoe (frozen)"
+    assert plan.claim("consistency_trained").arms[1].name == "switch (trained)"
+    assert plan.claim("tasks").not_run and plan.claim("tasks").runs_per_arm() == [0] * 9
+    pretraining = plan.claim("pretraining")
+    assert pretraining.runs_per_arm() == [3, 3] and [arm.steps for arm in pretraining.arms] == [300, 300]
     assert plan.claim("diversity").gates == {"saturation_share": 0.97}
-    assert all(plan.claim(c).runs_per_arm() == [1] * len(plan.claim(c).arms) for c in ("collapse", "capacity"))
+    assert plan.claim("capacity").runs_per_arm() == [1]
+    assert (
+        "undecidable" in plan.claim("frequency").noise_rule.unit
+        and "85 token types" in plan.claim("frequency").noise_rule.unit
+    )
+
+
+def test_every_preset_plan_has_its_estimated_cost_and_the_default_fits_an_hour():
+    from mmoe.study.cost import CPU_COSTS, GPU_COSTS, total_minutes
+
+    assert total_minutes(DEFAULT, CPU_COSTS) <= 60
+    assert total_minutes(PRESETS["fast"], CPU_COSTS) < total_minutes(DEFAULT, CPU_COSTS)
+    assert total_minutes(PRESETS["gpu"], GPU_COSTS) > 0
+    for preset, settings in PRESETS.items():
+        text = plan_markdown(study_plan(settings, preset))
+        assert "## Estimated cost" in text and "an estimate" in text
 
 
 def test_a_changed_rule_changes_the_hash():
@@ -69,8 +92,8 @@ def _edited(change) -> dict:
         (lambda v: v["claims"].append(v["claims"][0]), "expected each claim once"),
         (lambda v: v["rule_changes"].append({"claim": "collapse", "rule": "gates.nothing", "old": 1, "new": 2,
                                              "why": "x", "date": "2026-11-28"}), "rule_changes[0].rule"),
-        (lambda v: v["rule_changes"].append({"claim": "collapse", "rule": "window_from", "old": 0.25, "new": 0.3,
-                                             "why": "x", "date": "2026-11-28"}), "rule_changes[0].new is 0.3"),
+        (lambda v: v["rule_changes"].append({"claim": "collapse", "rule": "window_from", "old": 0.25, "new": 0.4,
+                                             "why": "x", "date": "2026-11-28"}), "rule_changes[0].new is 0.4"),
     ],
 )  # fmt: skip
 def test_a_bad_plan_file_is_one_line_naming_the_file_and_field(tmp_path, change, message):

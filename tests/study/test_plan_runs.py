@@ -64,7 +64,7 @@ def test_a_plan_changed_after_the_runs_refuses_the_report(tmp_path):
 def test_a_declared_rule_change_keeps_the_runs_and_a_changed_design_does_not(tmp_path):
     plan = study_plan(DEFAULT, "default")
     records = _run_stages(tmp_path, plan_hash(plan))
-    change = RuleChange("collapse", "window_from", 0.5, 0.25, "the paper's window starts at 12% of training",
+    change = RuleChange("collapse", "window_from", 0.3, 0.25, "the paper's window starts at 12% of training",
                         "2026-11-28")  # fmt: skip
     declared = _with_window(plan, 0.25, [change])
     assert accepted_hashes(declared) == [plan_hash(declared), plan_hash(plan)]
@@ -127,7 +127,7 @@ def test_a_rule_change_shows_the_verdict_under_the_old_rule_beside_the_new(tmp_p
 
     docs = Path(__file__).resolve().parents[2] / "docs" / "claims"
     measures = Measures.from_json(json.loads((docs / "measures.json").read_text()))
-    base = study_plan(DEFAULT, "default")
+    base = read_plan(Path(__file__).resolve().parent / "data" / "plan_before_seeds.json")  # the measures' plan
     change = RuleChange("collapse", "layers", "defined_at_every_snapshot", "defined_in_window",
                         "a layer undefined before the window was dropped", "2026-11-28")  # fmt: skip
     claims = tuple(dataclasses.replace(c, layers="defined_in_window") if c.id == "collapse" else c for c in base.claims)

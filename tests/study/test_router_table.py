@@ -34,7 +34,7 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "claims"
 def test_each_router_variant_is_a_pretraining_of_its_own_tiny_part():
     runs = {run.name: run for run in pretrainings(FAST)}
     for name in ROUTER_VARIANTS:
-        assert runs[name].variant == name and runs[name].steps == FAST.many_experts_steps
+        assert runs[name].variant == name and runs[name].steps == FAST.router_table_steps
         assert runs[name].moe == () and runs[name].snapshots == 0  # the part's own plan, no snapshots
     assert len(runs) == len(pretrainings(FAST))  # no name taken twice
 

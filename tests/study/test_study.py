@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import itertools
 import json
 import math
 import re
@@ -20,7 +21,12 @@ import torch
 
 from mmoe.cli import main
 from mmoe.data.synth.scenes import Scene, Shape, render
-from mmoe.metrics.routing import activation_ratio, inter_run_consistency, representation_collapse
+from mmoe.metrics.routing import (
+    activation_ratio,
+    choice_activation_ratio,
+    inter_run_consistency,
+    representation_collapse,
+)
 from mmoe.metrics.routing_collect import run_routing
 from mmoe.metrics.routing_stats import read_stats, window_loads
 from mmoe.study import claims_from
@@ -53,12 +59,15 @@ from mmoe.study.report import write_report
 from mmoe.study.run_statistics import UNDECIDABLE
 from mmoe.study.runs import Measures
 from mmoe.study.settings import DEFAULT, FAST
-from mmoe.study.verdicts import NOT_SEPARATED, OPPOSITE, REPRODUCES, SATURATED, UNINFORMATIVE, VERDICTS
+from mmoe.study.verdicts import NOT_RUN, NOT_SEPARATED, OPPOSITE, REPRODUCES, SATURATED, UNINFORMATIVE, VERDICTS
 from mmoe.tasks.checkpoint import load_backbone
 
 # -- claims on hand-made measurements --------------------------------------------------------------------------------
 
 LANGUAGE, VISION = "layer1/language", "layer1/vision"
+#: The rules of the second half of the snapshots the hand-made curves below are written for (the plan the shipped
+#: report was made under).
+HALF_WINDOW = read_plan(Path(__file__).resolve().parent / "data" / "plan_before_seeds.json")
 
 
 def _activation_run(heads, language_batch, vision_batch, batches=6):
@@ -157,7 +166,7 @@ def test_collapse_and_fluctuation_claims_are_judged_per_modality():
         "switch": _curve([5, 4, 3, 2], [5, 6, 7, 8], [0, 50, 40, 40], [0, 20, 10, 10]),
         "xmoe": _curve([5, 6, 7, 8], [5, 4, 3, 2], [0, 30, 10, 10], [0, 50, 40, 40]),
     }
-    collapse = collapse_claim(snapshots)
+    collapse = collapse_claim(snapshots, HALF_WINDOW.claim("collapse"))
     language, vision = (collapse.measured["by_modality"][m] for m in ("language", "vision"))
     assert language["second_half_log_ratio"] == pytest.approx(np.mean([np.log(7 / 3), np.log(8 / 2)]))
     assert language["verdict"] == REPRODUCES and vision["verdict"] == OPPOSITE
@@ -168,14 +177,16 @@ def test_collapse_and_fluctuation_claims_are_judged_per_modality():
     assert per_layer["xmoe"]["classes"] == 4 and per_layer["xmoe"]["rc_per_direction"] == pytest.approx(8 / 3)
     assert language["curves"]["xmoe"]["steps"] == [0, 10, 20, 30]
 
-    fluctuation = fluctuation_claim(snapshots)
+    fluctuation = fluctuation_claim(snapshots, HALF_WINDOW.claim("fluctuation"))
     language = fluctuation.measured["by_modality"]["language"]
     assert language["second_half_mean"] == pytest.approx({"switch": 0.4, "xmoe": 0.1})
     assert language["random_reassignment"]["xmoe"] == pytest.approx(0.75)  # 1 - 4 x (1/4)^2
     assert language["verdict"] == REPRODUCES and fluctuation.verdict == REPRODUCES
     assert fluctuation.measured["by_modality"]["vision"]["verdict"] == OPPOSITE
     swapped = {"switch": snapshots["xmoe"], "xmoe": snapshots["switch"]}
-    assert collapse_claim(swapped).verdict == fluctuation_claim(swapped).verdict == OPPOSITE
+    half = HALF_WINDOW.claim
+    assert collapse_claim(swapped, half("collapse")).verdict == OPPOSITE
+    assert fluctuation_claim(swapped, half("fluctuation")).verdict == OPPOSITE
 
 
 def test_fluctuation_at_the_random_reassignment_level_is_uninformative():
@@ -183,7 +194,8 @@ def test_fluctuation_at_the_random_reassignment_level_is_uninformative():
         "switch": _curve([5] * 4, [5] * 4, [0, 74, 74, 74], [0, 74, 74, 74]),
         "xmoe": _curve([5] * 4, [5] * 4, [0, 70, 70, 70], [0, 70, 70, 70]),
     }
-    assert fluctuation_claim(snapshots).verdict == UNINFORMATIVE  # 0.70 and 0.74 >= 0.9 x 0.75
+    # 0.70 and 0.74 >= 0.9 x 0.75
+    assert fluctuation_claim(snapshots, HALF_WINDOW.claim("fluctuation")).verdict == UNINFORMATIVE
 
 
 def _consistency(values_language, values_vision, runs=5):
@@ -351,16 +363,20 @@ def test_fast_study_report_is_recomputed_from_its_saved_statistics(fast_study):
     markers = [json.loads(path.read_text()) for path in (out / "stages").glob("*.json")]
     assert markers and {marker["result"]["plan_sha256"] for marker in markers} == {plan_hash(plan)}
     assert [d["id"] for d in report["decisions"]] == [c["id"] for c in report["claims"]]
-    assert report["decisions"][0]["verdict"] == UNDECIDABLE and report["decisions"][4]["runs_per_arm"] == [3, 3]
+    decided = {decision["id"]: decision for decision in report["decisions"]}
+    assert decided["activation"]["runs_per_arm"] == [2, 2, 2] and decided["activation"]["verdict"] != UNDECIDABLE
+    assert decided["consistency"]["runs_per_arm"] == decided["consistency_trained"]["runs_per_arm"] == [3, 3]
+    assert decided["diversity"]["verdict"] == UNDECIDABLE and decided["tasks"]["verdict"] == NOT_RUN
     assert [claim["id"] for claim in report["claims"]] == [
-        "activation", "diversity", "collapse", "fluctuation", "consistency", "tasks", "pretraining", "capacity",
-        "frequency",
+        "activation", "diversity", "collapse", "fluctuation", "consistency", "consistency_trained", "tasks",
+        "pretraining", "capacity", "frequency",
     ]  # fmt: skip
     markdown = (out / "report.md").read_text()
     assert "mmoe study claims --fast" in markdown and f"Plan `{plan_hash(plan)}`" in markdown
-    # the run's facts come from the run: every training it made with FAST's settings (9 pre-trainings and the 5 of the
-    # router table, 4 cells x 3 tasks x 2 seeds of task fine-tunings, 2 routers x 3 seeds of consistency fine-tunings)
-    assert report["run"]["trainings"] == 9 + 5 + 24 + 6
+    # the run's facts come from the run: every training it made with FAST's settings (Stratified MoE, 2 seeds x 4
+    # routing arms, the diversity run, the 5 of the router table, 2 recipe pre-trainings; 2 rules x 2 routers x 3 seeds
+    # of consistency fine-tunings, 2 backbones x 2 arms of VQA fine-tunings; no task order: --scale gpu only)
+    assert report["run"]["trainings"] == 1 + 8 + 1 + 5 + 2 + 12 + 4
     assert [row["router"] for row in report["routers"] if not row["not_run"]] == [
         name for name in FAST.router_variants for _ in ("language", "vision")
     ]
@@ -368,7 +384,8 @@ def test_fast_study_report_is_recomputed_from_its_saved_statistics(fast_study):
     assert report["claim_settings"]["collapse"] in markdown
     for claim in report["claims"]:
         assert claim["verdict"] in VERDICTS
-        assert claim["title"] in markdown and Path(report["figures"][claim["id"]]).stat().st_size > 0
+        assert claim["title"] in markdown
+        assert claim["verdict"] == NOT_RUN or Path(report["figures"][claim["id"]]).stat().st_size > 0
     assert any((out / "figures" / "maps").glob("subtoken_map_*.png"))
 
     # claim 1: the paper's activation ratio of the saved loads and tokens (summed over the batches), by hand
@@ -382,14 +399,38 @@ def test_fast_study_report_is_recomputed_from_its_saved_statistics(fast_study):
         assert run["per_token"] == pytest.approx(np.mean(ratios))
     assert {run["heads"] for run in measures["activation"].values()} == {1, 2, 8}
     assert all(key.endswith("/language") for key in language["keys"])
+    assert measures["activation"] == measures["seeded"]["seeds"][0]["activation"]  # routing seed 0's
 
-    # claim 5: IC window by window from the seeds' own routing_stats.json (X-MoE's routing frozen)
-    for variant in ("switch", "xmoe"):
-        folders = [out / "finetune" / f"{variant}-e8" / f"vqav2-seed{seed}" for seed in range(3)]
+    # claims 1, 3, 4 over the routing seeds: each run's statistic recomputed from its own saved measures
+    seeds = measures["seeded"]["seeds"]
+    assert len(seeds) == FAST.routing_seeds == 2
+    activation = decided["activation"]["by_modality"]["language"]
+    for seed, entry in enumerate(seeds):
+        xmoe = entry["activation"]["xmoe-e8"]
+        keys = [key for key in xmoe["loads"] if key.endswith("/language")]
+        shares = [float(choice_activation_ratio(torch.tensor(xmoe["loads"][k], dtype=torch.float64).sum(0), 0.1))
+                  for k in keys]  # fmt: skip
+        assert activation["per_run"]["h=1"][seed] == pytest.approx(np.mean(shares))
+    assert [gap["pair"] for gap in activation["gaps"]] == [["h=8", "h=1"], ["h=8", "h=2"]]
+    assert all(gap["holm_p"] is not None for gap in activation["gaps"])
+    collapse = decided["collapse"]["by_modality"]["language"]
+    window = study_plan(FAST, "fast").claim("collapse").window_from
+    for seed, entry in enumerate(seeds):
+        late = entry["snapshots"]["xmoe"][int(len(entry["snapshots"]["xmoe"]) * window) :]
+        keys = [key for key in late[0]["collapse"] if key.endswith("/language")]
+        rcs = [[snapshot["collapse"][k]["rc"] for k in keys] for snapshot in late]
+        expected = None if any(v is None for r in rcs for v in r) else np.mean([np.mean(np.log(r)) for r in rcs])
+        assert collapse["per_run"]["xmoe"][seed] == (None if expected is None else pytest.approx(expected))
+    assert set(decided["fluctuation"]["by_modality"]) == {"language", "vision"}
+    assert "language (the paper's)" in markdown
+
+    # claim 5: IC window by window from the seeds' own routing_stats.json, both routers under the same rule per row
+    for variant, rule in itertools.product(("switch", "xmoe"), ("frozen", "trained")):
+        folders = [out / "finetune" / f"{variant}-e8-seed0-{rule}" / f"vqav2-seed{seed}" for seed in range(3)]
         runs = [window_loads(read_stats(folder)) for folder in folders]
-        saved = measures["consistency"][variant]
+        saved = measures["consistency" if rule == "frozen" else "consistency_trained"][variant]
         assert saved["steps"] == [step for step, _ in runs[0]] and saved["runs"] == 3
-        assert saved["frozen_routing"] == (variant == "xmoe")
+        assert saved["frozen_routing"] == (rule == "frozen")
         for position, window in enumerate(saved["windows"]):
             for key in runs[0][position][1]:
                 ic = inter_run_consistency([run[position][1][key].tolist() for run in runs])
@@ -399,19 +440,20 @@ def test_fast_study_report_is_recomputed_from_its_saved_statistics(fast_study):
                     ic = inter_run_consistency(rest)
                     assert windows[position][key] == (pytest.approx(ic) if math.isfinite(ic) else None)
 
-    # claims 6 and 7: the scores are the evaluation files' own, each cell at 2 seeds
-    scores = report["claims"][5]["measured"]["scores"]
-    for variant in ("dense", "xmoe", "mhmoe"):
+    # claim 7: one score per backbone, the evaluation files' own; the image sums add up to each run's accuracy
+    tasks = report["claims"][7]["measured"]["tasks"]
+    images = measures["backbones"]["images"]["vqav2"]
+    for arm, folder in (("pretrained", "mhmoe-demo-seed{}"), ("random_init", "mhmoe-demo-random-init-seed{}")):
         for seed in (0, 1):
-            vqa = json.loads((out / "finetune" / variant / f"vqav2-seed{seed}" / "scores.json").read_text())["overall"]
-            assert scores[variant]["vqav2"]["values"][seed] == pytest.approx(vqa)
-    random_init = report["claims"][6]["measured"]["tasks"]["nlvr2"]["random_init"]["values"]
-    for seed in (0, 1):
-        nlvr2 = json.loads((out / "finetune" / "xmoe-random-init" / f"nlvr2-seed{seed}" / "scores.json").read_text())
-        assert random_init[seed] == pytest.approx(nlvr2["accuracy"])
+            path = out / "finetune" / folder.format(seed) / f"vqav2-seed{seed}" / "scores.json"
+            vqa = json.loads(path.read_text())["overall"]
+            assert tasks["vqav2"][arm]["values"][seed] == pytest.approx(vqa)
+            run = images[arm][seed]
+            assert 100 * sum(run["sums"]) / sum(run["questions"]) == pytest.approx(vqa, abs=0.01)
+    assert decided["pretraining"]["gaps"][0]["within_run"] is not None
 
     # claim 3: the last X-MoE snapshot's RC, recomputed from the snapshot file
-    snapshots = sorted((out / "pretrain" / "xmoe-e8" / "snapshots").glob("step*.pt"))
+    snapshots = sorted((out / "pretrain" / "xmoe-e8-seed0" / "snapshots").glob("step*.pt"))
     assert [int(p.stem[4:]) for p in snapshots] == [m["step"] for m in measures["snapshots"]["xmoe"]]
     batches = held_out_batches(out / "data" / "shards" / "coco-karpathy-test", 64, 2, 16, 32)
     run = run_routing(load_backbone(snapshots[-1]), inputs(batches), capture_inputs=True, max_rows=500)
@@ -461,8 +503,8 @@ def test_a_report_of_hand_made_claims_is_written_whole(tmp_path):
     claims = [
         activation_claim(activation),
         diversity_claim(diversity),
-        collapse_claim(snapshots),
-        fluctuation_claim(snapshots),
+        collapse_claim(snapshots, HALF_WINDOW.claim("collapse")),
+        fluctuation_claim(snapshots, HALF_WINDOW.claim("fluctuation")),
         consistency_claim(consistency),
         tasks_claim(scores, CHANCE),
         pretraining_claim("xmoe", scores["xmoe"], scores["dense"], CHANCE),
@@ -470,7 +512,7 @@ def test_a_report_of_hand_made_claims_is_written_whole(tmp_path):
         frequency_claim(_token_passes(lambda t: 1 + t / 30), {str(t): 1000 - 30 * t for t in range(30)}),
     ]
     settings = {"collapse": "Switch and X-MoE, 32 experts"}
-    plan = study_plan(DEFAULT, "default")
+    plan = HALF_WINDOW  # the design of one run per routing arm
     measures = Measures({}, {}, {}, consistency, {}, {}, {}, {}, CHANCE)
     decisions = run_decisions(claims, plan, measures)
     report = write_report(claims, tmp_path, "# header", {"command": "test"}, CHANCE, settings, None, decisions)
@@ -564,7 +606,10 @@ def test_the_shipped_report_is_recomputed_from_its_shipped_measures():
     docs = Path(__file__).resolve().parents[2] / "docs"
     measures = json.loads((docs / "claims" / "measures.json").read_text())
     report = json.loads((docs / "claims" / "report.json").read_text())
-    recomputed = json.loads(json.dumps([claim.to_json() for claim in claims_from(Measures.from_json(measures))]))
+    shipped_plan = read_plan(Path(__file__).resolve().parent / "data" / "plan_before_seeds.json")
+    recomputed = json.loads(
+        json.dumps([claim.to_json() for claim in claims_from(Measures.from_json(measures), shipped_plan)])
+    )
     assert recomputed == report["claims"]
     markdown = (docs / "claims.md").read_text()
     for claim in report["claims"]:
@@ -578,7 +623,8 @@ def test_the_study_fine_tunes_only_the_benchmarks_its_settings_give_steps(tmp_pa
     from mmoe.study.runs import StudyRun, finetune_stages
     from mmoe.study.settings import FAST as STUDY_FAST
 
-    keys = [str(stage.key) for stage in finetune_stages(StudyRun(tmp_path, STUDY_FAST.training), STUDY_FAST)]
+    with_tasks = dataclasses.replace(STUDY_FAST, run_tasks=True)
+    keys = [str(stage.key) for stage in finetune_stages(StudyRun(tmp_path, with_tasks.training), with_tasks)]
     tasks = {key.split("/")[2].split("-seed")[0] for key in keys if key.startswith("finetune/dense/")}
     assert tasks == set(STUDY_FAST.training.finetune_steps) == {"vqav2", "nlvr2", "captioning"}
 
@@ -587,8 +633,8 @@ def test_the_study_keeps_its_training_setting_apart_from_the_demos():
     """The study trains as its shipped report says (BEiT-3's pre-training objective, the tiny width, the configs'
     learning rates but captioning's), whatever the demo's own setting becomes."""
     from mmoe.pipeline.settings import upgraded_settings
-    from mmoe.study.settings import DEFAULT, SCALE
     from mmoe.study.settings import FAST as STUDY_FAST
+    from mmoe.study.settings import GPU as SCALE
 
     shipped = json.loads((Path(__file__).parents[2] / "docs" / "claims" / "report.json").read_text())
     stored = upgraded_settings(shipped["settings"]["training"])  # in today's form

@@ -17,8 +17,18 @@ from mmoe.study.claims.mhmoe_routing import (
     random_activation,
 )
 from mmoe.study.claims.stratified import average_ranks, capacity_claim, frequency_claim, spearman
-from mmoe.study.claims.task_scores import TASK_ORDER, TASK_SCORES, order_verdict, pretraining_claim, spread, tasks_claim
+from mmoe.study.claims.task_scores import (
+    TASK_ORDER,
+    TASK_SCORES,
+    TASKS,
+    not_run_claim,
+    order_verdict,
+    pretraining_claim,
+    spread,
+    tasks_claim,
+)
 from mmoe.study.claims.xmoe_routing import (
+    TRAINED,
     collapse_claim,
     collapse_keys,
     consistency_claim,
@@ -30,6 +40,8 @@ from mmoe.study.claims.xmoe_routing import (
 __all__ = [
     "TASK_ORDER",
     "TASK_SCORES",
+    "TASKS",
+    "TRAINED",
     "Claim",
     "Statement",
     "activation_claim",
@@ -44,6 +56,7 @@ __all__ = [
     "frequency_claim",
     "mean_correlation",
     "modality_claim",
+    "not_run_claim",
     "order_verdict",
     "pretraining_claim",
     "random_activation",

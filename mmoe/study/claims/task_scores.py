@@ -10,6 +10,7 @@ from mmoe.pipeline.benchmarks import benchmark_named
 from mmoe.study.claims.claim import Claim, Statement
 from mmoe.study.plan_design import TASK_ORDER
 from mmoe.study.verdicts import (
+    NOT_RUN,
     NOT_SEPARATED,
     OPPOSITE,
     REPRODUCES,
@@ -93,6 +94,11 @@ def tasks_claim(scores: dict, chance: dict[str, float]) -> Claim:
     return TASKS.measured({"scores": table, "tasks": per_task}, overall, summary)
 
 
+def not_run_claim(statement: Statement) -> Claim:
+    """``statement`` where the preset trains none of its runs: the row says which preset runs it."""
+    return statement.measured({"scores": {}, "tasks": {}}, NOT_RUN, "not run under this preset: --scale gpu only")
+
+
 # -- pre-training helps ------------------------------------------------------------------------------------------------
 
 
@@ -107,12 +113,15 @@ PRETRAINING = Statement(
 def pretraining_claim(variant: str, pretrained: dict, random_init: dict, chance: dict[str, float]) -> Claim:
     """The claim every reader assumes: at equal fine-tuning steps and seeds, a backbone pre-trained by mmoe scores
     above the same architecture fine-tuned from random init (BEiT-3 §3; MH-MoE Table 4 fine-tunes pre-trained models
-    only). ``pretrained`` / ``random_init``: task -> the seeds' ``scores.json``.
+    only). ``pretrained`` / ``random_init``: task -> the runs' ``scores.json`` (fine-tuning seeds of one backbone,
+    or one fine-tuning of each backbone); the tasks of the three that both hold.
 
     Per task, the difference of the means with a Student-t interval over seeds (pooled seed standard deviation of the
     two cells); uninformative where neither side beats the task's chance level."""
     per_task = {}
     for task, score, label in TASK_SCORES:
+        if task not in pretrained or task not in random_init:
+            continue
         a = [run[score] for run in pretrained[task]]
         b = [run[score] for run in random_init[task]]
         interval = seed_interval(a, b, pooled_std([a, b]))

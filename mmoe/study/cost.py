@@ -1,0 +1,101 @@
+"""The estimated cost of a study preset, from measured per-step costs (written into the plan and printed by ``mmoe
+study claims --dry-run``): an estimate, not a measurement.
+
+The CPU costs are the shipped study's (``docs/claims.md``: 43 trainings, about 4,900 steps, in 41.9 min of stages on
+the 2-core machine, about 0.5 s per step averaged over pre-training and fine-tuning) and the demo's (its pre-training
+with the contrastive loss about 1.4 s per step; fine-tuning 0.35-0.5 s per step on one thread). The GPU costs are the
+tiny configs' on one H100 in bf16 as README reports them (pre-training about 0.2 s per step, captioning 0.07), divided
+over the runs that share the GPU at once: tiny models are launch-bound, so ``streams`` runs side by side add little
+to each other's step time (an estimate that has not been measured).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mmoe.pipeline.benchmarks import trained_benchmarks
+from mmoe.study.runs import pretrainings
+from mmoe.study.settings import CONSISTENCY_RULES, StudySettings
+
+
+@dataclass(frozen=True)
+class StepCosts:
+    """Seconds per step and per stage on one machine.
+
+    Attributes:
+        machine: what the costs were measured on, in words.
+        pretrain: per pre-training step (masked data modelling).
+        recipe_pretrain: per pre-training step with the demo's recipe (contrastive loss, output vocabulary).
+        finetune: per fine-tuning step.
+        per_training: a training's start (process, configs, data) and end (checkpoint, export).
+        evaluation: a fine-tuning's prediction and scoring.
+        snapshot: the routing measurements of one backbone snapshot (RC with its bootstrap, loads, fluctuation).
+        measure: the measurements of one exported backbone on the held-out batches.
+        streams: runs that share the machine at once (1: one after the other).
+    """
+
+    machine: str
+    pretrain: float
+    recipe_pretrain: float
+    finetune: float
+    per_training: float
+    evaluation: float
+    snapshot: float
+    measure: float
+    streams: int = 1
+
+
+CPU_COSTS = StepCosts("the 2-core CPU", pretrain=0.5, recipe_pretrain=1.4, finetune=0.45, per_training=8.0,
+                      evaluation=25.0, snapshot=3.0, measure=2.0)  # fmt: skip
+GPU_COSTS = StepCosts("one H100, 8 runs at once", pretrain=0.2, recipe_pretrain=0.3, finetune=0.07,
+                      per_training=15.0, evaluation=10.0, snapshot=1.0, measure=0.5, streams=8)  # fmt: skip
+
+
+def stage_costs(settings: StudySettings, costs: StepCosts) -> list[dict]:
+    """Per group of stages: ``what``, ``trainings``, ``steps`` and estimated ``seconds`` on ``costs``' machine (a
+    group's trainings shared over ``costs.streams`` at once; measurements one after the other)."""
+    runs = pretrainings(settings)
+    recipe = [run for run in runs if run.recipe]
+    routing = [run for run in runs if not run.recipe]
+    tasks = trained_benchmarks(settings.training) if settings.run_tasks else ()
+    task_steps = sum(settings.training.steps(benchmark.name) for benchmark in tasks)
+    task_runs = len(settings.task_variants) * len(tasks) * settings.task_seeds
+    consistency_runs = len(CONSISTENCY_RULES) * 2 * settings.seeds
+    recipe_steps = sum(settings.pretraining_recipe.finetune_steps.values())
+    recipe_runs = 2 * settings.pretraining_backbones * len(settings.pretraining_recipe.finetune_steps)
+    snapshots = 2 * settings.routing_seeds * (settings.router_steps // settings.snapshot_every + 1)
+    groups = [
+        ("pre-training (routing arms, diversity, Stratified MoE, router table)", len(routing),
+         sum(run.steps for run in routing), costs.pretrain, 0),
+        ("pre-training with the demo's recipe (claim 7)", len(recipe), sum(run.steps for run in recipe),
+         costs.recipe_pretrain, 0),
+        ("VQA fine-tuning of the routers, both rules (claim 5)", consistency_runs,
+         consistency_runs * settings.consistency_steps, costs.finetune, 0),
+        ("VQA fine-tuning of the pre-trained and random backbones (claim 7)", recipe_runs,
+         2 * settings.pretraining_backbones * recipe_steps, costs.finetune, recipe_runs),
+        ("task fine-tuning (claim 6)", task_runs, len(settings.task_variants) * settings.task_seeds * task_steps,
+         costs.finetune, task_runs),
+    ]  # fmt: skip
+    rows = []
+    for what, trainings, steps, per_step, evaluations in groups:
+        seconds = (steps * per_step + trainings * costs.per_training + evaluations * costs.evaluation) / costs.streams
+        rows.append({"what": what, "trainings": trainings, "steps": steps, "seconds": seconds})
+    measured = len(routing) + settings.routing_seeds * len(settings.heads)
+    rows.append({"what": "measurements (snapshots, backbones, scores)", "trainings": 0, "steps": 0,
+                 "seconds": snapshots * costs.snapshot + measured * costs.measure})  # fmt: skip
+    return rows
+
+
+def cost_lines(settings: StudySettings, costs: StepCosts) -> list[str]:
+    """The estimate as Markdown list lines, its total last."""
+    rows = stage_costs(settings, costs)
+    lines = [f"- {row['what']}: {row['trainings']} trainings, {row['steps']} steps, about {row['seconds'] / 60:.1f} "
+             "min" for row in rows]  # fmt: skip
+    trainings = sum(row["trainings"] for row in rows)
+    total = sum(row["seconds"] for row in rows) / 60
+    return [*lines, f"- **total: {trainings} trainings, about {total:.0f} min on {costs.machine} (an estimate from "
+            "the per-step costs of `mmoe.study.cost`, not a measurement)**"]  # fmt: skip
+
+
+def total_minutes(settings: StudySettings, costs: StepCosts) -> float:
+    return sum(row["seconds"] for row in stage_costs(settings, costs)) / 60

@@ -1,0 +1,161 @@
+"""The analysis stage's measurements of every run of the study (:func:`measure_runs`): the routing arms at each
+routing seed (claims 1, 3 and 4 are decided over them), the diversity runs, the routers' fine-tunings under both
+rules with each seed left out in turn (claim 5's jackknife), claim 7's backbones with their evaluation image by image,
+the task cells, Stratified MoE and the router table."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from mmoe.data.synth.layout import PRETRAIN_PAIR_SPLIT, PRETRAIN_TEXT_SPLIT
+from mmoe.data.tokenizer import CAPTION_MAX_TEXT_LENGTH
+from mmoe.io import read_json
+from mmoe.pipeline.benchmarks import trained_benchmarks
+from mmoe.pipeline.items import VQA_EVAL_SUBTYPE
+from mmoe.study.runs import (
+    COMPARED_ROUTERS,
+    CONSISTENCY_TASK,
+    STRATIFIED,
+    Measures,
+    Pretraining,
+    StudyRun,
+    chance_levels,
+    collect_scores,
+    consistency_folder,
+    recipe_run,
+    routing_arms,
+    routing_run,
+)
+from mmoe.study.settings import StudySettings
+
+
+def seeded_routing(study: StudyRun, settings: StudySettings, runs: list[Pretraining], batches: list) -> list[dict]:
+    """Per routing seed: ``activation`` (X-MoE and each MH-MoE arm at the end of its own run, h = 1 for X-MoE) and
+    ``snapshots`` (Switch and X-MoE through pre-training)."""
+    from mmoe.study.measures import expert_loads, snapshot_measures
+
+    by_name = {run.name: run for run in runs}
+    experts = settings.many_experts
+    per_seed = []
+    for seed in range(settings.routing_seeds):
+        activation = {}
+        for arm in routing_arms(settings):
+            if arm == "switch":
+                continue
+            run = by_name[routing_run(arm, experts, seed)]
+            loads = expert_loads(study.pretrained(run.name), batches)
+            activation[arm_label(arm, experts)] = {"heads": run.heads} | loads
+        snapshots = {}
+        for router in COMPARED_ROUTERS:
+            saved = study.snapshots(by_name[routing_run(router, experts, seed)])
+            snapshots[router] = snapshot_measures(list(saved.values()), list(saved), batches, settings.analysis_rows)
+        per_seed.append({"seed": seed, "activation": activation, "snapshots": snapshots})
+    return per_seed
+
+
+def arm_label(arm: str, experts: int) -> str:
+    """The name an activation arm has in the measures: ``xmoe-e32``, ``mhmoe-e32-h8``."""
+    return f"{arm}-e{experts}" if not arm.startswith("mhmoe-h") else f"mhmoe-e{experts}-h{arm.removeprefix('mhmoe-h')}"
+
+
+def consistency_of(study: StudyRun, settings: StudySettings, rule: str) -> dict:
+    """Router -> the inter-run consistency of its VQA fine-tunings under ``rule``, window by window, with each seed
+    left out in turn (the jackknife over runs that decides claim 5)."""
+    from mmoe.metrics.routing_collect import consistency_through_training
+    from mmoe.metrics.routing_stats import read_stats, window_loads
+
+    consistency = {}
+    for router in COMPARED_ROUTERS:
+        folder = consistency_folder(router, settings.many_experts, rule)
+        folders = [study.finetune_run(folder, CONSISTENCY_TASK, seed).root for seed in range(settings.seeds)]
+        loads = [window_loads(read_stats(path)) for path in folders]
+        names = [str(path) for path in folders]
+        left_out = [consistency_through_training(loads[:i] + loads[i + 1 :], names[:i] + names[i + 1 :])["windows"]
+                    for i in range(len(loads))] if len(loads) > 2 else []  # fmt: skip
+        consistency[router] = consistency_through_training(loads, names) | {
+            "runs": len(folders), "frozen_routing": rule == "frozen", "leave_one_out": left_out}  # fmt: skip
+    return consistency
+
+
+def image_sums(study: StudyRun, predictions: Path) -> dict[str, list]:
+    """One VQA evaluation image by image: the image ids (sorted), each image's question count and the sum of its
+    questions' official accuracies (fractions)."""
+    from mmoe.metrics.vqa import load_vqa, vqa_accuracy
+
+    corpus = study.corpus
+    entries, answers = load_vqa(
+        corpus.vqa_questions(VQA_EVAL_SUBTYPE), corpus.vqa_annotations(VQA_EVAL_SUBTYPE), predictions
+    )
+    sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for entry in entries:
+        image = str(entry["image_id"])
+        sums[image] = sums.get(image, 0.0) + vqa_accuracy(answers[entry["question_id"]], entry["answers"])
+        counts[image] = counts.get(image, 0) + 1
+    images = sorted(sums)
+    return {"images": images, "questions": [counts[i] for i in images], "sums": [sums[i] for i in images]}
+
+
+def backbone_measures(study: StudyRun, settings: StudySettings) -> dict:
+    """Claim 7: per arm (pre-trained, random init) and task, each backbone seed's ``scores.json``; for VQA also its
+    evaluation image by image (:func:`image_sums`)."""
+    recipe = StudyRun(study.out, settings.pretraining_recipe)
+    arms = {"pretrained": False, "random_init": True}
+    measured: dict = {arm: {} for arm in arms} | {"images": {}}
+    for benchmark in trained_benchmarks(settings.pretraining_recipe):
+        for arm, random_init in arms.items():
+            layouts = [recipe.finetune_run(recipe_run(seed, random_init), benchmark.name, seed)
+                       for seed in range(settings.pretraining_backbones)]  # fmt: skip
+            measured[arm][benchmark.name] = [read_json(layout.scores, "scores") for layout in layouts]
+            if benchmark.name == CONSISTENCY_TASK:
+                per_image = [image_sums(recipe, layout.predictions(benchmark.predictions)) for layout in layouts]
+                measured["images"].setdefault(benchmark.name, {})[arm] = per_image
+    return measured
+
+
+def measure_runs(study: StudyRun, settings: StudySettings, runs: list[Pretraining], batches: Sequence) -> Measures:
+    """Every measurement of the study's runs on the held-out ``batches`` (:class:`mmoe.study.runs.Measures`)."""
+    from mmoe.study.measures import (
+        diversity_by_region,
+        requested_capacity,
+        router_variant_measures,
+        token_passes,
+        training_token_counts,
+    )
+
+    by_name = {run.name: run for run in runs}
+    seeded = seeded_routing(study, settings, runs, list(batches))
+    diverse = [run for run in runs if run.heads > 1 and run.seed == 0 and not run.recipe]
+    diversity = {run.name: diversity_by_region(study.pretrained(run.name), batches) for run in diverse}
+    variants = settings.task_variants if settings.run_tasks else ()
+    scores = {variant: collect_scores(study, variant, settings.task_seeds) for variant in variants}
+    stratified = study.pretrained(by_name[STRATIFIED].name)
+    passes = token_passes(stratified, batches)
+    training = training_token_counts([study.corpus.shard(PRETRAIN_PAIR_SPLIT), study.corpus.shard(PRETRAIN_TEXT_SPLIT)],
+                                     CAPTION_MAX_TEXT_LENGTH)  # fmt: skip
+    seen = {token for entry in passes.values() for token in entry["ids"]}
+    token_capacity = {"passes": passes, "training_counts": {str(t): training.get(t, 0) for t in sorted(seen)}}
+    routers = {name: router_variant_measures(study.pretrained(name), batches) for name in settings.router_variants}
+    return Measures(
+        activation=seeded[0]["activation"],
+        diversity=diversity,
+        snapshots=seeded[0]["snapshots"],
+        consistency=consistency_of(study, settings, "frozen"),
+        scores=scores,
+        random_init={},
+        capacity=requested_capacity(stratified, batches),
+        token_capacity=token_capacity,
+        chance=chance_levels(study),
+        router_variants=routers,
+        seeded={"seeds": seeded},
+        consistency_trained=consistency_of(study, settings, "trained"),
+        backbones=backbone_measures(study, settings),
+    )
+
+
+def per_image_mean(images: list[dict]) -> np.ndarray:
+    """(backbones, images) each backbone's mean accuracy per image, in percent."""
+    return np.asarray([np.asarray(b["sums"]) / np.asarray(b["questions"]) for b in images]) * 100
