@@ -18,6 +18,7 @@ from mmoe.model.config import config_to_dict
 from mmoe.pipeline.layout import PipelineRun
 from mmoe.pipeline.stages import PipelineError, print_progress
 from mmoe.tasks.checkpoint import read_backbone_state
+from mmoe.tasks.cli import TENSORBOARD_LOGGER
 from mmoe.tasks.finetuning import FineTuningTask
 from mmoe.tasks.launch import read_config, run_lightning
 from mmoe.tasks.layout import RunLayout
@@ -31,7 +32,8 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 #: The pre-training parts ``configs/pretrain/tiny/<variant>.yaml`` a pipeline runs (``dense``: none). Not
 #: ``global_balance``: the pipelines train on one device, where the global-batch balance loss is Switch's own.
 VARIANTS = (
-    "dense", "switch", "xmoe", "mhmoe", "stratified", "fine_grained", "shared_experts", "loss_free", "expert_choice"
+    "dense", "switch", "xmoe", "mhmoe", "stratified", "fine_grained", "shared_experts", "loss_free", "expert_choice",
+    "limoe", "moma", "deepseek",
 )  # fmt: skip
 
 
@@ -97,7 +99,8 @@ def pretrain_configs(variant: str) -> tuple[Path, ...]:
     return (tiny,) if variant == "dense" else (tiny, config_file(f"pretrain/tiny/{variant}.yaml"))
 
 
-#: The version folder of a stage's CSV logs (``csv/version_0``): one per run folder, continued across a resume.
+#: The version folder of a stage's logs (``csv/version_0``, ``tensorboard/version_0``): one per run folder, continued
+#: across a resume.
 CSV_VERSION = 0
 
 
@@ -147,17 +150,20 @@ def pretrain_launch(
     steps: int | None = None,
     extra_callbacks: Sequence[L.Callback] = (),
     moe: dict[str, Any] | None = None,
-    probes: bool = False,
+    watched: bool = False,
 ) -> Launch:
     """``mmoe fit`` with the tiny configs of ``variant`` (:func:`pretrain_configs`) on the run's corpus (its codebook
     included) into ``layout``, for ``steps`` (default the settings' ``pretrain_steps``); ``moe`` replaces fields of the
-    backbone's MoE plan; ``probes``: one validation after the last step, on the held-out batches that hold the zero-shot
-    probes' pairs (:mod:`mmoe.tasks.zero_shot_probes`, read back by :func:`mmoe.pipeline.probes.logged_probes`)."""
+    backbone's MoE plan. ``watched``: TensorBoard logs beside the CSV ones (the routing callback's load heatmaps, the
+    losses, the probes) and one validation after the last step, on the held-out batches that hold the zero-shot probes'
+    pairs (:mod:`mmoe.tasks.zero_shot_probes`, read back by :func:`mmoe.pipeline.probes.logged_probes`)."""
     steps = run.settings.pretrain_steps if steps is None else steps
     label = f"pretrain {layout.root.name if layout.root.name != 'pretrain' else variant}"
     trainer, callbacks = trainer_options(run, layout, steps, 50, extra_callbacks)
-    if probes:
+    if watched:
         trainer["limit_val_batches"] = math.ceil(DEFAULT_PROBE_PAIRS / run.settings.batch_size)
+        tensorboard = {"save_dir": str(layout.root), "name": layout.tensorboard_logs.name, "version": CSV_VERSION}
+        trainer["logger"].append({"class_path": TENSORBOARD_LOGGER, "init_args": tensorboard})
     backbone = {**run.settings.backbone, "image_size": run.settings.image_size}
     if moe:
         # A dict for the MoE plan replaces the config's whole plan (its router too): start from the configured one.

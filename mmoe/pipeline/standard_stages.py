@@ -62,7 +62,7 @@ def variant_pretrain_stage(run: PipelineRun, variant: str) -> Stage:
     ``DIR/<variant>/pretrain``: the demo's, and where a script that pre-trains as the demo does finds it; its zero-shot
     probes are measured once, after the last step (:mod:`mmoe.pipeline.probes`)."""
     layout = run.pretraining(variant)
-    launch = functools.partial(pretrain_launch, run, variant, layout, probes=True)
+    launch = functools.partial(pretrain_launch, run, variant, layout, watched=True)
     return pretrain_stage(StageKey.of(variant, "pretrain"), launch, layout)
 
 

@@ -480,6 +480,14 @@ def test_demo_scores_are_official_files_exist_and_a_rerun_reuses_stages(default_
     assert values["val/probe/i2t_r5"] > 3 * chance["val/probe/i2t_r5"]
     assert values["val/probe/t2i_r1"] > 5 * chance["val/probe/t2i_r1"]
     assert "Zero-shot probes of the mhmoe pre-training" in printed
+    # ... and reach TensorBoard with the routing callback's load heatmaps (`tensorboard --logdir DIR/mhmoe/pretrain`).
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    logs = out / "mhmoe" / "pretrain" / "tensorboard" / "version_0"
+    events = EventAccumulator(str(logs), size_guidance={"images": 0})
+    tags = events.Reload().Tags()
+    assert "routing/load_heatmap" in tags["images"] and "val/probe/color_acc" in tags["scalars"]
+    assert events.Scalars("val/probe/color_acc")[-1].value == pytest.approx(values["val/probe/color_acc"])
 
     for path in results["files"]:
         assert Path(path).exists(), path

@@ -50,8 +50,10 @@ def test_pooled_recall_has_the_chance_of_recall_and_a_tiny_set_caps_it_at_one():
 
 
 @pytest.mark.parametrize("probes", [False, True])
-def test_only_a_probing_pre_training_validates_and_then_on_the_probe_pairs_batches(tmp_path, probes):
+def test_only_a_watched_pre_training_validates_on_the_probe_pairs_batches_and_logs_to_tensorboard(tmp_path, probes):
     run = PipelineRun(tmp_path, DEMO_FAST)
-    trainer = pretrain_launch(run, "mhmoe", run.pretraining("mhmoe"), probes=probes).config().trainer
+    trainer = pretrain_launch(run, "mhmoe", run.pretraining("mhmoe"), watched=probes).config().trainer
     batches = -(-DEFAULT_PROBE_PAIRS // DEMO_FAST.batch_size) if probes else 0
     assert trainer.limit_val_batches == batches and trainer.val_check_interval == DEMO_FAST.pretrain_steps
+    loggers = [logger.class_path.rsplit(".", 1)[-1] for logger in trainer.logger]
+    assert loggers == (["ContinuingCSVLogger", "TensorBoardLogger"] if probes else ["ContinuingCSVLogger"])
