@@ -6,12 +6,13 @@ mmoe study claims [--out runs/claims] [--fast | --scale gpu] [--plan FILE] [--dr
 
 :mod:`~mmoe.study.settings` (DEFAULT, FAST, GPU), :mod:`~mmoe.study.runs` (the stages, from the pipeline kit
 :mod:`mmoe.pipeline`: corpus and codebook, pre-training of every routing arm at each routing seed, fine-tuning),
-:mod:`~mmoe.study.measure_runs` (every run measured), :mod:`~mmoe.study.cost` (each preset's estimated cost), :mod:`~mmoe.study.measures` (routing measurements on held-out batches), :mod:`~mmoe.study.claims`
-(each claim from the saved measurements, by the rules of the plan), :mod:`~mmoe.study.plan` and
-:mod:`~mmoe.study.plan_design` (the plan fixed before the runs: arms, runs, seeds, steps, layers, windows, gates,
-noise rule, multiplicity, rule changes; ``docs/claims/plan.json``), :mod:`~mmoe.study.plan_runs` (its hash in every
-stage's marker; a report over runs made under another plan refused), :mod:`~mmoe.study.run_statistics` and
-:mod:`~mmoe.study.decisions` and :mod:`~mmoe.study.routing_decisions` (each claim decided over training runs: Welch's t, the detectable effect, Holm's
+:mod:`~mmoe.study.measure_runs` (every run measured), :mod:`~mmoe.study.cost` (each preset's estimated cost),
+:mod:`~mmoe.study.measures` (routing measurements on held-out batches), :mod:`~mmoe.study.claims` (each claim from the
+saved measurements, by the rules of the plan), :mod:`~mmoe.study.plan` and :mod:`~mmoe.study.plan_design` (the plan
+fixed before the runs: arms, runs, seeds, steps, layers, windows, gates, noise rule, multiplicity, rule changes;
+``docs/claims/plan.json``), :mod:`~mmoe.study.plan_runs` (its hash in every stage's marker; a report over runs made
+under another plan refused), :mod:`~mmoe.study.run_statistics`, :mod:`~mmoe.study.decisions` and
+:mod:`~mmoe.study.routing_decisions` (each claim decided over training runs: Welch's t, the detectable effect, Holm's
 correction; 1 run per arm is not decided), :mod:`~mmoe.study.report` (figures, ``report.md``, ``report.json``) and
 :mod:`~mmoe.study.command`. Done stages are reused on a re-run and an interrupted training resumes, as in ``mmoe
 demo``; a directory made with other settings is refused.

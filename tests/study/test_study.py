@@ -388,6 +388,18 @@ def test_fast_study_report_is_recomputed_from_its_saved_statistics(fast_study):
         assert claim["verdict"] == NOT_RUN or Path(report["figures"][claim["id"]]).stat().st_size > 0
     assert any((out / "figures" / "maps").glob("subtoken_map_*.png"))
 
+
+def _saved(out: Path) -> tuple[dict, dict, dict]:
+    """The fast study's report, measures and decisions by claim id."""
+    report = json.loads((out / "report.json").read_text())
+    measures = json.loads((out / "analysis" / "measures.json").read_text())
+    return report, measures, {decision["id"]: decision for decision in report["decisions"]}
+
+
+@pytest.mark.slow
+def test_fast_study_decides_claims_1_3_4_over_the_routing_seeds(fast_study):
+    out = fast_study
+    report, measures, decided = _saved(out)
     # claim 1: the paper's activation ratio of the saved loads and tokens (summed over the batches), by hand
     language = report["claims"][0]["measured"]["by_modality"]["language"]
     for name, run in language["runs"].items():
@@ -422,8 +434,13 @@ def test_fast_study_report_is_recomputed_from_its_saved_statistics(fast_study):
         expected = None if any(v is None for r in rcs for v in r) else np.mean([np.mean(np.log(r)) for r in rcs])
         assert collapse["per_run"]["xmoe"][seed] == (None if expected is None else pytest.approx(expected))
     assert set(decided["fluctuation"]["by_modality"]) == {"language", "vision"}
-    assert "language (the paper's)" in markdown
+    assert "language (the paper's)" in (out / "report.md").read_text()
 
+
+@pytest.mark.slow
+def test_fast_study_measures_claims_5_and_7_from_their_runs_files(fast_study):
+    out = fast_study
+    report, measures, decided = _saved(out)
     # claim 5: IC window by window from the seeds' own routing_stats.json, both routers under the same rule per row
     for variant, rule in itertools.product(("switch", "xmoe"), ("frozen", "trained")):
         folders = [out / "finetune" / f"{variant}-e8-seed0-{rule}" / f"vqav2-seed{seed}" for seed in range(3)]
@@ -452,6 +469,11 @@ def test_fast_study_report_is_recomputed_from_its_saved_statistics(fast_study):
             assert 100 * sum(run["sums"]) / sum(run["questions"]) == pytest.approx(vqa, abs=0.01)
     assert decided["pretraining"]["gaps"][0]["within_run"] is not None
 
+
+@pytest.mark.slow
+def test_fast_study_rc_is_the_snapshot_files_own(fast_study):
+    out = fast_study
+    _, measures, _ = _saved(out)
     # claim 3: the last X-MoE snapshot's RC, recomputed from the snapshot file
     snapshots = sorted((out / "pretrain" / "xmoe-e8-seed0" / "snapshots").glob("step*.pt"))
     assert [int(p.stem[4:]) for p in snapshots] == [m["step"] for m in measures["snapshots"]["xmoe"]]
