@@ -113,7 +113,8 @@ class RoutingChoices(RoutingDetails):
             C from ``capacity_factor``; a token may be taken by no expert (``RoutingRecord.unrouted_fraction``) or by
             several. Balanced by construction: its balance loss is 0. top_k must stay 1 (unused); refused with
             strata, ``bias_update_rate`` and ``balance_batch: global`` (nothing to balance) and without a finite
-            capacity factor. The expert FFNs run on the reference path (``expert_kernels`` applies to token choice).
+            capacity factor. The experts run batched as E slices of C rows, or through the fused kernels with
+            ``expert_kernels: triton``.
             A token's routing depends on the other tokens of its batch: evaluation results change with the
             evaluation batch size (and which samples share a batch), and tasks whose text is causal (captioning)
             refuse it, since an earlier token's routing would depend on later ones.

@@ -57,3 +57,32 @@ def test_only_a_watched_pre_training_validates_on_the_probe_pairs_batches_and_lo
     assert trainer.limit_val_batches == batches and trainer.val_check_interval == DEMO_FAST.pretrain_steps
     loggers = [logger.class_path.rsplit(".", 1)[-1] for logger in trainer.logger]
     assert loggers == (["ContinuingCSVLogger", "TensorBoardLogger"] if probes else ["ContinuingCSVLogger"])
+
+
+def test_the_tensorboard_figure_script_draws_a_demo_s_heatmap_loss_and_probes(tmp_path):
+    """``scripts/demo_tensorboard_figure.py`` on logs written as a watched pre-training writes them."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import numpy as np
+    from PIL import Image
+    from torch.utils.tensorboard import SummaryWriter
+
+    layout = PipelineRun(tmp_path, DEMO_FAST).pretraining("mhmoe")
+    writer = SummaryWriter(str(layout.tensorboard_logs / "version_0"))
+    heatmap = np.zeros((3, 4, 16), dtype=np.uint8)
+    heatmap[0] = 200  # a red picture: the figure must show it
+    for step in (10, 20):
+        writer.add_scalar("train/loss", 9.0 - step / 10, step)
+    writer.add_image("routing/load_heatmap", heatmap, 20)
+    writer.close()
+    write_metrics(metrics_csv(layout), [{"step": "20", "val/probe/pairs": "128", "val/probe/i2t_r5": "0.4",
+                                         "val/probe/color_acc": "0.5"}])  # fmt: skip
+    out = tmp_path / "figure.png"
+    script = Path(__file__).resolve().parents[2] / "scripts" / "demo_tensorboard_figure.py"
+    command = [sys.executable, str(script), str(tmp_path), "--out", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    pixels = np.asarray(Image.open(out).convert("RGB")).astype(int)
+    assert pixels.shape[1] > 1000 and ((pixels[..., 0] > 150) & (pixels[..., 1] < 60)).sum() > 100
