@@ -16,7 +16,6 @@ from mmoe.io import read_json, report_error
 from mmoe.pipeline.layout import RANDOM_INIT
 from mmoe.pipeline.settings import refuse_other_settings, upgraded_settings
 from mmoe.pipeline.stages import PipelineError, print_progress, run_stage
-from mmoe.pipeline.standard_stages import codebook_stage, corpus_stage
 from mmoe.study.claim_settings import claim_settings
 from mmoe.study.claims import (
     TASKS,
@@ -34,6 +33,7 @@ from mmoe.study.claims import (
     tasks_claim,
 )
 from mmoe.study.decisions import run_decisions
+from mmoe.study.lanes import run_in_lanes, study_stages
 from mmoe.study.plan import PlanError, StudyPlan, plan_hash
 from mmoe.study.plan_design import plan_markdown, study_plan
 from mmoe.study.plan_runs import check_runs_plan, plan_of_run, record_plan, refuse_other_plan, under_plan
@@ -45,9 +45,7 @@ from mmoe.study.runs import (
     Measures,
     StudyRun,
     analysis_stage,
-    finetune_stages,
     maps_stage,
-    pretrain_stages,
     pretrainings,
 )
 from mmoe.study.settings import DEFAULT, PRESETS, ROUTER_VARIANTS, StudySettings
@@ -147,6 +145,12 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
         "docs/claims/plan.json is the default settings')",
     )
     claims.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="trainings run at once, each lane a process (default 1; about 8 on a GPU, 2 at most on a 2-core CPU)",
+    )
+    claims.add_argument(
         "--precision",
         choices=("32-true", "bf16-mixed"),
         default=None,
@@ -178,10 +182,9 @@ def study_command(argv: Sequence[str]) -> int:
         refuse_other_plan(study.out, plan)
         record_plan(study.out, plan)
         runs = pretrainings(settings)
-        stages = [corpus_stage(study), codebook_stage(study)]
-        for run in runs:
-            stages += pretrain_stages(study, run, settings.pretraining_recipe)
-        stages += finetune_stages(study, settings)
+        if args.jobs > 1:
+            run_in_lanes(study, settings, plan_hash(plan), args.jobs)
+        stages = study_stages(study, settings)
         stages += [analysis_stage(study, settings, runs), maps_stage(study, settings, runs)]
         records = {stage.key: run_stage(study, under_plan(stage, plan_hash(plan))) for stage in stages}
         digest = check_runs_plan(records, plan)
