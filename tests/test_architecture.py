@@ -50,8 +50,8 @@ def breaches(layer: str, forbidden: tuple[str, ...], allowed_in: tuple[str, ...]
     ]
 
 
-#: The layers on top: the pipeline kit, the command, the demo, the claims study and inference.
-TOP = ("mmoe.pipeline", "mmoe.demo", "mmoe.study", "mmoe.infer", "mmoe.cli")
+#: The layers on top: the pipeline kit, the command, the demo, the claims study, inference and the harness adapters.
+TOP = ("mmoe.pipeline", "mmoe.demo", "mmoe.study", "mmoe.infer", "mmoe.cli", "mmoe.harness")
 
 RULES = {
     "mmoe.moe is the bottom layer": ("mmoe.moe", ("mmoe.model", "mmoe.data", "mmoe.tasks", "mmoe.metrics", "mmoe.viz",
