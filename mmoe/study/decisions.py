@@ -16,13 +16,14 @@ from __future__ import annotations
 import numpy as np
 
 from mmoe.study.claims import Claim, judged_window, mean_correlation, order_verdict
+from mmoe.study.claims.mhmoe_routing import diversity_run_measure
 from mmoe.study.claims.task_scores import TASK_SCORES
 from mmoe.study.plan import ClaimPlan, StudyPlan
 from mmoe.study.plan_design import TASK_ORDER
 from mmoe.study.routing_decisions import DECIDERS, image_interval, routing_decision
-from mmoe.study.run_statistics import POWER, UNDECIDABLE, family_verdicts, run_verdict
+from mmoe.study.run_statistics import POWER, UNDECIDABLE, family_verdicts, one_sample_verdict, run_verdict
 from mmoe.study.runs import Measures
-from mmoe.study.verdicts import NOT_RUN, SATURATED, UNINFORMATIVE, combined, keys_of
+from mmoe.study.verdicts import NOT_RUN, NOT_SEPARATED, SATURATED, UNINFORMATIVE, combined, keys_of
 
 #: The consistency claim's verdict where the measures hold no leave-one-out values (made before they were saved).
 NO_SEED_VALUES = "undecidable: the measures hold no per-seed values"
@@ -129,6 +130,23 @@ def _routing_decision(claim: Claim, rules: ClaimPlan, seeded: dict) -> dict:
     return _decision(rules, claim, modalities[rules.paper_modality], by_modality=by_modality, modalities=modalities)
 
 
+def _diversity_decision(claim: Claim, rules: ClaimPlan, diversity: dict) -> dict:
+    """Claim 2 over runs: per arm with several runs, each run's object minus background (the mean over its vision
+    layers) against zero; saturated where the interval contains zero and every run sits at the plan's share of its
+    ceiling min(h, E). The arms of one run are not decided."""
+    share, noise = rules.gate("saturation_share"), rules.noise_rule
+    gaps = []
+    for arm in rules.arms:
+        measured = [diversity_run_measure(diversity[run.removeprefix("pretrain/")], share) for run in arm.runs]
+        gap = one_sample_verdict([m["difference"] for m in measured], +1, level=noise.level, alpha=noise.alpha,
+                                 power=noise.power)  # fmt: skip
+        if gap["verdict"] == NOT_SEPARATED and all(m["verdict"] == SATURATED for m in measured):
+            gap["verdict"] = SATURATED
+        gaps.append(gap | {"task": arm.name})
+    verdict = combined(gap["verdict"] for gap in gaps if gap["verdict"] != UNDECIDABLE)
+    return _decision(rules, claim, verdict, gaps=gaps)
+
+
 def run_decisions(claims: list[Claim], plan: StudyPlan, measures: Measures) -> list[dict]:
     """Every claim decided over runs (one entry per claim, in order): ``runs_per_arm``, the deciding ``unit``,
     ``verdict`` over runs, ``within_run_verdict`` (the claim's), and the gaps with their Welch intervals, detectable
@@ -138,6 +156,8 @@ def run_decisions(claims: list[Claim], plan: StudyPlan, measures: Measures) -> l
         rules = plan.claim(claim.id)
         if rules.not_run:
             decisions.append(_decision(rules, claim, NOT_RUN))
+        elif claim.id == "diversity" and max(rules.runs_per_arm()) >= 2:
+            decisions.append(_diversity_decision(claim, rules, measures.diversity))
         elif min(rules.runs_per_arm(), default=1) < 2:
             decisions.append(_decision(rules, claim, UNDECIDABLE))
         elif claim.id in DECIDERS:
@@ -163,8 +183,9 @@ def _gap_text(gap: dict, power: float) -> str:
         return f"{label}{where}{gap['verdict']}"
     welch = gap["welch"]
     holm = "" if gap.get("holm_p") is None else f", Holm p {gap['holm_p']:.3g}"
+    runs = " and ".join(map(str, welch["runs"]))
     return (f"{label}{where}{welch['difference']:.3g} [{welch['interval'][0]:.3g}, {welch['interval'][1]:.3g}] over "
-            f"{welch['runs'][0]} and {welch['runs'][1]} runs (p {welch['p_value']:.3g}{holm}; detectable at power "
+            f"{runs} runs (p {welch['p_value']:.3g}{holm}; detectable at power "
             f"{power:g}: {gap['detectable']:.3g}), {gap['verdict']}")  # fmt: skip
 
 

@@ -25,11 +25,20 @@ from mmoe.study.runs import (
     chance_levels,
     collect_scores,
     consistency_folder,
+    diversity_run,
     recipe_run,
     routing_arms,
     routing_run,
 )
 from mmoe.study.settings import StudySettings
+
+
+def diversity_arms(settings: StudySettings) -> list[list[str]]:
+    """Claim 2's arms, each its runs' names: MH-MoE at ``many_experts`` with each of ``heads`` (routing seed 0), then
+    each diversity run with its seeds."""
+    arms = [[routing_run(f"mhmoe-h{h}", settings.many_experts, 0)] for h in settings.heads]
+    return arms + [[diversity_run(h, e, seed, settings.diversity_seeds) for seed in range(settings.diversity_seeds)]
+                   for h, e in settings.diversity_runs]  # fmt: skip
 
 
 def seeded_routing(study: StudyRun, settings: StudySettings, runs: list[Pretraining], batches: list) -> list[dict]:
@@ -128,7 +137,8 @@ def measure_runs(study: StudyRun, settings: StudySettings, runs: list[Pretrainin
 
     by_name = {run.name: run for run in runs}
     seeded = seeded_routing(study, settings, runs, list(batches))
-    diverse = [run for run in runs if run.heads > 1 and run.seed == 0 and not run.recipe]
+    diversity_names = {name for arm in diversity_arms(settings) for name in arm}
+    diverse = [run for run in runs if run.name in diversity_names]
     diversity = {run.name: diversity_by_region(study.pretrained(run.name), batches) for run in diverse}
     variants = settings.task_variants if settings.run_tasks else ()
     scores = {variant: collect_scores(study, variant, settings.task_seeds) for variant in variants}

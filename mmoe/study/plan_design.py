@@ -18,13 +18,13 @@ from mmoe.atomic import write_text_atomic
 from mmoe.metrics.routing import DEFAULT_ACTIVATION_THRESHOLD
 from mmoe.pipeline.benchmarks import trained_benchmarks
 from mmoe.study.cost import CPU_COSTS, GPU_COSTS, cost_lines
+from mmoe.study.measure_runs import diversity_arms
 from mmoe.study.plan import Arm, ClaimPlan, NoiseRule, StudyPlan, plan_hash, read_plan, write_plan
 from mmoe.study.runs import (
     CONSISTENCY_TASK,
     PRETRAINING_VARIANT,
     STRATIFIED,
     consistency_folder,
-    diversity_run,
     recipe_run,
     routing_run,
 )
@@ -82,12 +82,19 @@ def _consistency(settings: StudySettings, rule: str) -> ClaimPlan:
                      {"consistency_ceiling": 0.99}, noise, "none")  # fmt: skip
 
 
+def _diversity_arm(runs: list[str], steps: int) -> Arm:
+    name = runs[0].removesuffix("-seed0") if len(runs) > 1 else runs[0]
+    return Arm(name, tuple(f"pretrain/{run}" for run in runs), tuple(range(len(runs))), steps, steps)
+
+
 def _routing_claims(settings: StudySettings) -> list[ClaimPlan]:
-    experts = settings.many_experts
     mhmoe = [_seeded(settings, f"mhmoe-h{h}", f"mhmoe h={h}") for h in sorted(settings.heads)]
     xmoe, switch = _seeded(settings, "xmoe", "xmoe"), _seeded(settings, "switch", "switch")
-    diversity = [_pretraining(routing_run(f"mhmoe-h{h}", experts, 0), settings.router_steps) for h in settings.heads]
-    diversity += [_pretraining(diversity_run(h, e), settings.router_steps) for h, e in settings.diversity_runs]
+    diversity = [_diversity_arm(runs, settings.router_steps) for runs in diversity_arms(settings)]
+    regions = (NoiseRule("training run (pre-training seed): per run object minus background distinct experts, the "
+                         "mean over the vision MoE layers; one-sample t over runs (an arm of one run is not decided)",
+                         "held-out images of each run")
+               if settings.diversity_seeds > 1 else _one_run("held-out images"))  # fmt: skip
     activation = _over_runs("the share of choices activated at the run's end, the mean over the modality's MoE layers",
                             "held-out batches of routing seed 0")  # fmt: skip
     collapse = _over_runs("the mean over the window's snapshots of log RC, RC the geometric mean over every MoE layer "
@@ -103,7 +110,7 @@ def _routing_claims(settings: StudySettings) -> list[ClaimPlan]:
                   {"activation_threshold": DEFAULT_ACTIVATION_THRESHOLD, "activation_ceiling": 0.999}, activation,
                   "holm"),
         ClaimPlan("diversity", tuple(diversity), ROUTING_SCHEDULE, "all", ("vision",), "vision", None,
-                  {"saturation_share": 0.97}, _one_run("held-out images"), "none"),
+                  {"saturation_share": 0.97}, regions, "none"),
         ClaimPlan("collapse", (xmoe, switch), ROUTING_SCHEDULE, "all", BOTH, "language", ROUTING_WINDOW, {}, collapse,
                   "none"),
         ClaimPlan("fluctuation", (xmoe, switch), ROUTING_SCHEDULE, "all", BOTH, "language", ROUTING_WINDOW,

@@ -129,6 +129,29 @@ def detectable_effect(std: Sequence[float], runs: Sequence[int], alpha: float = 
     return (t_quantile(1 - alpha / 2, degrees) + t_quantile(power, degrees)) * error
 
 
+def one_sample_verdict(
+    values: Sequence[float], expected_sign: int, *, level: float = LEVEL, alpha: float = ALPHA, power: float = POWER
+) -> dict:
+    """One arm's mean over runs against zero (the paper predicts ``expected_sign``): Student's t interval over the runs,
+    its p-value and detectable effect, in :func:`run_verdict`'s form (``welch`` holds the one-sample test, ``runs``
+    one count); :data:`UNDECIDABLE` with fewer than two runs."""
+    values = np.asarray(values, dtype=np.float64)
+    entry: dict = {"runs": [len(values)], "within_run": None}
+    if len(values) < 2:
+        return entry | {"welch": None, "detectable": None, "verdict": UNDECIDABLE}
+    mean, std, degrees = float(values.mean()), float(values.std(ddof=1)), len(values) - 1
+    error = std / math.sqrt(len(values))
+    if error == 0:
+        p_value, half = (1.0 if mean == 0 else 0.0), 0.0
+    else:
+        p_value = 2 * (1 - t_cdf(abs(mean) / error, degrees))
+        half = t_quantile(1 - (1 - level) / 2, degrees) * error
+    test = Welch(mean, [mean - half, mean + half], float(degrees), p_value, error, [len(values)], [std])
+    detectable = (t_quantile(1 - alpha / 2, degrees) + t_quantile(power, degrees)) * error
+    verdict = direction_verdict(test.interval, expected_sign) if p_value <= alpha else NOT_SEPARATED
+    return entry | {"welch": test.to_json(), "detectable": detectable, "verdict": verdict}
+
+
 def holm(p_values: Sequence[float], alpha: float = ALPHA) -> list[bool]:
     """Holm's step-down procedure: which hypotheses are rejected at family-wise level ``alpha``. The i-th smallest
     p-value (i from 0) is compared with alpha / (m - i), stopping at the first that is not below it."""

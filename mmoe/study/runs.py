@@ -5,6 +5,7 @@ an interrupted training resumed."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -141,8 +142,9 @@ def routing_run(arm: str, experts: int, seed: int) -> str:
     return f"{arm}-e{experts}-seed{seed}"
 
 
-def diversity_run(heads: int, experts: int) -> str:
-    return f"mhmoe-e{experts}-h{heads}"
+def diversity_run(heads: int, experts: int, seed: int = 0, seeds: int = 1) -> str:
+    """A diversity run's name: the seed in it where the run has several seeds."""
+    return f"mhmoe-e{experts}-h{heads}" + (f"-seed{seed}" if seeds > 1 else "")
 
 
 def recipe_run(seed: int, random_init: bool = False) -> str:
@@ -176,9 +178,10 @@ def pretrainings(settings: StudySettings) -> list[Pretraining]:
     variants = (*settings.task_variants, STRATIFIED) if settings.run_tasks else (STRATIFIED,)
     runs = [Pretraining(v, v, settings.training.pretrain_steps, heads=config_heads(v)) for v in variants]
     runs += _routing_pretrainings(settings)
-    for heads, few in settings.diversity_runs:
+    for (heads, few), seed in itertools.product(settings.diversity_runs, range(settings.diversity_seeds)):
         moe = (("num_experts", few), ("heads", heads))
-        runs.append(Pretraining(diversity_run(heads, few), "mhmoe", settings.router_steps, moe, heads,
+        name = diversity_run(heads, few, seed, settings.diversity_seeds)
+        runs.append(Pretraining(name, "mhmoe", settings.router_steps, moe, heads, seed=seed,
                                 min_lr_ratio=settings.routing_min_lr_ratio))  # fmt: skip
     for variant in settings.router_variants:
         runs.append(Pretraining(variant, variant, settings.router_table_steps, heads=config_heads(variant)))

@@ -57,6 +57,7 @@ class StudySettings:
         analysis_batch_size: their size.
         analysis_rows: router-input rows per MoE layer kept for the representation collapse.
         router_variants: tiny pre-training parts of the router table (``configs/pretrain/tiny/<name>.yaml``).
+        diversity_seeds: pre-training seeds of each diversity run (claim 2 is decided over them from 2 on).
     """
 
     training: TrainingSettings
@@ -80,6 +81,7 @@ class StudySettings:
     analysis_batch_size: int
     analysis_rows: int
     router_variants: tuple[str, ...] = ROUTER_VARIANTS
+    diversity_seeds: int = 1
 
     def __post_init__(self) -> None:
         if self.router_steps % self.snapshot_every:
@@ -193,22 +195,23 @@ _GPU_TRAINING = DEMO.replace(
 #: ``--scale gpu``: the designs that decide claims 2, 4, 6 and 7 with 8 or more runs per arm (claim 2: the diversity
 #: run with headroom, h = 8 over 16 experts, 8 seeds x 1,000 steps; claim 4: Switch and X-MoE, 8 seeds x 1,000
 #: steps, a snapshot every 100; claim 6: 3 variants x 9 fine-tuning seeds per task; claim 7: 8 pre-trainings against 8
-#: random inits at the demo's recipe), meant to run several tiny runs per GPU at once.
+#: random inits at the demo's recipe), meant to run several tiny runs per GPU at once (``--jobs 8``).
 GPU = dataclasses.replace(
     DEFAULT,
     training=_GPU_TRAINING,
     task_seeds=9,
     run_tasks=True,
+    diversity_seeds=8,
     routing_seeds=8,
     router_steps=1000,
     snapshot_every=100,
     diversity_runs=((8, 16),),
-    seeds=12,
-    consistency_steps=1200,
-    consistency_every=100,
+    seeds=8,
+    consistency_steps=400,
+    consistency_every=50,
     pretraining_recipe=DEMO_RECIPE.replace(corpus_size="large", precision="bf16-mixed"),
     pretraining_backbones=8,
-    router_table_steps=1000,
+    router_table_steps=500,
     analysis_batches=16,
     analysis_batch_size=64,
     analysis_rows=10_000,

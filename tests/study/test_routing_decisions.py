@@ -177,3 +177,40 @@ def test_dry_run_prints_the_plan_and_its_estimated_cost_and_writes_nothing(tmp_p
         assert "## Estimated cost" in text and machine in text and "an estimate" in text
         assert "runs per arm: 3" in text or "runs per arm: 8" in text
     assert not Path(tmp_path / "out").exists()
+
+
+def test_one_sample_verdict_is_students_t_over_the_runs():
+    from mmoe.study.run_statistics import one_sample_verdict
+
+    values = [0.2, 0.4, 0.3, 0.5, 0.1]
+    gap = one_sample_verdict(values, +1)
+    half = 2.776 * np.std(values, ddof=1) / np.sqrt(5)  # t_{0.975, 4} of the published table
+    assert gap["welch"]["interval"] == pytest.approx([0.3 - half, 0.3 + half], rel=1e-3)
+    assert gap["verdict"] == REPRODUCES and gap["runs"] == [5]
+    assert one_sample_verdict([0.2, -0.3, 0.1], +1)["verdict"] == NOT_SEPARATED
+    assert one_sample_verdict([0.2], +1)["welch"] is None
+
+
+def _regions(objects: float, background: float, heads: int = 8, experts: int = 16) -> dict:
+    """One run's vision layer: 10 images of 4 object and 12 background patches at the given mean diversity."""
+    return {"layer1/vision": {"object_sum": [4 * objects] * 10, "object_patches": [4] * 10,
+                              "background_sum": [12 * background] * 10, "background_patches": [12] * 10,
+                              "heads": heads, "experts": experts}}  # fmt: skip
+
+
+def test_claim_2_is_decided_over_the_seeds_of_the_diversity_run():
+    from mmoe.study.claims import Claim
+    from mmoe.study.decisions import _diversity_decision
+    from mmoe.study.settings import GPU
+
+    rules = study_plan(GPU, "gpu").claim("diversity")
+    seeded = next(arm for arm in rules.arms if len(arm.runs) == 8)
+    claim = Claim("diversity", "t", "p", {}, NOT_SEPARATED, "s")
+    single = {run.removeprefix("pretrain/"): _regions(7.0, 6.0) for arm in rules.arms for run in arm.runs}
+    richer = single | {run.removeprefix("pretrain/"): _regions(6.0 + 0.1 * i, 5.0) for i, run in enumerate(seeded.runs)}
+    decision = _diversity_decision(claim, rules, richer)
+    assert [gap["verdict"] for gap in decision["gaps"]][-1] == REPRODUCES and decision["verdict"] == REPRODUCES
+    assert decision["gaps"][0]["welch"] is None  # the arms of one run are not decided
+    scattered = single | {run.removeprefix("pretrain/"): _regions(6.0 + (-1) ** i, 6.0) for i, run in
+                          enumerate(seeded.runs)}  # fmt: skip
+    assert _diversity_decision(claim, rules, scattered)["verdict"] == NOT_SEPARATED

@@ -166,6 +166,12 @@ def _diversity_run(per_key: dict, keys: list[str], saturation_share: float) -> d
     }
 
 
+def diversity_run_measure(per_key: dict, saturation_share: float) -> dict:
+    """One run's claim-2 measure over its vision MoE layers (:func:`_diversity_run`): the difference and the
+    within-run verdict."""
+    return _diversity_run(per_key, keys_of(per_key, "vision"), saturation_share)
+
+
 DIVERSITY = Statement(
     "diversity",
     "Object patches' sub-tokens reach more distinct experts than background patches'",
