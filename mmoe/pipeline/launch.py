@@ -216,15 +216,17 @@ def finetune_launch(
 def causal_text_backbone(task: type[FineTuningTask], backbone: Path) -> dict[str, Any] | None:
     """The backbone config a task whose text is causal (:attr:`FineTuningTask.causal_text`: captioning) is fine-tuned
     with from the exported ``backbone``: the backbone's own routed by dropless token choice when it routes by expert
-    choice, which such a task refuses (an expert picks its tokens over the whole batch, later caption tokens
-    included); its weights load unchanged. None, the backbone's own config, otherwise (and before it is exported)."""
+    choice or drops by batch priority, which such a task refuses (either decides over the whole batch, later caption
+    tokens included); its weights load unchanged. None, the backbone's own config, otherwise (and before it is
+    exported)."""
     if not task.causal_text or not backbone.is_file():
         return None
     config, _ = read_backbone_state(backbone)
-    if config.moe is None or config.moe.routing != "expert_choice":
+    if config.moe is None or (config.moe.routing, config.moe.capacity_priority) == ("token_choice", "position"):
         return None
     fields = config_to_dict(config)
-    fields["moe"] |= {"routing": "token_choice", "capacity_factor": None, "eval_capacity_factor": None}
+    fields["moe"] |= {"routing": "token_choice", "capacity_factor": None, "eval_capacity_factor": None,
+                      "capacity_priority": "position"}  # fmt: skip
     return fields
 
 

@@ -91,8 +91,9 @@ class FineTuningTask(BackboneTask):
     infer_files: ClassVar[tuple[str, ...]] = ("text_tokenizer",)
     #: Where ``mmoe predict`` writes the predictions; None = not written. Set by each task's ``__init__``.
     predictions_file: str | None = None
-    #: Whether the task's text tokens see only earlier ones (captioning): expert-choice routing is then refused, since
-    #: each expert picks its tokens over the whole batch and an earlier token's routing would depend on later ones.
+    #: Whether the task's text tokens see only earlier ones (captioning): expert-choice routing and batch-priority drops
+    #: are then refused, since either decides over the whole batch and an earlier token's routing would depend on later
+    #: ones.
     causal_text: ClassVar[bool] = False
 
     def __init__(
@@ -117,7 +118,7 @@ class FineTuningTask(BackboneTask):
         weights = read_pretrained(pretrained) if pretrained is not None else None
         self.backbone = build_backbone(backbone, weights, frozen_routing, eval_capacity_factor)
         if self.causal_text:
-            refuse_expert_choice(self.name, self.backbone.config)
+            refuse_batch_dependent_routing(self.name, self.backbone.config)
         # A released BEiT-3 file's heads, until the subclass has built its own (load_beit3_head).
         self._beit3_heads = weights.heads if weights is not None else {}
         # The checkpoints of this task are self-contained: they rebuild the architecture from the saved config and
@@ -303,8 +304,16 @@ def required_argument(init_args: dict, key: str) -> str:
     return value
 
 
-def refuse_expert_choice(task: str, config: MultiwayConfig) -> None:
-    """One-line ``ValueError`` when ``config`` routes by expert choice, for a task whose text is causal."""
+def refuse_batch_dependent_routing(task: str, config: MultiwayConfig) -> None:
+    """One-line ``ValueError``, for a task whose text is causal, when ``config`` routes by expert choice or drops by
+    batch priority (V-MoE): either makes an earlier token's routing depend on later ones."""
+    if config.moe is not None and config.moe.capacity_priority == "batch_priority":
+        raise ValueError(
+            f"model.backbone.moe.capacity_priority='batch_priority' is refused for {task}: its text is causal (a token "
+            "sees only earlier ones), but batch priority drops the least confident choices of the whole batch first, "
+            "so whether an earlier token keeps its expert would depend on later ones; give capacity_priority: "
+            "position, or capacity_factor: null (dropless)"
+        )
     if config.moe is not None and config.moe.routing == "expert_choice":
         raise ValueError(
             f"model.backbone.moe.routing='expert_choice' is refused for {task}: its text is causal (a token sees only "

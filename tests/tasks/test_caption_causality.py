@@ -74,3 +74,34 @@ def test_an_expert_choice_backbone_fine_tunes_captioning_only_under_token_choice
         backbone=MultiwayConfig.preset("test", moe=token_choice), pretrained=str(pretrained), max_length=8
     )
     assert task.backbone.config.moe.routing == "token_choice"
+
+
+BATCH_PRIORITY_REFUSED = "model.backbone.moe.capacity_priority='batch_priority' is refused for captioning"
+
+
+def test_batch_priority_is_refused_for_captioning_and_position_priority_is_not():
+    """Batch priority drops the least confident choices of the whole batch first: a later caption token's confidence
+    would decide whether an earlier one keeps its expert."""
+    with pytest.raises(ValueError) as error:
+        captioner(capacity_factor=1.0, capacity_priority="batch_priority")
+    assert str(error.value).startswith(BATCH_PRIORITY_REFUSED) and "\n" not in str(error.value)
+    assert captioner(capacity_factor=1.0).backbone.config.moe.capacity_priority == "position"
+
+
+def test_a_batch_priority_backbone_is_fine_tuned_for_captioning_under_dropless_token_choice(tmp_path):
+    """The pipeline's captioning stage (mmoe demo --variant limoe) loads a batch-priority backbone's weights into the
+    same backbone routed by dropless token choice."""
+    from mmoe.pipeline.launch import causal_text_backbone
+
+    plan = MoEPlan(num_experts=4, every=1, capacity_factor=1.0, capacity_priority="batch_priority")
+    pretrained = tmp_path / "backbone.pt"
+    export_backbone(MultiwayTransformer(MultiwayConfig.preset("test", moe=plan)), pretrained)
+    with pytest.raises(ValueError, match=BATCH_PRIORITY_REFUSED):
+        CaptioningFineTuning(pretrained=str(pretrained), max_length=8)
+    fields = causal_text_backbone(CaptioningFineTuning, pretrained)
+    assert (fields["moe"]["capacity_factor"], fields["moe"]["capacity_priority"]) == (None, "position")
+    task = CaptioningFineTuning(backbone=fields, pretrained=str(pretrained), max_length=8)
+    assert task.backbone.config.moe.capacity_factor is None
+    position = MoEPlan(num_experts=4, every=1, capacity_factor=1.0)
+    export_backbone(MultiwayTransformer(MultiwayConfig.preset("test", moe=position)), pretrained)
+    assert causal_text_backbone(CaptioningFineTuning, pretrained) is None  # left as it is
