@@ -27,7 +27,7 @@ from mmoe.tasks.vqa import VQAFineTuning
 from tests.routing_fixtures import image_dir, shard, tiny_config, tiny_part_plan
 from tests.viz.test_viz import differ
 
-ROUTER_VARIANTS = ("fine_grained", "shared_experts", "loss_free", "expert_choice")
+ROUTER_VARIANTS = ("fine_grained", "shared_experts", "loss_free", "expert_choice", "limoe", "moma", "deepseek")
 
 
 @pytest.mark.parametrize("variant", ROUTER_VARIANTS)
