@@ -186,7 +186,13 @@ def _gap_text(gap: dict, power: float) -> str:
     runs = " and ".join(map(str, welch["runs"]))
     return (f"{label}{where}{welch['difference']:.3g} [{welch['interval'][0]:.3g}, {welch['interval'][1]:.3g}] over "
             f"{runs} runs (p {welch['p_value']:.3g}{holm}; detectable at power "
-            f"{power:g}: {gap['detectable']:.3g}), {gap['verdict']}")  # fmt: skip
+            f"{power:g}: {gap['detectable']:.3g}{_within_text(gap)}), {gap['verdict']}")  # fmt: skip
+
+
+def _within_text(gap: dict) -> str:
+    """The within-run interval beside a decision over runs (secondary: one run's resampling)."""
+    within = gap.get("within_run")
+    return "" if not within else f"; within one run [{within[0]:.3g}, {within[1]:.3g}]"
 
 
 def decision_text(decision: dict) -> str:

@@ -125,8 +125,8 @@ def test_a_rule_change_shows_the_verdict_under_the_old_rule_beside_the_new(tmp_p
     from mmoe.study.run_statistics import UNDECIDABLE
     from mmoe.study.runs import Measures
 
-    docs = Path(__file__).resolve().parents[2] / "docs" / "claims"
-    measures = Measures.from_json(json.loads((docs / "measures.json").read_text()))
+    data = Path(__file__).resolve().parent / "data"  # a default run's measures from before the runs per arm
+    measures = Measures.from_json(json.loads((data / "measures_before_seeds.json").read_text()))
     base = read_plan(Path(__file__).resolve().parent / "data" / "plan_before_seeds.json")  # the measures' plan
     change = RuleChange("collapse", "layers", "defined_at_every_snapshot", "defined_in_window",
                         "a layer undefined before the window was dropped", "2026-11-28")  # fmt: skip

@@ -28,7 +28,7 @@ from mmoe.study.settings import FAST, ROUTER_VARIANTS
 from mmoe.tasks.checkpoint import export_backbone
 from tests.routing_fixtures import shard, tiny_config, tiny_part_plan
 
-DOCS = Path(__file__).resolve().parents[2] / "docs" / "claims"
+DATA = Path(__file__).resolve().parent / "data"
 
 
 def test_each_router_variant_is_a_pretraining_of_its_own_tiny_part():
@@ -115,7 +115,7 @@ def test_router_measures_count_every_choice_and_the_tokens_no_expert_took(tmp_pa
 
 def test_the_shipped_measures_give_a_report_whose_router_rows_say_not_run(tmp_path):
     """The shipped ``measures.json`` predates the router runs: it still reads, and the table says "not run"."""
-    measures = Measures.from_json(json.loads((DOCS / "measures.json").read_text()))
+    measures = Measures.from_json(json.loads((DATA / "measures_before_seeds.json").read_text()))
     assert measures.router_variants == {}
     rows = router_rows(measures.router_variants, ROUTER_VARIANTS)
     assert [row["router"] for row in rows] == list(ROUTER_VARIANTS) and all(row["not_run"] for row in rows)
