@@ -19,7 +19,8 @@ pip=(.venv/bin/python -m pip --disable-pip-version-check -q)
 if ! .venv/bin/python -c "import torch, torchvision" >/dev/null 2>&1; then
     "${pip[@]}" install $torch_spec
 fi
-"${pip[@]}" install -e ".[dev]"
+# dev: the test tools; eval: CLIP_benchmark, whose own evaluation the harness tests call (about 10 s, 19 packages)
+"${pip[@]}" install -e ".[dev,eval]"
 
 # Test-only peer: the released BEiT-3 implementation, benchmarked against in benchmarks/backbone.py.
 # torchscale pins old dependencies, so it goes in without them (its fairscale import is satisfied by fairscale 0.4.0).
