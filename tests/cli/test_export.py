@@ -340,7 +340,7 @@ def set_nested(fields: dict, dotted: str, value) -> None:
     fields[last] = value
 
 
-@pytest.mark.parametrize("key", ["label_smoothing", "backbone.moe.router_jitter"])
+@pytest.mark.parametrize("key", ["label_smoothing", "backbone.moe.expert_warmup_schedule"])
 def test_a_hyper_parameter_of_another_mmoe_version_is_one_line_naming_it(trained, tmp_path, key, capsys):
     state = torch.load(trained["ckpt"], map_location="cpu", weights_only=True)
     set_nested(state["hyper_parameters"], key, 0.1)
