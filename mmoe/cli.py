@@ -29,8 +29,8 @@ Subcommands:
   as one JSON object (X-MoE Eq. 11, §4.5; MH-MoE Fig. 1a).
 * ``mmoe demo [--out runs/demo] [--variant V|all] [--fast] [--random-init]`` — the whole pipeline (corpus,
   pre-training, fine-tuning, scores, figures) on the embedded synthetic corpus, in minutes on a CPU.
-* ``mmoe study claims [--out DIR] [--fast | --scale] [--plan FILE]`` — the X-MoE / MH-MoE analysis claims trained
-  and measured at tiny scale, one report (Markdown, PNG, JSON).
+* ``mmoe study claims [--out DIR] [--fast | --scale gpu] [--dry-run] [--jobs N] [--plan FILE]`` — the X-MoE /
+  MH-MoE analysis claims trained and measured at tiny scale over runs per arm, one report (Markdown, PNG, JSON).
 """
 
 from __future__ import annotations

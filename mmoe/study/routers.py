@@ -53,18 +53,22 @@ def _modality_row(measured: dict, keys: list[str], threshold: float) -> dict:
     }
 
 
+#: The routing keys' modality of an MoE FFN that both modalities share (``MoEPlan.mode="shared"``).
+SHARED_POOL = "shared"
+
+
 def router_rows(
     router_variants: dict, names: Sequence[str], threshold: float = DEFAULT_ACTIVATION_THRESHOLD
 ) -> list[dict]:
-    """One row per router of ``names`` and modality with its measures (:func:`_modality_row`), or one row marked
-    ``not_run`` for a router ``router_variants`` lacks."""
+    """One row per router of ``names`` and modality with its measures (:func:`_modality_row`; ``shared`` for the
+    layers of a shared pool, as LIMoE's), or one row marked ``not_run`` for a router ``router_variants`` lacks."""
     rows = []
     for name in names:
         if name not in router_variants:
             rows.append({"router": name, "modality": None, "not_run": True})
             continue
         measured = router_variants[name]
-        for wanted in MODALITIES:
+        for wanted in (*MODALITIES, SHARED_POOL):
             keys = keys_of(measured["loads"], wanted)
             if keys:
                 row = _modality_row(measured, keys, threshold)

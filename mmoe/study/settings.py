@@ -20,8 +20,17 @@ from mmoe.pipeline.settings import DEMO as DEMO_SETTINGS
 from mmoe.pipeline.settings import TrainingSettings
 
 #: The routers the study measures beside its claims: Switch top-1 at the tiny part's 8 experts (the baseline), then
-#: fine-grained and shared experts, loss-free bias, expert choice.
-ROUTER_VARIANTS = ("switch", "fine_grained", "shared_experts", "loss_free", "expert_choice")
+#: fine-grained and shared experts, loss-free bias, expert choice, and the LIMoE, MoMa and DeepSeek-style recipes.
+ROUTER_VARIANTS = (
+    "switch",
+    "fine_grained",
+    "shared_experts",
+    "loss_free",
+    "expert_choice",
+    "limoe",
+    "moma",
+    "deepseek",
+)
 #: The fine-tuning rules of the inter-run consistency, each a row of its own: both routers' routing frozen (X-MoE
 #: §3.3), both fine-tuned whole.
 CONSISTENCY_RULES = ("frozen", "trained")

@@ -374,12 +374,13 @@ def test_fast_study_report_is_recomputed_from_its_saved_statistics(fast_study):
     markdown = (out / "report.md").read_text()
     assert "mmoe study claims --fast" in markdown and f"Plan `{plan_hash(plan)}`" in markdown
     # the run's facts come from the run: every training it made with FAST's settings (Stratified MoE, 2 seeds x 4
-    # routing arms, the diversity run, the 5 of the router table, 2 recipe pre-trainings; 2 rules x 2 routers x 3 seeds
+    # routing arms, the diversity run, the 8 of the router table, 2 recipe pre-trainings; 2 rules x 2 routers x 3 seeds
     # of consistency fine-tunings, 2 backbones x 2 arms of VQA fine-tunings; no task order: --scale gpu only)
-    assert report["run"]["trainings"] == 1 + 8 + 1 + 5 + 2 + 12 + 4
+    assert report["run"]["trainings"] == 1 + 8 + 1 + len(FAST.router_variants) + 2 + 12 + 4
     assert [row["router"] for row in report["routers"] if not row["not_run"]] == [
-        name for name in FAST.router_variants for _ in ("language", "vision")
+        name for name in FAST.router_variants for _ in ((None,) if name == "limoe" else ("language", "vision"))
     ]
+    assert {row["modality"] for row in report["routers"] if row["router"] == "limoe"} == {"shared"}  # one pool
     assert f"{report['run']['trainings']} trainings" in markdown and report["run"]["disk_bytes"] > 0
     assert report["claim_settings"]["collapse"] in markdown
     for claim in report["claims"]:
