@@ -34,6 +34,7 @@ from mmoe.study.claims import (
 )
 from mmoe.study.decisions import run_decisions
 from mmoe.study.lanes import run_in_lanes, study_stages
+from mmoe.study.measure_runs import analysis_stage
 from mmoe.study.plan import PlanError, StudyPlan, plan_hash
 from mmoe.study.plan_design import plan_markdown, study_plan
 from mmoe.study.plan_runs import check_runs_plan, plan_of_run, record_plan, refuse_other_plan, under_plan
@@ -44,7 +45,6 @@ from mmoe.study.runs import (
     PRETRAINING_VARIANT,
     Measures,
     StudyRun,
-    analysis_stage,
     maps_stage,
     pretrainings,
 )

@@ -12,12 +12,15 @@ import numpy as np
 
 from mmoe.data.synth.layout import PRETRAIN_PAIR_SPLIT, PRETRAIN_TEXT_SPLIT
 from mmoe.data.tokenizer import CAPTION_MAX_TEXT_LENGTH
-from mmoe.io import read_json
+from mmoe.io import read_json, write_json
 from mmoe.pipeline.benchmarks import trained_benchmarks
 from mmoe.pipeline.items import VQA_EVAL_SUBTYPE
+from mmoe.pipeline.stages import Stage, StageKey
 from mmoe.study.runs import (
+    ANALYSIS_SHARDS,
     COMPARED_ROUTERS,
     CONSISTENCY_TASK,
+    MEASURES_FILE,
     STRATIFIED,
     Measures,
     Pretraining,
@@ -169,3 +172,24 @@ def measure_runs(study: StudyRun, settings: StudySettings, runs: list[Pretrainin
 def per_image_mean(images: list[dict]) -> np.ndarray:
     """(backbones, images) each backbone's mean accuracy per image, in percent."""
     return np.asarray([np.asarray(b["sums"]) / np.asarray(b["questions"]) for b in images]) * 100
+
+
+def analysis_stage(study: StudyRun, settings: StudySettings, runs: list[Pretraining]) -> Stage:
+    """Every routing measurement on the held-out batches and every score, saved as ``analysis/measures.json``."""
+    from mmoe.study.measures import held_out_batches
+
+    target = study.analysis / MEASURES_FILE
+
+    def measure() -> dict:
+        batches = held_out_batches(
+            study.corpus.shard(ANALYSIS_SHARDS),
+            settings.training.image_size,
+            settings.analysis_batches,
+            settings.analysis_batch_size,
+            max_text_length=CAPTION_MAX_TEXT_LENGTH,
+        )
+        measures = measure_runs(study, settings, runs, batches)
+        write_json(target, measures.to_json())
+        return {"files": [str(target)]}
+
+    return Stage(StageKey.of("analysis"), target, measure)

@@ -12,8 +12,7 @@ from typing import Any
 
 from mmoe.data.synth.chance import ChanceLevels
 from mmoe.data.synth.layout import CAPTION_TEST_SPLIT
-from mmoe.data.tokenizer import CAPTION_MAX_TEXT_LENGTH
-from mmoe.io import read_json, write_json
+from mmoe.io import read_json
 from mmoe.pipeline.benchmarks import benchmark_named, trained_benchmarks
 from mmoe.pipeline.launch import configured_moe, pretrain_launch
 from mmoe.pipeline.layout import RANDOM_INIT, PipelineRun
@@ -287,28 +286,6 @@ def _scored(run: StudyRun, name: str, backbone: Path, benchmark, seed: int) -> l
     key = StageKey.of("finetune", name, f"{benchmark.name}-seed{seed}")
     return [finetune_stage(run, key, benchmark, backbone, layout, seed),
             evaluate_stage(run, StageKey.of(*key.parts, "eval"), benchmark, backbone, layout, seed)]  # fmt: skip
-
-
-def analysis_stage(study: StudyRun, settings: StudySettings, runs: list[Pretraining]) -> Stage:
-    """Every routing measurement on the held-out batches and every score, saved as ``analysis/measures.json``."""
-    from mmoe.study.measure_runs import measure_runs
-    from mmoe.study.measures import held_out_batches
-
-    target = study.analysis / MEASURES_FILE
-
-    def measure() -> dict:
-        batches = held_out_batches(
-            study.corpus.shard(ANALYSIS_SHARDS),
-            settings.training.image_size,
-            settings.analysis_batches,
-            settings.analysis_batch_size,
-            max_text_length=CAPTION_MAX_TEXT_LENGTH,
-        )
-        measures = measure_runs(study, settings, runs, batches)
-        write_json(target, measures.to_json())
-        return {"files": [str(target)]}
-
-    return Stage(StageKey.of("analysis"), target, measure)
 
 
 def chance_levels(study: StudyRun) -> dict[str, float]:
