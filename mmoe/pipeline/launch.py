@@ -19,7 +19,7 @@ from mmoe.pipeline.layout import PipelineRun
 from mmoe.pipeline.stages import PipelineError, print_progress
 from mmoe.tasks.checkpoint import read_backbone_state
 from mmoe.tasks.cli import TENSORBOARD_LOGGER
-from mmoe.tasks.finetuning import FineTuningTask
+from mmoe.tasks.finetuning import FineTuningTask, routes_over_the_batch
 from mmoe.tasks.launch import read_config, run_lightning
 from mmoe.tasks.layout import RunLayout
 from mmoe.tasks.routing_callback import RoutingStatsCallback
@@ -222,7 +222,7 @@ def causal_text_backbone(task: type[FineTuningTask], backbone: Path) -> dict[str
     if not task.causal_text or not backbone.is_file():
         return None
     config, _ = read_backbone_state(backbone)
-    if config.moe is None or (config.moe.routing, config.moe.capacity_priority) == ("token_choice", "position"):
+    if not routes_over_the_batch(config):
         return None
     fields = config_to_dict(config)
     fields["moe"] |= {"routing": "token_choice", "capacity_factor": None, "eval_capacity_factor": None,

@@ -304,24 +304,32 @@ def required_argument(init_args: dict, key: str) -> str:
     return value
 
 
+def routes_over_the_batch(config: MultiwayConfig) -> bool:
+    """Whether ``config`` routes by expert choice or drops by batch priority (V-MoE): either decides a token's routing
+    over the whole batch, so an earlier token's routing may depend on later ones."""
+    moe = config.moe
+    return moe is not None and (moe.routing == "expert_choice" or moe.capacity_priority == "batch_priority")
+
+
 def refuse_batch_dependent_routing(task: str, config: MultiwayConfig) -> None:
-    """One-line ``ValueError``, for a task whose text is causal, when ``config`` routes by expert choice or drops by
-    batch priority (V-MoE): either makes an earlier token's routing depend on later ones."""
-    if config.moe is not None and config.moe.capacity_priority == "batch_priority":
+    """One-line ``ValueError``, for a task whose text is causal, when ``config`` routes over the batch
+    (:func:`routes_over_the_batch`), naming which of the two it does."""
+    if not routes_over_the_batch(config):
+        return
+    if config.moe.capacity_priority == "batch_priority":
         raise ValueError(
             f"model.backbone.moe.capacity_priority='batch_priority' is refused for {task}: its text is causal (a token "
             "sees only earlier ones), but batch priority drops the least confident choices of the whole batch first, "
             "so whether an earlier token keeps its expert would depend on later ones; give capacity_priority: "
             "position, or capacity_factor: null (dropless)"
         )
-    if config.moe is not None and config.moe.routing == "expert_choice":
-        raise ValueError(
-            f"model.backbone.moe.routing='expert_choice' is refused for {task}: its text is causal (a token sees only "
-            "earlier ones), but each expert picks its top-C tokens of the whole batch, so an earlier token's routing "
-            "would depend on later ones (and generation, which routes on the prefix, on other tokens than training); "
-            "give model.backbone with moe.routing: token_choice and capacity_factor: null (an expert-choice "
-            "backbone's weights load into it)"
-        )
+    raise ValueError(
+        f"model.backbone.moe.routing='expert_choice' is refused for {task}: its text is causal (a token sees only "
+        "earlier ones), but each expert picks its top-C tokens of the whole batch, so an earlier token's routing "
+        "would depend on later ones (and generation, which routes on the prefix, on other tokens than training); "
+        "give model.backbone with moe.routing: token_choice and capacity_factor: null (an expert-choice "
+        "backbone's weights load into it)"
+    )
 
 
 def build_backbone(
