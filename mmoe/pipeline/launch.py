@@ -4,7 +4,9 @@ set the run's step counts, and the run's callbacks as objects."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -139,7 +141,14 @@ def progress_lines(label: str, steps: int) -> dict[str, Any]:
 
 
 def configured_moe(variant: str):
-    """The MoE plan of the tiny configs of ``variant`` as the CLI's parser reads it (a namespace; None for dense)."""
+    """The MoE plan of the tiny configs of ``variant`` as the CLI's parser reads it (a namespace; None for dense): a
+    copy of the one read when this process first asked, since a parse costs about a second and the study's plan asks
+    for every run."""
+    return copy.deepcopy(_parsed_moe(variant))
+
+
+@functools.cache
+def _parsed_moe(variant: str):
     return read_config(pretrain_configs(variant)).fit.model.init_args.backbone.moe
 
 
