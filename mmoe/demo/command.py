@@ -22,7 +22,8 @@ from mmoe.demo.recipe import (
 )
 from mmoe.demo.report import RESULTS_FILE, results
 from mmoe.io import positive_int, report_error, write_json
-from mmoe.pipeline.compare import comparison, format_comparison
+from mmoe.pipeline.compare import format_comparison, rows_from_items
+from mmoe.pipeline.comparison_items import ITEMS_FILE, comparison_items
 from mmoe.pipeline.launch import VARIANTS
 from mmoe.pipeline.layout import PipelineRun
 from mmoe.pipeline.probes import probes_text
@@ -152,7 +153,10 @@ def demo_command(argv: Sequence[str]) -> int:
                 run_stage(run, stage)
             return 0
         records = run_demo(run, variants, args.random_init, args.jobs)
-        compared = {variant: comparison(run, variant) for variant in variants} if args.random_init else {}
+        items = {variant: comparison_items(run, variant) for variant in variants} if args.random_init else {}
+        compared = {
+            variant: rows_from_items(document, f"{variant}'s comparison") for variant, document in items.items()
+        }
     except PipelineError as error:
         print(f"mmoe demo: error: {error}", file=sys.stderr)
         return 1
@@ -163,6 +167,10 @@ def demo_command(argv: Sequence[str]) -> int:
             rows[f"{variant}, random init"] = variant_rows(run, variant, records, random_init=True)
     report = results(run, rows, records, time.perf_counter() - start, variants)
     report |= {"comparison": compared} if compared else {}
+    if items:  # compact: the counts of every evaluation item
+        write_json(run.out / ITEMS_FILE, items, indent=None)
+    else:  # an earlier --random-init run's items would not match this results.json
+        (run.out / ITEMS_FILE).unlink(missing_ok=True)
     write_json(run.out / RESULTS_FILE, report)
     print_progress(f"\nResults ({report['seconds_this_run']:.0f} s this run, {report['device']})\n")
     print_progress(format_table(report["variants"]))
@@ -171,6 +179,6 @@ def demo_command(argv: Sequence[str]) -> int:
     if compared:
         print_progress(f"\n{format_comparison(compared)}")
     print_progress("\nFiles:")
-    for path in [*report["files"], str(run.out / RESULTS_FILE)]:
+    for path in [*report["files"], *([str(run.out / ITEMS_FILE)] if items else []), str(run.out / RESULTS_FILE)]:
         print_progress(f"  {path}")
     return 0

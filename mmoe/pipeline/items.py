@@ -1,6 +1,12 @@
 """Each benchmark's evaluation item by item (:class:`ItemCounts`), and its compared metrics as functions of the
 items' summed counts (:class:`ItemMetric`): what a paired comparison of two runs resamples
-(:mod:`mmoe.pipeline.compare`). Over all items each function gives the official scorer's value."""
+(:mod:`mmoe.pipeline.compare`). Over all items each function gives the official scorer's value.
+
+Each item belongs to a cluster, the unit the comparison resamples: the items of one cluster share what makes them
+alike (a VQA question shares its image with the image's other questions; an NLVR2 pair shares its statement with the
+other pairs of its set, the official consistency group). Captioning and retrieval items are test images, each its own
+cluster.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mmoe.io import json_excerpt, require_field
 from mmoe.pipeline.layout import PipelineRun
 from mmoe.pipeline.stages import PipelineError
 
@@ -27,6 +34,12 @@ def caption_test_files(run: PipelineRun, predictions: Path) -> tuple[dict, dict]
     return read_caption_files(predictions, karpathy=run.corpus.karpathy_coco, split=KARPATHY_EVAL_SPLIT)
 
 
+#: What a cluster of items is, as a comparison row names it.
+IMAGES = "images"
+STATEMENT_SETS = "statement sets"
+CLUSTER_KINDS = (IMAGES, STATEMENT_SETS)
+
+
 @dataclass(frozen=True)
 class ItemCounts:
     """One fine-tuning's evaluation, item by item.
@@ -34,17 +47,30 @@ class ItemCounts:
     Attributes:
         ids: the items (question ids, pair identifiers, image ids), one per row of ``counts``.
         counts: (items, columns) what each item adds to the sums a metric is computed from.
+        clusters: the cluster of each item, one per row (a VQA question's image id, an NLVR2 pair's consistency
+            group, a test image's own id).
+        cluster_kind: what a cluster is (:data:`CLUSTER_KINDS`).
     """
 
     ids: list[Hashable]
     counts: np.ndarray
+    clusters: list[Hashable]
+    cluster_kind: str
 
     def rows_in_order_of(self, other: ItemCounts, where: str) -> np.ndarray:
-        """``counts`` with the rows in ``other``'s item order; PipelineError unless both hold the same items."""
+        """``counts`` with the rows in ``other``'s item order; PipelineError unless both hold the same items, each
+        in the same cluster."""
         row = {item: index for index, item in enumerate(self.ids)}
         if len(row) != len(self.ids) or len(other.ids) != len(self.ids) or row.keys() != set(other.ids):
             raise PipelineError(f"{where}: the two starts were scored on different items; expected the same split")
-        return self.counts[[row[item] for item in other.ids]]
+        order = [row[item] for item in other.ids]
+        for item, index, cluster in zip(other.ids, order, other.clusters, strict=True):
+            if self.clusters[index] != cluster:
+                raise PipelineError(
+                    f"{where}: the two starts put item {json_excerpt(item)} in different clusters "
+                    f"({json_excerpt(self.clusters[index])} and {json_excerpt(cluster)}); expected the same split"
+                )
+        return self.counts[order]
 
 
 @dataclass(frozen=True)
@@ -58,39 +84,49 @@ class ItemMetric:
 
 def vqa_items(run: PipelineRun, predictions: Path) -> ItemCounts:
     """Per question of the annotations: its official accuracy (the scorer's :func:`~mmoe.metrics.vqa.vqa_accuracy`,
-    a fraction) and 1."""
+    a fraction) and 1; its cluster is its image (the annotation's ``image_id``)."""
+    from mmoe.metrics.files import EvalInputError
     from mmoe.metrics.vqa import load_vqa, vqa_accuracy
 
-    entries, answers = load_vqa(
-        run.corpus.vqa_questions(VQA_EVAL_SUBTYPE), run.corpus.vqa_annotations(VQA_EVAL_SUBTYPE), predictions
-    )
+    annotations = run.corpus.vqa_annotations(VQA_EVAL_SUBTYPE)
+    entries, answers = load_vqa(run.corpus.vqa_questions(VQA_EVAL_SUBTYPE), annotations, predictions)
     accuracies = [vqa_accuracy(answers[entry["question_id"]], entry["answers"]) for entry in entries]
-    return ItemCounts([entry["question_id"] for entry in entries], np.column_stack([accuracies, np.ones(len(entries))]))
+    images = [
+        require_field(
+            entry, "image_id", (int, str), f"{annotations}, question id {entry['question_id']!r}", EvalInputError
+        )
+        for entry in entries
+    ]
+    counts = np.column_stack([accuracies, np.ones(len(entries))])
+    return ItemCounts([entry["question_id"] for entry in entries], counts, images, IMAGES)
 
 
 def nlvr2_items(run: PipelineRun, predictions: Path) -> ItemCounts:
-    """Per dev pair: 1 if its prediction is its label, else 0, and 1."""
-    from mmoe.metrics.nlvr2 import correct_pairs, read_nlvr2_files
+    """Per dev pair: 1 if its prediction is its label, else 0, and 1; its cluster is its statement's set (the
+    official consistency group, :func:`~mmoe.metrics.nlvr2.consistency_group`)."""
+    from mmoe.metrics.nlvr2 import consistency_group, correct_pairs, read_nlvr2_files
 
     correct = correct_pairs(*read_nlvr2_files(run.corpus.nlvr2_records(NLVR2_EVAL_SPLIT), predictions))
-    return ItemCounts(list(correct), np.column_stack([list(correct.values()), np.ones(len(correct))]).astype(float))
+    counts = np.column_stack([list(correct.values()), np.ones(len(correct))]).astype(float)
+    return ItemCounts(list(correct), counts, [consistency_group(pair) for pair in correct], STATEMENT_SETS)
 
 
 def caption_items(run: PipelineRun, predictions: Path) -> ItemCounts:
     """Per test image: its caption's colour words right and written
-    (:func:`~mmoe.metrics.caption_words.word_counts`)."""
+    (:func:`~mmoe.metrics.caption_words.word_counts`); each image is its own cluster."""
     from mmoe.data.synth.scenes import COLORS
     from mmoe.metrics.caption_words import word_counts
 
     references, captions = caption_test_files(run, predictions)
     counts = word_counts(captions, references, COLORS)
-    return ItemCounts(list(counts), np.array(list(counts.values()), dtype=float).reshape(len(counts), 2))
+    images = list(counts)
+    return ItemCounts(images, np.array(list(counts.values()), dtype=float).reshape(len(counts), 2), images, IMAGES)
 
 
 def retrieval_items(run: PipelineRun, predictions: Path) -> ItemCounts:
     """Per test image, eight columns: whether its image->text rank is at most 1, 5, 10; 1; how many of its captions
     rank it at most 1, 5, 10 (text->image); its number of captions. The ranks are those against the full gallery
-    (:func:`~mmoe.metrics.retrieval.score_embeddings`)."""
+    (:func:`~mmoe.metrics.retrieval.score_embeddings`). Each image is its own cluster."""
     from mmoe.metrics.retrieval import DEFAULT_CHUNK, RECALL_AT, read_embeddings_file, score_embeddings
 
     _, ranks = score_embeddings(read_embeddings_file(predictions), DEFAULT_CHUNK)
@@ -100,7 +136,7 @@ def retrieval_items(run: PipelineRun, predictions: Path) -> ItemCounts:
         counts[row[entry["image_id"]], :4] = [*(entry["rank"] <= k for k in RECALL_AT), 1]
     for entry in ranks["captions"]:
         counts[row[entry["image_id"]], 4:] += [*(entry["rank"] <= k for k in RECALL_AT), 1]
-    return ItemCounts(list(row), counts)
+    return ItemCounts(list(row), counts, list(row), IMAGES)
 
 
 def percent_of_items(sums: np.ndarray) -> float:

@@ -1,5 +1,5 @@
 """The demo's pre-trained against random-init comparison: per-item scores equal the official scorers over the full
-sample, the paired bootstrap equals a per-item loop with the same Generator draws, and the verdicts."""
+sample, the paired cluster bootstrap equals a per-cluster loop with the same Generator draws, and the verdicts."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import torch
 from mmoe.data.synth.chance import ChanceLevels
 from mmoe.data.synth.scenes import COLORS
 from mmoe.metrics.caption_words import word_precision
+from mmoe.metrics.nlvr2 import consistency_group
 from mmoe.metrics.retrieval import evaluate_retrieval_file
 from mmoe.metrics.vqa import evaluate_vqa_files
 from mmoe.pipeline import BENCHMARKS, PipelineError, PipelineRun, benchmark_named
@@ -25,8 +26,10 @@ from mmoe.pipeline.compare import (
     TITLE,
     comparison,
     format_comparison,
+    rows_from_items,
 )
-from mmoe.pipeline.items import caption_test_files
+from mmoe.pipeline.comparison_items import ITEMS_FILE, comparison_items
+from mmoe.pipeline.items import ItemCounts, caption_test_files
 from mmoe.pipeline.settings import DEMO_FAST as FAST
 
 #: The benchmarks compared, by name.
@@ -39,6 +42,8 @@ NEVER_ANSWERED = "seven"
 #: Colours the references use; captions that get a colour wrong write the one left out.
 USED_COLOURS, UNUSED_COLOUR = list(COLORS)[:-1], list(COLORS)[-1]
 QUESTIONS, PAIRS, CAPTIONED, RETRIEVED = 40, 48, 30, 24
+#: Questions per VQA image and pairs per NLVR2 statement set (the clusters resampled).
+QUESTIONS_PER_IMAGE, PAIRS_PER_SET = 5, 4
 
 
 def write_json(path, content):
@@ -53,14 +58,17 @@ def write_corpus(run: PipelineRun, rng: np.random.Generator) -> dict:
     for question in range(QUESTIONS):
         answers = rng.choice(ANSWERS, 10, p=[0.4, 0.2, 0.15, 0.1, 0.1, 0.05]).tolist()
         records = [{"answer": a, "answer_confidence": "yes", "answer_id": j + 1} for j, a in enumerate(answers)]
-        annotations.append({"question_id": 100 + question, "image_id": question, "question_type": "what is",
+        annotations.append({"question_id": 100 + question, "image_id": question // QUESTIONS_PER_IMAGE,
+                            "question_type": "what is",
                             "answer_type": "other", "answers": records})  # fmt: skip
     questions = [{"question_id": a["question_id"], "image_id": a["image_id"], "question": "?"} for a in annotations]
     questions_file = run.data / "vqav2" / "v2_OpenEnded_mscoco_val2014_questions.json"
     write_json(questions_file, {"task_type": "Open-Ended", "questions": questions})
     write_json(questions_file.with_name("v2_mscoco_val2014_annotations.json"), {"annotations": annotations})
 
-    labels = {f"dev-{pair // 4}-{pair % 4}-0": bool(rng.random() < 0.5) for pair in range(PAIRS)}
+    labels = {
+        f"dev-{pair // PAIRS_PER_SET}-{pair % PAIRS_PER_SET}-0": bool(rng.random() < 0.5) for pair in range(PAIRS)
+    }
     lines = [json.dumps({"identifier": name, "label": str(label)}) for name, label in labels.items()]
     (run.data / "nlvr2").mkdir(parents=True)
     (run.data / "nlvr2" / "dev.json").write_text("\n".join(lines) + "\n")
@@ -190,9 +198,27 @@ def test_per_item_counts_give_the_official_scores(demo_run):
         for row in rows:
             assert row[column] == pytest.approx(official[row["task"], row["metric"]], rel=1e-12, abs=1e-12)
     assert [row["items"] for row in rows] == [QUESTIONS, PAIRS, CAPTIONED, RETRIEVED, RETRIEVED]
+    clusters = [QUESTIONS // QUESTIONS_PER_IMAGE, PAIRS // PAIRS_PER_SET, CAPTIONED, RETRIEVED, RETRIEVED]
+    assert [(row["clusters"], row["cluster"]) for row in rows] == list(
+        zip(clusters, ["images", "statement sets", "images", "images", "images"], strict=True)
+    )
 
 
-def test_paired_bootstrap_equals_a_per_item_loop_with_the_same_draws(demo_run, tmp_path):
+def cluster_members(corpus: dict, task: str, ids: list) -> dict:
+    """Cluster -> its items in ``ids``' order, the clusters in order of first appearance: a VQA question's image
+    (its annotation's ``image_id``), an NLVR2 pair's statement set (the identifier without its pair id), else the
+    item itself."""
+    image_of = {entry["question_id"]: entry["image_id"] for entry in corpus["annotations"]}
+    cluster_of = {"VQAv2 val": image_of.__getitem__, "NLVR2 dev": consistency_group}.get(task, lambda item: item)
+    members: dict = {}
+    for item in ids:
+        members.setdefault(cluster_of(item), []).append(item)
+    return members
+
+
+def test_paired_bootstrap_equals_a_per_cluster_loop_with_the_same_draws(demo_run, tmp_path):
+    """Each resample picks clusters with replacement and scores the union of their items (an item twice when its
+    cluster is picked twice) with the official per-item scores."""
     run, corpus, rng = demo_run
     write_predictions(run, corpus, PRETRAINED, 0.75, rng)
     write_predictions(run, corpus, RANDOM_INIT, 0.6, rng)
@@ -201,14 +227,18 @@ def test_paired_bootstrap_equals_a_per_item_loop_with_the_same_draws(demo_run, t
     for row in rows:
         ids, pretrained = first[row["task"], row["metric"]]
         _, random_init = second[row["task"], row["metric"]]
+        members = cluster_members(corpus, row["task"], ids)
+        clusters = list(members)
         generator = np.random.default_rng(0)
         differences = []
         for _ in range(1000):
-            picked = [ids[index] for index in generator.integers(0, len(ids), len(ids))]
+            picked = [item for index in generator.integers(0, len(clusters), len(clusters))
+                      for item in members[clusters[index]]]  # fmt: skip
             differences.append(pretrained(picked) - random_init(picked))
+        assert row["clusters"] == len(clusters) and row["items"] == len(ids)
         assert row["difference"] == pytest.approx(pretrained(ids) - random_init(ids), rel=1e-9, abs=1e-12)
         assert row["interval"] == pytest.approx(np.percentile(differences, [2.5, 97.5]), rel=1e-9, abs=1e-12)
-        assert np.std(differences) > 0  # the skills differ item by item: the interval has a width
+        assert np.std(differences) > 0  # the skills differ cluster by cluster: the interval has a width
         low, high = row["interval"]
         assert row["verdict"] == (PRETRAINED_AHEAD if low > 0 else RANDOM_INIT_AHEAD if high < 0 else NOT_SEPARATED)
 
@@ -236,7 +266,10 @@ def test_right_on_every_item_against_wrong_on_every_item_is_separated(demo_run, 
         assert (row["interval"][0] > 0) if verdict == PRETRAINED_AHEAD else (row["interval"][1] < 0)
     table = format_comparison({VARIANT: rows})
     assert table.splitlines()[0] == TITLE
-    assert "1,000 resamples" in TITLE and "95%" in TITLE
+    assert "1,000 resamples" in TITLE and "95%" in TITLE and "cluster bootstrap" in TITLE
+    assert "conditional on one pre-training and one random init" in TITLE
+    assert table.splitlines()[3].split()[-2:] == ["items", "clusters"]
+    assert table.splitlines()[4].split()[-3:] == [str(QUESTIONS), str(QUESTIONS // QUESTIONS_PER_IMAGE), "images"]
     assert sum(verdict in line for line in table.splitlines()) == len(rows) == 5
 
 
@@ -252,6 +285,16 @@ def test_starts_scored_on_different_items_are_refused(demo_run):
         comparison(run, VARIANT)
 
 
+def test_starts_that_put_an_item_in_different_clusters_are_refused():
+    counts = np.ones((4, 2))
+    pretrained = ItemCounts([1, 2, 3, 4], counts, ["a", "a", "b", "b"], "images")
+    random_init = ItemCounts([4, 3, 2, 1], counts, ["b", "b", "a", "a"], "images")
+    assert (random_init.rows_in_order_of(pretrained, "here") == counts).all()  # same clusters, another order
+    moved = ItemCounts([4, 3, 2, 1], counts, ["b", "a", "a", "a"], "images")
+    with pytest.raises(PipelineError, match="here: the two starts put item 3 in different clusters"):
+        moved.rows_in_order_of(pretrained, "here")
+
+
 def test_the_demo_command_saves_and_prints_the_comparison_after_the_table(demo_run, monkeypatch, capsys):
     from mmoe.demo import command
 
@@ -265,12 +308,18 @@ def test_the_demo_command_saves_and_prints_the_comparison_after_the_table(demo_r
     assert command.demo_command(["--out", str(run.out), "--fast", "--random-init"]) == 0
     saved = json.loads((run.out / "results.json").read_text())
     assert saved["comparison"] == {VARIANT: comparison(run, VARIANT)}
+    items = json.loads((run.out / ITEMS_FILE).read_text())
+    assert items == {VARIANT: comparison_items(run, VARIANT)}
+    assert rows_from_items(items[VARIANT]) == saved["comparison"][VARIANT]  # from the file alone
+    assert "\n" not in (run.out / ITEMS_FILE).read_text().strip()  # compact
     printed = capsys.readouterr().out
     assert printed.index("constant answer") < printed.index(TITLE) < printed.index("Files:")
     assert len([line for line in printed.splitlines() if line.startswith("Flickr30K Karpathy test")]) == 2
+    assert f"  {run.out / ITEMS_FILE}" in printed.splitlines()
 
     assert command.demo_command(["--out", str(run.out), "--fast"]) == 0
     assert "comparison" not in json.loads((run.out / "results.json").read_text())
+    assert not (run.out / ITEMS_FILE).exists()
     assert TITLE not in capsys.readouterr().out
 
 
@@ -314,6 +363,7 @@ def test_the_seed_script_compares_two_ablation_folders_as_the_demo_compares_its_
             (folder / name).mkdir()
             shutil.copy(source, folder / name / source.name)
     assert script.compare_folders(folders[PRETRAINED], folders[RANDOM_INIT]) == comparison(run, VARIANT)
+    assert script.folder_items(folders[PRETRAINED], folders[RANDOM_INIT]) == comparison_items(run, VARIANT)
     (folders[RANDOM_INIT] / "nlvr2" / prediction_file(run, "nlvr2", RANDOM_INIT).name).unlink()
     rows = script.compare_folders(folders[PRETRAINED], folders[RANDOM_INIT])
     assert [row for row in comparison(run, VARIANT) if row["task"] != "NLVR2 dev"] == rows
