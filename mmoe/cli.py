@@ -1,5 +1,7 @@
 """The ``mmoe`` command.
 
+``mmoe --version`` prints the installed version (also in ``mmoe info`` and every exported ``config.json``).
+
 Subcommands:
 
 * ``mmoe fit|validate|test|predict --config configs/....yaml [--config part.yaml ...]`` — LightningCLI over the mmoe
@@ -111,6 +113,11 @@ COMMANDS: dict[str, Command] = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] in (["--version"], ["-V"]):
+        from mmoe import __version__
+
+        print(f"mmoe {__version__}")
+        return 0
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         known = ", ".join(COMMANDS)
         print(f"usage: mmoe {{{known}}} [options]\n\n{__doc__.strip()}", file=sys.stderr if argv else sys.stdout)

@@ -7,7 +7,8 @@ A folder written by ``mmoe export`` holds:
   no pickle: loading it cannot run code);
 * ``config.json``: ``{"format": "mmoe-pretrained", "backbone": <the MultiwayConfig as a dict>, "task": null}``; a
   task model's folder names its task instead (``{"class_path", "name", "init_args"}``, read by
-  :func:`mmoe.tasks.pretrained.from_pretrained`) and keeps the backbone's weights under ``backbone.``;
+  :func:`mmoe.tasks.pretrained.from_pretrained`) and keeps the backbone's weights under ``backbone.``; both record
+  the ``mmoe_version`` that wrote them (read by nothing: a field unknown to this mmoe is what refuses a folder);
 * ``files/``: a task model's own files (answer list, output vocabulary, SentencePiece model), where it has them.
 
 :func:`from_pretrained` returns the :class:`MultiwayTransformer` of either kind of folder, in the dtype its weights
@@ -35,6 +36,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from mmoe import __version__
 from mmoe.atomic import current_umask
 from mmoe.io import json_excerpt, one_line, read_json, write_json
 from mmoe.model.backbone import MultiwayTransformer
@@ -226,6 +228,7 @@ def write_folder(
     file or non-empty folder is refused (:func:`check_destination`)."""
     folder = Path(folder)
     check_destination(folder)
+    config = config | {"mmoe_version": __version__}
 
     def fill(staging: Path) -> None:
         save_file(separate_storages(weights), staging / WEIGHTS_FILE, metadata={"format": "pt"})

@@ -19,6 +19,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from mmoe import __version__
 from mmoe.data.tokenizer import DEFAULT_MAX_TEXT_LENGTH
 from mmoe.io import one_line, report_error
 from mmoe.model import MultiwayConfig
@@ -212,7 +213,7 @@ def span(counts: dict, key: str, unit) -> str:
 def table(result: dict) -> str:
     backbone, head = result["backbone"], result["head_parameters"]
     lines = [
-        f"{result['source']}: {result['task']} ({result['variant']})",
+        f"{result['source']}: {result['task']} ({result['variant']}), counted by mmoe {result['mmoe_version']}",
         f"parameters: {millions(result['total_parameters'])} total = {millions(backbone['parameters'])} backbone "
         + ("(head not counted)" if head is None else f"+ {millions(head)} head"),
         f"per token: {span(backbone, 'active_parameters_per_token', millions)} active parameters, "
@@ -265,6 +266,6 @@ def info_command(argv: Sequence[str]) -> int:
         return report_error("info", error)
     text_length = args.text_length or text_length or DEFAULT_MAX_TEXT_LENGTH
     source = " + ".join(args.config) if args.config else args.ckpt
-    result = report(source, task, config, head, text_length, tokenizer)
+    result = report(source, task, config, head, text_length, tokenizer) | {"mmoe_version": __version__}
     print(json.dumps(result, indent=2) if args.json else table(result))
     return 0
