@@ -19,8 +19,9 @@ pip=(.venv/bin/python -m pip --disable-pip-version-check -q)
 if ! .venv/bin/python -c "import torch, torchvision" >/dev/null 2>&1; then
     "${pip[@]}" install $torch_spec
 fi
-# dev: the test tools; eval: CLIP_benchmark, whose own evaluation the harness tests call (about 10 s, 19 packages)
-"${pip[@]}" install -e ".[dev,eval]"
+# dev: the test tools; eval: CLIP_benchmark, whose own evaluation the harness tests call (about 10 s, 19 packages);
+# docs: mkdocs, its material theme and mkdocstrings, which tests/test_docs_site.py builds the site with
+"${pip[@]}" install -e ".[dev,eval,docs]"
 
 # Test-only peer: the released BEiT-3 implementation, benchmarked against in benchmarks/backbone.py.
 # torchscale pins old dependencies, so it goes in without them (its fairscale import is satisfied by fairscale 0.4.0).
