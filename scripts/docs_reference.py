@@ -5,8 +5,8 @@ stale: every ``mmoe`` subcommand's options read from its own parser, every field
     .venv/bin/python scripts/docs_reference.py           # write the pages
     .venv/bin/python scripts/docs_reference.py --check   # exit 1 when the committed pages differ from the code's
 
-Each subcommand's parser is taken as the command builds it: the command runs with ``--help``'s argv up to the moment
-it parses, and the parser it was about to parse with is read instead (nothing is parsed, nothing runs).
+Each subcommand's parser is taken as the command builds it: the command runs up to the moment it parses its argv, and
+the parser it was about to parse with is read instead (nothing is parsed, nothing else runs).
 """
 
 from __future__ import annotations
@@ -68,8 +68,14 @@ API_PAGES = {
     ),
     "metrics": (
         "mmoe.metrics",
-        ["mmoe.metrics", "mmoe.metrics.vqa", "mmoe.metrics.captions", "mmoe.metrics.nlvr2", "mmoe.metrics.retrieval"]
-        + ["mmoe.metrics.routing"],
+        [
+            "mmoe.metrics",
+            "mmoe.metrics.vqa",
+            "mmoe.metrics.captions",
+            "mmoe.metrics.nlvr2",
+            "mmoe.metrics.retrieval",
+            "mmoe.metrics.routing",
+        ],
     ),
     "pipeline": ("mmoe.pipeline", ["mmoe.pipeline"]),
 }
