@@ -41,7 +41,7 @@ VERSION = 1
 MAX_ITEMS = 1_000_000
 MAX_COLUMNS = 64
 MAX_ID_CHARS = 200
-MAX_FILE_BYTES = 512 * 2**20
+MAX_FILE_BYTES = 256 * 2**20
 
 
 @dataclass(frozen=True)
@@ -120,15 +120,19 @@ def comparison_items(run: PipelineRun, variant: str) -> dict:
     return document(entries)
 
 
-def read_comparison_items(path: Path) -> Any:
-    """The JSON value of a per-item file (not checked beyond its size and syntax: :func:`checked_document`)."""
+def read_comparison_items(path: Path, what: str = "comparison items") -> Any:
+    """The JSON value of a per-item file, or of its rows (not checked beyond its size and syntax:
+    :func:`checked_document`); PipelineError naming ``what`` and ``path`` otherwise."""
     try:
         size = path.stat().st_size
     except OSError:
         size = 0  # read_json names what is wrong with it
     if size > MAX_FILE_BYTES:
-        raise PipelineError(f"{path}: {size:,} bytes; expected at most {MAX_FILE_BYTES:,}")
-    return read_json(path, "comparison items", PipelineError)
+        raise PipelineError(f"{what} {path}: {size:,} bytes; expected at most {MAX_FILE_BYTES:,}")
+    try:
+        return read_json(path, what, PipelineError)
+    except RecursionError:
+        raise PipelineError(f"{what} {path}: nested too deeply; expected a comparison's JSON") from None
 
 
 def checked_document(value: Any, where: str = "comparison items") -> list[ComparedItems]:

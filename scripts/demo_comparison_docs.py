@@ -1,0 +1,132 @@
+"""Ship the pre-trained vs random-init comparison of a finished ``mmoe demo --random-init`` folder: its per-item
+document as ``docs/demo_comparison/items.json`` (compact), its rows as ``docs/demo_comparison/comparison.json`` (as
+the run's ``results.json`` holds them) and the markdown block of ``docs/demo_comparison.md`` (between its markers),
+then print that block.
+
+    .venv/bin/python scripts/demo_comparison_docs.py /tmp/demo_ri
+    .venv/bin/python scripts/demo_comparison_docs.py --print    # the shipped block only, written nowhere
+
+The rows must be those :func:`mmoe.pipeline.compare.rows_from_items` recomputes from the document, or nothing is
+written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from mmoe.atomic import write_text_atomic
+from mmoe.io import json_excerpt, one_line, require_field, write_json
+from mmoe.pipeline.compare import LEVEL, NOT_SEPARATED, PRETRAINED_AHEAD, RANDOM_INIT_AHEAD, RESAMPLES, rows_from_items
+from mmoe.pipeline.comparison_items import ITEMS_FILE, read_comparison_items
+from mmoe.pipeline.stages import PipelineError
+from mmoe.pipeline.tables import number
+
+REPO = Path(__file__).resolve().parents[1]
+SHIPPED = REPO / "docs" / "demo_comparison"
+SHIPPED_ITEMS, SHIPPED_ROWS = SHIPPED / "items.json", SHIPPED / "comparison.json"
+PAGE = REPO / "docs" / "demo_comparison.md"
+#: The run's report (``mmoe demo`` writes it beside :data:`ITEMS_FILE`).
+RESULTS_FILE = "results.json"
+BEGIN, END = "<!-- demo-comparison:begin -->", "<!-- demo-comparison:end -->"
+
+PARAGRAPH = (
+    f"Each row is the difference pre-trained - random init with its {LEVEL:.0%} paired cluster bootstrap interval "
+    f"(Efron & Tibshirani's percentile interval, {RESAMPLES:,} resamples): the evaluation clusters are resampled with "
+    "replacement, the same draw for both starts, each picked cluster bringing all its items (a VQA image with its "
+    "questions, an NLVR2 statement set with its pairs, a captioning or retrieval test image; Davison & Hinkley 1997, "
+    f"§3.8). Verdict: *{PRETRAINED_AHEAD}* when the interval's lower end is above 0, *{RANDOM_INIT_AHEAD}* when its "
+    f"upper end is below 0, else *{NOT_SEPARATED}*. The interval is conditional on one pre-training and one random "
+    "init, each fine-tuned once: it covers which evaluation images and statement sets the split holds, not the "
+    "training seed; whether pre-training helps over several backbones per arm is claim 7 in `docs/claims.md`."
+)
+HEADER = ["task", "metric", "pre-trained", "random init", "difference", "95% interval", "verdict", "items", "clusters"]
+
+
+def markdown(rows: list[dict]) -> str:
+    """:data:`PARAGRAPH` and the table of the comparison rows."""
+    lines = [HEADER, ["---"] * len(HEADER)] + [
+        [row["task"], row["metric"], number(row["pretrained"]), number(row["random_init"]), number(row["difference"]),
+         "[{}, {}]".format(*map(number, row["interval"])), row["verdict"], str(row["items"]),
+         f"{row['clusters']} {row['cluster']}"]
+        for row in rows
+    ]  # fmt: skip
+    return PARAGRAPH + "\n\n" + "\n".join("| " + " | ".join(line) + " |" for line in lines)
+
+
+def recomputed_rows(items: Any, rows: Any, items_name: str, rows_name: str) -> list[dict]:
+    """``rows``, checked to be what :func:`rows_from_items` recomputes from ``items``; PipelineError otherwise."""
+    recomputed = rows_from_items(items, items_name)
+    if rows != recomputed:
+        raise PipelineError(f"{rows_name} does not hold the rows {items_name} gives; expected the same run's files")
+    return recomputed
+
+
+def markdown_block(items_file: Path = SHIPPED_ITEMS, rows_file: Path = SHIPPED_ROWS) -> str:
+    """The markdown block of the shipped files (their rows recomputed from the items and checked first)."""
+    items, rows = read_comparison_items(items_file), read_comparison_items(rows_file, "comparison rows")
+    return markdown(recomputed_rows(items, rows, str(items_file), str(rows_file)))
+
+
+def page_block(page: Path = PAGE) -> str:
+    """The block between the markers of ``page``."""
+    text = page.read_text(encoding="utf-8")
+    if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
+        raise PipelineError(f"{page}: expected one {BEGIN} line and then one {END} line around the generated block")
+    return text.split(BEGIN)[1].split(END)[0].strip("\n")
+
+
+def run_files(run_dir: Path, variant: str | None) -> tuple[dict, list[dict]]:
+    """(the variant's document, its rows from ``results.json``) of a finished ``mmoe demo --random-init`` folder;
+    links are refused (nothing outside the folder is read)."""
+    items_path, results_path = run_dir / ITEMS_FILE, run_dir / RESULTS_FILE
+    for path in (items_path, results_path):
+        if path.is_symlink():
+            raise PipelineError(f"{path} is a link; expected a file of the run folder itself")
+    documents = read_comparison_items(items_path)
+    if not isinstance(documents, dict) or not documents:
+        raise PipelineError(f"{items_path}: expected a JSON object variant -> document, got {json_excerpt(documents)}")
+    if variant is None and len(documents) != 1:
+        raise PipelineError(f"{items_path} holds variants {', '.join(documents)}; choose one with --variant")
+    variant = variant if variant is not None else next(iter(documents))
+    document = require_field(documents, variant, dict, str(items_path), PipelineError)
+    results = read_comparison_items(results_path, "demo results")
+    compared = require_field(results, "comparison", dict, str(results_path), PipelineError)
+    rows = require_field(compared, variant, list, f"{results_path}, comparison", PipelineError)
+    return document, recomputed_rows(document, rows, f"{items_path}, {variant}", f"{results_path}, {variant}")
+
+
+def ship(
+    run_dir: Path, variant: str | None, items_file: Path = SHIPPED_ITEMS, rows_file: Path = SHIPPED_ROWS,
+    page: Path = PAGE,
+) -> str:  # fmt: skip
+    """Writes the shipped files and the page's block from ``run_dir``; returns the block."""
+    document, rows = run_files(run_dir, variant)
+    block = markdown(rows)
+    page_block(page)  # the markers are in place before anything is written
+    head, rest = page.read_text(encoding="utf-8").split(BEGIN)
+    write_json(items_file, document, indent=None)
+    write_json(rows_file, rows)
+    write_text_atomic(page, f"{head}{BEGIN}\n{block}\n{END}{rest.split(END)[1]}")
+    return block
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("run_dir", type=Path, nargs="?", help="a finished mmoe demo --random-init folder")
+    parser.add_argument("--variant", help="the variant to ship (default: the folder's only one)")
+    parser.add_argument("--print", action="store_true", help="only print the shipped files' block")
+    args = parser.parse_args()
+    if (args.run_dir is None) != args.print:
+        parser.error("give RUN_DIR or --print")
+    try:
+        print(markdown_block() if args.print else ship(args.run_dir, args.variant))
+    except (PipelineError, OSError) as error:
+        print(f"demo_comparison_docs.py: error: {one_line(error)}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""The per-item document of the pre-trained vs random-init comparison: the cluster structure widens the interval,
+a malformed document is refused in one line, ``scripts/demo_comparison_docs.py`` ships a run's files, and the
+shipped ``docs/demo_comparison/`` files recompute exactly the shipped rows and block."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mmoe.pipeline import PipelineError, benchmark_named
+from mmoe.pipeline.compare import rows_from_items
+from mmoe.pipeline.comparison_items import ITEMS_FILE, benchmark_entry, document
+from mmoe.pipeline.items import IMAGES, ItemCounts
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "demo_comparison_docs.py"
+IMAGES_COUNT, QUESTIONS_PER_IMAGE = 40, 5
+
+
+def docs_script():
+    spec = importlib.util.spec_from_file_location("demo_comparison_docs", SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
+
+
+def vqa_document(each_question_its_own_cluster: bool = False, seed: int = 3) -> dict:
+    """VQA items, 5 questions per image, each image all right or all wrong (pre-trained right on 70% of the images,
+    random init on 50%): the questions of an image are perfectly correlated."""
+    rng = np.random.default_rng(seed)
+    questions = IMAGES_COUNT * QUESTIONS_PER_IMAGE
+    images = np.arange(questions) // QUESTIONS_PER_IMAGE
+    ids = [1000 + question for question in range(questions)]
+    clusters = ids if each_question_its_own_cluster else images.tolist()
+    starts = []
+    for skill in (0.7, 0.5):
+        right = (rng.random(IMAGES_COUNT) < skill)[images].astype(float)
+        starts.append(ItemCounts(ids, np.column_stack([right, np.ones(questions)]), clusters, IMAGES))
+    return document([benchmark_entry(benchmark_named("vqav2"), *starts, "here")])
+
+
+def test_correlated_items_of_a_cluster_give_a_wider_interval_than_resampling_items():
+    (by_image,), (by_question,) = rows_from_items(vqa_document()), rows_from_items(vqa_document(True))
+    assert by_image["difference"] == by_question["difference"]
+    assert (by_image["items"], by_image["clusters"]) == (200, 40) and by_question["clusters"] == 200
+    widths = [row["interval"][1] - row["interval"][0] for row in (by_image, by_question)]
+    assert widths[0] > 1.5 * widths[1]  # about sqrt(5) wider: 40 independent images, not 200 questions
+
+
+def broken(change) -> dict:
+    value = vqa_document()
+    change(value["benchmarks"][0])
+    return value
+
+
+MALFORMED = {
+    "clusters shorter than items": (lambda e: e["clusters"].pop(), r"field 'clusters' holds 199 ids; expected one per"),
+    "fewer rows than items": (lambda e: e["random_init"].pop(), r"field 'random_init' holds 199 rows"),
+    "a row of another width": (lambda e: e["pretrained"][3].append(1), r"field 'pretrained', row 3: .* 2 numbers"),
+    "a count as a string": (lambda e: e["pretrained"][5].__setitem__(0, "1"), r"'pretrained', row 5: \[\"1\", 1\]"),
+    "a count as a boolean": (lambda e: e["random_init"][0].__setitem__(1, True), r"'random_init', row 0: .* numbers"),
+    "a negative count": (lambda e: e["random_init"][2].__setitem__(0, -1), r"row 2: .* finite counts of at least 0"),
+    "an unknown metric": (lambda e: e["metrics"][0].__setitem__("metric", "BLEU"), r"metric 0: .* is not compared"),
+    "an unknown benchmark": (lambda e: e.__setitem__("benchmark", "gqa"), r"benchmark \"gqa\" is unknown"),
+    "an unknown cluster kind": (lambda e: e.__setitem__("cluster", "rooms"), r"cluster \"rooms\"; expected one of"),
+    "an item twice": (lambda e: e["items"].__setitem__(1, e["items"][0]), r"field 'items' names an item twice"),
+    "an id neither int nor str": (lambda e: e["items"].__setitem__(0, [1]), r"'items', entry 0: \[1\]; expected an"),
+    "a missing field": (lambda e: e.pop("random_init"), r"missing field 'random_init'"),
+    "a zero denominator": (lambda e: [row.__setitem__(1, 0) for row in e["pretrained"]], r"accuracy \(%\) is undef"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", MALFORMED)
+def test_a_malformed_document_is_refused_in_one_line_naming_the_benchmark_and_field(case):
+    change, message = MALFORMED[case]
+    with pytest.raises(PipelineError, match=message) as error:
+        rows_from_items(broken(change), "items.json")
+    assert "\n" not in str(error.value) and str(error.value).startswith("items.json")
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [(lambda d: d.__setitem__("format", "csv"), "format \"csv\""), (lambda d: d.__setitem__("version", 2), "version 2"),
+     (lambda d: d["benchmarks"].append(copy.deepcopy(d["benchmarks"][0])), "a benchmark appears twice"),
+     (lambda d: d.__setitem__("benchmarks", []), "0 benchmarks; expected 1 to 4")],
+)  # fmt: skip
+def test_a_malformed_document_header_is_refused(change, message):
+    value = vqa_document()
+    change(value)
+    with pytest.raises(PipelineError, match=message):
+        rows_from_items(value)
+
+
+def write_run(folder: Path, documents: dict, rows: dict) -> None:
+    folder.mkdir()
+    (folder / ITEMS_FILE).write_text(json.dumps(documents))
+    (folder / "results.json").write_text(json.dumps({"comparison": rows}, indent=2))
+
+
+def test_the_docs_script_ships_a_runs_items_rows_and_block(tmp_path, monkeypatch, capsys):
+    script = docs_script()
+    items = vqa_document()
+    rows = rows_from_items(items)
+    write_run(tmp_path / "run", {"mhmoe": items}, {"mhmoe": rows})
+    page = tmp_path / "page.md"
+    page.write_text(f"# title\n\n{script.BEGIN}\nold\n{script.END}\n\nafter\n")
+    shipped = {"items_file": tmp_path / "docs" / "items.json", "rows_file": tmp_path / "docs" / "comparison.json"}
+    block = script.ship(tmp_path / "run", None, page=page, **shipped)
+    assert json.loads(shipped["items_file"].read_text()) == items
+    assert len(shipped["items_file"].read_text().splitlines()) == 1  # compact
+    assert json.loads(shipped["rows_file"].read_text()) == rows
+    assert page.read_text() == f"# title\n\n{script.BEGIN}\n{block}\n{script.END}\n\nafter\n"
+    assert script.page_block(page) == block == script.markdown_block(**shipped)
+    assert "claim 7 in `docs/claims.md`" in block and "conditional on one pre-training and one random init" in block
+    table = block.splitlines()[2:]
+    assert table[0].split(" | ")[-2:] == ["items", "clusters |"]
+    assert table[2].endswith(f"| {rows[0]['verdict']} | 200 | 40 images |")
+
+    rows[0] = rows[0] | {"difference": rows[0]["difference"] + 1}
+    write_run(tmp_path / "stale", {"mhmoe": items}, {"mhmoe": rows})
+    with pytest.raises(PipelineError, match="results.json, mhmoe does not hold the rows"):
+        script.ship(tmp_path / "stale", None, page=page, **shipped)
+    monkeypatch.setattr(sys, "argv", ["demo_comparison_docs.py", str(tmp_path / "stale")])
+    with pytest.raises(SystemExit) as exit_code:
+        script.main()
+    assert exit_code.value.code == 2
+    error = capsys.readouterr().err
+    assert error.startswith("demo_comparison_docs.py: error: ") and error.count("\n") == 1
+
+
+def test_the_docs_script_refuses_links_and_an_ambiguous_variant(tmp_path):
+    script = docs_script()
+    items = vqa_document()
+    write_run(tmp_path / "run", {"mhmoe": items, "xmoe": items}, {"mhmoe": rows_from_items(items)})
+    with pytest.raises(PipelineError, match="holds variants mhmoe, xmoe; choose one with --variant"):
+        script.run_files(tmp_path / "run", None)
+    assert script.run_files(tmp_path / "run", "mhmoe")[0] == items
+    with pytest.raises(PipelineError, match=r"results.json, comparison: missing field 'xmoe'"):
+        script.run_files(tmp_path / "run", "xmoe")
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / ITEMS_FILE).symlink_to(tmp_path / "run" / ITEMS_FILE)
+    (linked / "results.json").symlink_to(tmp_path / "run" / "results.json")
+    with pytest.raises(PipelineError, match="is a link; expected a file of the run folder itself"):
+        script.run_files(linked, "mhmoe")
+
+
+def test_a_deeply_nested_or_oversized_file_is_refused_in_one_line(tmp_path, monkeypatch):
+    from mmoe.pipeline import comparison_items
+
+    nested = tmp_path / "nested.json"
+    nested.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(PipelineError, match="nested.json: nested too deeply"):
+        comparison_items.read_comparison_items(nested)
+    monkeypatch.setattr(comparison_items, "MAX_FILE_BYTES", 10)
+    (tmp_path / "large.json").write_text(json.dumps(vqa_document()))
+    with pytest.raises(PipelineError, match=r"large.json: [\d,]+ bytes; expected at most 10"):
+        comparison_items.read_comparison_items(tmp_path / "large.json")
