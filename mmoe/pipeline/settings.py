@@ -78,7 +78,8 @@ class TrainingSettings:
         return dataclasses.replace(self, **changes)
 
 
-#: ``mmoe demo``'s settings; the measurements behind each choice are in README.md's Demo section and the tasks' pages.
+#: ``mmoe demo``'s settings; the measurements behind each choice are in docs/tutorials/demo_details.md and the
+#: tasks' pages.
 DEMO = TrainingSettings(
     # 1,600 NLVR2 dev pairs instead of 400: a tighter accuracy estimate.
     corpus_size="small",

@@ -33,7 +33,7 @@ from mmoe.tasks.config_yaml import ConfigFileError, check_yaml_config, load_yaml
 from mmoe.tasks.lightning_internals import config_file_being_read
 
 #: The packages a config may name classes from: mmoe's tasks, DataModules and callbacks, and Lightning's callbacks,
-#: loggers, strategies and plugins (what the shipped configs and the README name). Not all of torch: a module such as
+#: loggers, strategies and plugins (what the shipped configs and the docs name). Not all of torch: a module such as
 #: ``torch.utils.model_dump.__main__`` runs a program when imported.
 #: ``lightning.LightningModule`` / ``lightning.LightningDataModule`` are the base classes the mmoe CLI names when a
 #: config gives no ``class_path`` (the top-level ``lightning`` package itself is not allowed).

@@ -158,7 +158,7 @@ def fused_kernel_applies(module: nn.Module) -> bool:
     """Whether torch's fused AdamW can update ``module``'s trainable parameters: all plain floating tensors on CPU or
     CUDA. It runs one kernel per step instead of a dozen small ops per parameter (the default on CPU): the same update
     up to float rounding, and faster on the demo's captioning task, whose text embedding holds most of its parameters
-    (how much: README.md's Benchmarks section, ``benchmarks/optimizer_step.py``). Sharded parameters (FSDP2's
+    (how much: docs/benchmarks.md, ``benchmarks/optimizer_step.py``). Sharded parameters (FSDP2's
     DTensors) keep torch's default."""
     trainable = [parameter for parameter in module.parameters() if parameter.requires_grad]
     return bool(trainable) and all(

@@ -3,7 +3,7 @@
 
 Captioning's head and pre-training's MLM head take one; a synthetic corpus uses a few dozen of the tokenizer's
 49,408 ids, and a head over those alone is both faster and learns the words' frequencies within a few steps
-(``tasks/captioning/README.md``, README.md's Demo section). BEiT-3 predicts over the whole vocabulary.
+(``tasks/captioning/README.md``, docs/tutorials/demo_details.md). BEiT-3 predicts over the whole vocabulary.
 """
 
 from __future__ import annotations

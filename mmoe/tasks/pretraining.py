@@ -269,7 +269,7 @@ class MaskedPretraining(BackboneTask):
 
     def setup(self, stage: str) -> None:
         """Where the VQ-KD codes are computed: in the loader's workers on a CPU run whose pre-training loader has
-        workers (how the two places compare: README.md's Benchmarks section, ``benchmarks/vqkd_targets.py``), else in
+        workers (how the two places compare: docs/benchmarks.md, ``benchmarks/vqkd_targets.py``), else in
         the task, on the run's device."""
         super().setup(stage)
         if self.probe_collector is not None:  # the first process alone logs the probes: nothing to gather
@@ -336,7 +336,7 @@ def vqkd_codes(tokenizer: VQKDTokenizer, image: torch.Tensor) -> torch.Tensor:
     """(B, N) VQ-KD codes of (B, 3, H, W) images normalised as the data's transforms normalise them (undone by
     :func:`mmoe.data.transforms.denormalize`, clamped to [0, 1], the tokenizer's own input). The tokenizer runs in
     fp32 whatever the run's precision: a bf16 autocast changes some of the codes of a tokenizer of the released shape
-    (how many: README.md's section "BEiT-3's targets: the VQ-KD tokenizer file", ``benchmarks/vqkd_targets.py``,
+    (how many: docs/explanations/vqkd_targets.md, ``benchmarks/vqkd_targets.py``,
     ``bf16_agreement``), so bf16 does not keep them."""
     tokenizer.to(image.device)
     pixels = denormalize(image.float()).clamp(0, 1)
