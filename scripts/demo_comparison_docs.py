@@ -49,8 +49,8 @@ def markdown(rows: list[dict]) -> str:
     """:data:`PARAGRAPH` and the table of the comparison rows."""
     lines = [HEADER, ["---"] * len(HEADER)] + [
         [row["task"], row["metric"], number(row["pretrained"]), number(row["random_init"]), number(row["difference"]),
-         "[{}, {}]".format(*map(number, row["interval"])), row["verdict"], str(row["items"]),
-         f"{row['clusters']} {row['cluster']}"]
+         "[{}, {}]".format(*map(number, row["interval"])), row["verdict"], f"{row['items']:,}",
+         f"{row['clusters']:,} {row['cluster']}"]
         for row in rows
     ]  # fmt: skip
     return PARAGRAPH + "\n\n" + "\n".join("| " + " | ".join(line) + " |" for line in lines)

@@ -161,3 +161,13 @@ def test_a_deeply_nested_or_oversized_file_is_refused_in_one_line(tmp_path, monk
     (tmp_path / "large.json").write_text(json.dumps(vqa_document()))
     with pytest.raises(PipelineError, match=r"large.json: [\d,]+ bytes; expected at most 10"):
         comparison_items.read_comparison_items(tmp_path / "large.json")
+
+
+def test_the_shipped_items_recompute_the_shipped_rows_and_block():
+    """``docs/demo_comparison/items.json`` alone gives exactly ``comparison.json`` (``rows_from_items``), and the
+    block of ``docs/demo_comparison.md`` is the one those files give."""
+    script = docs_script()
+    rows = rows_from_items(json.loads(script.SHIPPED_ITEMS.read_text()))
+    assert rows == json.loads(script.SHIPPED_ROWS.read_text())
+    assert {row["cluster"] for row in rows} <= {"images", "statement sets"} and len(rows) == 5
+    assert script.page_block() == script.markdown_block()
