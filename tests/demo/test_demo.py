@@ -28,11 +28,13 @@ from mmoe.pipeline import (
     PipelineRun,
     Stage,
     StageKey,
+    benchmark_named,
     finetune_launch,
     predict_launch,
     pretrain_launch,
     run_stage,
 )
+from mmoe.pipeline.compare import compared_files
 from mmoe.pipeline.settings import DEMO as FULL
 from mmoe.pipeline.settings import DEMO_FAST as FAST
 from mmoe.pipeline.settings import record_demo_settings
@@ -433,7 +435,8 @@ def test_demo_scores_are_official_files_exist_and_a_rerun_reuses_stages(default_
         assert caption["chance"] == chance["captioning_karpathy_test_constant_caption"][metric]
         assert 0 <= caption["value"] <= 10
 
-    # Every task above its chance level by a margin, measured in one default run on the 2-core CPU (README.md, Demo):
+    # Every task above its chance level by a margin, measured in one default run on the 2-core CPU
+    # (docs/tutorials/demo_details.md):
     # VQA 53.39 against the per-question-type prior's 39.43 and the image-blind answerer's 47.85 (52.37 and 54.09
     # under training seeds 1 and 2); NLVR2 0.632 on 1,600 dev pairs (0.641 and 0.636 under seeds 1 and 2; 0.60 is
     # 2.7 standard errors below the lowest) and consistency 0.207 on 400 sets against 0.0625 for random answers;
@@ -505,18 +508,25 @@ def test_demo_scores_are_official_files_exist_and_a_rerun_reuses_stages(default_
     assert {path: path.stat().st_mtime_ns for path in out.rglob("*.ckpt")} == checkpoints  # nothing trained again
     assert again["variants"] == results["variants"]
 
-    # --random-init adds the same fine-tunings from a fresh backbone and the paired bootstrap of the difference.
-    # Measured (README.md, Demo): colour words right 79.32% against 42.82%, interval [30.07, 42.78], ahead under
-    # training seeds 1 and 2 too (47.49% against 37.54%, 81.68% against 36.67%); VQA 53.39 against 49.84, ahead by
-    # [2.13, 4.98], 1.72 and 3.83 points ahead under seeds 1 and 2 (seed 1 not separated, so only the sign is
-    # asserted). Not asserted: NLVR2 and retrieval (not separated under any seed).
+    # --random-init adds the same fine-tunings from a fresh backbone and the paired cluster bootstrap of the difference.
+    # Measured (docs/demo_comparison.md, one run): colour words right 81.23% against 44.37%, interval [29.98, 43.52]
+    # over the test images, ahead under training seeds 1 and 2 too (docs/tutorials/demo.md); VQA 53.23 against 50.74,
+    # [1.34, 3.56] over the images, not separated under seed 1, so only the sign is asserted. Only the random init and
+    # the two fine-tunings asserted on run here (`--stages`): NLVR2 and retrieval are not separated under any seed, the
+    # whole `--random-init` report is tested on stand-in predictions (tests/demo/test_demo_compare.py), and
+    # pre-training's effect over several backbones is the claims study's claim 7.
+    asserted = ["mhmoe/random-init/init", "mhmoe/random-init/vqav2", "mhmoe/random-init/captioning"]
     with contextlib.redirect_stdout(io.StringIO()):
-        assert main(["demo", "--out", str(out), "--random-init"]) == 0
-    compared = json.loads((out / "results.json").read_text())["comparison"]["mhmoe"]
-    verdicts = {(row["task"], row["metric"]): row["verdict"] for row in compared}
-    assert verdicts["COCO captions Karpathy test", "colour words right (%)"] == "pre-trained ahead"
-    vqa_difference = next(row["difference"] for row in compared if row["task"] == "VQAv2 val")
-    assert vqa_difference > 0
+        assert main(["demo", "--out", str(out), "--random-init", "--stages", *asserted]) == 0
+    run = PipelineRun(out, FULL)
+    compared = {}
+    for name in ("vqav2", "captioning"):
+        benchmark = benchmark_named(name)
+        starts = (run.finetuning("mhmoe", name), run.finetuning_from_random("mhmoe", name))
+        files = [layout.predictions(benchmark.predictions) for layout in starts]
+        compared |= {(row["task"], row["metric"]): row for row in compared_files(run, name, *files)}
+    assert compared["COCO captions Karpathy test", "colour words right (%)"]["verdict"] == "pre-trained ahead"
+    assert compared["VQAv2 val", "accuracy (%)"]["difference"] > 0
 
 
 def test_random_init_stages_start_from_a_fresh_backbone_of_the_pretrained_architecture(tmp_path):
