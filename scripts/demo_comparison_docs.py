@@ -1,7 +1,8 @@
 """Ship the pre-trained vs random-init comparison of a finished ``mmoe demo --random-init`` folder: its per-item
 document as ``docs/demo_comparison/items.json`` (compact), its rows as ``docs/demo_comparison/comparison.json`` (as
 the run's ``results.json`` holds them) and the markdown block of ``docs/demo_comparison.md`` (between its markers),
-then print that block.
+then print that block. The same run's scores of both starts go to ``docs/demo_comparison/scores.json`` and README.md's
+results table (between its own markers), so the front page's table and the comparison are one run's.
 
     .venv/bin/python scripts/demo_comparison_docs.py /tmp/demo_ri
     .venv/bin/python scripts/demo_comparison_docs.py --print    # the shipped block only, written nowhere
@@ -28,9 +29,12 @@ REPO = Path(__file__).resolve().parents[1]
 SHIPPED = REPO / "docs" / "demo_comparison"
 SHIPPED_ITEMS, SHIPPED_ROWS = SHIPPED / "items.json", SHIPPED / "comparison.json"
 PAGE = REPO / "docs" / "demo_comparison.md"
+SHIPPED_SCORES, README = SHIPPED / "scores.json", REPO / "README.md"
 #: The run's report (``mmoe demo`` writes it beside :data:`ITEMS_FILE`).
 RESULTS_FILE = "results.json"
 BEGIN, END = "<!-- demo-comparison:begin -->", "<!-- demo-comparison:end -->"
+SCORES_BEGIN, SCORES_END = "<!-- demo-results:begin -->", "<!-- demo-results:end -->"
+SCORES_HEADER = ["task", "metric", "pre-trained ({variant})", "random init", "chance", "chance baseline"]
 
 PARAGRAPH = (
     f"Each row is the difference pre-trained - random init with its {LEVEL:.0%} paired cluster bootstrap interval "
@@ -70,16 +74,53 @@ def markdown_block(items_file: Path = SHIPPED_ITEMS, rows_file: Path = SHIPPED_R
     return markdown(recomputed_rows(items, rows, str(items_file), str(rows_file)))
 
 
-def page_block(page: Path = PAGE) -> str:
-    """The block between the markers of ``page``."""
+def page_block(page: Path = PAGE, begin: str = BEGIN, end: str = END) -> str:
+    """The block between the markers ``begin`` and ``end`` of ``page``."""
     text = page.read_text(encoding="utf-8")
-    if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
-        raise PipelineError(f"{page}: expected one {BEGIN} line and then one {END} line around the generated block")
-    return text.split(BEGIN)[1].split(END)[0].strip("\n")
+    if text.count(begin) != 1 or text.count(end) != 1 or text.index(begin) > text.index(end):
+        raise PipelineError(f"{page}: expected one {begin} line and then one {end} line around the generated block")
+    return text.split(begin)[1].split(end)[0].strip("\n")
 
 
-def run_files(run_dir: Path, variant: str | None) -> tuple[dict, list[dict]]:
-    """(the variant's document, its rows from ``results.json``) of a finished ``mmoe demo --random-init`` folder;
+def with_block(page: Path, begin: str, end: str, block: str) -> str:
+    """``page``'s text with ``block`` between its markers (checked to be there)."""
+    page_block(page, begin, end)
+    head, rest = page.read_text(encoding="utf-8").split(begin)
+    return f"{head}{begin}\n{block}\n{end}{rest.split(end)[1]}"
+
+
+def scores_table(scores: Any, where: str = "demo scores") -> str:
+    """README's results table from ``{"variant": V, "pretrained": rows, "random_init": rows}`` (the rows of
+    ``results.json``'s ``variants``): per row, both starts' values, the chance level (both where they differ, as
+    the colour words' random-image rate does) and its baseline."""
+    variant = require_field(scores, "variant", str, where, PipelineError)
+    starts = [require_field(scores, start, list, where, PipelineError) for start in ("pretrained", "random_init")]
+    random_rows = {(row["task"], row["metric"]): row for row in starts[1]}
+    header = [cell.format(variant=variant) for cell in SCORES_HEADER]
+    lines = [header, ["---"] * len(header)]
+    for row in starts[0]:
+        other = random_rows.get((row["task"], row["metric"]))
+        if other is None:
+            raise PipelineError(f"{where}: {row['task']} {row['metric']} has no random-init row; expected both starts")
+        chances = {number(row["chance"]), number(other["chance"])}
+        chance = " / ".join([number(row["chance"]), number(other["chance"])]) if len(chances) > 1 else chances.pop()
+        lines.append([row["task"], row["metric"], number(row["value"]), number(other["value"]), chance,
+                      row["baseline"]])  # fmt: skip
+    return "\n".join("| " + " | ".join(line) + " |" for line in lines)
+
+
+def run_scores(run_dir: Path, variant: str) -> dict:
+    """Both starts' score rows of ``variant`` in the run's ``results.json`` (as :func:`scores_table` reads them)."""
+    results_path = run_dir / RESULTS_FILE
+    variants = require_field(read_comparison_items(results_path, "demo results"), "variants", dict, str(results_path),
+                             PipelineError)  # fmt: skip
+    rows = [require_field(variants, name, list, f"{results_path}, variants", PipelineError)
+            for name in (variant, f"{variant}, random init")]  # fmt: skip
+    return {"variant": variant, "pretrained": rows[0], "random_init": rows[1]}
+
+
+def run_files(run_dir: Path, variant: str | None) -> tuple[str, dict, list[dict]]:
+    """(the variant, its document, its rows from ``results.json``) of a finished ``mmoe demo --random-init`` folder;
     links are refused (nothing outside the folder is read)."""
     items_path, results_path = run_dir / ITEMS_FILE, run_dir / RESULTS_FILE
     for path in (items_path, results_path):
@@ -95,21 +136,24 @@ def run_files(run_dir: Path, variant: str | None) -> tuple[dict, list[dict]]:
     results = read_comparison_items(results_path, "demo results")
     compared = require_field(results, "comparison", dict, str(results_path), PipelineError)
     rows = require_field(compared, variant, list, f"{results_path}, comparison", PipelineError)
-    return document, recomputed_rows(document, rows, f"{items_path}, {variant}", f"{results_path}, {variant}")
+    return variant, document, recomputed_rows(document, rows, f"{items_path}, {variant}", f"{results_path}, {variant}")
 
 
 def ship(
     run_dir: Path, variant: str | None, items_file: Path = SHIPPED_ITEMS, rows_file: Path = SHIPPED_ROWS,
-    page: Path = PAGE,
+    page: Path = PAGE, scores_file: Path = SHIPPED_SCORES, readme: Path = README,
 ) -> str:  # fmt: skip
-    """Writes the shipped files and the page's block from ``run_dir``; returns the block."""
-    document, rows = run_files(run_dir, variant)
+    """Writes the shipped files, the page's block and README's results table from ``run_dir``; returns the block."""
+    variant, document, rows = run_files(run_dir, variant)
+    scores = run_scores(run_dir, variant)
     block = markdown(rows)
-    page_block(page)  # the markers are in place before anything is written
-    head, rest = page.read_text(encoding="utf-8").split(BEGIN)
+    pages = {page: with_block(page, BEGIN, END, block),  # the markers are in place before anything is written
+             readme: with_block(readme, SCORES_BEGIN, SCORES_END, scores_table(scores))}  # fmt: skip
     write_json(items_file, document, indent=None)
     write_json(rows_file, rows)
-    write_text_atomic(page, f"{head}{BEGIN}\n{block}\n{END}{rest.split(END)[1]}")
+    write_json(scores_file, scores)
+    for path, text in pages.items():
+        write_text_atomic(path, text)
     return block
 
 

@@ -96,10 +96,22 @@ def test_a_malformed_document_header_is_refused(change, message):
         rows_from_items(value)
 
 
+#: Score rows of both starts as ``results.json``'s ``variants`` holds them: the colour words' chance differs by start.
+SCORES = {
+    "mhmoe": [{"task": "VQAv2 val", "metric": "accuracy (%)", "value": 53.225, "chance": 39.43, "baseline": "prior"},
+              {"task": "COCO captions Karpathy test", "metric": "colour words right (%)", "value": 81.23,
+               "chance": 30.65, "baseline": "a random image"}],
+    "mhmoe, random init": [
+        {"task": "VQAv2 val", "metric": "accuracy (%)", "value": 50.738, "chance": 39.43, "baseline": "prior"},
+        {"task": "COCO captions Karpathy test", "metric": "colour words right (%)", "value": 44.37, "chance": 30.96,
+         "baseline": "a random image"}],
+}  # fmt: skip
+
+
 def write_run(folder: Path, documents: dict, rows: dict) -> None:
     folder.mkdir()
     (folder / ITEMS_FILE).write_text(json.dumps(documents))
-    (folder / "results.json").write_text(json.dumps({"comparison": rows}, indent=2))
+    (folder / "results.json").write_text(json.dumps({"comparison": rows, "variants": SCORES}, indent=2))
 
 
 def test_the_docs_script_ships_a_runs_items_rows_and_block(tmp_path, monkeypatch, capsys):
@@ -107,10 +119,25 @@ def test_the_docs_script_ships_a_runs_items_rows_and_block(tmp_path, monkeypatch
     items = vqa_document()
     rows = rows_from_items(items)
     write_run(tmp_path / "run", {"mhmoe": items}, {"mhmoe": rows})
-    page = tmp_path / "page.md"
+    page, readme = tmp_path / "page.md", tmp_path / "README.md"
     page.write_text(f"# title\n\n{script.BEGIN}\nold\n{script.END}\n\nafter\n")
+    readme.write_text(f"# front\n{script.SCORES_BEGIN}\n| old |\n{script.SCORES_END}\nrest\n")
     shipped = {"items_file": tmp_path / "docs" / "items.json", "rows_file": tmp_path / "docs" / "comparison.json"}
-    block = script.ship(tmp_path / "run", None, page=page, **shipped)
+    scores_file = tmp_path / "docs" / "scores.json"
+    block = script.ship(tmp_path / "run", None, page=page, scores_file=scores_file, readme=readme, **shipped)
+    scores = json.loads(scores_file.read_text())
+    assert scores == {"variant": "mhmoe", "pretrained": SCORES["mhmoe"], "random_init": SCORES["mhmoe, random init"]}
+    assert (
+        script.page_block(readme, script.SCORES_BEGIN, script.SCORES_END)
+        == script.scores_table(scores)
+        == (
+            "| task | metric | pre-trained (mhmoe) | random init | chance | chance baseline |\n"
+            "| --- | --- | --- | --- | --- | --- |\n"
+            "| VQAv2 val | accuracy (%) | 53.23 | 50.74 | 39.43 | prior |\n"
+            "| COCO captions Karpathy test | colour words right (%) | 81.23 | 44.37 | 30.65 / 30.96 | a random image |"
+        )
+    )
+    assert readme.read_text().startswith("# front\n") and readme.read_text().endswith(f"{script.SCORES_END}\nrest\n")
     assert json.loads(shipped["items_file"].read_text()) == items
     assert len(shipped["items_file"].read_text().splitlines()) == 1  # compact
     assert json.loads(shipped["rows_file"].read_text()) == rows
@@ -139,7 +166,7 @@ def test_the_docs_script_refuses_links_and_an_ambiguous_variant(tmp_path):
     write_run(tmp_path / "run", {"mhmoe": items, "xmoe": items}, {"mhmoe": rows_from_items(items)})
     with pytest.raises(PipelineError, match="holds variants mhmoe, xmoe; choose one with --variant"):
         script.run_files(tmp_path / "run", None)
-    assert script.run_files(tmp_path / "run", "mhmoe")[0] == items
+    assert script.run_files(tmp_path / "run", "mhmoe")[:2] == ("mhmoe", items)
     with pytest.raises(PipelineError, match=r"results.json, comparison: missing field 'xmoe'"):
         script.run_files(tmp_path / "run", "xmoe")
     linked = tmp_path / "linked"
@@ -171,3 +198,16 @@ def test_the_shipped_items_recompute_the_shipped_rows_and_block():
     assert rows == json.loads(script.SHIPPED_ROWS.read_text())
     assert {row["cluster"] for row in rows} <= {"images", "statement sets"} and len(rows) == 5
     assert script.page_block() == script.markdown_block()
+
+
+def test_readme_s_results_table_is_the_shipped_run_s_and_agrees_with_its_comparison():
+    """README.md's results table is generated from ``docs/demo_comparison/scores.json``, the same run's scores as the
+    comparison: each compared metric's two values are the comparison row's (the table rounds)."""
+    script = docs_script()
+    scores = json.loads(script.SHIPPED_SCORES.read_text())
+    assert script.page_block(script.README, script.SCORES_BEGIN, script.SCORES_END) == script.scores_table(scores)
+    values = {start: {(row["task"], row["metric"]): row["value"] for row in scores[start]}
+              for start in ("pretrained", "random_init")}  # fmt: skip
+    for row in json.loads(script.SHIPPED_ROWS.read_text()):
+        for start in values:
+            assert values[start][row["task"], row["metric"]] == pytest.approx(row[start], abs=0.005)  # % rounded
