@@ -28,6 +28,28 @@ def test_head_builders_match_beit3_initialisation():
     assert bool((layer.weight == 1).all())
 
 
+@pytest.mark.parametrize(
+    ("shape", "dtype"),
+    [((2000, 192), torch.float32), ((300,), torch.float32), ((7, 5, 3), torch.float64), ((1000, 96), torch.bfloat16),
+     ((0, 4), torch.float32)],
+)  # fmt: skip
+def test_init_beit3_draws_torch_s_trunc_normal_values_and_leaves_the_generator_as_it_does(shape, dtype):
+    """The rejection rounds touch only the values still outside the cut, yet give bit for bit the values of
+    ``nn.init.trunc_normal_(std, a=-std, b=std)`` and the same generator state after (a later draw equal)."""
+    torch.manual_seed(3)
+    expected = nn.init.trunc_normal_(torch.empty(shape, dtype=dtype), std=0.02, a=-0.02, b=0.02)
+    after = torch.rand(4)
+    torch.manual_seed(3)
+    drawn = init_beit3_(torch.empty(shape, dtype=dtype))
+    assert torch.equal(drawn, expected) and torch.equal(torch.rand(4), after)
+    assert bool((drawn.abs() <= 0.02).all())
+    if len(shape) == 2:  # a non-contiguous tensor goes through torch's own
+        torch.manual_seed(3)
+        expected = nn.init.trunc_normal_(torch.empty(shape[::-1], dtype=dtype).t(), std=0.02, a=-0.02, b=0.02)
+        torch.manual_seed(3)
+        assert torch.equal(init_beit3_(torch.empty(shape[::-1], dtype=dtype).t()), expected)
+
+
 def test_init_beit3_cuts_at_one_std_and_every_task_head_draws_with_it():
     """BEiT-3 (unilm beit3/modeling_utils.py) truncates its std-0.02 normal at ±std: every weight within ±0.02 and the
     std that of N(0, 0.02²) cut at ±1 std, 0.02 * sqrt(1 - 2 φ(1) / (Φ(1) - Φ(-1))) ≈ 0.0108. The VQA pooler and
