@@ -203,7 +203,7 @@ def decision_text(decision: dict) -> str:
     power = decision.get("power", POWER)  # a report written before decisions named their noise rule
     if "level" in decision:
         head += f"; level {decision['level']:g}, alpha {decision['alpha']:g}"
-    if decision["verdict"] == UNDECIDABLE:
+    if decision["verdict"] == UNDECIDABLE and "by_modality" not in decision:
         return f"{head}: not decided (the within-run interval covers one run of each arm)"
     if decision["verdict"] == NOT_RUN:
         return f"{head}: not run under this preset (--scale gpu runs it)"
@@ -221,7 +221,7 @@ def decision_text(decision: dict) -> str:
 def short_verdict(decision: dict) -> str:
     """The decision for the summary table (``1 run per arm: not decided`` where an arm has one run), each modality's
     verdict where the claim was decided per modality, the paper's first."""
-    if decision["verdict"] == UNDECIDABLE:
+    if decision["verdict"] == UNDECIDABLE and not decision.get("modalities"):
         return "1 run per arm: not decided"
     modalities = list(decision.get("modalities", {}).items())
     if not modalities:

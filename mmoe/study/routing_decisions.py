@@ -13,7 +13,7 @@ from mmoe.metrics.routing import choice_activation_ratio
 from mmoe.study.claims.task_scores import order_verdict
 from mmoe.study.claims.xmoe_routing import _fluctuation, _random_fluctuation, judged_window
 from mmoe.study.plan import ClaimPlan
-from mmoe.study.run_statistics import family_verdicts, run_verdict
+from mmoe.study.run_statistics import UNDECIDABLE, family_verdicts, run_verdict
 from mmoe.study.verdicts import UNINFORMATIVE, bootstrap, keys_of, percentile_interval
 
 #: The verdict of a modality no run measured.
@@ -65,6 +65,11 @@ def late_log_rc(measures: list[dict], keys: list[str], window_from: float) -> fl
     return float(np.mean(values)) if values else None
 
 
+#: Claim 3's verdict where fewer than two runs of an arm have RC defined in the window (the plan's rule: such a run
+#: leaves its arm), followed by how many runs of each arm had it undefined.
+RC_UNDEFINED = "undecidable: RC undefined in the window"
+
+
 def collapse_gap(seeds: list[dict], rules: ClaimPlan, name: str, within: list[float] | None) -> dict | None:
     """Claim 3 on modality ``name``: per run the window's mean log RC over every MoE layer, X-MoE - Switch over runs
     (a run whose RC is undefined in the window leaves its arm, and is counted)."""
@@ -79,6 +84,9 @@ def collapse_gap(seeds: list[dict], rules: ClaimPlan, name: str, within: list[fl
     defined = {router: [v for v in values if v is not None] for router, values in per_run.items()}
     undefined = {router: len(values) - len(defined[router]) for router, values in per_run.items()}
     gap = _verdict(defined["xmoe"], defined["switch"], +1, rules, within)
+    if gap["verdict"] == UNDECIDABLE and any(undefined.values()):  # the runs were there; RC was not defined in them
+        counts = ", ".join(f"{router} {undefined[router]} of {len(per_run[router])}" for router in per_run)
+        gap["verdict"] = f"{RC_UNDEFINED} ({counts} runs)"
     return gap | {"per_run": per_run, "undefined_runs": undefined}
 
 

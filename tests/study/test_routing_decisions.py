@@ -73,6 +73,30 @@ def test_a_run_whose_rc_is_undefined_in_the_window_leaves_its_arm_and_is_counted
     assert gap["per_run"]["switch"][1] is None
 
 
+def test_an_arm_left_with_fewer_than_two_runs_of_defined_rc_says_so_and_the_other_modality_still_shows():
+    """The plan's rule (a run whose RC is undefined leaves its arm) can leave an arm under two runs: the language
+    verdict says RC was undefined, in how many runs of each arm, and the summary and the decision text still give
+    the vision verdict beside it (both modalities stand, the paper's first)."""
+    from mmoe.study.claims import Claim
+    from mmoe.study.decisions import decision_text, run_decisions
+    from mmoe.study.runs import Measures
+
+    seeds = _seeds([3.0, 3.1, 2.9], [1.0, 1.1, 0.9])
+    for seed in (0, 1):
+        seeds[seed]["snapshots"]["switch"][-1]["collapse"]["layer1/language"]["rc"] = None
+    gap = collapse_gap(seeds, PLAN.claim("collapse"), "language", None)
+    assert gap["verdict"] == "undecidable: RC undefined in the window (xmoe 0 of 3, switch 2 of 3 runs)"
+    claim = Claim("collapse", "title", "paper", {"by_modality": {}}, NOT_SEPARATED, "statement")
+    required = ("activation", "diversity", "snapshots", "consistency", "scores", "random_init", "capacity",
+                "token_capacity", "chance")  # fmt: skip
+    measures = Measures.from_json(dict.fromkeys(required, {}) | {"seeded": {"seeds": seeds}})
+    decision = next(d for d in run_decisions([claim], PLAN, measures) if d["id"] == "collapse")
+    assert decision["modalities"] == {"language": gap["verdict"], "vision": REPRODUCES}
+    assert short_verdict(decision) == f"language (the paper's): {gap['verdict']}; vision: reproduces"
+    text = decision_text(decision)
+    assert f"language: {gap['verdict']}" in text and "vision: " in text and "covers one run of each arm" not in text
+
+
 def test_fluctuation_is_decided_over_runs_and_gated_at_random_reassignment():
     rules = PLAN.claim("fluctuation")
     less = fluctuation_gap(_seeds([1] * 3, [1] * 3, (10, 12, 11), (40, 42, 41)), rules, "language", None)
