@@ -1,12 +1,14 @@
 """The estimated cost of a study preset, from measured per-step costs (written into the plan and printed by ``mmoe
 study claims --dry-run``): an estimate, not a measurement.
 
-The CPU costs are the shipped study's (``docs/claims.md``: 43 trainings, about 4,900 steps, in 41.9 min of stages on
-the 2-core machine, about 0.5 s per step averaged over pre-training and fine-tuning) and the demo's (its pre-training
-with the contrastive loss about 1.4 s per step; fine-tuning 0.35-0.5 s per step on one thread). The GPU costs are the
-tiny configs' on one H100 in bf16 as docs/tutorials/demo_details.md reports them (pre-training about 0.2 s per step,
-captioning 0.07), divided over the runs that share the GPU at once: tiny models are launch-bound, so ``streams`` runs
-side by side add little to each other's step time (an estimate that has not been measured)."""
+The CPU costs are the default study's under the previous plan (43 trainings, about 4,900 steps, in 41.9 min of stages
+alone on the 2-core machine, about 0.5 s per step averaged over pre-training and fine-tuning) and the demo's (its
+pre-training with the contrastive loss about 1.4 s per step; fine-tuning 0.35-0.5 s per step on one thread). The GPU
+costs are the tiny configs' on one H100 in bf16 as docs/tutorials/demo_details.md reports them (pre-training about
+0.2 s per step, captioning 0.07), divided over the runs that share the GPU at once: tiny models are launch-bound, so
+``streams`` runs side by side add little to each other's step time (an estimate that has not been measured). The
+default run under today's plan took 94.9 min of stages on that machine while it also ran a demo for about half of it
+(``docs/claims.md``), which measures nothing alone."""
 
 from __future__ import annotations
 
