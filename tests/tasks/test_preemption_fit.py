@@ -42,8 +42,15 @@ def start_fit(config: Path, cwd: Path) -> subprocess.Popen:
 
 
 def wait_for_checkpoint(process: subprocess.Popen, path: Path, step: int) -> None:
-    deadline = time.monotonic() + 600
-    while saved_step(path) != step:
+    """Returns once ``path`` holds step ``step`` or a later one. Loaded only when it changed (a checkpoint is renamed
+    into place whole), so that a loaded machine's slow loads do not let the run pass its last checkpoint unseen."""
+    deadline, seen = time.monotonic() + 600, None
+    while True:
+        changed = path.stat().st_mtime_ns if path.exists() else None
+        if changed != seen:
+            seen = changed
+            if (saved_step(path) or 0) >= step:
+                return
         assert process.poll() is None, process.stderr.read()[-3000:]
         assert time.monotonic() < deadline
         time.sleep(0.05)

@@ -59,7 +59,7 @@ def fit_with_a_checkpoint(config: Path, last: Path, sighup: signal.Handlers) -> 
                                preexec_fn=lambda: signal.signal(signal.SIGHUP, sighup))  # fmt: skip
     try:
         deadline = time.monotonic() + 600
-        while saved_step(last) is None:  # training, with a checkpoint saved
+        while not last.exists():  # training, with a checkpoint saved (renamed into place whole: a cheap poll)
             assert process.poll() is None, process.stderr.read()[-3000:]
             assert time.monotonic() < deadline
             time.sleep(0.05)

@@ -4,12 +4,12 @@ and a DataLoader worker included)."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -47,6 +47,24 @@ def fit_command(config: Path, *extra: str) -> list[str]:
 ENV = os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
+KILLED_FIT = Path(__file__).resolve().parents[1] / "scripts" / "fit_killed_at_step.py"
+
+
+def killed_fit(config: Path, step: int, cwd: Path) -> tuple[int, str]:
+    """Runs ``mmoe fit --config config`` until it SIGKILLs itself at the start of training step ``step``
+    (tests/scripts/fit_killed_at_step.py); kills what it left of its process group (DataLoader workers) and returns
+    its exit status and the end of its stderr."""
+    command = [sys.executable, str(KILLED_FIT), str(step), "fit", "--config", str(config)]
+    process = subprocess.Popen(command, cwd=cwd, env=ENV, start_new_session=True, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        _, stderr = process.communicate(timeout=900)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+    return process.returncode, stderr[-3000:]
+
+
 def saved_step(path: Path) -> int | None:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)["global_step"]
@@ -77,15 +95,10 @@ def test_killed_and_resumed_run_logs_the_losses_of_the_uninterrupted_run(synthet
     run = tmp_path / "killed"
     run.mkdir()
     config = resumable_config(synthetic_corpus, run, "first")
-    process = subprocess.Popen(fit_command(config), cwd=tmp_path, env=ENV, start_new_session=True,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
-    # Killed mid-epoch, once last.ckpt holds step 20 (epoch 1, step 5 of 15), before the next checkpoint.
-    deadline = time.monotonic() + 600
-    while saved_step(run / "checkpoints" / "last.ckpt") != 20 and process.poll() is None:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
+    # Killed mid-epoch: at the start of step 25 (epoch 1, step 10 of 15), last.ckpt holds step 20.
+    returncode, stderr = killed_fit(config, 25, tmp_path)
+    assert returncode == -signal.SIGKILL, stderr
+    assert saved_step(run / "checkpoints" / "last.ckpt") == 20
     assert not (run / "checkpoints" / "epoch=2-step=30.ckpt").exists()
 
     resumed_config = yaml.safe_load(config.read_text())

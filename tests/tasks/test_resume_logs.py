@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +17,7 @@ import yaml
 from mmoe.tasks.run_lock import LOCK_FILE
 from mmoe.tasks.run_logs import CSV_LOGGER
 from tests.tasks.test_pretraining_run import tiny_config
-from tests.tasks.test_resume_exact import ENV, fit_command, saved_step
+from tests.tasks.test_resume_exact import ENV, fit_command, killed_fit, saved_step
 
 pytestmark = pytest.mark.slow
 
@@ -71,16 +69,10 @@ def test_a_killed_and_resumed_run_logs_the_rows_and_routing_windows_of_the_unint
     run = tmp_path / "killed"
     run.mkdir()
     config = logged_config(synthetic_corpus, run)
-    process = subprocess.Popen(fit_command(config), cwd=tmp_path, env=ENV, start_new_session=True,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    deadline = time.monotonic() + 600
-    while (saved_step(run / "checkpoints" / "last.ckpt") or 0) < 2 * EVERY and process.poll() is None:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
+    returncode, stderr = killed_fit(config, 2 * EVERY + 2, tmp_path)  # two steps after a checkpoint
+    assert returncode == -signal.SIGKILL, stderr
     resumed_from = saved_step(run / "checkpoints" / "last.ckpt")
-    assert resumed_from is not None and 2 * EVERY <= resumed_from < STEPS
+    assert resumed_from == 2 * EVERY
     logged_before = losses(metrics(run))
     assert 0 in logged_before  # the rows of the steps before the checkpoint, which a resume must keep
 
