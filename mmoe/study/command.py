@@ -48,14 +48,16 @@ from mmoe.study.runs import (
     maps_stage,
     pretrainings,
 )
-from mmoe.study.settings import DEFAULT, PRESETS, ROUTER_VARIANTS, StudySettings
+from mmoe.study.settings import CLAIM_IDS, DEFAULT, PRESETS, ROUTER_VARIANTS, ROUTING_WINDOW, SCALES, StudySettings
 
 
 def upgraded_study(stored: dict) -> dict:
     """Study settings as an older ``study.json`` stored them, in today's form (its training settings upgraded as a
-    pipeline's; one from before the router table gets today's routers, whose runs a re-run adds)."""
+    pipeline's; one from before the router table gets today's routers, whose runs a re-run adds; one from before
+    the presets chose their claims ran every claim, one pre-training per task variant, the default's window)."""
     training = stored.get("training")
     stored = {"router_variants": list(ROUTER_VARIANTS)} | stored  # an older study adds the router runs
+    stored = {"claims": list(CLAIM_IDS), "task_pretraining_seeds": 1, "routing_window": ROUTING_WINDOW} | stored
     return stored | ({"training": upgraded_settings(training)} if isinstance(training, dict) else {})
 
 
@@ -128,9 +130,10 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     size.add_argument("--fast", action="store_true", help="a few steps of a narrower model (for tests)")
     size.add_argument(
         "--scale",
-        choices=("gpu",),
+        choices=SCALES,
         default=None,
-        help="gpu: the designs with 8 or more runs per arm, longer runs on a larger corpus, bf16",
+        help="gpu: claims 2, 4 and 7 with 8 runs per arm, for one GPU loan (docs/claims/plan_gpu.md); gpu-tasks: the "
+        "task order (claim 6) over 3 pre-training seeds per variant, for a longer loan (docs/claims/plan_gpu_tasks.md)",
     )
     claims.add_argument(
         "--dry-run",

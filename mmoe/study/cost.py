@@ -8,14 +8,21 @@ costs are the tiny configs' on one H100 in bf16 as docs/tutorials/demo_details.m
 0.2 s per step, captioning 0.07), divided over the runs that share the GPU at once: tiny models are launch-bound, so
 ``streams`` runs side by side add little to each other's step time (an estimate that has not been measured). The
 default run under today's plan took 94.9 min of stages on that machine while it also ran a demo for about half of it
-(``docs/claims.md``), which measures nothing alone."""
+(``docs/claims.md``), which measures nothing alone.
+
+Runs at once on the GPU: 8. A launch-bound run keeps one CPU core busy issuing kernels, and each run is two busy
+processes, its own and its data loader's worker (the tiny configs' ``num_workers: 1``), so the lent machine's 16 cores
+hold 8 runs side by side (the audit's "8-10 concurrent processes" at its low end; ``--jobs 8``). The GPU presets'
+estimates hold against their budgets (:data:`BUDGETS`) at that count, never a count chosen to meet them. The corpus and
+codebook stages are outside every estimate."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from mmoe.pipeline.benchmarks import trained_benchmarks
-from mmoe.study.runs import pretrainings
+from mmoe.study.runs import STRATIFIED, Pretraining, pretrainings
 from mmoe.study.settings import CONSISTENCY_RULES, StudySettings
 
 
@@ -50,23 +57,68 @@ CPU_COSTS = StepCosts("the 2-core CPU", pretrain=0.5, recipe_pretrain=1.4, finet
                       evaluation=25.0, snapshot=3.0, measure=2.0)  # fmt: skip
 GPU_COSTS = StepCosts("one H100, 8 runs at once", pretrain=0.2, recipe_pretrain=0.3, finetune=0.07,
                       per_training=15.0, evaluation=10.0, snapshot=1.0, measure=0.5, streams=8)  # fmt: skip
+#: The machine each preset's estimate is on.
+PRESET_COSTS = {"default": CPU_COSTS, "fast": CPU_COSTS, "gpu": GPU_COSTS, "gpu-tasks": GPU_COSTS}
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The time a preset is meant to fit, stated beside its estimate.
+
+    Attributes:
+        minutes: the budget.
+        what: what it is, in words.
+    """
+
+    minutes: float
+    what: str
+
+
+#: The GPU presets' budgets (the default's 60 minutes is stated in its plan's design notes).
+BUDGETS = {
+    "gpu": Budget(10.0, "one GPU loan of 15 minutes, with room for the machine's start"),
+    "gpu-tasks": Budget(35.0, "a loan longer than one GPU's 15 minutes: the audit estimates 20-35 min"),
+}
+
+
+def planned_pretrainings(settings: StudySettings) -> list[Pretraining]:
+    """The pre-trainings the preset's claims need: :func:`mmoe.study.runs.pretrainings` with each task variant once
+    per pre-training seed of claim 6, and Stratified MoE only where claim 8 or 9 is run."""
+    stratified = settings.runs_claim("capacity") or settings.runs_claim("frequency")
+    runs = []
+    for run in pretrainings(settings):
+        if run.name == STRATIFIED and not stratified:
+            continue
+        if settings.run_tasks and run.name in settings.task_variants:
+            runs += [dataclasses.replace(run, seed=seed) for seed in range(settings.task_pretraining_seeds)]
+        else:
+            runs.append(run)
+    return runs
+
+
+def _pretraining_label(settings: StudySettings, stratified: bool) -> str:
+    parts = {"task variants": settings.run_tasks, "routing arms": settings.routing_seeds > 0,
+             "diversity": bool(settings.diversity_runs), "Stratified MoE": stratified,
+             "router table": bool(settings.router_variants)}  # fmt: skip
+    return f"pre-training ({', '.join(part for part, present in parts.items() if present) or 'none'})"
 
 
 def stage_costs(settings: StudySettings, costs: StepCosts) -> list[dict]:
     """Per group of stages: ``what``, ``trainings``, ``steps`` and estimated ``seconds`` on ``costs``' machine (a
     group's trainings shared over ``costs.streams`` at once; measurements one after the other)."""
-    runs = pretrainings(settings)
+    runs = planned_pretrainings(settings)
     recipe = [run for run in runs if run.recipe]
     routing = [run for run in runs if not run.recipe]
     tasks = trained_benchmarks(settings.training) if settings.run_tasks else ()
     task_steps = sum(settings.training.steps(benchmark.name) for benchmark in tasks)
-    task_runs = len(settings.task_variants) * len(tasks) * settings.task_seeds
+    backbones = len(settings.task_variants) * settings.task_pretraining_seeds
+    task_runs = backbones * len(tasks) * settings.task_seeds
     consistency_runs = len(CONSISTENCY_RULES) * 2 * settings.seeds
     recipe_steps = sum(settings.pretraining_recipe.finetune_steps.values())
     recipe_runs = 2 * settings.pretraining_backbones * len(settings.pretraining_recipe.finetune_steps)
     snapshots = 2 * settings.routing_seeds * (settings.router_steps // settings.snapshot_every + 1)
     groups = [
-        ("pre-training (routing arms, diversity, Stratified MoE, router table)", len(routing),
+        (_pretraining_label(settings, any(run.name == STRATIFIED for run in routing)), len(routing),
          sum(run.steps for run in routing), costs.pretrain, 0),
         ("pre-training with the demo's recipe (claim 7)", len(recipe), sum(run.steps for run in recipe),
          costs.recipe_pretrain, 0),
@@ -74,8 +126,8 @@ def stage_costs(settings: StudySettings, costs: StepCosts) -> list[dict]:
          consistency_runs * settings.consistency_steps, costs.finetune, 0),
         ("VQA fine-tuning of the pre-trained and random backbones (claim 7)", recipe_runs,
          2 * settings.pretraining_backbones * recipe_steps, costs.finetune, recipe_runs),
-        ("task fine-tuning (claim 6)", task_runs, len(settings.task_variants) * settings.task_seeds * task_steps,
-         costs.finetune, task_runs),
+        ("task fine-tuning (claim 6)", task_runs, backbones * settings.task_seeds * task_steps, costs.finetune,
+         task_runs),
     ]  # fmt: skip
     rows = []
     for what, trainings, steps, per_step, evaluations in groups:
@@ -87,15 +139,19 @@ def stage_costs(settings: StudySettings, costs: StepCosts) -> list[dict]:
     return rows
 
 
-def cost_lines(settings: StudySettings, costs: StepCosts) -> list[str]:
-    """The estimate as Markdown list lines, its total last."""
+def cost_lines(settings: StudySettings, costs: StepCosts, budget: Budget | None = None) -> list[str]:
+    """The estimate as Markdown list lines, its total, then (where given) the budget and whether the total is in it."""
     rows = stage_costs(settings, costs)
     lines = [f"- {row['what']}: {row['trainings']} trainings, {row['steps']} steps, about {row['seconds'] / 60:.1f} "
              "min" for row in rows]  # fmt: skip
     trainings = sum(row["trainings"] for row in rows)
     total = sum(row["seconds"] for row in rows) / 60
-    return [*lines, f"- **total: {trainings} trainings, about {total:.0f} min on {costs.machine} (an estimate from "
-            "the per-step costs of `mmoe.study.cost`, not a measurement)**"]  # fmt: skip
+    lines.append(f"- **total: {trainings} trainings, about {total:.0f} min on {costs.machine} (an estimate from "
+                 "the per-step costs of `mmoe.study.cost`, not a measurement)**")  # fmt: skip
+    if budget is not None:
+        fits = "within it" if total <= budget.minutes else f"**over it by about {total - budget.minutes:.0f} min**"
+        lines.append(f"- budget: {budget.minutes:.0f} min ({budget.what}): the estimate is {fits}")
+    return lines
 
 
 def total_minutes(settings: StudySettings, costs: StepCosts) -> float:

@@ -1,25 +1,30 @@
 """The plan of the study's current design (:func:`study_plan`): what ``mmoe study claims`` (and ``--fast``,
-``--scale gpu``) run today, written down claim by claim, and its human-readable form (:func:`plan_markdown`).
+``--scale gpu``, ``--scale gpu-tasks``) run today, written down claim by claim, and its human-readable form
+(:func:`plan_markdown`).
 
 ``docs/claims/plan.json`` is :func:`study_plan` of the default settings (with the rule changes it records), written
 by ``python -m mmoe.study.plan_design docs/claims --from-design``; ``plan.md`` beside it is rendered from that file
-by ``python -m mmoe.study.plan_design docs/claims``; a test keeps them equal. The gates and rules below were the claim
+by ``python -m mmoe.study.plan_design docs/claims``; ``--preset gpu`` / ``--preset gpu-tasks`` write
+``plan_gpu.json`` + ``.md`` / ``plan_gpu_tasks.json`` + ``.md`` the same way (:data:`PLAN_STEMS`); a test keeps each
+equal to the design. The gates and rules below were the claim
 code's constants before the plan existed: they are stated here, once, and the claims read them from the plan.
 """
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import math
-import sys
 from pathlib import Path
 from statistics import NormalDist
 
 from mmoe.atomic import write_text_atomic
 from mmoe.metrics.routing import DEFAULT_ACTIVATION_THRESHOLD
 from mmoe.pipeline.benchmarks import trained_benchmarks
-from mmoe.study.cost import CPU_COSTS, GPU_COSTS, cost_lines
+from mmoe.study.cost import BUDGETS, CPU_COSTS, PRESET_COSTS, cost_lines
 from mmoe.study.measure_runs import diversity_arms
 from mmoe.study.plan import Arm, ClaimPlan, NoiseRule, StudyPlan, plan_hash, read_plan, write_plan
+from mmoe.study.plan_gpu import DESIGN_NOTES_BY_PRESET, not_run_unit
 from mmoe.study.runs import (
     CONSISTENCY_TASK,
     PRETRAINING_VARIANT,
@@ -41,9 +46,8 @@ RECIPE_SCHEDULE = (
 )
 #: The task order MH-MoE Table 4 reports, each variant above the next.
 TASK_ORDER = ("mhmoe", "xmoe", "dense")
-#: The window of claims 3 and 4: from 30% of the snapshots on, i.e. from the warm-up's end (step 30 of 100) where the
-#: learning rate is constant (the paper's fluctuation is read after 15K of 125K steps, 12%).
-ROUTING_WINDOW = 0.3
+#: Each preset's plan files under a folder (``<stem>.json``, ``<stem>.md``).
+PLAN_STEMS = {"default": "plan", "gpu": "plan_gpu", "gpu-tasks": "plan_gpu_tasks"}
 
 
 def _over_runs(statistic: str, within: str) -> NoiseRule:
@@ -106,23 +110,43 @@ def _routing_claims(settings: StudySettings) -> list[ClaimPlan]:
         "held-out batches of routing seed 0",
     )
     return [
-        ClaimPlan("activation", (mhmoe[-1], *mhmoe[:-1], xmoe), ROUTING_SCHEDULE, "all", BOTH, "language", None,
+        ClaimPlan("activation", (mhmoe[-1], *mhmoe[:-1], xmoe) if mhmoe else (xmoe,), ROUTING_SCHEDULE, "all",
+                  BOTH, "language", None,
                   {"activation_threshold": DEFAULT_ACTIVATION_THRESHOLD, "activation_ceiling": 0.999}, activation,
                   "holm"),
         ClaimPlan("diversity", tuple(diversity), ROUTING_SCHEDULE, "all", ("vision",), "vision", None,
                   {"saturation_share": 0.97}, regions, "none"),
-        ClaimPlan("collapse", (xmoe, switch), ROUTING_SCHEDULE, "all", BOTH, "language", ROUTING_WINDOW, {}, collapse,
-                  "none"),
-        ClaimPlan("fluctuation", (xmoe, switch), ROUTING_SCHEDULE, "all", BOTH, "language", ROUTING_WINDOW,
+        ClaimPlan("collapse", (xmoe, switch), ROUTING_SCHEDULE, "all", BOTH, "language", settings.routing_window, {},
+                  collapse, "none"),
+        ClaimPlan("fluctuation", (xmoe, switch), ROUTING_SCHEDULE, "all", BOTH, "language", settings.routing_window,
                   {"random_fluctuation_share": 0.9}, fluctuation, "none"),
         *(_consistency(settings, rule) for rule in CONSISTENCY_RULES),
     ]  # fmt: skip
 
 
+def task_backbone(variant: str, seed: int, seeds: int) -> str:
+    """The pre-training of a task variant under ``seed`` (the seed in its name where the variant has several)."""
+    return f"{variant}-seed{seed}" if seeds > 1 else variant
+
+
 def _task_arm(settings: StudySettings, variant: str, task: str) -> Arm:
-    seeds = tuple(range(settings.task_seeds)) if settings.run_tasks else ()
+    """Every fine-tuning of ``task`` from each pre-training of ``variant`` (seeds: the fine-tunings')."""
+    backbones, seeds = settings.task_pretraining_seeds, range(settings.task_seeds)
+    runs = [(task_backbone(variant, b, backbones), seed) for b in range(backbones) for seed in seeds]
     steps = settings.training.finetune_steps[task]
-    return Arm(f"{variant} {task}", tuple(f"finetune/{variant}/{task}-seed{s}" for s in seeds), seeds, steps, steps)
+    return Arm(f"{variant} {task}", tuple(f"finetune/{backbone}/{task}-seed{seed}" for backbone, seed in runs),
+               tuple(seed for _, seed in runs), steps, steps)  # fmt: skip
+
+
+def _task_noise_rule(settings: StudySettings) -> NoiseRule:
+    if settings.task_pretraining_seeds > 1:
+        return NoiseRule(f"pre-training run (seed): per variant and task, each pre-training's mean score over its "
+                         f"{settings.task_seeds} fine-tuning seeds; Welch t over the {settings.task_pretraining_seeds} "
+                         "pre-trainings per arm; a task where a variant is not above its baseline (the corpus's "
+                         "chance level) uninformative",
+                         "the fine-tuning seeds of one pre-training (averaged)")  # fmt: skip
+    return NoiseRule("fine-tuning run (seed): Welch t over seeds per arm, one pre-training per variant (conditional on "
+                     "that draw)", "none (each run is one score)")  # fmt: skip
 
 
 def _backbone_arm(settings: StudySettings, task: str, random_init: bool) -> Arm:
@@ -134,9 +158,7 @@ def _backbone_arm(settings: StudySettings, task: str, random_init: bool) -> Arm:
 
 def _task_claims(settings: StudySettings) -> list[ClaimPlan]:
     tasks = [benchmark.name for benchmark in trained_benchmarks(settings.training)]
-    seeds = NoiseRule("fine-tuning run (seed): Welch t over seeds per arm, one pre-training per variant (conditional "
-                      "on that draw)" if settings.run_tasks else "not run under this preset: --scale gpu only",
-                      "none (each run is one score)")  # fmt: skip
+    seeds = _task_noise_rule(settings)
     order = tuple(_task_arm(settings, v, task) for task in tasks for v in TASK_ORDER if v in settings.task_variants)
     recipe_tasks = list(settings.pretraining_recipe.finetune_steps)
     backbones = tuple(_backbone_arm(settings, task, random) for task in recipe_tasks for random in (False, True))
@@ -193,9 +215,19 @@ DESIGN_NOTES = (
 )
 
 
+def _not_run(claim: ClaimPlan, preset: str) -> ClaimPlan:
+    """``claim`` with no runs in its arms, its deciding unit saying which preset runs it."""
+    arms = tuple(dataclasses.replace(arm, runs=(), seeds=()) for arm in claim.arms)
+    noise = dataclasses.replace(claim.noise_rule, unit=not_run_unit(claim.id, preset))
+    return dataclasses.replace(claim, arms=arms, noise_rule=noise)
+
+
 def study_plan(settings: StudySettings, preset: str) -> StudyPlan:
-    """The plan of the study's design under ``settings`` (one of :data:`PRESETS`, named ``preset``)."""
-    return StudyPlan(preset, tuple(_routing_claims(settings) + _task_claims(settings)), design_notes=DESIGN_NOTES)
+    """The plan of the study's design under ``settings`` (one of :data:`PRESETS`, named ``preset``): the claims the
+    settings do not run (:meth:`StudySettings.runs_claim`) without runs, each saying which preset runs it."""
+    claims = tuple(claim if settings.runs_claim(claim.id) else _not_run(claim, preset)
+                   for claim in _routing_claims(settings) + _task_claims(settings))  # fmt: skip
+    return StudyPlan(preset, claims, design_notes=DESIGN_NOTES_BY_PRESET.get(preset, DESIGN_NOTES))
 
 
 def shipped_rules(claim_id: str) -> ClaimPlan:
@@ -216,8 +248,9 @@ def _arms_text(claim: ClaimPlan) -> list[str]:
 def plan_markdown(plan: StudyPlan, settings: StudySettings | None = None) -> str:
     """The plan as Markdown: per claim its arms, schedule, layers, window, gates, noise rule and correction; then the
     rule changes."""
+    stem = PLAN_STEMS.get(plan.preset, "plan")
     lines = [f"# The claims study's plan (preset `{plan.preset}`)", "",
-             f"SHA-256 of its canonical JSON: `{plan_hash(plan)}`. Written from `plan.json` by "
+             f"SHA-256 of its canonical JSON: `{plan_hash(plan)}`. Written from `{stem}.json` by "
              "`mmoe.study.plan_design`; the study records this hash with every stage it runs and refuses a report "
              "over runs made under another plan.", ""]  # fmt: skip
     for claim in plan.claims:
@@ -225,9 +258,9 @@ def plan_markdown(plan: StudyPlan, settings: StudySettings | None = None) -> str
         gates = ", ".join(f"{name} = {value:g}" for name, value in claim.gates.items()) or "none"
         runs = sorted(set(claim.runs_per_arm()))
         undecidable = " (undecidable: 1 run per arm)" if 1 in runs else ""
-        undecidable = " (not run under this preset: --scale gpu only)" if claim.not_run else undecidable
+        undecidable = f" ({claim.noise_rule.unit})" if claim.not_run else undecidable
         lines += [f"## {claim.id}", "", "- arms:", *_arms_text(claim),
-                  f"- runs per arm: {', '.join(map(str, runs))}{undecidable}",
+                  f"- runs per arm: {', '.join(map(str, runs)) or 'none'}{undecidable}",
                   f"- schedule: {claim.schedule}", f"- layers: {claim.layers}; modalities: "
                   f"{', '.join(claim.modalities)} (the paper's: {claim.paper_modality})", f"- window: {window}",
                   f"- gates: {gates}", f"- deciding unit: {claim.noise_rule.unit}; within-run (secondary): "
@@ -236,20 +269,31 @@ def plan_markdown(plan: StudyPlan, settings: StudySettings | None = None) -> str
     lines += ["## Design", "", *(f"- {note}" for note in plan.design_notes), ""]
     settings = settings or PRESETS.get(plan.preset)
     if settings is not None:
-        lines += ["## Estimated cost", "", *cost_lines(settings, CPU_COSTS if plan.preset != "gpu" else GPU_COSTS), ""]
+        costs = PRESET_COSTS.get(plan.preset, CPU_COSTS)
+        lines += ["## Estimated cost", "", *cost_lines(settings, costs, BUDGETS.get(plan.preset)), ""]
     lines += ["## Rule changes", ""]
     changes = [f"- {c.date}, {c.claim}: {c.rule} {c.old!r} -> {c.new!r}: {c.why}" for c in plan.rule_changes]
     lines += changes or ["None."]
     return "\n".join(lines) + "\n"
 
 
-def write_plan_files(folder: Path, from_design: bool) -> None:
-    """``folder/plan.md`` rendered from ``folder/plan.json``, that file first written from the default settings'
-    design where ``from_design`` (or where it is absent)."""
-    if from_design or not (folder / "plan.json").is_file():
-        write_plan(study_plan(DEFAULT, "default"), folder / "plan.json")
-    write_text_atomic(folder / "plan.md", plan_markdown(read_plan(folder / "plan.json")))
+def write_plan_files(folder: Path, from_design: bool, preset: str = "default") -> None:
+    """``folder/<stem>.md`` rendered from ``folder/<stem>.json`` (:data:`PLAN_STEMS`), that file first written from
+    ``preset``'s design where ``from_design`` (or where it is absent)."""
+    plan_file = folder / f"{PLAN_STEMS[preset]}.json"
+    if from_design or not plan_file.is_file():
+        write_plan(study_plan(PRESETS[preset], preset), plan_file)
+    write_text_atomic(plan_file.with_suffix(".md"), plan_markdown(read_plan(plan_file)))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m mmoe.study.plan_design", description=write_plan_files.__doc__)
+    parser.add_argument("folder", type=Path, help="where the plan files are (docs/claims)")
+    parser.add_argument("--from-design", action="store_true", help="write the JSON from the design first")
+    parser.add_argument("--preset", choices=tuple(PLAN_STEMS), default="default", help="whose plan (default: default)")
+    args = parser.parse_args(argv)
+    write_plan_files(args.folder, args.from_design, args.preset)
 
 
 if __name__ == "__main__":
-    write_plan_files(Path(sys.argv[1]), "--from-design" in sys.argv[2:])
+    main()

@@ -1,13 +1,20 @@
 """Settings of ``mmoe study claims``: :data:`DEFAULT` (60 minutes on the 2-core CPU, ``docs/claims.md``),
-:data:`FAST` (the slow test's: the default's structure at tiny scale) and :data:`GPU` (``--scale gpu``: the designs
-that need 8 or more runs per arm, several tiny runs per GPU at once).
+:data:`FAST` (the slow test's: the default's structure at tiny scale), :data:`GPU` (``--scale gpu``: claims 2, 4 and 7
+with 8 runs per arm, several tiny runs per GPU at once, ``docs/claims/plan_gpu.md``) and :data:`GPU_TASKS`
+(``--scale gpu-tasks``: the task order, claim 6, over 3 pre-training seeds per variant, for a longer loan,
+``docs/claims/plan_gpu_tasks.md``).
 
 The default spends its budget on independent runs per arm (the training run is the unit of every decision): 3
 pre-training seeds of each routing arm (Switch and X-MoE at 32 experts, MH-MoE h = 4 and 8 at 32 experts), all 100
 steps with the same schedule (warm-up, then a constant learning rate); 4 VQA fine-tuning seeds per router under each
 fine-tuning rule (both routers frozen, both trained); 3 pre-trainings with the demo's recipe against 3 random inits,
-each fine-tuned on VQA at the demo's steps. The task order (claim 6) does not fit beside them and runs under
-``--scale gpu`` only; the router table is pre-trained 60 steps instead of 100.
+each fine-tuned on VQA at the demo's steps. The task order (claim 6) does not fit beside them (its plan, fixed before
+the GPU presets were split, names ``--scale gpu``; ``--scale gpu-tasks`` runs it now); the router table is pre-trained
+60 steps instead of 100.
+
+A preset decides the claims in :attr:`StudySettings.claims` (each other claim's plan row says "not run" and which
+preset runs it); a count of 0 (routing seeds, fine-tuning seeds of claim 5, backbones of claim 7) trains none of that
+claim's runs.
 """
 
 from __future__ import annotations
@@ -34,6 +41,22 @@ ROUTER_VARIANTS = (
 #: The fine-tuning rules of the inter-run consistency, each a row of its own: both routers' routing frozen (X-MoE
 #: §3.3), both fine-tuned whole.
 CONSISTENCY_RULES = ("frozen", "trained")
+#: Every claim of the study by id, in the report's order (:mod:`mmoe.study.claims`).
+CLAIM_IDS = (
+    "activation",
+    "diversity",
+    "collapse",
+    "fluctuation",
+    "consistency",
+    "consistency_trained",
+    "tasks",
+    "pretraining",
+    "capacity",
+    "frequency",
+)
+#: The window of claims 3 and 4 in the default: from 30% of the snapshots on, i.e. from the warm-up's end (step 30 of
+#: 100) where the learning rate is constant (the paper's fluctuation is read after 15K of 125K steps, 12%).
+ROUTING_WINDOW = 0.3
 
 
 @dataclass(frozen=True)
@@ -67,6 +90,12 @@ class StudySettings:
         analysis_rows: router-input rows per MoE layer kept for the representation collapse.
         router_variants: tiny pre-training parts of the router table (``configs/pretrain/tiny/<name>.yaml``).
         diversity_seeds: pre-training seeds of each diversity run (claim 2 is decided over them from 2 on).
+        claims: the claims the preset trains and decides (:data:`CLAIM_IDS`); the task order (claim 6) where
+            ``run_tasks`` too. Each other claim's plan row says it is not run and which preset runs it.
+        task_pretraining_seeds: pre-training seeds of each task variant (claim 6 is decided over them from 2 on, the
+            fine-tuning seeds averaged within each).
+        routing_window: share of the snapshots (in order) before the judged window of claims 3 and 4: from the
+            warm-up's end on.
     """
 
     training: TrainingSettings
@@ -91,15 +120,52 @@ class StudySettings:
     analysis_rows: int
     router_variants: tuple[str, ...] = ROUTER_VARIANTS
     diversity_seeds: int = 1
+    claims: tuple[str, ...] = CLAIM_IDS
+    task_pretraining_seeds: int = 1
+    routing_window: float = ROUTING_WINDOW
 
     def __post_init__(self) -> None:
         if self.router_steps % self.snapshot_every:
             raise ValueError(f"router_steps ({self.router_steps}) must be a multiple of snapshot_every "
                              f"({self.snapshot_every}): the last snapshot is the run's end")  # fmt: skip
-        if self.routing_seeds < 1 or self.pretraining_backbones < 1 or self.seeds < 1:
-            raise ValueError("routing_seeds, pretraining_backbones and seeds must each be at least 1")
+        counts = {"routing_seeds": self.routing_seeds, "pretraining_backbones": self.pretraining_backbones,
+                  "seeds": self.seeds, "task_seeds": self.task_seeds,
+                  "task_pretraining_seeds": self.task_pretraining_seeds}  # fmt: skip
+        for name, count in counts.items():
+            if count < 0:
+                raise ValueError(f"{name} must be at least 0, got {count}")
+        unknown = [claim for claim in self.claims if claim not in CLAIM_IDS]
+        if unknown:
+            raise ValueError(f"claims holds {unknown[0]!r}, expected claims among {', '.join(CLAIM_IDS)}")
+        if self.run_tasks and "tasks" not in self.claims:
+            raise ValueError("run_tasks trains the task order, but claims leaves out 'tasks'")
+        for claim, runs in self._runs_by_claim().items():
+            if self.runs_claim(claim) and not runs:
+                raise ValueError(f"claims holds {claim!r}, but the settings train none of its runs")
+        if not 0.0 <= self.routing_window < 1.0:
+            raise ValueError(f"routing_window must be in [0, 1), got {self.routing_window}")
         if "vqav2" not in self.pretraining_recipe.finetune_steps:
             raise ValueError("pretraining_recipe must give VQA (vqav2) fine-tuning steps")
+
+    def _runs_by_claim(self) -> dict[str, int]:
+        """Per claim, how many runs its arms get from the counts (0: none trained)."""
+        routing = self.routing_seeds
+        return {
+            "activation": routing * len(self.heads),
+            "diversity": routing * len(self.heads) + len(self.diversity_runs) * self.diversity_seeds,
+            "collapse": routing,
+            "fluctuation": routing,
+            "consistency": routing and self.seeds,
+            "consistency_trained": routing and self.seeds,
+            "tasks": len(self.task_variants) * self.task_pretraining_seeds * self.task_seeds,
+            "pretraining": self.pretraining_backbones,
+            "capacity": 1,
+            "frequency": 1,
+        }
+
+    def runs_claim(self, claim: str) -> bool:
+        """Whether this preset trains and decides ``claim`` (an id of :data:`CLAIM_IDS`)."""
+        return claim in self.claims and (claim != "tasks" or self.run_tasks)
 
     def to_json(self) -> dict:
         return json.loads(json.dumps(dataclasses.asdict(self)))
@@ -192,8 +258,11 @@ FAST = dataclasses.replace(
     analysis_rows=500,
 )
 
+#: The GPU presets' training: bf16, batch 64, on the medium corpus (10,000 training images, 1,000 test images: a
+#: 1,000-step run at batch 64 sees its pairs about once; the large corpus would add minutes of generation and codebook
+#: fitting the estimate does not count), the audit's 2,000 pre-training and 1,000 fine-tuning steps for the task order.
 _GPU_TRAINING = DEMO.replace(
-    corpus_size="large",
+    corpus_size="medium",
     finetune_steps={"vqav2": 1000, "nlvr2": 1000, "captioning": 1000},
     pretrain_steps=2000,
     batch_size=64,
@@ -201,30 +270,52 @@ _GPU_TRAINING = DEMO.replace(
     precision="bf16-mixed",
 )
 
-#: ``--scale gpu``: the designs that decide claims 2, 4, 6 and 7 with 8 or more runs per arm (claim 2: the diversity
-#: run with headroom, h = 8 over 16 experts, 8 seeds x 1,000 steps; claim 4: Switch and X-MoE, 8 seeds x 1,000
-#: steps, a snapshot every 100; claim 6: 3 variants x 9 fine-tuning seeds per task; claim 7: 8 pre-trainings against 8
-#: random inits at the demo's recipe), meant to run several tiny runs per GPU at once (``--jobs 8``).
+#: ``--scale gpu``: claims 2, 4 and 7 at the designs that decide them with 8 runs per arm, for one GPU loan (several
+#: tiny runs at once, ``--jobs 8``): claim 2, MH-MoE h = 8 over 16 experts (headroom below min(h, E)), 8 seeds x 1,000
+#: steps; claim 4, Switch and X-MoE at 32 experts, 8 seeds x 1,000 steps, a snapshot every 100, a constant learning
+#: rate after the warm-up and the window from the warm-up's end (the first snapshot after step 30 is step 100:
+#: ``routing_window`` 0.1); claim 7, 8 pre-trainings with the demo's recipe against 8 random inits, VQA fine-tuned at
+#: the demo's steps. Claims 1, 3, 5, 8 and 9 and the router table are the default's, the task order ``--scale
+#: gpu-tasks``'s (none of their runs is trained: ``heads``, ``seeds`` and ``router_variants`` are empty).
 GPU = dataclasses.replace(
     DEFAULT,
     training=_GPU_TRAINING,
-    task_seeds=9,
-    run_tasks=True,
-    diversity_seeds=8,
+    claims=("diversity", "fluctuation", "pretraining"),
+    run_tasks=False,
     routing_seeds=8,
     router_steps=1000,
     snapshot_every=100,
+    routing_window=0.1,
+    heads=(),
     diversity_runs=((8, 16),),
-    seeds=8,
-    consistency_steps=400,
-    consistency_every=50,
-    pretraining_recipe=DEMO_RECIPE.replace(corpus_size="large", precision="bf16-mixed"),
+    diversity_seeds=8,
+    seeds=0,
+    pretraining_recipe=DEMO_RECIPE.replace(corpus_size="medium", precision="bf16-mixed"),
     pretraining_backbones=8,
-    router_table_steps=500,
-    analysis_batches=16,
+    router_variants=(),
+    analysis_batches=8,
     analysis_batch_size=64,
-    analysis_rows=10_000,
 )
 
-#: The presets by the name the plan records.
-PRESETS = {"default": DEFAULT, "fast": FAST, "gpu": GPU}
+#: ``--scale gpu-tasks``: the task order (claim 6, MH-MoE Table 4) at the audit's design, for a loan longer than one
+#: GPU's 15 minutes (about 20-35 minutes): dense, X-MoE and MH-MoE each pre-trained under 3 seeds x 2,000 steps, each
+#: pre-training fine-tuned on VQA, NLVR2 and captioning under 3 seeds x 1,000 steps; decided over the pre-training
+#: seeds (the fine-tuning seeds averaged within each), Holm over the order's gaps, uninformative where a variant is
+#: not above its task's baseline. No other claim's runs are trained.
+GPU_TASKS = dataclasses.replace(
+    GPU,
+    claims=("tasks",),
+    run_tasks=True,
+    task_pretraining_seeds=3,
+    task_seeds=3,
+    routing_seeds=0,
+    diversity_runs=(),
+    diversity_seeds=1,
+    pretraining_backbones=0,
+    routing_window=ROUTING_WINDOW,
+)
+
+#: The presets by the name the plan records (``--scale`` takes the GPU ones).
+PRESETS = {"default": DEFAULT, "fast": FAST, "gpu": GPU, "gpu-tasks": GPU_TASKS}
+#: The presets ``--scale`` names.
+SCALES = ("gpu", "gpu-tasks")

@@ -5,6 +5,7 @@ the routing runs' seed and constant learning rate; ``--dry-run``."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 from pathlib import Path
 
@@ -225,9 +226,11 @@ def _regions(objects: float, background: float, heads: int = 8, experts: int = 1
 def test_claim_2_is_decided_over_the_seeds_of_the_diversity_run():
     from mmoe.study.claims import Claim
     from mmoe.study.decisions import _diversity_decision
-    from mmoe.study.settings import GPU
+    from mmoe.study.settings import DEFAULT
 
-    rules = study_plan(GPU, "gpu").claim("diversity")
+    # the default's single-run arms (h = 4 and 8 over 32 experts) beside an 8-seed diversity run (--scale gpu's)
+    settings = dataclasses.replace(DEFAULT, diversity_runs=((8, 16),), diversity_seeds=8)
+    rules = study_plan(settings, "default").claim("diversity")
     seeded = next(arm for arm in rules.arms if len(arm.runs) == 8)
     claim = Claim("diversity", "t", "p", {}, NOT_SEPARATED, "s")
     single = {run.removeprefix("pretrain/"): _regions(7.0, 6.0) for arm in rules.arms for run in arm.runs}
