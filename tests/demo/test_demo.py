@@ -42,6 +42,7 @@ from mmoe.pipeline.tables import format_table
 from mmoe.tasks.launch import read_config
 from mmoe.tasks.routing_callback import RoutingStatsCallback
 from tests.demo import lane_marks
+from tests.tutorial_commands import tutorial_demo_argv
 
 
 def check_settings(run: PipelineRun) -> None:
@@ -390,12 +391,16 @@ def test_table_has_one_column_per_variant():
 @pytest.fixture(scope="module")
 def default_demo(tmp_path_factory):
     """``mmoe demo`` (the default setting, its fine-tunings two at a time) run once: (output directory, results.json,
-    chance levels, printed text). The directory (about 1.3 GB of checkpoints and shards with ``--random-init``) is
-    removed afterwards."""
+    chance levels, printed text). The command is the one docs/tutorials/demo.md gives, read from the page
+    (tests/tutorial_commands.py) with only its ``--out`` pointed here, so this run is that tutorial's test
+    (tests/test_tutorials.py runs it nowhere else). The directory (about 1.3 GB of checkpoints and shards with
+    ``--random-init``) is removed afterwards."""
     out = tmp_path_factory.mktemp("demo")
+    argv = tutorial_demo_argv()
+    argv[argv.index("--out") + 1] = str(out)
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        assert main(["demo", "--out", str(out)]) == 0
+        assert main(argv) == 0
     results = json.loads((out / "results.json").read_text())
     chance = json.loads((out / "data" / "synth.json").read_text())["chance"]
     yield out, results, chance, printed.getvalue()

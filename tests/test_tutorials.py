@@ -1,0 +1,214 @@
+"""Every tutorial page's ``bash`` blocks run as written (read from the page by tests/tutorial_commands.py), in order,
+in a fresh working directory, through ``mmoe.cli.main`` in this process, at tiny sizes: :data:`TINY_SIZES` appends
+each kind of command's size options, :data:`NOT_RUN` names each command not run here and why. The pages chain as a
+reader's session does: the pre-training page's corpus and exported backbone are what the fine-tuning page starts from.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from PIL import Image
+
+from mmoe.cli import main
+from mmoe.model import MultiwayConfig, MultiwayTransformer, to_beit3
+from mmoe.tasks import from_pretrained
+from mmoe.tasks.checkpoint import load_backbone
+from tests.cli_fixtures import tiny_sentencepiece
+from tests.tutorial_commands import TUTORIALS, block_commands, mmoe_arguments, page_commands
+
+REPO = Path(__file__).resolve().parents[1]
+
+#: A tiny run of any training config: two steps, one validation batch, small batches, no loader workers.
+TINY_RUN = ["--trainer.max_steps", "2", "--trainer.val_check_interval", "2", "--trainer.limit_val_batches", "1",
+            "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
+            "--data.init_args.batch_size", "4", "--data.init_args.num_workers", "0"]  # fmt: skip
+
+#: The stand-in ``beit3.spm``'s pieces and its text embedding's rows: the pieces' 42 ids and 8 unused rows, as the
+#: released file's 64,002 ids and 64,010 rows.
+STAND_IN_PIECES, STAND_IN_TEXT_ROWS = 40, 50
+
+#: The base VQAv2 config at the tiny shape, on the synthetic corpus, in float32 (the beit3_weights page's stand-in
+#: files have the tiny shape), written into the working directory by :func:`write_beit3_stand_ins`.
+TINY_BASE_VQA = {
+    "trainer": {"precision": "32-true"},
+    "model": {"init_args": {"answer_vocab": "data/synthetic/shards/vqav2-train2014/answers.json",
+                            "backbone": {"dim": 192, "depth": 4, "num_heads": 3, "ffn_dim": 768, "image_size": 64}}},
+    "data": {"init_args": {"data_root": "data/synthetic", "train_shards": "shards/vqav2-train2014",
+                           "val_shards": "shards/vqav2-val2014", "test_shards": "shards/vqav2-test-dev2015",
+                           "eval_batch_size": 8}},
+}  # fmt: skip
+
+#: The options appended to each kind of command (:func:`command_kind`) so that it runs at tiny size.
+TINY_SIZES: dict[str, list[str]] = {
+    "data synth": ["--size", "tiny"],
+    "fit configs/pretrain": [*TINY_RUN, "--model.init_args.zero_shot_probes", "false"],
+    "fit configs/finetune": [*TINY_RUN, "--trainer.limit_val_batches", "0"],
+    "fit configs/finetune/vqav2_base.yaml": [
+        "--config",
+        "tiny_base_vqa.yaml",
+        "--model.init_args.backbone.vocab_size",
+        str(STAND_IN_TEXT_ROWS),
+        *TINY_RUN,
+    ],
+    "upcycle": ["--config", "tiny_base_vqa.yaml"],
+    "predict configs/finetune": ["--trainer.enable_progress_bar", "false", "--data.init_args.num_workers", "0"],
+    "infer captioning": ["--beam", "1"],
+    "eval caption": ["--no-spice", "--no-meteor"],
+}
+
+#: Commands of the tutorials that this file does not run, each with the reason.
+NOT_RUN: dict[str, str] = {
+    "bash scripts/setup.sh": "CI has just run it; test_setup_is_the_first_command_of_the_demo holds the page to it",
+    ".venv/bin/mmoe demo --out runs/demo": "tests/demo/test_demo.py's default_demo fixture runs it, read from the "
+    "page, at its full default size (ten minutes): never twice",
+}
+
+
+def tiny_sizes(args: list[str]) -> list[str]:
+    """The :data:`TINY_SIZES` options of a command, keyed by its subcommand (two words for a command group such as
+    ``data synth``); for ``fit`` / ``predict`` by its first config, or else that config's folder."""
+    words = args[:2] if args[0] in {"data", "tokenizer", "eval", "infer"} else args[:1]
+    if args[0] in {"fit", "predict"}:
+        config = args[args.index("--config") + 1]
+        words = [args[0], config if f"{args[0]} {config}" in TINY_SIZES else str(Path(config).parent)]
+    return TINY_SIZES.get(" ".join(words), [])
+
+
+def run_page(page: str) -> dict[str, str]:
+    """Runs every command of ``docs/tutorials/<page>`` not in :data:`NOT_RUN` in the working directory, with its
+    tiny-size options; returns each command's printed stdout, keyed by the command as the page writes it."""
+    printed = {}
+    for argv in page_commands(TUTORIALS / page):
+        line = " ".join(argv)
+        if line in NOT_RUN:
+            continue
+        args = mmoe_arguments(argv)
+        assert args is not None, f"{page}: {line!r} is neither an mmoe command nor in NOT_RUN"
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            code = main([*args, *tiny_sizes(args)])
+        assert code == 0, f"{page}: {line!r} exited {code}"
+        printed[line] = out.getvalue()
+    return printed
+
+
+def write_own_data(root: Path) -> None:
+    """A reader's own image folder and two CSV tables of captions (what the own-data steps convert)."""
+    rng = np.random.default_rng(0)
+    (root / "images").mkdir(parents=True)
+    colours = {"red": (220, 30, 30), "green": (30, 200, 60), "blue": (40, 60, 220)}
+    rows = []
+    for index in range(40):
+        name = list(colours)[index % 3]
+        pixels = rng.integers(0, 60, (64, 64, 3), dtype=np.uint8)
+        corner = rng.integers(0, 32, 2)
+        pixels[corner[0] : corner[0] + 24, corner[1] : corner[1] + 24] = colours[name]
+        Image.fromarray(pixels).save(root / "images" / f"photo_{index}.png")
+        rows.append({"image": f"photo_{index}.png", "caption": f"a {name} square on a dark ground"})
+    for table, part in (("train.csv", rows[:34]), ("val.csv", rows[34:])):
+        with (root / table).open("w", newline="") as file:
+            writer = csv.DictWriter(file, fieldnames=["image", "caption"])
+            writer.writeheader()
+            writer.writerows(part)
+
+
+@pytest.fixture(scope="module")
+def reader_session(tmp_path_factory):
+    """A reader's working directory (the shipped ``configs/`` linked in, their own data under ``data/mine``) in
+    which the pre-training page has run: (directory, that page's printed output). The directory (about 1 GB of
+    checkpoints once every page has run) is removed afterwards."""
+    root = tmp_path_factory.mktemp("tutorials")
+    (root / "configs").symlink_to(REPO / "configs", target_is_directory=True)
+    write_own_data(root / "data" / "mine")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(root)
+        printed = run_page("pretrain_own_data.md")
+    yield root, printed
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_page_gives_its_bash_commands_joined_and_without_comments(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text(
+        "# A page\n\n```bash\n# a whole-line comment\n.venv/bin/mmoe fit --config a.yaml \\\n"
+        "    --trainer.max_steps 2  # a trailing comment\n\n"
+        ".venv/bin/mmoe eval vqa --results 'my results.json'\n```\n\n"
+        "```python\nprint('not a command')\n```\n\n1. A step:\n\n    ```bash\n    bash scripts/setup.sh\n    ```\n"
+    )
+    assert page_commands(page) == [
+        [".venv/bin/mmoe", "fit", "--config", "a.yaml", "--trainer.max_steps", "2"],
+        [".venv/bin/mmoe", "eval", "vqa", "--results", "my results.json"],
+        ["bash", "scripts/setup.sh"],
+    ]
+    assert block_commands("echo '#' kept # dropped\n") == [["echo", "#", "kept"]]
+    assert mmoe_arguments(["bash", "x.sh"]) is None and mmoe_arguments([".venv/bin/mmoe", "info"]) == ["info"]
+
+
+def test_every_tutorial_command_is_run_or_listed_as_not_run():
+    lines = {" ".join(argv): argv for page in TUTORIALS.glob("*.md") for argv in page_commands(page)}
+    unknown = [line for line, argv in lines.items() if line not in NOT_RUN and mmoe_arguments(argv) is None]
+    assert not unknown, f"commands neither run by mmoe.cli.main nor in NOT_RUN: {unknown}"
+    assert set(NOT_RUN) <= set(lines), f"NOT_RUN names commands no tutorial has: {set(NOT_RUN) - set(lines)}"
+    placeholders = [line for line in lines if any(mark in line for mark in ("...", "[-", "|", " OUT", "DIR"))]
+    assert not placeholders, f"tutorial commands with placeholders: {placeholders}"
+
+
+def test_setup_is_the_first_command_of_the_demo():
+    commands = page_commands(TUTORIALS / "demo.md")
+    assert commands[0] == ["bash", "scripts/setup.sh"] and (REPO / "scripts" / "setup.sh").is_file()
+    assert [" ".join(argv) for argv in commands] == list(NOT_RUN)
+
+
+def test_pretraining_on_own_and_synthetic_data_exports_a_backbone(reader_session):
+    root, _ = reader_session
+    assert (root / "runs" / "pretrain" / "mine_xmoe" / "checkpoints" / "last.ckpt").is_file()
+    backbone = load_backbone(root / "runs" / "tiny_xmoe.pt")
+    assert backbone.config.moe is not None and backbone.config.dim == 192
+    assert json.loads((root / "runs" / "tiny_xmoe" / "config.json").read_text())["format"] == "mmoe-pretrained"
+
+
+def test_fine_tuning_from_the_exported_backbone_infers_and_scores(reader_session, monkeypatch):
+    root, _ = reader_session
+    monkeypatch.chdir(root)
+    printed = run_page("finetune_evaluate.md")
+    scores = {line.split()[2]: json.loads(out[out.index("{") :]) for line, out in printed.items() if " eval " in line}
+    assert 0.0 <= scores["vqa"]["overall"] <= 100.0 and 0.0 <= scores["nlvr2"]["accuracy"] <= 1.0
+    assert 0.0 <= scores["retrieval"]["mean_recall"] <= 1.0 and "CIDEr" in scores["caption"]
+    task = from_pretrained(root / "runs" / "vqav2_model")
+    assert type(task).__name__ == "VQAFineTuning"
+    images = sorted(path.name for path in (root / "data" / "synthetic" / "coco" / "val2014").iterdir())
+    captions = json.loads((root / "runs" / "folder_captions.json").read_text())
+    assert sorted(entry["file"] for entry in captions) == images and all(entry["caption"] for entry in captions)
+
+
+def write_beit3_stand_ins(root: Path) -> None:
+    """In place of the released ``beit3_base_patch16_224.pth`` and ``beit3.spm``: a randomly initialised backbone
+    in BEiT-3's released layout and vocabulary at the tiny shape, and a small SentencePiece model; and the tiny
+    shape's config part :data:`TINY_BASE_VQA`."""
+    torch.manual_seed(0)
+    shape = {"dim": 192, "depth": 4, "num_heads": 3, "ffn_dim": 768, "vocab_size": STAND_IN_TEXT_ROWS}
+    config = MultiwayConfig.preset("beit3_base", **shape)
+    torch.save({"model": to_beit3(MultiwayTransformer(config))}, root / "beit3_base_patch16_224.pth")
+    tiny_sentencepiece(root / "beit3.spm", pieces=STAND_IN_PIECES)
+    (root / "tiny_base_vqa.yaml").write_text(yaml.safe_dump(TINY_BASE_VQA))
+
+
+def test_released_beit3_weights_upcycle_and_fine_tune(reader_session, monkeypatch):
+    root, _ = reader_session
+    monkeypatch.chdir(root)
+    write_beit3_stand_ins(root)
+    run_page("beit3_weights.md")
+    upcycled = load_backbone(root / "runs" / "beit3_base_xmoe.pt")
+    assert upcycled.config.moe is not None and upcycled.config.position_offset == 2  # BEiT-3's layout, now MoE
+    assert upcycled.config.vocab_size == STAND_IN_TEXT_ROWS
+    assert (root / "runs" / "finetune" / "vqav2_base" / "checkpoints" / "last.ckpt").is_file()
