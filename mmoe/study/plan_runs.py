@@ -61,7 +61,8 @@ def plan_of_run(settings: StudySettings, preset: str, path: Path | None) -> Stud
     for claim in design.claims:
         given = plan.claim(claim.id) if claim.id in {c.id for c in plan.claims} else None
         if given is None or (given.arms, given.schedule) != (claim.arms, claim.schedule):
-            raise PlanError(f"{path}: the arms or schedule of claim {claim.id} are not those of the --{preset} "
+            option = {"default": "default", "fast": "--fast"}.get(preset, f"--scale {preset}")
+            raise PlanError(f"{path}: the arms or schedule of claim {claim.id} are not those of the {option} "
                             "settings (the runs follow the settings; a plan may change rules only)")  # fmt: skip
     return plan
 

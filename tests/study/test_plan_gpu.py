@@ -158,3 +158,10 @@ def test_a_study_folder_from_before_the_claims_field_is_the_same_run(settings, t
     (tmp_path / "study.json").write_text(json.dumps({"settings": older}))
     refuse_other_settings(tmp_path / "study.json", settings.to_json(), "a claims study", "", upgraded_study)
     assert read_json(tmp_path / "study.json", "settings")["settings"] == older  # accepted, left as it was
+
+
+def test_a_gpu_plan_under_the_other_gpu_preset_is_one_line_naming_its_option(capsys):
+    plan = str(DOCS / "plan_gpu.json")
+    assert study_command(["claims", "--scale", "gpu-tasks", "--plan", plan, "--dry-run"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "not those of the --scale gpu-tasks settings" in error and plan in error
