@@ -515,23 +515,20 @@ def test_demo_scores_are_official_files_exist_and_a_rerun_reuses_stages(default_
 
     # --random-init adds the same fine-tunings from a fresh backbone and the paired cluster bootstrap of the difference.
     # Measured (docs/demo_comparison.md, one run): colour words right 81.23% against 44.37%, interval [29.98, 43.52]
-    # over the test images, ahead under training seeds 1 and 2 too (docs/tutorials/demo.md); VQA 53.23 against 50.74,
-    # [1.34, 3.56] over the images, not separated under seed 1, so only the sign is asserted. Only the random init and
-    # the two fine-tunings asserted on run here (`--stages`): NLVR2 and retrieval are not separated under any seed, the
-    # whole `--random-init` report is tested on stand-in predictions (tests/demo/test_demo_compare.py), and
-    # pre-training's effect over several backbones is the claims study's claim 7.
-    asserted = ["mhmoe/random-init/init", "mhmoe/random-init/vqav2", "mhmoe/random-init/captioning"]
+    # over the test images, ahead under training seeds 1 and 2 too (docs/tutorials/demo.md). Only the random init and
+    # the captioning fine-tuning run here (`--stages`): VQA (53.23 against 50.74) is not separated under seed 1, NLVR2
+    # and retrieval under no seed, so no live assertion on them would be one the evidence supports; the whole
+    # `--random-init` report is tested on stand-in predictions (tests/demo/test_demo_compare.py) and on the shipped
+    # predictions (docs/demo_comparison/); pre-training's effect over several backbones is the claims study's claim 7.
+    asserted = ["mhmoe/random-init/init", "mhmoe/random-init/captioning"]
     with contextlib.redirect_stdout(io.StringIO()):
         assert main(["demo", "--out", str(out), "--random-init", "--stages", *asserted]) == 0
     run = PipelineRun(out, FULL)
-    compared = {}
-    for name in ("vqav2", "captioning"):
-        benchmark = benchmark_named(name)
-        starts = (run.finetuning("mhmoe", name), run.finetuning_from_random("mhmoe", name))
-        files = [layout.predictions(benchmark.predictions) for layout in starts]
-        compared |= {(row["task"], row["metric"]): row for row in compared_files(run, name, *files)}
+    benchmark = benchmark_named("captioning")
+    starts = (run.finetuning("mhmoe", "captioning"), run.finetuning_from_random("mhmoe", "captioning"))
+    files = [layout.predictions(benchmark.predictions) for layout in starts]
+    compared = {(row["task"], row["metric"]): row for row in compared_files(run, "captioning", *files)}
     assert compared["COCO captions Karpathy test", "colour words right (%)"]["verdict"] == "pre-trained ahead"
-    assert compared["VQAv2 val", "accuracy (%)"]["difference"] > 0
 
 
 def test_random_init_stages_start_from_a_fresh_backbone_of_the_pretrained_architecture(tmp_path):
