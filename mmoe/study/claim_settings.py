@@ -3,6 +3,7 @@ beside the paper's."""
 
 from __future__ import annotations
 
+from mmoe.study.plan_gpu import claim_runners
 from mmoe.study.runs import PRETRAINING_VARIANT
 from mmoe.study.settings import StudySettings
 
@@ -24,8 +25,15 @@ def _routing(settings: StudySettings) -> dict[str, str]:
     }
 
 
-def claim_settings(settings: StudySettings) -> dict[str, str]:
-    """Claim id -> mmoe's setting of the claim in one line."""
+def claim_settings(settings: StudySettings, preset: str = "default") -> dict[str, str]:
+    """Claim id -> mmoe's setting of the claim in one line; a claim the preset (named ``preset``) does not run says
+    which preset runs it."""
+    described = _described(settings)
+    return {claim: text if settings.runs_claim(claim) else f"not run under this preset ({claim_runners(claim, preset)})"
+            f": {text}" for claim, text in described.items()}  # fmt: skip
+
+
+def _described(settings: StudySettings) -> dict[str, str]:
     training, recipe = settings.training, settings.pretraining_recipe
     pairs = f"{settings.analysis_batches * settings.analysis_batch_size} held-out image-caption pairs"
     steps = ", ".join(f"{task} {n}" for task, n in training.finetune_steps.items())
@@ -41,7 +49,7 @@ def claim_settings(settings: StudySettings) -> dict[str, str]:
     return _routing(settings) | {
         "consistency": f"{fine_tuning}; both routers' routing frozen (X-MoE §3.3)",
         "consistency_trained": f"{fine_tuning}; both routers fine-tuned whole",
-        "tasks": tasks if settings.run_tasks else f"not run under this preset (--scale gpu only): {tasks}",
+        "tasks": tasks,
         "pretraining": f"{PRETRAINING_VARIANT} with the demo's recipe (contrastive loss, output vocabulary, its "
         f"learning rates and VQA optimiser), {backbones} pre-trainings of {recipe.pretrain_steps} steps (seeds 0-"
         f"{backbones - 1}) against {backbones} random inits (the same seeds), each fine-tuned once on "

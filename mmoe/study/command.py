@@ -32,6 +32,10 @@ from mmoe.study.claims import (
     pretraining_claim,
     tasks_claim,
 )
+from mmoe.study.claims.mhmoe_routing import ACTIVATION, DIVERSITY
+from mmoe.study.claims.stratified import CAPACITY, FREQUENCY
+from mmoe.study.claims.task_scores import PRETRAINING
+from mmoe.study.claims.xmoe_routing import COLLAPSE, CONSISTENCY, FLUCTUATION
 from mmoe.study.decisions import run_decisions
 from mmoe.study.lanes import run_in_lanes, study_stages
 from mmoe.study.measure_runs import analysis_stage
@@ -50,9 +54,6 @@ from mmoe.study.runs import (
 )
 from mmoe.study.settings import CLAIM_IDS, DEFAULT, PRESETS, ROUTER_VARIANTS, ROUTING_WINDOW, SCALES, StudySettings
 
-#: The presets whose runs do not follow their plan yet: refused without ``--dry-run``.
-UNIMPLEMENTED_SCALES = SCALES
-
 
 def upgraded_study(stored: dict) -> dict:
     """Study settings as an older ``study.json`` stored them, in today's form (its training settings upgraded as a
@@ -64,35 +65,49 @@ def upgraded_study(stored: dict) -> dict:
     return stored | ({"training": upgraded_settings(training)} if isinstance(training, dict) else {})
 
 
+#: Every claim's statement by id (a claim the plan does not run is its statement, not measured).
+STATEMENTS = {statement.id: statement for statement in (ACTIVATION, DIVERSITY, COLLAPSE, FLUCTUATION, CONSISTENCY,
+                                                         TRAINED, TASKS, PRETRAINING, CAPACITY, FREQUENCY)}  # fmt: skip
+
+
 def claims_from(measures: Measures, plan: StudyPlan | None = None) -> list[Claim]:
     """Every claim of the report from ``analysis/measures.json`` (recomputable from that file alone), each judged by
-    its rules in ``plan`` (the default settings' plan without one); a claim the plan does not run says so."""
+    its rules in ``plan`` (the default settings' plan without one); a claim the plan does not run is not measured and
+    says so in the plan's words (which preset runs it)."""
     plan = plan or study_plan(DEFAULT, "default")
     rules = plan.claim
     ids = [claim.id for claim in plan.claims]
-    claims = [
-        activation_claim(measures.activation, rules("activation")),
-        diversity_claim(measures.diversity, rules("diversity")),
-        collapse_claim(measures.snapshots, rules("collapse")),
-        fluctuation_claim(measures.snapshots, rules("fluctuation")),
-        consistency_claim(measures.consistency, rules("consistency")),
-    ]
-    if "consistency_trained" in ids:
-        claims.append(consistency_claim(measures.consistency_trained, rules("consistency_trained"), TRAINED))
-    claims.append(not_run_claim(TASKS) if rules("tasks").not_run else tasks_claim(measures.scores, measures.chance))
-    if measures.backbones:
-        backbones = measures.backbones
-        claims.append(pretraining_claim(PRETRAINING_VARIANT, backbones["pretrained"], backbones["random_init"],
-                                        measures.chance))  # fmt: skip
-    else:  # a measures.json from before claim 7's backbones: one pre-trained xmoe against its random init
-        claims.append(pretraining_claim("xmoe", measures.scores["xmoe"], measures.random_init, measures.chance))
-    return [
-        *claims,
-        capacity_claim(measures.capacity, rules("capacity")),
-        frequency_claim(
-            measures.token_capacity["passes"], measures.token_capacity["training_counts"], rules("frequency")
-        ),
-    ]
+
+    def pretraining() -> Claim:
+        if measures.backbones:
+            backbones = measures.backbones
+            return pretraining_claim(PRETRAINING_VARIANT, backbones["pretrained"], backbones["random_init"],
+                                     measures.chance)  # fmt: skip
+        # a measures.json from before claim 7's backbones: one pre-trained xmoe against its random init
+        return pretraining_claim("xmoe", measures.scores["xmoe"], measures.random_init, measures.chance)
+
+    measured = {
+        "activation": lambda: activation_claim(measures.activation, rules("activation")),
+        "diversity": lambda: diversity_claim(measures.diversity, rules("diversity")),
+        "collapse": lambda: collapse_claim(measures.snapshots, rules("collapse")),
+        "fluctuation": lambda: fluctuation_claim(measures.snapshots, rules("fluctuation")),
+        "consistency": lambda: consistency_claim(measures.consistency, rules("consistency")),
+        "consistency_trained": lambda: consistency_claim(measures.consistency_trained, rules("consistency_trained"),
+                                                         TRAINED),  # fmt: skip
+        "tasks": lambda: tasks_claim(measures.scores, measures.chance),
+        "pretraining": pretraining,
+        "capacity": lambda: capacity_claim(measures.capacity, rules("capacity")),
+        "frequency": lambda: frequency_claim(measures.token_capacity["passes"],
+                                             measures.token_capacity["training_counts"], rules("frequency")),
+    }  # fmt: skip
+    claims = []
+    for claim_id in CLAIM_IDS:
+        if claim_id == "consistency_trained" and claim_id not in ids:  # a plan from before its row
+            continue
+        not_run = claim_id in ids and rules(claim_id).not_run
+        claims.append(not_run_claim(STATEMENTS[claim_id], rules(claim_id).noise_rule.unit) if not_run
+                      else measured[claim_id]())  # fmt: skip
+    return claims
 
 
 def run_facts(out: Path, records: dict, seconds: float) -> dict:
@@ -177,10 +192,6 @@ def study_command(argv: Sequence[str]) -> int:
         )
     if args.dry_run:
         return dry_run(settings, preset, args.plan)
-    if preset in UNIMPLEMENTED_SCALES:
-        return report_error(
-            "study", f"--scale {preset}: this preset's runs are not implemented yet; --dry-run prints its plan"
-        )
     study = StudyRun(Path(args.out), settings.training)
     for name in ("lightning.pytorch", "lightning.fabric"):
         logging.getLogger(name).setLevel(logging.WARNING)
@@ -215,7 +226,7 @@ def study_command(argv: Sequence[str]) -> int:
         report_header(command, facts, plan, digest),
         {"command": command, "settings": settings.to_json(), "run": facts, "plan": {"sha256": digest} | plan.to_json()},
         measures.chance,
-        claim_settings(settings),
+        claim_settings(settings, preset),
         router_rows(measures.router_variants, settings.router_variants),
         decisions,
         rule_change_verdicts(measures, plan, decisions),

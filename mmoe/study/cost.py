@@ -18,7 +18,6 @@ codebook stages are outside every estimate."""
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from mmoe.pipeline.benchmarks import trained_benchmarks
@@ -82,18 +81,9 @@ BUDGETS = {
 
 
 def planned_pretrainings(settings: StudySettings) -> list[Pretraining]:
-    """The pre-trainings the preset's claims need: :func:`mmoe.study.runs.pretrainings` with each task variant once
-    per pre-training seed of claim 6, and Stratified MoE only where claim 8 or 9 is run."""
-    stratified = settings.runs_claim("capacity") or settings.runs_claim("frequency")
-    runs = []
-    for run in pretrainings(settings):
-        if run.name == STRATIFIED and not stratified:
-            continue
-        if settings.run_tasks and run.name in settings.task_variants:
-            runs += [dataclasses.replace(run, seed=seed) for seed in range(settings.task_pretraining_seeds)]
-        else:
-            runs.append(run)
-    return runs
+    """The pre-trainings the preset's claims need: the list the study's stages train
+    (:func:`mmoe.study.runs.pretrainings`), so that the estimate and the run cannot disagree."""
+    return pretrainings(settings)
 
 
 def _pretraining_label(settings: StudySettings, stratified: bool) -> str:

@@ -5,10 +5,11 @@ says none), and a claim whose arms have one run each undecidable; the claim's wi
 rows or windows of one run) is kept beside it as a secondary term, never in its place.
 
 Decided today: the routing claims 1, 3 and 4 over the routing seeds (:mod:`mmoe.study.routing_decisions`), the task
-order (claim 6) over fine-tuning seeds, pre-training against random init (claim 7) over the backbones, and the
+order (claim 6) over the pre-trainings of each variant (their fine-tuning seeds averaged; over the fine-tuning
+seeds where a variant has one pre-training), pre-training against random init (claim 7) over the backbones, and the
 inter-run consistency (claim 5, one row per fine-tuning rule) over the seeds' leave-one-out jackknife pseudo-values of
 the mean correlation between runs (Tukey's jackknife: a pair of runs is not an independent unit, a run is). A claim
-the preset does not run is :data:`mmoe.study.verdicts.NOT_RUN`.
+the preset does not run keeps its not-run verdict (:func:`mmoe.study.verdicts.is_not_run`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from mmoe.study.plan_design import TASK_ORDER
 from mmoe.study.routing_decisions import DECIDERS, image_interval, routing_decision
 from mmoe.study.run_statistics import POWER, UNDECIDABLE, family_verdicts, one_sample_verdict, run_verdict
 from mmoe.study.runs import Measures
-from mmoe.study.verdicts import NOT_RUN, NOT_SEPARATED, SATURATED, UNINFORMATIVE, combined, keys_of
+from mmoe.study.verdicts import NOT_SEPARATED, SATURATED, UNINFORMATIVE, combined, is_not_run, keys_of
 
 #: The consistency claim's verdict where the measures hold no leave-one-out values (made before they were saved).
 NO_SEED_VALUES = "undecidable: the measures hold no per-seed values"
@@ -49,19 +50,52 @@ def _corrected(gaps: list[dict], rules: ClaimPlan) -> list[dict]:
     return family_verdicts(gaps, rules.noise_rule.alpha) if rules.multiplicity == "holm" else gaps
 
 
-def _task_decision(claim: Claim, rules: ClaimPlan) -> dict:
+def pretraining_means(by_pretraining: dict, variant: str, task: str, score: str) -> list[float] | None:
+    """Claim 6's unit where a variant has several pre-trainings: per pre-training, the mean of ``score`` over its
+    fine-tuning seeds (None where the measures hold one pre-training, or none, of the variant)."""
+    per_pretraining = by_pretraining.get(variant, {}).get(task, [])
+    if len(per_pretraining) < 2:
+        return None
+    return [float(np.mean([run[score] for run in runs])) for runs in per_pretraining]
+
+
+def _task_values(claim: Claim, by_pretraining: dict) -> tuple[dict, dict]:
+    """Per variant and task, the values each arm is decided over (the pre-trainings' means where a variant has
+    several, else the fine-tuning runs' scores), and per task whether a variant is at or below its chance level
+    there (the plan's gate of the pre-training design)."""
     scores, tasks = claim.measured["scores"], claim.measured["tasks"]
+    values: dict = {variant: {} for variant in TASK_ORDER}
+    at_chance = {}
+    for task, score, _ in TASK_SCORES:
+        means = {variant: pretraining_means(by_pretraining, variant, task, score) for variant in TASK_ORDER}
+        for variant, unit_values in means.items():
+            values[variant][task] = scores[variant][task]["values"] if unit_values is None else unit_values
+        chance = tasks[task]["chance"]
+        at_chance[task] = chance is not None and any(
+            unit_values is not None and np.mean(unit_values) <= chance for unit_values in means.values()
+        )
+    return values, at_chance
+
+
+def _task_decision(claim: Claim, rules: ClaimPlan, by_pretraining: dict) -> dict:
+    """Claim 6 over runs: each adjacent gap of the order per task, Welch t over the pre-trainings' means (the
+    fine-tuning seeds averaged within each) where a variant has several pre-trainings, else over the fine-tuning
+    seeds; Holm over the gaps where the plan says so; a task uninformative where no variant beats its chance level,
+    or (pre-trainings as the unit) where one does not."""
+    tasks = claim.measured["tasks"]
+    values, at_chance = _task_values(claim, by_pretraining)
     gaps, where = [], []
     for task, _, _ in TASK_SCORES:
         for upper, lower in zip(TASK_ORDER, TASK_ORDER[1:], strict=False):
-            gaps.append(_gap(scores[upper][task]["values"], scores[lower][task]["values"], rules))
+            gaps.append(_gap(values[upper][task], values[lower][task], rules))
             where.append((task, [upper, lower]))
     corrected = zip(_corrected(gaps, rules), where, strict=True)
     gaps = [gap | {"task": task, "pair": pair} for gap, (task, pair) in corrected]
     per_task = {}
     for task, _, _ in TASK_SCORES:
         verdicts = [gap["verdict"] for gap in gaps if gap["task"] == task]
-        per_task[task] = UNINFORMATIVE if tasks[task]["verdict"] == UNINFORMATIVE else order_verdict(verdicts)
+        uninformative = tasks[task]["verdict"] == UNINFORMATIVE or at_chance[task]
+        per_task[task] = UNINFORMATIVE if uninformative else order_verdict(verdicts)
     return _decision(rules, claim, combined(per_task.values()), gaps=gaps, tasks=per_task)
 
 
@@ -155,7 +189,7 @@ def run_decisions(claims: list[Claim], plan: StudyPlan, measures: Measures) -> l
     for claim in claims:
         rules = plan.claim(claim.id)
         if rules.not_run:
-            decisions.append(_decision(rules, claim, NOT_RUN))
+            decisions.append(_decision(rules, claim, claim.verdict))
         elif claim.id == "diversity" and max(rules.runs_per_arm()) >= 2:
             decisions.append(_diversity_decision(claim, rules, measures.diversity))
         elif min(rules.runs_per_arm(), default=1) < 2:
@@ -163,7 +197,7 @@ def run_decisions(claims: list[Claim], plan: StudyPlan, measures: Measures) -> l
         elif claim.id in DECIDERS:
             decisions.append(_routing_decision(claim, rules, measures.seeded))
         elif claim.id == "tasks":
-            decisions.append(_task_decision(claim, rules))
+            decisions.append(_task_decision(claim, rules, measures.task_pretrainings))
         elif claim.id == "pretraining":
             decisions.append(_pretraining_decision(claim, rules, measures.backbones.get("images", {})))
         elif claim.id in ("consistency", "consistency_trained"):
@@ -205,8 +239,8 @@ def decision_text(decision: dict) -> str:
         head += f"; level {decision['level']:g}, alpha {decision['alpha']:g}"
     if decision["verdict"] == UNDECIDABLE and "by_modality" not in decision:
         return f"{head}: not decided (the within-run interval covers one run of each arm)"
-    if decision["verdict"] == NOT_RUN:
-        return f"{head}: not run under this preset (--scale gpu runs it)"
+    if is_not_run(decision["verdict"]):
+        return f"{head}: nothing trained under this preset"
     if "gaps" in decision:
         gaps = "; ".join(_gap_text(gap, power) for gap in decision["gaps"])
         return f"{head}; {decision['multiplicity']} correction: {gaps}"

@@ -32,6 +32,7 @@ from mmoe.study.runs import (
     recipe_run,
     routing_arms,
     routing_run,
+    task_backbones,
 )
 from mmoe.study.settings import StudySettings
 
@@ -79,7 +80,9 @@ def consistency_of(study: StudyRun, settings: StudySettings, rule: str) -> dict:
     from mmoe.metrics.routing_collect import consistency_through_training
     from mmoe.metrics.routing_stats import read_stats, window_loads
 
-    consistency = {}
+    consistency: dict = {}
+    if not settings.seeds:
+        return consistency
     for router in COMPARED_ROUTERS:
         folder = consistency_folder(router, settings.many_experts, rule)
         folders = [study.finetune_run(folder, CONSISTENCY_TASK, seed).root for seed in range(settings.seeds)]
@@ -114,6 +117,8 @@ def image_sums(study: StudyRun, predictions: Path) -> dict[str, list]:
 def backbone_measures(study: StudyRun, settings: StudySettings) -> dict:
     """Claim 7: per arm (pre-trained, random init) and task, each backbone seed's ``scores.json``; for VQA also its
     evaluation image by image (:func:`image_sums`)."""
+    if not settings.pretraining_backbones:
+        return {}
     recipe = StudyRun(study.out, settings.pretraining_recipe)
     arms = {"pretrained": False, "random_init": True}
     measured: dict = {arm: {} for arm in arms} | {"images": {}}
@@ -128,44 +133,60 @@ def backbone_measures(study: StudyRun, settings: StudySettings) -> dict:
     return measured
 
 
-def measure_runs(study: StudyRun, settings: StudySettings, runs: list[Pretraining], batches: Sequence) -> Measures:
-    """Every measurement of the study's runs on the held-out ``batches`` (:class:`mmoe.study.runs.Measures`)."""
-    from mmoe.study.measures import (
-        diversity_by_region,
-        requested_capacity,
-        router_variant_measures,
-        token_passes,
-        training_token_counts,
-    )
+def stratified_measures(study: StudyRun, batches: Sequence) -> tuple[dict, dict]:
+    """Claims 8 and 9: the Stratified MoE run's requested capacity per MoE layer and held-out batch, and its passes
+    per held-out text token id beside those ids' occurrences in the pre-training text."""
+    from mmoe.study.measures import requested_capacity, token_passes, training_token_counts
 
-    by_name = {run.name: run for run in runs}
-    seeded = seeded_routing(study, settings, runs, list(batches))
-    diversity_names = {name for arm in diversity_arms(settings) for name in arm}
-    diverse = [run for run in runs if run.name in diversity_names]
-    diversity = {run.name: diversity_by_region(study.pretrained(run.name), batches) for run in diverse}
-    variants = settings.task_variants if settings.run_tasks else ()
-    scores = {variant: collect_scores(study, variant, settings.task_seeds) for variant in variants}
-    stratified = study.pretrained(by_name[STRATIFIED].name)
+    stratified = study.pretrained(STRATIFIED)
     passes = token_passes(stratified, batches)
     training = training_token_counts([study.corpus.shard(PRETRAIN_PAIR_SPLIT), study.corpus.shard(PRETRAIN_TEXT_SPLIT)],
                                      CAPTION_MAX_TEXT_LENGTH)  # fmt: skip
     seen = {token for entry in passes.values() for token in entry["ids"]}
     token_capacity = {"passes": passes, "training_counts": {str(t): training.get(t, 0) for t in sorted(seen)}}
+    return requested_capacity(stratified, batches), token_capacity
+
+
+def task_scores_by_pretraining(study: StudyRun, settings: StudySettings) -> dict:
+    """Claim 6: variant -> task -> per pre-training seed of the variant, its fine-tuning seeds' ``scores.json`` (empty
+    where the task order is not run)."""
+    by_variant: dict = {}
+    for name, variant, _ in task_backbones(settings):
+        for task, runs in collect_scores(study, name, settings.task_seeds).items():
+            by_variant.setdefault(variant, {}).setdefault(task, []).append(runs)
+    return by_variant
+
+
+def measure_runs(study: StudyRun, settings: StudySettings, runs: list[Pretraining], batches: Sequence) -> Measures:
+    """Every measurement of the study's runs on the held-out ``batches`` (:class:`mmoe.study.runs.Measures`)."""
+    from mmoe.study.measures import diversity_by_region, router_variant_measures
+
+    seeded = seeded_routing(study, settings, runs, list(batches))
+    diversity_names = {name for arm in diversity_arms(settings) for name in arm}
+    diverse = [run for run in runs if run.name in diversity_names]
+    diversity = {run.name: diversity_by_region(study.pretrained(run.name), batches) for run in diverse}
+    by_pretraining = task_scores_by_pretraining(study, settings)
+    scores = {variant: {task: [score for seeds in per_seed for score in seeds] for task, per_seed in tasks.items()}
+              for variant, tasks in by_pretraining.items()}  # fmt: skip
+    trained_stratified = any(run.name == STRATIFIED for run in runs)
+    capacity, token_capacity = stratified_measures(study, batches) if trained_stratified else ({}, {})
     routers = {name: router_variant_measures(study.pretrained(name), batches) for name in settings.router_variants}
+    first = seeded[0] if seeded else {"activation": {}, "snapshots": {}}
     return Measures(
-        activation=seeded[0]["activation"],
+        activation=first["activation"],
         diversity=diversity,
-        snapshots=seeded[0]["snapshots"],
+        snapshots=first["snapshots"],
         consistency=consistency_of(study, settings, "frozen"),
         scores=scores,
         random_init={},
-        capacity=requested_capacity(stratified, batches),
+        capacity=capacity,
         token_capacity=token_capacity,
         chance=chance_levels(study),
         router_variants=routers,
         seeded={"seeds": seeded},
         consistency_trained=consistency_of(study, settings, "trained"),
         backbones=backbone_measures(study, settings),
+        task_pretrainings=by_pretraining,
     )
 
 

@@ -32,6 +32,7 @@ from mmoe.study.runs import (
     consistency_folder,
     recipe_run,
     routing_run,
+    task_backbone,
 )
 from mmoe.study.settings import CONSISTENCY_RULES, DEFAULT, PRESETS, StudySettings
 
@@ -122,11 +123,6 @@ def _routing_claims(settings: StudySettings) -> list[ClaimPlan]:
                   {"random_fluctuation_share": 0.9}, fluctuation, "none"),
         *(_consistency(settings, rule) for rule in CONSISTENCY_RULES),
     ]  # fmt: skip
-
-
-def task_backbone(variant: str, seed: int, seeds: int) -> str:
-    """The pre-training of a task variant under ``seed`` (the seed in its name where the variant has several)."""
-    return f"{variant}-seed{seed}" if seeds > 1 else variant
 
 
 def _task_arm(settings: StudySettings, variant: str, task: str) -> Arm:

@@ -12,7 +12,7 @@ from mmoe.io import write_json
 from mmoe.study.claims import TASK_SCORES, Claim
 from mmoe.study.decisions import decision_text, short_verdict
 from mmoe.study.routers import router_table
-from mmoe.study.verdicts import describe
+from mmoe.study.verdicts import describe, is_not_run
 from mmoe.viz.figures import new_figure, save_figure
 
 #: The report's files in the study's folder.
@@ -103,7 +103,8 @@ def _random_levels(ax, entry: dict) -> None:
 def draw_figures(claims: list[Claim], out: Path, chance: dict[str, float]) -> dict[str, Path]:
     """One PNG per claim in ``out``, each modality's interval and verdict in its panel title (the tasks' chance
     levels dashed); returns claim id -> figure."""
-    by_id = {claim.id: claim.measured for claim in claims}
+    by_id = {claim.id: claim.measured for claim in claims if not is_not_run(claim.verdict)}
+    by_id = {claim.id: by_id.get(claim.id, {}) for claim in claims}  # a claim not run: nothing measured, no figure
     figures = {}
     if by_id["activation"].get("by_modality"):
         figures["activation"] = _activation_figure(by_id["activation"], out / "activation_ratio.png")
@@ -130,9 +131,9 @@ def draw_figures(claims: list[Claim], out: Path, chance: dict[str, float]) -> di
             "mean ρ between seeds' loads", "fine-tuning step (VQAv2), both routers trained",
             lambda e: f"late X-MoE - Switch {describe(e['interval'])}",
         )  # fmt: skip
-    if by_id["tasks"]["scores"]:
+    if by_id["tasks"].get("scores"):
         figures["tasks"] = _tasks_figure(by_id["tasks"], out / "tasks.png", chance)
-    if "pretraining" in by_id:
+    if by_id.get("pretraining"):
         figures["pretraining"] = _pretraining_figure(by_id["pretraining"], out / "pretraining.png")
     if by_id.get("capacity", {}).get("by_modality"):
         figures["capacity"] = _capacity_figure(by_id["capacity"], out / "requested_capacity.png")

@@ -70,6 +70,9 @@ class Measures:
         backbones: claim 7: ``pretrained`` and ``random_init``, task -> per backbone seed its ``scores.json``, and
             ``images``, task -> per arm and backbone the sum and count of the questions' accuracies per image (the
             within-run bootstrap's clusters).
+        task_pretrainings: claim 6: variant -> task -> per pre-training seed its fine-tuning seeds' ``scores.json``
+            (``scores`` holds the same runs in one list per cell); empty where the task order was not run or in a
+            file made before.
     """
 
     activation: dict[str, Any]
@@ -85,6 +88,7 @@ class Measures:
     seeded: dict[str, Any] = dataclasses.field(default_factory=dict)
     consistency_trained: dict[str, Any] = dataclasses.field(default_factory=dict)
     backbones: dict[str, Any] = dataclasses.field(default_factory=dict)
+    task_pretrainings: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_json(cls, value: dict[str, Any]) -> Measures:
@@ -170,12 +174,30 @@ def _routing_pretrainings(settings: StudySettings) -> list[Pretraining]:
     return runs
 
 
+def task_backbone(variant: str, seed: int, seeds: int) -> str:
+    """The pre-training of a task variant under ``seed`` (the seed in its name where the variant has several)."""
+    return f"{variant}-seed{seed}" if seeds > 1 else variant
+
+
+def task_backbones(settings: StudySettings) -> list[tuple[str, str, int]]:
+    """The task order's pre-trainings (claim 6, where run): (name, variant, seed), each variant once per pre-training
+    seed."""
+    if not settings.runs_claim("tasks"):
+        return []
+    seeds = settings.task_pretraining_seeds
+    return [(task_backbone(v, seed, seeds), v, seed) for v in settings.task_variants for seed in range(seeds)]
+
+
 def pretrainings(settings: StudySettings) -> list[Pretraining]:
-    """Stratified MoE (§5), the task variants where the task order is trained (claim 6), every routing arm at each
-    routing seed (claims 1, 3-5: the same steps and schedule on every side), the diversity runs with headroom (claim
-    2), the router table's routers with their own tiny parts, and claim 7's pre-trainings with the demo's recipe."""
-    variants = (*settings.task_variants, STRATIFIED) if settings.run_tasks else (STRATIFIED,)
-    runs = [Pretraining(v, v, settings.training.pretrain_steps, heads=config_heads(v)) for v in variants]
+    """Every pre-training the preset's claims need, the one list the stages train and the cost model counts: the task
+    variants once per pre-training seed where the task order is run (claim 6), Stratified MoE where claim 8 or 9 is
+    (§5), every routing arm at each routing seed (claims 1, 3-5: the same steps and schedule on every side), the
+    diversity runs with headroom (claim 2), the router table's routers with their own tiny parts, and claim 7's
+    pre-trainings with the demo's recipe."""
+    steps = settings.training.pretrain_steps
+    runs = [Pretraining(name, v, steps, heads=config_heads(v), seed=seed) for name, v, seed in task_backbones(settings)]
+    if settings.runs_claim("capacity") or settings.runs_claim("frequency"):
+        runs.append(Pretraining(STRATIFIED, STRATIFIED, steps, heads=config_heads(STRATIFIED)))
     runs += _routing_pretrainings(settings)
     for (heads, few), seed in itertools.product(settings.diversity_runs, range(settings.diversity_seeds)):
         moe = (("num_experts", few), ("heads", heads))
@@ -246,16 +268,15 @@ def consistency_folder(router: str, experts: int, rule: str) -> str:
 
 
 def finetune_stages(study: StudyRun, settings: StudySettings) -> list[Stage]:
-    """The task order's cells (where trained: every task of every task variant at ``task_seeds`` seeds, scored), the
-    routers' VQA fine-tunings of claim 5 (``seeds`` per router and rule, from each router's seed-0 backbone, a routing
-    window every ``consistency_every`` steps, the routing frozen under ``frozen``), and claim 7's VQA fine-tunings of
-    each pre-trained backbone and random init (the backbone's seed as the fine-tuning's), scored."""
+    """The task order's cells (where trained: every task from each task pre-training at ``task_seeds`` seeds, scored),
+    the routers' VQA fine-tunings of claim 5 (``seeds`` per router and rule, from each router's seed-0 backbone, a
+    routing window every ``consistency_every`` steps, the routing frozen under ``frozen``), and claim 7's VQA
+    fine-tunings of each pre-trained backbone and random init (the backbone's seed as the fine-tuning's), scored."""
     stages = []
-    if settings.run_tasks:
-        for variant in settings.task_variants:
-            for benchmark in trained_benchmarks(settings.training):
-                for seed in range(settings.task_seeds):
-                    stages += _scored(study, variant, study.pretrained(variant), benchmark, seed)
+    for name, _, _ in task_backbones(settings):
+        for benchmark in trained_benchmarks(settings.training):
+            for seed in range(settings.task_seeds):
+                stages += _scored(study, name, study.pretrained(name), benchmark, seed)
     consistency = StudyRun(study.out, settings.training.replace(
         finetune_steps={**settings.training.finetune_steps, CONSISTENCY_TASK: settings.consistency_steps}))  # fmt: skip
     benchmark = benchmark_named(CONSISTENCY_TASK)

@@ -9,11 +9,13 @@ import numpy as np
 from mmoe.pipeline.benchmarks import benchmark_named
 from mmoe.study.claims.claim import Claim, Statement
 from mmoe.study.plan_design import TASK_ORDER
+from mmoe.study.plan_gpu import SHIPPED_NOT_RUN as SHIPPED_NOT_RUN_UNIT
 from mmoe.study.verdicts import (
     NOT_RUN,
     NOT_SEPARATED,
     OPPOSITE,
     REPRODUCES,
+    SHIPPED_NOT_RUN,
     UNINFORMATIVE,
     combined,
     describe,
@@ -94,9 +96,11 @@ def tasks_claim(scores: dict, chance: dict[str, float]) -> Claim:
     return TASKS.measured({"scores": table, "tasks": per_task}, overall, summary)
 
 
-def not_run_claim(statement: Statement) -> Claim:
-    """``statement`` where the preset trains none of its runs: the row says which preset runs it."""
-    return statement.measured({"scores": {}, "tasks": {}}, NOT_RUN, "not run under this preset: --scale gpu only")
+def not_run_claim(statement: Statement, unit: str = SHIPPED_NOT_RUN_UNIT) -> Claim:
+    """``statement`` where the preset trains none of its runs, in its plan's words ``unit`` (which preset runs it;
+    the default plan's words keep that plan's verdict)."""
+    verdict = SHIPPED_NOT_RUN if unit == SHIPPED_NOT_RUN_UNIT else NOT_RUN
+    return statement.measured({"scores": {}, "tasks": {}}, verdict, unit)
 
 
 # -- pre-training helps ------------------------------------------------------------------------------------------------
