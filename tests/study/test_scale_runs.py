@@ -167,3 +167,22 @@ def test_the_gpu_presets_claim_settings_name_the_preset_that_runs_each_other_cla
     assert settings["tasks"].startswith("not run under this preset (run by --scale gpu-tasks): dense, xmoe, mhmoe")
     assert not settings["fluctuation"].startswith("not run") and not settings["pretraining"].startswith("not run")
     assert claim_settings(DEFAULT)["tasks"].startswith("not run under this preset (run by --scale gpu-tasks)")
+
+
+def test_the_analysis_collects_task_scores_per_pre_training_and_skips_what_was_not_trained(tmp_path):
+    from mmoe.study.measure_runs import backbone_measures, consistency_of, task_scores_by_pretraining
+
+    study = StudyRun(tmp_path, GPU_TASKS.training)
+    for backbone, variant, seed in [(f"{v}-seed{s}", v, s) for v in ("dense", "xmoe", "mhmoe") for s in range(3)]:
+        for task, score, _ in TASK_SCORES:
+            for tuning in range(GPU_TASKS.task_seeds):
+                layout = study.finetune_run(backbone, task, tuning)
+                layout.scores.parent.mkdir(parents=True, exist_ok=True)
+                layout.scores.write_text(json.dumps({score: 100 * seed + tuning, "variant": variant}))
+    by_pretraining = task_scores_by_pretraining(study, GPU_TASKS)
+    assert set(by_pretraining) == {"dense", "xmoe", "mhmoe"}
+    vqa = by_pretraining["xmoe"]["vqav2"]
+    assert [[run["overall"] for run in runs] for runs in vqa] == [[0, 1, 2], [100, 101, 102], [200, 201, 202]]
+    assert {run["variant"] for runs in vqa for run in runs} == {"xmoe"}
+    assert consistency_of(study, GPU_TASKS, "frozen") == {} and backbone_measures(study, GPU_TASKS) == {}
+    assert task_scores_by_pretraining(StudyRun(tmp_path, GPU.training), GPU) == {}
