@@ -46,8 +46,8 @@ def diversity_arms(settings: StudySettings) -> list[list[str]]:
 
 
 def seeded_routing(study: StudyRun, settings: StudySettings, runs: list[Pretraining], batches: list) -> list[dict]:
-    """Per routing seed: ``activation`` (X-MoE and each MH-MoE arm at the end of its own run, h = 1 for X-MoE) and
-    ``snapshots`` (Switch and X-MoE through pre-training)."""
+    """Per routing seed: ``activation`` (X-MoE and each MH-MoE arm at the end of its own run, h = 1 for X-MoE; empty
+    where claim 1 is not run) and ``snapshots`` (Switch and X-MoE through pre-training)."""
     from mmoe.study.measures import expert_loads, snapshot_measures
 
     by_name = {run.name: run for run in runs}
@@ -55,7 +55,7 @@ def seeded_routing(study: StudyRun, settings: StudySettings, runs: list[Pretrain
     per_seed = []
     for seed in range(settings.routing_seeds):
         activation = {}
-        for arm in routing_arms(settings):
+        for arm in routing_arms(settings) if settings.runs_claim("activation") else ():
             if arm == "switch":
                 continue
             run = by_name[routing_run(arm, experts, seed)]
