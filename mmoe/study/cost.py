@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mmoe.pipeline.benchmarks import trained_benchmarks
-from mmoe.study.runs import STRATIFIED, Pretraining, pretrainings
+from mmoe.study.runs import STRATIFIED, pretrainings
 from mmoe.study.settings import CONSISTENCY_RULES, StudySettings
 
 
@@ -80,12 +80,6 @@ BUDGETS = {
 }
 
 
-def planned_pretrainings(settings: StudySettings) -> list[Pretraining]:
-    """The pre-trainings the preset's claims need: the list the study's stages train
-    (:func:`mmoe.study.runs.pretrainings`), so that the estimate and the run cannot disagree."""
-    return pretrainings(settings)
-
-
 def _pretraining_label(settings: StudySettings, stratified: bool) -> str:
     parts = {"task variants": settings.run_tasks, "routing arms": settings.routing_seeds > 0,
              "diversity": bool(settings.diversity_runs), "Stratified MoE": stratified,
@@ -96,7 +90,7 @@ def _pretraining_label(settings: StudySettings, stratified: bool) -> str:
 def stage_costs(settings: StudySettings, costs: StepCosts) -> list[dict]:
     """Per group of stages: ``what``, ``trainings``, ``steps`` and estimated ``seconds`` on ``costs``' machine (a
     group's trainings shared over ``costs.streams`` at once; measurements one after the other)."""
-    runs = planned_pretrainings(settings)
+    runs = pretrainings(settings)  # the list the stages train: the estimate and the run cannot disagree
     recipe = [run for run in runs if run.recipe]
     routing = [run for run in runs if not run.recipe]
     tasks = trained_benchmarks(settings.training) if settings.run_tasks else ()

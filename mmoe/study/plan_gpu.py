@@ -2,7 +2,7 @@
 claim its preset does not run (:func:`not_run_unit`: which preset runs it).
 
 The default plan (``docs/claims/plan.json``) was fixed before the GPU presets were split: its text for the task order
-is :data:`SHIPPED_NOT_RUN` (part of its hash, so it stays although ``--scale gpu-tasks`` runs claim 6 now).
+is :data:`SHIPPED_NOT_RUN_UNIT` (part of its hash, so it stays although ``--scale gpu-tasks`` runs claim 6 now).
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 from mmoe.study.settings import PRESETS
 
 #: What the default plan says of the claim it does not run, the task order (hashed: the default plan keeps it).
-SHIPPED_NOT_RUN = "not run under this preset: --scale gpu only"
-#: The presets whose plans keep :data:`SHIPPED_NOT_RUN` (the fast one, not committed, names today's runner).
+SHIPPED_NOT_RUN_UNIT = "not run under this preset: --scale gpu only"
+#: The presets whose plans keep :data:`SHIPPED_NOT_RUN_UNIT` (the fast one, not committed, names today's runner).
 SHIPPED_PRESETS = ("default",)
 #: The presets never named as running a claim: the fast one is the default's structure at tiny scale, for tests.
 UNNAMED_PRESETS = ("fast",)
@@ -75,5 +75,5 @@ def claim_runners(claim_id: str, preset: str) -> str:
 def not_run_unit(claim_id: str, preset: str) -> str:
     """The deciding unit a plan of ``preset`` states for a claim it does not run: which presets run it."""
     if preset in SHIPPED_PRESETS:
-        return SHIPPED_NOT_RUN
+        return SHIPPED_NOT_RUN_UNIT
     return f"not run (preset {preset}): {claim_runners(claim_id, preset)}"

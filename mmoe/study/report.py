@@ -103,8 +103,8 @@ def _random_levels(ax, entry: dict) -> None:
 def draw_figures(claims: list[Claim], out: Path, chance: dict[str, float]) -> dict[str, Path]:
     """One PNG per claim in ``out``, each modality's interval and verdict in its panel title (the tasks' chance
     levels dashed); returns claim id -> figure."""
-    by_id = {claim.id: claim.measured for claim in claims if not is_not_run(claim.verdict)}
-    by_id = {claim.id: by_id.get(claim.id, {}) for claim in claims}  # a claim not run: nothing measured, no figure
+    # a claim not run: nothing measured, no figure
+    by_id = {claim.id: {} if is_not_run(claim.verdict) else claim.measured for claim in claims}
     figures = {}
     if by_id["activation"].get("by_modality"):
         figures["activation"] = _activation_figure(by_id["activation"], out / "activation_ratio.png")

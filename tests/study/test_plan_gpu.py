@@ -15,10 +15,10 @@ from mmoe.io import read_json
 from mmoe.pipeline.settings import refuse_other_settings
 from mmoe.study.claims import judged_window
 from mmoe.study.command import study_command, upgraded_study
-from mmoe.study.cost import BUDGETS, GPU_COSTS, cost_lines, planned_pretrainings, total_minutes
+from mmoe.study.cost import BUDGETS, GPU_COSTS, cost_lines, total_minutes
 from mmoe.study.plan import read_plan
 from mmoe.study.plan_design import PLAN_STEMS, plan_markdown, study_plan, write_plan_files
-from mmoe.study.runs import STRATIFIED
+from mmoe.study.runs import STRATIFIED, pretrainings
 from mmoe.study.settings import CLAIM_IDS, DEFAULT, FAST, GPU, GPU_TASKS, PRESETS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,7 +69,7 @@ def test_scale_gpu_holds_claims_2_4_and_7_at_8_runs_per_arm():
     pretraining = plan.claim("pretraining")
     assert pretraining.runs_per_arm() == [8, 8] and [arm.steps for arm in pretraining.arms] == [300, 300]
     # nothing of the claims it does not run is trained
-    names = {run.name for run in planned_pretrainings(GPU)}
+    names = {run.name for run in pretrainings(GPU)}
     assert STRATIFIED not in names and not any("-h4-" in n or n.startswith("mhmoe-e32") for n in names)
     assert len(names) == 8 + 16 + 8 and GPU.seeds == 0 and GPU.router_variants == ()
 
@@ -98,7 +98,7 @@ def test_scale_gpu_tasks_is_the_audits_task_order_design():
     assert mhmoe_vqa.name == "mhmoe vqav2" and mhmoe_vqa.steps == 1000
     assert {run.split("/")[1] for run in mhmoe_vqa.runs} == {"mhmoe-seed0", "mhmoe-seed1", "mhmoe-seed2"}
     assert "pre-training run" in tasks.noise_rule.unit and "baseline" in tasks.noise_rule.unit
-    trained = planned_pretrainings(GPU_TASKS)
+    trained = pretrainings(GPU_TASKS)
     assert sorted((run.variant, run.seed, run.steps) for run in trained) == sorted(
         (variant, seed, 2000) for variant in ("dense", "xmoe", "mhmoe") for seed in range(3)
     )

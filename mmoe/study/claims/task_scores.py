@@ -9,7 +9,7 @@ import numpy as np
 from mmoe.pipeline.benchmarks import benchmark_named
 from mmoe.study.claims.claim import Claim, Statement
 from mmoe.study.plan_design import TASK_ORDER
-from mmoe.study.plan_gpu import SHIPPED_NOT_RUN as SHIPPED_NOT_RUN_UNIT
+from mmoe.study.plan_gpu import SHIPPED_NOT_RUN_UNIT
 from mmoe.study.verdicts import (
     NOT_RUN,
     NOT_SEPARATED,
