@@ -5,13 +5,15 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from tests.tutorial_commands import bash_blocks
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def readme_commands() -> list[str]:
     text = (ROOT / "README.md").read_text()
     quick_start = text.split("## Quick start", 1)[1].split("\n## ", 1)[0]
-    return [block.strip() for block in re.findall(r"```bash\n(.*?)```", quick_start, flags=re.S)]
+    return [block.strip() for block in bash_blocks(quick_start)]
 
 
 def test_readme_has_two_newcomer_commands_starting_with_setup():
