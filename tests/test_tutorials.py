@@ -1,7 +1,8 @@
 """Every tutorial page's ``bash`` blocks run as written (read from the page by tests/tutorial_commands.py), in order,
-in a fresh working directory, through ``mmoe.cli.main`` in this process, at tiny sizes: :data:`TINY_SIZES` appends
-each kind of command's size options, :data:`NOT_RUN` names each command not run here and why. The pages chain as a
-reader's session does: the pre-training page's corpus and exported backbone are what the fine-tuning page starts from.
+in a fresh working directory, through ``mmoe.cli.main`` in this process (or, for the commands of :data:`IN_A_PROCESS`,
+as a process of their own), at tiny sizes: :data:`TINY_SIZES` appends each kind of command's size options,
+:data:`NOT_RUN` names each command not run here and why. The pages chain as a reader's session does: the
+pre-training page's corpus, run and exported backbone are what the fine-tuning, router and scale-out pages start from.
 """
 
 from __future__ import annotations
@@ -10,7 +11,10 @@ import contextlib
 import csv
 import io
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -67,24 +71,60 @@ TINY_SIZES: dict[str, list[str]] = {
     "predict configs/finetune": ["--trainer.enable_progress_bar", "false", "--data.init_args.num_workers", "0"],
     "infer captioning": ["--beam", "1"],
     "eval caption": ["--no-spice", "--no-meteor"],
+    "analyze routing": ["--batches", "1"],
+    "viz subtoken-map": ["--num-images", "2", "--num-texts", "1"],
+    "viz heatmap": ["--batches", "1"],
 }
+
+#: The scale-out page's commands for 8 GPUs and for two machines, as the page writes them.
+BASE_XMOE = ".venv/bin/mmoe fit --config configs/pretrain/base.yaml --config configs/pretrain/base/xmoe.yaml"
+BASE_MHMOE = ".venv/bin/mmoe fit --config configs/pretrain/base.yaml --config configs/pretrain/base/mhmoe.yaml"
+DDP, NODES = "--trainer.strategy ddp_find_unused_parameters_true", "--trainer.devices 8 --trainer.num_nodes 2"
+TORCHRUN = "torchrun --nnodes 2 --nproc-per-node 8 --node-rank 0 --master-addr node0 --master-port 29500"
+FSDP2 = (" --trainer.devices 8 --trainer.precision bf16-mixed --trainer.strategy "
+         "lightning.pytorch.strategies.ModelParallelStrategy --trainer.strategy.init_args.data_parallel_size 8 "
+         "--trainer.strategy.init_args.tensor_parallel_size 1 "
+         "--trainer.strategy.init_args.save_distributed_checkpoint false "
+         "--model.init_args.backbone.checkpoint_activations true")  # fmt: skip
+EIGHT_GPUS = "needs 8 GPUs; the page names the CPU test that runs the same path on 2 gloo processes"
 
 #: Commands of the tutorials that this file does not run, each with the reason.
 NOT_RUN: dict[str, str] = {
     "bash scripts/setup.sh": "CI has just run it; test_setup_is_the_first_command_of_the_demo holds the page to it",
     ".venv/bin/mmoe demo --out runs/demo": "tests/demo/test_demo.py's default_demo fixture runs it, read from the "
     "page, at its full default size (ten minutes): never twice",
+    f"{BASE_XMOE} --trainer.devices 8 {DDP}": EIGHT_GPUS,
+    f"{BASE_XMOE} --trainer.devices 8 {DDP} --model.init_args.backbone.moe.expert_parallel 8": EIGHT_GPUS,
+    BASE_MHMOE + FSDP2: EIGHT_GPUS,
+    f"{TORCHRUN} {BASE_XMOE} {NODES} {DDP} --model.init_args.backbone.moe.expert_parallel 8": "needs two machines "
+    "of 8 GPUs",
+    f"srun {BASE_XMOE} {NODES} {DDP}": "needs a SLURM cluster of two machines of 8 GPUs",
+    "sbatch pretrain_xmoe.sh": "needs a SLURM cluster of two machines of 8 GPUs",
+    ".venv/bin/mmoe study claims --fast --out runs/claims_fast": "tests/study/test_study.py's fast_study fixture "
+    "runs the fast study (minutes) into its own folder: never twice",
+    ".venv/bin/mmoe study claims --out runs/claims --jobs 2": "about an hour on 2 CPU cores (the dry run's estimate)",
+}
+
+#: Commands that run as a process of their own (the Python running the tests, ``-m mmoe.cli``), each with the reason:
+#: Lightning's DDP starts the second rank by running the process's command line again, which in this process is
+#: pytest's.
+IN_A_PROCESS: dict[str, str] = {
+    ".venv/bin/mmoe fit --config configs/pretrain/tiny.yaml --config configs/pretrain/tiny/xmoe.yaml "
+    "--trainer.accelerator cpu --trainer.devices 2 --trainer.strategy ddp_find_unused_parameters_true "
+    "--model.init_args.backbone.moe.expert_parallel 2 --trainer.default_root_dir runs/pretrain/tiny_xmoe_ep2": "2 "
+    "processes (DDP over gloo, expert parallelism)",
 }
 
 #: The pages this file runs, in a reader's order (the demo's page is tests/demo/test_demo.py's; demo_details.md has
 #: no commands).
-PAGES_RUN = ("pretrain_own_data.md", "finetune_evaluate.md", "beit3_weights.md")
+PAGES_RUN = ("pretrain_own_data.md", "finetune_evaluate.md", "beit3_weights.md", "compare_routers.md", "scale_out.md",
+             "reproduce_claims.md")  # fmt: skip
 
 
 def tiny_sizes(args: list[str]) -> list[str]:
     """The :data:`TINY_SIZES` options of a command, keyed by its subcommand (two words for a command group such as
     ``data synth``); for ``fit`` / ``predict`` by its first config, or else that config's folder."""
-    words = args[:2] if args[0] in {"data", "tokenizer", "eval", "infer"} else args[:1]
+    words = args[:2] if args[0] in {"data", "tokenizer", "eval", "infer", "analyze", "viz", "study"} else args[:1]
     if args[0] in {"fit", "predict"}:
         config = args[args.index("--config") + 1]
         words = [args[0], config if f"{args[0]} {config}" in TINY_SIZES else str(Path(config).parent)]
@@ -101,12 +141,24 @@ def run_page(page: str) -> dict[str, str]:
             continue
         args = mmoe_arguments(argv)
         assert args is not None, f"{page}: {line!r} is neither an mmoe command nor in NOT_RUN"
+        if line in IN_A_PROCESS:
+            printed[line] = run_in_a_process([*args, *tiny_sizes(args)], f"{page}: {line!r}")
+            continue
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
             code = main([*args, *tiny_sizes(args)])
         assert code == 0, f"{page}: {line!r} exited {code}"
         printed[line] = out.getvalue()
     return printed
+
+
+def run_in_a_process(args: list[str], named: str) -> str:
+    """``mmoe <args>`` as a process of its own in the working directory, one torch thread per process; its stdout."""
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "mmoe.cli", *args], env=environment, capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    assert done.returncode == 0, f"{named} exited {done.returncode}: {done.stderr[-3000:]}"
+    return done.stdout
 
 
 def write_own_data(root: Path) -> None:
@@ -169,6 +221,7 @@ def test_every_tutorial_command_is_run_or_listed_as_not_run():
     unknown = [line for line, argv in lines.items() if line not in NOT_RUN and mmoe_arguments(argv) is None]
     assert not unknown, f"commands neither run by mmoe.cli.main nor in NOT_RUN: {unknown}"
     assert set(NOT_RUN) <= set(lines), f"NOT_RUN names commands no tutorial has: {set(NOT_RUN) - set(lines)}"
+    assert set(IN_A_PROCESS) <= set(lines), f"IN_A_PROCESS names commands no tutorial has: {set(IN_A_PROCESS)}"
     placeholders = [line for line in lines if any(mark in line for mark in ("...", "[-", "|", " OUT", "DIR"))]
     assert not placeholders, f"tutorial commands with placeholders: {placeholders}"
 
@@ -176,7 +229,7 @@ def test_every_tutorial_command_is_run_or_listed_as_not_run():
 def test_setup_is_the_first_command_of_the_demo():
     commands = page_commands(TUTORIALS / "demo.md")
     assert commands[0] == ["bash", "scripts/setup.sh"] and (REPO / "scripts" / "setup.sh").is_file()
-    assert [" ".join(argv) for argv in commands] == list(NOT_RUN)
+    assert all(" ".join(argv) in NOT_RUN for argv in commands), "the demo page's commands run elsewhere, never here"
 
 
 def test_pretraining_on_own_and_synthetic_data_exports_a_backbone(reader_session):
@@ -222,3 +275,48 @@ def test_released_beit3_weights_upcycle_and_fine_tune(reader_session, monkeypatc
     assert upcycled.config.moe is not None and upcycled.config.position_offset == 2  # BEiT-3's layout, now MoE
     assert upcycled.config.vocab_size == STAND_IN_TEXT_ROWS
     assert (root / "runs" / "finetune" / "vqav2_base" / "checkpoints" / "last.ckpt").is_file()
+
+
+def checkpoint(run: str) -> str:
+    """The last checkpoint of ``runs/pretrain/<run>``, as the pages name it."""
+    return f"runs/pretrain/{run}/checkpoints/last.ckpt"
+
+
+def test_two_routers_are_measured_and_drawn_side_by_side(reader_session, monkeypatch):
+    root, _ = reader_session
+    monkeypatch.chdir(root)
+    printed = run_page("compare_routers.md")
+    analyses = {report["checkpoint"]: report for line, out in printed.items() if " analyze " in line
+                for report in [json.loads(out)]}  # fmt: skip
+    assert set(analyses) == {checkpoint("tiny_xmoe"), checkpoint("tiny_mhmoe")}
+    moe_layers = {f"layer{i}/{modality}" for i in (1, 3) for modality in ("vision", "language")}
+    for report in analyses.values():
+        assert set(report["activation_ratio"]) == moe_layers
+        assert all(0.0 <= ratio <= 1.0 for ratio in report["activation_ratio"].values())
+    figures = root / "runs" / "compare_routers"
+    assert (figures / "subtoken_compare_layer1_vision.png").is_file()
+    assert (figures / "subtoken_text_compare.png").is_file()
+    for index in (0, 1):  # a heatmap and load bars per checkpoint, numbered in the order of --ckpt
+        drawn = {path.name.split("_")[0] for path in figures.glob(f"*_{index}-checkpoints-last.png")}
+        assert {"heatmap", "loads"} <= drawn
+
+
+def test_a_two_process_expert_parallel_run_exports_every_expert(reader_session, monkeypatch):
+    root, _ = reader_session
+    monkeypatch.chdir(root)
+    run_page("scale_out.md")
+    sharded, whole = load_backbone(root / "runs" / "tiny_xmoe_ep2.pt"), load_backbone(root / "runs" / "tiny_xmoe.pt")
+    assert sharded.config.moe.num_experts == 8 and sharded.config.moe.expert_parallel == 1
+    shapes = {name: tuple(p.shape) for name, p in sharded.named_parameters()}
+    assert shapes == {name: tuple(p.shape) for name, p in whole.named_parameters()}
+
+
+def test_the_claims_study_plans_print_the_shipped_report_s_plan_hash(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    printed = run_page("reproduce_claims.md")
+    default = printed[".venv/bin/mmoe study claims --dry-run"]
+    shipped_header = (REPO / "docs" / "claims.md").read_text(encoding="utf-8").split("\n\n")[1]
+    shipped_hash = shipped_header.split("Plan `")[1].split("`")[0]
+    assert f"SHA-256 of its canonical JSON: `{shipped_hash}`" in default
+    assert all("Estimated cost" in out for out in printed.values()) and len(printed) == 4
+    assert not any(tmp_path.iterdir()), "a dry run writes nothing"
