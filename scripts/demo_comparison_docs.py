@@ -2,10 +2,14 @@
 document as ``docs/demo_comparison/items.json`` (compact), its rows as ``docs/demo_comparison/comparison.json`` (as
 the run's ``results.json`` holds them) and the markdown block of ``docs/demo_comparison.md`` (between its markers),
 then print that block. The same run's scores of both starts go to ``docs/demo_comparison/scores.json`` and README.md's
-results table (between its own markers), so the front page's table and the comparison are one run's.
+results table (between its own markers), so the front page's table and the comparison are one run's; the same
+table with each compared metric's difference, interval and verdict goes to ``docs/tutorials/demo_details.md``
+(between its markers).
 
     .venv/bin/python scripts/demo_comparison_docs.py /tmp/demo_ri
     .venv/bin/python scripts/demo_comparison_docs.py --print    # the shipped block only, written nowhere
+    .venv/bin/python scripts/demo_comparison_docs.py --check    # exit 1 if a page's block is not the shipped files'
+    .venv/bin/python scripts/demo_comparison_docs.py --pages    # rewrite the pages' blocks from the shipped files
 
 The rows must be those :func:`mmoe.pipeline.compare.rows_from_items` recomputes from the document, or nothing is
 written.
@@ -34,6 +38,10 @@ SHIPPED_SCORES, README = SHIPPED / "scores.json", REPO / "README.md"
 RESULTS_FILE = "results.json"
 BEGIN, END = "<!-- demo-comparison:begin -->", "<!-- demo-comparison:end -->"
 SCORES_BEGIN, SCORES_END = "<!-- demo-results:begin -->", "<!-- demo-results:end -->"
+DETAILS = REPO / "docs" / "tutorials" / "demo_details.md"
+DETAILS_BEGIN, DETAILS_END = "<!-- demo-details:begin -->", "<!-- demo-details:end -->"
+#: Metrics the details page also gives as a multiple of their chance level.
+CHANCE_MULTIPLE_METRICS = ("colour words right (%)",)
 SCORES_HEADER = ["task", "metric", "pre-trained ({variant})", "random init", "chance", "chance baseline"]
 
 PARAGRAPH = (
@@ -68,10 +76,15 @@ def recomputed_rows(items: Any, rows: Any, items_name: str, rows_name: str) -> l
     return recomputed
 
 
+def shipped_rows(items_file: Path = SHIPPED_ITEMS, rows_file: Path = SHIPPED_ROWS) -> list[dict]:
+    """The shipped comparison rows, checked to be those the shipped items recompute."""
+    items, rows = read_comparison_items(items_file), read_comparison_items(rows_file, "comparison rows")
+    return recomputed_rows(items, rows, str(items_file), str(rows_file))
+
+
 def markdown_block(items_file: Path = SHIPPED_ITEMS, rows_file: Path = SHIPPED_ROWS) -> str:
     """The markdown block of the shipped files (their rows recomputed from the items and checked first)."""
-    items, rows = read_comparison_items(items_file), read_comparison_items(rows_file, "comparison rows")
-    return markdown(recomputed_rows(items, rows, str(items_file), str(rows_file)))
+    return markdown(shipped_rows(items_file, rows_file))
 
 
 def page_block(page: Path = PAGE, begin: str = BEGIN, end: str = END) -> str:
@@ -109,6 +122,45 @@ def scores_table(scores: Any, where: str = "demo scores") -> str:
     return "\n".join("| " + " | ".join(line) + " |" for line in lines)
 
 
+def details_block(scores: Any, rows: list[dict]) -> str:
+    """The demo-in-detail page's block: README's results table, then per compared metric both starts' values, the
+    difference with its interval and verdict, then each of :data:`CHANCE_MULTIPLE_METRICS` as a multiple of its
+    chance level."""
+    lines = [scores_table(scores), ""]
+    for row in rows:
+        low, high = map(number, row["interval"])
+        lines.append(
+            f"- {row['task']}, {row['metric']}: {number(row['pretrained'])} from the pre-trained backbone against "
+            f"{number(row['random_init'])} from random init; difference {number(row['difference'])} "
+            f"[{low}, {high}], *{row['verdict']}*."
+        )
+    for start, name in (("pretrained", "the pre-trained backbone"), ("random_init", "random init")):
+        for row in scores[start]:
+            if row["metric"] in CHANCE_MULTIPLE_METRICS:
+                lines.append(
+                    f"- {row['task']}, {row['metric']} from {name}: {row['value'] / row['chance']:.2f} times its "
+                    f"chance level ({number(row['chance'])}, {row['baseline']})."
+                )
+    return "\n".join(lines)
+
+
+def shipped_blocks(
+    page: Path = PAGE, readme: Path = README, details: Path = DETAILS, scores_file: Path = SHIPPED_SCORES,
+    items_file: Path = SHIPPED_ITEMS, rows_file: Path = SHIPPED_ROWS,
+) -> dict[Path, tuple[str, str, str]]:  # fmt: skip
+    """Each page -> (begin marker, end marker, the block the shipped files give it)."""
+    rows = shipped_rows(items_file, rows_file)
+    scores = read_comparison_items(scores_file, "demo scores")
+    return {page: (BEGIN, END, markdown(rows)), readme: (SCORES_BEGIN, SCORES_END, scores_table(scores)),
+            details: (DETAILS_BEGIN, DETAILS_END, details_block(scores, rows))}  # fmt: skip
+
+
+def stale_pages(**paths: Path) -> list[Path]:
+    """The pages whose generated block is not the one the shipped files give (``paths``: as :func:`shipped_blocks`)."""
+    return [page for page, (begin, end, block) in shipped_blocks(**paths).items()
+            if page_block(page, begin, end) != block]  # fmt: skip
+
+
 def run_scores(run_dir: Path, variant: str) -> dict:
     """Both starts' score rows of ``variant`` in the run's ``results.json`` (as :func:`scores_table` reads them)."""
     results_path = run_dir / RESULTS_FILE
@@ -141,14 +193,16 @@ def run_files(run_dir: Path, variant: str | None) -> tuple[str, dict, list[dict]
 
 def ship(
     run_dir: Path, variant: str | None, items_file: Path = SHIPPED_ITEMS, rows_file: Path = SHIPPED_ROWS,
-    page: Path = PAGE, scores_file: Path = SHIPPED_SCORES, readme: Path = README,
+    page: Path = PAGE, scores_file: Path = SHIPPED_SCORES, readme: Path = README, details: Path = DETAILS,
 ) -> str:  # fmt: skip
-    """Writes the shipped files, the page's block and README's results table from ``run_dir``; returns the block."""
+    """Writes the shipped files, the page's block, README's results table and the details page's block from
+    ``run_dir``; returns the page's block."""
     variant, document, rows = run_files(run_dir, variant)
     scores = run_scores(run_dir, variant)
     block = markdown(rows)
     pages = {page: with_block(page, BEGIN, END, block),  # the markers are in place before anything is written
-             readme: with_block(readme, SCORES_BEGIN, SCORES_END, scores_table(scores))}  # fmt: skip
+             readme: with_block(readme, SCORES_BEGIN, SCORES_END, scores_table(scores)),
+             details: with_block(details, DETAILS_BEGIN, DETAILS_END, details_block(scores, rows))}  # fmt: skip
     write_json(items_file, document, indent=None)
     write_json(rows_file, rows)
     write_json(scores_file, scores)
@@ -162,10 +216,21 @@ def main() -> None:
     parser.add_argument("run_dir", type=Path, nargs="?", help="a finished mmoe demo --random-init folder")
     parser.add_argument("--variant", help="the variant to ship (default: the folder's only one)")
     parser.add_argument("--print", action="store_true", help="only print the shipped files' block")
+    parser.add_argument("--check", action="store_true", help="exit 1 if a page's block is not the shipped files'")
+    parser.add_argument("--pages", action="store_true", help="rewrite the pages' blocks from the shipped files")
     args = parser.parse_args()
-    if (args.run_dir is None) != args.print:
-        parser.error("give RUN_DIR or --print")
+    if [args.run_dir is not None, args.print, args.check, args.pages].count(True) != 1:
+        parser.error("give one of RUN_DIR, --print, --check and --pages")
     try:
+        if args.check:
+            stale = stale_pages()
+            for page in stale:
+                print(f"{page.relative_to(REPO)}: stale; rewrite it with --pages", file=sys.stderr)
+            raise SystemExit(1 if stale else 0)
+        if args.pages:
+            for page, (begin, end, block) in shipped_blocks().items():
+                write_text_atomic(page, with_block(page, begin, end, block))
+            return
         print(markdown_block() if args.print else ship(args.run_dir, args.variant))
     except (PipelineError, OSError) as error:
         print(f"demo_comparison_docs.py: error: {one_line(error)}", file=sys.stderr)

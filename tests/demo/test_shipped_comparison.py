@@ -119,12 +119,15 @@ def test_the_docs_script_ships_a_runs_items_rows_and_block(tmp_path, monkeypatch
     items = vqa_document()
     rows = rows_from_items(items)
     write_run(tmp_path / "run", {"mhmoe": items}, {"mhmoe": rows})
-    page, readme = tmp_path / "page.md", tmp_path / "README.md"
+    page, readme, details = tmp_path / "page.md", tmp_path / "README.md", tmp_path / "details.md"
     page.write_text(f"# title\n\n{script.BEGIN}\nold\n{script.END}\n\nafter\n")
     readme.write_text(f"# front\n{script.SCORES_BEGIN}\n| old |\n{script.SCORES_END}\nrest\n")
+    details.write_text(f"# details\n{script.DETAILS_BEGIN}\n{script.DETAILS_END}\nrest\n")
     shipped = {"items_file": tmp_path / "docs" / "items.json", "rows_file": tmp_path / "docs" / "comparison.json"}
     scores_file = tmp_path / "docs" / "scores.json"
-    block = script.ship(tmp_path / "run", None, page=page, scores_file=scores_file, readme=readme, **shipped)
+    block = script.ship(
+        tmp_path / "run", None, page=page, scores_file=scores_file, readme=readme, details=details, **shipped
+    )
     scores = json.loads(scores_file.read_text())
     assert scores == {"variant": "mhmoe", "pretrained": SCORES["mhmoe"], "random_init": SCORES["mhmoe, random init"]}
     assert (
@@ -147,6 +150,24 @@ def test_the_docs_script_ships_a_runs_items_rows_and_block(tmp_path, monkeypatch
     table = block.splitlines()[2:]
     assert table[0].split(" | ")[-2:] == ["items", "clusters |"]
     assert table[2].endswith(f"| {rows[0]['verdict']} | 200 | 40 images |")
+    details_lines = script.page_block(details, script.DETAILS_BEGIN, script.DETAILS_END).splitlines()
+    assert "\n".join(details_lines[:4]) == script.scores_table(scores)
+    low, high = (f"{end:.2f}" for end in rows[0]["interval"])  # accuracy (%): both ends at least 2 here
+    assert details_lines[5] == (
+        f"- VQAv2 val, accuracy (%): {rows[0]['pretrained']:.2f} from the pre-trained backbone against "
+        f"{rows[0]['random_init']:.2f} from random init; difference {rows[0]['difference']:.2f} [{low}, {high}], "
+        f"*{rows[0]['verdict']}*."
+    )
+    assert details_lines[6:] == [
+        "- COCO captions Karpathy test, colour words right (%) from the pre-trained backbone: 2.65 times its chance "
+        "level (30.65, a random image).",
+        "- COCO captions Karpathy test, colour words right (%) from random init: 1.43 times its chance level (30.96, "
+        "a random image).",
+    ]  # 81.23 / 30.65 and 44.37 / 30.96
+    paths = {"page": page, "readme": readme, "details": details, "scores_file": scores_file, **shipped}
+    assert script.stale_pages(**paths) == []
+    details.write_text(details.read_text().replace("2.65 times", "2.66 times"))
+    assert script.stale_pages(**paths) == [details]
 
     rows[0] = rows[0] | {"difference": rows[0]["difference"] + 1}
     write_run(tmp_path / "stale", {"mhmoe": items}, {"mhmoe": rows})
@@ -198,6 +219,20 @@ def test_the_shipped_items_recompute_the_shipped_rows_and_block():
     assert rows == json.loads(script.SHIPPED_ROWS.read_text())
     assert {row["cluster"] for row in rows} <= {"images", "statement sets"} and len(rows) == 5
     assert script.page_block() == script.markdown_block()
+
+
+def test_the_details_page_s_block_is_the_shipped_run_s_and_check_finds_none_stale(monkeypatch):
+    """``docs/tutorials/demo_details.md``'s results block is generated from the shipped files, as are the other
+    pages' (``--check`` exits 0), and every line of its block names a shipped score or comparison row."""
+    script = docs_script()
+    scores = json.loads(script.SHIPPED_SCORES.read_text())
+    block = script.page_block(script.DETAILS, script.DETAILS_BEGIN, script.DETAILS_END)
+    assert block == script.details_block(scores, json.loads(script.SHIPPED_ROWS.read_text()))
+    assert block.startswith(script.scores_table(scores) + "\n\n- ")
+    monkeypatch.setattr(sys, "argv", ["demo_comparison_docs.py", "--check"])
+    with pytest.raises(SystemExit) as exit_code:
+        script.main()
+    assert exit_code.value.code == 0
 
 
 def test_readme_s_results_table_is_the_shipped_run_s_and_agrees_with_its_comparison():
