@@ -1,13 +1,16 @@
 """Sort-based token dispatch: group routed choices by expert, optionally enforce a capacity, combine back.
 
 Dropless by default: every choice of every (sub-)token is sorted by expert so that each expert runs on one
-contiguous slice; outputs are gathered back through the inverse permutation (on a CPU: added onto their tokens)
-and summed with the gate weights. No ``S x E x C`` one-hot tensor is ever built, and nothing here reads a tensor back
-to the host, so the path has no host-device sync.
+contiguous slice; outputs are gathered back through the inverse permutation (on a CPU: summed onto their tokens by
+one weighted ``embedding_bag``) and summed with the gate weights. No ``S x E x C`` one-hot tensor is ever built, and
+nothing here reads a tensor back to the host, so the path has no host-device sync.
 
-Both row moves are permutations of the K*S choices, so each one's backward is a gather through the other permutation
-(:class:`_PermutedRows`), not the scatter-add that ``index_select``'s backward would run: on a GPU that atomic
+Both row moves are permutations of the K*S choices. On a GPU each one's backward is a gather through the other
+permutation (:class:`_PermutedRows`), not the scatter-add that ``index_select``'s backward would run: that atomic
 ``index_add_`` in bf16 took as long as both expert GEMMs together (H100, 16K tokens, d 768; benchmarks/moe_layer.py).
+On a CPU, where ``index_add_`` runs without atomics, the dispatch's backward for K > 1 adds each row's gradient onto
+its (sub-)token instead: one pass over the K*S rows into an (S, D) result, where the gather wrote a (K*S, D)
+temporary and summed it again (for K = 1 the gather writes the result itself and stays).
 
 Shapes stay static: padding rows and choices dropped by the capacity remain in their expert's slice with a zero
 combine weight (they add nothing and get no gradient), so the row count is always ``K * S``.
@@ -23,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 
 @dataclass
@@ -117,18 +121,22 @@ def sort_key_dtype(num_experts: int) -> torch.dtype:
 class _PermutedRows(torch.autograd.Function):
     """Rows ``rows_C`` of ``source`` (N rows), where ``rows_C = order_C % N`` for a permutation ``order_C`` of the
     C = tiles * N rows of ``source`` tiled ``tiles`` times; ``inverse_C`` is the inverse of ``order_C``, so the backward
-    gathers instead of scatter-adding."""
+    gathers instead of scatter-adding (on a CPU with ``tiles > 1`` it adds the rows onto their sources, module
+    docstring)."""
 
     @staticmethod
     def forward(ctx, source_ND: torch.Tensor, rows_C: torch.Tensor, inverse_C: torch.Tensor, tiles: int):
-        ctx.save_for_backward(inverse_C)
+        ctx.save_for_backward(rows_C, inverse_C)
         ctx.tiles = tiles
         return source_ND.index_select(0, rows_C)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_CD: torch.Tensor):
-        (inverse_C,) = ctx.saved_tensors
+        rows_C, inverse_C = ctx.saved_tensors
+        if grad_CD.device.type == "cpu" and ctx.tiles > 1:
+            sources = rows_C.numel() // ctx.tiles
+            return grad_CD.new_zeros(sources, grad_CD.shape[-1]).index_add_(0, rows_C, grad_CD), None, None, None
         grad_CD = grad_CD.index_select(0, inverse_C)
         if ctx.tiles > 1:
             grad_CD = grad_CD.view(ctx.tiles, -1, grad_CD.shape[-1]).sum(0)
@@ -144,15 +152,17 @@ def dispatch_rows(x_SD: torch.Tensor, plan: DispatchPlan) -> torch.Tensor:
 def combine(y_CD: torch.Tensor, plan: DispatchPlan, weight_SK: torch.Tensor) -> torch.Tensor:
     """Sum each (sub-)token's expert outputs weighted by its gate weights (zero where not kept).
 
-    On a GPU the sort is undone by a gather (no atomic scatter-add, module docstring). On a CPU, where ``index_add``
-    runs without atomics, the weights go to the sorted rows and the weighted rows are added onto their (sub-)tokens:
-    one pass over the K*S rows fewer and no (K, S, D) temporary; the backward gathers through ``token_C``."""
+    On a GPU the sort is undone by a gather (no atomic scatter-add, module docstring). On a CPU each (sub-)token's K
+    sorted rows form one bag of a weighted-sum ``embedding_bag`` (its K rows ``inverse_C``, its K gate weights as the
+    per-sample weights): one pass over the K*S rows and no (K*S, D) temporary, where weighting the rows, then adding
+    them onto their tokens, wrote and read one (benchmarks/moe_layer.py, docs/moe_layer_speed.md)."""
     if y_CD.device.type == "cuda":
         return combine_unsorted(_PermutedRows.apply(y_CD, plan.inverse_C, plan.order_C, 1), plan, weight_SK)
-    kept_weight_SK = torch.where(plan.kept_SK, weight_SK, torch.zeros_like(weight_SK))
-    weight_C = kept_weight_SK.t().reshape(-1).index_select(0, plan.order_C).to(y_CD.dtype)
-    out_SD = y_CD.new_zeros(weight_SK.shape[0], y_CD.shape[-1])
-    return out_SD.index_add(0, plan.token_C, y_CD * weight_C[:, None])
+    num_tokens, top_k = weight_SK.shape
+    kept_weight_SK = torch.where(plan.kept_SK, weight_SK, torch.zeros_like(weight_SK)).to(y_CD.dtype)
+    sorted_row_SK = plan.inverse_C.view(top_k, num_tokens).t().contiguous()
+    # .to: under an autocast that runs embedding_bag in another dtype, the output keeps y_CD's.
+    return F.embedding_bag(sorted_row_SK, y_CD, mode="sum", per_sample_weights=kept_weight_SK).to(y_CD.dtype)
 
 
 def combine_unsorted(y_CD: torch.Tensor, plan: DispatchPlan, weight_SK: torch.Tensor) -> torch.Tensor:
