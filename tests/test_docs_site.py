@@ -124,8 +124,9 @@ def test_the_generated_reference_matches_the_code():
     assert result.returncode == 0, result.stderr[-2000:]
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("docs_reference", SCRIPT)
+def load_script(name: str = "docs_reference"):
+    """A script of ``scripts/`` imported as a module (its ``main`` does not run)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -161,3 +162,18 @@ def test_table_cells_keep_code_spans_and_escape_the_rest():
     script = load_script()
     cell = script.cell("p(e | x), see :class:`~mmoe.moe.MoEConfig` and ``a | b``, not <class 'x'>")
     assert cell == "p(e \\| x), see `mmoe.moe.MoEConfig` and ``a | b``, not &lt;class 'x'>"
+
+
+def test_the_moe_speed_table_is_the_shipped_runs_and_a_changed_cell_is_stale(tmp_path, monkeypatch):
+    moe_speed_table = load_script("moe_speed_table")
+    assert moe_speed_table.main(["--check"]) == 0
+    block = moe_speed_table.table()
+    # Every case of both runs is a row, each cell read from the files (one thread / two threads).
+    one = moe_speed_table.cases(moe_speed_table.RUNS[0])
+    assert [row.split("|")[1].strip(" `") for row in block.splitlines()[2:]] == list(one)
+    top8 = next(row for row in block.splitlines() if "fine_grained_e64_top8_4096" in row)
+    assert f"{one['fine_grained_e64_top8_4096']['balanced_floor_ratio']:.2f} / " in top8
+    page = tmp_path / "page.md"
+    page.write_text(moe_speed_table.PAGE.read_text().replace(top8, top8.replace("|", "| 9.99 |", 1)))
+    monkeypatch.setattr(moe_speed_table, "PAGE", page)
+    assert moe_speed_table.main(["--check"]) == 1

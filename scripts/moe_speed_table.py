@@ -1,0 +1,72 @@
+"""The idle-machine table of docs/moe_layer_speed.md, written from the shipped ``benchmarks/moe_layer.py`` output.
+
+``docs/moe_layer_speed/idle_threads1.jsonl`` and ``idle_threads2.jsonl`` are the JSON lines of one run at one and at
+two torch threads; each cell of the table reads "one thread / two threads". The table lies between the page's
+``<!-- moe-idle:begin -->`` and ``<!-- moe-idle:end -->`` markers.
+
+Run: ``.venv/bin/python scripts/moe_speed_table.py`` (rewrite the block) or ``--check`` (exit 1 when it is stale).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+PAGE = DOCS / "moe_layer_speed.md"
+RUNS = (DOCS / "moe_layer_speed" / "idle_threads1.jsonl", DOCS / "moe_layer_speed" / "idle_threads2.jsonl")
+BEGIN, END = "<!-- moe-idle:begin -->", "<!-- moe-idle:end -->"
+
+
+def cases(path: Path) -> dict[str, dict]:
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return {line["case"]: line for line in lines if "case" in line}
+
+
+def cell(one: dict, two: dict, key: str, target: float | None = None) -> str:
+    text = f"{one[key]:.2f} / {two[key]:.2f}"
+    if target is not None and max(one[key], two[key]) > target:
+        text += " (missed)"
+    return text
+
+
+def table(runs: tuple[Path, Path] = RUNS) -> str:
+    one, two = (cases(path) for path in runs)
+    rows = [
+        "| case | routed / dense | routed / floor | balanced / floor (≤ 1.25) | load max / mean |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for name, first in one.items():
+        second = two[name]
+        rows.append(
+            f"| `{name}` | {cell(first, second, 'ratio')} | {cell(first, second, 'floor_ratio')} | "
+            f"{cell(first, second, 'balanced_floor_ratio', 1.25)} | {first['load_max_over_mean']:.2f} |"
+        )
+    return "\n".join(rows)
+
+
+def with_table(page: str, block: str) -> str:
+    head, rest = page.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    return f"{head}{BEGIN}\n{block}\n{END}{tail}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 when the page's table differs from the files")
+    args = parser.parse_args(argv)
+    page = PAGE.read_text()
+    wanted = with_table(page, table())
+    if args.check:
+        if wanted != page:
+            print(f"{PAGE}: the idle-machine table is stale; run scripts/moe_speed_table.py", file=sys.stderr)
+            return 1
+        return 0
+    PAGE.write_text(wanted)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
