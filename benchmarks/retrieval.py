@@ -29,7 +29,6 @@ import torch.nn.functional as F
 
 from mmoe.metrics.retrieval import image_to_text_ranks, text_to_image_ranks
 from mmoe.model import MoEPlan, MultiwayConfig
-from mmoe.tasks.retrieval import RetrievalFineTuning
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from timing import interleaved_medians  # noqa: E402
@@ -41,6 +40,9 @@ SHAPES = {
 
 
 def embedding_throughput(shape: str, batch: int, rounds: int, device: str) -> list[dict]:
+    # Imported here: each chunked case's fresh process imports this module, and need not pay for Lightning.
+    from mmoe.tasks.retrieval import RetrievalFineTuning
+
     torch.manual_seed(0)
     backbone = MultiwayConfig(**SHAPES[shape], moe=MoEPlan(num_experts=8, every=2))
     model = RetrievalFineTuning(backbone=backbone).eval().to(device)

@@ -102,7 +102,10 @@ def test_a_model_without_the_final_norm_is_read_as_such():
 
 @pytest.mark.slow
 def test_base_hidden_states_equal_torchscale_beit3():
-    compare(torchscale_beit3(BASE), BASE)
+    """At base's width, heads, resolution and vocabulary; 2 of its 12 layers (every layer is read alike: the SMALL
+    tests; the depth of the released files: the preset's shape test below)."""
+    shape = BASE | {"layers": 2}
+    compare(torchscale_beit3(shape), shape)
 
 
 def test_the_beit3_base_preset_is_the_shape_of_the_released_files():
