@@ -177,3 +177,19 @@ def test_the_moe_speed_table_is_the_shipped_runs_and_a_changed_cell_is_stale(tmp
     page.write_text(moe_speed_table.PAGE.read_text().replace(top8, top8.replace("|", "| 9.99 |", 1)))
     monkeypatch.setattr(moe_speed_table, "PAGE", page)
     assert moe_speed_table.main(["--check"]) == 1
+
+
+def test_the_architecture_figure_script_writes_a_drawn_png(tmp_path):
+    """``scripts/architecture_figure.py`` (docs/explanations/architecture.png) draws from the shipped config part."""
+    from PIL import Image
+
+    architecture_figure = load_script("architecture_figure")
+    out = tmp_path / "figures" / "architecture.png"
+    assert architecture_figure.main(["--out", str(out)]) == 0
+    with Image.open(out) as image:
+        assert image.format == "PNG"
+        assert image.width > 1000 and image.height > 500
+        colours = image.convert("RGB").getcolors(maxcolors=image.width * image.height)
+    # Boxes in several fills, text and lines: many colours, and the background alone covers at most 90 % of it.
+    assert len(colours) > 50
+    assert max(count for count, _ in colours) < 0.9 * sum(count for count, _ in colours)
