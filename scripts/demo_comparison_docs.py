@@ -29,6 +29,9 @@ from mmoe.pipeline.comparison_items import ITEMS_FILE, read_comparison_items
 from mmoe.pipeline.stages import PipelineError
 from mmoe.pipeline.tables import number
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from marked_block import MarkerError, page_block, with_block  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = REPO / "docs" / "demo_comparison"
 SHIPPED_ITEMS, SHIPPED_ROWS = SHIPPED / "items.json", SHIPPED / "comparison.json"
@@ -87,21 +90,6 @@ def markdown_block(items_file: Path = SHIPPED_ITEMS, rows_file: Path = SHIPPED_R
     return markdown(shipped_rows(items_file, rows_file))
 
 
-def page_block(page: Path = PAGE, begin: str = BEGIN, end: str = END) -> str:
-    """The block between the markers ``begin`` and ``end`` of ``page``."""
-    text = page.read_text(encoding="utf-8")
-    if text.count(begin) != 1 or text.count(end) != 1 or text.index(begin) > text.index(end):
-        raise PipelineError(f"{page}: expected one {begin} line and then one {end} line around the generated block")
-    return text.split(begin)[1].split(end)[0].strip("\n")
-
-
-def with_block(page: Path, begin: str, end: str, block: str) -> str:
-    """``page``'s text with ``block`` between its markers (checked to be there)."""
-    page_block(page, begin, end)
-    head, rest = page.read_text(encoding="utf-8").split(begin)
-    return f"{head}{begin}\n{block}\n{end}{rest.split(end)[1]}"
-
-
 def scores_table(scores: Any, where: str = "demo scores") -> str:
     """README's results table from ``{"variant": V, "pretrained": rows, "random_init": rows}`` (the rows of
     ``results.json``'s ``variants``): per row, both starts' values, the chance level (both where they differ, as
@@ -150,7 +138,11 @@ def shipped_blocks(
 ) -> dict[Path, tuple[str, str, str]]:  # fmt: skip
     """Each page -> (begin marker, end marker, the block the shipped files give it)."""
     rows = shipped_rows(items_file, rows_file)
-    scores = read_comparison_items(scores_file, "demo scores")
+    return generated_blocks(rows, read_comparison_items(scores_file, "demo scores"), page, readme, details)
+
+
+def generated_blocks(rows: list[dict], scores: Any, page: Path, readme: Path, details: Path) -> dict:
+    """Each page -> (begin marker, end marker, its block) for one run's comparison rows and scores."""
     return {page: (BEGIN, END, markdown(rows)), readme: (SCORES_BEGIN, SCORES_END, scores_table(scores)),
             details: (DETAILS_BEGIN, DETAILS_END, details_block(scores, rows))}  # fmt: skip
 
@@ -199,16 +191,15 @@ def ship(
     ``run_dir``; returns the page's block."""
     variant, document, rows = run_files(run_dir, variant)
     scores = run_scores(run_dir, variant)
-    block = markdown(rows)
-    pages = {page: with_block(page, BEGIN, END, block),  # the markers are in place before anything is written
-             readme: with_block(readme, SCORES_BEGIN, SCORES_END, scores_table(scores)),
-             details: with_block(details, DETAILS_BEGIN, DETAILS_END, details_block(scores, rows))}  # fmt: skip
+    blocks = generated_blocks(rows, scores, page, readme, details)
+    # The markers are checked to be in place before anything is written.
+    pages = {path: with_block(path, begin, end, block) for path, (begin, end, block) in blocks.items()}
     write_json(items_file, document, indent=None)
     write_json(rows_file, rows)
     write_json(scores_file, scores)
     for path, text in pages.items():
         write_text_atomic(path, text)
-    return block
+    return blocks[page][2]
 
 
 def main() -> None:
@@ -232,7 +223,7 @@ def main() -> None:
                 write_text_atomic(page, with_block(page, begin, end, block))
             return
         print(markdown_block() if args.print else ship(args.run_dir, args.variant))
-    except (PipelineError, OSError) as error:
+    except (PipelineError, MarkerError, OSError) as error:
         print(f"demo_comparison_docs.py: error: {one_line(error)}", file=sys.stderr)
         raise SystemExit(2) from None
 

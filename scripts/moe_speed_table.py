@@ -14,6 +14,11 @@ import json
 import sys
 from pathlib import Path
 
+from mmoe.atomic import write_text_atomic
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from marked_block import with_block  # noqa: E402
+
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 PAGE = DOCS / "moe_layer_speed.md"
 RUNS = (DOCS / "moe_layer_speed" / "idle_threads1.jsonl", DOCS / "moe_layer_speed" / "idle_threads2.jsonl")
@@ -47,24 +52,21 @@ def table(runs: tuple[Path, Path] = RUNS) -> str:
     return "\n".join(rows)
 
 
-def with_table(page: str, block: str) -> str:
-    head, rest = page.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{BEGIN}\n{block}\n{END}{tail}"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 when the page's table differs from the files")
     args = parser.parse_args(argv)
-    page = PAGE.read_text()
-    wanted = with_table(page, table())
+    try:
+        wanted = with_block(PAGE, BEGIN, END, table())
+    except (OSError, KeyError, ValueError) as error:  # ValueError: the page's markers (MarkerError) or a JSON line
+        print(f"moe_speed_table.py: error: {error}", file=sys.stderr)
+        return 2
     if args.check:
-        if wanted != page:
+        if wanted != PAGE.read_text(encoding="utf-8"):
             print(f"{PAGE}: the idle-machine table is stale; run scripts/moe_speed_table.py", file=sys.stderr)
             return 1
         return 0
-    PAGE.write_text(wanted)
+    write_text_atomic(PAGE, wanted)
     return 0
 
 

@@ -177,6 +177,8 @@ def test_the_moe_speed_table_is_the_shipped_runs_and_a_changed_cell_is_stale(tmp
     page.write_text(moe_speed_table.PAGE.read_text().replace(top8, top8.replace("|", "| 9.99 |", 1)))
     monkeypatch.setattr(moe_speed_table, "PAGE", page)
     assert moe_speed_table.main(["--check"]) == 1
+    page.write_text(page.read_text().replace(moe_speed_table.END, ""))  # a page that lost its end marker
+    assert moe_speed_table.main(["--check"]) == 2
 
 
 def test_the_architecture_figure_script_writes_a_drawn_png(tmp_path):

@@ -145,7 +145,7 @@ def test_the_docs_script_ships_a_runs_items_rows_and_block(tmp_path, monkeypatch
     assert len(shipped["items_file"].read_text().splitlines()) == 1  # compact
     assert json.loads(shipped["rows_file"].read_text()) == rows
     assert page.read_text() == f"# title\n\n{script.BEGIN}\n{block}\n{script.END}\n\nafter\n"
-    assert script.page_block(page) == block == script.markdown_block(**shipped)
+    assert script.page_block(page, script.BEGIN, script.END) == block == script.markdown_block(**shipped)
     assert "claim 7 in `docs/claims.md`" in block and "conditional on one pre-training and one random init" in block
     table = block.splitlines()[2:]
     assert table[0].split(" | ")[-2:] == ["items", "clusters |"]
@@ -218,7 +218,7 @@ def test_the_shipped_items_recompute_the_shipped_rows_and_block():
     rows = rows_from_items(json.loads(script.SHIPPED_ITEMS.read_text()))
     assert rows == json.loads(script.SHIPPED_ROWS.read_text())
     assert {row["cluster"] for row in rows} <= {"images", "statement sets"} and len(rows) == 5
-    assert script.page_block() == script.markdown_block()
+    assert script.page_block(script.PAGE, script.BEGIN, script.END) == script.markdown_block()
 
 
 def test_the_details_page_s_block_is_the_shipped_run_s_and_check_finds_none_stale(monkeypatch):
