@@ -253,7 +253,7 @@ def dry_run(settings: StudySettings, preset: str, path: Path | None) -> int:
 def report_header(command: str, facts: dict, plan: StudyPlan, digest: str) -> str:
     """The report's first paragraph: the command, what it took, the plan's hash, runs per arm and every interval's
     unit."""
-    runs = ", ".join(f"{claim.id} {'/'.join(map(str, sorted(set(claim.runs_per_arm()))))}" for claim in plan.claims)
+    runs = ", ".join(f"{claim.id} {claim.runs_text()}" for claim in plan.claims)
     return (
         f"# Claims of the X-MoE, MH-MoE and Stratified MoE papers, measured by mmoe\n\nMade by `{command}`: "
         f"{facts['trainings']} trainings, {facts['stage_seconds'] / 60:.1f} min in its stages on "

@@ -30,9 +30,14 @@ from mmoe.study.verdicts import NOT_SEPARATED, SATURATED, UNINFORMATIVE, combine
 NO_SEED_VALUES = "undecidable: the measures hold no per-seed values"
 
 
-def _decision(rules: ClaimPlan, claim: Claim, verdict: str, **fields) -> dict:
+def _decision(rules: ClaimPlan, claim: Claim, verdict: str, runs_per_arm: list[int] | None = None, **fields) -> dict:
+    """A claim's decision entry; ``runs_per_arm``: the deciding units per arm where they are not the plan's runs
+    (claim 6's pre-trainings, each averaging its fine-tunings, which stand beside as ``fine_tunings_per_arm``)."""
     noise = rules.noise_rule
-    entry = {"id": claim.id, "runs_per_arm": rules.runs_per_arm(), "unit": noise.unit}
+    entry = {"id": claim.id, "runs_per_arm": rules.runs_per_arm() if runs_per_arm is None else runs_per_arm}
+    if runs_per_arm is not None and runs_per_arm != rules.runs_per_arm():
+        entry["fine_tunings_per_arm"] = rules.runs_per_arm()
+    entry["unit"] = noise.unit
     entry |= {"level": noise.level, "alpha": noise.alpha, "power": noise.power}
     entry |= {"multiplicity": rules.multiplicity, "within_run_verdict": claim.verdict}
     return entry | {"verdict": verdict} | fields
@@ -96,7 +101,8 @@ def _task_decision(claim: Claim, rules: ClaimPlan, by_pretraining: dict) -> dict
         verdicts = [gap["verdict"] for gap in gaps if gap["task"] == task]
         uninformative = tasks[task]["verdict"] == UNINFORMATIVE or at_chance[task]
         per_task[task] = UNINFORMATIVE if uninformative else order_verdict(verdicts)
-    return _decision(rules, claim, combined(per_task.values()), gaps=gaps, tasks=per_task)
+    units = [len(values[variant][task]) for task, _, _ in TASK_SCORES for variant in TASK_ORDER]
+    return _decision(rules, claim, combined(per_task.values()), units, gaps=gaps, tasks=per_task)
 
 
 def _pretraining_decision(claim: Claim, rules: ClaimPlan, images: dict | None = None) -> dict:
@@ -233,7 +239,11 @@ def decision_text(decision: dict) -> str:
     """The decision over runs in one line: runs per arm and unit, the level and alpha, then each gap's Welch interval,
     p-value, Holm's adjusted p-value and detectable effect (or why nothing is decided)."""
     runs = sorted(set(decision["runs_per_arm"]))
-    head = f"{'/'.join(map(str, runs))} run(s) per arm; unit: {decision['unit']}"
+    head = f"{'/'.join(map(str, runs))} run(s) per arm"
+    if "fine_tunings_per_arm" in decision:
+        fine_tunings = sorted(set(decision["fine_tunings_per_arm"]))
+        head += f" (of {'/'.join(map(str, fine_tunings))} fine-tunings per arm)"
+    head += f"; unit: {decision['unit']}"
     power = decision.get("power", POWER)  # a report written before decisions named their noise rule
     if "level" in decision:
         head += f"; level {decision['level']:g}, alpha {decision['alpha']:g}"

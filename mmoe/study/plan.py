@@ -50,6 +50,11 @@ class Arm:
     steps: int
     measured_at: int
 
+    def backbones(self) -> int:
+        """How many distinct backbones the arm's runs start from: a fine-tuning run
+        (``finetune/<backbone>/<task>-seed<k>``) counts its pre-training or random init, a pre-training run itself."""
+        return len({run.split("/")[1] if run.startswith("finetune/") else run for run in self.runs})
+
 
 @dataclass(frozen=True)
 class NoiseRule:
@@ -107,6 +112,20 @@ class ClaimPlan:
 
     def runs_per_arm(self) -> list[int]:
         return [len(arm.runs) for arm in self.arms]
+
+    def backbones_per_arm(self) -> list[int]:
+        """Per arm, the distinct backbones its runs start from (:meth:`Arm.backbones`): fewer than its runs where
+        several fine-tunings share a pre-training."""
+        return [arm.backbones() for arm in self.arms]
+
+    def runs_text(self) -> str:
+        """Runs per arm in words (``3``, ``3/4``; ``9 (fine-tunings of 3 backbones per arm)`` where fine-tunings share
+        pre-trainings; ``none``)."""
+        runs = "/".join(map(str, sorted(set(self.runs_per_arm())))) or "none"
+        backbones = self.backbones_per_arm()
+        if backbones == self.runs_per_arm():
+            return runs
+        return f"{runs} (fine-tunings of {'/'.join(map(str, sorted(set(backbones))))} backbone(s) per arm)"
 
     @property
     def not_run(self) -> bool:

@@ -256,7 +256,7 @@ def plan_markdown(plan: StudyPlan, settings: StudySettings | None = None) -> str
         undecidable = " (undecidable: 1 run per arm)" if 1 in runs else ""
         undecidable = f" ({claim.noise_rule.unit})" if claim.not_run else undecidable
         lines += [f"## {claim.id}", "", "- arms:", *_arms_text(claim),
-                  f"- runs per arm: {', '.join(map(str, runs)) or 'none'}{undecidable}",
+                  f"- runs per arm: {claim.runs_text()}{undecidable}",
                   f"- schedule: {claim.schedule}", f"- layers: {claim.layers}; modalities: "
                   f"{', '.join(claim.modalities)} (the paper's: {claim.paper_modality})", f"- window: {window}",
                   f"- gates: {gates}", f"- deciding unit: {claim.noise_rule.unit}; within-run (secondary): "

@@ -43,6 +43,9 @@ def test_the_plan_describes_todays_design():
         assert plan.claim(claim).window_from == 0.3
     assert plan.claim("consistency").runs_per_arm() == plan.claim("consistency_trained").runs_per_arm() == [4, 4]
     assert plan.claim("consistency").arms[0].name == "xmoe (frozen)"
+    # Claim 5's fine-tunings all start from one backbone per router, and the plan says so; claim 7's each from its own.
+    assert plan.claim("consistency").runs_text() == "4 (fine-tunings of 1 backbone(s) per arm)"
+    assert plan.claim("pretraining").backbones_per_arm() == [3, 3] and plan.claim("pretraining").runs_text() == "3"
     assert plan.claim("consistency_trained").arms[1].name == "switch (trained)"
     assert plan.claim("tasks").not_run and plan.claim("tasks").runs_per_arm() == [0] * 9
     pretraining = plan.claim("pretraining")

@@ -130,6 +130,10 @@ def test_claim_6_is_decided_over_the_pre_trainings_means_with_holm():
         assert gap["holm_p"] == pytest.approx(holm_p, rel=1e-6)
         assert (gap["verdict"] == "reproduces") == (holm_p <= 0.05 and difference > 0)
     assert decision["multiplicity"] == "holm" and any(g["verdict"] == "reproduces" for g in decision["gaps"])
+    # The arms count their deciding units, the pre-trainings; the fine-tunings averaged within them stand beside.
+    assert decision["runs_per_arm"] == [3] * 9 and decision["fine_tunings_per_arm"] == [9] * 9
+    assert decision_text(decision).startswith("3 run(s) per arm (of 9 fine-tunings per arm); unit: pre-training run")
+    assert plan.claim("tasks").runs_text() == "9 (fine-tunings of 3 backbone(s) per arm)"
     held_back = [g for g in decision["gaps"] if g["unadjusted_verdict"] == "reproduces" != g["verdict"]]
     assert [(g["task"], g["pair"]) for g in held_back] == [("nlvr2", ["xmoe", "dense"])]  # p 0.017, Holm's 0.067
 
