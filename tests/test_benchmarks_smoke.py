@@ -207,3 +207,10 @@ def test_routing_logging_benchmark_times_the_callback_within_each_tier(tmp_path)
         assert (line["tier"], line["steps"], line["every_n_steps"]) == (tier, 6, 2)
         assert 0 < line["callback_s"] < line["train_s"] and line["share"] > 0
         assert (tmp_path / tier / "tensorboard").is_dir()
+
+
+def test_caption_decode_benchmark_compares_both_ways_and_their_captions(capsys):
+    load_benchmark("caption_decode").main(["--rounds", "1", "--sizes", "32", "--batch", "2", "--preset", "test"])
+    (line,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert line["image_size"] == 32 and line["image_tokens"] == 5 and line["same_captions"] is True
+    assert line["ratio"] == pytest.approx(line["whole_s"] / line["cached_s"], rel=0.05)

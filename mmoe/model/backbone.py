@@ -22,7 +22,7 @@ from torch.utils.checkpoint import checkpoint
 
 from mmoe.model.config import MultiwayConfig
 from mmoe.model.initialization import BEIT3_INIT_STD, init_beit3_
-from mmoe.model.layers import FeedForward, MultiwayBlock
+from mmoe.model.layers import FeedForward, KeysValues, MultiwayBlock
 from mmoe.moe import GroupedExperts, MoEFeedForward, RoutingRecord, build_moe_layer
 
 
@@ -199,6 +199,9 @@ class MultiwayTransformer(nn.Module):
                 image_x, text_x, records = layer(image_x, text_x, text_padding_mask, mask)
             routing.extend(records)
 
+        return self._output(image_x, text_x, routing)
+
+    def _output(self, image_x: torch.Tensor | None, text_x: torch.Tensor | None, routing: list) -> BackboneOutput:
         parts = [x for x in (image_x, text_x) if x is not None]
         if self.final_norm is not None:
             parts = [norm(x) for norm, x in zip(self.final_norm, (image_x, text_x), strict=True) if x is not None]
@@ -206,6 +209,39 @@ class MultiwayTransformer(nn.Module):
         image_len = 0 if image_x is None else image_x.shape[1]
         text_len = 0 if text_x is None else text_x.shape[1]
         return BackboneOutput(hidden, image_len, text_len, routing)
+
+    def routes_each_token_alone(self) -> bool:
+        """Whether, in the current mode (training or eval), every MoE layer routes each token on its own
+        (:meth:`mmoe.moe.MoEConfig.routes_each_token_alone`): a token's output then depends only on the tokens it
+        attends to, so a decoder may keep earlier tokens' keys and values (:meth:`image_context`)."""
+        return all(slot.layer.config.routes_each_token_alone(self.training) for slot in self.moe_layers())
+
+    def image_context(self, image: torch.Tensor) -> list[KeysValues]:
+        """Per layer, the keys and values of ``image``'s tokens in an image-text sequence whose image tokens attend
+        to the image only (BEiT-3 captioning's mask, :func:`mmoe.tasks.captioning.caption_attention_mask`). Computed
+        once per image, they let each decoding step run its text tokens alone (:meth:`forward_text`); the result is
+        that of :meth:`forward` on the whole sequence where :meth:`routes_each_token_alone` holds."""
+        image_x = self.embed_dropout(self.embed_image(image))
+        context = []
+        for layer in self.layers:
+            image_x, keys_values = layer.image_keys_values(image_x)
+            context.append(keys_values)
+        return context
+
+    def forward_text(
+        self, text: torch.Tensor, image_context: list[KeysValues], attn_mask: torch.Tensor | None = None
+    ) -> BackboneOutput:
+        """The text tokens of an image-text sequence whose image's keys and values are ``image_context``
+        (:meth:`image_context`, expanded to the text's batch): their hidden states (``image_len`` 0) and routing.
+        ``attn_mask``: (B or 1, T, L_i + T) bool, True = may attend, the image's keys first (the text rows of
+        captioning's mask)."""
+        text_x = self.embed_dropout(self.embed_text(text))
+        mask = None if attn_mask is None else (attn_mask[:, None] if attn_mask.dim() == 3 else attn_mask)
+        routing: list[RoutingRecord] = []
+        for layer, keys_values in zip(self.layers, image_context, strict=True):
+            _, text_x, records = layer(None, text_x, None, mask, image_context=keys_values)
+            routing.extend(records)
+        return self._output(None, text_x, routing)
 
 
 def resize_vision_positions(table: torch.Tensor, old: MultiwayConfig, new: MultiwayConfig) -> torch.Tensor:

@@ -27,6 +27,8 @@ from mmoe.moe import MoEFeedForward, MoELayer, RoutingRecord
 
 VISION, LANGUAGE = 0, 1
 MODALITY_NAMES = MODALITIES
+#: One layer's attention keys and values of some tokens, (B, H, L, d) each.
+KeysValues = tuple[torch.Tensor, torch.Tensor]
 
 
 class FeedForward(nn.Module):
@@ -61,26 +63,39 @@ class MultiwayAttention(nn.Module):
         )
         self.out = nn.ModuleList(nn.Linear(dim, dim) for _ in range(ways))
 
-    def forward(self, parts: list[tuple[int, torch.Tensor]], attn_mask: torch.Tensor | None) -> list[torch.Tensor]:
+    def forward(
+        self, parts: list[tuple[int, torch.Tensor]], attn_mask: torch.Tensor | None, context: KeysValues | None = None
+    ) -> list[torch.Tensor]:
         """Args:
             parts: ``(way, x)`` per modality present, in sequence order; x is (B, L_m, D).
-            attn_mask: boolean (B, 1, L or 1, L), True = may attend; None = attend everywhere.
+            attn_mask: boolean (B, 1, L or 1, L), True = may attend; None = attend everywhere. With ``context``, its
+                keys span the context's tokens first: (B, 1, L or 1, L_c + L).
+            context: keys and values ((B, H, L_c, d) each) of earlier tokens of the sequence that the parts attend
+                to without running again (a decoder's cache, :meth:`attend`).
 
         Returns:
             The attention branch output for each part (before the residual).
         """
+        return self.attend(parts, attn_mask, context)[0]
+
+    def attend(
+        self, parts: list[tuple[int, torch.Tensor]], attn_mask: torch.Tensor | None, context: KeysValues | None = None
+    ) -> tuple[list[torch.Tensor], KeysValues]:
+        """:meth:`forward`'s outputs, and the parts' own keys and values ((B, H, L, d) each): a later call's
+        ``context``."""
         batch = parts[0][1].shape[0]
         qkv = torch.cat([self.qkv[way](self.norm[way](x)) for way, x in parts], dim=1)  # (B, L, 3D)
         length = qkv.shape[1]
         q, k, v = qkv.view(batch, length, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, L, d)
-        attended = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+        keys, values = (k, v) if context is None else (torch.cat([context[0], k], 2), torch.cat([context[1], v], 2))
+        attended = F.scaled_dot_product_attention(q, keys, values, attn_mask=attn_mask)
         attended = attended.transpose(1, 2).reshape(batch, length, -1)  # (B, L, D)
         outputs, start = [], 0
         for way, x in parts:
             chunk = attended[:, start : start + x.shape[1]]
             outputs.append(self.out[way](self.inner_norm[way](chunk)))
             start += x.shape[1]
-        return outputs
+        return outputs, (k, v)
 
 
 class MultiwayBlock(nn.Module):
@@ -138,17 +153,40 @@ class MultiwayBlock(nn.Module):
         text_x: torch.Tensor | None,
         text_padding_mask: torch.Tensor | None,
         attn_mask: torch.Tensor | None,
+        image_context: KeysValues | None = None,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None, list[RoutingRecord]]:
+        """The layer on the image and text tokens present; ``image_context`` (with ``image_x`` None): the keys and
+        values of the sequence's image tokens in this layer (:meth:`image_keys_values`), which the text attends to
+        (``attn_mask`` spanning them first) without running them again."""
         present = [(m, x) for m, x in ((VISION, image_x), (LANGUAGE, text_x)) if x is not None]
+        image_text = len(present) == 2 or image_context is not None
+        out, records, _ = self._layer(present, text_padding_mask, attn_mask, image_context, image_text)
+        return out.get(VISION), out.get(LANGUAGE), records
+
+    def image_keys_values(self, image_x: torch.Tensor) -> tuple[torch.Tensor, KeysValues]:
+        """The layer's output on the image tokens of an image-text sequence whose image tokens attend to the image
+        only (BEiT-3 captioning's mask), and their keys and values: what every decoding step's text attends to in
+        this layer. The image takes the FFN it takes beside text (the VL-FFN where the layer has one)."""
+        out, _, keys_values = self._layer([(VISION, image_x)], None, None, None, image_text=True)
+        return out[VISION], keys_values
+
+    def _layer(
+        self,
+        present: list[tuple[int, torch.Tensor]],
+        text_padding_mask: torch.Tensor | None,
+        attn_mask: torch.Tensor | None,
+        context: KeysValues | None,
+        image_text: bool,
+    ) -> tuple[dict[int, torch.Tensor], list[RoutingRecord], KeysValues]:
         modalities = [m for m, _ in present]
         padding = [text_padding_mask if m == LANGUAGE else None for m in modalities]
         way = (lambda m: m) if self.attention_ways == 2 else (lambda m: 0)
-        attended = self.attention([(way(m), x) for m, x in present], attn_mask)
+        attended, keys_values = self.attention.attend([(way(m), x) for m, x in present], attn_mask, context)
         hidden = [x + self.drop_path(self.dropout(a)) for (_, x), a in zip(present, attended, strict=True)]
 
         records: list[RoutingRecord] = []
         joint = None  # one FFN over both modalities: the VL-FFN on image + text, or a shared FFN
-        if self.vl_ffn is not None and len(present) == 2:
+        if self.vl_ffn is not None and image_text:
             joint = self.vl_ffn, [self.vl_norm, self.vl_norm]
         elif len(self.ffn) == 1:
             joint = self.ffn[0], self.ffn_norm
@@ -164,7 +202,7 @@ class MultiwayBlock(nn.Module):
                 if record is not None:
                     records.append(_tag(record, self.index, MODALITY_NAMES[m]))
         out = {m: h + self.drop_path(self.dropout(u)) for m, h, u in zip(modalities, hidden, updates, strict=True)}
-        return out.get(VISION), out.get(LANGUAGE), records
+        return out, records, keys_values
 
     def _joint_ffn(self, ffn, norms, hidden, modalities, padding) -> tuple[list[torch.Tensor], RoutingRecord | None]:
         """One FFN over the concatenated modalities (each normed by its own LayerNorm): the per-modality updates and

@@ -279,3 +279,9 @@ class MoEConfig(RoutingChoices):
         if training or self.eval_capacity_factor is None:
             return self.capacity_factor
         return self.eval_capacity_factor
+
+    def routes_each_token_alone(self, training: bool) -> bool:
+        """Whether each (sub-)token's experts, and so its output, depend on that token alone: token choice with no
+        capacity factor in force (no token is dropped for others). A decoder may then reuse earlier tokens' outputs
+        instead of running them again beside new ones."""
+        return self.routing == "token_choice" and self.active_capacity_factor(training) is None

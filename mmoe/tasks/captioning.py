@@ -207,13 +207,17 @@ class CaptioningFineTuning(FineTuningTask):
     # ---------------------------------------------------------------------------------------------- generation
     def next_token_scorer(self, image: torch.Tensor, beams: int = 1):
         """The decoders' ``step``: (B * beams, t) prefixes (sample-major) -> (B * beams, V) next-token
-        log-probabilities, read at a mask token appended to the prefix (BEiT-3's ``[..., <mask>]`` slot); the whole
-        prefix is recomputed."""
-        expanded = image.repeat_interleave(beams, dim=0) if beams > 1 else image
+        log-probabilities, read at a mask token appended to the prefix (BEiT-3's ``[..., <mask>]`` slot).
+
+        The image tokens attend to the image only, so where every MoE layer routes each token on its own
+        (:meth:`mmoe.model.MultiwayTransformer.routes_each_token_alone`) the image's keys and values are computed
+        once and each step runs the text alone (:meth:`~mmoe.model.MultiwayTransformer.forward_text`); otherwise
+        (a capacity factor in force, whose drops depend on the other tokens) each step runs the whole sequence."""
+        logits_of = self._text_logits(image, beams)
 
         def step(prefix: torch.Tensor) -> torch.Tensor:
             slot = torch.full((prefix.shape[0], 1), self.tokenizer.ids.mask, dtype=prefix.dtype, device=prefix.device)
-            logits, _ = self(expanded, torch.cat([prefix, slot], dim=1))
+            logits = logits_of(torch.cat([prefix, slot], dim=1))
             logprobs = torch.log_softmax(logits[:, -1].float(), dim=-1)
             if self.hparams.output_vocab is None:  # the head covers the whole vocabulary
                 return logprobs
@@ -221,6 +225,24 @@ class CaptioningFineTuning(FineTuningTask):
             return full.index_copy_(1, self.output_ids, logprobs)
 
         return step
+
+    def _text_logits(self, image: torch.Tensor, beams: int):
+        """(B * beams, T) text -> (B * beams, T, K) head logits of the text after ``image`` (each image's beams
+        consecutive), under the captioning mask."""
+        if not self.backbone.routes_each_token_alone():
+            expanded = image.repeat_interleave(beams, dim=0) if beams > 1 else image
+            return lambda text: self(expanded, text)[0]
+        context = [
+            (keys.repeat_interleave(beams, dim=0), values.repeat_interleave(beams, dim=0))
+            for keys, values in self.backbone.image_context(image)
+        ]
+        image_len = context[0][0].shape[2]
+
+        def logits_of(text: torch.Tensor) -> torch.Tensor:
+            mask = self.text_attention_mask(text.shape[1], text.device)[:, image_len:]  # the text rows
+            return self.head(self.backbone.forward_text(text, context, mask).text_hidden)
+
+        return logits_of
 
     def decoding_options(self) -> dict:
         hparams, ids = self.hparams, self.tokenizer.ids
