@@ -7,8 +7,8 @@ pre-training with the contrastive loss about 1.4 s per step; fine-tuning 0.35-0.
 costs are the tiny configs' on one H100 in bf16 as docs/tutorials/demo_details.md reports them (pre-training about
 0.2 s per step, captioning 0.07), divided over the runs that share the GPU at once: tiny models are launch-bound, so
 ``streams`` runs side by side add little to each other's step time (an estimate that has not been measured). The
-default run under today's plan took 94.9 min of stages on that machine while it also ran a demo for about half of it
-(``docs/claims.md``), which measures nothing alone.
+default run under today's plan took 56.7 min wall clock alone on that machine against the 57 min estimated here
+(``docs/claims.md``; docs/how-to/claims_study.md gives the command).
 
 Runs at once on the GPU: 8. A launch-bound run keeps one CPU core busy issuing kernels, and each run is two busy
 processes, its own and its data loader's worker (the tiny configs' ``num_workers: 1``), so the lent machine's 16 cores
