@@ -31,7 +31,7 @@ NO_SEED_VALUES = "undecidable: the measures hold no per-seed values"
 
 
 def _decision(rules: ClaimPlan, claim: Claim, verdict: str, runs_per_arm: list[int] | None = None, **fields) -> dict:
-    """A claim's decision entry; ``runs_per_arm``: the deciding units per arm where they are not the plan's runs
+    """A claim's decision entry; ``runs_per_arm``: the plan's deciding units per arm where they are not its runs
     (claim 6's pre-trainings, each averaging its fine-tunings, which stand beside as ``fine_tunings_per_arm``)."""
     noise = rules.noise_rule
     entry = {"id": claim.id, "runs_per_arm": rules.runs_per_arm() if runs_per_arm is None else runs_per_arm}
@@ -101,7 +101,9 @@ def _task_decision(claim: Claim, rules: ClaimPlan, by_pretraining: dict) -> dict
         verdicts = [gap["verdict"] for gap in gaps if gap["task"] == task]
         uninformative = tasks[task]["verdict"] == UNINFORMATIVE or at_chance[task]
         per_task[task] = UNINFORMATIVE if uninformative else order_verdict(verdicts)
-    units = [len(values[variant][task]) for task, _, _ in TASK_SCORES for variant in TASK_ORDER]
+    # Several pre-trainings per variant: each is one unit (its fine-tunings averaged), as the plan's noise rule says.
+    backbones = rules.backbones_per_arm()
+    units = backbones if min(backbones, default=0) >= 2 else None
     return _decision(rules, claim, combined(per_task.values()), units, gaps=gaps, tasks=per_task)
 
 
