@@ -18,6 +18,10 @@ LAYOUTS = {
     "shared_ffn_vl_layer": dict(moe=MoEPlan(num_experts=4, every=1, mode="shared", top_k=2), vl_layers=1),
     "vl_layers_shared_attention": dict(moe=MoEPlan(num_experts=4, every=2), vl_layers=2, attention="shared"),
     "stratified": dict(moe=MoEPlan(num_experts=4, strata=[2, 2], top_k=2, every=1)),
+    # LIMoE's entropy losses read the modalities' lengths of a shared FFN's sequence; a text-only step gives one.
+    "limoe_shared_ffn": dict(
+        moe=MoEPlan(num_experts=4, every=1, mode="shared", local_entropy_weight=0.1, global_entropy_weight=0.1)
+    ),
 }
 
 
