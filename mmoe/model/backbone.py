@@ -236,7 +236,7 @@ class MultiwayTransformer(nn.Module):
         ``attn_mask``: (B or 1, T, L_i + T) bool, True = may attend, the image's keys first (the text rows of
         captioning's mask)."""
         text_x = self.embed_dropout(self.embed_text(text))
-        mask = None if attn_mask is None else (attn_mask[:, None] if attn_mask.dim() == 3 else attn_mask)
+        mask = _attention_mask(None, text_x, None, attn_mask)
         routing: list[RoutingRecord] = []
         for layer, keys_values in zip(self.layers, image_context, strict=True):
             _, text_x, records = layer(None, text_x, None, mask, image_context=keys_values)
