@@ -19,9 +19,21 @@ pip=(.venv/bin/python -m pip --disable-pip-version-check -q)
 if ! .venv/bin/python -c "import torch, torchvision" >/dev/null 2>&1; then
     "${pip[@]}" install $torch_spec
 fi
-# dev: the test tools; eval: CLIP_benchmark, whose own evaluation the harness tests call (about 10 s, 19 packages);
-# docs: mkdocs, its material theme and mkdocstrings, which tests/test_docs_site.py builds the site with
-"${pip[@]}" install -e ".[dev,eval,docs]"
+# dev: the test tools; docs: mkdocs, its material theme and mkdocstrings, which tests/test_docs_site.py builds the site
+# with
+"${pip[@]}" install -e ".[dev,docs]"
+
+# The eval extra (CLIP_benchmark, whose own evaluation the harness tests call, and what it pulls: transformers,
+# scikit-learn, SciPy) in .venv-eval/, an environment layered over .venv/ (it sees every package of .venv/ and adds
+# these). Not in .venv/ itself: torchmetrics, which Lightning imports, imports transformers and SciPy whenever they are
+# installed, about 1.3 s more CPU for every process that imports Lightning. tests/test_eval_extra.py runs the tests
+# that need the extra with .venv-eval/bin/python.
+if [ ! -x .venv-eval/bin/python ]; then
+    "$python_bin" -m venv .venv-eval
+fi
+site_packages() { "$1" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; }
+echo "import site; site.addsitedir('$(site_packages .venv/bin/python)')" >"$(site_packages .venv-eval/bin/python)/mmoe-venv.pth"
+.venv-eval/bin/python -m pip --disable-pip-version-check -q install -e ".[eval]"
 
 # Test-only peer: the released BEiT-3 implementation, benchmarked against in benchmarks/backbone.py.
 # torchscale pins old dependencies, so it goes in without them (its fairscale import is satisfied by fairscale 0.4.0).
