@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -114,11 +115,21 @@ class MMoECLI(HookedLightningCLI):
     ``--allow_partial_predictions true``; the predictions file is written either way.
     """
 
-    def __init__(self, *args: Any, named_model_arguments: set[str] | None = None, **kwargs: Any) -> None:
-        """LightningCLI's arguments; ``named_model_arguments``: with ``args`` given as a dict or Namespace (from
-        Python, :func:`mmoe.tasks.launch.run_lightning`), the dotted model arguments below ``init_args`` that count as
-        named on the command line (argv ``args`` say so themselves)."""
+    def __init__(
+        self,
+        *args: Any,
+        named_model_arguments: set[str] | None = None,
+        overrides: Mapping[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """LightningCLI's arguments; ``named_model_arguments``: with ``args`` from Python
+        (:func:`mmoe.tasks.launch.run_lightning`), the dotted model arguments below ``init_args`` that count as named on
+        the command line (argv ``args`` say so themselves); ``overrides``: options laid over the parsed ``args`` in the
+        same parse, nested as in a config file (``{"trainer": {"max_steps": 10}}``, see
+        :func:`overrides_under_class_paths`). With ``overrides`` (even empty) the run counts as launched from Python:
+        a preempted run's resume hint names ``ckpt_path``, not a command line."""
         self.named_model_arguments = set(named_model_arguments or ())
+        self.overrides = None if overrides is None else copy.deepcopy(dict(overrides))
         install_config_safety()
         ignore_leaf_spec_deprecation()
         self.run_folder_locks = RunFolderLocks()
@@ -160,13 +171,18 @@ class MMoECLI(HookedLightningCLI):
             print(f"mmoe predict: {shortfall} (accepted: --allow_partial_predictions)", file=sys.stderr)
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
-        self.argv = sys.argv[1:] if args is None else args if isinstance(args, list | tuple) else None
+        from_python = self.overrides is not None or not (args is None or isinstance(args, list | tuple))
+        self.argv = None if from_python else sys.argv[1:] if args is None else args
         self.command_line_model_arguments = command_line_model_arguments(sys.argv[1:] if args is None else args)
         self.command_line_model_arguments |= self.named_model_arguments
         with parse_errors_in_one_line(
             [parser, *self.subcommand_parsers.values()], sys.argv[1:] if args is None else args
         ):
             super().parse_arguments(parser, args)
+            if self.overrides:
+                subcommand = self.config["subcommand"]
+                overrides = overrides_under_class_paths(self.overrides, self.config[subcommand])
+                self.config = parser.parse_object({subcommand: overrides}, self.config)
 
     def fail(self, message: str) -> NoReturn:
         """Ends the command with ``message`` in one line on stderr and exit code 2."""
@@ -349,6 +365,16 @@ def partial_predictions(model: Any, datamodule: Any) -> str | None:
         f"predictions were written for {predicted} of the {expected} samples the test split's manifests hold "
         f"({expected - predicted} missing; see 'samples skipped' above)"
     )
+
+
+def overrides_under_class_paths(overrides: Mapping[str, Any], config: Namespace) -> dict[str, Any]:
+    """``overrides`` (nested as in a config file) with the ``model`` and ``data`` parts that name no ``class_path``
+    given ``config``'s: a subclass's ``init_args`` merge over a parsed config's only under its own class path."""
+    overrides = copy.deepcopy(dict(overrides))  # the parser turns nested dicts into Namespaces in place
+    for name in ("model", "data"):
+        if name in overrides and "class_path" not in overrides[name]:
+            overrides[name] = {"class_path": config[name].class_path, **overrides[name]}
+    return overrides
 
 
 def cli_arguments(**kwargs: Any) -> dict[str, Any]:

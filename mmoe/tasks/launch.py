@@ -8,7 +8,6 @@ values are typed by the tasks' and DataModules' signatures.
 
 from __future__ import annotations
 
-import copy
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -17,7 +16,7 @@ from typing import Any
 import lightning as L
 from jsonargparse import ArgumentError, Namespace
 
-from mmoe.tasks.cli import MMoECLI, cli_arguments
+from mmoe.tasks.cli import MMoECLI, cli_arguments, overrides_under_class_paths
 from mmoe.tasks.config_safety import config_error_line
 
 
@@ -48,9 +47,7 @@ def read_config(
     Raises:
         ValueError: a config that does not parse (the files and jsonargparse's reason, on one line).
     """
-    argv = [subcommand]
-    for config in configs:
-        argv += ["--config", str(config)]
+    argv = config_argv(configs, subcommand)
     with warnings.catch_warnings():  # LightningCLI warns that these arguments are not the process's own
         warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
         # Without a data section too: a config read for its model (``mmoe upcycle``, ``mmoe info``) needs none.
@@ -63,10 +60,7 @@ def read_config(
             raise ValueError(f"{', '.join(map(str, configs))}: {config_error_line(error)}") from None
     if not overrides:
         return parsed.config
-    overrides = copy.deepcopy(dict(overrides))  # the parser turns nested dicts into Namespaces in place
-    for name in ("model", "data"):  # a subclass's init_args merge over the files' only under its own class_path
-        if name in overrides and "class_path" not in overrides[name]:
-            overrides[name] = {"class_path": parsed.config[subcommand][name].class_path, **overrides[name]}
+    overrides = overrides_under_class_paths(overrides, parsed.config[subcommand])
     try:
         return parsed.parser.parse_object({subcommand: overrides}, parsed.config)
     except ArgumentError as error:
@@ -82,16 +76,24 @@ def run_lightning(
     """Runs ``mmoe <subcommand>`` in this process on ``configs`` with ``overrides`` (see :func:`read_config`;
     ``{"ckpt_path": ...}`` resumes or predicts from a checkpoint) and ``callbacks`` added to the trainer's. Model
     arguments in ``overrides`` count as given on the command line: with a checkpoint they keep their value over the
-    checkpoint's saved one."""
-    config = read_config(configs, overrides, subcommand)
+    checkpoint's saved one. The config is parsed once, by the CLI that runs it (a parse takes about half a second)."""
     model = (overrides or {}).get("model") or {}
     named = set(flat_keys(model.get("init_args") or {}))
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
         return MMoECLI(
-            **cli_arguments(args=config, trainer_defaults={"callbacks": list(callbacks)}),
+            **cli_arguments(args=config_argv(configs, subcommand), trainer_defaults={"callbacks": list(callbacks)}),
             named_model_arguments=named,
+            overrides=overrides or {},
         )
+
+
+def config_argv(configs: Sequence[str | Path], subcommand: str) -> list[str]:
+    """``[subcommand, "--config", C1, "--config", C2, ...]``: the command line of ``configs`` merged in order."""
+    argv = [subcommand]
+    for config in configs:
+        argv += ["--config", str(config)]
+    return argv
 
 
 def flat_keys(values: Mapping[str, Any], prefix: str = "") -> list[str]:
