@@ -129,7 +129,7 @@ class MMoECLI(HookedLightningCLI):
         :func:`overrides_under_class_paths`). With ``overrides`` (even empty) the run counts as launched from Python:
         a preempted run's resume hint names ``ckpt_path``, not a command line."""
         self.named_model_arguments = set(named_model_arguments or ())
-        self.overrides = None if overrides is None else copy.deepcopy(dict(overrides))
+        self.overrides = None if overrides is None else dict(overrides)  # copied where it is laid over the parse
         install_config_safety()
         ignore_leaf_spec_deprecation()
         self.run_folder_locks = RunFolderLocks()
