@@ -24,7 +24,9 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 from lightning.pytorch.trainer.states import TrainerFn
+from torch.distributed.tensor import DTensor
 
 from mmoe.data.tokenizer import TextTokenizer
 from mmoe.model import MultiwayTransformer
@@ -38,6 +40,7 @@ from mmoe.tasks.expert_parallel import (
     slice_optimizer_states,
 )
 from mmoe.tasks.fsdp import shard_task
+from mmoe.tasks.gradient_norm import MeasuredNorm, clip_to_measured_norm
 from mmoe.tasks.optimizer import OptimizerConfig, adamw_with_schedule, parameter_groups
 from mmoe.tasks.optimizer_resume import apply_optimizer_config, report_changes, resume_changes
 from mmoe.tasks.predictions import gather_objects
@@ -131,6 +134,8 @@ class BackboneTask(L.LightningModule):
         self.latest_train_losses: dict[str, torch.Tensor] = {}
         #: The loss-free balancing loads of the current optimiser step (made at the first training step).
         self.selection_loads: SelectionLoads | None = None
+        #: This optimiser step's gradient norm as :meth:`gradient_norm` measured it, until the clipping reuses it.
+        self.measured_gradient_norm: MeasuredNorm | None = None
         if text_tokenizer is not None:  # a missing or unreadable file fails here, named by the option that gives it
             try:
                 TextTokenizer(sentencepiece=text_tokenizer)
@@ -237,6 +242,43 @@ class BackboneTask(L.LightningModule):
 
     def on_before_optimizer_step(self, optimizer) -> None:
         average_expert_gradients(self)
+
+    def gradient_norm(self, optimizer: torch.optim.Optimizer) -> torch.Tensor:
+        """The total 2-norm of ``optimizer``'s gradients (``torch.nn.utils.get_total_norm``, on their device; each
+        process's own shards of sharded gradients), kept for :meth:`configure_gradient_clipping` to reuse while the
+        gradients are unchanged (:mod:`mmoe.tasks.gradient_norm`)."""
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        if any(isinstance(grad, DTensor) for grad in grads):
+            local = [grad.to_local() if isinstance(grad, DTensor) else grad for grad in grads]
+            return torch.nn.utils.get_total_norm(local, 2.0, error_if_nonfinite=False)
+        self.measured_gradient_norm = MeasuredNorm.of(grads)
+        return self.measured_gradient_norm.total
+
+    def configure_gradient_clipping(
+        self,
+        optimizer: torch.optim.Optimizer,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
+        """Lightning's norm clipping (``torch.nn.utils.clip_grad_norm_``) with the norm :meth:`gradient_norm` measured
+        this step, when it is still the norm of these gradients, and without the multiply by one of a step that needs
+        no clipping: the same gradients, bit for bit. Any other case (value clipping, a precision plugin with its own
+        clipping or a gradient scaler, gradients changed since) is Lightning's own."""
+        measured, self.measured_gradient_norm = self.measured_gradient_norm, None
+        plugin = self.trainer.precision_plugin
+        if (
+            measured is None
+            or not gradient_clip_val
+            or (gradient_clip_algorithm or "norm").lower() != "norm"
+            or type(plugin) not in (Precision, MixedPrecision)
+            or getattr(plugin, "scaler", None) is not None
+            or (isinstance(plugin, MixedPrecision) and optimizer.defaults.get("fused"))  # Lightning refuses it
+        ):
+            return super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        parameters = list(plugin.main_params(optimizer))
+        if not measured.is_of([p.grad for p in parameters if p.grad is not None]):
+            return super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        clip_to_measured_norm(parameters, float(gradient_clip_val), measured.total)
 
     def optimizer_parameter_names(self) -> list[str]:
         """Parameter names in the optimiser's order (what its state indices refer to)."""

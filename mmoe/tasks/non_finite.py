@@ -2,9 +2,10 @@
 
 Every ``mmoe fit`` gets a :class:`NonFiniteGuard` (``--non_finite.*`` options; :class:`mmoe.tasks.cli.MMoECLI` adds
 it). After the backward pass and before the optimiser step it checks the step's loss (``torch.isfinite``, kept on the
-device) and every gradient (one fused ``torch._foreach_norm``: a norm is NaN or infinite when an entry is, or when the
-squares overflow, which only a diverging step's gradients do), with one host sync per step; with several processes
-the verdict is any process's. A non-finite step:
+device) and the gradients' total 2-norm (``torch.nn.utils.get_total_norm``: NaN or infinite when an entry is, or when
+the squares overflow, which only a diverging step's gradients do; the norm Lightning's norm clipping then reuses, see
+:mod:`mmoe.tasks.gradient_norm`), with one host sync per step; with several processes the verdict is any process's. A
+non-finite step:
 
 * ``action: stop`` (the default): the weights are not updated, :class:`NonFiniteTraining` ends the run, and the
   command prints one line naming the step and the losses the task logged (``train/loss``, ``train/task_loss``,
@@ -38,7 +39,6 @@ from torch.distributed.tensor import DTensor
 
 from mmoe.io import report_error
 from mmoe.tasks.base import BackboneTask
-from mmoe.tasks.torch_internals import vector_norms
 
 #: Exit code of a run stopped by a non-finite loss or gradient: not 1 (a crash), 2 (bad input) or a signal's 128 + n,
 #: so a script can tell a diverged run (resume from the last checkpoint with other settings) from the others.
@@ -58,15 +58,14 @@ class NonFiniteTraining(ArithmeticError):
     """A training step whose loss or gradients are not finite; its message names the step and the losses."""
 
 
-def gradients_finite(optimizer: torch.optim.Optimizer) -> torch.Tensor:
-    """Whether every gradient of ``optimizer``'s parameters is finite: a bool tensor on their device (no sync)."""
+def gradient_norm(optimizer: torch.optim.Optimizer, module: L.LightningModule) -> torch.Tensor:
+    """The total 2-norm of ``optimizer``'s gradients on their device (no sync); each process's own shards of sharded
+    gradients. The 2-norm: on CPU much faster than the largest entry (order infinity) and as telling."""
+    if isinstance(module, BackboneTask):
+        return module.gradient_norm(optimizer)  # measured once for the clipping too
     grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
     grads = [grad.to_local() if isinstance(grad, DTensor) else grad for grad in grads]
-    if not grads:
-        return torch.tensor(True)
-    # The 2-norm: on CPU much faster than the largest entry (order infinity) and as telling.
-    norms = torch.stack([norm.float() for norm in vector_norms(grads, 2.0)])
-    return torch.isfinite(norms).all()
+    return torch.nn.utils.get_total_norm(grads, 2.0, error_if_nonfinite=False)
 
 
 def describe_losses(losses: dict[str, torch.Tensor]) -> str:
@@ -119,8 +118,9 @@ class NonFiniteGuard(L.Callback):
         self._losses_finite = None
         scaler = trainer.precision_plugin.scaler if isinstance(trainer.precision_plugin, MixedPrecision) else None
         # The scaler skips steps with overflowing fp16 gradients itself.
-        grads_finite = torch.tensor(True) if scaler is not None else gradients_finite(optimizer)
-        loss_finite, grads_finite = torch.stack([losses_finite.cpu(), grads_finite.cpu()]).tolist()  # one sync
+        norm = torch.tensor(0.0) if scaler is not None else gradient_norm(optimizer, pl_module)
+        finite = torch.stack([losses_finite.to(norm.device), torch.isfinite(norm)])
+        loss_finite, grads_finite = finite.tolist()  # one sync
         if not trainer.strategy.reduce_boolean_decision(not (loss_finite and grads_finite), all=False):
             self.consecutive_skips = 0
             return

@@ -7,15 +7,15 @@ when an upgrade changes one.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
 
-def vector_norms(tensors: list[torch.Tensor], order: float = 2.0) -> Sequence[torch.Tensor]:
-    """The ``order``-norm of each of ``tensors``, one fused kernel per device and dtype (``torch._foreach_norm``)."""
-    return torch._foreach_norm(tensors, order)
+def tensor_version(tensor: torch.Tensor) -> int:
+    """The count of in-place changes to ``tensor``'s data (``Tensor._version``, autograd's version counter): it moves
+    on with every in-place tensor operation (``mul_``, ``div_``, ``copy_``, a gradient accumulated into), but not with
+    a ``torch.distributed`` collective writing into it."""
+    return tensor._version
 
 
 def keep_ddp_off(module: torch.nn.Module, names: list[str]) -> None:

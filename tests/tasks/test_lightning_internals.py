@@ -34,7 +34,7 @@ from mmoe.tasks.lightning_internals import (
     replace_signal_connector,
     save_last_checkpoint,
 )
-from mmoe.tasks.torch_internals import keep_ddp_off, vector_norms
+from mmoe.tasks.torch_internals import keep_ddp_off, tensor_version
 
 VERSIONS = {"lightning": L.__version__, "jsonargparse": jsonargparse.__version__, "torch": torch.__version__}
 
@@ -193,11 +193,22 @@ def test_jsonargparse_still_keeps_the_stack_of_config_files_being_read(tmp_path)
             changed("jsonargparse._util.config_load_stack", "jsonargparse", "its top is no longer the file read")
 
 
-def test_the_fused_norms_are_the_norms():
-    require_callable(torch, "_foreach_norm", "torch", [torch.ones(1)], 2.0)
-    tensors = [torch.tensor([3.0, 4.0]), torch.tensor([[1.0, 2.0], [2.0, 4.0]]), torch.tensor([float("nan")])]
-    expected = [torch.linalg.vector_norm(tensor) for tensor in tensors]
-    torch.testing.assert_close(list(vector_norms(tensors, 2.0)), expected, equal_nan=True)
+def test_the_version_counter_counts_in_place_changes():
+    if not isinstance(getattr(torch.ones(1), "_version", None), int):
+        changed("Tensor._version", "torch", "it is gone")
+    tensor = torch.ones(3)
+    start = tensor_version(tensor)
+    tensor.mul_(1.0)
+    after_mul = tensor_version(tensor)
+    torch._foreach_mul_([tensor], 2.0)
+    if not start < after_mul < tensor_version(tensor):
+        changed("Tensor._version", "torch", "an in-place operation no longer moves it on")
+    parameter = torch.nn.Parameter(torch.ones(2))
+    (parameter * 2).sum().backward()
+    grad, version = parameter.grad, tensor_version(parameter.grad)
+    (parameter * 2).sum().backward()
+    if parameter.grad is not grad or tensor_version(parameter.grad) == version:
+        changed("Tensor._version", "torch", "a gradient accumulated into no longer moves it on")
 
 
 def test_ddp_still_reads_the_parameters_kept_off_it():
