@@ -43,6 +43,8 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 
+from mmoe.host_memory import keep_freed_memory
+
 #: The subcommands LightningCLI runs (``mmoe.tasks.cli.lightning_command``); they get the whole argv.
 LIGHTNING_SUBCOMMANDS = ("fit", "validate", "test", "predict")
 
@@ -126,6 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         return 0
     command = argv[0]
+    keep_freed_memory()  # glibc: a training step's large buffers reused, not page-faulted in anew each step
     return COMMANDS[command](argv if command in LIGHTNING_SUBCOMMANDS else argv[1:])
 
 

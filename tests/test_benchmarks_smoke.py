@@ -217,3 +217,11 @@ def test_caption_decode_benchmark_compares_both_ways_and_their_captions(capsys):
     for line in lines:
         assert line["image_size"] == 32 and line["image_tokens"] == 5 and line["same_captions"] is True
         assert line["ratio"] == pytest.approx(line["whole_s"] / line["cached_s"], rel=0.05)
+
+
+def test_host_memory_benchmark_compares_a_process_with_freed_memory_kept_and_one_without():
+    lines = run_benchmark("benchmarks/host_memory.py", "--rounds", "1", "--steps", "1")
+    assert [line["keep_freed_memory"] for line in lines[:2]] == [False, True]
+    assert all(line["step_s"] > 0 and line["max_rss_mb"] > 0 for line in lines[:2])
+    assert [line["comparison"] for line in lines[2:]] == ["kept_step / default_step",
+                                                          "kept_minor_faults / default_minor_faults"]  # fmt: skip
