@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from mmoe.host_memory import keep_freed_memory
 from mmoe.io import read_json, write_json
 
 
@@ -155,7 +156,9 @@ def _thread_environment(threads: str) -> Iterator[None]:
 
 
 def _run_lane(run_lane: Callable[[tuple[str, ...]], None], lane: tuple[str, ...]) -> None:
-    """A lane's process: its stages, ending with exit status 1 and the one-line reason when one fails."""
+    """A lane's process: its stages, ending with exit status 1 and the one-line reason when one fails. Freed host
+    memory is kept for reuse here as the ``mmoe`` command keeps it (a spawned process starts with glibc's defaults)."""
+    keep_freed_memory()
     try:
         run_lane(lane)
     except PipelineError as error:
