@@ -15,13 +15,26 @@ if [ ! -x .venv/bin/python ]; then
 fi
 pip=(.venv/bin/python -m pip --disable-pip-version-check -q)
 
+# A fresh environment: torch's install (mostly unpacking its CUDA libraries, several GB) and the download of everything
+# else run side by side, on two cores; the rest then installs from those files without asking an index again (about
+# 20 s less than one after the other). Where torch is already installed, pip installs only what is missing.
+offline=()
 # shellcheck disable=SC2086
 if ! .venv/bin/python -c "import torch, torchvision" >/dev/null 2>&1; then
+    wheels="$(mktemp -d)"
+    trap 'rm -rf "$wheels"' EXIT
+    "${pip[@]}" download -d "$wheels/files" $torch_spec ".[dev,docs,eval]" "setuptools>=68" wheel >"$wheels/log" 2>&1 &
+    downloading=$!
     "${pip[@]}" install $torch_spec
+    if ! wait "$downloading"; then
+        cat "$wheels/log" >&2
+        exit 1
+    fi
+    offline=(--no-index --find-links "$wheels/files")
 fi
 # dev: the test tools; docs: mkdocs, its material theme and mkdocstrings, which tests/test_docs_site.py builds the site
 # with
-"${pip[@]}" install -e ".[dev,docs]"
+"${pip[@]}" install "${offline[@]}" -e ".[dev,docs]"
 
 # The eval extra (CLIP_benchmark, whose own evaluation the harness tests call, and what it pulls: transformers,
 # scikit-learn, SciPy) in .venv-eval/, an environment layered over .venv/ (it sees every package of .venv/ and adds
@@ -33,7 +46,7 @@ if [ ! -x .venv-eval/bin/python ]; then
 fi
 site_packages() { "$1" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; }
 echo "import site; site.addsitedir('$(site_packages .venv/bin/python)')" >"$(site_packages .venv-eval/bin/python)/mmoe-venv.pth"
-.venv-eval/bin/python -m pip --disable-pip-version-check -q install -e ".[eval]"
+.venv-eval/bin/python -m pip --disable-pip-version-check -q install "${offline[@]}" -e ".[eval]"
 
 # mmoe's own modules byte-compiled once: where PYTHONDONTWRITEBYTECODE is set, no process writes them itself and every
 # one compiled mmoe's ~200 modules from source again (about 0.1 s each; the test suite starts ~110 processes).
