@@ -14,10 +14,36 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_benchmark(*argv: str) -> list[dict]:
-    done = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+def run_benchmark(script: str, *argv: str) -> list[dict]:
+    """``python benchmarks/<name>.py argv`` in its own process; its JSON lines."""
+    done = subprocess.run([sys.executable, script, *argv], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
-    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    return json_lines(done.stdout)
+
+
+def json_lines(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
+@pytest.fixture()
+def run_main(monkeypatch, capsys):
+    """A benchmark's ``main`` run in this process as its command line would (``sys.argv``): its JSON lines. The
+    imports a process of its own would pay again are most of a small case's time; the torch thread count is put
+    back."""
+
+    def run(script: str, *argv: str) -> list[dict]:
+        module = load_benchmark(Path(script).stem)
+        monkeypatch.setattr(sys, "argv", [script, *argv])
+        threads = torch.get_num_threads()
+        capsys.readouterr()
+        try:
+            module.main()
+        finally:
+            torch.set_num_threads(threads)
+        return json_lines(capsys.readouterr().out)
+
+    return run
 
 
 def load_benchmark(name: str):
@@ -30,9 +56,9 @@ def load_benchmark(name: str):
 
 
 @pytest.mark.slow
-def test_moe_layer_benchmark_runs_the_selected_case_and_writes_its_profile(tmp_path):
+def test_moe_layer_benchmark_runs_the_selected_case_and_writes_its_profile(tmp_path, run_main):
     argv = ["--only", "top1_1024", "--rounds", "1", "--profile", str(tmp_path), "--split"]
-    lines = run_benchmark("benchmarks/moe_layer.py", *argv)
+    lines = run_main("benchmarks/moe_layer.py", *argv)
     assert [line["case"] for line in lines[:-1]] == ["top1_1024"]
     assert lines[0]["ratio"] == pytest.approx(lines[0]["moe_s"] / lines[0]["baseline_s"], rel=0.05)
     assert list(lines[0]["split"]) == ["route", "plan", "permute", "experts", "combine", "backward"]
@@ -145,15 +171,15 @@ def test_moe_layer_cuda_cases_pair_each_fused_case_with_a_graphed_twin():
 
 
 @pytest.mark.slow
-def test_moe_layer_benchmark_runs_the_stratified_case():
-    lines = run_benchmark("benchmarks/moe_layer.py", "--only", "stratified_4_4_vs_top2_4096", "--rounds", "1")
+def test_moe_layer_benchmark_runs_the_stratified_case(run_main):
+    lines = run_main("benchmarks/moe_layer.py", "--only", "stratified_4_4_vs_top2_4096", "--rounds", "1")
     assert lines[0]["case"] == "stratified_4_4_vs_top2_4096" and lines[0]["strata"] == [4, 4]
     assert 1.0 <= lines[0]["requested_capacity"] <= 2.0  # FFN passes per token, one per stratum at most
 
 
 @pytest.mark.slow
-def test_backbone_benchmark_compares_the_tiny_shape():
-    lines = run_benchmark("benchmarks/backbone.py", "--shapes", "tiny", "--rounds", "1")
+def test_backbone_benchmark_compares_the_tiny_shape(run_main):
+    lines = run_main("benchmarks/backbone.py", "--shapes", "tiny", "--rounds", "1")
     models = {line["model"] for line in lines if "model" in line}
     assert {"dense", "xmoe", "mhmoe_h4"} <= models
     comparisons = [line["comparison"] for line in lines if "comparison" in line]
@@ -183,8 +209,8 @@ def test_retrieval_benchmark_times_embedding_and_the_chunked_evaluation():
     assert all(line["seconds"] >= 0 and line["peak_extra_mib"] >= 0 for line in evals)
 
 
-def test_optimizer_step_benchmark_times_each_adamw_on_the_demos_captioning_parameters():
-    lines = run_benchmark("benchmarks/optimizer_step.py", "--rounds", "1")
+def test_optimizer_step_benchmark_times_each_adamw_on_the_demos_captioning_parameters(run_main):
+    lines = run_main("benchmarks/optimizer_step.py", "--rounds", "1")
     steps = {line["implementation"]: line for line in lines if "implementation" in line}
     assert set(steps) == {"fused", "foreach", "default"} and all(line["step_s"] > 0 for line in steps.values())
     assert len({line["parameters"] for line in steps.values()}) == 1
