@@ -40,7 +40,7 @@ from mmoe.tasks.expert_parallel import (
     slice_optimizer_states,
 )
 from mmoe.tasks.fsdp import shard_task
-from mmoe.tasks.gradient_norm import MeasuredNorm, clip_to_measured_norm
+from mmoe.tasks.gradient_norm import MeasuredNorm, clip_to_measured_norm, local_total_norm, optimizer_gradients
 from mmoe.tasks.optimizer import OptimizerConfig, adamw_with_schedule, parameter_groups
 from mmoe.tasks.optimizer_resume import apply_optimizer_config, report_changes, resume_changes
 from mmoe.tasks.predictions import gather_objects
@@ -247,10 +247,9 @@ class BackboneTask(L.LightningModule):
         """The total 2-norm of ``optimizer``'s gradients (``torch.nn.utils.get_total_norm``, on their device; each
         process's own shards of sharded gradients), kept for :meth:`configure_gradient_clipping` to reuse while the
         gradients are unchanged (:mod:`mmoe.tasks.gradient_norm`)."""
-        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        grads = optimizer_gradients(optimizer)
         if any(isinstance(grad, DTensor) for grad in grads):
-            local = [grad.to_local() if isinstance(grad, DTensor) else grad for grad in grads]
-            return torch.nn.utils.get_total_norm(local, 2.0, error_if_nonfinite=False)
+            return local_total_norm(grads)
         self.measured_gradient_norm = MeasuredNorm.of(grads)
         return self.measured_gradient_norm.total
 

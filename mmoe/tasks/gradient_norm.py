@@ -16,6 +16,7 @@ import dataclasses
 from collections.abc import Iterable
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from mmoe.tasks.torch_internals import tensor_version
 
@@ -42,6 +43,17 @@ class MeasuredNorm:
         a collective writing into a gradient is not seen, so code that reduces gradients after the measurement
         changes them in place too, as :func:`mmoe.tasks.expert_parallel.average_expert_gradients` divides them)."""
         return fingerprint(grads) == self.read
+
+
+def optimizer_gradients(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The gradients of ``optimizer``'s parameters, in its order (parameters without one left out)."""
+    return [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+
+
+def local_total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    """The total 2-norm of ``grads`` on their device, each sharded gradient by this process's own shards."""
+    local = [grad.to_local() if isinstance(grad, DTensor) else grad for grad in grads]
+    return torch.nn.utils.get_total_norm(local, ORDER, error_if_nonfinite=False)
 
 
 def fingerprint(grads: list[torch.Tensor]) -> tuple[tuple[int, int], ...]:

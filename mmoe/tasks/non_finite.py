@@ -35,10 +35,10 @@ import lightning as L
 import torch
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.plugins.precision import MixedPrecision
-from torch.distributed.tensor import DTensor
 
 from mmoe.io import report_error
 from mmoe.tasks.base import BackboneTask
+from mmoe.tasks.gradient_norm import local_total_norm, optimizer_gradients
 
 #: Exit code of a run stopped by a non-finite loss or gradient: not 1 (a crash), 2 (bad input) or a signal's 128 + n,
 #: so a script can tell a diverged run (resume from the last checkpoint with other settings) from the others.
@@ -63,9 +63,7 @@ def gradient_norm(optimizer: torch.optim.Optimizer, module: L.LightningModule) -
     gradients. The 2-norm: on CPU much faster than the largest entry (order infinity) and as telling."""
     if isinstance(module, BackboneTask):
         return module.gradient_norm(optimizer)  # measured once for the clipping too
-    grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-    grads = [grad.to_local() if isinstance(grad, DTensor) else grad for grad in grads]
-    return torch.nn.utils.get_total_norm(grads, 2.0, error_if_nonfinite=False)
+    return local_total_norm(optimizer_gradients(optimizer))
 
 
 def describe_losses(losses: dict[str, torch.Tensor]) -> str:
