@@ -45,6 +45,22 @@ def synthetic_captions(count: int) -> list[str]:
     return [caption for _ in range(count) for caption in captions(sample_scene(rng), rng, 1)]
 
 
+def masked_caption_batch(texts: list[str], batch: int, image_size: int, generator: torch.Generator) -> dict:
+    """A captioning training batch: ``batch`` random images and the first ``batch`` of ``texts`` as 32-token captions,
+    about half their positions masked (never the first, never padding)."""
+    image = torch.randn(batch, 3, image_size, image_size, generator=generator)
+    targets, padding = TextTokenizer(32)(texts[:batch], length=32)
+    text_mask = (torch.rand(targets.shape, generator=generator) < 0.5) & ~padding
+    text_mask[:, 0] = False
+    return {
+        "image": image,
+        "text_ids": torch.where(text_mask, MASK_ID, targets),
+        "text_padding_mask": padding,
+        "text_targets": targets,
+        "text_mask": text_mask,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
@@ -68,18 +84,7 @@ def main() -> None:
         small = CaptioningFineTuning(backbone=backbone, output_vocab=vocab)
     small.backbone.load_state_dict(full.backbone.state_dict())
 
-    generator = torch.Generator().manual_seed(0)
-    image = torch.randn(args.batch, 3, 64, 64, generator=generator)
-    targets, padding = TextTokenizer(32)(texts[: args.batch], length=32)
-    text_mask = (torch.rand(targets.shape, generator=generator) < 0.5) & ~padding
-    text_mask[:, 0] = False
-    batch = {
-        "image": image,
-        "text_ids": torch.where(text_mask, MASK_ID, targets),
-        "text_padding_mask": padding,
-        "text_targets": targets,
-        "text_mask": text_mask,
-    }
+    batch = masked_caption_batch(texts, args.batch, 64, torch.Generator().manual_seed(0))
 
     def step(model: CaptioningFineTuning):
         def run() -> None:

@@ -35,14 +35,13 @@ def child(steps: int, threads: int) -> dict:
     import torch
 
     from mmoe.data.converters.coco import CAPTION_TOKENS_FILE, write_caption_tokens
-    from mmoe.data.tokenizer import MASK_ID, TextTokenizer
     from mmoe.host_memory import keep_freed_memory
     from mmoe.pipeline.settings import DEMO
     from mmoe.tasks.captioning import CaptioningFineTuning
     from mmoe.tasks.optimizer import parameter_groups
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from caption_head import synthetic_captions
+    from caption_head import masked_caption_batch, synthetic_captions
     from optimizer_step import demo_backbone
 
     kept = keep_freed_memory()
@@ -53,18 +52,7 @@ def child(steps: int, threads: int) -> dict:
         write_caption_tokens(tmp, texts)
         model = CaptioningFineTuning(backbone=demo_backbone(), output_vocab=str(Path(tmp) / CAPTION_TOKENS_FILE))
     optimizer = torch.optim.AdamW(parameter_groups(model, model.optimizer_config), lr=2e-4, fused=True)
-    generator = torch.Generator().manual_seed(0)
-    batch_size = 32
-    targets, padding = TextTokenizer(32)(texts[:batch_size], length=32)
-    text_mask = (torch.rand(targets.shape, generator=generator) < 0.5) & ~padding
-    text_mask[:, 0] = False
-    batch = {
-        "image": torch.randn(batch_size, 3, DEMO.image_size, DEMO.image_size, generator=generator),
-        "text_ids": torch.where(text_mask, MASK_ID, targets),
-        "text_padding_mask": padding,
-        "text_targets": targets,
-        "text_mask": text_mask,
-    }
+    batch = masked_caption_batch(texts, 32, DEMO.image_size, torch.Generator().manual_seed(0))
 
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)
