@@ -23,9 +23,7 @@ offline=()
 if ! .venv/bin/python -c "import torch, torchvision" >/dev/null 2>&1; then
     wheels="$(mktemp -d)"
     trap 'rm -rf "$wheels"' EXIT
-    # pyproject.toml's build requirements too: the editable install builds mmoe from those files
-    build_requires="$("$python_bin" -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"])')"
-    "${pip[@]}" download -d "$wheels/files" $torch_spec ".[dev,docs,eval]" $build_requires >"$wheels/log" 2>&1 &
+    "${pip[@]}" download -d "$wheels/files" $torch_spec ".[dev,docs,eval]" "setuptools>=68" wheel >"$wheels/log" 2>&1 &
     downloading=$!
     "${pip[@]}" install $torch_spec
     if ! wait "$downloading"; then
