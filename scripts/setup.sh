@@ -23,6 +23,7 @@ offline=()
 if ! .venv/bin/python -c "import torch, torchvision" >/dev/null 2>&1; then
     wheels="$(mktemp -d)"
     trap 'rm -rf "$wheels"' EXIT
+    # with pyproject.toml's [build-system] requirements: the editable install builds mmoe from these files
     "${pip[@]}" download -d "$wheels/files" $torch_spec ".[dev,docs,eval]" "setuptools>=68" wheel >"$wheels/log" 2>&1 &
     downloading=$!
     "${pip[@]}" install $torch_spec
