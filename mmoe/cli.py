@@ -44,6 +44,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from mmoe.host_memory import keep_freed_memory
+from mmoe.process_exit import freeze_at_exit
 
 #: The subcommands LightningCLI runs (``mmoe.tasks.cli.lightning_command``); they get the whole argv.
 LIGHTNING_SUBCOMMANDS = ("fit", "validate", "test", "predict")
@@ -129,6 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     command = argv[0]
     keep_freed_memory()  # glibc: a training step's large buffers reused, not page-faulted in anew each step
+    freeze_at_exit()  # the interpreter's shutdown does not walk every object of torch and Lightning again
     return COMMANDS[command](argv if command in LIGHTNING_SUBCOMMANDS else argv[1:])
 
 

@@ -253,3 +253,15 @@ def test_host_memory_benchmark_compares_a_process_with_freed_memory_kept_and_one
     assert lines[0]["minor_faults_per_step"] > 9263 > 2 * lines[1]["minor_faults_per_step"]
     assert [line["comparison"] for line in lines[2:]] == ["kept_step / default_step",
                                                           "kept_minor_faults / default_minor_faults"]  # fmt: skip
+
+
+def test_process_exit_benchmark_compares_a_frozen_exit_with_the_interpreter_s_own():
+    lines = run_benchmark("benchmarks/process_exit.py", "--rounds", "1", "--module", "torch")
+    assert [line["freeze_at_exit"] for line in lines[:2]] == [False, True]
+    for line in lines[:2]:
+        assert line["work_cpu_s"] > 0 and line["exit_cpu_s"] >= 0
+        assert line["total_cpu_s"] == pytest.approx(line["work_cpu_s"] + line["exit_cpu_s"])
+    assert [line["comparison"] for line in lines[2:]] == ["frozen_exit / default_exit", "frozen_total / default_total"]
+    exits = lines[2]
+    assert exits["ratio"] == pytest.approx(exits["frozen"] / exits["default"])
+    assert (exits["default"], exits["frozen"]) == (lines[0]["exit_cpu_s"], lines[1]["exit_cpu_s"])

@@ -15,6 +15,7 @@ from typing import Protocol
 
 from mmoe.host_memory import keep_freed_memory
 from mmoe.io import read_json, write_json
+from mmoe.process_exit import freeze_at_exit
 
 
 class RunFolder(Protocol):
@@ -157,8 +158,10 @@ def _thread_environment(threads: str) -> Iterator[None]:
 
 def _run_lane(run_lane: Callable[[tuple[str, ...]], None], lane: tuple[str, ...]) -> None:
     """A lane's process: its stages, ending with exit status 1 and the one-line reason when one fails. Freed host
-    memory is kept for reuse here as the ``mmoe`` command keeps it (a spawned process starts with glibc's defaults)."""
+    memory is kept for reuse here, and the objects alive at exit are frozen, as the ``mmoe`` command does (a spawned
+    process starts with glibc's defaults and the interpreter's own shutdown)."""
     keep_freed_memory()
+    freeze_at_exit()
     try:
         run_lane(lane)
     except PipelineError as error:

@@ -375,6 +375,8 @@ def test_fine_tunings_form_groups_that_run_at_once_and_a_failed_group_is_named(t
     # ... and freed host memory kept for reuse (mmoe.host_memory): a 38 MB tensor allocated again is not faulted in
     # anew, 9,263 pages each time with glibc's defaults
     assert all(lane["faults"] < 5 * 9263 // 2 for lane in seen.values()), seen
+    # ... and its objects frozen at exit (mmoe.process_exit)
+    assert all(lane["freezes_at_exit"] for lane in seen.values()), seen
 
     assert main(["demo", "--fast", "--out", str(tmp_path), "--stages", "mhmoe/nope"]) == 2
     assert "--stages mhmoe/nope: no stage of this run" in capfd.readouterr().err
