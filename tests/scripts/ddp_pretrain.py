@@ -20,6 +20,7 @@ from lightning.pytorch.loggers import CSVLogger
 from mmoe.data.batches import step_batches
 from mmoe.data.datamodules import PretrainDataModule
 from mmoe.model import MoEPlan, MultiwayConfig
+from mmoe.process_exit import freeze_at_exit
 from mmoe.tasks.optimizer import PRETRAINING_OPTIMIZER
 from mmoe.tasks.pretraining import MaskedPretraining
 from mmoe.tasks.routing_callback import RoutingStatsCallback
@@ -81,4 +82,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    freeze_at_exit()  # as the mmoe command does: each rank's shutdown skips the objects alive at exit
     main()

@@ -16,6 +16,7 @@ import torch
 
 from mmoe.data.datamodules import PretrainDataModule
 from mmoe.model import MultiwayConfig
+from mmoe.process_exit import freeze_at_exit
 from mmoe.tasks.pretraining import MaskedPretraining
 
 
@@ -43,4 +44,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    freeze_at_exit()  # as the mmoe command does: each rank's shutdown skips the objects alive at exit
     main()

@@ -23,6 +23,7 @@ import lightning as L
 import torch
 
 from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
+from mmoe.process_exit import freeze_at_exit
 from mmoe.tasks.base import BackboneTask, StepLosses
 from mmoe.tasks.optimizer import PRETRAINING_OPTIMIZER
 
@@ -94,4 +95,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    freeze_at_exit()  # as the mmoe command does: each rank's shutdown skips the objects alive at exit
     main()

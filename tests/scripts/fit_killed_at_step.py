@@ -18,6 +18,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
+from mmoe.process_exit import freeze_at_exit
 from mmoe.tasks.cli import MMoECLI, cli_arguments
 
 
@@ -47,5 +48,6 @@ class KilledAtStepCLI(MMoECLI):
 
 
 if __name__ == "__main__":
+    freeze_at_exit()  # as the mmoe command does: each rank's shutdown skips the objects alive at exit
     step, sys.argv = int(sys.argv[1]), [sys.argv[0], *sys.argv[2:]]
     KilledAtStepCLI(step, **cli_arguments())

@@ -15,6 +15,7 @@ from pathlib import Path
 import lightning as L
 import torch
 
+from mmoe.process_exit import freeze_at_exit
 from mmoe.tasks.non_finite import NonFiniteGuard, NonFiniteTraining
 from tests.scripts.expert_parallel_fit import SquaredHidden
 
@@ -47,4 +48,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    freeze_at_exit()  # as the mmoe command does: each rank's shutdown skips the objects alive at exit
     main()
