@@ -42,8 +42,9 @@ def synthetic_corpus(tmp_path_factory):
     return root
 
 
-#: Test files whose module fixtures train for minutes (the default demo, the fast claims study): run first, so that
-#: a run on worker processes (``pytest -n 2 --dist loadfile``) ends near the longest of them, not after it.
+#: Test files whose module fixtures train for minutes (the default demo, the fast claims study): first in the
+#: collection, so a run in one process starts with them. On worker processes (``pytest -n 2 --dist loadfile``)
+#: pytest-xdist hands files out by their number of tests instead, unless ``--no-loadscope-reorder`` is given.
 RUN_FIRST = ("tests/demo/test_demo.py", "tests/study/test_study.py")
 
 
