@@ -246,14 +246,14 @@ def test_caption_decode_benchmark_compares_both_ways_and_their_captions(capsys):
 
 
 def test_host_memory_benchmark_compares_a_process_with_freed_memory_kept_and_one_without():
-    lines = run_benchmark("benchmarks/host_memory.py", "--rounds", "1", "--steps", "3")
+    lines = run_benchmark("benchmarks/host_memory.py", "--rounds", "1", "--steps", "5")
     assert [line["keep_freed_memory"] for line in lines[:2]] == [False, True]
     assert all(line["step_s"] > 0 and line["max_rss_mb"] > 0 for line in lines[:2])
     # The text embedding's 38 MB gradient alone is 9,263 pages faulted in anew each step with glibc's defaults. With
     # freed memory kept, a step faults 50 to 3,100 pages as the heap settles, now and then a whole 38 MB block again
-    # (9,313 in one single-step run): the mean over 3 steps stays far below.
+    # (9,313 in one single-step run): the mean over 5 steps stays below half of those 9,263 even with one such step.
     default, kept = (line["minor_faults_per_step"] for line in lines[:2])
-    assert default > 9263 and kept < 0.75 * default, (default, kept)
+    assert default > 9263 > 2 * kept, (default, kept)
     assert [line["comparison"] for line in lines[2:]] == ["kept_step / default_step",
                                                           "kept_minor_faults / default_minor_faults"]  # fmt: skip
 
