@@ -36,13 +36,13 @@ print(time.process_time())
 def measure(module: str, setting: str) -> dict:
     environment = os.environ | {"MMOE_FREEZE_AT_EXIT": setting}
     child = subprocess.Popen([sys.executable, "-c", CHILD, module], stdout=subprocess.PIPE, text=True, env=environment)
-    work = float(child.stdout.read())
-    child.stdout.close()
-    _, status, usage = os.wait4(child.pid, 0)
-    child.returncode = os.waitstatus_to_exitcode(status)
-    if child.returncode != 0:
-        raise SystemExit(f"process_exit: the child importing {module} exited with {child.returncode}")
-    total = usage.ru_utime + usage.ru_stime
+    with child.stdout:
+        printed = child.stdout.read()
+    _, status, usage = os.wait4(child.pid, 0)  # the child's own CPU time (Popen.wait would not return it)
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0:
+        raise SystemExit(f"process_exit: the child importing {module} exited with {code}")
+    work, total = float(printed), usage.ru_utime + usage.ru_stime
     return {"freeze_at_exit": setting == "1", "work_cpu_s": work, "exit_cpu_s": total - work, "total_cpu_s": total}
 
 
