@@ -15,23 +15,26 @@ if [ ! -x .venv/bin/python ]; then
 fi
 pip=(.venv/bin/python -m pip --disable-pip-version-check -q)
 
-# uv installs: it resolves, downloads and unpacks in parallel (a fresh set-up takes about 28 s with it, 98 s with
+# uv installs: it resolves, downloads and unpacks in parallel (a fresh set-up takes about 38 s with it, 98 s with
 # pip, on two cores). pip installs uv; uv gets pip's index settings (scripts/uv_index_options.py), with pip's
-# choices: the best match over all indexes, no pre-releases.
+# choices: the best match over all indexes, no pre-releases. And pip's byte-compiling: uv writes no .pyc files unless
+# asked, and where PYTHONDONTWRITEBYTECODE is set no process writes them either, so every process would compile torch
+# and Lightning from source again (seconds of CPU each: the test suite took over twice as long).
 .venv/bin/python -c "import uv" >/dev/null 2>&1 || "${pip[@]}" install "uv>=0.9"
 mapfile -t index_options < <(.venv/bin/python -m pip config list | .venv/bin/python scripts/uv_index_options.py)
 uv=(.venv/bin/uv pip install -q --index-strategy unsafe-best-match --prerelease disallow "${index_options[@]}")
 # dev: the test tools; docs: mkdocs, its material theme and mkdocstrings, which tests/test_docs_site.py builds the site
 # with
 # shellcheck disable=SC2086
-"${uv[@]}" --python .venv/bin/python $torch_spec -e ".[dev,docs]"
+"${uv[@]}" --python .venv/bin/python --compile-bytecode $torch_spec -e ".[dev,docs]"
 
 # The eval extra (CLIP_benchmark, whose own evaluation the harness tests call, and what it pulls: transformers,
 # scikit-learn, SciPy) in .venv-eval/: an environment with what .venv/ has, at .venv/'s versions (its constraints),
 # and the extra. Not in .venv/ itself: torchmetrics, which Lightning imports, imports
 # transformers and SciPy whenever they are installed, about 1.3 s more CPU for every process that imports Lightning.
-# uv links the files both environments share from its cache rather than copying them. tests/test_eval_extra.py runs
-# the tests that need the extra with .venv-eval/bin/python.
+# uv links the files both environments share from its cache rather than copying them; it does not byte-compile them
+# here (one process of the test suite imports from .venv-eval/: tests/test_eval_extra.py runs the tests that need the
+# extra with .venv-eval/bin/python).
 if [ ! -x .venv-eval/bin/python ]; then
     "$python_bin" -m venv --without-pip .venv-eval
 fi
