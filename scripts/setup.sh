@@ -21,7 +21,9 @@ pip=(.venv/bin/python -m pip --disable-pip-version-check -q)
 # asked, and where PYTHONDONTWRITEBYTECODE is set no process writes them either, so every process would compile torch
 # and Lightning from source again (seconds of CPU each: the test suite was at 96% after 25 minutes, against 19 in all).
 .venv/bin/python -c "import uv" >/dev/null 2>&1 || "${pip[@]}" install "uv>=0.9"
-mapfile -t index_options < <(.venv/bin/python -m pip config list | .venv/bin/python scripts/uv_index_options.py)
+# read in two steps: a failure inside a process substitution would not stop the script (pipefail stops it here)
+index_lines="$(.venv/bin/python -m pip config list | .venv/bin/python scripts/uv_index_options.py)"
+mapfile -t index_options < <(printf '%s' "$index_lines")
 uv_options=(-q --index-strategy unsafe-best-match --prerelease disallow "${index_options[@]}")
 uv=(.venv/bin/uv pip install "${uv_options[@]}")
 # dev: the test tools; docs: mkdocs, its material theme and mkdocstrings, which tests/test_docs_site.py builds the site
