@@ -5,6 +5,7 @@ filesystem than ``$TMPDIR`` leaves its previous ``last.ckpt`` whole, to resume f
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -24,6 +25,8 @@ from tests.cli.test_checkpoint_resume_last import nlvr2_config
 from tests.cli_fixtures import instantiate, run_mmoe, small_shards
 
 ROOT = Path(__file__).resolve().parents[2]
+#: Steps of the run that is killed while it saves (its schedule's length too).
+KILLED_RUN_STEPS = 10_000
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +112,11 @@ def test_a_fit_killed_while_it_saves_on_another_filesystem_leaves_its_last_check
 ):
     checkpoints, spare = other_filesystem / "checkpoints", tmp_path / "tmpdir"
     spare.mkdir()
-    config = nlvr2_config(shards, tmp_path / "run", steps=40)
+    # A run far longer than the catch needs (it is killed once a save is caught), so a loaded machine that schedules
+    # this process rarely still sees a save begin before the run ends; the schedule's length is pinned, so the resumed
+    # run below may stop sooner and train as this one would have.
+    config = nlvr2_config(shards, tmp_path / "run", steps=KILLED_RUN_STEPS)
+    config["model"]["init_args"]["optimizer"]["total_steps"] = KILLED_RUN_STEPS
     config["trainer"]["callbacks"][0]["init_args"].update(dirpath=str(checkpoints), every_n_train_steps=1, save_top_k=0)
     path = tmp_path / "fit.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -124,10 +131,12 @@ def test_a_fit_killed_while_it_saves_on_another_filesystem_leaves_its_last_check
             assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()[-3000:]
         whole = last.stat().st_size
         # The next save has begun: its temporary file is there, or the checkpoint is being written over in place.
+        deadline = time.monotonic() + 300
         while not temporaries(checkpoints) and last.stat().st_size >= whole:
-            assert process.poll() is None, "the run ended before a save could be caught"
+            assert process.poll() is None and time.monotonic() < deadline, "no save was caught in progress"
     finally:
-        os.killpg(process.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):  # a run that ended on its own is reported above
+            os.killpg(process.pid, signal.SIGKILL)
         process.wait()
     step = loaded_step(last)
     assert step is not None and step >= first, "last.ckpt is no longer a whole checkpoint"
@@ -139,7 +148,8 @@ def test_a_fit_killed_while_it_saves_on_another_filesystem_leaves_its_last_check
     old = time.time() - 2 * STALE_AFTER_S
     for orphan in orphans:
         os.utime(checkpoints / orphan, (old, old))
-    code, _, err = run_mmoe(["fit", "--config", str(path), "--ckpt_path", "last"], capsys)
+    code, _, err = run_mmoe(["fit", "--config", str(path), "--ckpt_path", "last", "--trainer.max_steps", str(step + 2)],
+                            capsys)  # fmt: skip
     assert code in (0, None), err[-3000:]
-    assert loaded_step(last) == 40
+    assert loaded_step(last) == step + 2
     assert temporaries(checkpoints) == []
