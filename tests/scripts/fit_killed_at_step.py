@@ -1,5 +1,5 @@
 """A real ``mmoe fit`` that SIGKILLs itself when it reaches a chosen training step, used by the resume tests
-(tests/tasks/test_resume_exact.py, tests/tasks/test_resume_logs.py).
+(tests/tasks/test_resume_exact.py, through tests/tasks/resumable_fit.py).
 
 Usage: python tests/scripts/fit_killed_at_step.py STEP FIT_ARGUMENTS...
 

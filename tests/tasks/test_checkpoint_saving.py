@@ -23,6 +23,7 @@ from lightning.fabric.plugins import TorchCheckpointIO
 from mmoe.tasks.checkpoint_saving import STALE_AFTER_S, AtomicCheckpointIO, LastStepCheckpoint
 from tests.cli.test_checkpoint_resume_last import nlvr2_config
 from tests.cli_fixtures import instantiate, run_mmoe, small_shards
+from tests.tasks.resumable_fit import saved_step
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Steps of the run that is killed while it saves (its schedule's length too).
@@ -99,13 +100,6 @@ def other_filesystem(tmp_path):
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def loaded_step(path: Path) -> int | None:
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)["global_step"]
-    except (OSError, RuntimeError, KeyError, EOFError):
-        return None
-
-
 @pytest.mark.slow
 def test_a_fit_killed_while_it_saves_on_another_filesystem_leaves_its_last_checkpoint_whole(
     shards, other_filesystem, tmp_path, capsys
@@ -127,7 +121,7 @@ def test_a_fit_killed_while_it_saves_on_another_filesystem_leaves_its_last_check
     last = checkpoints / "last.ckpt"
     try:
         deadline = time.monotonic() + 300
-        while (first := loaded_step(last)) is None:  # the first save, whole
+        while (first := saved_step(last)) is None:  # the first save, whole
             assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()[-3000:]
         whole = last.stat().st_size
         # The next save has begun: its temporary file is there, or the checkpoint is being written over in place.
@@ -138,7 +132,7 @@ def test_a_fit_killed_while_it_saves_on_another_filesystem_leaves_its_last_check
         with contextlib.suppress(ProcessLookupError):  # a run that ended on its own is reported above
             os.killpg(process.pid, signal.SIGKILL)
         process.wait()
-    step = loaded_step(last)
+    step = saved_step(last)
     assert step is not None and step >= first, "last.ckpt is no longer a whole checkpoint"
     assert list(spare.iterdir()) == []  # nothing written to $TMPDIR
     orphans = temporaries(checkpoints)
@@ -151,5 +145,5 @@ def test_a_fit_killed_while_it_saves_on_another_filesystem_leaves_its_last_check
     code, _, err = run_mmoe(["fit", "--config", str(path), "--ckpt_path", "last", "--trainer.max_steps", str(step + 2)],
                             capsys)  # fmt: skip
     assert code in (0, None), err[-3000:]
-    assert loaded_step(last) == step + 2
+    assert saved_step(last) == step + 2
     assert temporaries(checkpoints) == []

@@ -19,7 +19,7 @@ from mmoe.tasks.optimizer import OptimizerConfig, adamw_with_schedule, parameter
 from mmoe.tasks.optimizer_resume import apply_optimizer_config, changed_settings
 from tests.cli.test_checkpoint_resume_last import error_line, nlvr2_config, saved, write_config
 from tests.cli_fixtures import small_shards
-from tests.tasks.test_resume_exact import ENV, fit_command
+from tests.tasks.resumable_fit import ENV, fit_command
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

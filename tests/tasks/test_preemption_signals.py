@@ -20,8 +20,8 @@ import yaml
 
 from mmoe.tasks.launch import run_lightning
 from tests.cli_fixtures import small_shards
+from tests.tasks.resumable_fit import ENV, saved_step
 from tests.tasks.test_launch import nlvr2_config
-from tests.tasks.test_resume_exact import ENV, saved_step
 
 pytestmark = pytest.mark.slow
 

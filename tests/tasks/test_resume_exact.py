@@ -1,112 +1,113 @@
-"""Exact resume: a real `mmoe fit` killed with SIGKILL and resumed with `--ckpt_path last` logs the same losses, step
-by step, as the run that was never interrupted (fp32, CPU, one thread; random crops, flips, masks, stochastic depth
-and a DataLoader worker included)."""
+"""Exact resume: a real `mmoe fit` killed with SIGKILL, or stopped by SIGTERM, and resumed logs what the run that was
+never interrupted logs, step by step (fp32, CPU, one thread; random crops, flips, masks, stochastic depth and a
+DataLoader worker included): the same losses, the same metrics.csv rows in its fixed version folder, and the same
+routing statistics windows and totals. Both compare with one uninterrupted run."""
 
 from __future__ import annotations
 
-import contextlib
-import csv
-import os
+import json
+import shlex
+import shutil
 import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-import torch
 import yaml
 
-from tests.tasks.test_pretraining_run import tiny_config
+from mmoe.tasks.run_lock import LOCK_FILE
+from tests.tasks.resumable_fit import (
+    EVERY,
+    STEPS,
+    fit,
+    killed_fit,
+    losses,
+    metrics,
+    resumable_config,
+    saved_step,
+    saved_step_in,
+    start_fit,
+    stop_line,
+    wait_for_checkpoint,
+)
 
 pytestmark = pytest.mark.slow
 
-STEPS, EVERY = 40, 10
+
+@pytest.fixture(scope="module")
+def uninterrupted(synthetic_corpus, tmp_path_factory):
+    """The folder of the run never interrupted: its logs in ``csv/v``, written every step, and its routing
+    statistics."""
+    straight = tmp_path_factory.mktemp("straight")
+    fit(resumable_config(synthetic_corpus, straight, "v", flush_every_step=True), straight)
+    assert sorted(losses(straight, "v")) == list(range(STEPS))  # two epochs of 15 steps and part of a third
+    windows = json.loads((straight / "routing_stats.json").read_text())["windows"]
+    assert [window["step"] for window in windows] == list(range(EVERY, STEPS + 1, EVERY))
+    yield straight
+    shutil.rmtree(straight, ignore_errors=True)
 
 
-def resumable_config(corpus: Path, out: Path, version: str) -> Path:
-    path = tiny_config("mhmoe", corpus, out, steps=STEPS)
-    config = yaml.safe_load(path.read_text())
-    config["trainer"].update(val_check_interval=20, limit_val_batches=2)
-    config["trainer"]["logger"][0]["init_args"]["version"] = version
-    for callback in config["trainer"]["callbacks"]:
-        if callback["class_path"].endswith("ModelCheckpoint"):
-            callback["init_args"].update(every_n_train_steps=EVERY, save_top_k=-1)
-    config["model"]["init_args"]["backbone"]["drop_path"] = 0.2
-    data = config["data"]["init_args"]
-    data.update(num_workers=1, crop_scale=[0.5, 1.0], hflip=True, shuffle_buffer=16, batches_per_epoch=15)
-    path = out / f"{version}.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
-def fit_command(config: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-c", "import sys; from mmoe.cli import main; sys.exit(main(sys.argv[1:]))", "fit",
-            "--config", str(config), *extra]  # fmt: skip
-
-
-ENV = os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-
-
-KILLED_FIT = Path(__file__).resolve().parents[1] / "scripts" / "fit_killed_at_step.py"
-
-
-def killed_fit(config: Path, step: int, cwd: Path) -> tuple[int, str]:
-    """Runs ``mmoe fit --config config`` until it SIGKILLs itself at the start of training step ``step``
-    (tests/scripts/fit_killed_at_step.py); kills what it left of its process group (DataLoader workers) and returns
-    its exit status and the end of its stderr."""
-    command = [sys.executable, str(KILLED_FIT), str(step), "fit", "--config", str(config)]
-    process = subprocess.Popen(command, cwd=cwd, env=ENV, start_new_session=True, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True)  # fmt: skip
-    try:
-        _, stderr = process.communicate(timeout=900)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-    return process.returncode, stderr[-3000:]
-
-
-def saved_step(path: Path) -> int | None:
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)["global_step"]
-    except (OSError, RuntimeError, KeyError, EOFError):  # not there yet, or being written
-        return None
-
-
-def losses(out: Path, version: str) -> dict[int, str]:
-    """step -> logged train/loss, as written (exact text)."""
-    with open(out / "csv" / version / "metrics.csv") as handle:
-        return {int(row["step"]): row["train/loss"] for row in csv.DictReader(handle) if row.get("train/loss")}
-
-
-def uninterrupted_losses(corpus: Path, tmp_path: Path) -> dict[int, str]:
-    """The losses of the run never interrupted (in ``tmp_path / "straight"``), step by step."""
-    straight = tmp_path / "straight"
-    straight.mkdir()
-    done = subprocess.run(fit_command(resumable_config(corpus, straight, "v")), cwd=tmp_path, env=ENV,
-                          capture_output=True, text=True, timeout=900)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    return losses(straight, "v")
-
-
-def test_killed_and_resumed_run_logs_the_losses_of_the_uninterrupted_run(synthetic_corpus, tmp_path):
-    expected = uninterrupted_losses(synthetic_corpus, tmp_path)
-    assert sorted(expected) == list(range(STEPS))  # two epochs of 15 steps and part of a third
-
+def test_a_killed_and_resumed_run_logs_the_losses_rows_and_routing_windows_of_the_uninterrupted_run(
+    synthetic_corpus, uninterrupted, tmp_path
+):
     run = tmp_path / "killed"
     run.mkdir()
-    config = resumable_config(synthetic_corpus, run, "first")
-    # Killed mid-epoch: at the start of step 25 (epoch 1, step 10 of 15), last.ckpt holds step 20.
+    config = resumable_config(synthetic_corpus, run, "v", flush_every_step=True)
+    # Killed mid-epoch: at the start of step 25 (epoch 1, step 10 of 15), last.ckpt holds step 20, and metrics.csv
+    # the rows of steps 20-24 too, which the resumed run trains and logs again.
     returncode, stderr = killed_fit(config, 25, tmp_path)
     assert returncode == -signal.SIGKILL, stderr
-    assert saved_step(run / "checkpoints" / "last.ckpt") == 20
-    assert not (run / "checkpoints" / "epoch=2-step=30.ckpt").exists()
+    checkpoints = run / "checkpoints"
+    assert saved_step(checkpoints / "last.ckpt") == 20
+    assert sorted(losses(run, "v")) == list(range(25))
+    saved = {path.name: path.stat().st_mtime_ns for path in checkpoints.glob("epoch=*.ckpt")}
+    assert sorted(saved_step(checkpoints / name) for name in saved) == [10, 20]
+
+    resumed = fit(config, tmp_path, "--ckpt_path", "last")
+    assert f"mmoe fit: run folder {run}: taking over the lock of a run that ended without releasing it (host " in (
+        resumed.stderr
+    )
+    assert not (run / LOCK_FILE).exists()
+    # It continued from step 20: the earlier checkpoints untouched, the later ones its own.
+    after = {path.name: path.stat().st_mtime_ns for path in checkpoints.glob("epoch=*.ckpt")}
+    assert {name: after[name] for name in saved} == saved
+    assert sorted(saved_step(checkpoints / name) for name in after.keys() - saved.keys()) == [30, 40]
+
+    rows, expected_rows = metrics(run, "v"), metrics(uninterrupted, "v")
+    assert [row["step"] for row in rows] == [row["step"] for row in expected_rows]
+    assert losses(run, "v") == losses(uninterrupted, "v")
+    stats, expected_stats = (json.loads((root / "routing_stats.json").read_text()) for root in (run, uninterrupted))
+    assert stats["total_tokens"] == expected_stats["total_tokens"]
+    assert stats["total_loads"] == expected_stats["total_loads"]
+    assert stats["windows"] == expected_stats["windows"]
+
+
+def test_sigterm_saves_the_step_in_progress_and_the_resumed_run_continues_exactly(
+    synthetic_corpus, uninterrupted, tmp_path
+):
+    """The step in progress is trained, logged and saved to `last.ckpt`, one line on stderr names the signal, the step
+    and the resume command, the exit code is 128 + the signal's number, and the resumed run logs the uninterrupted
+    run's losses."""
+    expected = losses(uninterrupted, "v")
+    run = tmp_path / "signalled"
+    run.mkdir()
+    config = resumable_config(synthetic_corpus, run, "first")
+    checkpoint = run / "checkpoints" / "last.ckpt"
+    process = start_fit(config, tmp_path)
+    wait_for_checkpoint(process, checkpoint, 10)  # mid-epoch 0 (15 steps), before the next checkpoint (step 20)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=600)
+    assert process.returncode == 128 + signal.SIGTERM == 143
+    line = stop_line(stderr, "SIGTERM")
+    step = saved_step_in(line, checkpoint)
+    before = losses(run, "first")
+    assert step > 10 and sorted(before) == list(range(step))  # every step trained was logged, and saved
 
     resumed_config = yaml.safe_load(config.read_text())
     resumed_config["trainer"]["logger"][0]["init_args"]["version"] = "resumed"
     config.write_text(yaml.safe_dump(resumed_config))
-    resumed = subprocess.run(fit_command(config, "--ckpt_path", "last"), cwd=tmp_path, env=ENV,
-                             capture_output=True, text=True, timeout=900)  # fmt: skip
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    resume = shlex.split(line.split("resume with: mmoe ", 1)[1])
+    assert resume == ["fit", "--config", str(config), "--ckpt_path", "last"]
+    fit(config, tmp_path, "--ckpt_path", "last")
     after = losses(run, "resumed")
-    assert sorted(after) == list(range(20, STEPS))
-    assert after == {step: expected[step] for step in after}
+    assert sorted(after) == list(range(step, STEPS))
+    assert after == {s: expected[s] for s in after}
+    assert before == {s: expected[s] for s in before}
