@@ -43,6 +43,8 @@ def test_a_two_process_run_resumed_inside_a_routing_window_writes_the_uninterrup
     synthetic_corpus, tmp_path
 ):
     def fit(root: Path, steps: int, *extra: str) -> None:
+        # ``-m mmoe.cli``, not resumable_fit's ``-c`` command: Lightning starts the second process by re-running
+        # this one's module or script, and a ``-c`` process has neither.
         root.mkdir(exist_ok=True)
         command = [sys.executable, "-m", "mmoe.cli", "fit", "--config", str(two_process_config(synthetic_corpus,
                    root, steps)), *extra]  # fmt: skip
