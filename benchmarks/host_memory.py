@@ -37,8 +37,8 @@ def child(steps: int, threads: int) -> dict:
     from mmoe.data.converters.coco import CAPTION_TOKENS_FILE, write_caption_tokens
     from mmoe.host_memory import keep_freed_memory
     from mmoe.pipeline.settings import DEMO
+    from mmoe.runtime.optimizer import parameter_groups
     from mmoe.tasks.captioning import CaptioningFineTuning
-    from mmoe.tasks.optimizer import parameter_groups
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from caption_head import masked_caption_batch, synthetic_captions

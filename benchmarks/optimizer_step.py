@@ -1,5 +1,6 @@
-"""The AdamW update of a task's parameters: torch's fused kernel (what :func:`mmoe.tasks.optimizer.adamw_with_schedule`
-picks for plain CPU / CUDA parameters) against the for-each and per-parameter implementations.
+"""The AdamW update of a task's parameters: torch's fused kernel (what
+:func:`mmoe.runtime.optimizer.adamw_with_schedule` picks for plain CPU / CUDA parameters) against the for-each and
+per-parameter implementations.
 
 The parameters are those of the default demo's captioning task (``mmoe demo``: the backbone its settings train, read
 from the tiny MH-MoE configs with ``DEMO``'s overrides, and the head over the synthetic captions' token ids) in mmoe's
@@ -23,14 +24,14 @@ from pathlib import Path
 
 import torch
 
+from mmoe.config.launch import read_config
 from mmoe.data.converters.coco import CAPTION_TOKENS_FILE, write_caption_tokens
 from mmoe.model import MultiwayConfig
 from mmoe.model.config import config_from_dict
 from mmoe.pipeline.launch import pretrain_configs
 from mmoe.pipeline.settings import DEMO
+from mmoe.runtime.optimizer import parameter_groups
 from mmoe.tasks.captioning import CaptioningFineTuning
-from mmoe.tasks.launch import read_config
-from mmoe.tasks.optimizer import parameter_groups
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from caption_head import synthetic_captions  # noqa: E402

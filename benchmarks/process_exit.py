@@ -1,7 +1,7 @@
 """The CPU time a process spends exiting, with the objects alive at exit frozen
 (:func:`mmoe.process_exit.freeze_at_exit`, what the ``mmoe`` command does) and with the interpreter's own shutdown.
 
-Each process imports ``--module`` (by default ``mmoe.tasks.cli``: what ``mmoe fit`` imports, torch and Lightning with
+Each process imports ``--module`` (by default ``mmoe.config.cli``: what ``mmoe fit`` imports, torch and Lightning with
 it), freezes at exit or not (``MMOE_FREEZE_AT_EXIT``), prints the CPU time it has used and exits; the parent reads the
 process's whole CPU time (user + system, ``os.wait4``). Its exit is the difference. The two settings alternate for
 ``--rounds`` rounds.
@@ -10,7 +10,7 @@ Output: one JSON line per process ``{"freeze_at_exit", "work_cpu_s", "exit_cpu_s
 over rounds as ``{"comparison": "frozen_exit / default_exit", "ratio"}`` and
 ``{"comparison": "frozen_total / default_total", "ratio"}``.
 
-Run: ``.venv/bin/python benchmarks/process_exit.py [--rounds 5] [--module mmoe.tasks.cli]``
+Run: ``.venv/bin/python benchmarks/process_exit.py [--rounds 5] [--module mmoe.config.cli]``
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def measure(module: str, setting: str) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--module", default="mmoe.tasks.cli", help="what each process imports before it exits")
+    parser.add_argument("--module", default="mmoe.config.cli", help="what each process imports before it exits")
     args = parser.parse_args(argv)
     lines: dict[str, list[dict]] = {name: [] for name in SETTINGS}
     for _ in range(args.rounds):

@@ -1,4 +1,4 @@
-"""The cost of logging routing statistics (RoutingStatsCallback, mmoe.tasks.routing_logging) as a share of the step.
+"""The cost of logging routing statistics (RoutingStatsCallback, mmoe.runtime.routing_logging) as a share of the step.
 
 Trains the tiny pre-training backbone (``configs/pretrain/tiny.yaml`` with a MoE part, ``xmoe`` by default: 4
 layers, 192 wide, 64-px images, 8 experts every other layer) on random batches of the tiny config's shape (32 images
@@ -32,7 +32,7 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from torch.utils.data import DataLoader, TensorDataset
 
 from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
-from mmoe.tasks.routing_callback import RoutingStatsCallback
+from mmoe.runtime.routing_callback import RoutingStatsCallback
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_SHARE = 0.03

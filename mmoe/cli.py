@@ -46,7 +46,7 @@ from collections.abc import Callable, Sequence
 from mmoe.host_memory import keep_freed_memory
 from mmoe.process_exit import freeze_at_exit
 
-#: The subcommands LightningCLI runs (``mmoe.tasks.cli.lightning_command``); they get the whole argv.
+#: The subcommands LightningCLI runs (``mmoe.config.cli.lightning_command``); they get the whole argv.
 LIGHTNING_SUBCOMMANDS = ("fit", "validate", "test", "predict")
 
 
@@ -68,11 +68,11 @@ class Command:
 def moe_info(argv: Sequence[str]) -> int:
     from jsonargparse import ArgumentParser
 
+    from mmoe.config.safety import install_config_safety, parse_errors_in_one_line
     from mmoe.io import report_error
     from mmoe.model.cost import ffn_flops_per_token, ffn_parameters
     from mmoe.moe import MoEConfig, build_moe_layer
     from mmoe.moe.cost import active_parameters_per_token, flops_per_token, moe_parameter_count
-    from mmoe.tasks.config_safety import install_config_safety, parse_errors_in_one_line
 
     install_config_safety()
     parser = ArgumentParser(prog="mmoe moe-info", description="Parameter and FLOP counts of one MoE layer.")
@@ -98,13 +98,13 @@ def moe_info(argv: Sequence[str]) -> int:
 
 COMMANDS: dict[str, Command] = {
     "moe-info": Command("mmoe.cli", "moe_info"),
-    "info": Command("mmoe.tasks.info", "info_command"),
+    "info": Command("mmoe.commands.info", "info_command"),
     "infer": Command("mmoe.infer", "infer_command"),
-    **{name: Command("mmoe.tasks.cli", "lightning_command") for name in LIGHTNING_SUBCOMMANDS},
+    **{name: Command("mmoe.config.cli", "lightning_command") for name in LIGHTNING_SUBCOMMANDS},
     "tokenizer": Command("mmoe.tasks.visual_codebook", "tokenizer_command"),
-    "export": Command("mmoe.tasks.pretrained", "export_command"),
-    "export-backbone": Command("mmoe.tasks.backbone_commands", "export_backbone_command"),
-    "upcycle": Command("mmoe.tasks.backbone_commands", "upcycle_command"),
+    "export": Command("mmoe.commands.export", "export_command"),
+    "export-backbone": Command("mmoe.commands.backbone", "export_backbone_command"),
+    "upcycle": Command("mmoe.commands.backbone", "upcycle_command"),
     "eval": Command("mmoe.metrics.cli", "eval_command"),
     "data": Command("mmoe.data.cli", "data_command"),
     "viz": Command("mmoe.viz.cli", "viz_command"),

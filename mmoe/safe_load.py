@@ -2,7 +2,7 @@
 one-line errors that name the file, what it was to the caller and what was expected.
 
 Unpickling with ``weights_only=True`` rebuilds only tensors, containers, numbers, strings and classes registered with
-``torch.serialization.add_safe_globals`` (mmoe registers its backbone configs in :mod:`mmoe.tasks.checkpoint`) or
+``torch.serialization.add_safe_globals`` (mmoe registers its backbone configs in :mod:`mmoe.runtime.checkpoint`) or
 allowed for one load by its caller (``allowed``: a VQ-KD file's ``argparse.Namespace``), never an arbitrary callable, so
 a crafted file cannot run code. The format is found from the bytes, not the file name: a ``.pth`` saved as ``.zip`` (a
 torch zip archive under another name) reads like any other.

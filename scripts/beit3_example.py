@@ -26,13 +26,13 @@ import sentencepiece
 import torch
 
 from mmoe.cli import main
+from mmoe.config.launch import run_lightning
 from mmoe.data.answers import ANSWERS_FILE
 from mmoe.data.synth.chance import ChanceLevels
 from mmoe.data.synth.layout import SUMMARY_FILE, VQA_TRAIN_SPLIT, VQA_VAL_SPLIT
 from mmoe.metrics.vqa import evaluate_vqa_files
 from mmoe.pipeline.launch import CONFIGS
-from mmoe.tasks.launch import run_lightning
-from mmoe.tasks.layout import RunLayout
+from mmoe.runtime.layout import RunLayout
 
 #: The tiny BEiT-3: the shape of configs/finetune/vqav2_tiny.yaml's backbone (64-wide heads, as every BEiT-3).
 SHAPE = dict(encoder_embed_dim=192, encoder_attention_heads=3, encoder_ffn_embed_dim=768, encoder_layers=4,

@@ -22,7 +22,7 @@ from mmoe.pipeline.benchmarks import BENCHMARKS
 from mmoe.pipeline.launch import finetune_launch, predict_launch, train
 from mmoe.pipeline.layout import PipelineRun
 from mmoe.pipeline.settings import DEMO
-from mmoe.tasks.layout import RunLayout
+from mmoe.runtime.layout import RunLayout
 
 
 def merged(base: dict, changes: dict) -> dict:

@@ -24,7 +24,7 @@ from mmoe.pipeline.comparison_items import document, files_entry
 from mmoe.pipeline.layout import PipelineRun
 from mmoe.pipeline.settings import DEMO
 from mmoe.pipeline.stages import PipelineError
-from mmoe.tasks.layout import RunLayout
+from mmoe.runtime.layout import RunLayout
 
 
 def folder_items(pretrained: Path, random_init: Path) -> dict:

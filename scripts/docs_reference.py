@@ -42,7 +42,7 @@ CONFIGS = {
     "mmoe.moe.MoEConfig": "one MoE layer (``mmoe moe-info --moe.*``, :func:`mmoe.moe.build_moe_layer`)",
     "mmoe.model.MoEPlan": "a backbone's MoE layers (``model.init_args.backbone.moe`` of a config)",
     "mmoe.model.MultiwayConfig": "the backbone (``model.init_args.backbone`` of a config)",
-    "mmoe.tasks.optimizer.OptimizerConfig": "a task's optimiser (``model.init_args.optimizer`` of a config)",
+    "mmoe.runtime.optimizer.OptimizerConfig": "a task's optimiser (``model.init_args.optimizer`` of a config)",
     "mmoe.pipeline.settings.TrainingSettings": "a pipeline run: the demo's presets and the study's runs",
     "mmoe.study.settings.StudySettings": "``mmoe study claims``' presets",
 }
@@ -61,10 +61,22 @@ API_PAGES = {
             "mmoe.tasks.nlvr2.NLVR2FineTuning",
             "mmoe.tasks.captioning.CaptioningFineTuning",
             "mmoe.tasks.retrieval.RetrievalFineTuning",
-            "mmoe.tasks.routing_callback.RoutingStatsCallback",
-            "mmoe.tasks.optimizer.OptimizerConfig",
             "mmoe.tasks.pretrained.from_pretrained",
         ],
+    ),
+    "runtime": (
+        "mmoe.runtime",
+        [
+            "mmoe.runtime",
+            "mmoe.runtime.backbone_training.BackboneTraining",
+            "mmoe.runtime.optimizer.OptimizerConfig",
+            "mmoe.runtime.routing_callback.RoutingStatsCallback",
+            "mmoe.runtime.snapshots.BackboneSnapshots",
+        ],
+    ),
+    "config": (
+        "mmoe.config",
+        ["mmoe.config", "mmoe.config.launch.read_config", "mmoe.config.launch.run_lightning"],
     ),
     "metrics": (
         "mmoe.metrics",

@@ -109,7 +109,7 @@ def read_benchmark(text: str) -> tuple[list[str], dict[str, Any]]:
 
 
 def read_fit(text: str) -> tuple[list[str], dict[str, Any]]:
-    """The last logged step and loss of ``mmoe fit`` and its tokens/s over the run (:mod:`mmoe.tasks.throughput`)."""
+    """The last logged step and loss of ``mmoe fit`` and its tokens/s over the run (:mod:`mmoe.runtime.throughput`)."""
     steps = re.findall(r"mmoe fit: step (\d+)/\d+\s+loss (\S+)", text)
     total = re.search(r"mmoe fit: trained on [\d,]+ tokens in [\d.]+ s: ([\d,]+) tokens/s", text)
     parsed: dict[str, Any] = {}

@@ -9,9 +9,9 @@ import sentencepiece
 import yaml
 
 from mmoe.cli import main
+from mmoe.config.cli import MMoECLI, cli_arguments
 from mmoe.data.synth.convert import convert_layout
 from mmoe.data.synth.corpus import SynthSizes, build_corpus
-from mmoe.tasks.cli import MMoECLI, cli_arguments
 
 #: The tiny pre-training base; its variants' parts lie in ``tiny/``.
 TINY_PRETRAINING = Path(__file__).resolve().parents[1] / "configs" / "pretrain" / "tiny.yaml"

@@ -13,7 +13,7 @@ from PIL import Image
 
 from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
 from mmoe.moe import RoutingRecord
-from mmoe.tasks.checkpoint import export_backbone
+from mmoe.runtime.checkpoint import export_backbone
 
 
 def tiny_config(moe: MoEPlan | None | str = "mh-moe", **overrides) -> MultiwayConfig:

@@ -50,27 +50,54 @@ def breaches(layer: str, forbidden: tuple[str, ...], allowed_in: tuple[str, ...]
     ]
 
 
-#: The layers on top: the pipeline kit, the command, the demo, the claims study, inference and the harness adapters.
-TOP = ("mmoe.pipeline", "mmoe.demo", "mmoe.study", "mmoe.infer", "mmoe.cli", "mmoe.harness")
+#: The layers on top: the pipeline kit, the commands, the demo, the claims study, inference and the harness adapters.
+TOP = ("mmoe.pipeline", "mmoe.demo", "mmoe.study", "mmoe.infer", "mmoe.cli", "mmoe.commands", "mmoe.harness")
 
-RULES = {
-    "mmoe.moe is the bottom layer": ("mmoe.moe", ("mmoe.model", "mmoe.data", "mmoe.tasks", "mmoe.metrics", "mmoe.viz",
-                                                  *TOP, *LIGHTNING), ()),
-    "mmoe.model builds on mmoe.moe only": ("mmoe.model", ("mmoe.data", "mmoe.tasks", "mmoe.metrics", "mmoe.viz",
-                                                          *TOP, *LIGHTNING), ()),
+#: The training house, bottom up: what every run has, the tasks, how a run is configured.
+TRAINING = ("mmoe.runtime", "mmoe.tasks", "mmoe.config")
+
+#: Rule -> (the package it holds for, the packages it never imports, its modules the rule leaves out).
+RULES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
+    "mmoe.moe is the bottom layer": (
+        "mmoe.moe",
+        ("mmoe.model", "mmoe.data", "mmoe.metrics", "mmoe.viz", *TRAINING, *TOP, *LIGHTNING),
+        (),
+    ),
+    "mmoe.model builds on mmoe.moe only": (
+        "mmoe.model",
+        ("mmoe.data", "mmoe.metrics", "mmoe.viz", *TRAINING, *TOP, *LIGHTNING),
+        (),
+    ),
     "mmoe.metrics are functions over records and predictions": (
-        "mmoe.metrics", ("mmoe.model", "mmoe.tasks", "mmoe.viz", *TOP, *LIGHTNING),
-        ()),
+        "mmoe.metrics",
+        ("mmoe.model", "mmoe.viz", *TRAINING, *TOP, *LIGHTNING),
+        (),
+    ),
     "mmoe.data knows no model, task or figure": (
-        "mmoe.data", ("mmoe.model", "mmoe.tasks", "mmoe.viz", *TOP, *LIGHTNING),
-        ("mmoe.data.datamodules",)),
+        "mmoe.data",
+        ("mmoe.model", "mmoe.viz", *TRAINING, *TOP, *LIGHTNING),
+        ("mmoe.data.datamodules",),
+    ),
     "mmoe.viz reads backbones through their public API": (
-        "mmoe.viz", ("mmoe.model.layers", *TOP, *LIGHTNING), ()),
-    "mmoe.tasks do not draw or run a pipeline": ("mmoe.tasks", ("mmoe.viz", *TOP), ()),
-    "the pipeline kit knows no recipe": ("mmoe.pipeline", ("mmoe.demo", "mmoe.study", "mmoe.infer", "mmoe.cli"), ()),
+        "mmoe.viz",
+        ("mmoe.model.layers", "mmoe.tasks", "mmoe.config", *TOP, *LIGHTNING),
+        (),
+    ),
+    "mmoe.runtime knows no task, config or figure": (
+        "mmoe.runtime",
+        ("mmoe.tasks", "mmoe.config", "mmoe.viz", *TOP),
+        (),
+    ),
+    "mmoe.tasks are not configured, drawn or run by a pipeline": ("mmoe.tasks", ("mmoe.config", "mmoe.viz", *TOP), ()),
+    "mmoe.config runs no pipeline and draws nothing": ("mmoe.config", ("mmoe.viz", *TOP), ()),
+    "the pipeline kit knows no recipe": (
+        "mmoe.pipeline",
+        ("mmoe.demo", "mmoe.study", "mmoe.infer", "mmoe.cli", "mmoe.commands"),
+        (),
+    ),
     "the demo does not run the study": ("mmoe.demo", ("mmoe.study",), ()),
     "the study does not run the demo": ("mmoe.study", ("mmoe.demo",), ()),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("rule", RULES)
@@ -127,7 +154,9 @@ def allowed_imports(rows: list[tuple[int, list[str], str]]) -> dict[str, tuple[s
                 may += tuple(name for name, other in layer_of.items() if other < layer)
             if "layer 0" in words:
                 may += tuple(name for name, other in layer_of.items() if other == 0)
-            may += tuple(f"mmoe.{word}" for word in re.findall(r"\b(data|metrics|model|moe|tasks|viz)\b", words))
+            may += tuple(
+                f"mmoe.{word}" for word in re.findall(r"\b(data|metrics|model|moe|runtime|tasks|config|viz)\b", words)
+            )
         for name in names:
             allowed[name] = (name, *may)
     return allowed
@@ -160,11 +189,11 @@ def test_every_import_is_allowed_by_its_may_import_cell():
 
 def test_the_allow_lists_see_a_breach():
     MODULES["mmoe.io.example"] = {"mmoe.tasks.base"}
-    MODULES["mmoe.viz.example"] = {"mmoe.model.layers", "mmoe.tasks.checkpoint"}
+    MODULES["mmoe.viz.example"] = {"mmoe.model.layers", "mmoe.runtime.checkpoint"}
     try:
         assert not within("mmoe.tasks.base", *ALLOWED[owner("mmoe.io.example")])
         assert not within("mmoe.model.layers", *ALLOWED[owner("mmoe.viz.example")])
-        assert within("mmoe.tasks.checkpoint", *ALLOWED[owner("mmoe.viz.example")])
+        assert within("mmoe.runtime.checkpoint", *ALLOWED[owner("mmoe.viz.example")])
     finally:
         del MODULES["mmoe.io.example"], MODULES["mmoe.viz.example"]
 
@@ -215,5 +244,10 @@ def test_the_rules_see_a_breach():
             "mmoe.moe.example imports lightning",
             "mmoe.moe.example imports mmoe.tasks.base",
         ]
+        MODULES["mmoe.runtime.example"] = {"mmoe.tasks.base", "mmoe.model"}
+        assert breaches("mmoe.runtime", RULES["mmoe.runtime knows no task, config or figure"][1]) == [
+            "mmoe.runtime.example imports mmoe.tasks.base"
+        ]
     finally:
         del MODULES["mmoe.moe.example"]
+        MODULES.pop("mmoe.runtime.example", None)

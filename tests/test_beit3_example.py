@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mmoe.tasks.checkpoint import load_backbone
+from mmoe.runtime.checkpoint import load_backbone
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "beit3_example.py"
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from mmoe.config.cli import fill_run_folder, lightning_command
+from mmoe.config.launch import read_config
 from mmoe.model.config import PRESETS
-from mmoe.tasks.cli import fill_run_folder, lightning_command
-from mmoe.tasks.launch import read_config
 
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")
 
@@ -128,7 +128,7 @@ def test_config_parses_with_the_fit_parser(configs, monkeypatch):
     assert model["class_path"].split(".")[:2] == ["mmoe", "tasks"]
     assert data["class_path"].startswith("mmoe.data.datamodules.")
     assert config["trainer"]["max_steps"] > 0  # iterable loaders: the schedule needs a step count
-    # The run folder is stated once: the loggers and the callbacks' folders follow it (mmoe.tasks.cli.fill_run_folder).
+    # The run folder is stated once: the loggers and the callbacks' folders follow it (mmoe.config.cli.fill_run_folder).
     assert config["trainer"]["default_root_dir"].startswith("runs/") and config["trainer"]["logger"] is None
     for callback in config["trainer"]["callbacks"]:
         assert not {"dirpath", "save_dir"} & {name for name, value in callback["init_args"].items() if value}

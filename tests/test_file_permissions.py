@@ -17,7 +17,7 @@ import yaml
 from mmoe.atomic import atomic_write, current_umask, write_json_atomic, write_text_atomic
 from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
 from mmoe.model.config import PRESETS
-from mmoe.tasks.checkpoint import export_backbone
+from mmoe.runtime.checkpoint import export_backbone
 from mmoe.tasks.visual_codebook import PatchCodebook
 
 

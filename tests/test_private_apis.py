@@ -1,5 +1,5 @@
 """Private names of torch, Lightning and jsonargparse are reached only through mmoe's adapters
-(:mod:`mmoe.tasks.lightning_internals`, :mod:`mmoe.tasks.torch_internals`, checked against the installed versions by
+(:mod:`mmoe.runtime.lightning_internals`, :mod:`mmoe.runtime.torch_internals`, checked against the installed versions by
 ``tests/tasks/test_lightning_internals.py``), so no new use can creep in unchecked.
 
 Read from the source of ``mmoe/``, ``scripts/`` and ``benchmarks/``: an import of a ``_`` name or from a ``_`` module
@@ -18,7 +18,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SCANNED = ("mmoe", "scripts", "benchmarks")
-ADAPTERS = ("mmoe/tasks/lightning_internals.py", "mmoe/tasks/torch_internals.py")
+ADAPTERS = ("mmoe/runtime/lightning_internals.py", "mmoe/runtime/torch_internals.py")
 LIBRARIES = ("torch", "lightning", "lightning_fabric", "pytorch_lightning", "jsonargparse")
 
 #: Uses in ``mmoe.moe``, below the adapters (it never imports ``mmoe.tasks``), each guarded or documented where it is.
@@ -154,7 +154,7 @@ def test_no_module_outside_the_adapters_reaches_a_private_library_name():
     uses = private_uses()
     outside = sorted(uses - BELOW_THE_ADAPTERS)
     assert not outside, (
-        "private torch / Lightning / jsonargparse names reached outside mmoe.tasks.lightning_internals and "
-        f"mmoe.tasks.torch_internals (put them behind a public name there, with a test): {outside}"
+        "private torch / Lightning / jsonargparse names reached outside mmoe.runtime.lightning_internals and "
+        f"mmoe.runtime.torch_internals (put them behind a public name there, with a test): {outside}"
     )
     assert BELOW_THE_ADAPTERS <= uses  # each exception is still needed

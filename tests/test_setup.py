@@ -66,7 +66,7 @@ def test_a_machine_without_pip_settings_gives_no_option_and_no_empty_line():
 
 
 @pytest.mark.parametrize(
-    "name", ["torch.nn.modules.linear", "lightning.pytorch.trainer.trainer", "jsonargparse", "mmoe.tasks.launch"]
+    "name", ["torch.nn.modules.linear", "lightning.pytorch.trainer.trainer", "jsonargparse", "mmoe.config.launch"]
 )
 def test_the_modules_every_process_imports_are_byte_compiled(name):
     """Where PYTHONDONTWRITEBYTECODE is set (as where CI runs), no process writes .pyc files, so the set-up writes them:

@@ -25,8 +25,8 @@ from PIL import Image
 
 from mmoe.cli import main
 from mmoe.model import MultiwayConfig, MultiwayTransformer, to_beit3
+from mmoe.runtime.checkpoint import load_backbone
 from mmoe.tasks import from_pretrained
-from mmoe.tasks.checkpoint import load_backbone
 from tests.cli_fixtures import tiny_sentencepiece
 from tests.tutorial_commands import TUTORIALS, block_commands, mmoe_arguments, page_commands
 

@@ -33,7 +33,7 @@ def figures_stage(run: PipelineRun, variant: str) -> Stage:
     pretrained, finetuned = run.backbone(variant), run.finetuned_backbone(variant, FIGURES_TASK)
 
     def draw() -> dict:
-        from mmoe.tasks.checkpoint import export_backbone, load_backbone
+        from mmoe.runtime.checkpoint import export_backbone, load_backbone
         from mmoe.viz.cli import draw_stats_heatmaps, draw_subtoken_maps
 
         export_backbone(load_backbone(run.finetuning(variant, FIGURES_TASK).last_checkpoint), finetuned)

@@ -13,11 +13,11 @@ from mmoe.data.transforms import eval_transform
 from mmoe.infer.images import ImageFileError, read_user_image
 from mmoe.io import one_line
 from mmoe.model.pretrained import unknown_backbone_fields, unknown_to_this_mmoe
+from mmoe.runtime.checkpoint import config_from_dict
+from mmoe.runtime.optimizer import nest_optimizer_arguments
 from mmoe.safe_load import load_checkpoint_file, require_finite_weights
 from mmoe.tasks.catalog import class_path, task_of_class_path
-from mmoe.tasks.checkpoint import config_from_dict
 from mmoe.tasks.finetuning import FineTuningTask
-from mmoe.tasks.optimizer import nest_optimizer_arguments
 from mmoe.tasks.pretrained import from_pretrained, text_length, unknown_arguments
 from mmoe.tasks.pretraining import MaskedPretraining
 

@@ -27,7 +27,7 @@ class MoEPlan(RoutingChoices):
 
     Args:
         expert_parallel: W > 1 holds num_experts / W experts of every MoE layer on each rank of an expert-parallel
-            group of W ranks in a distributed run (:mod:`mmoe.tasks.expert_parallel`); 1 = every rank holds every
+            group of W ranks in a distributed run (:mod:`mmoe.runtime.expert_parallel`); 1 = every rank holds every
             expert. Refused with ``strata``: Stratified MoE layers are not expert-sharded.
         every: layer i (0-based) is a MoE layer iff ``(i + 1) % every == 0`` (torchscale's ``moe_freq`` rule);
             2 = every other layer.

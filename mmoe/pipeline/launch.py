@@ -1,4 +1,4 @@
-"""How a pipeline trains and predicts: ``mmoe fit`` / ``predict`` in this process (:func:`mmoe.tasks.launch
+"""How a pipeline trains and predicts: ``mmoe fit`` / ``predict`` in this process (:func:`mmoe.config.launch
 .run_lightning`) on a config shipped in ``mmoe/configs``, with typed options that point it at the run directory and
 set the run's step counts, and the run's callbacks as objects."""
 
@@ -16,16 +16,16 @@ import lightning as L
 from jsonargparse import Namespace
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 
+from mmoe.config.cli import TENSORBOARD_LOGGER
+from mmoe.config.launch import read_config, run_lightning
 from mmoe.model.config import config_to_dict
 from mmoe.pipeline.layout import PipelineRun
 from mmoe.pipeline.stages import PipelineError, print_progress
-from mmoe.tasks.checkpoint import read_backbone_state
-from mmoe.tasks.cli import TENSORBOARD_LOGGER
+from mmoe.runtime.checkpoint import read_backbone_state
+from mmoe.runtime.layout import RunLayout
+from mmoe.runtime.routing_callback import RoutingStatsCallback
+from mmoe.runtime.run_logs import CSV_LOGGER
 from mmoe.tasks.finetuning import FineTuningTask, routes_over_the_batch
-from mmoe.tasks.launch import read_config, run_lightning
-from mmoe.tasks.layout import RunLayout
-from mmoe.tasks.routing_callback import RoutingStatsCallback
-from mmoe.tasks.run_logs import CSV_LOGGER
 from mmoe.tasks.zero_shot_probes import DEFAULT_PROBE_PAIRS
 
 #: The configs shipped with the package (``configs/`` at the repo root links here).
@@ -135,7 +135,7 @@ def trainer_options(
 
 
 def progress_lines(label: str, steps: int) -> dict[str, Any]:
-    """The options of a pipeline stage's progress lines (:class:`mmoe.tasks.throughput.Throughput`, which every run
+    """The options of a pipeline stage's progress lines (:class:`mmoe.runtime.throughput.Throughput`, which every run
     has): about six lines for ``steps`` steps, each starting with ``label``."""
     return {"label": label, "every_n_steps": max(10, steps // 6)}
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from mmoe.data.synth.layout import CorpusLayout
 from mmoe.io import read_json
 from mmoe.pipeline.settings import TrainingSettings
-from mmoe.tasks.layout import RunLayout
+from mmoe.runtime.layout import RunLayout
 
 #: The folder (under a variant's) and stage-name part of the fine-tunings from random init.
 RANDOM_INIT = "random-init"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 
 from mmoe.pipeline.launch import metrics_csv
-from mmoe.tasks.layout import RunLayout
+from mmoe.runtime.layout import RunLayout
 from mmoe.tasks.zero_shot_probes import PREFIX, probe_chance
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from mmoe.io import read_json, write_json
 from mmoe.pipeline.stages import PipelineError
-from mmoe.tasks.optimizer import OptimizerConfig
+from mmoe.runtime.optimizer import OptimizerConfig
 
 #: The options of ``model.init_args.optimizer`` a pipeline may set per fine-tuning task.
 OPTIMIZER_FIELDS = frozenset(field.name for field in dataclasses.fields(OptimizerConfig))
@@ -39,7 +39,7 @@ class TrainingSettings:
             (``MaskedPretraining(contrastive_coefficient=)``, VLMo's ITC); 0 = BEiT-3's masked data modelling alone.
         pretrain_output_vocab: whether the pre-training's MLM head predicts only the tokens of the corpus' training
             captions (``MaskedPretraining(output_vocab=)``) instead of the tokenizer's 49,408.
-        finetune_optimizer: per task, :class:`~mmoe.tasks.optimizer.OptimizerConfig` fields that replace the tiny
+        finetune_optimizer: per task, :class:`~mmoe.runtime.optimizer.OptimizerConfig` fields that replace the tiny
             config's (e.g. ``{"vqav2": {"learning_rate": 3e-4, "layer_decay": 0.4}}``).
         precision: Lightning's ``trainer.precision`` of every training and prediction stage (``bf16-mixed`` on a GPU).
     """

@@ -15,7 +15,7 @@ from mmoe.pipeline.benchmarks import Benchmark
 from mmoe.pipeline.launch import Launch, finetune_launch, predict_launch, pretrain_launch, train
 from mmoe.pipeline.layout import PipelineRun
 from mmoe.pipeline.stages import Stage, StageKey
-from mmoe.tasks.layout import RunLayout
+from mmoe.runtime.layout import RunLayout
 
 
 def corpus_stage(run: PipelineRun) -> Stage:
@@ -70,7 +70,7 @@ def export_stage(key: StageKey, checkpoint: Path, target: Path) -> Stage:
     """The backbone of a training checkpoint as an exported backbone file."""
 
     def export() -> dict:
-        from mmoe.tasks.checkpoint import export_backbone, load_backbone
+        from mmoe.runtime.checkpoint import export_backbone, load_backbone
 
         export_backbone(load_backbone(checkpoint), target)
         return {"files": [str(target)]}
@@ -125,7 +125,7 @@ def random_backbone_stage(key: StageKey, source: Path, target: Path, seed: int =
         import torch
 
         from mmoe.model import MultiwayTransformer
-        from mmoe.tasks.checkpoint import export_backbone, read_backbone_state
+        from mmoe.runtime.checkpoint import export_backbone, read_backbone_state
 
         config, _ = read_backbone_state(source)
         with torch.random.fork_rng(devices=[]):

@@ -20,7 +20,7 @@ from mmoe.metrics.routing_collect import (
     moe_layers_by_key,
     run_routing,
 )
-from mmoe.tasks.checkpoint import load_backbone
+from mmoe.runtime.checkpoint import load_backbone
 from mmoe.viz.inputs import Batch, TextEncoder, find_samples, make_batches
 
 #: A patch holds an object when one of its pixels has a channel above this level. The synthetic scenes'

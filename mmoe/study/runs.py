@@ -25,8 +25,8 @@ from mmoe.pipeline.standard_stages import (
     pretrain_stage,
     random_backbone_stage,
 )
+from mmoe.runtime.layout import RunLayout
 from mmoe.study.settings import CONSISTENCY_RULES, StudySettings
-from mmoe.tasks.layout import RunLayout
 from mmoe.tasks.vqa import VQAFineTuning
 
 #: The measurements of the analysis stage, under ``DIR/analysis`` (the report is recomputed from it).
@@ -238,7 +238,7 @@ class StudyRun(PipelineRun):
 
 def pretrain_stages(study: StudyRun, run: Pretraining, recipe: TrainingSettings | None = None) -> list[Stage]:
     """The pre-training ``run`` (with ``recipe``'s settings where ``run.recipe``) and the export of its backbone."""
-    from mmoe.tasks.snapshots import BackboneSnapshots
+    from mmoe.runtime.snapshots import BackboneSnapshots
 
     layout = study.pretrain_run(run)
     key = StageKey.of("pretrain", run.name)

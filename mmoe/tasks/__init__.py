@@ -1,4 +1,4 @@
-"""LightningModules for pre-training and fine-tuning, and checkpoint helpers.
+"""LightningModules for pre-training and fine-tuning, and the task catalog.
 
 ``mmoe.tasks.from_pretrained(folder)`` rebuilds the fine-tuned task model of a folder written by ``mmoe export``
 (:mod:`mmoe.tasks.pretrained`).

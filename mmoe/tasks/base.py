@@ -6,14 +6,14 @@ resume and the distributed hooks.
   plus the sum (or mean) of each further loss the layers return (``RoutingRecord.auxiliary_losses``: LIMoE's local
   and global entropy losses, already weighted by the MoE plan's ``local_entropy_weight`` / ``global_entropy_weight``),
   each logged as ``<stage>/<name>``.
-* AdamW with warm-up cosine (:mod:`mmoe.tasks.optimizer`, one typed ``optimizer`` argument of every task).
+* AdamW with warm-up cosine (:mod:`mmoe.runtime.optimizer`, one typed ``optimizer`` argument of every task).
 * X-MoE §3.1: expert embeddings are put back to L2 norm 0.1 after every optimiser step.
 * Auxiliary-loss-free balancing (Wang et al., 2024): routers with a selection bias get it updated after every
-  optimiser step from the step's expert loads (:mod:`mmoe.tasks.selection_bias`), its spread logged as
+  optimiser step from the step's expert loads (:mod:`mmoe.runtime.selection_bias`), its spread logged as
   ``train/selection_bias_spread``.
 * Exact resume: checkpoints hold the random generators' states (torch, CUDA, numpy, Python; every process's), put back
-  before the first training step after ``--ckpt_path`` (:mod:`mmoe.tasks.state`); the data loaders save their own
-  position. Optimiser settings changed on a resume train from the resumed step (:mod:`mmoe.tasks.optimizer_resume`).
+  before the first training step after ``--ckpt_path`` (:mod:`mmoe.runtime.state`); the data loaders save their own
+  position. Optimiser settings changed on a resume train from the resumed step (:mod:`mmoe.runtime.optimizer_resume`).
 * Samples the data loaders skipped (corrupt or lost) are logged as ``data/skipped/<stream>``.
 """
 
@@ -31,21 +31,21 @@ from torch.distributed.tensor import DTensor
 from mmoe.data.tokenizer import TextTokenizer
 from mmoe.model import MultiwayTransformer
 from mmoe.moe import RoutingRecord, restore_expert_embedding_norm
-from mmoe.tasks.checkpoint import config_to_dict
-from mmoe.tasks.expert_parallel import (
+from mmoe.runtime.checkpoint import config_to_dict
+from mmoe.runtime.expert_parallel import (
     ExpertGroups,
     average_expert_gradients,
     gather_optimizer_states,
     shard_experts,
     slice_optimizer_states,
 )
-from mmoe.tasks.fsdp import shard_task
-from mmoe.tasks.gradient_norm import MeasuredNorm, clip_to_measured_norm, local_total_norm, optimizer_gradients
-from mmoe.tasks.optimizer import OptimizerConfig, adamw_with_schedule, parameter_groups
-from mmoe.tasks.optimizer_resume import apply_optimizer_config, report_changes, resume_changes
-from mmoe.tasks.predictions import gather_objects
-from mmoe.tasks.selection_bias import SelectionLoads
-from mmoe.tasks.state import add_missing_optimizer_states, random_states, reshape_scalar_states, set_random_states
+from mmoe.runtime.fsdp import shard_task
+from mmoe.runtime.gradient_norm import MeasuredNorm, clip_to_measured_norm, local_total_norm, optimizer_gradients
+from mmoe.runtime.optimizer import OptimizerConfig, adamw_with_schedule, parameter_groups
+from mmoe.runtime.optimizer_resume import apply_optimizer_config, report_changes, resume_changes
+from mmoe.runtime.predictions import gather_objects
+from mmoe.runtime.selection_bias import SelectionLoads
+from mmoe.runtime.state import add_missing_optimizer_states, random_states, reshape_scalar_states, set_random_states
 
 #: The values of ``balance_reduce``: add or average the MoE layers' balance losses.
 BALANCE_REDUCTIONS = ("sum", "mean")
@@ -120,7 +120,7 @@ class BackboneTask(L.LightningModule):
             raise ValueError(f"model.z_loss_coefficient must be >= 0, got {z_loss_coefficient!r}")
         self.z_loss_coefficient = z_loss_coefficient
         self.optimizer_config = OptimizerConfig.from_value(optimizer)
-        #: The expert-parallel process groups once ``setup`` sharded the experts (:mod:`mmoe.tasks.expert_parallel`).
+        #: The expert-parallel process groups once ``setup`` sharded the experts (:mod:`mmoe.runtime.expert_parallel`).
         self.expert_groups: ExpertGroups | None = None
         #: Whether ``configure_model`` made the task FSDP2 units already (it runs once per stage).
         self.fully_sharded = False
@@ -130,7 +130,7 @@ class BackboneTask(L.LightningModule):
         #: optimiser when training starts.
         self.optimizer_changes: dict[str, tuple[Any, Any]] = {}
         #: The losses the latest training step logged (``train/loss``, ``train/balance_loss``, ...; detached): what a
-        #: non-finite step is reported with (:mod:`mmoe.tasks.non_finite`), read before the optimiser step.
+        #: non-finite step is reported with (:mod:`mmoe.runtime.non_finite`), read before the optimiser step.
         self.latest_train_losses: dict[str, torch.Tensor] = {}
         #: The loss-free balancing loads of the current optimiser step (made at the first training step).
         self.selection_loads: SelectionLoads | None = None
@@ -146,7 +146,7 @@ class BackboneTask(L.LightningModule):
         """Saves the backbone's architecture and the optimiser config in the hyper-parameters as plain dicts:
         checkpoints are read with ``weights_only=True``, and LightningCLI parses a checkpoint's hyper-parameters with
         ``--ckpt_path`` (in a fresh process it cannot read a :class:`MultiwayConfig` instance into ``backbone:
-        MultiwayConfig | None`` when the config file says null). :func:`mmoe.tasks.checkpoint.read_backbone_state`
+        MultiwayConfig | None`` when the config file says null). :func:`mmoe.runtime.checkpoint.read_backbone_state`
         reads both backbone forms (older checkpoints hold the instance)."""
         self.hparams.backbone = config_to_dict(self.backbone.config)
         self.hparams.optimizer = self.optimizer_config.to_dict()
@@ -222,7 +222,7 @@ class BackboneTask(L.LightningModule):
 
     def configure_model(self) -> None:
         """Under Lightning's ``ModelParallelStrategy`` (FSDP2): every backbone block and then the whole task become
-        fully sharded units over the data-parallel mesh (:mod:`mmoe.tasks.fsdp`), with bf16 / fp16 parameters in
+        fully sharded units over the data-parallel mesh (:mod:`mmoe.runtime.fsdp`), with bf16 / fp16 parameters in
         compute when the trainer's precision says so."""
         mesh = self.device_mesh
         if mesh is None or self.fully_sharded:
@@ -246,7 +246,7 @@ class BackboneTask(L.LightningModule):
     def gradient_norm(self, optimizer: torch.optim.Optimizer) -> torch.Tensor:
         """The total 2-norm of ``optimizer``'s gradients (``torch.nn.utils.get_total_norm``, on their device; each
         process's own shards of sharded gradients), kept for :meth:`configure_gradient_clipping` to reuse while the
-        gradients are unchanged (:mod:`mmoe.tasks.gradient_norm`)."""
+        gradients are unchanged (:mod:`mmoe.runtime.gradient_norm`)."""
         grads = optimizer_gradients(optimizer)
         if any(isinstance(grad, DTensor) for grad in grads):
             return local_total_norm(grads)

@@ -13,7 +13,7 @@ classes, and decoding never writes an id outside the list. On the synthetic corp
 model's training step (``benchmarks/caption_head.py``).
 
 Generation feeds ``[start, w_1 .. w_{t-1}, mask]`` and reads the next token at the mask slot, greedily or by beam
-search (:mod:`mmoe.tasks.decoding`), batched over images and beams. The whole prefix is recomputed every step (no
+search (:mod:`mmoe.model.decoding`), batched over images and beams. The whole prefix is recomputed every step (no
 key/value cache): captions are short (BEiT-3: 32 tokens), and the backbone stays a plain ``forward``. Validation
 decodes every image, writes ``[{"image_id", "caption"}]`` when ``results_dir`` is set, and logs the COCO caption
 metrics of :func:`mmoe.metrics.captions.score_captions` against the references in the batches.
@@ -45,12 +45,12 @@ from mmoe.data.transforms import eval_transform
 from mmoe.io import positive_int
 from mmoe.metrics.captions import ScorerUnavailableError, score_captions
 from mmoe.model import MultiwayConfig
+from mmoe.model.decoding import Decoded, beam_search, greedy_search
 from mmoe.model.heads import token_head
+from mmoe.model.output_vocab import class_index, classes_of, load_output_vocab
 from mmoe.moe import RoutingRecord
-from mmoe.tasks.decoding import Decoded, beam_search, greedy_search
+from mmoe.runtime.predictions import as_ids
 from mmoe.tasks.finetuning import FineTuningTask
-from mmoe.tasks.output_vocab import class_index, classes_of, load_output_vocab
-from mmoe.tasks.predictions import as_ids
 
 
 def caption_attention_mask(image_len: int, text_len: int, device: torch.device | str = "cpu") -> torch.Tensor:

@@ -27,10 +27,10 @@ from mmoe.data.tokenizer import TextTokenizer
 from mmoe.model import MultiwayConfig, MultiwayTransformer
 from mmoe.model.backbone import resize_vision_positions
 from mmoe.moe import RoutingRecord
+from mmoe.runtime.checkpoint import PretrainedWeights, config_from_dict, load_weights, read_pretrained
+from mmoe.runtime.optimizer import FINETUNING_OPTIMIZER, OptimizerConfig
+from mmoe.runtime.predictions import gather_objects, unique_entries
 from mmoe.tasks.base import BackboneTask, StepLosses, batch_size
-from mmoe.tasks.checkpoint import PretrainedWeights, config_from_dict, load_weights, read_pretrained
-from mmoe.tasks.optimizer import FINETUNING_OPTIMIZER, OptimizerConfig
-from mmoe.tasks.predictions import gather_objects, unique_entries
 
 #: Task arguments that name output files; kept out of the saved hyper-parameters.
 OUTPUT_ARGUMENTS = ("predictions_file", "results_dir")
@@ -44,7 +44,7 @@ class FineTuningTask(BackboneTask):
             the weights are loaded into this architecture, which must match the checkpoint's parameter shapes except
             ``image_size`` (the vision position table is resized bicubically, as BEiT-3 does to fine-tune at 384 or
             480 px); None = the checkpoint's own architecture.
-        pretrained: an exported backbone (``mmoe.tasks.checkpoint.export_backbone``), a Lightning checkpoint of
+        pretrained: an exported backbone (``mmoe.runtime.checkpoint.export_backbone``), a Lightning checkpoint of
             any mmoe task, or a released BEiT-3 checkpoint (``beit3_base_patch16_224.pth``, a task model; its task
             head loads into the matching task where the shapes agree, see :meth:`load_beit3_head`) to start from.
         text_tokenizer: the SentencePiece model of the texts (BEiT-3's ``beit3.spm``, XLM-R ids); None = open_clip's
@@ -58,7 +58,7 @@ class FineTuningTask(BackboneTask):
             X-MoE and MH-MoE.
         eval_capacity_factor: the MoE layers' capacity factor in evaluation and prediction (``MoEPlan
             .eval_capacity_factor``), over the pre-trained backbone's; None = keep the backbone's.
-        optimizer: AdamW and its warm-up cosine schedule (:class:`mmoe.tasks.optimizer.OptimizerConfig`; layer-wise
+        optimizer: AdamW and its warm-up cosine schedule (:class:`mmoe.runtime.optimizer.OptimizerConfig`; layer-wise
             decay and the head's learning-rate multiplier included).
 
     Prediction (``mmoe predict``, ``mmoe infer --shards``): ``predict_step`` appends the task's

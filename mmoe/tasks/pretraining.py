@@ -40,12 +40,12 @@ from mmoe.data.transforms import denormalize
 from mmoe.model import MultiwayConfig, MultiwayTransformer
 from mmoe.model.heads import LOG_LOGIT_SCALE_INIT, retrieval_heads
 from mmoe.model.initialization import init_beit3_
+from mmoe.model.output_vocab import class_index, classes_of, load_output_vocab
 from mmoe.model.vqkd import VQKDTokenizer, load_vqkd, unused_summary
 from mmoe.moe import RoutingRecord
+from mmoe.runtime.checkpoint import config_from_dict
+from mmoe.runtime.optimizer import PRETRAINING_OPTIMIZER, OptimizerConfig
 from mmoe.tasks.base import BackboneTask, StepLosses
-from mmoe.tasks.checkpoint import config_from_dict
-from mmoe.tasks.optimizer import PRETRAINING_OPTIMIZER, OptimizerConfig
-from mmoe.tasks.output_vocab import class_index, classes_of, load_output_vocab
 from mmoe.tasks.retrieval import contrastive_loss, gather_with_grad
 from mmoe.tasks.visual_codebook import PatchCodebook
 from mmoe.tasks.zero_shot_probes import DEFAULT_PROBE_PAIRS, ProbeEncoder, ZeroShotProbeCollector, probe_metrics
@@ -80,7 +80,7 @@ class MaskedPretraining(BackboneTask):
             without gradients in fp32, by the loader's workers on a CPU run with workers, else by the task.
         text_tokenizer: the SentencePiece model of the texts (BEiT-3's ``beit3.spm``, XLM-R ids); None = open_clip's
             BPE. The data's tokenizer follows it (the mmoe CLI links it); the backbone's text embedding must fit it.
-        output_vocab: a JSON list of the token ids the MLM head predicts (:mod:`mmoe.tasks.output_vocab`, e.g. a
+        output_vocab: a JSON list of the token ids the MLM head predicts (:mod:`mmoe.model.output_vocab`, e.g. a
             corpus' ``caption_tokens.json``); a masked token outside it is an error naming it. None = the whole
             vocabulary, as BEiT-3. On the synthetic corpus (43 ids in use) the MLM loss falls below the
             uniform level over the used ids within the demo's steps; over all 49,408 ids it does not.
@@ -95,8 +95,8 @@ class MaskedPretraining(BackboneTask):
             z-losses alike).
         z_loss_coefficient: weight of the router z-loss (ST-MoE Eq. 5; ST-MoE uses 1e-3); 0 = off, as in BEiT-3,
             X-MoE and MH-MoE.
-        optimizer: AdamW and its warm-up cosine schedule (:class:`mmoe.tasks.optimizer.OptimizerConfig`); the
-            default is BEiT-3's pre-training optimiser (:data:`mmoe.tasks.optimizer.PRETRAINING_OPTIMIZER`).
+        optimizer: AdamW and its warm-up cosine schedule (:class:`mmoe.runtime.optimizer.OptimizerConfig`); the
+            default is BEiT-3's pre-training optimiser (:data:`mmoe.runtime.optimizer.PRETRAINING_OPTIMIZER`).
         zero_shot_probes: whether validation logs zero-shot probes on the first held-out pairs of the validation pair
             stream (:mod:`mmoe.tasks.zero_shot_probes`: ``val/probe/...``, image-text matching and the synthetic
             world's colour and shape from class-name prompts), measured by the first process alone. Off in FSDP2 and

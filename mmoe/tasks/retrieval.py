@@ -39,9 +39,9 @@ from mmoe.metrics.retrieval import score_embeddings
 from mmoe.model import MultiwayConfig
 from mmoe.model.heads import LOG_LOGIT_SCALE_INIT, retrieval_heads
 from mmoe.moe import RoutingRecord
+from mmoe.runtime.predictions import as_ids
 from mmoe.tasks.base import StepLosses, batch_size
 from mmoe.tasks.finetuning import FineTuningTask
-from mmoe.tasks.predictions import as_ids
 
 
 def gather_with_grad(local_BD: torch.Tensor) -> torch.Tensor:

@@ -29,8 +29,8 @@ from mmoe.data.streams import ShardStream
 from mmoe.data.transforms import eval_transform
 from mmoe.io import check_output_path, report_error, writing_output
 from mmoe.model.config import MultiwayConfig
+from mmoe.runtime.checkpoint import atomic_save
 from mmoe.safe_load import load_checkpoint_file
-from mmoe.tasks.checkpoint import atomic_save
 
 CODEBOOK_FORMAT = "mmoe-visual-codebook"
 

@@ -34,8 +34,8 @@ from mmoe.metrics.vqa import vqa_accuracy
 from mmoe.model import MultiwayConfig
 from mmoe.model.heads import vqa_pooler_and_head
 from mmoe.moe import RoutingRecord
+from mmoe.runtime.predictions import as_ids
 from mmoe.tasks.finetuning import FineTuningTask, required_argument
-from mmoe.tasks.predictions import as_ids
 
 
 class VQAFineTuning(FineTuningTask):

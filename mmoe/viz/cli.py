@@ -4,7 +4,7 @@
   token) sub-token assignment-diversity maps (MH-MoE Fig. 1b, 8, 10): per checkpoint a grid images × MoE layers,
   plain and over the image, and with several checkpoints one side-by-side figure per layer.
 * ``mmoe viz heatmap --ckpt C --data SHARDS --out DIR`` (or ``--stats routing_stats.json`` saved by
-  :class:`mmoe.tasks.routing_callback.RoutingStatsCallback`) — expert-activation heatmap layer × expert per modality
+  :class:`mmoe.runtime.routing_callback.RoutingStatsCallback`) — expert-activation heatmap layer × expert per modality
   (MH-MoE Fig. 5), per-layer load bars and the activation-ratio-vs-threshold curve.
 * ``mmoe analyze routing --ckpt A [--compare B] [--runs C1 C2 ...] --data SHARDS [--batches N]`` — one JSON object:
   ``activation_ratio``, ``representation_collapse`` (X-MoE Eq. 11), ``requested_capacity`` per MoE layer, and, when
@@ -45,7 +45,7 @@ INPUT_ERRORS = (FileNotFoundError, InputError, ValueError)
 def _load(path: str, image_size: int | None = None, device: str = "cpu") -> torch.nn.Module:
     """A backbone with MoE layers from an exported backbone or a task checkpoint; ValueError naming the file."""
     from mmoe.metrics.routing_collect import moe_layers_by_key
-    from mmoe.tasks.checkpoint import load_backbone
+    from mmoe.runtime.checkpoint import load_backbone
 
     backbone = load_backbone(path)  # weights_only: a crafted file is refused, not run
     if not moe_layers_by_key(backbone):

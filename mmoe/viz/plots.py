@@ -1,7 +1,7 @@
 """Expert-load figures: activation heatmap layer × expert (MH-MoE Fig. 1a, 5), load bars, activation-ratio curve.
 
 All take the per-layer expert loads ``{"layer{i}/{modality}": (E,) counts}`` accumulated by
-:class:`mmoe.metrics.routing.RoutingTotals` or saved by :class:`mmoe.tasks.routing_callback.RoutingStatsCallback`,
+:class:`mmoe.metrics.routing.RoutingTotals` or saved by :class:`mmoe.runtime.routing_callback.RoutingStatsCallback`,
 and the tokens those counts were made on (``tokens``, same keys): with them an expert's frequency is its selections
 per token, MH-MoE's definition (Fig. 1a, 5); without them (statistics files written before tokens were saved) the
 figures show each expert's share of the layer's choices and say so.

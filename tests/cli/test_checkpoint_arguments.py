@@ -7,8 +7,8 @@ import pytest
 import torch
 import yaml
 
+from mmoe.config.cli import command_line_model_arguments, named_in, without_keys
 from mmoe.model.config import PRESETS
-from mmoe.tasks.cli import command_line_model_arguments, named_in, without_keys
 from tests.cli_fixtures import instantiate
 
 

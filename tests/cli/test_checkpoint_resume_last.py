@@ -15,9 +15,9 @@ import yaml
 from jsonargparse import Namespace
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from mmoe.config.launch import run_lightning
 from mmoe.model.config import PRESETS
-from mmoe.tasks.launch import run_lightning
-from mmoe.tasks.resume import checkpoint_folders, last_checkpoint_file
+from mmoe.runtime.resume import checkpoint_folders, last_checkpoint_file
 from tests.cli_fixtures import run_mmoe, small_shards
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")

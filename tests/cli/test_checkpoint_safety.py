@@ -15,7 +15,7 @@ import yaml
 
 from mmoe.cli import main
 from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
-from mmoe.tasks.checkpoint import config_to_dict, export_backbone
+from mmoe.runtime.checkpoint import config_to_dict, export_backbone
 from tests.cli_fixtures import run_mmoe, small_shards
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning")]

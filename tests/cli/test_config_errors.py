@@ -11,10 +11,10 @@ import torch
 import yaml
 
 from mmoe.cli import main
+from mmoe.config.cli import init_parameters
 from mmoe.model import MultiwayConfig, MultiwayTransformer
 from mmoe.model.config import PRESETS
-from mmoe.tasks.checkpoint import export_backbone
-from mmoe.tasks.cli import init_parameters
+from mmoe.runtime.checkpoint import export_backbone
 from mmoe.tasks.visual_codebook import PatchCodebook
 from tests.cli_fixtures import instantiate, run_mmoe, small_shards, tiny_pretraining
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from mmoe.tasks.config_extends import MAX_EXTENDS_DEPTH, merged, read_config_file, undotted
-from mmoe.tasks.config_yaml import ConfigFileError
-from mmoe.tasks.launch import read_config
+from mmoe.config.extends import MAX_EXTENDS_DEPTH, merged, read_config_file, undotted
+from mmoe.config.launch import read_config
+from mmoe.config.yaml_reading import ConfigFileError
 from tests.cli_fixtures import run_mmoe
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -34,7 +34,7 @@ def test_mappings_merge_key_by_key_and_a_class_list_by_class():
         "trainer": {"max_steps": 7, "plugins": ["c"]},
         "callbacks": [
             {"class_path": "ModelCheckpoint", "init_args": {"monitor": "val/accuracy"}},  # the class name alone
-            {"class_path": "mmoe.tasks.routing_callback.RoutingStatsCallback"},
+            {"class_path": "mmoe.runtime.routing_callback.RoutingStatsCallback"},
         ],
     }
     assert merged(part, settings) == {
@@ -42,7 +42,7 @@ def test_mappings_merge_key_by_key_and_a_class_list_by_class():
         "callbacks": [
             {"class_path": "ModelCheckpoint", "init_args": {"save_last": True, "monitor": "val/accuracy"}},
             {"class_path": "lightning.pytorch.callbacks.LearningRateMonitor"},
-            {"class_path": "mmoe.tasks.routing_callback.RoutingStatsCallback"},
+            {"class_path": "mmoe.runtime.routing_callback.RoutingStatsCallback"},
         ],
     }
     assert undotted({"trainer.max_steps": 7, "trainer": {"precision": "bf16-mixed"}}) == {

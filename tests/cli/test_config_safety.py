@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mmoe.tasks.config_safety import ALLOWED_PACKAGES, MAX_ERROR_CHARACTERS
-from mmoe.tasks.config_yaml import MAX_CONFIG_NODES, ConfigFileError, load_yaml_config
-from mmoe.tasks.launch import read_config
+from mmoe.config.launch import read_config
+from mmoe.config.safety import ALLOWED_PACKAGES, MAX_ERROR_CHARACTERS
+from mmoe.config.yaml_reading import MAX_CONFIG_NODES, ConfigFileError, load_yaml_config
 from tests.cli_fixtures import run_mmoe
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mmoe.tasks.config_yaml import MAX_CONFIG_NODES
+from mmoe.config.yaml_reading import MAX_CONFIG_NODES
 from tests.cli.test_config_safety import SHIPPED, fit, only_line
 from tests.cli_fixtures import run_mmoe
 

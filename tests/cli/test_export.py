@@ -21,7 +21,7 @@ from mmoe.cli import main
 from mmoe.infer.load import load_fine_tuned
 from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer, from_pretrained
 from mmoe.model.pretrained import PretrainedFolderError, read_weights
-from mmoe.tasks.checkpoint import config_to_dict, export_backbone, load_backbone
+from mmoe.runtime.checkpoint import config_to_dict, export_backbone, load_backbone
 from mmoe.tasks.vqa import VQAFineTuning
 from tests.cli_fixtures import run_mmoe, small_shards
 

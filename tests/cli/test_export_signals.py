@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from mmoe.model import MultiwayConfig, MultiwayTransformer, from_pretrained
-from mmoe.tasks.checkpoint import export_backbone
+from mmoe.runtime.checkpoint import export_backbone
 from tests.cli_fixtures import run_mmoe
 
 pytestmark = pytest.mark.slow

@@ -16,7 +16,7 @@ from PIL import Image
 
 from mmoe.cli import main
 from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
-from mmoe.tasks.checkpoint import config_to_dict, export_backbone
+from mmoe.runtime.checkpoint import config_to_dict, export_backbone
 from tests.cli_fixtures import run_mmoe, small_shards
 
 BACKBONE = MultiwayConfig.preset("test", moe=MoEPlan(num_experts=4, every=2, heads=2))

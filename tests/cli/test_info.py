@@ -11,14 +11,14 @@ import yaml
 from torch.utils.flop_counter import FlopCounterMode
 
 from mmoe.cli import main
+from mmoe.commands.info import variant_name
 from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
 from mmoe.model.cost import backbone_cost, backbone_parameters
 from mmoe.model.vqkd import vqkd_cost
 from mmoe.moe import MoEConfig, MoELayer
 from mmoe.moe.cost import active_parameters_per_token, flops_per_token, gate_cost
+from mmoe.runtime.checkpoint import config_to_dict
 from mmoe.tasks.captioning import CaptioningFineTuning
-from mmoe.tasks.checkpoint import config_to_dict
-from mmoe.tasks.info import variant_name
 from mmoe.tasks.nlvr2 import NLVR2FineTuning
 from mmoe.tasks.pretraining import MaskedPretraining
 from mmoe.tasks.retrieval import RetrievalFineTuning

@@ -16,9 +16,9 @@ from PIL import Image
 
 from mmoe.io import OutputPathError, check_output_path, write_json, writing_output
 from mmoe.model import MultiwayConfig, MultiwayTransformer
+from mmoe.runtime.checkpoint import export_backbone
 from mmoe.tasks.captioning import CaptioningFineTuning
 from mmoe.tasks.catalog import class_path
-from mmoe.tasks.checkpoint import export_backbone
 from tests.cli_fixtures import run_mmoe
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")

@@ -11,7 +11,7 @@ import yaml
 
 from mmoe.data.shards import expected_samples, resolve_shards
 from mmoe.model import MultiwayConfig
-from mmoe.tasks.checkpoint import config_to_dict
+from mmoe.runtime.checkpoint import config_to_dict
 from tests.cli_fixtures import run_mmoe, small_shards
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
-from mmoe.tasks.checkpoint import export_backbone
+from mmoe.runtime.checkpoint import export_backbone
 from tests.cli_fixtures import small_shards
 
 pytestmark = pytest.mark.slow

@@ -16,8 +16,8 @@ import pytest
 import torch
 import yaml
 
-from mmoe.tasks.run_lock import LOCK_FILE
-from mmoe.tasks.run_logs import CSV_LOGGER
+from mmoe.runtime.run_lock import LOCK_FILE
+from mmoe.runtime.run_logs import CSV_LOGGER
 from tests.cli_fixtures import run_mmoe
 from tests.tasks.test_pretraining_run import tiny_config
 from tests.tasks.test_run_lock import holding_process, read_only, running_run

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from mmoe.cli import main
+from mmoe.config.launch import read_config
 from mmoe.data.synth.scenes import COLORS
 from mmoe.metrics.caption_words import word_precision
 from mmoe.metrics.captions import load_karpathy_references
@@ -39,8 +40,7 @@ from mmoe.pipeline.settings import DEMO as FULL
 from mmoe.pipeline.settings import DEMO_FAST as FAST
 from mmoe.pipeline.settings import record_demo_settings
 from mmoe.pipeline.tables import format_table
-from mmoe.tasks.launch import read_config
-from mmoe.tasks.routing_callback import RoutingStatsCallback
+from mmoe.runtime.routing_callback import RoutingStatsCallback
 from tests.demo import lane_marks
 from tests.tutorial_commands import tutorial_demo_argv
 
@@ -542,7 +542,7 @@ def test_random_init_stages_start_from_a_fresh_backbone_of_the_pretrained_archit
     the same whatever the global generator's state; each benchmark is fine-tuned and scored under ``random-init/``."""
     from mmoe.demo.recipe import random_init_stages
     from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
-    from mmoe.tasks.checkpoint import export_backbone, read_backbone_state
+    from mmoe.runtime.checkpoint import export_backbone, read_backbone_state
 
     run = PipelineRun(tmp_path, FAST)
     config = MultiwayConfig.preset("test", moe=MoEPlan(num_experts=4, heads=2, router="xmoe"))

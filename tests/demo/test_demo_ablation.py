@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from mmoe.model import MultiwayConfig, MultiwayTransformer
-from mmoe.tasks.checkpoint import export_backbone
+from mmoe.runtime.checkpoint import export_backbone
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "demo_ablation.py"
 

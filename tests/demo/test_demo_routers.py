@@ -20,9 +20,9 @@ from mmoe.model.config import config_from_dict
 from mmoe.moe.router import Router
 from mmoe.pipeline import CONFIGS, VARIANTS, PipelineRun, finetune_launch, pretrain_launch
 from mmoe.pipeline.settings import DEMO_FAST as FAST
+from mmoe.runtime.checkpoint import export_backbone
+from mmoe.runtime.layout import RunLayout
 from mmoe.tasks.captioning import CaptioningFineTuning
-from mmoe.tasks.checkpoint import export_backbone
-from mmoe.tasks.layout import RunLayout
 from mmoe.tasks.vqa import VQAFineTuning
 from tests.routing_fixtures import image_dir, shard, tiny_config, tiny_part_plan
 from tests.viz.test_viz import differ

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from mmoe.commands.export import export_checkpoint
 from mmoe.data.synth.language import captions
 from mmoe.data.synth.scenes import COLORS, render, sample_scene
 from mmoe.harness.clip_benchmark import load_mmoe_clip
@@ -24,7 +25,6 @@ from mmoe.infer.load import InferError, load_fine_tuned
 from mmoe.metrics.retrieval import evaluate_retrieval_file
 from mmoe.model import MoEPlan, MultiwayConfig
 from mmoe.tasks.catalog import class_path
-from mmoe.tasks.pretrained import export_checkpoint
 from mmoe.tasks.pretraining import MaskedPretraining
 from mmoe.tasks.retrieval import RetrievalFineTuning
 

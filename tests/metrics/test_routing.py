@@ -34,7 +34,7 @@ from mmoe.metrics.routing import (
 from mmoe.metrics.routing_collect import RouterInputs, moe_layers_by_key, run_routing
 from mmoe.metrics.routing_stats import read_stats
 from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
-from mmoe.tasks.routing_callback import RoutingStatsCallback
+from mmoe.runtime.routing_callback import RoutingStatsCallback
 from tests.routing_fixtures import record, tiny_config
 
 # -- sub-token assignment diversity ----------------------------------------------------------------------------------
@@ -356,7 +356,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 from lightning.pytorch.loggers import CSVLogger
-from mmoe.tasks.routing_callback import RoutingStatsCallback
+from mmoe.runtime.routing_callback import RoutingStatsCallback
 from tests.metrics.test_routing import TinyRoutingTask
 
 if __name__ == "__main__":

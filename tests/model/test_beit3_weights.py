@@ -11,7 +11,7 @@ import torch
 
 from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
 from mmoe.model.beit3 import BEiT3Weights, beit3_config, from_beit3, load_beit3, read_beit3, to_beit3
-from mmoe.tasks.checkpoint import export_backbone
+from mmoe.runtime.checkpoint import export_backbone
 from mmoe.vocabulary import VOCAB_SIZE
 
 with warnings.catch_warnings():  # the reference implementation: scripts/setup.sh installs it beside mmoe
@@ -269,7 +269,7 @@ def test_nlvr2_and_captioning_heads_map_to_the_mmoe_names(tmp_path, capsys):
 
 def test_a_released_file_upcycles_into_a_moe_backbone_with_the_same_outputs(tmp_path):
     from mmoe.model.upcycle import upcycle
-    from mmoe.tasks.checkpoint import load_backbone
+    from mmoe.runtime.checkpoint import load_backbone
 
     path, reference = unilm_task_file(tmp_path, "beit3_base_patch16_224.pth", {})
     moe = upcycle(load_backbone(path), MoEPlan(num_experts=4, top_k=2, every=2))

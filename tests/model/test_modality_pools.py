@@ -9,10 +9,10 @@ import math
 import pytest
 import torch
 
+from mmoe.commands.info import variant_name
 from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
 from mmoe.model.config import config_from_dict, config_to_dict
 from mmoe.model.cost import backbone_cost, backbone_parameters, layer_cost
-from mmoe.tasks.info import variant_name
 from tests.moe.reference import reference_forward
 
 POOLS = {"vision": 4, "language": 8}

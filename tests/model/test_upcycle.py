@@ -11,7 +11,7 @@ import yaml
 from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
 from mmoe.model.layers import LANGUAGE, VISION
 from mmoe.model.upcycle import upcycle
-from mmoe.tasks.checkpoint import export_backbone, load_backbone
+from mmoe.runtime.checkpoint import export_backbone, load_backbone
 from mmoe.tasks.nlvr2 import NLVR2FineTuning
 from tests.cli_fixtures import run_mmoe
 

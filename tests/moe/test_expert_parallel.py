@@ -137,7 +137,7 @@ def test_expert_parallel_fit_equals_one_process_and_resumes_at_any_world_size(tm
     parallel = fit(tmp_path / "parallel", 2, 2, 3)
     assert_same_weights(parallel, single)
     assert parallel["backbone.layers.0.ffn.0.experts.fc1_weight"].shape[0] == 4  # every expert in the checkpoint
-    from mmoe.tasks.checkpoint import load_backbone
+    from mmoe.runtime.checkpoint import load_backbone
 
     loaded = load_backbone(tmp_path / "parallel" / "last.ckpt")  # as mmoe viz / analyze / export-backbone read it
     assert loaded.config.moe.expert_parallel == 1
@@ -173,11 +173,11 @@ def test_stratified_plans_refuse_expert_parallelism_in_one_line():
 
 @pytest.mark.parametrize("strata", [None, [2, 2]])
 def test_expert_parallelism_shards_plain_moe_layers_only(strata):
-    """What a run's setup shards (mmoe.tasks.expert_parallel): every plain MoELayer, never a Stratified layer (even
+    """What a run's setup shards (mmoe.runtime.expert_parallel): every plain MoELayer, never a Stratified layer (even
     when a plan is changed after its checks: a Stratified layer has no shard_experts)."""
     from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
     from mmoe.moe import StratifiedMoELayer
-    from mmoe.tasks.expert_parallel import expert_parallel_layers
+    from mmoe.runtime.expert_parallel import expert_parallel_layers
 
     plan = MoEPlan(num_experts=4, top_k=2, strata=strata, every=1)
     config = MultiwayConfig.preset("test", moe=plan)

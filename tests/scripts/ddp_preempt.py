@@ -21,8 +21,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from mmoe.data.datamodules import PretrainDataModule
 from mmoe.model import MoEPlan, MultiwayConfig
 from mmoe.process_exit import freeze_at_exit
-from mmoe.tasks.optimizer import PRETRAINING_OPTIMIZER
-from mmoe.tasks.preemption import Preemption
+from mmoe.runtime.optimizer import PRETRAINING_OPTIMIZER
+from mmoe.runtime.preemption import Preemption
 from mmoe.tasks.pretraining import MaskedPretraining
 
 

@@ -21,9 +21,9 @@ from mmoe.data.batches import step_batches
 from mmoe.data.datamodules import PretrainDataModule
 from mmoe.model import MoEPlan, MultiwayConfig
 from mmoe.process_exit import freeze_at_exit
-from mmoe.tasks.optimizer import PRETRAINING_OPTIMIZER
+from mmoe.runtime.optimizer import PRETRAINING_OPTIMIZER
+from mmoe.runtime.routing_callback import RoutingStatsCallback
 from mmoe.tasks.pretraining import MaskedPretraining
-from mmoe.tasks.routing_callback import RoutingStatsCallback
 
 
 class Recorder(L.Callback):

@@ -24,8 +24,8 @@ import torch
 
 from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
 from mmoe.process_exit import freeze_at_exit
+from mmoe.runtime.optimizer import PRETRAINING_OPTIMIZER
 from mmoe.tasks.base import BackboneTask, StepLosses
-from mmoe.tasks.optimizer import PRETRAINING_OPTIMIZER
 
 
 class SquaredHidden(BackboneTask):

@@ -18,8 +18,8 @@ from typing import Any
 
 import lightning.pytorch as pl
 
+from mmoe.config.cli import MMoECLI, cli_arguments
 from mmoe.process_exit import freeze_at_exit
-from mmoe.tasks.cli import MMoECLI, cli_arguments
 
 
 class KillAtStep(pl.Callback):

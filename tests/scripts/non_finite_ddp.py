@@ -16,7 +16,7 @@ import lightning as L
 import torch
 
 from mmoe.process_exit import freeze_at_exit
-from mmoe.tasks.non_finite import NonFiniteGuard, NonFiniteTraining
+from mmoe.runtime.non_finite import NonFiniteGuard, NonFiniteTraining
 from tests.scripts.expert_parallel_fit import SquaredHidden
 
 BAD_STEP = 2

@@ -18,6 +18,7 @@ from mmoe.moe.router import Router
 from mmoe.pipeline.launch import configured_moe
 from mmoe.pipeline.settings import refuse_other_settings
 from mmoe.pipeline.stages import PipelineError, run_stage
+from mmoe.runtime.checkpoint import export_backbone
 from mmoe.study import claims_from
 from mmoe.study.command import upgraded_study
 from mmoe.study.measures import expert_loads, held_out_batches, inputs, router_variant_measures
@@ -25,7 +26,6 @@ from mmoe.study.report import ROUTERS_HEADING, write_report
 from mmoe.study.routers import NOT_RUN, router_rows, router_table
 from mmoe.study.runs import ANALYSIS_SHARDS, Measures, StudyRun, pretrain_stages, pretrainings
 from mmoe.study.settings import FAST, ROUTER_VARIANTS
-from mmoe.tasks.checkpoint import export_backbone
 from tests.routing_fixtures import shard, tiny_config, tiny_part_plan
 
 DATA = Path(__file__).resolve().parent / "data"

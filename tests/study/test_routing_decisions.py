@@ -174,9 +174,9 @@ def test_the_image_bootstrap_resamples_images_and_matches_a_direct_loop():
 
 def test_every_routing_run_has_its_seed_and_a_constant_learning_rate_after_the_warm_up(tmp_path):
     from mmoe.pipeline.launch import pretrain_launch
+    from mmoe.runtime.layout import RunLayout
+    from mmoe.runtime.optimizer import warmup_cosine
     from mmoe.study.runs import StudyRun, pretrainings, seeded_launch
-    from mmoe.tasks.layout import RunLayout
-    from mmoe.tasks.optimizer import warmup_cosine
 
     runs = {run.name: run for run in pretrainings(DEFAULT)}
     arms = [name for name in runs if name.endswith(("-seed0", "-seed1", "-seed2")) and "demo" not in name]

@@ -29,6 +29,7 @@ from mmoe.metrics.routing import (
 )
 from mmoe.metrics.routing_collect import run_routing
 from mmoe.metrics.routing_stats import read_stats, window_loads
+from mmoe.runtime.checkpoint import load_backbone
 from mmoe.study import claims_from
 from mmoe.study.claims import (
     activation_claim,
@@ -60,7 +61,6 @@ from mmoe.study.run_statistics import UNDECIDABLE
 from mmoe.study.runs import Measures
 from mmoe.study.settings import DEFAULT, FAST
 from mmoe.study.verdicts import NOT_RUN, NOT_SEPARATED, OPPOSITE, REPRODUCES, SATURATED, UNINFORMATIVE, VERDICTS
-from mmoe.tasks.checkpoint import load_backbone
 
 # -- claims on hand-made measurements --------------------------------------------------------------------------------
 
@@ -296,8 +296,8 @@ def test_backbone_snapshots_write_loadable_backbones_at_their_steps(tmp_path):
     import lightning as L
 
     from mmoe.model import MultiwayConfig
-    from mmoe.tasks.layout import RunLayout
-    from mmoe.tasks.snapshots import BackboneSnapshots
+    from mmoe.runtime.layout import RunLayout
+    from mmoe.runtime.snapshots import BackboneSnapshots
     from tests.routing_fixtures import make_checkpoint
 
     backbone = load_backbone(make_checkpoint(tmp_path / "a.pt"))

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from mmoe.tasks.run_logs import CSV_LOGGER
+from mmoe.runtime.run_logs import CSV_LOGGER
 from tests.tasks.test_pretraining_run import tiny_config
 
 #: Steps of the run, and the steps between its checkpoints (all kept) and between its routing statistics windows.

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
+from mmoe.runtime.checkpoint import export_backbone
 from mmoe.tasks.captioning import CaptioningFineTuning
-from mmoe.tasks.checkpoint import export_backbone
 from tests.cli_fixtures import run_mmoe
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
-from mmoe.tasks.checkpoint import export_backbone, load_backbone
+from mmoe.runtime.checkpoint import export_backbone, load_backbone
 
 
 def test_export_and_load_round_trip(tmp_path):

@@ -1,4 +1,4 @@
-"""Checkpoints written whole or not at all (:mod:`mmoe.tasks.checkpoint_saving`): a failed save leaves the previous
+"""Checkpoints written whole or not at all (:mod:`mmoe.runtime.checkpoint_saving`): a failed save leaves the previous
 checkpoint and no temporary file, killed saves' temporary files are removed at a later save, every trainer of the
 CLI saves through it, and a real ``mmoe fit`` killed with SIGKILL while it saves into a checkpoint folder on another
 filesystem than ``$TMPDIR`` leaves its previous ``last.ckpt`` whole, to resume from."""
@@ -20,7 +20,7 @@ import torch
 import yaml
 from lightning.fabric.plugins import TorchCheckpointIO
 
-from mmoe.tasks.checkpoint_saving import STALE_AFTER_S, AtomicCheckpointIO, LastStepCheckpoint
+from mmoe.runtime.checkpoint_saving import STALE_AFTER_S, AtomicCheckpointIO, LastStepCheckpoint
 from tests.cli.test_checkpoint_resume_last import nlvr2_config
 from tests.cli_fixtures import instantiate, run_mmoe, small_shards
 from tests.tasks.resumable_fit import saved_step

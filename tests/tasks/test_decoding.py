@@ -8,7 +8,7 @@ import itertools
 import pytest
 import torch
 
-from mmoe.tasks.decoding import beam_search, greedy_search
+from mmoe.model.decoding import beam_search, greedy_search
 
 BOS, EOS, PAD, A, B, C = 0, 1, 2, 3, 4, 5
 VOCAB = 6

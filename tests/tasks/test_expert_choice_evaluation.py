@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from mmoe.model import MoEPlan, MultiwayConfig
-from mmoe.tasks.checkpoint import config_to_dict
+from mmoe.runtime.checkpoint import config_to_dict
 from tests.cli_fixtures import run_mmoe, small_shards
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")

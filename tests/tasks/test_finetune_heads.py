@@ -14,17 +14,17 @@ from mmoe.data.answers import read_answer_vocab
 from mmoe.data.datamodules import VQADataModule
 from mmoe.data.tokenizer import EOT_ID, MASK_ID, PAD_ID, SOT_ID, VOCAB_SIZE
 from mmoe.model import MoEPlan, MultiwayConfig
+from mmoe.model.decoding import beam_search, greedy_search
+from mmoe.model.output_vocab import load_output_vocab
+from mmoe.runtime.checkpoint import export_backbone
+from mmoe.runtime.optimizer import OptimizerConfig, layer_id, parameter_groups
 from mmoe.tasks.captioning import (
     CaptioningFineTuning,
     caption_attention_mask,
     label_smoothed_cross_entropy,
 )
-from mmoe.tasks.checkpoint import export_backbone
-from mmoe.tasks.decoding import beam_search, greedy_search
 from mmoe.tasks.finetuning import build_backbone
 from mmoe.tasks.nlvr2 import NLVR2FineTuning
-from mmoe.tasks.optimizer import OptimizerConfig, layer_id, parameter_groups
-from mmoe.tasks.output_vocab import load_output_vocab
 from mmoe.tasks.vqa import VQAFineTuning
 
 

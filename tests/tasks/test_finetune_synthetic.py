@@ -18,9 +18,9 @@ from mmoe.data.synth.corpus import SynthSizes, build_corpus
 from mmoe.metrics.cli import eval_command
 from mmoe.model import MoEPlan, MultiwayConfig
 from mmoe.model.config import PRESETS
+from mmoe.runtime.optimizer import OptimizerConfig
 from mmoe.tasks.captioning import CaptioningFineTuning
 from mmoe.tasks.nlvr2 import NLVR2FineTuning
-from mmoe.tasks.optimizer import OptimizerConfig
 from mmoe.tasks.retrieval import RetrievalFineTuning
 from mmoe.tasks.vqa import VQAFineTuning
 

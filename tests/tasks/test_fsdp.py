@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
-from mmoe.tasks.fsdp import shard_backbone
+from mmoe.runtime.fsdp import shard_backbone
 from tests.gloo import spawn_gloo
 
 WORLD = 2
@@ -117,7 +117,7 @@ def test_fsdp_fit_equals_one_process_and_resumes_at_any_world_size(tmp_path):
 
 
 def test_fsdp_and_expert_parallel_together_are_refused_in_one_line():
-    from mmoe.tasks.fsdp import shard_task
+    from mmoe.runtime.fsdp import shard_task
     from tests.scripts.expert_parallel_fit import SquaredHidden
 
     with pytest.raises(ValueError, match="use one of the two") as error:

@@ -1,5 +1,5 @@
-"""One gradient-norm pass per optimiser step (:mod:`mmoe.tasks.gradient_norm`): the non-finite check's norm is reused by
-norm clipping, which skips the multiply by one, and a fit ends with the weights of Lightning's own clipping, bit for
+"""One gradient-norm pass per optimiser step (:mod:`mmoe.runtime.gradient_norm`): the non-finite check's norm is reused
+by norm clipping, which skips the multiply by one, and a fit ends with the weights of Lightning's own clipping, bit for
 bit, with clipped and unclipped steps."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from mmoe.model import MoEPlan, MultiwayConfig
-from mmoe.tasks.gradient_norm import MeasuredNorm, clip_coefficient, clip_to_measured_norm
+from mmoe.runtime.gradient_norm import MeasuredNorm, clip_coefficient, clip_to_measured_norm
+from mmoe.runtime.non_finite import NonFiniteGuard
+from mmoe.runtime.optimizer import OptimizerConfig
 from mmoe.tasks.nlvr2 import NLVR2FineTuning
-from mmoe.tasks.non_finite import NonFiniteGuard
-from mmoe.tasks.optimizer import OptimizerConfig
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

@@ -1,5 +1,5 @@
-"""Runs started from Python (:mod:`mmoe.tasks.launch`): configs read by the CLI's own parser, options as a nested
-dict, callbacks as objects; and the run folder's files (:class:`mmoe.tasks.layout.RunLayout`)."""
+"""Runs started from Python (:mod:`mmoe.config.launch`): configs read by the CLI's own parser, options as a nested
+dict, callbacks as objects; and the run folder's files (:class:`mmoe.runtime.layout.RunLayout`)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import lightning as L
 import pytest
 import yaml
 
+from mmoe.config.launch import read_config, run_lightning
 from mmoe.model.config import PRESETS
-from mmoe.tasks.launch import read_config, run_lightning
-from mmoe.tasks.layout import RunLayout
+from mmoe.runtime.layout import RunLayout
 from tests.cli_fixtures import small_shards
 
 
@@ -110,7 +110,7 @@ def test_the_run_folder_is_stated_once_and_the_loggers_and_callbacks_write_there
     del config["trainer"]["logger"]
     config["trainer"]["callbacks"] = [
         {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": {"save_last": True}},
-        {"class_path": "mmoe.tasks.routing_callback.RoutingStatsCallback", "init_args": {"every_n_steps": 1}},
+        {"class_path": "mmoe.runtime.routing_callback.RoutingStatsCallback", "init_args": {"every_n_steps": 1}},
     ]
     path = tmp_path / "nlvr2.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -123,11 +123,11 @@ def test_the_run_folder_is_stated_once_and_the_loggers_and_callbacks_write_there
 def test_folders_a_config_gives_are_kept():
     from jsonargparse import Namespace
 
-    from mmoe.tasks.cli import fill_run_folder
+    from mmoe.config.cli import fill_run_folder
 
     checkpoint = Namespace(class_path="lightning.pytorch.callbacks.ModelCheckpoint", init_args=Namespace(dirpath="ck"))
     routing = Namespace(
-        class_path="mmoe.tasks.routing_callback.RoutingStatsCallback", init_args=Namespace(save_dir="stats")
+        class_path="mmoe.runtime.routing_callback.RoutingStatsCallback", init_args=Namespace(save_dir="stats")
     )
     trainer = Namespace(default_root_dir="run", logger=False, callbacks=[checkpoint, routing])
     fill_run_folder(trainer)

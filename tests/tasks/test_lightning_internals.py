@@ -1,5 +1,5 @@
-"""The private Lightning, jsonargparse and torch APIs mmoe reaches (:mod:`mmoe.tasks.lightning_internals`,
-:mod:`mmoe.tasks.torch_internals`), checked against the installed versions: each still exists, takes the arguments
+"""The private Lightning, jsonargparse and torch APIs mmoe reaches (:mod:`mmoe.runtime.lightning_internals`,
+:mod:`mmoe.runtime.torch_internals`), checked against the installed versions: each still exists, takes the arguments
 mmoe passes and, where mmoe overrides it, is still called by Lightning. An upgrade that changes one fails here with
 the API and the version named."""
 
@@ -24,7 +24,7 @@ from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.utilities import combined_loader
 from torch.nn.parallel import DistributedDataParallel
 
-from mmoe.tasks.lightning_internals import (
+from mmoe.runtime.lightning_internals import (
     HookedLightningCLI,
     KeepingExperimentWriter,
     SignalConnector,
@@ -34,7 +34,7 @@ from mmoe.tasks.lightning_internals import (
     replace_signal_connector,
     save_last_checkpoint,
 )
-from mmoe.tasks.torch_internals import keep_ddp_off, tensor_version
+from mmoe.runtime.torch_internals import keep_ddp_off, tensor_version
 
 VERSIONS = {"lightning": L.__version__, "jsonargparse": jsonargparse.__version__, "torch": torch.__version__}
 

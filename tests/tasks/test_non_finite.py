@@ -1,4 +1,4 @@
-"""A non-finite training step (:mod:`mmoe.tasks.non_finite`): stopped before the update with nothing saved, or skipped
+"""A non-finite training step (:mod:`mmoe.runtime.non_finite`): stopped before the update with nothing saved, or skipped
 (no update, AdamW's state untouched, counted) and resumed exactly; unit runs of a small module with a NaN injected at
 chosen steps, a real diverging ``mmoe fit``, and one whose loss-free selection biases overflow."""
 
@@ -18,8 +18,8 @@ import yaml
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
-from mmoe.tasks.config_extends import read_config_file
-from mmoe.tasks.non_finite import DIVERGED_EXIT, NonFiniteGuard, NonFiniteTraining
+from mmoe.config.extends import read_config_file
+from mmoe.runtime.non_finite import DIVERGED_EXIT, NonFiniteGuard, NonFiniteTraining
 from tests.cli_fixtures import run_mmoe, small_shards
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")

@@ -8,11 +8,10 @@ import lightning as L
 import pytest
 import torch
 
+from mmoe.config.launch import read_config
 from mmoe.model import MultiwayConfig
 from mmoe.pipeline.launch import CONFIGS
-from mmoe.tasks.launch import read_config
-from mmoe.tasks.nlvr2 import NLVR2FineTuning
-from mmoe.tasks.optimizer import (
+from mmoe.runtime.optimizer import (
     FINETUNING_OPTIMIZER,
     OPTIMIZER_FIELDS,
     PRETRAINING_OPTIMIZER,
@@ -21,6 +20,7 @@ from mmoe.tasks.optimizer import (
     nest_optimizer_arguments,
     warmup_cosine,
 )
+from mmoe.tasks.nlvr2 import NLVR2FineTuning
 
 TINY = MultiwayConfig.preset("test")
 

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from mmoe.model.config import PRESETS
+from mmoe.runtime.optimizer import OptimizerConfig, adamw_with_schedule, parameter_groups, warmup_cosine
+from mmoe.runtime.optimizer_resume import apply_optimizer_config, changed_settings
 from mmoe.tasks.nlvr2 import NLVR2FineTuning
-from mmoe.tasks.optimizer import OptimizerConfig, adamw_with_schedule, parameter_groups, warmup_cosine
-from mmoe.tasks.optimizer_resume import apply_optimizer_config, changed_settings
 from tests.cli.test_checkpoint_resume_last import error_line, nlvr2_config, saved, write_config
 from tests.cli_fixtures import small_shards
 from tests.tasks.resumable_fit import ENV, fit_command

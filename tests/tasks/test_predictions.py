@@ -1,9 +1,9 @@
-"""Gathered predictions (:mod:`mmoe.tasks.predictions`): one entry per sample, and a task's prediction file."""
+"""Gathered predictions (:mod:`mmoe.runtime.predictions`): one entry per sample, and a task's prediction file."""
 
 from __future__ import annotations
 
+from mmoe.runtime.predictions import unique_entries
 from mmoe.tasks.nlvr2 import NLVR2FineTuning
-from mmoe.tasks.predictions import unique_entries
 
 
 def test_unique_entries_keeps_the_first_entry_of_each_sample_in_order():

@@ -1,5 +1,5 @@
-"""Stopping a run on a signal (:mod:`mmoe.tasks.preemption`), in this process through ``run_lightning`` (the demo's and
-the claims study's way in): the step the signal interrupts is finished and saved, the exit code is 128 + the
+"""Stopping a run on a signal (:mod:`mmoe.runtime.preemption`), in this process through ``run_lightning`` (the demo's
+and the claims study's way in): the step the signal interrupts is finished and saved, the exit code is 128 + the
 signal's number, the handlers from before the run are back afterwards; DataLoader workers ignore stop signals; signal
 names are checked."""
 
@@ -21,11 +21,11 @@ import torch
 import yaml
 from torch.utils.data import IterableDataset
 
+from mmoe.config.launch import run_lightning
 from mmoe.data.loader import EpochDataLoader
 from mmoe.data.workers import STOP_SIGNALS, IgnoringStopSignals, started_with_stop_signals_blocked
-from mmoe.tasks.launch import run_lightning
-from mmoe.tasks.layout import RunLayout
-from mmoe.tasks.preemption import Preemption, resume_arguments, signal_numbers
+from mmoe.runtime.layout import RunLayout
+from mmoe.runtime.preemption import Preemption, resume_arguments, signal_numbers
 from tests.cli_fixtures import run_mmoe, small_shards
 from tests.tasks.test_launch import nlvr2_config
 
@@ -271,7 +271,7 @@ def test_a_config_naming_a_bad_signal_fails_in_one_line(shards, tmp_path, capsys
     config, _ = nlvr2_run(shards, tmp_path)
     values = yaml.safe_load(open(config))
     values["trainer"]["callbacks"].append(
-        {"class_path": "mmoe.tasks.preemption.Preemption", "init_args": {"signals": ["SIGTERM", "SIGKILL"]}}
+        {"class_path": "mmoe.runtime.preemption.Preemption", "init_args": {"signals": ["SIGTERM", "SIGKILL"]}}
     )
     yaml.safe_dump(values, open(config, "w"))
     code, _, err = run_mmoe(["fit", "--config", config], capsys)

@@ -18,7 +18,7 @@ import lightning as L
 import pytest
 import yaml
 
-from mmoe.tasks.launch import run_lightning
+from mmoe.config.launch import run_lightning
 from tests.cli_fixtures import small_shards
 from tests.tasks.resumable_fit import ENV, saved_step
 from tests.tasks.test_launch import nlvr2_config

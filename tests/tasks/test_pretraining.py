@@ -16,7 +16,7 @@ from mmoe.data.transforms import denormalize
 from mmoe.model import MoEPlan, MultiwayConfig
 from mmoe.model.config import PRESETS
 from mmoe.model.vqkd import load_vqkd
-from mmoe.tasks.optimizer import PRETRAINING_OPTIMIZER, warmup_cosine
+from mmoe.runtime.optimizer import PRETRAINING_OPTIMIZER, warmup_cosine
 from mmoe.tasks.pretraining import MaskedPretraining, vqkd_codes
 from mmoe.tasks.visual_codebook import PatchCodebook, fit_codebook
 from tests.model.vqkd_reference import released_state, save_released

@@ -16,7 +16,7 @@ import yaml
 from mmoe.cli import main
 from mmoe.data.datamodules import PretrainDataModule
 from mmoe.model import MultiwayConfig
-from mmoe.tasks.checkpoint import load_backbone
+from mmoe.runtime.checkpoint import load_backbone
 from mmoe.tasks.pretraining import MaskedPretraining, codes_in_loader, vqkd_codes
 from tests.cli_fixtures import tiny_pretraining
 from tests.model.vqkd_reference import released_state, save_released

@@ -40,7 +40,7 @@ def test_the_task_adds_coefficient_times_the_summed_z_losses(monkeypatch):
 
 
 def test_eval_capacity_factor_from_the_task_config(tmp_path):
-    from mmoe.tasks.checkpoint import export_backbone
+    from mmoe.runtime.checkpoint import export_backbone
 
     export_backbone(MultiwayTransformer(tiny(moe=MoEPlan(num_experts=4, every=1))), tmp_path / "backbone.pt")
     task = NLVR2FineTuning(pretrained=str(tmp_path / "backbone.pt"), eval_capacity_factor=0.25)

@@ -13,7 +13,7 @@ import signal
 import pytest
 import yaml
 
-from mmoe.tasks.run_lock import LOCK_FILE
+from mmoe.runtime.run_lock import LOCK_FILE
 from tests.tasks.resumable_fit import (
     EVERY,
     STEPS,

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mmoe.tasks.run_lock import LOCK_FILE
-from mmoe.tasks.run_logs import CSV_LOGGER
+from mmoe.runtime.run_lock import LOCK_FILE
+from mmoe.runtime.run_logs import CSV_LOGGER
 from tests.tasks.resumable_fit import ENV, metrics
 from tests.tasks.test_pretraining_run import tiny_config
 

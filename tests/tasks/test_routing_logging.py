@@ -1,4 +1,4 @@
-"""Routing statistics in the training logger (mmoe.tasks.routing_logging through RoutingStatsCallback): TensorBoard's
+"""Routing statistics in the training logger (mmoe.runtime.routing_logging through RoutingStatsCallback): TensorBoard's
 event files read back with TensorBoard's own reader and checked against a recount of the routing records; the
 bound on metric keys at 32 experts; CSV-only and logger-free runs; W&B in offline mode where wandb is installed."""
 
@@ -23,9 +23,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from mmoe.metrics.routing import image_diversity_maps, record_key
 from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
-from mmoe.tasks.routing_callback import RoutingStatsCallback
-from mmoe.tasks.routing_images import HEATMAP_TOP, colour, load_heatmap, subtoken_map_grid, utilisation
-from mmoe.tasks.routing_logging import LAYER_SCALARS, first_images, metric_key_bound
+from mmoe.runtime.routing_callback import RoutingStatsCallback
+from mmoe.runtime.routing_images import HEATMAP_TOP, colour, load_heatmap, subtoken_map_grid, utilisation
+from mmoe.runtime.routing_logging import LAYER_SCALARS, first_images, metric_key_bound
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -258,7 +258,7 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "routing_logging.md"
 
 
 def test_the_documented_wandb_preset_parses_over_the_tiny_config(tmp_path, monkeypatch):
-    from mmoe.tasks.launch import read_config
+    from mmoe.config.launch import read_config
 
     text = DOC.read_text()
     snippet = text.split("```yaml\n", 1)[1].split("```", 1)[0]

@@ -21,7 +21,7 @@ from jsonargparse import Namespace
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
 
-from mmoe.tasks.run_lock import LOCK_FILE, FolderLock, RunFolderError, RunFolderLocks, run_folders
+from mmoe.runtime.run_lock import LOCK_FILE, FolderLock, RunFolderError, RunFolderLocks, run_folders
 
 #: Another process holding the lock of the folder argv[1] as mmoe does (flock on the file, its name in it) until
 #: killed; it prints a line once it holds it.
@@ -262,7 +262,7 @@ def test_a_refusal_does_not_quote_a_held_lock_s_content_unless_it_is_a_holder_li
 #: argv[2:] (:meth:`RunFolderLocks.hold_folders`) until killed; it prints a line once it holds them.
 RUN_HOLDER = """
 import sys, time
-from mmoe.tasks.run_lock import RunFolderLocks
+from mmoe.runtime.run_lock import RunFolderLocks
 locks = RunFolderLocks()
 locks.hold_folders("fit", sys.argv[1], sys.argv[2:])
 print("held", flush=True)

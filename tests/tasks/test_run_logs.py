@@ -12,8 +12,8 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 
-from mmoe.tasks.routing_callback import RoutingStatsCallback
-from mmoe.tasks.run_logs import ContinueCSVLogs, ContinuingCSVLogger
+from mmoe.runtime.routing_callback import RoutingStatsCallback
+from mmoe.runtime.run_logs import ContinueCSVLogs, ContinuingCSVLogger
 from tests.metrics.test_routing import TinyRoutingTask
 
 

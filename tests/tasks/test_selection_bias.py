@@ -11,9 +11,9 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader
 
 from mmoe.model import MoEPlan, MultiwayConfig
-from mmoe.tasks.non_finite import NonFiniteGuard, NonFiniteTraining
+from mmoe.runtime.non_finite import NonFiniteGuard, NonFiniteTraining
+from mmoe.runtime.selection_bias import SelectionLoads
 from mmoe.tasks.pretraining import MaskedPretraining
-from mmoe.tasks.selection_bias import SelectionLoads
 from tests.tasks.test_pretraining import BACKBONE, codebook_path, make_batches  # noqa: F401 (fixture)
 
 

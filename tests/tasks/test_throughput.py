@@ -1,4 +1,4 @@
-"""Tokens per second, MFU and the progress line (:mod:`mmoe.tasks.throughput`): the tokens a backbone pass reads, and
+"""Tokens per second, MFU and the progress line (:mod:`mmoe.runtime.throughput`): the tokens a backbone pass reads, and
 a tiny ``mmoe fit`` / ``mmoe validate`` started from Python whose logged numbers match a count made by hand from its
 batches and FLOPs from :func:`mmoe.model.cost.backbone_cost`."""
 
@@ -12,11 +12,11 @@ import pytest
 import torch
 import yaml
 
+from mmoe.config.launch import run_lightning
 from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
 from mmoe.model.config import PRESETS
 from mmoe.model.cost import backbone_cost
-from mmoe.tasks.launch import run_lightning
-from mmoe.tasks.throughput import BackboneTokens, Throughput
+from mmoe.runtime.throughput import BackboneTokens, Throughput
 from tests.cli_fixtures import small_shards
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")

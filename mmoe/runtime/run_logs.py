@@ -22,10 +22,10 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
 from mmoe.atomic import atomic_write
-from mmoe.tasks.lightning_internals import KeepingExperimentWriter, csv_logger_experiment
+from mmoe.runtime.lightning_internals import KeepingExperimentWriter, csv_logger_experiment
 
 #: The class path the mmoe CLI and the demo give for a run folder's CSV logs.
-CSV_LOGGER = "mmoe.tasks.run_logs.ContinuingCSVLogger"
+CSV_LOGGER = "mmoe.runtime.run_logs.ContinuingCSVLogger"
 
 
 def logged_step(row: dict[str, str]) -> int | None:

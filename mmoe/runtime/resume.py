@@ -4,7 +4,7 @@ config before anything is built.
 ``last`` is resolved to the run's own last checkpoint in the folders of the config's ``ModelCheckpoint`` callbacks, so
 that it goes through the same reading, task check and hyper-parameter merge as a named file: in each folder
 ``last.ckpt``, the file the run keeps writing over (on a resume too:
-:class:`mmoe.tasks.checkpoint_saving.LastStepCheckpoint`); only without it Lightning's ``last-vN.ckpt`` of the highest
+:class:`mmoe.runtime.checkpoint_saving.LastStepCheckpoint`); only without it Lightning's ``last-vN.ckpt`` of the highest
 ``N`` (what a run started afresh beside another run's ``last.ckpt`` writes). Any other file, such as a copy named
 ``last-before-lr-change.ckpt``, is never taken for it, however new: Lightning's own rule (the newest ``last*.ckpt``)
 would resume such a copy and then write over the run's ``last.ckpt``. With several folders, the newer of their last
@@ -31,9 +31,9 @@ from jsonargparse.typing import import_object
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from mmoe.runtime.checkpoint_saving import as_list
+from mmoe.runtime.layout import RunLayout
 from mmoe.safe_load import load_checkpoint_file, unreadable_reason
-from mmoe.tasks.checkpoint_saving import as_list
-from mmoe.tasks.layout import RunLayout
 
 #: ``--ckpt_path``'s name for the run's latest checkpoint.
 LAST = "last"
@@ -50,7 +50,7 @@ def checkpoint_folders(trainer: Namespace | None, callbacks: Any = None) -> list
     """The folders the checkpoints of a run with the parsed ``trainer`` config are saved in: each ``ModelCheckpoint``'s
     ``dirpath`` (of the config's ``callbacks``, or the callback objects ``callbacks``: one or a list), and
     ``checkpoints/`` in the run folder (``default_root_dir``, the current folder without one) for a callback without
-    one, as :func:`mmoe.tasks.cli.fill_run_folder` sets it, or when the config has none (Lightning's default
+    one, as :func:`mmoe.config.cli.fill_run_folder` sets it, or when the config has none (Lightning's default
     callback)."""
     root = (trainer.get("default_root_dir") if isinstance(trainer, Namespace) else None) or os.getcwd()
     run_folder = RunLayout(Path(root)).checkpoints

@@ -16,10 +16,7 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from mmoe.io import one_line, report_error
-from mmoe.safe_load import require_finite_weights
-from mmoe.tasks.checkpoint_saving import checkpoint_saving_arguments
-from mmoe.tasks.ckpt_hparams import (
+from mmoe.config.ckpt_hparams import (
     command_line_model_arguments,
     differences,
     init_parameters,
@@ -31,17 +28,20 @@ from mmoe.tasks.ckpt_hparams import (
     stored_by_design,
     without_keys,
 )
-from mmoe.tasks.config_safety import install_config_safety, parse_errors_in_one_line
-from mmoe.tasks.layout import RunLayout
-from mmoe.tasks.lightning_internals import HookedLightningCLI, ignore_leaf_spec_deprecation
-from mmoe.tasks.non_finite import NonFiniteGuard, NonFiniteTraining, report_divergence
-from mmoe.tasks.optimizer import nest_optimizer_arguments
-from mmoe.tasks.preemption import with_preemption
-from mmoe.tasks.resume import LAST, checkpoint_folders, read_checkpoint
-from mmoe.tasks.routing_callback import RoutingStatsCallback
-from mmoe.tasks.run_lock import RunFolderLocks
-from mmoe.tasks.run_logs import CSV_LOGGER, ContinueCSVLogs
-from mmoe.tasks.throughput import Throughput
+from mmoe.config.safety import install_config_safety, parse_errors_in_one_line
+from mmoe.io import one_line, report_error
+from mmoe.runtime.checkpoint_saving import checkpoint_saving_arguments
+from mmoe.runtime.layout import RunLayout
+from mmoe.runtime.lightning_internals import HookedLightningCLI, ignore_leaf_spec_deprecation
+from mmoe.runtime.non_finite import NonFiniteGuard, NonFiniteTraining, report_divergence
+from mmoe.runtime.optimizer import nest_optimizer_arguments
+from mmoe.runtime.preemption import with_preemption
+from mmoe.runtime.resume import LAST, checkpoint_folders, read_checkpoint
+from mmoe.runtime.routing_callback import RoutingStatsCallback
+from mmoe.runtime.run_lock import RunFolderLocks
+from mmoe.runtime.run_logs import CSV_LOGGER, ContinueCSVLogs
+from mmoe.runtime.throughput import Throughput
+from mmoe.safe_load import require_finite_weights
 
 #: The TensorBoard logger of a run folder (:func:`fill_run_folder`; TensorBoard's event files continue by themselves).
 TENSORBOARD_LOGGER = "lightning.pytorch.loggers.TensorBoardLogger"
@@ -123,9 +123,9 @@ class MMoECLI(HookedLightningCLI):
         **kwargs: Any,
     ) -> None:
         """LightningCLI's arguments; ``named_model_arguments``: with ``args`` from Python
-        (:func:`mmoe.tasks.launch.run_lightning`), the dotted model arguments below ``init_args`` that count as named on
-        the command line (argv ``args`` say so themselves); ``overrides``: options laid over the parsed ``args`` in the
-        same parse, nested as in a config file (``{"trainer": {"max_steps": 10}}``, see
+        (:func:`mmoe.config.launch.run_lightning`), the dotted model arguments below ``init_args`` that count as named
+        on the command line (argv ``args`` say so themselves); ``overrides``: options laid over the parsed ``args`` in
+        the same parse, nested as in a config file (``{"trainer": {"max_steps": 10}}``, see
         :func:`overrides_under_class_paths`). With ``overrides`` (even empty) the run counts as launched from Python:
         a preempted run's resume hint names ``ckpt_path``, not a command line."""
         self.named_model_arguments = set(named_model_arguments or ())
@@ -213,7 +213,7 @@ class MMoECLI(HookedLightningCLI):
     def merge_checkpoint_hyperparameters(self) -> None:
         """LightningCLI's merge of the checkpoint's hyper-parameters into the config, less the arguments named on the
         command line, once the checkpoint is known to be a readable one of the config's task; ``last`` is first resolved
-        to the run's latest checkpoint file (:func:`mmoe.tasks.resume.read_checkpoint`)."""
+        to the run's latest checkpoint file (:func:`mmoe.runtime.resume.read_checkpoint`)."""
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
         if not ckpt_path or (ckpt_path != LAST and not is_file_name(str(ckpt_path))):
@@ -304,7 +304,7 @@ class MMoECLI(HookedLightningCLI):
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
         """LightningCLI's, with checkpoints saved whole and at the last step (:func:`checkpoint_saving_arguments`), a
         resumed run's CSV logs continuing the earlier ones (``ContinueCSVLogs``), and which stops on a termination
-        signal after the step in progress and saves it (:mod:`mmoe.tasks.preemption`)."""
+        signal after the step in progress and saves it (:mod:`mmoe.runtime.preemption`)."""
         trainer_config = self.subcommand_value(self.config_init, "trainer", default={})
         kwargs = kwargs | checkpoint_saving_arguments({**trainer_config, **kwargs})
         trainer = super().instantiate_trainer(**kwargs)
@@ -329,7 +329,7 @@ class MMoECLI(HookedLightningCLI):
 def fill_run_folder(trainer: Namespace) -> None:
     """Puts what the parsed ``trainer`` config leaves out in its run folder, ``default_root_dir``
     (:class:`RunLayout`): without ``logger`` (null), a TensorBoard and a CSV logger there (``tensorboard/``, ``csv/``;
-    the CSV one a :class:`mmoe.tasks.run_logs.ContinuingCSVLogger`, which keeps earlier rows); a ``ModelCheckpoint``
+    the CSV one a :class:`mmoe.runtime.run_logs.ContinuingCSVLogger`, which keeps earlier rows); a ``ModelCheckpoint``
     of ``callbacks`` without ``dirpath`` writes to ``checkpoints/``, a ``RoutingStatsCallback`` without ``save_dir``
     ``routing_stats.json`` in the folder. Nothing changes without ``default_root_dir``, nor
     what the config gives (``logger: false`` logs nothing); callbacks given as objects are left alone."""

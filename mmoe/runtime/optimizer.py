@@ -7,7 +7,7 @@
 
 One typed config, :class:`OptimizerConfig`, is the ``optimizer`` argument of every task; each task states its own
 default (:data:`PRETRAINING_OPTIMIZER`, :data:`FINETUNING_OPTIMIZER`). A setting named on the command line of a resume
-(``--ckpt_path``) trains from the resumed step, the schedule going on from there (:mod:`mmoe.tasks.optimizer_resume`).
+(``--ckpt_path``) trains from the resumed step, the schedule going on from there (:mod:`mmoe.runtime.optimizer_resume`).
 """
 
 from __future__ import annotations

@@ -42,9 +42,9 @@ import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
 
-from mmoe.tasks.checkpoint_saving import saved_step
-from mmoe.tasks.layout import RunLayout
-from mmoe.tasks.lightning_internals import SignalConnector, replace_signal_connector
+from mmoe.runtime.checkpoint_saving import saved_step
+from mmoe.runtime.layout import RunLayout
+from mmoe.runtime.lightning_internals import SignalConnector, replace_signal_connector
 
 #: The signals handled unless a run names others.
 DEFAULT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1")
@@ -81,7 +81,7 @@ class SaveInterrupted(Preempted):
 class Preemption(L.Callback):
     """Stops the run on any of ``signals`` after the step in progress, saving it (see the module docstring).
 
-    Added to every ``mmoe`` Lightning command by :class:`mmoe.tasks.cli.MMoECLI`; a config's ``trainer.callbacks``
+    Added to every ``mmoe`` Lightning command by :class:`mmoe.config.cli.MMoECLI`; a config's ``trainer.callbacks``
     may list it to choose the signals (those it leaves out keep Lightning's and Python's handling; one ignored when
     the run starts, as SIGHUP under ``nohup``, stays ignored). A second signal ends a save in progress, or goes to
     the handler from before the run: by default, the process ends at once (see the module docstring).

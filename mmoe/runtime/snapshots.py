@@ -7,15 +7,15 @@ from pathlib import Path
 
 import lightning as L
 
-from mmoe.tasks.checkpoint import export_backbone
-from mmoe.tasks.layout import snapshot_name
+from mmoe.runtime.checkpoint import export_backbone
+from mmoe.runtime.layout import snapshot_name
 
 
 class BackboneSnapshots(L.Callback):
     """Saves ``pl_module.backbone`` as an exported backbone (``mmoe export-backbone``'s format, loadable by
     ``load_backbone``, ``mmoe viz`` / ``analyze``) at step 0 and every ``every_n_steps`` optimiser steps.
 
-    Files are ``dirpath/`` :func:`~mmoe.tasks.layout.snapshot_name` ``(step)`` (``step000025.pt``), each written
+    Files are ``dirpath/`` :func:`~mmoe.runtime.layout.snapshot_name` ``(step)`` (``step000025.pt``), each written
     atomically; a resumed run writes the later ones.
     Only the backbone is kept (no optimiser state), so a snapshot is a fraction of a training checkpoint.
 

@@ -16,8 +16,8 @@ from typing import Any
 import lightning as L
 from jsonargparse import ArgumentError, Namespace
 
-from mmoe.tasks.cli import MMoECLI, cli_arguments, overrides_under_class_paths
-from mmoe.tasks.config_safety import config_error_line
+from mmoe.config.cli import MMoECLI, cli_arguments, overrides_under_class_paths
+from mmoe.config.safety import config_error_line
 
 
 class ParsedOnly(MMoECLI):

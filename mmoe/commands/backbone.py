@@ -24,7 +24,7 @@ def export_backbone_command(argv: Sequence[str]) -> int:
     parser.add_argument("--out", required=True, help="backbone file to write (atomically)")
     args = parser.parse_args(list(argv))
 
-    from mmoe.tasks.checkpoint import export_backbone, load_backbone
+    from mmoe.runtime.checkpoint import export_backbone, load_backbone
 
     try:
         check_output_path(args.out)
@@ -56,7 +56,7 @@ def upcycle_command(argv: Sequence[str]) -> int:
     args = parser.parse_args(list(argv))
 
     from mmoe.model.upcycle import upcycle
-    from mmoe.tasks.checkpoint import export_backbone, load_backbone
+    from mmoe.runtime.checkpoint import export_backbone, load_backbone
 
     try:
         check_output_path(args.out)
@@ -78,7 +78,7 @@ def upcycle_command(argv: Sequence[str]) -> int:
 def moe_plan_of(configs: Sequence[str | Path]) -> MoEPlan:
     """The :class:`MoEPlan` at ``model.init_args.backbone.moe`` of an mmoe config (its files merged in order), read by
     the CLI's own parser."""
-    from mmoe.tasks.launch import read_config
+    from mmoe.config.launch import read_config
 
     for config in configs:
         if not Path(config).is_file():

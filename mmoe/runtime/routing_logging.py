@@ -1,12 +1,12 @@
 """Routing statistics in the training logger beyond scalars: per-expert loads as histograms, a load heatmap and
 sub-token maps as images, sent to TensorBoard and Weights & Biases through Lightning's public logger API.
 
-:class:`mmoe.tasks.routing_callback.RoutingStatsCallback` calls :func:`log_media` at the end of every logging window,
+:class:`mmoe.runtime.routing_callback.RoutingStatsCallback` calls :func:`log_media` at the end of every logging window,
 on global rank 0. Two tiers (``RoutingStatsCallback(tier=...)``):
 
 * ``brief`` (the default): the scalars per MoE layer and modality (:data:`LAYER_SCALARS`, through ``log_dict``, so
   every logger, CSV included, gets them) and one image, ``{prefix}/load_heatmap`` (layers x experts per modality,
-  :func:`mmoe.tasks.routing_images.load_heatmap`).
+  :func:`mmoe.runtime.routing_images.load_heatmap`).
 * ``detailed``: also, per MoE layer and modality, ``{prefix}/{key}/expert_load`` (a histogram with one bucket per
   expert holding the choices it took in the window) and ``{prefix}/{key}/utilisation`` (the distribution of the
   experts' load over the uniform share), and one image ``{prefix}/subtoken_maps`` (the sub-token diversity maps of a
@@ -35,7 +35,7 @@ from lightning.pytorch.loggers import Logger, TensorBoardLogger, WandbLogger
 
 from mmoe.metrics.routing import image_diversity_maps
 from mmoe.model import MultiwayTransformer
-from mmoe.tasks.routing_images import load_heatmap, subtoken_map_grid, utilisation
+from mmoe.runtime.routing_images import load_heatmap, subtoken_map_grid, utilisation
 
 Tier = Literal["brief", "detailed"]
 TIERS: tuple[Tier, ...] = ("brief", "detailed")

@@ -20,18 +20,18 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from mmoe import __version__
+from mmoe.config.launch import read_config
 from mmoe.data.tokenizer import DEFAULT_MAX_TEXT_LENGTH
 from mmoe.io import one_line, report_error
 from mmoe.model import MultiwayConfig
 from mmoe.model.config import MODALITIES
 from mmoe.model.cost import backbone_cost
+from mmoe.model.output_vocab import load_output_vocab
 from mmoe.model.vqkd import read_vqkd_shape, vqkd_cost
+from mmoe.runtime.checkpoint import PREFIX, config_from_dict, read_pretrained
 from mmoe.safe_load import load_checkpoint_file
 from mmoe.tasks.catalog import class_path, task_of_class_path
-from mmoe.tasks.checkpoint import PREFIX, config_from_dict, read_pretrained
 from mmoe.tasks.finetuning import required_argument
-from mmoe.tasks.launch import read_config
-from mmoe.tasks.output_vocab import load_output_vocab
 from mmoe.tasks.pretraining import DEFAULT_TEACHER, VQKD_OPTION, MaskedPretraining, load_teacher, teacher_width
 from mmoe.tasks.visual_codebook import PatchCodebook
 
@@ -96,7 +96,7 @@ def visual_tokenizer_cost(init_args: dict, config: MultiwayConfig) -> dict | Non
 def from_config(paths: Sequence[Path]) -> tuple[str, MultiwayConfig, dict[str, int] | None, int | None, dict | None]:
     """(task class, backbone config, head parameters (None when a file it needs is missing), text length, the visual
     tokenizer's cost) of an mmoe fit config (several files merge in order), read by the CLI's own parser
-    (:func:`mmoe.tasks.launch.read_config`)."""
+    (:func:`mmoe.config.launch.read_config`)."""
     for path in paths:
         if not path.is_file():
             raise FileNotFoundError(f"config {path} does not exist")

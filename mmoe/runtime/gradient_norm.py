@@ -3,8 +3,8 @@
 Lightning's norm clipping (``trainer.gradient_clip_val``) calls ``torch.nn.utils.clip_grad_norm_``: a pass over every
 gradient for their total 2-norm (``get_total_norm``), then a multiply of every gradient by
 ``min(1, max_norm / (norm + 1e-6))`` (``clip_grads_with_norm_``), a multiply by one on a step that needs no clipping.
-:class:`mmoe.tasks.non_finite.NonFiniteGuard` measures the same norm just before, and syncs with the host once per step
-anyway. :class:`MeasuredNorm` keeps that measurement with the identity and version of each gradient it read, so the
+:class:`mmoe.runtime.non_finite.NonFiniteGuard` measures the same norm just before, and syncs with the host once per
+step anyway. :class:`MeasuredNorm` keeps that measurement with the identity and version of each gradient it read, so the
 clipping (:meth:`mmoe.tasks.base.BackboneTask.configure_gradient_clipping`) can tell that nothing has touched the
 gradients since, reuse the norm and skip the multiply by one: the same gradients, bit for bit, as Lightning's own
 clipping, for one pass over the gradients instead of three on a step that is not clipped.
@@ -18,7 +18,7 @@ from collections.abc import Iterable
 import torch
 from torch.distributed.tensor import DTensor
 
-from mmoe.tasks.torch_internals import tensor_version
+from mmoe.runtime.torch_internals import tensor_version
 
 #: The norm's order: Lightning's and torch's default, and what the non-finite check needs.
 ORDER = 2.0
@@ -41,7 +41,7 @@ class MeasuredNorm:
         """Whether this is the norm of ``grads`` as they are now: the same tensors, in the same order, none changed by
         an in-place tensor operation since (a gradient scaled, accumulated into or dropped in between makes it stale;
         a collective writing into a gradient is not seen, so code that reduces gradients after the measurement
-        changes them in place too, as :func:`mmoe.tasks.expert_parallel.average_expert_gradients` divides them)."""
+        changes them in place too, as :func:`mmoe.runtime.expert_parallel.average_expert_gradients` divides them)."""
         return fingerprint(grads) == self.read
 
 

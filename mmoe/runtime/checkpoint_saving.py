@@ -10,8 +10,8 @@ own run folder after a resume.
   resume from a checkpoint of the callback's own folder, that folder's ``last.ckpt`` is the run's (Lightning, seeing
   another folder recorded in a moved or copied checkpoint, would write ``last-v1.ckpt`` beside a stale one).
 
-:func:`checkpoint_saving_arguments` adds both to a trainer's arguments; :class:`mmoe.tasks.cli.MMoECLI` calls it for
-every trainer it builds, ``mmoe.tasks.launch.run_lightning``'s included.
+:func:`checkpoint_saving_arguments` adds both to a trainer's arguments; :class:`mmoe.config.cli.MMoECLI` calls it for
+every trainer it builds, ``mmoe.config.launch.run_lightning``'s included.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from lightning.fabric.plugins import CheckpointIO, TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from mmoe.atomic import atomic_write, remove_stale_temporaries
-from mmoe.tasks.lightning_internals import save_last_checkpoint
+from mmoe.runtime.lightning_internals import save_last_checkpoint
 
 #: A temporary checkpoint file untouched for this long belongs to a killed writer and is removed at the next save in
 #: its folder; a younger one may be another process's save in progress.

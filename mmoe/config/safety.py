@@ -1,9 +1,10 @@
 """What every ``mmoe`` config read is protected by, installed once per process (:func:`install_config_safety`):
 
-* config files (and the files they name) are read by :func:`mmoe.tasks.config_yaml.load_yaml_config`: no duplicate
+* config files (and the files they name) are read by :func:`mmoe.config.yaml_reading.load_yaml_config`: no duplicate
   key, aliases bounded; each command-line value is held to the same checks before parsing starts
   (:func:`refuse_unsafe_command_line`: jsonargparse reads a value as YAML more than once, its later reads not through
-  the installed loader); a ``--config`` file's ``extends`` part is merged in (:mod:`mmoe.tasks.config_extends`);
+  the installed loader); a ``--config`` file's ``extends`` part is merged in (:mod:`mmoe.config.extends`); a class
+  named by the module it lived in before (:mod:`mmoe.config.moved_classes`) is read as the module it is in now;
 * a file that is not a config (plain text such as ``/etc/passwd``), given as ``--config`` or as a config value, is
   refused in one line naming the file and never quoting its content (:class:`NotAConfigFile`);
 * a ``class_path`` (or a class named by itself, ``--model X``, ``--trainer.callbacks+=X``) is imported only from
@@ -27,10 +28,11 @@ from typing import Any
 import yaml
 from jsonargparse import ArgumentError, ArgumentParser, get_loader, set_loader, set_parsing_settings
 
+from mmoe.config.extends import EXTENDS_KEY, extended_config
+from mmoe.config.moved_classes import current_class_paths
+from mmoe.config.yaml_reading import ConfigFileError, check_yaml_config, load_yaml_config, shorten
 from mmoe.io import one_line, report_error
-from mmoe.tasks.config_extends import EXTENDS_KEY, extended_config
-from mmoe.tasks.config_yaml import ConfigFileError, check_yaml_config, load_yaml_config, shorten
-from mmoe.tasks.lightning_internals import config_file_being_read
+from mmoe.runtime.lightning_internals import config_file_being_read
 
 #: The packages a config may name classes from: mmoe's tasks, DataModules and callbacks, and Lightning's callbacks,
 #: loggers, strategies and plugins (what the shipped configs and the docs name). Not all of torch: a module such as
@@ -71,7 +73,7 @@ def install_config_safety() -> None:
         refuse_file_without_settings(text, value, path)
         if path and isinstance(value, dict) and EXTENDS_KEY in value:
             value = extended_config(value, file_being_read(path), current)
-        return value
+        return current_class_paths(value)
 
     load.checks_config = True  # type: ignore[attr-defined]
     set_loader("yaml", load, exceptions=(yaml.YAMLError,))
@@ -166,7 +168,7 @@ def parse_errors_in_one_line(parsers: Sequence[ArgumentParser], args: Any) -> It
     """Within, a parse error of ``parsers`` (a parser and its subcommands' parsers) that would print the usage and
     exit ends the command instead with :func:`config_error_line` on stderr, exit code 2, as ``mmoe <command>``
     (the first word of the argv list ``args``). Parsers that raise their errors (``exit_on_error=False``,
-    :func:`mmoe.tasks.launch.read_config`) are left to do so."""
+    :func:`mmoe.config.launch.read_config`) are left to do so."""
     words = [arg for arg in args if isinstance(arg, str) and not arg.startswith("-")] if isinstance(args, list) else []
     command = words[0] if words else "fit"
     exiting = [parser for parser in parsers if parser.exit_on_error]

@@ -20,8 +20,8 @@ batches it sums them over the ranks (``trainer.strategy.reduce``), logs per laye
 
 and, to TensorBoard and Weights & Biases loggers, a load heatmap image per window; ``tier="detailed"`` adds per-layer
 expert-load and utilisation histograms and the sub-token maps of a few held-out images
-(:mod:`mmoe.tasks.routing_logging`). Per-expert values are never scalar keys: the number of keys is bounded by the
-MoE layers, whatever the number of experts (:func:`mmoe.tasks.routing_logging.metric_key_bound`). With
+(:mod:`mmoe.runtime.routing_logging`). Per-expert values are never scalar keys: the number of keys is bounded by the
+MoE layers, whatever the number of experts (:func:`mmoe.runtime.routing_logging.metric_key_bound`). With
 ``save_dir``, it also appends the window's loads to ``save_dir/routing_stats.json``
 (:mod:`mmoe.metrics.routing_stats`) for :mod:`mmoe.viz`.
 
@@ -55,7 +55,7 @@ from mmoe.metrics.routing import (
 from mmoe.metrics.routing_stats import STATS_FILENAME, STATS_FORMAT
 from mmoe.model import MultiwayTransformer
 from mmoe.moe import RoutingRecord
-from mmoe.tasks.routing_logging import TIERS, HeldOutImages, Tier, load_scalars, log_media, window_media
+from mmoe.runtime.routing_logging import TIERS, HeldOutImages, Tier, load_scalars, log_media, window_media
 
 
 def moe_experts(module: torch.nn.Module) -> dict[str, int]:
@@ -79,7 +79,7 @@ class RoutingStatsCallback(L.Callback):
         save_dir: directory for ``routing_stats.json`` (written atomically by global rank 0); None = do not save.
         prefix: prefix of the logged names.
         tier: ``"brief"`` (scalars and a load heatmap image) or ``"detailed"`` (also per-expert load and utilisation
-            histograms and held-out sub-token maps); see :mod:`mmoe.tasks.routing_logging`.
+            histograms and held-out sub-token maps); see :mod:`mmoe.runtime.routing_logging`.
         map_images: held-out images of the detailed tier's sub-token maps (the first of the first validation batch).
     """
 

@@ -57,12 +57,12 @@ class RunLayout:
 
     @property
     def routing_stats(self) -> Path:
-        """What :class:`mmoe.tasks.routing_callback.RoutingStatsCallback` with ``save_dir`` = the root writes."""
+        """What :class:`mmoe.runtime.routing_callback.RoutingStatsCallback` with ``save_dir`` = the root writes."""
         return self.root / STATS_FILENAME
 
     @property
     def snapshots(self) -> Path:
-        """The backbone snapshots of :class:`mmoe.tasks.snapshots.BackboneSnapshots`."""
+        """The backbone snapshots of :class:`mmoe.runtime.snapshots.BackboneSnapshots`."""
         return self.root / "snapshots"
 
     def snapshot(self, step: int) -> Path:

@@ -1,5 +1,5 @@
 """Tokens per second, model FLOPs utilisation (MFU) and a progress line with ETA, for every ``mmoe fit``, ``validate``,
-``test`` and ``predict`` (:class:`Throughput`; ``--throughput.*`` options, added by :class:`mmoe.tasks.cli.MMoECLI`).
+``test`` and ``predict`` (:class:`Throughput`; ``--throughput.*`` options, added by :class:`mmoe.config.cli.MMoECLI`).
 
 Tokens are counted where the backbone reads them (a hook before :meth:`MultiwayTransformer.forward`), so every task
 and batch type of :mod:`mmoe.data.batches` counts the same way: each image is its patches plus the CLS token, each
@@ -35,7 +35,7 @@ import torch
 from mmoe.model import MultiwayTransformer
 from mmoe.model.config import MultiwayConfig
 from mmoe.model.cost import backbone_cost
-from mmoe.tasks.base import BackboneTask
+from mmoe.runtime.backbone_training import BackboneTraining
 
 #: FLOPs of a training step over those of the forward pass (forward + backward of about twice the forward).
 TRAINING_FLOPS_FACTOR = 3
@@ -150,7 +150,7 @@ class Throughput(L.Callback):
 
     # ---------------------------------------------------------------------------------------------- counting
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if isinstance(pl_module, BackboneTask) and self._tokens is None:  # other modules count no tokens
+        if isinstance(pl_module, BackboneTraining) and self._tokens is None:  # other modules count no tokens
             self._tokens = BackboneTokens(pl_module.backbone)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:

@@ -1,10 +1,10 @@
 """A diverging run stops at its first non-finite step, before the update, with the step and its losses named.
 
-Every ``mmoe fit`` gets a :class:`NonFiniteGuard` (``--non_finite.*`` options; :class:`mmoe.tasks.cli.MMoECLI` adds
+Every ``mmoe fit`` gets a :class:`NonFiniteGuard` (``--non_finite.*`` options; :class:`mmoe.config.cli.MMoECLI` adds
 it). After the backward pass and before the optimiser step it checks the step's loss (``torch.isfinite``, kept on the
 device) and the gradients' total 2-norm (``torch.nn.utils.get_total_norm``: NaN or infinite when an entry is, or when
 the squares overflow, which only a diverging step's gradients do; the norm Lightning's norm clipping then reuses, see
-:mod:`mmoe.tasks.gradient_norm`), with one host sync per step; with several processes the verdict is any process's. A
+:mod:`mmoe.runtime.gradient_norm`), with one host sync per step; with several processes the verdict is any process's. A
 non-finite step:
 
 * ``action: stop`` (the default): the weights are not updated, :class:`NonFiniteTraining` ends the run, and the
@@ -21,7 +21,7 @@ Under fp16 mixed precision the gradient scaler already skips steps with overflow
 scale): there only the loss is checked.
 
 With loss-free balancing (``MoEPlan.bias_update_rate``) the routers' selection biases are checked too, after each
-optimiser step has moved them (:meth:`mmoe.tasks.selection_bias.SelectionLoads.non_finite`) and before that step's
+optimiser step has moved them (:meth:`mmoe.runtime.selection_bias.SelectionLoads.non_finite`) and before that step's
 checkpoint is saved: a NaN or infinite bias stops the run (whatever the ``action``: the biases are already moved)
 with one line naming the MoE layers, and :data:`DIVERGED_EXIT`. The loss stays finite while the biases overflow.
 """
@@ -37,8 +37,8 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.plugins.precision import MixedPrecision
 
 from mmoe.io import report_error
-from mmoe.tasks.base import BackboneTask
-from mmoe.tasks.gradient_norm import local_total_norm, optimizer_gradients
+from mmoe.runtime.backbone_training import BackboneTraining
+from mmoe.runtime.gradient_norm import local_total_norm, optimizer_gradients
 
 #: Exit code of a run stopped by a non-finite loss or gradient: not 1 (a crash), 2 (bad input) or a signal's 128 + n,
 #: so a script can tell a diverged run (resume from the last checkpoint with other settings) from the others.
@@ -61,7 +61,7 @@ class NonFiniteTraining(ArithmeticError):
 def gradient_norm(optimizer: torch.optim.Optimizer, module: L.LightningModule) -> torch.Tensor:
     """The total 2-norm of ``optimizer``'s gradients on their device (no sync); each process's own shards of sharded
     gradients. The 2-norm: on CPU much faster than the largest entry (order infinity) and as telling."""
-    if isinstance(module, BackboneTask):
+    if isinstance(module, BackboneTraining):
         return module.gradient_norm(optimizer)  # measured once for the clipping too
     return local_total_norm(optimizer_gradients(optimizer))
 
@@ -124,7 +124,7 @@ class NonFiniteGuard(L.Callback):
             return
         step = trainer.global_step
         what = "loss" if not loss_finite else "gradients" if not grads_finite else "loss or gradients (another process)"
-        losses = describe_losses(pl_module.latest_train_losses) if isinstance(pl_module, BackboneTask) else ""
+        losses = describe_losses(pl_module.latest_train_losses) if isinstance(pl_module, BackboneTraining) else ""
         found = f"non-finite {what} at step {step}" + (f" ({losses})" if losses else "")
         if self.action == "stop":
             raise NonFiniteTraining(
@@ -149,7 +149,7 @@ class NonFiniteGuard(L.Callback):
     ) -> None:
         """Stops the run when an optimiser step left a router's selection bias non-finite; runs before the
         checkpoint callbacks (Lightning calls them last), so that step is never saved."""
-        loads = pl_module.selection_loads if isinstance(pl_module, BackboneTask) else None
+        loads = pl_module.selection_loads if isinstance(pl_module, BackboneTraining) else None
         if loads is None or trainer.global_step == self._biases_checked_at:
             return  # no biases, or no optimiser step since the last check (gradient accumulation)
         self._biases_checked_at = trainer.global_step

@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from mmoe.moe import MoELayer
 from mmoe.moe.expert_parallel import EXPERT_PARALLEL_ATTRIBUTE, check_expert_parallel, expert_parallel_groups
-from mmoe.tasks.torch_internals import keep_ddp_off
+from mmoe.runtime.torch_internals import keep_ddp_off
 
 
 @dataclass(frozen=True)

@@ -24,9 +24,9 @@ import torch
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from torch import nn
 
-from mmoe.tasks.optimizer import OPTIMIZER_FIELDS, OptimizerConfig, nest_optimizer_arguments, parameter_groups
+from mmoe.runtime.optimizer import OPTIMIZER_FIELDS, OptimizerConfig, nest_optimizer_arguments, parameter_groups
 
-#: The settings that decide which parameters share an AdamW group (:func:`mmoe.tasks.optimizer.parameter_groups`).
+#: The settings that decide which parameters share an AdamW group (:func:`mmoe.runtime.optimizer.parameter_groups`).
 GROUPING = ("weight_decay", "layer_decay", "head_lr_multiplier")
 
 
@@ -99,9 +99,9 @@ def apply_optimizer_config(
     the base rate times the schedule's multiplier at the step reached; weight decay, betas and eps follow ``config``.
 
     Args:
-        optimizer: the AdamW of :func:`mmoe.tasks.optimizer.adamw_with_schedule`, its state restored.
+        optimizer: the AdamW of :func:`mmoe.runtime.optimizer.adamw_with_schedule`, its state restored.
         scheduler: its schedule, state restored (the multiplier is the config's: a checkpoint stores none).
-        groups: :func:`mmoe.tasks.optimizer.parameter_groups` of ``config``, in the optimiser's order.
+        groups: :func:`mmoe.runtime.optimizer.parameter_groups` of ``config``, in the optimiser's order.
         config: the settings to train with.
     """
     base_rates = [config.learning_rate * group["lr_scale"] for group in groups]  # as adamw_with_schedule sets them

@@ -380,7 +380,7 @@ def run_folders(
 ) -> tuple[str | None, list[str]]:
     """The folders a command writes: the run folder (``trainer.default_root_dir``) and, for ``fit``, the folders of
     the ``ModelCheckpoint`` callbacks, given in the parsed ``trainer`` config or as objects in ``trainer_defaults``
-    (:func:`mmoe.tasks.launch.run_lightning`'s callbacks)."""
+    (:func:`mmoe.config.launch.run_lightning`'s callbacks)."""
     if subcommand != "fit":
         return trainer.get("default_root_dir"), []
     given = trainer_defaults.get("callbacks") or []

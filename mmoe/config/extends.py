@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from mmoe.tasks.config_yaml import ConfigFileError, load_yaml_config, shorten
+from mmoe.config.yaml_reading import ConfigFileError, load_yaml_config, shorten
 
 #: The top-level key that names the part a config file extends.
 EXTENDS_KEY = "extends"
