@@ -53,8 +53,9 @@ def export_task(state: dict, ckpt: Path, out: Path) -> dict[str, Any]:
     task = task_of_class_path(saved)
     if task is None or not isinstance(weights, dict):
         kind = f"a checkpoint of {saved}" if saved else "not a fine-tuning checkpoint"
-        raise ValueError(f"checkpoint {ckpt} is {kind}, not of a fine-tuning task: pass --backbone-only to export "
-                         "its backbone")  # fmt: skip
+        raise ValueError(
+            f"checkpoint {ckpt} is {kind}, not of a fine-tuning task: pass --backbone-only to export its backbone"
+        )
     arguments = task_arguments(hyper_parameters, ckpt)
     files = task_files(task, arguments, ckpt)
     try:

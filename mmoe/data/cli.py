@@ -146,8 +146,16 @@ def _synth_command(commands: argparse._SubParsersAction) -> None:
     synth.add_argument("--out", required=True, help="corpus root, laid out as data/README.md documents")
     synth.add_argument("--size", choices=("tiny", "small", "medium", "large"), default="small", help="(small)")
     synth.add_argument("--seed", type=int, default=0, help="generator seed (0)")
-    for field in ("train_images", "val_images", "test_images", "questions_per_image", "nlvr2_train_sets",
-                  "nlvr2_eval_sets", "texts", "image_size"):  # fmt: skip
+    for field in (
+        "train_images",
+        "val_images",
+        "test_images",
+        "questions_per_image",
+        "nlvr2_train_sets",
+        "nlvr2_eval_sets",
+        "texts",
+        "image_size",
+    ):
         synth.add_argument(f"--{field.replace('_', '-')}", type=int, help="override the size preset")
     synth.add_argument("--shards", action="store_true", help="also convert every split into OUT/shards/<name>/")
     synth.add_argument(
@@ -275,9 +283,18 @@ def _convert(args: argparse.Namespace):
         _check_official(args)
     if args.source == "vqav2":
         return convert_vqav2(
-            args.questions, args.images, args.out, args.annotations, args.answer_vocab, args.min_answer_count,
-            args.shard_size, args.name, args.holdout_images, args.holdout_out, args.seed,
-        )  # fmt: skip
+            args.questions,
+            args.images,
+            args.out,
+            args.annotations,
+            args.answer_vocab,
+            args.min_answer_count,
+            args.shard_size,
+            args.name,
+            args.holdout_images,
+            args.holdout_out,
+            args.seed,
+        )
     if args.source in ("coco-captions", "flickr30k"):
         tokenizer = _tokenizer(args)
         if args.karpathy:

@@ -55,9 +55,15 @@ def convert_own(args: argparse.Namespace, tokenizer: Callable[[argparse.Namespac
     if args.source == "captions":
         return convert_own_captions(args.table, args.images, args.out, args.shard_size, args.name, tokenizer(args))
     return convert_own_vqa(
-        args.table, args.images, args.out, args.answer_vocab, args.min_answer_count, args.shard_size, args.name,
+        args.table,
+        args.images,
+        args.out,
+        args.answer_vocab,
+        args.min_answer_count,
+        args.shard_size,
+        args.name,
         args.split,
-    )  # fmt: skip
+    )
 
 
 def add_overlap_command(commands: argparse._SubParsersAction) -> None:

@@ -91,10 +91,13 @@ def records_from_parquet(path: Path) -> list[SampleRecord]:
         uid = row.get("uid")
         records.append(
             SampleRecord(
-                row["key"], row["status"], _int_or_none(row.get("width")), _int_or_none(row.get("height")),
+                row["key"],
+                row["status"],
+                _int_or_none(row.get("width")),
+                _int_or_none(row.get("height")),
                 None if uid is None else str(uid),
             )
-        )  # fmt: skip
+        )
     return records
 
 
@@ -139,10 +142,13 @@ def records_from_tar(path: Path) -> list[SampleRecord]:
         uid = meta.get("uid")
         records.append(
             SampleRecord(
-                key, status if isinstance(status, str) else str(status), _int_or_none(meta.get("width")),
-                _int_or_none(meta.get("height")), None if uid is None else str(uid),
+                key,
+                status if isinstance(status, str) else str(status),
+                _int_or_none(meta.get("width")),
+                _int_or_none(meta.get("height")),
+                None if uid is None else str(uid),
             )
-        )  # fmt: skip
+        )
     return records
 
 

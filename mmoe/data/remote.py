@@ -121,8 +121,13 @@ class RetryingReader(io.RawIOBase):
                 pause = self.reading.pause(attempt)
                 logger.warning(
                     "%s: %s at byte %d; reading again in %.1f s (retry %d of %d)",
-                    self.url, type(error).__name__, self.offset, pause, attempt + 1, self.reading.retries,
-                )  # fmt: skip
+                    self.url,
+                    type(error).__name__,
+                    self.offset,
+                    pause,
+                    attempt + 1,
+                    self.reading.retries,
+                )
                 self.sleep(pause)
                 self._stale = self._stale or reopen
         raise AssertionError("unreachable")

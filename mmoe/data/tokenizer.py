@@ -19,9 +19,18 @@ import torch
 from mmoe.vocabulary import EOT_ID, MASK_ID, NUM_BPE_TOKENS, OPEN_CLIP_IDS, PAD_ID, SOT_ID, VOCAB_SIZE, TextIds
 
 __all__ = [
-    "CAPTION_MAX_TEXT_LENGTH", "DEFAULT_MAX_TEXT_LENGTH", "EOT_ID", "MASK_ID", "NUM_BPE_TOKENS", "PAD_ID", "SOT_ID",
-    "SPECIAL_IDS", "VOCAB_SIZE", "TextTokenizer", "token_ids_of",
-]  # fmt: skip
+    "CAPTION_MAX_TEXT_LENGTH",
+    "DEFAULT_MAX_TEXT_LENGTH",
+    "EOT_ID",
+    "MASK_ID",
+    "NUM_BPE_TOKENS",
+    "PAD_ID",
+    "SOT_ID",
+    "SPECIAL_IDS",
+    "VOCAB_SIZE",
+    "TextTokenizer",
+    "token_ids_of",
+]
 
 #: Longest text in tokens, start and end included, where neither a config nor a checkpoint says (BEiT-3's
 #: ``num_max_bpe_tokens`` for questions and sentences).
@@ -84,9 +93,14 @@ class SentencePieceVocabulary:
         self.path = path
         pieces = _sentencepiece(path).get_piece_size()
         self.ids = TextIds(
-            start=XLMR_START, end=XLMR_END, pad=XLMR_PAD, mask=pieces + 1, size=pieces + 2, random_low=XLMR_UNK,
+            start=XLMR_START,
+            end=XLMR_END,
+            pad=XLMR_PAD,
+            mask=pieces + 1,
+            size=pieces + 2,
+            random_low=XLMR_UNK,
             random_high=pieces + 1,
-        )  # fmt: skip
+        )
 
     def __getstate__(self) -> dict:  # DataLoader workers load the model themselves
         return {"path": self.path, "ids": self.ids}

@@ -56,8 +56,18 @@ class RandAugment:
     draws use torch's generator, so the data loader's per-sample seeding makes them repeatable.
     """
 
-    OPERATIONS = ("identity", "autocontrast", "equalize", "brightness", "sharpness", "shear_x", "shear_y",
-                  "translate_x", "translate_y", "rotate")  # fmt: skip
+    OPERATIONS = (
+        "identity",
+        "autocontrast",
+        "equalize",
+        "brightness",
+        "sharpness",
+        "shear_x",
+        "shear_y",
+        "translate_x",
+        "translate_y",
+        "rotate",
+    )
 
     def __init__(self, num_ops: int = 2, magnitude: int = 7) -> None:
         if num_ops < 0 or not 0 <= magnitude <= 10:

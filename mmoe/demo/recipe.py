@@ -42,8 +42,9 @@ def figures_stage(run: PipelineRun, variant: str) -> Stage:
         draw_stats_heatmaps([run.pretraining(variant).routing_stats], out)
         return {"files": [str(finetuned), *sorted(str(path) for path in out.glob("*.png"))]}
 
-    return Stage(StageKey.of(variant, FIGURES), subtoken_map_path(out, checkpoint_labels([pretrained, finetuned])[0]),
-                 draw)  # fmt: skip
+    return Stage(
+        StageKey.of(variant, FIGURES), subtoken_map_path(out, checkpoint_labels([pretrained, finetuned])[0]), draw
+    )
 
 
 def variant_stages(run: PipelineRun, variant: str) -> list[Stage]:

@@ -90,8 +90,9 @@ class MMoELMMs(lmms):
         visuals = doc_to_visual(self.task_dict[task][split][doc_id])
         images = [visual for visual in visuals or [] if isinstance(visual, Image.Image)]
         if len(images) != 1 or len(visuals) != 1:
-            raise ValueError(f"{task} document {doc_id}: the mmoe model takes one image, got {len(visuals or [])} "
-                             "visuals")  # fmt: skip
+            raise ValueError(
+                f"{task} document {doc_id}: the mmoe model takes one image, got {len(visuals or [])} visuals"
+            )
         with torch.no_grad():
             if self.wants_caption(task):
                 text = self.caption(images[0])

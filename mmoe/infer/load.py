@@ -77,8 +77,10 @@ def load_fine_tuned(
         )
     if saved != class_path(task):
         found = task_of_class_path(saved)
-        raise InferError(f"checkpoint {path} is a {found.name if found else saved or 'unknown task'} checkpoint, "
-                         f"not a {task.name} one")  # fmt: skip
+        raise InferError(
+            f"checkpoint {path} is a {found.name if found else saved or 'unknown task'} checkpoint, "
+            f"not a {task.name} one"
+        )
     arguments = {k: v for k, v in nest_optimizer_arguments(hyper_parameters).items() if not k.startswith("_")}
     unknown = unknown_arguments(task, arguments)
     if isinstance(arguments["backbone"], dict):

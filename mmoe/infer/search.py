@@ -185,8 +185,9 @@ def embedded_folder(
     known, dropped = usable_entries(read_cache(store), width, store)
     keys, unreadable = image_keys(paths)
     fresh_paths, fresh_images = [], []
-    for path in tqdm([p for p in keys if keys[p] not in known], desc="mmoe infer: embedding", unit="image",
-                     file=sys.stderr):  # fmt: skip
+    for path in tqdm(
+        [p for p in keys if keys[p] not in known], desc="mmoe infer: embedding", unit="image", file=sys.stderr
+    ):
         try:
             fresh_images.append(model.image(path))
         except InferError as error:

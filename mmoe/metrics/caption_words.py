@@ -68,8 +68,10 @@ def _listed_words(
     missing = [image_id for image_id in predictions if image_id not in references]
     if missing:
         raise KeyError(f"predicted image ids {missing[:5]} have no references")
-    in_refs = {image_id: {w for caption in captions for w in _words(caption)} & listed
-               for image_id, captions in references.items()}  # fmt: skip
+    in_refs = {
+        image_id: {w for caption in captions for w in _words(caption)} & listed
+        for image_id, captions in references.items()
+    }
     written = {
         image_id: [word for word in _words(caption) if word in listed] for image_id, caption in predictions.items()
     }

@@ -234,8 +234,10 @@ def consistency_through_training(
         steps = [run[position][0] for run in runs]
         if len(set(steps)) > 1:
             where = ", ".join(f"{name} at step {step}" for name, step in zip(names, steps, strict=True))
-            raise ValueError(f"window {position + 1} is not at the same step in every run ({where}): log the runs "
-                             "with the same RoutingStatsCallback.every_n_steps")  # fmt: skip
+            raise ValueError(
+                f"window {position + 1} is not at the same step in every run ({where}): log the runs "
+                "with the same RoutingStatsCallback.every_n_steps"
+            )
         windows.append({"step": steps[0]} | load_consistency([run[position][1] for run in runs], names))
     return {"steps": [window["step"] for window in windows], "windows": windows}
 

@@ -223,10 +223,17 @@ PRESETS: dict[str, dict] = {
     "tiny": dict(dim=192, depth=4, num_heads=3, ffn_dim=768, image_size=64, patch_size=16, max_text_positions=64),
     "base": dict(dim=768, depth=12, num_heads=12, ffn_dim=3072, image_size=224, patch_size=16, max_text_positions=1024),
     "beit3_base": dict(
-        dim=768, depth=12, num_heads=12, ffn_dim=3072, image_size=224, patch_size=16, vocab_size=64010,
-        max_text_positions=1024, position_offset=2,
+        dim=768,
+        depth=12,
+        num_heads=12,
+        ffn_dim=3072,
+        image_size=224,
+        patch_size=16,
+        vocab_size=64010,
+        max_text_positions=1024,
+        position_offset=2,
     ),
-}  # fmt: skip
+}
 
 
 def config_to_dict(config: MultiwayConfig) -> dict:

@@ -80,9 +80,11 @@ def from_pretrained(folder: str | Path, dtype: torch.dtype | None = None) -> Mul
     dtype = dtype or shared_float_dtype(weights)
     try:
         load_weights(
-            backbone, in_float_dtype(weights, dtype), f"{Path(folder) / WEIGHTS_FILE} does not fit its {CONFIG_FILE}",
+            backbone,
+            in_float_dtype(weights, dtype),
+            f"{Path(folder) / WEIGHTS_FILE} does not fit its {CONFIG_FILE}",
             assign=True,
-        )  # fmt: skip
+        )
     except ValueError as error:
         raise PretrainedFolderError(str(error)) from None
     return backbone.to(dtype)  # the buffers a folder does not hold (not persistent) too
@@ -204,8 +206,9 @@ def load_weights(module: torch.nn.Module, weights: dict[str, torch.Tensor], mess
             )
         if key in expected and expected[key].is_floating_point() != value.is_floating_point():
             kind = "a floating-point" if expected[key].is_floating_point() else f"a {expected[key].dtype}"
-            raise ValueError(f"{message}: {key} is {value.dtype} there, {expected[key].dtype} here (expected {kind} "
-                             "tensor)")  # fmt: skip
+            raise ValueError(
+                f"{message}: {key} is {value.dtype} there, {expected[key].dtype} here (expected {kind} tensor)"
+            )
     missing = [key for key in expected if key not in weights]
     unexpected = [key for key in weights if key not in expected]
     if missing or unexpected:

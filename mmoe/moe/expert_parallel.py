@@ -116,8 +116,7 @@ def exchange(rows_CD: torch.Tensor, offsets_E: torch.Tensor, shard: ExpertShard,
         torch.arange(local, device=rows_CD.device).repeat(size), received_WL.flatten()
     )
     local_expert, order = torch.sort(local_expert, stable=True)
-    offsets_L = torch.searchsorted(local_expert, torch.arange(local, device=rows_CD.device), right=True,
-                                   out_int32=True)  # fmt: skip
+    offsets_L = torch.searchsorted(local_expert, torch.arange(local, device=rows_CD.device), right=True, out_int32=True)
     with record_function("mmoe.moe.experts"):
         outputs = experts(received.index_select(0, order), local_expert, offsets_L)
     back = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))

@@ -104,16 +104,24 @@ def nlvr2_rows(scores: dict, chance: ChanceLevels) -> list[dict]:
 
 def caption_rows(scores: dict, chance: ChanceLevels) -> list[dict]:
     rows = [
-        row("COCO captions Karpathy test", name, scores[name], chance.caption_constant[name],
-            "most common training caption")
+        row(
+            "COCO captions Karpathy test",
+            name,
+            scores[name],
+            chance.caption_constant[name],
+            "most common training caption",
+        )
         for name in ("Bleu_4", "CIDEr")
-    ]  # fmt: skip
+    ]
     if "colour_word_precision" not in scores:  # scored by an older mmoe demo: no colour check in its marker
         return rows
     colours = row(
-        "COCO captions Karpathy test", "colour words right (%)", round(100 * scores["colour_word_precision"], 2),
-        round(100 * scores["colour_word_chance"], 2), "the same colour words on a random image",
-    )  # fmt: skip
+        "COCO captions Karpathy test",
+        "colour words right (%)",
+        round(100 * scores["colour_word_precision"], 2),
+        round(100 * scores["colour_word_chance"], 2),
+        "the same colour words on a random image",
+    )
     return [*rows, colours]
 
 
@@ -123,9 +131,12 @@ def retrieval_rows(scores: dict, chance: ChanceLevels) -> list[dict]:
     baseline = "random ranking of the test split"
     return [
         row("Flickr30K Karpathy test", label, scores[name], scores["random_ranking"][name], baseline)
-        for name, label in (("i2t_r1", "image->text R@1"), ("t2i_r1", "text->image R@1"),
-                            ("mean_recall", "mean recall (R@1/5/10)"))
-    ]  # fmt: skip
+        for name, label in (
+            ("i2t_r1", "image->text R@1"),
+            ("t2i_r1", "text->image R@1"),
+            ("mean_recall", "mean recall (R@1/5/10)"),
+        )
+    ]
 
 
 def vqa_chance(chance: ChanceLevels) -> float:
@@ -208,20 +219,57 @@ class Benchmark:
 
 #: The benchmarks in the order the pipelines run them.
 BENCHMARKS = (
-    Benchmark(VQAFineTuning, VQA_VAL_SPLIT, "val_results.json", score_vqa, vqa_rows,
-              ("overall", "VQAv2 accuracy (%)"), vqa_chance,
-              vqa_items, (ItemMetric("VQAv2 val", "accuracy (%)", percent_of_items),), vqa_files),
-    Benchmark(NLVR2FineTuning, NLVR2_DEV_SPLIT, "dev_predictions.csv", score_nlvr2, nlvr2_rows,
-              ("accuracy", "NLVR2 accuracy"), nlvr2_chance, nlvr2_items, (ItemMetric("NLVR2 dev", "accuracy", share),)),
-    Benchmark(CaptioningFineTuning, CAPTION_TEST_SPLIT, "test_captions.json", score_captions, caption_rows,
-              ("CIDEr", "COCO CIDEr"), caption_chance, caption_items,
-              (ItemMetric("COCO captions Karpathy test", "colour words right (%)", percent_share),),
-              caption_files, caption_options),
-    Benchmark(RetrievalFineTuning, RETRIEVAL_TEST_SPLIT, "test_embeddings.pt", score_retrieval,
-              retrieval_rows, ("mean_recall", "Flickr30K mean recall"), None, retrieval_items,
-              (ItemMetric("Flickr30K Karpathy test", "mean recall (R@1/5/10)", mean_recall),
-               ItemMetric("Flickr30K Karpathy test", "text->image R@1", text_to_image_r1))),
-)  # fmt: skip
+    Benchmark(
+        VQAFineTuning,
+        VQA_VAL_SPLIT,
+        "val_results.json",
+        score_vqa,
+        vqa_rows,
+        ("overall", "VQAv2 accuracy (%)"),
+        vqa_chance,
+        vqa_items,
+        (ItemMetric("VQAv2 val", "accuracy (%)", percent_of_items),),
+        vqa_files,
+    ),
+    Benchmark(
+        NLVR2FineTuning,
+        NLVR2_DEV_SPLIT,
+        "dev_predictions.csv",
+        score_nlvr2,
+        nlvr2_rows,
+        ("accuracy", "NLVR2 accuracy"),
+        nlvr2_chance,
+        nlvr2_items,
+        (ItemMetric("NLVR2 dev", "accuracy", share),),
+    ),
+    Benchmark(
+        CaptioningFineTuning,
+        CAPTION_TEST_SPLIT,
+        "test_captions.json",
+        score_captions,
+        caption_rows,
+        ("CIDEr", "COCO CIDEr"),
+        caption_chance,
+        caption_items,
+        (ItemMetric("COCO captions Karpathy test", "colour words right (%)", percent_share),),
+        caption_files,
+        caption_options,
+    ),
+    Benchmark(
+        RetrievalFineTuning,
+        RETRIEVAL_TEST_SPLIT,
+        "test_embeddings.pt",
+        score_retrieval,
+        retrieval_rows,
+        ("mean_recall", "Flickr30K mean recall"),
+        None,
+        retrieval_items,
+        (
+            ItemMetric("Flickr30K Karpathy test", "mean recall (R@1/5/10)", mean_recall),
+            ItemMetric("Flickr30K Karpathy test", "text->image R@1", text_to_image_r1),
+        ),
+    ),
+)
 
 
 def benchmark_named(name: str) -> Benchmark:

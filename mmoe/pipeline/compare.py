@@ -71,9 +71,12 @@ def cluster_sums(counts: np.ndarray, clusters: list[Hashable]) -> np.ndarray:
 
 
 def paired_bootstrap(
-    first: np.ndarray, second: np.ndarray, of_sums: Callable[[np.ndarray], float], resamples: int = RESAMPLES,
+    first: np.ndarray,
+    second: np.ndarray,
+    of_sums: Callable[[np.ndarray], float],
+    resamples: int = RESAMPLES,
     seed: int = SEED,
-) -> np.ndarray:  # fmt: skip
+) -> np.ndarray:
     """(resamples,) replicates of ``of_sums(first's sums) - of_sums(second's sums)``, each over the same draw of
     rows with replacement (``first``, ``second``: (clusters, columns) counts summed per cluster, row i the same
     cluster in both)."""
@@ -124,10 +127,17 @@ def compared(items: ComparedItems, metric: ItemMetric, where: str) -> dict:
         )
     interval = percentile_interval(replicates)
     return {
-        "task": metric.task, "metric": metric.metric, "pretrained": value, "random_init": baseline,
-        "difference": value - baseline, "interval": interval, "verdict": verdict(interval),
-        "items": len(items.ids), "clusters": len(first), "cluster": items.cluster_kind,
-    }  # fmt: skip
+        "task": metric.task,
+        "metric": metric.metric,
+        "pretrained": value,
+        "random_init": baseline,
+        "difference": value - baseline,
+        "interval": interval,
+        "verdict": verdict(interval),
+        "items": len(items.ids),
+        "clusters": len(first),
+        "cluster": items.cluster_kind,
+    }
 
 
 def rows_from_items(items_document: Any, where: str = "comparison items") -> list[dict]:
@@ -157,10 +167,18 @@ def format_comparison(rows_by_variant: dict[str, list[dict]]) -> str:
     blocks = [TITLE]
     for variant, rows in rows_by_variant.items():
         lines = [header] + [
-            [row["task"], row["metric"], number(row["pretrained"]), number(row["random_init"]),
-             number(row["difference"]), "[{}, {}]".format(*map(number, row["interval"])), row["verdict"],
-             str(row["items"]), f"{row['clusters']} {row['cluster']}"]
+            [
+                row["task"],
+                row["metric"],
+                number(row["pretrained"]),
+                number(row["random_init"]),
+                number(row["difference"]),
+                "[{}, {}]".format(*map(number, row["interval"])),
+                row["verdict"],
+                str(row["items"]),
+                f"{row['clusters']} {row['cluster']}",
+            ]
             for row in rows
-        ]  # fmt: skip
+        ]
         blocks.append(f"{variant}\n{aligned(lines)}")
     return "\n\n".join(blocks)

@@ -185,8 +185,10 @@ def checked_metrics(entry: dict, benchmark: Benchmark, where: str) -> tuple[Item
     metrics = []
     for index, named in enumerate(listed):
         place = f"{where}, metric {index}"
-        key = (require_field(named, "task", str, place, PipelineError),
-               require_field(named, "metric", str, place, PipelineError))  # fmt: skip
+        key = (
+            require_field(named, "task", str, place, PipelineError),
+            require_field(named, "metric", str, place, PipelineError),
+        )
         if key not in known:
             expected = "; ".join(f"{task}: {metric}" for task, metric in known)
             raise PipelineError(f"{place}: {json_excerpt(list(key))} is not compared; expected one of {expected}")
@@ -221,8 +223,9 @@ def checked_counts(entry: dict, field: str, where: str, items: int, width: int |
         raise PipelineError(f"{where}: field {field!r} holds {len(rows):,} rows; expected one per item ({items:,})")
     width = width if width is not None else len(rows[0]) if isinstance(rows[0], list) else 0
     if not 1 <= width <= MAX_COLUMNS:
-        raise PipelineError(f"{where}: field {field!r}, row 0: {json_excerpt(rows[0])}; expected a list of 1 to "
-                            f"{MAX_COLUMNS} numbers")  # fmt: skip
+        raise PipelineError(
+            f"{where}: field {field!r}, row 0: {json_excerpt(rows[0])}; expected a list of 1 to {MAX_COLUMNS} numbers"
+        )
     for index, row in enumerate(rows):
         if not isinstance(row, list) or len(row) != width or not all(type(v) in (int, float) for v in row):
             raise PipelineError(

@@ -34,9 +34,19 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 #: The pre-training parts ``configs/pretrain/tiny/<variant>.yaml`` a pipeline runs (``dense``: none). Not
 #: ``global_balance``: the pipelines train on one device, where the global-batch balance loss is Switch's own.
 VARIANTS = (
-    "dense", "switch", "xmoe", "mhmoe", "stratified", "fine_grained", "shared_experts", "loss_free", "expert_choice",
-    "limoe", "moma", "deepseek",
-)  # fmt: skip
+    "dense",
+    "switch",
+    "xmoe",
+    "mhmoe",
+    "stratified",
+    "fine_grained",
+    "shared_experts",
+    "loss_free",
+    "expert_choice",
+    "limoe",
+    "moma",
+    "deepseek",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,10 +128,17 @@ def trainer_options(
     checkpoint as ``layout.last_checkpoint``, routing statistics every ``routing_every`` steps in ``layout``, no
     progress bar (:func:`progress_lines` instead), and ``extra`` callbacks."""
     csv = {"save_dir": str(layout.root), "name": layout.csv_logs.name, "version": CSV_VERSION}
-    trainer = {"max_steps": steps, "val_check_interval": steps, "limit_val_batches": 0,
-               "default_root_dir": str(layout.root), "enable_progress_bar": False, "enable_model_summary": False,
-               "precision": run.settings.precision, "callbacks": [],
-               "logger": [{"class_path": CSV_LOGGER, "init_args": csv}]}  # fmt: skip
+    trainer = {
+        "max_steps": steps,
+        "val_check_interval": steps,
+        "limit_val_batches": 0,
+        "default_root_dir": str(layout.root),
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "precision": run.settings.precision,
+        "callbacks": [],
+        "logger": [{"class_path": CSV_LOGGER, "init_args": csv}],
+    }
     callbacks = (
         # No validation metric: keep only the latest checkpoint.
         ModelCheckpoint(
@@ -188,9 +205,10 @@ def pretrain_launch(
         "trainer": trainer,
         "throughput": progress_lines(label, steps),
         "model": {"init_args": model},
-        "data": {"init_args": {"data_root": str(run.data), "batch_size": run.settings.batch_size,
-                               "batches_per_epoch": steps}},
-    }  # fmt: skip
+        "data": {
+            "init_args": {"data_root": str(run.data), "batch_size": run.settings.batch_size, "batches_per_epoch": steps}
+        },
+    }
     return Launch("fit", pretrain_configs(variant), overrides, callbacks)
 
 
@@ -234,8 +252,12 @@ def causal_text_backbone(task: type[FineTuningTask], backbone: Path) -> dict[str
     if not routes_over_the_batch(config):
         return None
     fields = config_to_dict(config)
-    fields["moe"] |= {"routing": "token_choice", "capacity_factor": None, "eval_capacity_factor": None,
-                      "capacity_priority": "position"}  # fmt: skip
+    fields["moe"] |= {
+        "routing": "token_choice",
+        "capacity_factor": None,
+        "eval_capacity_factor": None,
+        "capacity_priority": "position",
+    }
     return fields
 
 

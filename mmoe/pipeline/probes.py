@@ -28,6 +28,9 @@ def logged_probes(layout: RunLayout) -> dict | None:
 def probes_text(probes: dict) -> str:
     """The probe values on one line, each beside its chance level."""
     chance = probes["chance"]
-    parts = [f"{key.removeprefix(PREFIX)} {value:.3f} (chance {chance[key]:.3f})"
-             for key, value in probes["values"].items() if key in chance]  # fmt: skip
+    parts = [
+        f"{key.removeprefix(PREFIX)} {value:.3f} (chance {chance[key]:.3f})"
+        for key, value in probes["values"].items()
+        if key in chance
+    ]
     return f"{int(probes['values'][f'{PREFIX}pairs'])} held-out pairs at step {probes['step']}: " + ", ".join(parts)

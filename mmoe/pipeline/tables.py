@@ -27,5 +27,6 @@ def format_table(rows_by_variant: dict[str, list[dict]]) -> str:
 def aligned(lines: list[list[str]]) -> str:
     """Rows of cells as plain text, each column as wide as its widest cell."""
     widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
-    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
-                     for line in lines)  # fmt: skip
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip() for line in lines
+    )

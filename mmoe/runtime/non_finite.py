@@ -167,12 +167,17 @@ class NonFiniteGuard(L.Callback):
             return
         named = ", ".join(map(str, self.first_skipped)) + (", ..." if self.skipped > len(self.first_skipped) else "")
         steps = f" (step{'s' if self.skipped > 1 else ''} {named})" if self.skipped else ""
-        print(f"mmoe fit: {self.skipped} training steps skipped for a non-finite loss or gradients{steps}",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"mmoe fit: {self.skipped} training steps skipped for a non-finite loss or gradients{steps}",
+            file=sys.stderr,
+        )
 
     def state_dict(self) -> dict[str, Any]:
-        return {"skipped": self.skipped, "first_skipped": list(self.first_skipped),
-                "consecutive_skips": self.consecutive_skips}  # fmt: skip
+        return {
+            "skipped": self.skipped,
+            "first_skipped": list(self.first_skipped),
+            "consecutive_skips": self.consecutive_skips,
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.skipped = int(state_dict["skipped"])

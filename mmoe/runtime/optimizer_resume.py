@@ -117,6 +117,8 @@ def apply_optimizer_config(
 def report_changes(changes: dict[str, tuple[Any, Any]], step: int) -> None:
     """One stderr line (rank 0) naming the optimiser settings a resume changed and the step they apply from."""
     if rank_zero_only.rank == 0:
-        print(f"mmoe fit: resumed with optimizer settings other than the checkpoint's, from global step {step} on: "
-              f"{show_changes(changes)} (the schedule goes on from that step; AdamW's moments are kept)",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"mmoe fit: resumed with optimizer settings other than the checkpoint's, from global step {step} on: "
+            f"{show_changes(changes)} (the schedule goes on from that step; AdamW's moments are kept)",
+            file=sys.stderr,
+        )

@@ -41,9 +41,10 @@ LAST = "last"
 LAST_FILE = ModelCheckpoint.CHECKPOINT_NAME_LAST + ModelCheckpoint.FILE_EXTENSION
 #: The last checkpoints Lightning's version counter names (``last-v1.ckpt``, ...), its version in the group.
 LAST_VERSION_FILE = re.compile(
-    re.escape(ModelCheckpoint.CHECKPOINT_NAME_LAST + ModelCheckpoint.CHECKPOINT_JOIN_CHAR) + r"v([0-9]{1,9})"
+    re.escape(ModelCheckpoint.CHECKPOINT_NAME_LAST + ModelCheckpoint.CHECKPOINT_JOIN_CHAR)
+    + r"v([0-9]{1,9})"
     + re.escape(ModelCheckpoint.FILE_EXTENSION)
-)  # fmt: skip
+)
 
 
 def checkpoint_folders(trainer: Namespace | None, callbacks: Any = None) -> list[Path]:
@@ -143,8 +144,10 @@ def read_checkpoint(ckpt_path: str, folders: list[Path], command: str, expected:
         passed_over = sorted(other.name for other in last_versions(last.parent) if other != last)
         beside = f"; not {', '.join(passed_over)} beside it (name one to use it)" if passed_over else ""
         verb = "resuming from" if command == "fit" else "using"
-        print(f"mmoe {command}: --ckpt_path last: {verb} {path} (step {state.get('global_step')}){beside}",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"mmoe {command}: --ckpt_path last: {verb} {path} (step {state.get('global_step')}){beside}",
+            file=sys.stderr,
+        )
     return str(path), state
 
 

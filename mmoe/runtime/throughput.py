@@ -194,8 +194,11 @@ class Throughput(L.Callback):
             return
         rates = stage.rates(self.peak_flops, trainer.world_size)
         mfu = f", MFU {rates['mfu']:.2%} of {self.peak_flops:.3g} FLOP/s per device" if "mfu" in rates else ""
-        print(f"mmoe {command}: {what} {stage.tokens:,.0f} tokens in {stage.seconds:.2f} s: "
-              f"{rates['tokens_per_s']:,.0f} tokens/s{mfu}", flush=True)  # fmt: skip
+        print(
+            f"mmoe {command}: {what} {stage.tokens:,.0f} tokens in {stage.seconds:.2f} s: "
+            f"{rates['tokens_per_s']:,.0f} tokens/s{mfu}",
+            flush=True,
+        )
 
     # ---------------------------------------------------------------------------------------------- training
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -29,8 +29,12 @@ def claim_settings(settings: StudySettings, preset: str = "default") -> dict[str
     """Claim id -> mmoe's setting of the claim in one line; a claim the preset (named ``preset``) does not run says
     which preset runs it."""
     described = _described(settings)
-    return {claim: text if settings.runs_claim(claim) else f"not run under this preset ({claim_runners(claim, preset)})"
-            f": {text}" for claim, text in described.items()}  # fmt: skip
+    return {
+        claim: text
+        if settings.runs_claim(claim)
+        else f"not run under this preset ({claim_runners(claim, preset)}): {text}"
+        for claim, text in described.items()
+    }
 
 
 def _described(settings: StudySettings) -> dict[str, str]:

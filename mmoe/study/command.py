@@ -66,8 +66,21 @@ def upgraded_study(stored: dict) -> dict:
 
 
 #: Every claim's statement by id (a claim the plan does not run is its statement, not measured).
-STATEMENTS = {statement.id: statement for statement in (ACTIVATION, DIVERSITY, COLLAPSE, FLUCTUATION, CONSISTENCY,
-                                                         TRAINED, TASKS, PRETRAINING, CAPACITY, FREQUENCY)}  # fmt: skip
+STATEMENTS = {
+    statement.id: statement
+    for statement in (
+        ACTIVATION,
+        DIVERSITY,
+        COLLAPSE,
+        FLUCTUATION,
+        CONSISTENCY,
+        TRAINED,
+        TASKS,
+        PRETRAINING,
+        CAPACITY,
+        FREQUENCY,
+    )
+}
 
 
 def claims_from(measures: Measures, plan: StudyPlan | None = None) -> list[Claim]:
@@ -81,8 +94,9 @@ def claims_from(measures: Measures, plan: StudyPlan | None = None) -> list[Claim
     def pretraining() -> Claim:
         if measures.backbones:
             backbones = measures.backbones
-            return pretraining_claim(PRETRAINING_VARIANT, backbones["pretrained"], backbones["random_init"],
-                                     measures.chance)  # fmt: skip
+            return pretraining_claim(
+                PRETRAINING_VARIANT, backbones["pretrained"], backbones["random_init"], measures.chance
+            )
         # a measures.json from before claim 7's backbones: one pre-trained xmoe against its random init
         return pretraining_claim("xmoe", measures.scores["xmoe"], measures.random_init, measures.chance)
 
@@ -92,21 +106,24 @@ def claims_from(measures: Measures, plan: StudyPlan | None = None) -> list[Claim
         "collapse": lambda: collapse_claim(measures.snapshots, rules("collapse")),
         "fluctuation": lambda: fluctuation_claim(measures.snapshots, rules("fluctuation")),
         "consistency": lambda: consistency_claim(measures.consistency, rules("consistency")),
-        "consistency_trained": lambda: consistency_claim(measures.consistency_trained, rules("consistency_trained"),
-                                                         TRAINED),  # fmt: skip
+        "consistency_trained": lambda: consistency_claim(
+            measures.consistency_trained, rules("consistency_trained"), TRAINED
+        ),
         "tasks": lambda: tasks_claim(measures.scores, measures.chance),
         "pretraining": pretraining,
         "capacity": lambda: capacity_claim(measures.capacity, rules("capacity")),
-        "frequency": lambda: frequency_claim(measures.token_capacity["passes"],
-                                             measures.token_capacity["training_counts"], rules("frequency")),
-    }  # fmt: skip
+        "frequency": lambda: frequency_claim(
+            measures.token_capacity["passes"], measures.token_capacity["training_counts"], rules("frequency")
+        ),
+    }
     claims = []
     for claim_id in CLAIM_IDS:
         if claim_id == "consistency_trained" and claim_id not in ids:  # a plan from before its row
             continue
         not_run = claim_id in ids and rules(claim_id).not_run
-        claims.append(not_run_claim(STATEMENTS[claim_id], rules(claim_id).noise_rule.unit) if not_run
-                      else measured[claim_id]())  # fmt: skip
+        claims.append(
+            not_run_claim(STATEMENTS[claim_id], rules(claim_id).noise_rule.unit) if not_run else measured[claim_id]()
+        )
     return claims
 
 
@@ -116,9 +133,14 @@ def run_facts(out: Path, records: dict, seconds: float) -> dict:
     from importlib.metadata import version
 
     # a random init's stage draws weights, it trains nothing
-    trainings = [key for key in records if key.parts[0] in ("pretrain", "finetune") and len(key.parts) in (2, 3)
-                 and key.parts[-1] not in ("export", "eval")
-                 and not (key.parts[0] == "pretrain" and RANDOM_INIT in key.parts[-1])]  # fmt: skip
+    trainings = [
+        key
+        for key in records
+        if key.parts[0] in ("pretrain", "finetune")
+        and len(key.parts) in (2, 3)
+        and key.parts[-1] not in ("export", "eval")
+        and not (key.parts[0] == "pretrain" and RANDOM_INIT in key.parts[-1])
+    ]
     return {
         "trainings": len(trainings),
         "stage_seconds": sum(record["seconds"] for record in records.values()),
@@ -281,8 +303,11 @@ def rule_change_verdicts(measures: Measures, plan: StudyPlan, decisions: list[di
         old_claims = claims_from(measures, old_plan)
         old = next(d for d in run_decisions(old_claims, old_plan, measures) if d["id"] == change.claim)
         new = by_id[change.claim]
-        changes.append(dataclasses.asdict(change) | {
-            "old_verdicts": {"within_run": old["within_run_verdict"], "over_runs": old["verdict"]},
-            "new_verdicts": {"within_run": new["within_run_verdict"], "over_runs": new["verdict"]},
-        })  # fmt: skip
+        changes.append(
+            dataclasses.asdict(change)
+            | {
+                "old_verdicts": {"within_run": old["within_run_verdict"], "over_runs": old["verdict"]},
+                "new_verdicts": {"within_run": new["within_run_verdict"], "over_runs": new["verdict"]},
+            }
+        )
     return changes

@@ -52,10 +52,27 @@ class StepCosts:
     streams: int = 1
 
 
-CPU_COSTS = StepCosts("the 2-core CPU", pretrain=0.5, recipe_pretrain=1.4, finetune=0.45, per_training=8.0,
-                      evaluation=25.0, snapshot=3.0, measure=2.0)  # fmt: skip
-GPU_COSTS = StepCosts("one H100, 8 runs at once", pretrain=0.2, recipe_pretrain=0.3, finetune=0.07,
-                      per_training=15.0, evaluation=10.0, snapshot=1.0, measure=0.5, streams=8)  # fmt: skip
+CPU_COSTS = StepCosts(
+    "the 2-core CPU",
+    pretrain=0.5,
+    recipe_pretrain=1.4,
+    finetune=0.45,
+    per_training=8.0,
+    evaluation=25.0,
+    snapshot=3.0,
+    measure=2.0,
+)
+GPU_COSTS = StepCosts(
+    "one H100, 8 runs at once",
+    pretrain=0.2,
+    recipe_pretrain=0.3,
+    finetune=0.07,
+    per_training=15.0,
+    evaluation=10.0,
+    snapshot=1.0,
+    measure=0.5,
+    streams=8,
+)
 #: The machine each preset's estimate is on.
 PRESET_COSTS = {"default": CPU_COSTS, "fast": CPU_COSTS, "gpu": GPU_COSTS, "gpu-tasks": GPU_COSTS}
 
@@ -81,10 +98,48 @@ BUDGETS = {
 
 
 def _pretraining_label(settings: StudySettings, stratified: bool) -> str:
-    parts = {"task variants": settings.run_tasks, "routing arms": settings.routing_seeds > 0,
-             "diversity": bool(settings.diversity_runs), "Stratified MoE": stratified,
-             "router table": bool(settings.router_variants)}  # fmt: skip
+    parts = {
+        "task variants": settings.run_tasks,
+        "routing arms": settings.routing_seeds > 0,
+        "diversity": bool(settings.diversity_runs),
+        "Stratified MoE": stratified,
+        "router table": bool(settings.router_variants),
+    }
     return f"pre-training ({', '.join(part for part, present in parts.items() if present) or 'none'})"
+
+
+def _finetuning_groups(settings: StudySettings, costs: StepCosts) -> list[tuple[str, int, int, float, int]]:
+    """The fine-tuning groups of stages: (what, trainings, steps, seconds per step, evaluations)."""
+    tasks = trained_benchmarks(settings.training) if settings.run_tasks else ()
+    task_steps = sum(settings.training.steps(benchmark.name) for benchmark in tasks)
+    backbones = len(settings.task_variants) * settings.task_pretraining_seeds
+    task_runs = backbones * len(tasks) * settings.task_seeds
+    consistency_runs = len(CONSISTENCY_RULES) * 2 * settings.seeds
+    recipe_steps = sum(settings.pretraining_recipe.finetune_steps.values())
+    recipe_runs = 2 * settings.pretraining_backbones * len(settings.pretraining_recipe.finetune_steps)
+    return [
+        (
+            "VQA fine-tuning of the routers, both rules (claim 5)",
+            consistency_runs,
+            consistency_runs * settings.consistency_steps,
+            costs.finetune,
+            0,
+        ),
+        (
+            "VQA fine-tuning of the pre-trained and random backbones (claim 7)",
+            recipe_runs,
+            2 * settings.pretraining_backbones * recipe_steps,
+            costs.finetune,
+            recipe_runs,
+        ),
+        (
+            "task fine-tuning (claim 6)",
+            task_runs,
+            backbones * settings.task_seeds * task_steps,
+            costs.finetune,
+            task_runs,
+        ),
+    ]
 
 
 def stage_costs(settings: StudySettings, costs: StepCosts) -> list[dict]:
@@ -93,45 +148,48 @@ def stage_costs(settings: StudySettings, costs: StepCosts) -> list[dict]:
     runs = pretrainings(settings)  # the list the stages train: the estimate and the run cannot disagree
     recipe = [run for run in runs if run.recipe]
     routing = [run for run in runs if not run.recipe]
-    tasks = trained_benchmarks(settings.training) if settings.run_tasks else ()
-    task_steps = sum(settings.training.steps(benchmark.name) for benchmark in tasks)
-    backbones = len(settings.task_variants) * settings.task_pretraining_seeds
-    task_runs = backbones * len(tasks) * settings.task_seeds
-    consistency_runs = len(CONSISTENCY_RULES) * 2 * settings.seeds
-    recipe_steps = sum(settings.pretraining_recipe.finetune_steps.values())
-    recipe_runs = 2 * settings.pretraining_backbones * len(settings.pretraining_recipe.finetune_steps)
     snapshots = 2 * settings.routing_seeds * (settings.router_steps // settings.snapshot_every + 1)
+    stratified = any(run.name == STRATIFIED for run in routing)
     groups = [
-        (_pretraining_label(settings, any(run.name == STRATIFIED for run in routing)), len(routing),
-         sum(run.steps for run in routing), costs.pretrain, 0),
-        ("pre-training with the demo's recipe (claim 7)", len(recipe), sum(run.steps for run in recipe),
-         costs.recipe_pretrain, 0),
-        ("VQA fine-tuning of the routers, both rules (claim 5)", consistency_runs,
-         consistency_runs * settings.consistency_steps, costs.finetune, 0),
-        ("VQA fine-tuning of the pre-trained and random backbones (claim 7)", recipe_runs,
-         2 * settings.pretraining_backbones * recipe_steps, costs.finetune, recipe_runs),
-        ("task fine-tuning (claim 6)", task_runs, backbones * settings.task_seeds * task_steps, costs.finetune,
-         task_runs),
-    ]  # fmt: skip
+        (_pretraining_label(settings, stratified), len(routing), sum(run.steps for run in routing), costs.pretrain, 0),
+        (
+            "pre-training with the demo's recipe (claim 7)",
+            len(recipe),
+            sum(run.steps for run in recipe),
+            costs.recipe_pretrain,
+            0,
+        ),
+        *_finetuning_groups(settings, costs),
+    ]
     rows = []
     for what, trainings, steps, per_step, evaluations in groups:
         seconds = (steps * per_step + trainings * costs.per_training + evaluations * costs.evaluation) / costs.streams
         rows.append({"what": what, "trainings": trainings, "steps": steps, "seconds": seconds})
     measured = len(routing) + settings.routing_seeds * len(settings.heads)
-    rows.append({"what": "measurements (snapshots, backbones, scores)", "trainings": 0, "steps": 0,
-                 "seconds": snapshots * costs.snapshot + measured * costs.measure})  # fmt: skip
+    rows.append(
+        {
+            "what": "measurements (snapshots, backbones, scores)",
+            "trainings": 0,
+            "steps": 0,
+            "seconds": snapshots * costs.snapshot + measured * costs.measure,
+        }
+    )
     return rows
 
 
 def cost_lines(settings: StudySettings, costs: StepCosts, budget: Budget | None = None) -> list[str]:
     """The estimate as Markdown list lines, its total, then (where given) the budget and whether the total is in it."""
     rows = stage_costs(settings, costs)
-    lines = [f"- {row['what']}: {row['trainings']} trainings, {row['steps']} steps, about {row['seconds'] / 60:.1f} "
-             "min" for row in rows]  # fmt: skip
+    lines = [
+        f"- {row['what']}: {row['trainings']} trainings, {row['steps']} steps, about {row['seconds'] / 60:.1f} min"
+        for row in rows
+    ]
     trainings = sum(row["trainings"] for row in rows)
     total = sum(row["seconds"] for row in rows) / 60
-    lines.append(f"- **total: {trainings} trainings, about {total:.0f} min on {costs.machine} (an estimate from "
-                 "the per-step costs of `mmoe.study.cost`, not a measurement)**")  # fmt: skip
+    lines.append(
+        f"- **total: {trainings} trainings, about {total:.0f} min on {costs.machine} (an estimate from "
+        "the per-step costs of `mmoe.study.cost`, not a measurement)**"
+    )
     if budget is not None:
         fits = "within it" if total <= budget.minutes else f"**over it by about {total - budget.minutes:.0f} min**"
         lines.append(f"- budget: {budget.minutes:.0f} min ({budget.what}): the estimate is {fits}")

@@ -111,12 +111,16 @@ def _pretraining_decision(claim: Claim, rules: ClaimPlan, images: dict | None = 
     """Claim 7 over the backbones (or, in a file from before them, the fine-tuning seeds), each task's gap with the
     bootstrap over its evaluation's images as the within-run term where the images were saved."""
     tasks, images = claim.measured["tasks"], images or {}
-    gaps = [_gap(entry["pretrained"]["values"], entry["random_init"]["values"], rules, image_interval(images[task]))
-            if task in images else _gap(entry["pretrained"]["values"], entry["random_init"]["values"], rules)
-            for task, entry in tasks.items()]  # fmt: skip
+    gaps = [
+        _gap(entry["pretrained"]["values"], entry["random_init"]["values"], rules, image_interval(images[task]))
+        if task in images
+        else _gap(entry["pretrained"]["values"], entry["random_init"]["values"], rules)
+        for task, entry in tasks.items()
+    ]
     gaps = [gap | {"task": task} for gap, task in zip(_corrected(gaps, rules), tasks, strict=True)]
-    per_task = {gap["task"]: UNINFORMATIVE if tasks[gap["task"]]["verdict"] == UNINFORMATIVE else gap["verdict"]
-                for gap in gaps}  # fmt: skip
+    per_task = {
+        gap["task"]: UNINFORMATIVE if tasks[gap["task"]]["verdict"] == UNINFORMATIVE else gap["verdict"] for gap in gaps
+    }
     return _decision(rules, claim, combined(per_task.values()), gaps=gaps, tasks=per_task)
 
 
@@ -180,8 +184,9 @@ def _diversity_decision(claim: Claim, rules: ClaimPlan, diversity: dict) -> dict
     gaps = []
     for arm in rules.arms:
         measured = [diversity_run_measure(diversity[run.removeprefix("pretrain/")], share) for run in arm.runs]
-        gap = one_sample_verdict([m["difference"] for m in measured], +1, level=noise.level, alpha=noise.alpha,
-                                 power=noise.power)  # fmt: skip
+        gap = one_sample_verdict(
+            [m["difference"] for m in measured], +1, level=noise.level, alpha=noise.alpha, power=noise.power
+        )
         if gap["verdict"] == NOT_SEPARATED and all(m["verdict"] == SATURATED for m in measured):
             gap["verdict"] = SATURATED
         gaps.append(gap | {"task": arm.name})
@@ -226,9 +231,11 @@ def _gap_text(gap: dict, power: float) -> str:
     welch = gap["welch"]
     holm = "" if gap.get("holm_p") is None else f", Holm p {gap['holm_p']:.3g}"
     runs = " and ".join(map(str, welch["runs"]))
-    return (f"{label}{where}{welch['difference']:.3g} [{welch['interval'][0]:.3g}, {welch['interval'][1]:.3g}] over "
-            f"{runs} runs (p {welch['p_value']:.3g}{holm}; detectable at power "
-            f"{power:g}: {gap['detectable']:.3g}{_within_text(gap)}), {gap['verdict']}")  # fmt: skip
+    return (
+        f"{label}{where}{welch['difference']:.3g} [{welch['interval'][0]:.3g}, {welch['interval'][1]:.3g}] over "
+        f"{runs} runs (p {welch['p_value']:.3g}{holm}; detectable at power "
+        f"{power:g}: {gap['detectable']:.3g}{_within_text(gap)}), {gap['verdict']}"
+    )
 
 
 def _within_text(gap: dict) -> str:

@@ -41,8 +41,10 @@ def diversity_arms(settings: StudySettings) -> list[list[str]]:
     """Claim 2's arms, each its runs' names: MH-MoE at ``many_experts`` with each of ``heads`` (routing seed 0), then
     each diversity run with its seeds."""
     arms = [[routing_run(f"mhmoe-h{h}", settings.many_experts, 0)] for h in settings.heads]
-    return arms + [[diversity_run(h, e, seed, settings.diversity_seeds) for seed in range(settings.diversity_seeds)]
-                   for h, e in settings.diversity_runs]  # fmt: skip
+    return arms + [
+        [diversity_run(h, e, seed, settings.diversity_seeds) for seed in range(settings.diversity_seeds)]
+        for h, e in settings.diversity_runs
+    ]
 
 
 def seeded_routing(study: StudyRun, settings: StudySettings, runs: list[Pretraining], batches: list) -> list[dict]:
@@ -88,10 +90,19 @@ def consistency_of(study: StudyRun, settings: StudySettings, rule: str) -> dict:
         folders = [study.finetune_run(folder, CONSISTENCY_TASK, seed).root for seed in range(settings.seeds)]
         loads = [window_loads(read_stats(path)) for path in folders]
         names = [str(path) for path in folders]
-        left_out = [consistency_through_training(loads[:i] + loads[i + 1 :], names[:i] + names[i + 1 :])["windows"]
-                    for i in range(len(loads))] if len(loads) > 2 else []  # fmt: skip
+        left_out = (
+            [
+                consistency_through_training(loads[:i] + loads[i + 1 :], names[:i] + names[i + 1 :])["windows"]
+                for i in range(len(loads))
+            ]
+            if len(loads) > 2
+            else []
+        )
         consistency[router] = consistency_through_training(loads, names) | {
-            "runs": len(folders), "frozen_routing": rule == "frozen", "leave_one_out": left_out}  # fmt: skip
+            "runs": len(folders),
+            "frozen_routing": rule == "frozen",
+            "leave_one_out": left_out,
+        }
     return consistency
 
 
@@ -124,8 +135,10 @@ def backbone_measures(study: StudyRun, settings: StudySettings) -> dict:
     measured: dict = {arm: {} for arm in arms} | {"images": {}}
     for benchmark in trained_benchmarks(settings.pretraining_recipe):
         for arm, random_init in arms.items():
-            layouts = [recipe.finetune_run(recipe_run(seed, random_init), benchmark.name, seed)
-                       for seed in range(settings.pretraining_backbones)]  # fmt: skip
+            layouts = [
+                recipe.finetune_run(recipe_run(seed, random_init), benchmark.name, seed)
+                for seed in range(settings.pretraining_backbones)
+            ]
             measured[arm][benchmark.name] = [read_json(layout.scores, "scores") for layout in layouts]
             if benchmark.name == CONSISTENCY_TASK:
                 per_image = [image_sums(recipe, layout.predictions(benchmark.predictions)) for layout in layouts]
@@ -140,8 +153,9 @@ def stratified_measures(study: StudyRun, batches: Sequence) -> tuple[dict, dict]
 
     stratified = study.pretrained(STRATIFIED)
     passes = token_passes(stratified, batches)
-    training = training_token_counts([study.corpus.shard(PRETRAIN_PAIR_SPLIT), study.corpus.shard(PRETRAIN_TEXT_SPLIT)],
-                                     CAPTION_MAX_TEXT_LENGTH)  # fmt: skip
+    training = training_token_counts(
+        [study.corpus.shard(PRETRAIN_PAIR_SPLIT), study.corpus.shard(PRETRAIN_TEXT_SPLIT)], CAPTION_MAX_TEXT_LENGTH
+    )
     seen = {token for entry in passes.values() for token in entry["ids"]}
     token_capacity = {"passes": passes, "training_counts": {str(t): training.get(t, 0) for t in sorted(seen)}}
     return requested_capacity(stratified, batches), token_capacity
@@ -166,8 +180,10 @@ def measure_runs(study: StudyRun, settings: StudySettings, runs: list[Pretrainin
     diverse = [run for run in runs if run.name in diversity_names]
     diversity = {run.name: diversity_by_region(study.pretrained(run.name), batches) for run in diverse}
     by_pretraining = task_scores_by_pretraining(study, settings)
-    scores = {variant: {task: [score for seeds in per_seed for score in seeds] for task, per_seed in tasks.items()}
-              for variant, tasks in by_pretraining.items()}  # fmt: skip
+    scores = {
+        variant: {task: [score for seeds in per_seed for score in seeds] for task, per_seed in tasks.items()}
+        for variant, tasks in by_pretraining.items()
+    }
     trained_stratified = any(run.name == STRATIFIED for run in runs)
     capacity, token_capacity = stratified_measures(study, batches) if trained_stratified else ({}, {})
     routers = {name: router_variant_measures(study.pretrained(name), batches) for name in settings.router_variants}

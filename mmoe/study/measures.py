@@ -141,8 +141,9 @@ def diversity_by_region(backbone_path: Path, batches: Sequence[Batch]) -> dict:
         output = backbone(**batch.inputs)
         masks = torch.from_numpy(np.stack([object_patches(p, patch) for p in batch.pixels]))
         for key, diversity in image_diversity_maps(output.routing, output.image_len).items():
-            entry = per_key.setdefault(key, {"object_sum": [], "object_patches": [], "background_sum": [],
-                                             "background_patches": []})  # fmt: skip
+            entry = per_key.setdefault(
+                key, {"object_sum": [], "object_patches": [], "background_sum": [], "background_patches": []}
+            )
             for image, mask in zip(diversity, masks, strict=True):
                 entry["object_sum"].append(float(image[mask].sum()))
                 entry["object_patches"].append(int(mask.sum()))
@@ -194,8 +195,9 @@ def token_passes(backbone_path: Path, batches: Sequence[Batch]) -> dict:
                 continue
             passes = (record.stratum_path >= 0).sum(-1)
             if passes.shape != ids.shape:
-                raise ValueError(f"{record_key(record)} routes {tuple(passes.shape)} text tokens, the batch has "
-                                 f"{tuple(ids.shape)}")  # fmt: skip
+                raise ValueError(
+                    f"{record_key(record)} routes {tuple(passes.shape)} text tokens, the batch has {tuple(ids.shape)}"
+                )
             real = ~padding
             key = record_key(record)
             sums.setdefault(key, Counter())
@@ -203,7 +205,10 @@ def token_passes(backbone_path: Path, batches: Sequence[Batch]) -> dict:
                 sums[key][token] += value
                 counts.setdefault(key, Counter())[token] += 1
     return {
-        key: {"ids": sorted(counts[key]), "passes": [sums[key][t] for t in sorted(counts[key])],
-              "occurrences": [counts[key][t] for t in sorted(counts[key])]}
+        key: {
+            "ids": sorted(counts[key]),
+            "passes": [sums[key][t] for t in sorted(counts[key])],
+            "occurrences": [counts[key][t] for t in sorted(counts[key])],
+        }
         for key in sort_keys(counts)
-    }  # fmt: skip
+    }

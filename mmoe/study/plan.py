@@ -177,8 +177,9 @@ class StudyPlan:
 
     def under_old_rule(self, change: RuleChange) -> StudyPlan:
         """This plan with ``change``'s rule set back to its old value."""
-        claims = tuple(with_rule(claim, change.rule, change.old) if claim.id == change.claim else claim
-                       for claim in self.claims)  # fmt: skip
+        claims = tuple(
+            with_rule(claim, change.rule, change.old) if claim.id == change.claim else claim for claim in self.claims
+        )
         return dataclasses.replace(self, claims=claims, rule_changes=())
 
 
@@ -321,8 +322,14 @@ def _rule_change(reader: _Reader, value: Any, path: str, claims: dict[str, Claim
         _claim(reader, json.loads(json.dumps(dataclasses.asdict(with_rule(claims[claim], rule, fields["old"])))), path)
     except PlanError as error:
         raise reader.fail(f"{path}.old", fields["old"], f"a valid value of {rule} ({error})") from None
-    return RuleChange(claim, rule, fields["old"], fields["new"], reader.text(fields["why"], f"{path}.why"),
-                      reader.text(fields["date"], f"{path}.date"))  # fmt: skip
+    return RuleChange(
+        claim,
+        rule,
+        fields["old"],
+        fields["new"],
+        reader.text(fields["why"], f"{path}.why"),
+        reader.text(fields["date"], f"{path}.date"),
+    )
 
 
 def plan_from_json(value: Any, where: str = "plan") -> StudyPlan:
@@ -336,8 +343,10 @@ def plan_from_json(value: Any, where: str = "plan") -> StudyPlan:
     if len(by_id) != len(claims):
         repeated = next(claim.id for claim in claims if [c.id for c in claims].count(claim.id) > 1)
         raise reader.fail("claims[].id", repeated, "each claim once")
-    changes = tuple(_rule_change(reader, change, f"rule_changes[{i}]", by_id)
-                    for i, change in enumerate(reader.items(fields["rule_changes"], "rule_changes")))  # fmt: skip
+    changes = tuple(
+        _rule_change(reader, change, f"rule_changes[{i}]", by_id)
+        for i, change in enumerate(reader.items(fields["rule_changes"], "rule_changes"))
+    )
     given = reader.items(fields.get("design_notes", []), "plan.design_notes")
     notes = tuple(reader.text(note, f"plan.design_notes[{i}]") for i, note in enumerate(given))
     return StudyPlan(reader.text(fields["preset"], "plan.preset"), claims, changes, design_notes=notes)

@@ -1,6 +1,6 @@
 """The plan of the study's current design (:func:`study_plan`): what ``mmoe study claims`` (and ``--fast``,
-``--scale gpu``, ``--scale gpu-tasks``) run today, written down claim by claim, and its human-readable form
-(:func:`plan_markdown`).
+``--scale gpu``, ``--scale gpu-tasks``) run today, written down claim by claim, and its files (its human-readable
+form: :func:`mmoe.study.plan_markdown.plan_markdown`).
 
 ``docs/claims/plan.json`` is :func:`study_plan` of the default settings (with the rule changes it records), written
 by ``python -m mmoe.study.plan_design docs/claims --from-design``; ``plan.md`` beside it is rendered from that file
@@ -21,10 +21,10 @@ from statistics import NormalDist
 from mmoe.atomic import write_text_atomic
 from mmoe.metrics.routing import DEFAULT_ACTIVATION_THRESHOLD
 from mmoe.pipeline.benchmarks import trained_benchmarks
-from mmoe.study.cost import BUDGETS, CPU_COSTS, PRESET_COSTS, cost_lines
 from mmoe.study.measure_runs import diversity_arms
-from mmoe.study.plan import Arm, ClaimPlan, NoiseRule, StudyPlan, plan_hash, read_plan, write_plan
+from mmoe.study.plan import Arm, ClaimPlan, NoiseRule, StudyPlan, read_plan, write_plan
 from mmoe.study.plan_gpu import DESIGN_NOTES_BY_PRESET, not_run_unit
+from mmoe.study.plan_markdown import PLAN_STEMS, plan_markdown
 from mmoe.study.runs import (
     CONSISTENCY_TASK,
     PRETRAINING_VARIANT,
@@ -38,8 +38,10 @@ from mmoe.study.settings import CONSISTENCY_RULES, DEFAULT, PRESETS, StudySettin
 
 BOTH = ("language", "vision")
 PRETRAIN_SCHEDULE = "AdamW, linear warm-up over 30 steps, then cosine decay to the run's last step (tiny configs)"
-ROUTING_SCHEDULE = ("AdamW, linear warm-up over 30 steps, then the peak learning rate held constant to the run's last "
-                    "step (min_lr_ratio 1.0), the same steps on every side")  # fmt: skip
+ROUTING_SCHEDULE = (
+    "AdamW, linear warm-up over 30 steps, then the peak learning rate held constant to the run's last "
+    "step (min_lr_ratio 1.0), the same steps on every side"
+)
 FINETUNE_SCHEDULE = "AdamW, linear warm-up over 30 steps, then cosine decay to the run's last step (tiny task configs)"
 RECIPE_SCHEDULE = (
     "the demo's recipe: pre-training with the contrastive loss and the output vocabulary at peak learning rate 3e-4, "
@@ -47,8 +49,6 @@ RECIPE_SCHEDULE = (
 )
 #: The task order MH-MoE Table 4 reports, each variant above the next.
 TASK_ORDER = ("mhmoe", "xmoe", "dense")
-#: Each preset's plan files under a folder (``<stem>.json``, ``<stem>.md``).
-PLAN_STEMS = {"default": "plan", "gpu": "plan_gpu", "gpu-tasks": "plan_gpu_tasks"}
 
 
 def _over_runs(statistic: str, within: str) -> NoiseRule:
@@ -78,13 +78,25 @@ def _fine_tuned(settings: StudySettings, router: str, rule: str) -> Arm:
 
 def _consistency(settings: StudySettings, rule: str) -> ClaimPlan:
     how = "both routers' routing frozen (X-MoE §3.3)" if rule == "frozen" else "both routers fine-tuned whole"
-    noise = NoiseRule("fine-tuning run (seed): Welch t over the seeds' leave-one-out jackknife pseudo-values of the "
-                      "mean correlation between runs, from each router's routing-seed-0 backbone",
-                      "load windows of the judged half")  # fmt: skip
+    noise = NoiseRule(
+        "fine-tuning run (seed): Welch t over the seeds' leave-one-out jackknife pseudo-values of the "
+        "mean correlation between runs, from each router's routing-seed-0 backbone",
+        "load windows of the judged half",
+    )
     arms = tuple(_fine_tuned(settings, router, rule) for router in ("xmoe", "switch"))
     claim_id = "consistency" if rule == "frozen" else "consistency_trained"
-    return ClaimPlan(claim_id, arms, f"{FINETUNE_SCHEDULE}; {how}", "all", BOTH, "language", 0.5,
-                     {"consistency_ceiling": 0.99}, noise, "none")  # fmt: skip
+    return ClaimPlan(
+        claim_id,
+        arms,
+        f"{FINETUNE_SCHEDULE}; {how}",
+        "all",
+        BOTH,
+        "language",
+        0.5,
+        {"consistency_ceiling": 0.99},
+        noise,
+        "none",
+    )
 
 
 def _diversity_arm(runs: list[str], steps: int) -> Arm:
@@ -92,37 +104,92 @@ def _diversity_arm(runs: list[str], steps: int) -> Arm:
     return Arm(name, tuple(f"pretrain/{run}" for run in runs), tuple(range(len(runs))), steps, steps)
 
 
-def _routing_claims(settings: StudySettings) -> list[ClaimPlan]:
+def _activation_claim(settings: StudySettings) -> ClaimPlan:
+    """MH-MoE Fig. 1a: the activation ratio of MH-MoE's head counts against X-MoE."""
     mhmoe = [_seeded(settings, f"mhmoe-h{h}", f"mhmoe h={h}") for h in sorted(settings.heads)]
-    xmoe, switch = _seeded(settings, "xmoe", "xmoe"), _seeded(settings, "switch", "switch")
+    xmoe = _seeded(settings, "xmoe", "xmoe")
+    activation = _over_runs(
+        "the share of choices activated at the run's end, the mean over the modality's MoE layers",
+        "held-out batches of routing seed 0",
+    )
+    return ClaimPlan(
+        "activation",
+        (mhmoe[-1], *mhmoe[:-1], xmoe) if mhmoe else (xmoe,),
+        ROUTING_SCHEDULE,
+        "all",
+        BOTH,
+        "language",
+        None,
+        {"activation_threshold": DEFAULT_ACTIVATION_THRESHOLD, "activation_ceiling": 0.999},
+        activation,
+        "holm",
+    )
+
+
+def _diversity_claim(settings: StudySettings) -> ClaimPlan:
+    """MH-MoE Fig. 1b / 8 / 10: the distinct experts of an object's sub-tokens against the background's."""
     diversity = [_diversity_arm(runs, settings.router_steps) for runs in diversity_arms(settings)]
-    regions = (NoiseRule("training run (pre-training seed): per run object minus background distinct experts, the "
-                         "mean over the vision MoE layers; one-sample t over runs (an arm of one run is not decided)",
-                         "held-out images of each run")
-               if settings.diversity_seeds > 1 else _one_run("held-out images"))  # fmt: skip
-    activation = _over_runs("the share of choices activated at the run's end, the mean over the modality's MoE layers",
-                            "held-out batches of routing seed 0")  # fmt: skip
-    collapse = _over_runs("the mean over the window's snapshots of log RC, RC the geometric mean over every MoE layer "
-                          "of the modality (a run with RC undefined there leaves the arm, reported)",
-                          "router-input rows of routing seed 0, drawn per snapshot")  # fmt: skip
+    regions = (
+        NoiseRule(
+            "training run (pre-training seed): per run object minus background distinct experts, the "
+            "mean over the vision MoE layers; one-sample t over runs (an arm of one run is not decided)",
+            "held-out images of each run",
+        )
+        if settings.diversity_seeds > 1
+        else _one_run("held-out images")
+    )
+    return ClaimPlan(
+        "diversity",
+        tuple(diversity),
+        ROUTING_SCHEDULE,
+        "all",
+        ("vision",),
+        "vision",
+        None,
+        {"saturation_share": 0.97},
+        regions,
+        "none",
+    )
+
+
+def _xmoe_against_switch_claims(settings: StudySettings) -> list[ClaimPlan]:
+    """X-MoE Eq. 11 and §4.5: representation collapse and routing fluctuation, X-MoE against Switch."""
+    xmoe, switch = _seeded(settings, "xmoe", "xmoe"), _seeded(settings, "switch", "switch")
+    collapse = _over_runs(
+        "the mean over the window's snapshots of log RC, RC the geometric mean over every MoE layer "
+        "of the modality (a run with RC undefined there leaves the arm, reported)",
+        "router-input rows of routing seed 0, drawn per snapshot",
+    )
     fluctuation = _over_runs(
         "the mean over the window's snapshot pairs of the share of (sub-)tokens that changed "
         "expert, pooled over the modality's MoE layers",
         "held-out batches of routing seed 0",
     )
+    window = settings.routing_window
     return [
-        ClaimPlan("activation", (mhmoe[-1], *mhmoe[:-1], xmoe) if mhmoe else (xmoe,), ROUTING_SCHEDULE, "all",
-                  BOTH, "language", None,
-                  {"activation_threshold": DEFAULT_ACTIVATION_THRESHOLD, "activation_ceiling": 0.999}, activation,
-                  "holm"),
-        ClaimPlan("diversity", tuple(diversity), ROUTING_SCHEDULE, "all", ("vision",), "vision", None,
-                  {"saturation_share": 0.97}, regions, "none"),
-        ClaimPlan("collapse", (xmoe, switch), ROUTING_SCHEDULE, "all", BOTH, "language", settings.routing_window, {},
-                  collapse, "none"),
-        ClaimPlan("fluctuation", (xmoe, switch), ROUTING_SCHEDULE, "all", BOTH, "language", settings.routing_window,
-                  {"random_fluctuation_share": 0.9}, fluctuation, "none"),
+        ClaimPlan("collapse", (xmoe, switch), ROUTING_SCHEDULE, "all", BOTH, "language", window, {}, collapse, "none"),
+        ClaimPlan(
+            "fluctuation",
+            (xmoe, switch),
+            ROUTING_SCHEDULE,
+            "all",
+            BOTH,
+            "language",
+            window,
+            {"random_fluctuation_share": 0.9},
+            fluctuation,
+            "none",
+        ),
+    ]
+
+
+def _routing_claims(settings: StudySettings) -> list[ClaimPlan]:
+    return [
+        _activation_claim(settings),
+        _diversity_claim(settings),
+        *_xmoe_against_switch_claims(settings),
         *(_consistency(settings, rule) for rule in CONSISTENCY_RULES),
-    ]  # fmt: skip
+    ]
 
 
 def _task_arm(settings: StudySettings, variant: str, task: str) -> Arm:
@@ -130,19 +197,28 @@ def _task_arm(settings: StudySettings, variant: str, task: str) -> Arm:
     backbones, seeds = settings.task_pretraining_seeds, range(settings.task_seeds)
     runs = [(task_backbone(variant, b, backbones), seed) for b in range(backbones) for seed in seeds]
     steps = settings.training.finetune_steps[task]
-    return Arm(f"{variant} {task}", tuple(f"finetune/{backbone}/{task}-seed{seed}" for backbone, seed in runs),
-               tuple(seed for _, seed in runs), steps, steps)  # fmt: skip
+    return Arm(
+        f"{variant} {task}",
+        tuple(f"finetune/{backbone}/{task}-seed{seed}" for backbone, seed in runs),
+        tuple(seed for _, seed in runs),
+        steps,
+        steps,
+    )
 
 
 def _task_noise_rule(settings: StudySettings) -> NoiseRule:
     if settings.task_pretraining_seeds > 1:
-        return NoiseRule(f"pre-training run (seed): per variant and task, each pre-training's mean score over its "
-                         f"{settings.task_seeds} fine-tuning seeds; Welch t over the {settings.task_pretraining_seeds} "
-                         "pre-trainings per arm; a task where a variant is not above its baseline (the corpus's "
-                         "chance level) uninformative",
-                         "the fine-tuning seeds of one pre-training (averaged)")  # fmt: skip
-    return NoiseRule("fine-tuning run (seed): Welch t over seeds per arm, one pre-training per variant (conditional on "
-                     "that draw)", "none (each run is one score)")  # fmt: skip
+        return NoiseRule(
+            f"pre-training run (seed): per variant and task, each pre-training's mean score over its "
+            f"{settings.task_seeds} fine-tuning seeds; Welch t over the {settings.task_pretraining_seeds} "
+            "pre-trainings per arm; a task where a variant is not above its baseline (the corpus's "
+            "chance level) uninformative",
+            "the fine-tuning seeds of one pre-training (averaged)",
+        )
+    return NoiseRule(
+        "fine-tuning run (seed): Welch t over seeds per arm, one pre-training per variant (conditional on that draw)",
+        "none (each run is one score)",
+    )
 
 
 def _backbone_arm(settings: StudySettings, task: str, random_init: bool) -> Arm:
@@ -158,19 +234,41 @@ def _task_claims(settings: StudySettings) -> list[ClaimPlan]:
     order = tuple(_task_arm(settings, v, task) for task in tasks for v in TASK_ORDER if v in settings.task_variants)
     recipe_tasks = list(settings.pretraining_recipe.finetune_steps)
     backbones = tuple(_backbone_arm(settings, task, random) for task in recipe_tasks for random in (False, True))
-    unit = NoiseRule(f"backbone: each {PRETRAINING_VARIANT} pre-training (seed b) and random init (seed b) fine-tuned "
-                     "once (seed b); Welch t over the backbones per arm", "paired bootstrap over the evaluation's "
-                     "images (a cluster of questions), the arms' mean accuracies")  # fmt: skip
+    unit = NoiseRule(
+        f"backbone: each {PRETRAINING_VARIANT} pre-training (seed b) and random init (seed b) fine-tuned "
+        "once (seed b); Welch t over the backbones per arm",
+        "paired bootstrap over the evaluation's images (a cluster of questions), the arms' mean accuracies",
+    )
     stratified = _pretraining(STRATIFIED, settings.training.pretrain_steps)
     frequency = NoiseRule(f"none: undecidable on the synthetic corpus ({FREQUENCY_POWER})", "token ids")
     return [
         ClaimPlan("tasks", order, FINETUNE_SCHEDULE, "all", BOTH, "language", None, {}, seeds, "holm"),
         ClaimPlan("pretraining", backbones, RECIPE_SCHEDULE, "all", BOTH, "language", None, {}, unit, "holm"),
-        ClaimPlan("capacity", (stratified,), PRETRAIN_SCHEDULE, "all", BOTH, "language", None, {},
-                  _one_run("held-out batches"), "none"),
-        ClaimPlan("frequency", (stratified,), PRETRAIN_SCHEDULE, "all", ("language",), "language", None,
-                  {"min_occurrences": 3.0}, frequency, "none"),
-    ]  # fmt: skip
+        ClaimPlan(
+            "capacity",
+            (stratified,),
+            PRETRAIN_SCHEDULE,
+            "all",
+            BOTH,
+            "language",
+            None,
+            {},
+            _one_run("held-out batches"),
+            "none",
+        ),
+        ClaimPlan(
+            "frequency",
+            (stratified,),
+            PRETRAIN_SCHEDULE,
+            "all",
+            ("language",),
+            "language",
+            None,
+            {"min_occurrences": 3.0},
+            frequency,
+            "none",
+        ),
+    ]
 
 
 def frequency_types_needed(rho: float = -0.3, alpha: float = 0.05, power: float = 0.8) -> int:
@@ -181,9 +279,11 @@ def frequency_types_needed(rho: float = -0.3, alpha: float = 0.05, power: float 
     return math.ceil(needed)
 
 
-FREQUENCY_POWER = (f"35 token ids over 1.4 decades of frequency; Spearman rho = -0.3 at power 0.8 and alpha 0.05 needs "
-                   f"{frequency_types_needed()} token types (Fisher z); real captions (thousands of types over 4+ "
-                   "decades, e.g. COCO) and 3 Stratified MoE seeds would decide it")  # fmt: skip
+FREQUENCY_POWER = (
+    f"35 token ids over 1.4 decades of frequency; Spearman rho = -0.3 at power 0.8 and alpha 0.05 needs "
+    f"{frequency_types_needed()} token types (Fisher z); real captions (thousands of types over 4+ "
+    "decades, e.g. COCO) and 3 Stratified MoE seeds would decide it"
+)
 
 DESIGN_NOTES = (
     "The training run is the unit: claims 1, 3 and 4 are decided over the routing seeds of each arm, claim 5 over "
@@ -221,56 +321,16 @@ def _not_run(claim: ClaimPlan, preset: str) -> ClaimPlan:
 def study_plan(settings: StudySettings, preset: str) -> StudyPlan:
     """The plan of the study's design under ``settings`` (one of :data:`PRESETS`, named ``preset``): the claims the
     settings do not run (:meth:`StudySettings.runs_claim`) without runs, each saying which preset runs it."""
-    claims = tuple(claim if settings.runs_claim(claim.id) else _not_run(claim, preset)
-                   for claim in _routing_claims(settings) + _task_claims(settings))  # fmt: skip
+    claims = tuple(
+        claim if settings.runs_claim(claim.id) else _not_run(claim, preset)
+        for claim in _routing_claims(settings) + _task_claims(settings)
+    )
     return StudyPlan(preset, claims, design_notes=DESIGN_NOTES_BY_PRESET.get(preset, DESIGN_NOTES))
 
 
 def shipped_rules(claim_id: str) -> ClaimPlan:
     """The default plan's rules of one claim (what a claim computed without a plan is judged by)."""
     return study_plan(DEFAULT, "default").claim(claim_id)
-
-
-def _arms_text(claim: ClaimPlan) -> list[str]:
-    lines = []
-    for arm in claim.arms:
-        at = "at its end" if arm.measured_at == arm.steps else f"at step {arm.measured_at}"
-        runs = ", ".join(f"`{run}`" for run in arm.runs)
-        lines.append(f"  - {arm.name}: {len(arm.runs)} run(s) (seeds {list(arm.seeds)}), {arm.steps} steps, measured "
-                     f"{at}: {runs}")  # fmt: skip
-    return lines
-
-
-def plan_markdown(plan: StudyPlan, settings: StudySettings | None = None) -> str:
-    """The plan as Markdown: per claim its arms, schedule, layers, window, gates, noise rule and correction; then the
-    rule changes."""
-    stem = PLAN_STEMS.get(plan.preset, "plan")
-    lines = [f"# The claims study's plan (preset `{plan.preset}`)", "",
-             f"SHA-256 of its canonical JSON: `{plan_hash(plan)}`. Written from `{stem}.json` by "
-             "`mmoe.study.plan_design`; the study records this hash with every stage it runs and refuses a report "
-             "over runs made under another plan.", ""]  # fmt: skip
-    for claim in plan.claims:
-        window = "none" if claim.window_from is None else f"from {claim.window_from:.0%} of the snapshots or windows on"
-        gates = ", ".join(f"{name} = {value:g}" for name, value in claim.gates.items()) or "none"
-        runs = sorted(set(claim.runs_per_arm()))
-        undecidable = " (undecidable: 1 run per arm)" if 1 in runs else ""
-        undecidable = f" ({claim.noise_rule.unit})" if claim.not_run else undecidable
-        lines += [f"## {claim.id}", "", "- arms:", *_arms_text(claim),
-                  f"- runs per arm: {claim.runs_text()}{undecidable}",
-                  f"- schedule: {claim.schedule}", f"- layers: {claim.layers}; modalities: "
-                  f"{', '.join(claim.modalities)} (the paper's: {claim.paper_modality})", f"- window: {window}",
-                  f"- gates: {gates}", f"- deciding unit: {claim.noise_rule.unit}; within-run (secondary): "
-                  f"{claim.noise_rule.within_run}; level {claim.noise_rule.level}, alpha {claim.noise_rule.alpha}, "
-                  f"power {claim.noise_rule.power}", f"- multiplicity: {claim.multiplicity}", ""]  # fmt: skip
-    lines += ["## Design", "", *(f"- {note}" for note in plan.design_notes), ""]
-    settings = settings or PRESETS.get(plan.preset)
-    if settings is not None:
-        costs = PRESET_COSTS.get(plan.preset, CPU_COSTS)
-        lines += ["## Estimated cost", "", *cost_lines(settings, costs, BUDGETS.get(plan.preset)), ""]
-    lines += ["## Rule changes", ""]
-    changes = [f"- {c.date}, {c.claim}: {c.rule} {c.old!r} -> {c.new!r}: {c.why}" for c in plan.rule_changes]
-    lines += changes or ["None."]
-    return "\n".join(lines) + "\n"
 
 
 def write_plan_files(folder: Path, from_design: bool, preset: str = "default") -> None:

@@ -67,8 +67,11 @@ def preset_command(preset: str) -> str:
 
 def claim_runners(claim_id: str, preset: str) -> str:
     """Which presets other than ``preset`` run ``claim_id``: ``run by --scale gpu-tasks``, or ``no preset runs it``."""
-    runners = [preset_command(name) for name, settings in PRESETS.items()
-               if name not in (preset, *UNNAMED_PRESETS) and settings.runs_claim(claim_id)]  # fmt: skip
+    runners = [
+        preset_command(name)
+        for name, settings in PRESETS.items()
+        if name not in (preset, *UNNAMED_PRESETS) and settings.runs_claim(claim_id)
+    ]
     return f"run by {' and '.join(runners)}" if runners else "no preset runs it"
 
 

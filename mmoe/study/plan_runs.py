@@ -46,8 +46,10 @@ def check_runs_plan(records: dict, plan: StudyPlan) -> str:
         recorded = (record.get("result") or {}).get(PLAN_FIELD)
         if recorded not in accepted:
             made = f"plan {recorded}" if recorded else "no plan (made before plans were recorded)"
-            raise PlanMismatch(f"stage {key} was run under {made}, this report's plan is {accepted[0]}: rerun in "
-                               "another --out, or report with the plan those runs were made under")  # fmt: skip
+            raise PlanMismatch(
+                f"stage {key} was run under {made}, this report's plan is {accepted[0]}: rerun in "
+                "another --out, or report with the plan those runs were made under"
+            )
     return accepted[0]
 
 
@@ -62,8 +64,10 @@ def plan_of_run(settings: StudySettings, preset: str, path: Path | None) -> Stud
         given = plan.claim(claim.id) if claim.id in {c.id for c in plan.claims} else None
         if given is None or (given.arms, given.schedule) != (claim.arms, claim.schedule):
             option = {"default": "default", "fast": "--fast"}.get(preset, f"--scale {preset}")
-            raise PlanError(f"{path}: the arms or schedule of claim {claim.id} are not those of the {option} "
-                            "settings (the runs follow the settings; a plan may change rules only)")  # fmt: skip
+            raise PlanError(
+                f"{path}: the arms or schedule of claim {claim.id} are not those of the {option} "
+                "settings (the runs follow the settings; a plan may change rules only)"
+            )
     return plan
 
 
@@ -75,8 +79,10 @@ def refuse_other_plan(out: Path, plan: StudyPlan) -> None:
     recorded = plan_hash(read_plan(out / PLAN_FILE))
     accepted = accepted_hashes(plan)
     if recorded not in accepted:
-        raise PlanMismatch(f"{out} holds runs made under plan {recorded} ({out / PLAN_FILE}), this plan is "
-                           f"{accepted[0]}: use another --out, or that plan")  # fmt: skip
+        raise PlanMismatch(
+            f"{out} holds runs made under plan {recorded} ({out / PLAN_FILE}), this plan is "
+            f"{accepted[0]}: use another --out, or that plan"
+        )
 
 
 def record_plan(out: Path, plan: StudyPlan) -> None:

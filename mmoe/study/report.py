@@ -49,8 +49,15 @@ def _activation_figure(measured: dict, path: Path) -> Path:
         positions = np.arange(len(runs))
         ax.bar(positions - 0.2, [100 * r["per_token"] for _, r in runs], 0.4, label="per token (paper)")
         ax.bar(positions + 0.2, [100 * r["share_of_choices"] for _, r in runs], 0.4, label="share of choices")
-        ax.scatter(positions - 0.2, [100 * r["random_router"]["per_token"] for _, r in runs], marker="_", s=200,
-                   color="black", label="random router", zorder=3)  # fmt: skip
+        ax.scatter(
+            positions - 0.2,
+            [100 * r["random_router"]["per_token"] for _, r in runs],
+            marker="_",
+            s=200,
+            color="black",
+            label="random router",
+            zorder=3,
+        )
         ax.set_xticks(positions, [f"h={r['heads']}" for _, r in runs], fontsize=8)
         view = entry["views"]["share_of_choices"]
         rise = f"share-of-choices rise {describe(view['interval'], 100)} pts"
@@ -112,25 +119,41 @@ def draw_figures(claims: list[Claim], out: Path, chance: dict[str, float]) -> di
         figures["diversity"] = _diversity_figure(by_id["diversity"], out / "diversity_objects_background.png")
     if by_id["collapse"].get("by_modality"):
         figures["collapse"] = _curves_figure(
-            by_id["collapse"], out / "representation_collapse.png", "rc", "RC (X-MoE Eq. 11), geometric mean",
-            "pre-training step", lambda e: f"late log(X-MoE/Switch) {describe(e['interval'])}",
-        )  # fmt: skip
+            by_id["collapse"],
+            out / "representation_collapse.png",
+            "rc",
+            "RC (X-MoE Eq. 11), geometric mean",
+            "pre-training step",
+            lambda e: f"late log(X-MoE/Switch) {describe(e['interval'])}",
+        )
     if by_id["fluctuation"].get("by_modality"):
         figures["fluctuation"] = _curves_figure(
-            by_id["fluctuation"], out / "routing_fluctuation.png", "fluctuation", "tokens that changed expert",
-            "pre-training step", lambda e: f"late X-MoE - Switch {describe(e['interval'])}", _random_levels,
-        )  # fmt: skip
+            by_id["fluctuation"],
+            out / "routing_fluctuation.png",
+            "fluctuation",
+            "tokens that changed expert",
+            "pre-training step",
+            lambda e: f"late X-MoE - Switch {describe(e['interval'])}",
+            _random_levels,
+        )
     if by_id["consistency"].get("by_modality"):
         figures["consistency"] = _curves_figure(
-            by_id["consistency"], out / "inter_run_consistency.png", "rho", "mean ρ between seeds' loads",
-            "fine-tuning step (VQAv2)", lambda e: f"late X-MoE - Switch {describe(e['interval'])}",
-        )  # fmt: skip
+            by_id["consistency"],
+            out / "inter_run_consistency.png",
+            "rho",
+            "mean ρ between seeds' loads",
+            "fine-tuning step (VQAv2)",
+            lambda e: f"late X-MoE - Switch {describe(e['interval'])}",
+        )
     if by_id.get("consistency_trained", {}).get("by_modality"):
         figures["consistency_trained"] = _curves_figure(
-            by_id["consistency_trained"], out / "inter_run_consistency_trained.png", "rho",
-            "mean ρ between seeds' loads", "fine-tuning step (VQAv2), both routers trained",
+            by_id["consistency_trained"],
+            out / "inter_run_consistency_trained.png",
+            "rho",
+            "mean ρ between seeds' loads",
+            "fine-tuning step (VQAv2), both routers trained",
             lambda e: f"late X-MoE - Switch {describe(e['interval'])}",
-        )  # fmt: skip
+        )
     if by_id["tasks"].get("scores"):
         figures["tasks"] = _tasks_figure(by_id["tasks"], out / "tasks.png", chance)
     if by_id.get("pretraining"):
@@ -173,8 +196,13 @@ def _pretraining_figure(measured: dict, path: Path) -> Path:
     axes = np.atleast_1d(figure.subplots(1, len(measured["tasks"])))
     for ax, entry in zip(axes, measured["tasks"].values(), strict=True):
         cells = [entry["pretrained"], entry["random_init"]]
-        ax.bar(["pre-trained", "random init"], [c["mean"] for c in cells], yerr=[c["std"] for c in cells], capsize=3,
-               color=["#4c72b0", "#c44e52"])  # fmt: skip
+        ax.bar(
+            ["pre-trained", "random init"],
+            [c["mean"] for c in cells],
+            yerr=[c["std"] for c in cells],
+            capsize=3,
+            color=["#4c72b0", "#c44e52"],
+        )
         if entry["chance"] is not None:
             ax.axhline(entry["chance"], color="black", linestyle="--", linewidth=1)
         ax.set_title(f"{entry['label']}\ndifference {describe(entry['interval'])}\n{entry['verdict']}", fontsize=8)
@@ -210,8 +238,12 @@ def markdown(
     (:func:`mmoe.study.decisions.run_decisions`); ``rule_changes``: each changed rule with the verdicts under the old
     and the new rule."""
     decided = {decision["id"]: decision for decision in decisions or []}
-    lines = [header, "", "| # | claim | paper | mmoe (within one run) | within-run verdict | decided over runs |",
-             "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    lines = [
+        header,
+        "",
+        "| # | claim | paper | mmoe (within one run) | within-run verdict | decided over runs |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     numbers = claim_numbers(claims)
     for claim in claims:
         number = numbers[claim.id]
@@ -252,13 +284,17 @@ def claim_numbers(claims: list[Claim]) -> dict[str, str]:
 
 
 def _rule_change_lines(rule_changes: list[dict]) -> list[str]:
-    lines = ["| claim | rule | old | new | why (date) | verdicts under the old rule | under the new rule |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    lines = [
+        "| claim | rule | old | new | why (date) | verdicts under the old rule | under the new rule |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for change in rule_changes:
         old, new = change["old_verdicts"], change["new_verdicts"]
-        lines.append(f"| {change['claim']} | {change['rule']} | {change['old']} | {change['new']} | {change['why']} "
-                     f"({change['date']}) | within run: {old['within_run']}; over runs: {old['over_runs']} | within "
-                     f"run: {new['within_run']}; over runs: {new['over_runs']} |")  # fmt: skip
+        lines.append(
+            f"| {change['claim']} | {change['rule']} | {change['old']} | {change['new']} | {change['why']} "
+            f"({change['date']}) | within run: {old['within_run']}; over runs: {old['over_runs']} | within "
+            f"run: {new['within_run']}; over runs: {new['over_runs']} |"
+        )
     return lines
 
 

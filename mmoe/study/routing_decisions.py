@@ -28,8 +28,10 @@ def _verdict(a: list[float], b: list[float], sign: int, rules: ClaimPlan, within
 def share_of_choices(entry: dict, keys: list[str], threshold: float) -> float:
     """One run's share of choices activated (MH-MoE Fig. 1a's view independent of h), the loads summed over the
     held-out batches, the mean over ``keys``."""
-    ratios = [float(choice_activation_ratio(torch.tensor(entry["loads"][k], dtype=torch.float64).sum(0), threshold))
-              for k in keys]  # fmt: skip
+    ratios = [
+        float(choice_activation_ratio(torch.tensor(entry["loads"][k], dtype=torch.float64).sum(0), threshold))
+        for k in keys
+    ]
     return float(np.mean(ratios))
 
 
@@ -46,8 +48,10 @@ def activation_gaps(seeds: list[dict], rules: ClaimPlan, name: str, within: list
             arms.setdefault(entry["heads"], []).append(share_of_choices(entry, keys, threshold))
     heads = sorted(arms)
     pairs = [(heads[-1], heads[0]), (heads[-1], heads[-2])] if len(heads) > 2 else [(heads[-1], heads[0])]
-    gaps = [_verdict(arms[high], arms[low], +1, rules, within if low == 1 else None)
-            | {"pair": [f"h={high}", f"h={low}"]} for high, low in pairs]  # fmt: skip
+    gaps = [
+        _verdict(arms[high], arms[low], +1, rules, within if low == 1 else None) | {"pair": [f"h={high}", f"h={low}"]}
+        for high, low in pairs
+    ]
     gaps = family_verdicts(gaps, rules.noise_rule.alpha) if rules.multiplicity == "holm" else gaps
     per_run = {f"h={h}": values for h, values in arms.items()}
     return {"gaps": gaps, "per_run": per_run, "verdict": order_verdict([gap["verdict"] for gap in gaps])}
@@ -98,8 +102,9 @@ def fluctuation_gap(seeds: list[dict], rules: ClaimPlan, name: str, within: list
     random: dict[str, list[float]] = {"xmoe": [], "switch": []}
     for seed in seeds:
         for router in per_run:
-            pairs = judged_window([m for m in seed["snapshots"][router] if m["fluctuation"] is not None],
-                                  rules.window_from)  # fmt: skip
+            pairs = judged_window(
+                [m for m in seed["snapshots"][router] if m["fluctuation"] is not None], rules.window_from
+            )
             keys = keys_of(pairs[0]["fluctuation"], name) if pairs else []
             if not keys:
                 return None

@@ -165,8 +165,17 @@ def _routing_pretrainings(settings: StudySettings) -> list[Pretraining]:
     runs = []
     for seed in range(settings.routing_seeds):
         for router in COMPARED_ROUTERS:
-            runs.append(Pretraining(routing_run(router, experts, seed), router, steps, (("num_experts", experts),),
-                                    snapshots=settings.snapshot_every, seed=seed, min_lr_ratio=ratio))  # fmt: skip
+            runs.append(
+                Pretraining(
+                    routing_run(router, experts, seed),
+                    router,
+                    steps,
+                    (("num_experts", experts),),
+                    snapshots=settings.snapshot_every,
+                    seed=seed,
+                    min_lr_ratio=ratio,
+                )
+            )
         for heads in settings.heads:
             moe = (("num_experts", experts), ("heads", heads))
             name = routing_run(f"mhmoe-h{heads}", experts, seed)
@@ -202,14 +211,25 @@ def pretrainings(settings: StudySettings) -> list[Pretraining]:
     for (heads, few), seed in itertools.product(settings.diversity_runs, range(settings.diversity_seeds)):
         moe = (("num_experts", few), ("heads", heads))
         name = diversity_run(heads, few, seed, settings.diversity_seeds)
-        runs.append(Pretraining(name, "mhmoe", settings.router_steps, moe, heads, seed=seed,
-                                min_lr_ratio=settings.routing_min_lr_ratio))  # fmt: skip
+        runs.append(
+            Pretraining(
+                name, "mhmoe", settings.router_steps, moe, heads, seed=seed, min_lr_ratio=settings.routing_min_lr_ratio
+            )
+        )
     for variant in settings.router_variants:
         runs.append(Pretraining(variant, variant, settings.router_table_steps, heads=config_heads(variant)))
     recipe = settings.pretraining_recipe
     for seed in range(settings.pretraining_backbones):
-        runs.append(Pretraining(recipe_run(seed), PRETRAINING_VARIANT, recipe.pretrain_steps,
-                                heads=config_heads(PRETRAINING_VARIANT), seed=seed, recipe=True))  # fmt: skip
+        runs.append(
+            Pretraining(
+                recipe_run(seed),
+                PRETRAINING_VARIANT,
+                recipe.pretrain_steps,
+                heads=config_heads(PRETRAINING_VARIANT),
+                seed=seed,
+                recipe=True,
+            )
+        )
     return runs
 
 
@@ -277,8 +297,12 @@ def finetune_stages(study: StudyRun, settings: StudySettings) -> list[Stage]:
         for benchmark in trained_benchmarks(settings.training):
             for seed in range(settings.task_seeds):
                 stages += _scored(study, name, study.pretrained(name), benchmark, seed)
-    consistency = StudyRun(study.out, settings.training.replace(
-        finetune_steps={**settings.training.finetune_steps, CONSISTENCY_TASK: settings.consistency_steps}))  # fmt: skip
+    consistency = StudyRun(
+        study.out,
+        settings.training.replace(
+            finetune_steps={**settings.training.finetune_steps, CONSISTENCY_TASK: settings.consistency_steps}
+        ),
+    )
     benchmark = benchmark_named(CONSISTENCY_TASK)
     for rule in CONSISTENCY_RULES:
         for router in COMPARED_ROUTERS:
@@ -287,9 +311,18 @@ def finetune_stages(study: StudyRun, settings: StudySettings) -> list[Stage]:
             for seed in range(settings.seeds):
                 layout = study.finetune_run(folder, CONSISTENCY_TASK, seed)
                 key = StageKey.of("finetune", folder, f"{CONSISTENCY_TASK}-seed{seed}")
-                stages.append(finetune_stage(consistency, key, benchmark, backbone, layout, seed,
-                                             routing_every=settings.consistency_every,
-                                             model_options={"frozen_routing": rule == "frozen"}))  # fmt: skip
+                stages.append(
+                    finetune_stage(
+                        consistency,
+                        key,
+                        benchmark,
+                        backbone,
+                        layout,
+                        seed,
+                        routing_every=settings.consistency_every,
+                        model_options={"frozen_routing": rule == "frozen"},
+                    )
+                )
     recipe = StudyRun(study.out, settings.pretraining_recipe)
     source = study.pretrained(recipe_run(0))
     for seed in range(settings.pretraining_backbones):
@@ -305,8 +338,10 @@ def _scored(run: StudyRun, name: str, backbone: Path, benchmark, seed: int) -> l
     """The fine-tuning of ``benchmark`` from ``backbone`` into ``finetune/<name>/<task>-seed<seed>`` and its scoring."""
     layout = run.finetune_run(name, benchmark.name, seed)
     key = StageKey.of("finetune", name, f"{benchmark.name}-seed{seed}")
-    return [finetune_stage(run, key, benchmark, backbone, layout, seed),
-            evaluate_stage(run, StageKey.of(*key.parts, "eval"), benchmark, backbone, layout, seed)]  # fmt: skip
+    return [
+        finetune_stage(run, key, benchmark, backbone, layout, seed),
+        evaluate_stage(run, StageKey.of(*key.parts, "eval"), benchmark, backbone, layout, seed),
+    ]
 
 
 def chance_levels(study: StudyRun) -> dict[str, float]:
@@ -319,10 +354,11 @@ def chance_levels(study: StudyRun) -> dict[str, float]:
 def collect_scores(study: StudyRun, name: str, seeds: int) -> dict:
     """task -> the ``scores.json`` of the fine-tunings of ``name`` at each seed."""
     return {
-        benchmark.name: [read_json(study.finetune_run(name, benchmark.name, seed).scores, "scores") for seed in
-                         range(seeds)]
+        benchmark.name: [
+            read_json(study.finetune_run(name, benchmark.name, seed).scores, "scores") for seed in range(seeds)
+        ]
         for benchmark in trained_benchmarks(study.settings)
-    }  # fmt: skip
+    }
 
 
 def maps_stage(study: StudyRun, settings: StudySettings, runs: list[Pretraining]) -> Stage:

@@ -126,11 +126,17 @@ class StudySettings:
 
     def __post_init__(self) -> None:
         if self.router_steps % self.snapshot_every:
-            raise ValueError(f"router_steps ({self.router_steps}) must be a multiple of snapshot_every "
-                             f"({self.snapshot_every}): the last snapshot is the run's end")  # fmt: skip
-        counts = {"routing_seeds": self.routing_seeds, "pretraining_backbones": self.pretraining_backbones,
-                  "seeds": self.seeds, "task_seeds": self.task_seeds,
-                  "task_pretraining_seeds": self.task_pretraining_seeds}  # fmt: skip
+            raise ValueError(
+                f"router_steps ({self.router_steps}) must be a multiple of snapshot_every "
+                f"({self.snapshot_every}): the last snapshot is the run's end"
+            )
+        counts = {
+            "routing_seeds": self.routing_seeds,
+            "pretraining_backbones": self.pretraining_backbones,
+            "seeds": self.seeds,
+            "task_seeds": self.task_seeds,
+            "task_pretraining_seeds": self.task_pretraining_seeds,
+        }
         for name, count in counts.items():
             if count < 0:
                 raise ValueError(f"{name} must be at least 0, got {count}")
@@ -250,7 +256,7 @@ FAST = dataclasses.replace(
         finetune_steps={"vqav2": 4},
         batch_size=8,
         figure_images=2,
-    ),  # fmt: skip
+    ),
     pretraining_backbones=2,
     router_table_steps=8,
     analysis_batches=2,

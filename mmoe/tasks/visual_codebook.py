@@ -185,8 +185,9 @@ def tokenizer_command(argv: Sequence[str]) -> int:
         default=TINY.image_size,
         help=f"image side the backbone sees (default {TINY.image_size}, the tiny configs')",
     )
-    fit.add_argument("--patch-size", type=int, default=TINY.patch_size,
-                     help=f"the backbone's patch side (default {TINY.patch_size})")  # fmt: skip
+    fit.add_argument(
+        "--patch-size", type=int, default=TINY.patch_size, help=f"the backbone's patch side (default {TINY.patch_size})"
+    )
     fit.add_argument("--pool", type=int, default=4, help="patches are average-pooled to pool x pool")
     fit.add_argument("--max-patches", type=int, default=200_000)
     fit.add_argument("--seed", type=int, default=0)

@@ -61,8 +61,13 @@ class VQAFineTuning(FineTuningTask):
     """
 
     name = "vqav2"
-    beit3_heads = {"pooler.norm.": "pooler.norm.", "pooler.dense.": "pooler.dense.", "head.0.": "head.0.",
-                   "head.1.": "head.1.", "head.3.": "head.3."}  # fmt: skip
+    beit3_heads = {
+        "pooler.norm.": "pooler.norm.",
+        "pooler.dense.": "pooler.dense.",
+        "head.0.": "head.0.",
+        "head.1.": "head.1.",
+        "head.3.": "head.3.",
+    }
     prediction_key = "question_id"
     infer_aliases = ("vqa",)
     infer_text = "question"

@@ -171,9 +171,18 @@ def viz_command(argv: Sequence[str]) -> int:
 
 def _subtoken_map(args: argparse.Namespace) -> int:
     written = draw_subtoken_maps(
-        args.ckpt, args.images, args.out, args.num_images, args.num_texts, args.choices, not args.no_text,
-        args.max_text_length, args.text_tokenizer, args.image_size, args.device,
-    )  # fmt: skip
+        args.ckpt,
+        args.images,
+        args.out,
+        args.num_images,
+        args.num_texts,
+        args.choices,
+        not args.no_text,
+        args.max_text_length,
+        args.text_tokenizer,
+        args.image_size,
+        args.device,
+    )
     print(json.dumps({"written": [str(p) for p in written]}, indent=1))
     return 0
 
@@ -324,9 +333,14 @@ def draw_heatmaps(sources: Sequence[tuple[str, dict, dict]], out: str | Path, th
             draw_load_histograms(loads, out / f"loads_{part}.png", threshold, f"Expert load — {label}", tokens)
         )
         written.append(
-            draw_activation_curve(loads, out / f"activation_curve_{part}.png", chosen=threshold,
-                                  title=f"Activation ratio — {label}", tokens=tokens)
-        )  # fmt: skip
+            draw_activation_curve(
+                loads,
+                out / f"activation_curve_{part}.png",
+                chosen=threshold,
+                title=f"Activation ratio — {label}",
+                tokens=tokens,
+            )
+        )
     return written
 
 

@@ -133,7 +133,7 @@ def test_the_layer_launches_every_kernel_and_both_tile_sizes(launched_variants):
     assert gemm_rows == {kernels.FP32_TILES.block_m, kernels.SMALL_SLICE_TILES.block_m,
                          kernels.LARGE_SLICE_TILES.block_m}  # fmt: skip
     epilogues = {dict(v.constants)["EPILOGUE"] for v in launched_variants if v.kernel == "gather_gemm_kernel"}
-    assert epilogues == {kernels.NO_EPILOGUE, kernels.GELU, kernels.GELU_GRAD}
+    assert epilogues == {kernel_functions.NO_EPILOGUE, kernel_functions.GELU, kernel_functions.GELU_GRAD}
 
 
 def test_every_launched_variant_compiles_for_hopper_within_its_limits(launched_variants, tmp_path):

@@ -99,7 +99,7 @@ def chance_summary(
             "accuracy_random": 0.5,
             "consistency_random": 1 / 16,
             "note": "every set has 2 true and 2 false pairs",
-        },  # fmt: skip
+        },
         "captioning_karpathy_test_constant_caption": caption_constant_baseline(caption_train, caption_test),
         "retrieval_flickr30k_test": {
             "images": retrieval_test_images,

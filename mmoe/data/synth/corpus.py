@@ -30,8 +30,16 @@ from mmoe.data.synth.scenes import Scene, render, sample_scene
 
 __all__ = ["SIZES", "SynthSizes", "build_corpus"]
 
-_SPLIT_CODES = {"train2014": 1, "val2014": 2, "test2015": 3, "nlvr2-train": 4, "nlvr2-dev": 5, "nlvr2-test1": 6,
-                "text": 7, "nlvr2-statements": 8}  # fmt: skip
+_SPLIT_CODES = {
+    "train2014": 1,
+    "val2014": 2,
+    "test2015": 3,
+    "nlvr2-train": 4,
+    "nlvr2-dev": 5,
+    "nlvr2-test1": 6,
+    "text": 7,
+    "nlvr2-statements": 8,
+}
 _IMAGE_ID_BASE = {"train2014": 0, "val2014": 100_000, "test2015": 200_000}
 
 
@@ -170,10 +178,13 @@ def _vqa_files(layout: CorpusLayout, seed: int, subtype: str, images: list[_Imag
                         }
                         for i, a in enumerate(answers)
                     ],
-                }  # fmt: skip
+                }
             )
-    header = {"info": {"description": "mmoe synthetic shapes (VQAv2 format)"}, "license": {"name": "CC BY 4.0"},
-              "data_type": "mscoco"}  # fmt: skip
+    header = {
+        "info": {"description": "mmoe synthetic shapes (VQAv2 format)"},
+        "license": {"name": "CC BY 4.0"},
+        "data_type": "mscoco",
+    }
     splits = [(subtype, question_records)]
     if subtype == "test2015":
         splits.append(("test-dev2015", question_records[: len(question_records) // 2]))

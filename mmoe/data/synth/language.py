@@ -17,11 +17,27 @@ from mmoe.data.synth.scenes import COLORS, PLURALS, ROWS, SHAPES, SIZES, TEXTURE
 NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six")
 # Colours / shapes / patterns people confuse: what a careless annotator answers instead.
 CONFUSIONS = {
-    "red": "purple", "purple": "blue", "blue": "purple", "green": "yellow", "yellow": "white", "white": "yellow",
-    "circle": "square", "square": "cross", "triangle": "cross", "cross": "square",
-    "plain": "striped", "striped": "dotted", "dotted": "plain", "small": "large", "large": "small",
-    "top": "middle", "middle": "bottom", "bottom": "middle", "yes": "no", "no": "yes",
-}  # fmt: skip
+    "red": "purple",
+    "purple": "blue",
+    "blue": "purple",
+    "green": "yellow",
+    "yellow": "white",
+    "white": "yellow",
+    "circle": "square",
+    "square": "cross",
+    "triangle": "cross",
+    "cross": "square",
+    "plain": "striped",
+    "striped": "dotted",
+    "dotted": "plain",
+    "small": "large",
+    "large": "small",
+    "top": "middle",
+    "middle": "bottom",
+    "bottom": "middle",
+    "yes": "no",
+    "no": "yes",
+}
 
 
 def _pick(rng: np.random.Generator, options):

@@ -72,8 +72,13 @@ def capacity_claim(capacity: dict, rules: ClaimPlan | None = None) -> Claim:
             by_modality[name] = _capacity_modality(capacity, keys)
         if keys:
             tokens = sum(np.sum(capacity[key]["tokens"]) for key in keys)
-            overall = sum(_capacity(capacity[k], np.arange(len(capacity[k]["tokens"]))) * np.sum(capacity[k]["tokens"])
-                          for k in keys) / tokens  # fmt: skip
+            overall = (
+                sum(
+                    _capacity(capacity[k], np.arange(len(capacity[k]["tokens"]))) * np.sum(capacity[k]["tokens"])
+                    for k in keys
+                )
+                / tokens
+            )
             by_modality.setdefault(name, {"verdict": NOT_SEPARATED})["overall"] = float(overall)
 
     def text(entry: dict) -> str:

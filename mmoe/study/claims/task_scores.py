@@ -79,8 +79,14 @@ def tasks_claim(scores: dict, chance: dict[str, float]) -> Claim:
         for upper, lower in zip(TASK_ORDER, TASK_ORDER[1:], strict=False):
             a, b = table[upper][task]["values"], table[lower][task]["values"]
             interval = seed_interval(a, b, noise)
-            gaps.append({"pair": [upper, lower], "difference": float(np.mean(a) - np.mean(b)), "interval": interval,
-                         "verdict": direction_verdict(interval, +1)})  # fmt: skip
+            gaps.append(
+                {
+                    "pair": [upper, lower],
+                    "difference": float(np.mean(a) - np.mean(b)),
+                    "interval": interval,
+                    "verdict": direction_verdict(interval, +1),
+                }
+            )
         level = chance.get(task)
         below_chance = level is not None and all(cells[task]["mean"] <= level for cells in table.values())
         verdict = UNINFORMATIVE if below_chance else order_verdict([gap["verdict"] for gap in gaps])
