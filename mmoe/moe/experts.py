@@ -197,45 +197,21 @@ class GroupedExperts(nn.Module):
         """The experts on the (sub-)tokens ``x_SD`` with the dispatch gather fused into the first linear and the
         inverse permutation into the second (:mod:`mmoe.moe.triton_experts`); returns the (K*S, D) outputs in choice
         order, for :func:`mmoe.moe.dispatch.combine_unsorted`."""
-        from mmoe.moe.triton_expert_ffn import fused_expert_ffn
-
-        return fused_expert_ffn(
-            x_SD,
-            self.fc1_weight,
-            self.fc1_bias,
-            self.fc2_weight,
-            self.fc2_bias,
-            self.ln_weight,
-            self.ln_bias,
-            plan.token_C,
-            plan.order_C,
-            plan.expert_C,
-            plan.offsets_E,
-            plan.kept_SK.shape[1],
-        )
+        return self._fused(x_SD, plan.token_C, plan.order_C, plan.expert_C, plan.offsets_E, plan.kept_SK.shape[1])
 
     def forward_fused_rows(
         self, x_SD: torch.Tensor, token_C: torch.Tensor, expert_C: torch.Tensor, offsets_E: torch.Tensor
     ) -> torch.Tensor:
         """The fused path for rows that are not K choices per token (expert choice): row r is expert
         ``expert_C[r]`` on (sub-)token ``token_C[r]``, gathered inside the first linear; (C, D) outputs in row order."""
+        rows_C = torch.arange(token_C.numel(), device=token_C.device)
+        return self._fused(x_SD, token_C, rows_C, expert_C, offsets_E, None)
+
+    def _fused(self, x_SD, token_C, order_C, expert_C, offsets_E, top_k: int | None) -> torch.Tensor:
         from mmoe.moe.triton_expert_ffn import fused_expert_ffn
 
-        rows_C = torch.arange(token_C.numel(), device=token_C.device)
-        return fused_expert_ffn(
-            x_SD,
-            self.fc1_weight,
-            self.fc1_bias,
-            self.fc2_weight,
-            self.fc2_bias,
-            self.ln_weight,
-            self.ln_bias,
-            token_C,
-            rows_C,
-            expert_C,
-            offsets_E,
-            None,
-        )
+        weights = (self.fc1_weight, self.fc1_bias, self.fc2_weight, self.fc2_bias, self.ln_weight, self.ln_bias)
+        return fused_expert_ffn(x_SD, *weights, token_C, order_C, expert_C, offsets_E, top_k)
 
     def forward_loop(self, x_RD: torch.Tensor, offsets_E: torch.Tensor) -> torch.Tensor:
         """One fused ``addmm`` per expert and linear over its slice (the CPU path: reading the counts is free there,
