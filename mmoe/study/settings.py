@@ -23,21 +23,14 @@ import dataclasses
 import json
 from dataclasses import dataclass
 
+from mmoe.pipeline.launch import VARIANTS
 from mmoe.pipeline.settings import DEMO as DEMO_SETTINGS
 from mmoe.pipeline.settings import TrainingSettings
 
 #: The routers the study measures beside its claims: Switch top-1 at the tiny part's 8 experts (the baseline), then
-#: fine-grained and shared experts, loss-free bias, expert choice, and the LIMoE, MoMa and DeepSeek-style recipes.
-ROUTER_VARIANTS = (
-    "switch",
-    "fine_grained",
-    "shared_experts",
-    "loss_free",
-    "expert_choice",
-    "limoe",
-    "moma",
-    "deepseek",
-)
+#: fine-grained and shared experts, loss-free bias, expert choice, and the LIMoE, MoMa and DeepSeek-style recipes: the
+#: pipeline's variants less the dense backbone and the three the claims themselves compare.
+ROUTER_VARIANTS = tuple(variant for variant in VARIANTS if variant not in ("dense", "xmoe", "mhmoe", "stratified"))
 #: The fine-tuning rules of the inter-run consistency, each a row of its own: both routers' routing frozen (X-MoE
 #: §3.3), both fine-tuned whole.
 CONSISTENCY_RULES = ("frozen", "trained")
