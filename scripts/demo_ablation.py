@@ -1,12 +1,13 @@
 """Fine-tune one of the demo's benchmarks from a backbone file with option overrides, predict its evaluation split
-and score it, as ``mmoe demo`` does (the pipeline kit's launches, :mod:`mmoe.pipeline.launch`): the command behind the
-ablations in ``tasks/*/README.md``.
+and score it, as ``mmoe demo`` does (the pipeline kit's run specs, :mod:`mmoe.pipeline.launch`): the command behind
+the ablations in ``tasks/*/README.md``.
 
     .venv/bin/python scripts/demo_ablation.py vqav2 runs/demo/mhmoe/backbone_pretrained.pt /tmp/ablation/lr1e-3 \
         --corpus runs/demo/data --steps 300 --set '{"model": {"init_args": {"optimizer": {"learning_rate": 1e-3}}}}'
 
-``--set`` takes options nested as in a config file, merged over the demo's; the scores go to ``OUT/result.json``
-(and are printed). A random backbone of a pre-trained one's architecture: ``mmoe demo --random-init`` writes one.
+``--set`` takes options nested as in a config file, merged over the demo's (``RunSpec.options``); the scores go to
+``OUT/result.json`` (and are printed). A random backbone of a pre-trained one's architecture: ``mmoe demo
+--random-init`` writes one.
 """
 
 from __future__ import annotations
@@ -19,19 +20,10 @@ from pathlib import Path
 
 from mmoe.io import write_json
 from mmoe.pipeline.benchmarks import BENCHMARKS
-from mmoe.pipeline.launch import finetune_launch, predict_launch, train
+from mmoe.pipeline.launch import finetune_spec, predict_spec, run_in_stage, train
 from mmoe.pipeline.layout import PipelineRun
 from mmoe.pipeline.settings import DEMO
 from mmoe.runtime.layout import RunLayout
-
-
-def merged(base: dict, changes: dict) -> dict:
-    """``base`` with ``changes`` merged in, nested dicts key by key."""
-    out = dict(base)
-    for key, value in changes.items():
-        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
-
 
 #: Kinds of the synthetic VQA questions (mmoe.data.synth.language), by their leading words.
 QUESTION_KINDS = ("what color", "what shape", "what pattern", "what size", "is there a", "is the",
@@ -82,7 +74,7 @@ def main() -> None:
     parser.add_argument("--corpus", type=Path, default=Path("runs/demo/data"), help="a demo run's data folder")
     parser.add_argument("--steps", type=int, help="fine-tuning steps (default: the default demo's)")
     parser.add_argument("--seed", type=int, help="seed_everything (default: the config's)")
-    parser.add_argument("--set", default="{}", help="JSON options merged over the demo's launch")
+    parser.add_argument("--set", default="{}", help="JSON options merged over the demo's run spec")
     parser.add_argument("--eval-only", action="store_true", help="score the fit already in OUT (no training)")
     args = parser.parse_args()
 
@@ -94,14 +86,15 @@ def main() -> None:
     steps = DEMO.finetune_steps | ({args.task: args.steps} if args.steps else {})
     run = PipelineRun(args.out, DEMO.replace(finetune_steps=steps))
     layout = RunLayout(args.out / args.task)
-    fit = finetune_launch(run, benchmark.task, benchmark.model_options(run), args.backbone, layout, args.seed)
-    fit = dataclasses.replace(fit, overrides=merged(fit.overrides, json.loads(args.set)))
+    options, steps = benchmark.model_options(run), run.settings.steps(args.task)
+    fit = finetune_spec(run, benchmark.task, options, args.backbone, layout, steps, args.seed)
+    fit = dataclasses.replace(fit, options=json.loads(args.set))
     start = time.perf_counter()
     if not args.eval_only:
-        train(args.task, fit, layout)
+        train(args.task, fit)
     seconds = time.perf_counter() - start
     predictions = layout.predictions(benchmark.predictions)
-    predict_launch(fit, layout, run.shards / benchmark.eval_split, predictions).run(f"{args.task}/eval")
+    run_in_stage(f"{args.task}/eval", predict_spec(fit, run.shards / benchmark.eval_split, predictions))
     result = {
         "task": args.task,
         "backbone": str(args.backbone),

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -28,6 +27,7 @@ from mmoe.config.ckpt_hparams import (
     stored_by_design,
     without_keys,
 )
+from mmoe.config.overrides import Overrides, model_argument_names, overrides_under_class_paths
 from mmoe.config.safety import install_config_safety, parse_errors_in_one_line
 from mmoe.io import one_line, report_error
 from mmoe.runtime.checkpoint_saving import checkpoint_saving_arguments
@@ -115,21 +115,13 @@ class MMoECLI(HookedLightningCLI):
     ``--allow_partial_predictions true``; the predictions file is written either way.
     """
 
-    def __init__(
-        self,
-        *args: Any,
-        named_model_arguments: set[str] | None = None,
-        overrides: Mapping[str, Any] | None = None,
-        **kwargs: Any,
-    ) -> None:
-        """LightningCLI's arguments; ``named_model_arguments``: with ``args`` from Python
-        (:func:`mmoe.config.launch.run_lightning`), the dotted model arguments below ``init_args`` that count as named
-        on the command line (argv ``args`` say so themselves); ``overrides``: options laid over the parsed ``args`` in
-        the same parse, nested as in a config file (``{"trainer": {"max_steps": 10}}``, see
-        :func:`overrides_under_class_paths`). With ``overrides`` (even empty) the run counts as launched from Python:
-        a preempted run's resume hint names ``ckpt_path``, not a command line."""
-        self.named_model_arguments = set(named_model_arguments or ())
-        self.overrides = None if overrides is None else dict(overrides)  # copied where it is laid over the parse
+    def __init__(self, *args: Any, overrides: Overrides | None = None, **kwargs: Any) -> None:
+        """LightningCLI's arguments; ``overrides``: options laid over the parsed ``args`` in the same parse
+        (:mod:`mmoe.config.overrides`: nested as in a config file, ``{"trainer": {"max_steps": 10}}``, or a function
+        of the parsed subcommand config that gives them); the model arguments they set count as named on the command
+        line. With ``overrides`` (even empty) the run counts as launched from Python: a preempted run's resume hint
+        names ``ckpt_path``, not a command line."""
+        self.overrides = overrides
         install_config_safety()
         ignore_leaf_spec_deprecation()
         self.run_folder_locks = RunFolderLocks()
@@ -174,14 +166,15 @@ class MMoECLI(HookedLightningCLI):
         from_python = self.overrides is not None or not (args is None or isinstance(args, list | tuple))
         self.argv = None if from_python else sys.argv[1:] if args is None else args
         self.command_line_model_arguments = command_line_model_arguments(sys.argv[1:] if args is None else args)
-        self.command_line_model_arguments |= self.named_model_arguments
         with parse_errors_in_one_line(
             [parser, *self.subcommand_parsers.values()], sys.argv[1:] if args is None else args
         ):
             super().parse_arguments(parser, args)
-            if self.overrides:
-                subcommand = self.config["subcommand"]
-                overrides = overrides_under_class_paths(self.overrides, self.config[subcommand])
+            subcommand = self.config["subcommand"]
+            overrides = self.overrides(self.config[subcommand]) if callable(self.overrides) else self.overrides
+            if overrides:
+                self.command_line_model_arguments |= model_argument_names(overrides)
+                overrides = overrides_under_class_paths(overrides, self.config[subcommand])
                 self.config = parser.parse_object({subcommand: overrides}, self.config)
 
     def fail(self, message: str) -> NoReturn:
@@ -365,16 +358,6 @@ def partial_predictions(model: Any, datamodule: Any) -> str | None:
         f"predictions were written for {predicted} of the {expected} samples the test split's manifests hold "
         f"({expected - predicted} missing; see 'samples skipped' above)"
     )
-
-
-def overrides_under_class_paths(overrides: Mapping[str, Any], config: Namespace) -> dict[str, Any]:
-    """``overrides`` (nested as in a config file) with the ``model`` and ``data`` parts that name no ``class_path``
-    given ``config``'s: a subclass's ``init_args`` merge over a parsed config's only under its own class path."""
-    overrides = copy.deepcopy(dict(overrides))  # the parser turns nested dicts into Namespaces in place
-    for name in ("model", "data"):
-        if name in overrides and "class_path" not in overrides[name]:
-            overrides[name] = {"class_path": config[name].class_path, **overrides[name]}
-    return overrides
 
 
 def cli_arguments(**kwargs: Any) -> dict[str, Any]:

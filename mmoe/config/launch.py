@@ -1,5 +1,6 @@
-"""``mmoe fit / validate / test / predict`` started from Python: configs read by the CLI's own parser, options as a
-typed dict, callbacks as objects.
+"""``mmoe fit / validate / test / predict`` started from Python: configs read by the CLI's own parser, options over
+them as a dict nested as in a config file (:mod:`mmoe.config.run_spec` builds them from a typed spec), callbacks as
+objects.
 
 The demo, the claims study and the commands that read a config (``mmoe info``, ``mmoe upcycle``) go through here, so
 a config means the same to them as to ``mmoe fit``: repeated config files merge in order, an unknown key is an error,
@@ -9,14 +10,14 @@ values are typed by the tasks' and DataModules' signatures.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import lightning as L
 from jsonargparse import ArgumentError, Namespace
 
-from mmoe.config.cli import MMoECLI, cli_arguments, overrides_under_class_paths
+from mmoe.config.cli import MMoECLI, cli_arguments
+from mmoe.config.overrides import Overrides, overrides_under_class_paths
 from mmoe.config.safety import config_error_line
 
 
@@ -38,11 +39,11 @@ class ParsedOnly(MMoECLI):
 
 
 def read_config(
-    configs: Sequence[str | Path], overrides: Mapping[str, Any] | None = None, subcommand: str = "fit"
+    configs: Sequence[str | Path], overrides: Overrides | None = None, subcommand: str = "fit"
 ) -> Namespace:
     """What ``mmoe <subcommand> --config C1 --config C2 ...`` would run, with ``overrides`` (nested keys as in the
-    config files, e.g. ``{"trainer": {"max_steps": 10}}``) applied over the files: the whole parsed config, with
-    ``subcommand`` set.
+    config files, e.g. ``{"trainer": {"max_steps": 10}}``, or a function of the parsed files' subcommand config that
+    gives them) applied over the files: the whole parsed config, with ``subcommand`` set.
 
     Raises:
         ValueError: a config that does not parse (the files and jsonargparse's reason, on one line).
@@ -58,6 +59,8 @@ def read_config(
             )
         except ArgumentError as error:
             raise ValueError(f"{', '.join(map(str, configs))}: {config_error_line(error)}") from None
+    if callable(overrides):
+        overrides = overrides(parsed.config[subcommand])
     if not overrides:
         return parsed.config
     overrides = overrides_under_class_paths(overrides, parsed.config[subcommand])
@@ -70,20 +73,17 @@ def read_config(
 def run_lightning(
     subcommand: str,
     configs: Sequence[str | Path],
-    overrides: Mapping[str, Any] | None = None,
+    overrides: Overrides | None = None,
     callbacks: Sequence[L.Callback] = (),
 ) -> MMoECLI:
     """Runs ``mmoe <subcommand>`` in this process on ``configs`` with ``overrides`` (see :func:`read_config`;
     ``{"ckpt_path": ...}`` resumes or predicts from a checkpoint) and ``callbacks`` added to the trainer's. Model
     arguments in ``overrides`` count as given on the command line: with a checkpoint they keep their value over the
     checkpoint's saved one. The config is parsed once, by the CLI that runs it (a parse takes about half a second)."""
-    model = (overrides or {}).get("model") or {}
-    named = set(flat_keys(model.get("init_args") or {}))
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
         return MMoECLI(
             **cli_arguments(args=config_argv(configs, subcommand), trainer_defaults={"callbacks": list(callbacks)}),
-            named_model_arguments=named,
             overrides=overrides or {},
         )
 
@@ -94,15 +94,3 @@ def config_argv(configs: Sequence[str | Path], subcommand: str) -> list[str]:
     for config in configs:
         argv += ["--config", str(config)]
     return argv
-
-
-def flat_keys(values: Mapping[str, Any], prefix: str = "") -> list[str]:
-    """Dotted keys of the leaves of nested ``values`` (``{"optimizer": {"learning_rate": 1}}`` ->
-    ``["optimizer.learning_rate"]``)."""
-    keys = []
-    for name, value in values.items():
-        if isinstance(value, Mapping) and value:
-            keys += flat_keys(value, f"{prefix}{name}.")
-        else:
-            keys.append(f"{prefix}{name}")
-    return keys

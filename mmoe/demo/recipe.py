@@ -57,9 +57,10 @@ def variant_stages(run: PipelineRun, variant: str) -> list[Stage]:
     for benchmark in trained_benchmarks(run.settings):
         finetuning = run.finetuning(variant, benchmark.name)
         key = StageKey.of(variant, benchmark.name)
+        steps = run.settings.steps(benchmark.name)
         stages += [
-            finetune_stage(run, key, benchmark, run.backbone(variant), finetuning),
-            evaluate_stage(run, StageKey.of(*key.parts, "eval"), benchmark, run.backbone(variant), finetuning),
+            finetune_stage(run, key, benchmark, run.backbone(variant), finetuning, steps),
+            evaluate_stage(run, StageKey.of(*key.parts, "eval"), benchmark, run.backbone(variant), finetuning, steps),
         ]
     if variant != "dense":
         stages.append(figures_stage(run, variant))
@@ -76,9 +77,10 @@ def random_init_stages(run: PipelineRun, variant: str, seed: int = 0) -> list[St
     for benchmark in trained_benchmarks(run.settings):
         layout = run.finetuning_from_random(variant, benchmark.name)
         key = StageKey.of(variant, RANDOM_INIT, benchmark.name)
+        steps = run.settings.steps(benchmark.name)
         stages += [
-            finetune_stage(run, key, benchmark, backbone, layout),
-            evaluate_stage(run, StageKey.of(*key.parts, "eval"), benchmark, backbone, layout),
+            finetune_stage(run, key, benchmark, backbone, layout, steps),
+            evaluate_stage(run, StageKey.of(*key.parts, "eval"), benchmark, backbone, layout, steps),
         ]
     return stages
 

@@ -1,6 +1,6 @@
 """The pipeline kit below the demo and the claims study: restartable stages and lanes of them in processes
 (:mod:`~mmoe.pipeline.stages`), training settings and their presets (:mod:`~mmoe.pipeline.settings`), a run's
-folders (:mod:`~mmoe.pipeline.layout`), launches of ``mmoe fit`` / ``predict`` on the shipped configs
+folders (:mod:`~mmoe.pipeline.layout`), the run specs of ``mmoe fit`` / ``predict`` on the shipped configs
 (:mod:`~mmoe.pipeline.launch`), the stages both recipes share (:mod:`~mmoe.pipeline.standard_stages`), one record per
 benchmark (:mod:`~mmoe.pipeline.benchmarks`, item by item in :mod:`~mmoe.pipeline.items`), the paired comparison of
 two runs (:mod:`~mmoe.pipeline.compare`) and result tables (:mod:`~mmoe.pipeline.tables`).
@@ -10,7 +10,7 @@ through it.
 """
 
 from mmoe.pipeline.benchmarks import BENCHMARKS, Benchmark, benchmark_named, trained_benchmarks
-from mmoe.pipeline.launch import CONFIGS, VARIANTS, Launch, finetune_launch, predict_launch, pretrain_launch
+from mmoe.pipeline.launch import CONFIGS, VARIANTS, finetune_spec, predict_spec, pretrain_spec
 from mmoe.pipeline.layout import RANDOM_INIT, PipelineRun
 from mmoe.pipeline.settings import DEMO, DEMO_FAST, TrainingSettings
 from mmoe.pipeline.stages import PipelineError, Stage, StageKey, run_stage
@@ -23,16 +23,15 @@ __all__ = [
     "RANDOM_INIT",
     "VARIANTS",
     "Benchmark",
-    "Launch",
     "PipelineError",
     "PipelineRun",
     "Stage",
     "StageKey",
     "TrainingSettings",
     "benchmark_named",
-    "finetune_launch",
-    "predict_launch",
-    "pretrain_launch",
+    "finetune_spec",
+    "predict_spec",
+    "pretrain_spec",
     "run_stage",
     "trained_benchmarks",
 ]

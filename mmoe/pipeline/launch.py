@@ -1,6 +1,6 @@
-"""How a pipeline trains and predicts: ``mmoe fit`` / ``predict`` in this process (:func:`mmoe.config.launch
-.run_lightning`) on a config shipped in ``mmoe/configs``, with typed options that point it at the run directory and
-set the run's step counts, and the run's callbacks as objects."""
+"""How a pipeline trains and predicts: a :class:`mmoe.config.run_spec.RunSpec` of ``mmoe fit`` / ``predict`` over a
+config shipped in ``mmoe/configs``, pointed at the run's corpus and run folder, with the steps and seed its stage
+gives, run in this process (:func:`mmoe.config.run_spec.run_spec`)."""
 
 from __future__ import annotations
 
@@ -8,23 +8,19 @@ import copy
 import dataclasses
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import lightning as L
-from jsonargparse import Namespace
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 
-from mmoe.config.cli import TENSORBOARD_LOGGER
-from mmoe.config.launch import read_config, run_lightning
+from mmoe.config.launch import read_config
+from mmoe.config.run_spec import LOG_VERSION, DataSpec, ModelSpec, RunSpec, TrainerSpec, run_spec
 from mmoe.model.config import config_to_dict
 from mmoe.pipeline.layout import PipelineRun
 from mmoe.pipeline.stages import PipelineError, print_progress
 from mmoe.runtime.checkpoint import read_backbone_state
 from mmoe.runtime.layout import RunLayout
-from mmoe.runtime.routing_callback import RoutingStatsCallback
-from mmoe.runtime.run_logs import CSV_LOGGER
 from mmoe.tasks.finetuning import FineTuningTask, routes_over_the_batch
 from mmoe.tasks.zero_shot_probes import DEFAULT_PROBE_PAIRS
 
@@ -49,53 +45,6 @@ VARIANTS = (
 )
 
 
-@dataclasses.dataclass(frozen=True)
-class Launch:
-    """One ``mmoe fit`` / ``predict`` of a pipeline.
-
-    Attributes:
-        subcommand: ``fit`` or ``predict``.
-        configs: the shipped config files, merged in order.
-        overrides: options over them, nested as in a config file (``{"trainer": {"max_steps": 80}}``).
-        callbacks: added to the trainer's (the configs' own callbacks are replaced by these).
-    """
-
-    subcommand: str
-    configs: tuple[Path, ...]
-    overrides: dict[str, Any]
-    callbacks: tuple[L.Callback, ...] = ()
-
-    def config(self) -> Namespace:
-        """The config the subcommand runs, parsed by the CLI's own parser (nothing instantiated)."""
-        return read_config(self.configs, self.overrides, self.subcommand)[self.subcommand]
-
-    def run(self, stage: str) -> None:
-        """Runs it; PipelineError naming ``stage`` when the CLI exits with an error."""
-        try:
-            run_lightning(self.subcommand, self.configs, self.overrides, self.callbacks)
-        except SystemExit as stop:  # LightningCLI ends bad configs and bad input with exit 2
-            if stop.code not in (0, None):
-                raise PipelineError(f"stage {stage}: mmoe {self.subcommand} exited with status {stop.code}") from None
-
-    def to_json(self) -> dict:
-        """What a stage marker records: the subcommand, configs, options and callbacks."""
-        return {
-            "subcommand": self.subcommand,
-            "configs": [str(path) for path in self.configs],
-            "overrides": plain(self.overrides),
-            "callbacks": [type(callback).__name__ for callback in self.callbacks],
-        }
-
-
-def plain(value: Any) -> Any:
-    """``value`` with paths as strings (JSON-able)."""
-    if isinstance(value, dict):
-        return {key: plain(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [plain(item) for item in value]
-    return str(value) if isinstance(value, Path) else value
-
-
 def config_file(relative: str) -> Path:
     """A config shipped with the package (``mmoe/configs/<relative>``)."""
     path = CONFIGS / relative
@@ -111,50 +60,9 @@ def pretrain_configs(variant: str) -> tuple[Path, ...]:
     return (tiny,) if variant == "dense" else (tiny, config_file(f"pretrain/tiny/{variant}.yaml"))
 
 
-#: The version folder of a stage's logs (``csv/version_0``, ``tensorboard/version_0``): one per run folder, continued
-#: across a resume.
-CSV_VERSION = 0
-
-
 def metrics_csv(layout: RunLayout) -> Path:
     """The ``metrics.csv`` a pipeline stage's training logs to."""
-    return layout.csv_logs / f"version_{CSV_VERSION}" / "metrics.csv"
-
-
-def trainer_options(
-    run: PipelineRun, layout: RunLayout, steps: int, routing_every: int, extra: Sequence[L.Callback] = ()
-) -> tuple[dict[str, Any], tuple[L.Callback, ...]]:
-    """The trainer of a pipeline stage and its callbacks: ``steps`` steps without validation, one CSV logger, the latest
-    checkpoint as ``layout.last_checkpoint``, routing statistics every ``routing_every`` steps in ``layout``, no
-    progress bar (:func:`progress_lines` instead), and ``extra`` callbacks."""
-    csv = {"save_dir": str(layout.root), "name": layout.csv_logs.name, "version": CSV_VERSION}
-    trainer = {
-        "max_steps": steps,
-        "val_check_interval": steps,
-        "limit_val_batches": 0,
-        "default_root_dir": str(layout.root),
-        "enable_progress_bar": False,
-        "enable_model_summary": False,
-        "precision": run.settings.precision,
-        "callbacks": [],
-        "logger": [{"class_path": CSV_LOGGER, "init_args": csv}],
-    }
-    callbacks = (
-        # No validation metric: keep only the latest checkpoint.
-        ModelCheckpoint(
-            dirpath=layout.checkpoints, save_top_k=0, save_last=True, every_n_train_steps=run.settings.checkpoint_every
-        ),
-        LearningRateMonitor(logging_interval="step"),
-        RoutingStatsCallback(every_n_steps=routing_every, save_dir=layout.root),
-        *extra,
-    )
-    return trainer, callbacks
-
-
-def progress_lines(label: str, steps: int) -> dict[str, Any]:
-    """The options of a pipeline stage's progress lines (:class:`mmoe.runtime.throughput.Throughput`, which every run
-    has): about six lines for ``steps`` steps, each starting with ``label``."""
-    return {"label": label, "every_n_steps": max(10, steps // 6)}
+    return layout.csv_logs / f"version_{LOG_VERSION}" / "metrics.csv"
 
 
 def configured_moe(variant: str):
@@ -169,75 +77,79 @@ def _parsed_moe(variant: str):
     return read_config(pretrain_configs(variant)).fit.model.init_args.backbone.moe
 
 
-def pretrain_launch(
+def pretrain_spec(
     run: PipelineRun,
     variant: str,
     layout: RunLayout,
-    steps: int | None = None,
-    extra_callbacks: Sequence[L.Callback] = (),
-    moe: dict[str, Any] | None = None,
+    steps: int,
+    seed: int | None = None,
+    moe: Mapping[str, Any] | None = None,
+    callbacks: Sequence[L.Callback] = (),
     watched: bool = False,
-) -> Launch:
+) -> RunSpec:
     """``mmoe fit`` with the tiny configs of ``variant`` (:func:`pretrain_configs`) on the run's corpus (its codebook
-    included) into ``layout``, for ``steps`` (default the settings' ``pretrain_steps``); ``moe`` replaces fields of the
+    included) into ``layout`` for ``steps`` steps (``seed``: the config's when None); ``moe`` replaces fields of the
     backbone's MoE plan. ``watched``: TensorBoard logs beside the CSV ones (the routing callback's load heatmaps, the
     losses, the probes) and one validation after the last step, on the held-out batches that hold the zero-shot probes'
     pairs (:mod:`mmoe.tasks.zero_shot_probes`, read back by :func:`mmoe.pipeline.probes.logged_probes`)."""
-    steps = run.settings.pretrain_steps if steps is None else steps
+    settings = run.settings
     label = f"pretrain {layout.root.name if layout.root.name != 'pretrain' else variant}"
-    trainer, callbacks = trainer_options(run, layout, steps, 50, extra_callbacks)
-    if watched:
-        trainer["limit_val_batches"] = math.ceil(DEFAULT_PROBE_PAIRS / run.settings.batch_size)
-        tensorboard = {"save_dir": str(layout.root), "name": layout.tensorboard_logs.name, "version": CSV_VERSION}
-        trainer["logger"].append({"class_path": TENSORBOARD_LOGGER, "init_args": tensorboard})
-    backbone = {**run.settings.backbone, "image_size": run.settings.image_size}
-    if moe:
-        # A dict for the MoE plan replaces the config's whole plan (its router too): start from the configured one.
-        backbone["moe"] = configured_moe(variant).as_dict() | moe
-    model: dict[str, Any] = {"backbone": backbone, "visual_codebook": str(run.codebook)}
-    if run.settings.pretrain_learning_rate is not None:
-        model["optimizer"] = {"learning_rate": run.settings.pretrain_learning_rate}
-    if run.settings.contrastive_coefficient:
-        model["contrastive_coefficient"] = run.settings.contrastive_coefficient
-    if run.settings.pretrain_output_vocab:
-        model["output_vocab"] = str(run.corpus.caption_tokens)
-    overrides = {
-        "trainer": trainer,
-        "throughput": progress_lines(label, steps),
-        "model": {"init_args": model},
-        "data": {
-            "init_args": {"data_root": str(run.data), "batch_size": run.settings.batch_size, "batches_per_epoch": steps}
-        },
-    }
-    return Launch("fit", pretrain_configs(variant), overrides, callbacks)
+    arguments: dict[str, Any] = {"visual_codebook": run.codebook}
+    if settings.contrastive_coefficient:
+        arguments["contrastive_coefficient"] = settings.contrastive_coefficient
+    if settings.pretrain_output_vocab:
+        arguments["output_vocab"] = run.corpus.caption_tokens
+    trainer = TrainerSpec(
+        steps,
+        settings.checkpoint_every,
+        routing_every=50,
+        progress_label=label,
+        precision=settings.precision,
+        validation_batches=math.ceil(DEFAULT_PROBE_PAIRS / settings.batch_size) if watched else 0,
+        tensorboard=watched,
+    )
+    learning_rate = settings.pretrain_learning_rate
+    return RunSpec(
+        "fit",
+        pretrain_configs(variant),
+        layout,
+        ModelSpec(arguments, {**settings.backbone, "image_size": settings.image_size}, dict(moe or {})),
+        DataSpec(run.data, settings.batch_size, batches_per_epoch=steps),
+        trainer,
+        optimizer={} if learning_rate is None else {"learning_rate": learning_rate},
+        seed=seed,
+        callbacks=tuple(callbacks),
+    )
 
 
-def finetune_launch(
+def finetune_spec(
     run: PipelineRun,
     task: type[FineTuningTask],
-    model_options: dict[str, Any],
+    model_options: Mapping[str, Any],
     backbone: Path,
     layout: RunLayout,
+    steps: int,
     seed: int | None = None,
     routing_every: int = 20,
-) -> Launch:
-    """``mmoe fit`` with ``configs/finetune/<task>_tiny.yaml`` on the run's corpus into ``layout``, starting from
-    ``backbone`` (whose architecture it keeps), with the task's ``model_options`` (files in the run's corpus, decoding
-    settings); ``seed`` replaces the config's ``seed_everything``; routing statistics every ``routing_every`` steps."""
-    steps = run.settings.steps(task.name)
-    trainer, callbacks = trainer_options(run, layout, steps, routing_every)
-    model = {"backbone": causal_text_backbone(task, backbone), "pretrained": str(backbone), **model_options}
-    if task.name in run.settings.finetune_optimizer:
-        model["optimizer"] = dict(run.settings.finetune_optimizer[task.name])
-    overrides = {
-        "trainer": trainer,
-        "throughput": progress_lines(f"fine-tune {task.name}", steps),
-        "model": {"init_args": model},
-        "data": {"init_args": {"data_root": str(run.data), "batch_size": run.settings.batch_size}},
-    }
-    if seed is not None:
-        overrides["seed_everything"] = seed
-    return Launch("fit", (config_file(f"finetune/{task.name}_tiny.yaml"),), overrides, callbacks)
+) -> RunSpec:
+    """``mmoe fit`` with ``configs/finetune/<task>_tiny.yaml`` on the run's corpus into ``layout`` for ``steps`` steps,
+    starting from ``backbone`` (whose architecture it keeps), with the task's ``model_options`` (files in the run's
+    corpus, decoding settings); ``seed`` replaces the config's ``seed_everything``; routing statistics every
+    ``routing_every`` steps; the optimiser settings of ``run``'s settings for the task."""
+    settings = run.settings
+    trainer = TrainerSpec(
+        steps, settings.checkpoint_every, routing_every, f"fine-tune {task.name}", precision=settings.precision
+    )
+    return RunSpec(
+        "fit",
+        (config_file(f"finetune/{task.name}_tiny.yaml"),),
+        layout,
+        ModelSpec(dict(model_options), causal_text_backbone(task, backbone), pretrained=backbone),
+        DataSpec(run.data, settings.batch_size),
+        trainer,
+        optimizer=dict(settings.finetune_optimizer.get(task.name, {})),
+        seed=seed,
+    )
 
 
 def causal_text_backbone(task: type[FineTuningTask], backbone: Path) -> dict[str, Any] | None:
@@ -261,21 +173,34 @@ def causal_text_backbone(task: type[FineTuningTask], backbone: Path) -> dict[str
     return fields
 
 
-def predict_launch(fit: Launch, layout: RunLayout, shards: Path, predictions: Path) -> Launch:
+def predict_spec(fit: RunSpec, shards: Path, predictions: Path) -> RunSpec:
     """``mmoe predict`` of the fine-tuning ``fit`` from its latest checkpoint on ``shards`` into ``predictions``."""
-    overrides = dict(fit.overrides)
-    overrides["trainer"] = fit.overrides["trainer"] | {"logger": False}
-    overrides["model"] = {"init_args": fit.overrides["model"]["init_args"] | {"predictions_file": str(predictions)}}
-    overrides["data"] = {"init_args": fit.overrides["data"]["init_args"] | {"test_shards": str(shards)}}
-    overrides["ckpt_path"] = str(layout.last_checkpoint)
-    return Launch("predict", fit.configs, overrides, fit.callbacks)
+    model = dataclasses.replace(fit.model, arguments={**fit.model.arguments, "predictions_file": predictions})
+    return dataclasses.replace(
+        fit,
+        subcommand="predict",
+        model=model,
+        data=dataclasses.replace(fit.data, test_shards=shards),
+        trainer=dataclasses.replace(fit.trainer, logged=False),
+        checkpoint=fit.run_folder.last_checkpoint,
+    )
 
 
-def train(stage: str, launch: Launch, layout: RunLayout) -> dict:
-    """Runs the ``fit`` ``launch``, resumed from ``layout.last_checkpoint`` when an earlier run left one; returns what
-    ran and the files it wrote."""
+def run_in_stage(stage: str, spec: RunSpec) -> None:
+    """Runs ``spec``; PipelineError naming ``stage`` when the CLI exits with an error."""
+    try:
+        run_spec(spec)
+    except SystemExit as stop:  # LightningCLI ends bad configs and bad input with exit 2
+        if stop.code not in (0, None):
+            raise PipelineError(f"stage {stage}: mmoe {spec.subcommand} exited with status {stop.code}") from None
+
+
+def train(stage: str, spec: RunSpec) -> dict:
+    """Runs the ``fit`` ``spec``, resumed from its run folder's latest checkpoint when an earlier run left one; returns
+    what ran and the files it wrote."""
+    layout = spec.run_folder
     if layout.last_checkpoint.is_file():
         print_progress(f"    resuming from {layout.last_checkpoint}")
-        launch = dataclasses.replace(launch, overrides=launch.overrides | {"ckpt_path": str(layout.last_checkpoint)})
-    launch.run(stage)
-    return {"launch": launch.to_json(), "files": [str(layout.last_checkpoint), str(layout.csv_logs)]}
+        spec = dataclasses.replace(spec, checkpoint=layout.last_checkpoint)
+    run_in_stage(stage, spec)
+    return {"launch": spec.to_json(), "files": [str(layout.last_checkpoint), str(layout.csv_logs)]}

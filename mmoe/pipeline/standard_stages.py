@@ -8,11 +8,12 @@ import functools
 from collections.abc import Callable
 from pathlib import Path
 
+from mmoe.config.run_spec import RunSpec
 from mmoe.data.shards import MANIFEST
 from mmoe.data.synth.layout import PRETRAIN_IMAGE_SPLIT, PRETRAIN_PAIR_SPLIT, PRETRAIN_TEXT_SPLIT
 from mmoe.io import write_json
 from mmoe.pipeline.benchmarks import Benchmark
-from mmoe.pipeline.launch import Launch, finetune_launch, predict_launch, pretrain_launch, train
+from mmoe.pipeline.launch import finetune_spec, predict_spec, pretrain_spec, run_in_stage, train
 from mmoe.pipeline.layout import PipelineRun
 from mmoe.pipeline.stages import Stage, StageKey
 from mmoe.runtime.layout import RunLayout
@@ -46,24 +47,25 @@ def codebook_stage(run: PipelineRun) -> Stage:
     return Stage(StageKey.of("codebook"), run.codebook, fit)
 
 
-def pretrain_stage(key: StageKey, launch: Callable[[], Launch], layout: RunLayout) -> Stage:
-    """The pre-training ``launch()`` builds, into ``layout`` (resumed from its latest checkpoint); built when the stage
+def pretrain_stage(key: StageKey, spec: Callable[[], RunSpec], layout: RunLayout) -> Stage:
+    """The pre-training ``spec()`` builds, into ``layout`` (resumed from its latest checkpoint); built when the stage
     runs, not when a done stage is listed."""
 
     def fit() -> dict:
-        record = train(str(key), launch(), layout)
+        record = train(str(key), spec())
         return record | {"files": [*record["files"], str(layout.routing_stats)]}
 
     return Stage(key, layout.last_checkpoint, fit)
 
 
 def variant_pretrain_stage(run: PipelineRun, variant: str) -> Stage:
-    """The pre-training of the tiny configs of ``variant`` (:func:`mmoe.pipeline.launch.pretrain_launch`) into
-    ``DIR/<variant>/pretrain``: the demo's, and where a script that pre-trains as the demo does finds it; its zero-shot
-    probes are measured once, after the last step (:mod:`mmoe.pipeline.probes`)."""
+    """The pre-training of the tiny configs of ``variant`` (:func:`mmoe.pipeline.launch.pretrain_spec`) for the
+    settings' pre-training steps into ``DIR/<variant>/pretrain``: the demo's, and where a script that pre-trains as
+    the demo does finds it; its zero-shot probes are measured once, after the last step
+    (:mod:`mmoe.pipeline.probes`)."""
     layout = run.pretraining(variant)
-    launch = functools.partial(pretrain_launch, run, variant, layout, watched=True)
-    return pretrain_stage(StageKey.of(variant, "pretrain"), launch, layout)
+    spec = functools.partial(pretrain_spec, run, variant, layout, run.settings.pretrain_steps, watched=True)
+    return pretrain_stage(StageKey.of(variant, "pretrain"), spec, layout)
 
 
 def export_stage(key: StageKey, checkpoint: Path, target: Path) -> Stage:
@@ -84,35 +86,43 @@ def finetune_stage(
     benchmark: Benchmark,
     backbone: Path,
     layout: RunLayout,
+    steps: int,
     seed: int | None = None,
     routing_every: int = 20,
     model_options: dict | None = None,
 ) -> Stage:
-    """``mmoe fit`` of ``benchmark``'s task from ``backbone`` into ``layout`` (``seed``: the config's when None),
-    routing statistics every ``routing_every`` steps; ``model_options`` add to the task's (e.g. ``frozen_routing``)."""
+    """``mmoe fit`` of ``benchmark``'s task from ``backbone`` into ``layout`` for ``steps`` steps (``seed``: the
+    config's when None), routing statistics every ``routing_every`` steps; ``model_options`` add to the task's (e.g.
+    ``frozen_routing``)."""
 
     def fit() -> dict:
         options = benchmark.model_options(run) | (model_options or {})
-        launch = finetune_launch(run, benchmark.task, options, backbone, layout, seed, routing_every)
-        return train(str(key), launch, layout)
+        spec = finetune_spec(run, benchmark.task, options, backbone, layout, steps, seed, routing_every)
+        return train(str(key), spec)
 
     return Stage(key, layout.last_checkpoint, fit)
 
 
 def evaluate_stage(
-    run: PipelineRun, key: StageKey, benchmark: Benchmark, backbone: Path, layout: RunLayout, seed: int | None = None
+    run: PipelineRun,
+    key: StageKey,
+    benchmark: Benchmark,
+    backbone: Path,
+    layout: RunLayout,
+    steps: int,
+    seed: int | None = None,
 ) -> Stage:
-    """``mmoe predict`` of the fine-tuning in ``layout`` (from ``backbone``) on the benchmark's evaluation split,
-    scored by the official scorers into ``layout.scores``."""
+    """``mmoe predict`` of the fine-tuning of ``steps`` steps in ``layout`` (from ``backbone``) on the benchmark's
+    evaluation split, scored by the official scorers into ``layout.scores``."""
 
     def evaluate() -> dict:
         predictions = layout.predictions(benchmark.predictions)
-        fit = finetune_launch(run, benchmark.task, benchmark.model_options(run), backbone, layout, seed)
-        launch = predict_launch(fit, layout, run.corpus.shard(benchmark.eval_split), predictions)
-        launch.run(str(key))
+        fit = finetune_spec(run, benchmark.task, benchmark.model_options(run), backbone, layout, steps, seed)
+        spec = predict_spec(fit, run.corpus.shard(benchmark.eval_split), predictions)
+        run_in_stage(str(key), spec)
         scores = benchmark.score(run, predictions)
         write_json(layout.scores, scores)
-        return {"scores": scores, "launch": launch.to_json(), "files": [str(predictions), str(layout.scores)]}
+        return {"scores": scores, "launch": spec.to_json(), "files": [str(predictions), str(layout.scores)]}
 
     return Stage(key, layout.scores, evaluate)
 

@@ -5,16 +5,18 @@ an interrupted training resumed."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mmoe.config.run_spec import RunSpec
 from mmoe.data.synth.chance import ChanceLevels
 from mmoe.data.synth.layout import CAPTION_TEST_SPLIT
 from mmoe.io import read_json
 from mmoe.pipeline.benchmarks import benchmark_named, trained_benchmarks
-from mmoe.pipeline.launch import configured_moe, pretrain_launch
+from mmoe.pipeline.launch import configured_moe, pretrain_spec
 from mmoe.pipeline.layout import RANDOM_INIT, PipelineRun
 from mmoe.pipeline.settings import TrainingSettings
 from mmoe.pipeline.stages import Stage, StageKey
@@ -258,28 +260,25 @@ class StudyRun(PipelineRun):
 
 def pretrain_stages(study: StudyRun, run: Pretraining, recipe: TrainingSettings | None = None) -> list[Stage]:
     """The pre-training ``run`` (with ``recipe``'s settings where ``run.recipe``) and the export of its backbone."""
+    layout = study.pretrain_run(run)
+    key = StageKey.of("pretrain", run.name)
+    export = export_stage(StageKey.of(*key.parts, "export"), layout.last_checkpoint, study.pretrained(run.name))
+    return [pretrain_stage(key, functools.partial(pretraining_spec, study, run, recipe), layout), export]
+
+
+def pretraining_spec(study: StudyRun, run: Pretraining, recipe: TrainingSettings | None = None) -> RunSpec:
+    """What the pre-training ``run`` trains: its variant's tiny configs for its steps at its seed, its MoE plan's
+    changes, its backbone snapshots and, where given, its schedule's ``min_lr_ratio``; with ``recipe``'s settings
+    where ``run.recipe``."""
     from mmoe.runtime.snapshots import BackboneSnapshots
 
     layout = study.pretrain_run(run)
-    key = StageKey.of("pretrain", run.name)
     trained_by = StudyRun(study.out, recipe) if run.recipe and recipe is not None else study
-
-    def launch():
-        snapshots = [BackboneSnapshots(layout.snapshots, run.snapshots)] if run.snapshots else []
-        launched = pretrain_launch(trained_by, run.variant, layout, run.steps, snapshots, dict(run.moe))
-        return seeded_launch(launched, run.seed, run.min_lr_ratio)
-
-    export = export_stage(StageKey.of(*key.parts, "export"), layout.last_checkpoint, study.pretrained(run.name))
-    return [pretrain_stage(key, launch, layout), export]
-
-
-def seeded_launch(launch, seed: int, min_lr_ratio: float | None):
-    """``launch`` with ``seed_everything`` set to ``seed`` and, where given, the optimiser's ``min_lr_ratio``."""
-    launch.overrides["seed_everything"] = seed
-    if min_lr_ratio is not None:
-        model = launch.overrides["model"]["init_args"]
-        model["optimizer"] = {**model.get("optimizer", {}), "min_lr_ratio": min_lr_ratio}
-    return launch
+    snapshots = [BackboneSnapshots(layout.snapshots, run.snapshots)] if run.snapshots else []
+    spec = pretrain_spec(trained_by, run.variant, layout, run.steps, run.seed, dict(run.moe), snapshots)
+    if run.min_lr_ratio is None:
+        return spec
+    return dataclasses.replace(spec, optimizer={**spec.optimizer, "min_lr_ratio": run.min_lr_ratio})
 
 
 def consistency_folder(router: str, experts: int, rule: str) -> str:
@@ -297,12 +296,6 @@ def finetune_stages(study: StudyRun, settings: StudySettings) -> list[Stage]:
         for benchmark in trained_benchmarks(settings.training):
             for seed in range(settings.task_seeds):
                 stages += _scored(study, name, study.pretrained(name), benchmark, seed)
-    consistency = StudyRun(
-        study.out,
-        settings.training.replace(
-            finetune_steps={**settings.training.finetune_steps, CONSISTENCY_TASK: settings.consistency_steps}
-        ),
-    )
     benchmark = benchmark_named(CONSISTENCY_TASK)
     for rule in CONSISTENCY_RULES:
         for router in COMPARED_ROUTERS:
@@ -313,11 +306,12 @@ def finetune_stages(study: StudyRun, settings: StudySettings) -> list[Stage]:
                 key = StageKey.of("finetune", folder, f"{CONSISTENCY_TASK}-seed{seed}")
                 stages.append(
                     finetune_stage(
-                        consistency,
+                        study,
                         key,
                         benchmark,
                         backbone,
                         layout,
+                        settings.consistency_steps,
                         seed,
                         routing_every=settings.consistency_every,
                         model_options={"frozen_routing": rule == "frozen"},
@@ -338,9 +332,10 @@ def _scored(run: StudyRun, name: str, backbone: Path, benchmark, seed: int) -> l
     """The fine-tuning of ``benchmark`` from ``backbone`` into ``finetune/<name>/<task>-seed<seed>`` and its scoring."""
     layout = run.finetune_run(name, benchmark.name, seed)
     key = StageKey.of("finetune", name, f"{benchmark.name}-seed{seed}")
+    steps = run.settings.steps(benchmark.name)
     return [
-        finetune_stage(run, key, benchmark, backbone, layout, seed),
-        evaluate_stage(run, StageKey.of(*key.parts, "eval"), benchmark, backbone, layout, seed),
+        finetune_stage(run, key, benchmark, backbone, layout, steps, seed),
+        evaluate_stage(run, StageKey.of(*key.parts, "eval"), benchmark, backbone, layout, steps, seed),
     ]
 
 

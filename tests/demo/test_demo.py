@@ -16,6 +16,7 @@ import torch
 
 from mmoe.cli import main
 from mmoe.config.launch import read_config
+from mmoe.config.run_spec import read_spec, spec_callbacks
 from mmoe.data.synth.scenes import COLORS
 from mmoe.metrics.caption_words import word_precision
 from mmoe.metrics.captions import load_karpathy_references
@@ -30,9 +31,9 @@ from mmoe.pipeline import (
     Stage,
     StageKey,
     benchmark_named,
-    finetune_launch,
-    predict_launch,
-    pretrain_launch,
+    finetune_spec,
+    predict_spec,
+    pretrain_spec,
     run_stage,
 )
 from mmoe.pipeline.compare import compared_files
@@ -86,19 +87,20 @@ def test_a_directory_made_with_other_settings_is_refused(tmp_path):
     assert "precision:" not in str(refused.value)  # equal in both: not listed
 
 
-def stage_launches(run: PipelineRun, variant: str = "mhmoe") -> dict:
-    """The ``mmoe fit`` launches of the demo's training stages."""
-    launches = {"pretrain": pretrain_launch(run, variant, run.pretraining(variant))}
+def stage_specs(run: PipelineRun, variant: str = "mhmoe") -> dict:
+    """The ``mmoe fit`` run specs of the demo's training stages."""
+    launches = {"pretrain": pretrain_spec(run, variant, run.pretraining(variant), run.settings.pretrain_steps)}
     for benchmark in BENCHMARKS:
         layout = run.finetuning(variant, benchmark.name)
         model = benchmark.model_options(run)
-        launches[benchmark.name] = finetune_launch(run, benchmark.task, model, run.backbone(variant), layout)
+        steps = run.settings.steps(benchmark.name)
+        launches[benchmark.name] = finetune_spec(run, benchmark.task, model, run.backbone(variant), layout, steps)
     return launches
 
 
 def stage_configs(run: PipelineRun, variant: str = "mhmoe") -> dict:
     """The configs ``mmoe fit`` runs in the demo's training stages, parsed by the CLI's own parser."""
-    return {name: launch.config() for name, launch in stage_launches(run, variant).items()}
+    return {name: read_spec(launch) for name, launch in stage_specs(run, variant).items()}
 
 
 def test_precision_reaches_every_stage_and_is_part_of_the_settings(tmp_path):
@@ -109,12 +111,12 @@ def test_precision_reaches_every_stage_and_is_part_of_the_settings(tmp_path):
         check_settings(PipelineRun(tmp_path, FAST))
 
 
-def test_stage_launches_point_the_shipped_configs_at_the_run_directory(tmp_path):
+def test_stage_specs_point_the_shipped_configs_at_the_run_directory(tmp_path):
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     run = PipelineRun(tmp_path, FAST)
-    launches = stage_launches(run)
-    configs = {name: launch.config() for name, launch in launches.items()}
+    launches = stage_specs(run)
+    configs = {name: read_spec(launch) for name, launch in launches.items()}
     pretrain = configs["pretrain"]
     assert pretrain.model.init_args.visual_codebook == str(run.codebook)
     assert pretrain.data.init_args.data_root == str(run.data)
@@ -129,12 +131,13 @@ def test_stage_launches_point_the_shipped_configs_at_the_run_directory(tmp_path)
         == configs["captioning"].model.init_args.output_vocab
     )
     assert pretrain.model.init_args.optimizer.learning_rate == FAST.pretrain_learning_rate
-    plain = stage_launches(
+    plain = stage_specs(
         PipelineRun(
             tmp_path,
             FAST.replace(pretrain_learning_rate=None, contrastive_coefficient=0.0, pretrain_output_vocab=False),
         )
-    )["pretrain"].config()
+    )
+    plain = read_spec(plain["pretrain"])
     assert plain.model.init_args.contrastive_coefficient == 0 and plain.model.init_args.output_vocab is None
     assert plain.model.init_args.optimizer.learning_rate == 1e-3  # the tiny config's
     for name, config in configs.items():
@@ -142,7 +145,7 @@ def test_stage_launches_point_the_shipped_configs_at_the_run_directory(tmp_path)
         assert config.trainer.default_root_dir == str(out) and config.data.init_args.batch_size == FAST.batch_size
         assert [logger.init_args.save_dir for logger in config.trainer.logger] == [str(out)]
         assert config.trainer.callbacks == []  # the config's own callbacks are replaced by the launch's objects
-        callbacks = {type(callback): callback for callback in launches[name].callbacks}
+        callbacks = {type(callback): callback for callback in spec_callbacks(launches[name])}
         assert Path(callbacks[ModelCheckpoint].dirpath) == out / "checkpoints"
         assert callbacks[RoutingStatsCallback].save_dir == out
         label = "pretrain mhmoe" if name == "pretrain" else f"fine-tune {name}"
@@ -161,15 +164,15 @@ def test_stage_launches_point_the_shipped_configs_at_the_run_directory(tmp_path)
 def test_a_prediction_launch_reads_the_fine_tuning_checkpoint_and_writes_where_asked(tmp_path):
     run = PipelineRun(tmp_path, FAST)
     layout = run.finetuning("mhmoe", "vqav2")
-    fit = stage_launches(run)["vqav2"]
-    predict = predict_launch(fit, layout, run.shards / "vqav2-val2014", layout.predictions("answers.json"))
-    config = predict.config()
+    fit = stage_specs(run)["vqav2"]
+    predict = predict_spec(fit, run.shards / "vqav2-val2014", layout.predictions("answers.json"))
+    config = read_spec(predict)
     assert config.ckpt_path == str(layout.last_checkpoint) and config.trainer.logger is False
     assert config.model.init_args.predictions_file == str(layout.root / "answers.json")
     assert config.data.init_args.test_shards == str(run.shards / "vqav2-val2014")
     recorded = json.loads(json.dumps(predict.to_json()))  # what the marker records, after parsing too
-    assert recorded["overrides"]["ckpt_path"] == str(layout.last_checkpoint)
-    assert recorded["overrides"]["trainer"]["logger"] is False and recorded["subcommand"] == "predict"
+    assert recorded["checkpoint"] == str(layout.last_checkpoint)
+    assert recorded["trainer"]["logged"] is False and recorded["subcommand"] == "predict"
 
 
 def test_retrieval_is_predicted_on_the_flickr30k_test_split_into_an_embeddings_file(tmp_path):
@@ -177,8 +180,7 @@ def test_retrieval_is_predicted_on_the_flickr30k_test_split_into_an_embeddings_f
     layout = run.finetuning("mhmoe", "retrieval")
     benchmark = next(b for b in BENCHMARKS if b.name == "retrieval")
     predictions = layout.predictions(benchmark.predictions)
-    config = predict_launch(stage_launches(run)["retrieval"], layout, run.shards / benchmark.eval_split, predictions)
-    config = config.config()
+    config = read_spec(predict_spec(stage_specs(run)["retrieval"], run.shards / benchmark.eval_split, predictions))
     assert config.model.class_path == "mmoe.tasks.retrieval.RetrievalFineTuning"
     assert config.model.init_args.predictions_file == str(layout.root / "test_embeddings.pt")
     assert config.data.init_args.test_shards == str(run.shards / "flickr30k-karpathy-test")
@@ -581,8 +583,9 @@ def test_a_moe_override_changes_only_its_fields_of_the_variants_plan(tmp_path):
     """``moe={"num_experts": 32}`` on the Switch configs keeps their linear router (a dict replacing the whole plan
     once turned a 32-expert Switch run into X-MoE, the plan's default router)."""
     run = PipelineRun(tmp_path, FAST)
-    switch = pretrain_launch(run, "switch", run.pretraining("switch"), moe={"num_experts": 32}).config()
+    steps = run.settings.pretrain_steps
+    switch = read_spec(pretrain_spec(run, "switch", run.pretraining("switch"), steps, moe={"num_experts": 32}))
     moe = switch.model.init_args.backbone.moe
     assert (moe.num_experts, moe.router, moe.top_k) == (32, "linear", 1)
-    mhmoe = pretrain_launch(run, "mhmoe", run.pretraining("mhmoe"), moe={"num_experts": 32, "heads": 8}).config()
+    mhmoe = read_spec(pretrain_spec(run, "mhmoe", run.pretraining("mhmoe"), steps, moe={"num_experts": 32, "heads": 8}))
     assert (mhmoe.model.init_args.backbone.moe.heads, mhmoe.model.init_args.backbone.moe.router) == (8, "xmoe")

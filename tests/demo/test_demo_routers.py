@@ -13,12 +13,13 @@ import torch
 import yaml
 
 from mmoe.cli import main
+from mmoe.config.run_spec import read_spec
 from mmoe.demo.command import parse
 from mmoe.demo.recipe import variant_stages
 from mmoe.model import MoEPlan, MultiwayTransformer
 from mmoe.model.config import config_from_dict
 from mmoe.moe.router import Router
-from mmoe.pipeline import CONFIGS, VARIANTS, PipelineRun, finetune_launch, pretrain_launch
+from mmoe.pipeline import CONFIGS, VARIANTS, PipelineRun, finetune_spec, pretrain_spec
 from mmoe.pipeline.settings import DEMO_FAST as FAST
 from mmoe.runtime.checkpoint import export_backbone
 from mmoe.runtime.layout import RunLayout
@@ -39,7 +40,7 @@ def test_a_router_variant_runs_every_stage_of_the_demo_on_its_tiny_part(tmp_path
     assert [str(stage.key) for stage in stages] == [f"{variant}/{name}" for name in reference]
     assert stages[-1].output.parent == run.variant_folder(variant) / "figures"
 
-    config = pretrain_launch(run, variant, run.pretraining(variant)).config()
+    config = read_spec(pretrain_spec(run, variant, run.pretraining(variant), FAST.pretrain_steps))
     part = yaml.safe_load((CONFIGS / "pretrain" / "tiny" / f"{variant}.yaml").read_text())
     moe = config.model.init_args.backbone.moe
     for field, value in part["model"]["init_args"]["backbone"]["moe"].items():
@@ -65,15 +66,15 @@ def test_captioning_of_an_expert_choice_backbone_is_fine_tuned_under_dropless_to
     under dropless token choice, the backbone's weights loaded unchanged; the other tasks keep its routing."""
     run = PipelineRun(tmp_path, FAST)
     backbone = checkpoint(tmp_path / "backbone.pt", tiny_part_plan("expert_choice"), 0)
-    launch = finetune_launch(run, CaptioningFineTuning, {}, backbone, RunLayout(tmp_path / "captioning"))
-    config = launch.overrides["model"]["init_args"]["backbone"]
+    spec = finetune_spec(run, CaptioningFineTuning, {}, backbone, RunLayout(tmp_path / "captioning"), 10)
+    config = spec.model.backbone
     assert (config["moe"]["routing"], config["moe"]["capacity_factor"]) == ("token_choice", None)
-    assert launch.config().model.init_args.backbone.moe.routing == "token_choice"  # as mmoe fit parses it
+    assert read_spec(spec).model.init_args.backbone.moe.routing == "token_choice"  # as mmoe fit parses it
     task = CaptioningFineTuning(backbone=config_from_dict(config), pretrained=str(backbone))
     exported = torch.load(backbone, weights_only=True)["state_dict"]
     assert all(torch.equal(task.backbone.state_dict()[name], exported[name]) for name in exported)
-    vqa = finetune_launch(run, VQAFineTuning, {}, backbone, RunLayout(tmp_path / "vqa"))
-    assert vqa.overrides["model"]["init_args"]["backbone"] is None
+    vqa = finetune_spec(run, VQAFineTuning, {}, backbone, RunLayout(tmp_path / "vqa"), 10)
+    assert vqa.model.backbone is None and read_spec(vqa).model.init_args.backbone is None
 
 
 def draw(out, checkpoints, images, data) -> set[str]:

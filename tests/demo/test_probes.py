@@ -7,7 +7,8 @@ import csv
 
 import pytest
 
-from mmoe.pipeline import PipelineRun, pretrain_launch
+from mmoe.config.run_spec import read_spec
+from mmoe.pipeline import PipelineRun, pretrain_spec
 from mmoe.pipeline.launch import metrics_csv
 from mmoe.pipeline.probes import logged_probes, probes_text
 from mmoe.pipeline.settings import DEMO_FAST
@@ -52,7 +53,8 @@ def test_pooled_recall_has_the_chance_of_recall_and_a_tiny_set_caps_it_at_one():
 @pytest.mark.parametrize("probes", [False, True])
 def test_only_a_watched_pre_training_validates_on_the_probe_pairs_batches_and_logs_to_tensorboard(tmp_path, probes):
     run = PipelineRun(tmp_path, DEMO_FAST)
-    trainer = pretrain_launch(run, "mhmoe", run.pretraining("mhmoe"), watched=probes).config().trainer
+    spec = pretrain_spec(run, "mhmoe", run.pretraining("mhmoe"), DEMO_FAST.pretrain_steps, watched=probes)
+    trainer = read_spec(spec).trainer
     batches = -(-DEFAULT_PROBE_PAIRS // DEMO_FAST.batch_size) if probes else 0
     assert trainer.limit_val_batches == batches and trainer.val_check_interval == DEMO_FAST.pretrain_steps
     loggers = [logger.class_path.rsplit(".", 1)[-1] for logger in trainer.logger]

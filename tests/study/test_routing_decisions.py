@@ -173,10 +173,9 @@ def test_the_image_bootstrap_resamples_images_and_matches_a_direct_loop():
 
 
 def test_every_routing_run_has_its_seed_and_a_constant_learning_rate_after_the_warm_up(tmp_path):
-    from mmoe.pipeline.launch import pretrain_launch
-    from mmoe.runtime.layout import RunLayout
+    from mmoe.config.run_spec import read_spec
     from mmoe.runtime.optimizer import warmup_cosine
-    from mmoe.study.runs import StudyRun, pretrainings, seeded_launch
+    from mmoe.study.runs import StudyRun, pretraining_spec, pretrainings
 
     runs = {run.name: run for run in pretrainings(DEFAULT)}
     arms = [name for name in runs if name.endswith(("-seed0", "-seed1", "-seed2")) and "demo" not in name]
@@ -184,8 +183,7 @@ def test_every_routing_run_has_its_seed_and_a_constant_learning_rate_after_the_w
     assert {(runs[name].steps, runs[name].min_lr_ratio) for name in arms} == {(100, 1.0)}
     run = runs["xmoe-e32-seed1"]
     study = StudyRun(tmp_path, DEFAULT.training)
-    launch = pretrain_launch(study, run.variant, RunLayout(tmp_path / run.name), run.steps, [], dict(run.moe))
-    config = seeded_launch(launch, run.seed, run.min_lr_ratio).config()
+    config = read_spec(pretraining_spec(study, run))
     optimizer = config.model.init_args.optimizer
     assert config.seed_everything == 1 and optimizer.min_lr_ratio == 1.0
     assert optimizer.warmup_steps == 30 and optimizer.learning_rate == pytest.approx(1e-3)  # the config's, kept
