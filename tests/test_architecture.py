@@ -278,3 +278,27 @@ def test_modules_and_functions_stay_within_their_sizes():
 def test_the_formatter_is_switched_off_for_tables_only():
     skips = sum(text.count("# fmt: skip") for text in sources().values())
     assert skips <= MAX_FORMAT_SKIPS, f"{skips} '# fmt: skip' lines in mmoe/: split at a seam instead"
+
+
+#: Where a dict with LightningCLI's ``init_args`` key may be written: the config package (a RunSpec's options), and
+#: the ``task`` entry of an ``mmoe export`` folder's ``config.json`` (a file format of its own, read by the catalog).
+INIT_ARGS_WRITERS = ("mmoe.config", "mmoe.commands.export")
+
+
+def init_args_writers(modules: dict[str, str]) -> list[str]:
+    """``module:line`` of each dict literal with an ``init_args`` key in ``modules`` (name -> source)."""
+    return [
+        f"{module}:{node.lineno}"
+        for module, text in modules.items()
+        for node in ast.walk(ast.parse(text))
+        if isinstance(node, ast.Dict)
+        and any(isinstance(key, ast.Constant) and key.value == "init_args" for key in node.keys)
+    ]
+
+
+def test_only_the_config_package_writes_lightning_cli_s_init_args():
+    modules = {module_name(path): path.read_text() for path in sorted(PACKAGE.rglob("*.py"))}
+    outside = [place for place in init_args_writers(modules) if not within(place.split(":")[0], *INIT_ARGS_WRITERS)]
+    assert outside == []
+    launch = {"mmoe.pipeline.example": 'overrides = {"model": {"init_args": {"optimizer": {"learning_rate": 1.0}}}}'}
+    assert init_args_writers(launch) == ["mmoe.pipeline.example:1"]  # the check sees such a dict
