@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 import sys
-import warnings
 from functools import partial
 from pathlib import Path
 from typing import Literal
@@ -272,8 +271,6 @@ class MaskedPretraining(BackboneTask):
         workers (how the two places compare: docs/benchmarks.md, ``benchmarks/vqkd_targets.py``), else in
         the task, on the run's device."""
         super().setup(stage)
-        if self.probe_collector is not None:  # the first process alone logs the probes: nothing to gather
-            warnings.filterwarnings("ignore", message=r"It is recommended to use `self\.log\('val/probe/")
         datamodule = self.trainer.datamodule
         if self._vqkd and codes_in_loader(self.trainer.strategy.root_device, datamodule):
             datamodule.image_targets = partial(vqkd_codes, self._vqkd[0])
@@ -306,7 +303,10 @@ class MaskedPretraining(BackboneTask):
             return
         embeddings = self.probe_collector.finish(self.probe_encoder(), self.device)
         if embeddings is not None:
-            self.log_dict(probe_metrics(embeddings), rank_zero_only=True, batch_size=len(embeddings.image_ND))
+            # The first process alone logs the probes: with rank_zero_only the sync is a no-op, and sync_dist tells
+            # Lightning so (without it, it advises gathering them across the processes).
+            metrics = probe_metrics(embeddings)
+            self.log_dict(metrics, rank_zero_only=True, sync_dist=True, batch_size=len(embeddings.image_ND))
 
 
 #: The option that names the VQ-KD tokenizer file, as its errors and report name it.
