@@ -27,7 +27,7 @@ from mmoe.config.ckpt_hparams import (
     stored_by_design,
     without_keys,
 )
-from mmoe.config.overrides import Overrides, model_argument_names, overrides_under_class_paths
+from mmoe.config.overrides import Overrides, model_argument_names, overrides_for
 from mmoe.config.safety import install_config_safety, parse_errors_in_one_line
 from mmoe.io import one_line, report_error
 from mmoe.runtime.checkpoint_saving import checkpoint_saving_arguments
@@ -171,10 +171,9 @@ class MMoECLI(HookedLightningCLI):
         ):
             super().parse_arguments(parser, args)
             subcommand = self.config["subcommand"]
-            overrides = self.overrides(self.config[subcommand]) if callable(self.overrides) else self.overrides
+            overrides = overrides_for(self.overrides, self.config[subcommand])
             if overrides:
                 self.command_line_model_arguments |= model_argument_names(overrides)
-                overrides = overrides_under_class_paths(overrides, self.config[subcommand])
                 self.config = parser.parse_object({subcommand: overrides}, self.config)
 
     def fail(self, message: str) -> NoReturn:

@@ -17,7 +17,7 @@ import lightning as L
 from jsonargparse import ArgumentError, Namespace
 
 from mmoe.config.cli import MMoECLI, cli_arguments
-from mmoe.config.overrides import Overrides, overrides_under_class_paths
+from mmoe.config.overrides import Overrides, overrides_for
 from mmoe.config.safety import config_error_line
 
 
@@ -59,11 +59,9 @@ def read_config(
             )
         except ArgumentError as error:
             raise ValueError(f"{', '.join(map(str, configs))}: {config_error_line(error)}") from None
-    if callable(overrides):
-        overrides = overrides(parsed.config[subcommand])
+    overrides = overrides_for(overrides, parsed.config[subcommand])
     if not overrides:
         return parsed.config
-    overrides = overrides_under_class_paths(overrides, parsed.config[subcommand])
     try:
         return parsed.parser.parse_object({subcommand: overrides}, parsed.config)
     except ArgumentError as error:

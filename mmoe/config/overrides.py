@@ -41,3 +41,10 @@ def overrides_under_class_paths(overrides: Mapping[str, Any], config: Namespace)
         if name in overrides and "class_path" not in overrides[name]:
             overrides[name] = {"class_path": config[name].class_path, **overrides[name]}
     return overrides
+
+
+def overrides_for(overrides: Overrides | None, config: Namespace) -> dict[str, Any]:
+    """The options ``overrides`` lay over ``config`` (one subcommand's, parsed), under its class paths: the function's
+    result where ``overrides`` is one; {} for none."""
+    options = overrides(config) if callable(overrides) else overrides
+    return overrides_under_class_paths(options, config) if options else {}

@@ -25,16 +25,13 @@ from mmoe.config.cli import TENSORBOARD_LOGGER, MMoECLI
 from mmoe.config.extends import merged
 from mmoe.config.launch import read_config, run_lightning
 from mmoe.runtime.layout import RunLayout
-from mmoe.runtime.optimizer import OptimizerConfig
+from mmoe.runtime.optimizer import check_optimizer_fields
 from mmoe.runtime.routing_callback import RoutingStatsCallback
 from mmoe.runtime.run_logs import CSV_LOGGER
 
 #: The version folder of a run's logs (``csv/version_0``, ``tensorboard/version_0``): one per run folder, continued
 #: across a resume.
 LOG_VERSION = 0
-
-#: The fields of :class:`mmoe.runtime.optimizer.OptimizerConfig`, which :attr:`RunSpec.optimizer` may set.
-OPTIMIZER_FIELDS = frozenset(field.name for field in dataclasses.fields(OptimizerConfig))
 
 
 @dataclass(frozen=True)
@@ -122,9 +119,7 @@ class RunSpec:
     options: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        unknown = sorted(set(self.optimizer) - OPTIMIZER_FIELDS)
-        if unknown:
-            raise ValueError(f"RunSpec.optimizer: {unknown[0]!r} is not an OptimizerConfig field")
+        check_optimizer_fields(self.optimizer, "RunSpec.optimizer")
 
     def to_json(self) -> dict[str, Any]:
         """The spec as JSON values (what a pipeline's stage marker records), callbacks by class name."""

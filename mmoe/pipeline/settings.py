@@ -12,10 +12,7 @@ from pathlib import Path
 
 from mmoe.io import read_json, write_json
 from mmoe.pipeline.stages import PipelineError
-from mmoe.runtime.optimizer import OptimizerConfig
-
-#: The options of ``model.init_args.optimizer`` a pipeline may set per fine-tuning task.
-OPTIMIZER_FIELDS = frozenset(field.name for field in dataclasses.fields(OptimizerConfig))
+from mmoe.runtime.optimizer import check_optimizer_fields
 
 
 @dataclass(frozen=True)
@@ -63,9 +60,7 @@ class TrainingSettings:
 
     def __post_init__(self) -> None:
         for task, options in self.finetune_optimizer.items():
-            unknown = sorted(set(options) - OPTIMIZER_FIELDS)
-            if unknown:
-                raise ValueError(f"finetune_optimizer[{task!r}]: {unknown[0]!r} is not an OptimizerConfig field")
+            check_optimizer_fields(options, f"finetune_optimizer[{task!r}]")
 
     def steps(self, task: str) -> int:
         return self.finetune_steps[task]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,6 +94,14 @@ PRETRAINING_OPTIMIZER = OptimizerConfig(learning_rate=1e-3, betas=(0.9, 0.98), e
 
 #: The fields of :class:`OptimizerConfig`: flat task arguments of checkpoints written before the ``optimizer`` config.
 OPTIMIZER_FIELDS = tuple(field.name for field in dataclasses.fields(OptimizerConfig))
+
+
+def check_optimizer_fields(options: Mapping[str, Any], where: str) -> None:
+    """Raises ValueError naming ``where`` and the first name of ``options`` that is not an :class:`OptimizerConfig`
+    field (options that set some of its fields over a config's)."""
+    unknown = sorted(set(options) - set(OPTIMIZER_FIELDS))
+    if unknown:
+        raise ValueError(f"{where}: {unknown[0]!r} is not an OptimizerConfig field")
 
 
 def nest_optimizer_arguments(hparams: dict[str, Any]) -> dict[str, Any]:
