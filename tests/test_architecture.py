@@ -78,6 +78,11 @@ RULES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
         ("mmoe.model", "mmoe.viz", *TRAINING, *TOP, *LIGHTNING),
         ("mmoe.data.datamodules",),
     ),
+    "mmoe.routing draws pixels with numpy alone": (
+        "mmoe.routing",
+        ("matplotlib", "mmoe.moe", "mmoe.model", "mmoe.data", "mmoe.metrics", "mmoe.viz", *TRAINING, *TOP, *LIGHTNING),
+        (),
+    ),
     "mmoe.viz reads backbones through their public API": (
         "mmoe.viz",
         ("mmoe.model.layers", "mmoe.tasks", "mmoe.config", *TOP, *LIGHTNING),
@@ -85,7 +90,7 @@ RULES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     ),
     "mmoe.runtime knows no task, config or figure": (
         "mmoe.runtime",
-        ("mmoe.tasks", "mmoe.config", "mmoe.viz", *TOP),
+        ("mmoe.tasks", "mmoe.config", "mmoe.viz", "matplotlib", *TOP),
         (),
     ),
     "mmoe.tasks are not configured, drawn or run by a pipeline": ("mmoe.tasks", ("mmoe.config", "mmoe.viz", *TOP), ()),

@@ -6,11 +6,13 @@ on global rank 0. Two tiers (``RoutingStatsCallback(tier=...)``):
 
 * ``brief`` (the default): the scalars per MoE layer and modality (:data:`LAYER_SCALARS`, through ``log_dict``, so
   every logger, CSV included, gets them) and one image, ``{prefix}/load_heatmap`` (layers x experts per modality,
-  :func:`mmoe.runtime.routing_images.load_heatmap`).
+  :func:`mmoe.routing.render.load_heatmap`).
 * ``detailed``: also, per MoE layer and modality, ``{prefix}/{key}/expert_load`` (a histogram with one bucket per
   expert holding the choices it took in the window) and ``{prefix}/{key}/utilisation`` (the distribution of the
   experts' load over the uniform share), and one image ``{prefix}/subtoken_maps`` (the sub-token diversity maps of a
   few held-out images fixed at the start of the fit, MH-MoE Fig. 1b; :class:`HeldOutImages`).
+
+The images are :mod:`mmoe.routing.render`'s arrays, the pixels ``mmoe viz`` shows with axes and labels afterwards.
 
 Per-expert values never become scalar keys: the number of keys depends on the MoE layers, never on the experts
 (:func:`metric_key_bound`: at most ``len(LAYER_SCALARS) * K + 1`` scalars, 2 images and ``2 * K`` histograms for K
@@ -33,9 +35,10 @@ import numpy as np
 import torch
 from lightning.pytorch.loggers import Logger, TensorBoardLogger, WandbLogger
 
+from mmoe.data.transforms import denormalize
 from mmoe.metrics.routing import image_diversity_maps
 from mmoe.model import MultiwayTransformer
-from mmoe.runtime.routing_images import load_heatmap, subtoken_map_grid, utilisation
+from mmoe.routing.render import diversity_grid, load_heatmap, utilisation
 
 Tier = Literal["brief", "detailed"]
 TIERS: tuple[Tier, ...] = ("brief", "detailed")
@@ -60,6 +63,8 @@ LAYER_HISTOGRAMS = ("expert_load", "utilisation")
 IMAGES: dict[str, tuple[str, ...]] = {"brief": ("load_heatmap",), "detailed": ("load_heatmap", "subtoken_maps")}
 #: Bucket edges of the utilisation histogram: 0 (dead) to 4 x the uniform share, busier experts in the last bucket.
 UTILISATION_EDGES = np.linspace(0.0, 4.0, 17)
+#: The side of one tile of the sub-token maps: held-out images are shrunk to it (smaller ones keep their size).
+TILE_SIDE = 96
 
 
 def metric_key_bound(layer_keys: int, tier: Tier) -> int:
@@ -92,6 +97,15 @@ def first_images(batch: Any, limit: int) -> torch.Tensor | None:
     return None
 
 
+def image_pixels(images: torch.Tensor, side: int) -> np.ndarray:
+    """(N, s, s, 3) uint8 with s = min(S, ``side``): normalised images (N, 3, S, S), as the model saw them, shrunk by
+    area averaging when they are larger than ``side``."""
+    pixels = denormalize(images.detach().float().cpu()).clamp(0.0, 1.0)
+    if pixels.shape[-1] > side:
+        pixels = torch.nn.functional.interpolate(pixels, size=(side, side), mode="area")
+    return np.round(pixels.permute(0, 2, 3, 1).numpy() * 255).astype(np.uint8)
+
+
 class HeldOutImages:
     """A few held-out images fixed once per fit (the first ``limit`` of the first validation batch that has images:
     the sanity check's, or the first validation's without one) and their sub-token diversity maps under the model
@@ -110,9 +124,10 @@ class HeldOutImages:
 
     @torch.no_grad()
     def diversity_grid(self, trainer: L.Trainer, pl_module: L.LightningModule) -> np.ndarray | None:
-        """The images x layers grid of their sub-token maps (:func:`subtoken_map_grid`) under the current weights,
-        in eval mode under the trainer's precision; None without images or an image-routing MoE layer. Every rank
-        runs the forward (a sharded backbone needs them all); the caller logs rank 0's."""
+        """The images x layers grid of their sub-token maps under the current weights (:func:`diversity_grid` over
+        their :func:`image_pixels` at :data:`TILE_SIDE`), in eval mode under the trainer's precision; None without
+        images or an image-routing MoE layer. Every rank runs the forward (a sharded backbone needs them all); the
+        caller logs rank 0's."""
         backbone = next((m for m in pl_module.modules() if isinstance(m, MultiwayTransformer)), None)
         if self.images is None or backbone is None or backbone.config.moe is None:
             return None
@@ -128,7 +143,7 @@ class HeldOutImages:
         if not maps:
             return None
         maps_np = {key: value.cpu().numpy() for key, value in maps.items()}
-        return subtoken_map_grid(self.images, maps_np, backbone.config.moe.heads)
+        return diversity_grid(image_pixels(self.images, TILE_SIDE), maps_np, backbone.config.moe.heads)
 
 
 @dataclass

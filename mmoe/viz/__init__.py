@@ -1,4 +1,5 @@
-"""Routing figures drawn from saved or computed routing statistics (matplotlib, Agg; never inside ``forward``).
+"""Routing figures drawn from saved or computed routing statistics (matplotlib, Agg; never inside ``forward``). The
+heatmap's and the sub-token maps' pixels are :mod:`mmoe.routing.render`'s, those the training logger sends.
 
 * :mod:`mmoe.viz.maps` — sub-token assignment-diversity maps per patch / text token (MH-MoE Fig. 1b, 8, 10).
 * :mod:`mmoe.viz.plots` — expert-activation heatmap (MH-MoE Fig. 5), load bars, activation-ratio curve.

@@ -1,19 +1,20 @@
-"""Shared figure plumbing: Agg-only figures (no pyplot state) and atomic PNG writes."""
+"""Shared figure plumbing: Agg-only figures (no pyplot state), atomic PNG writes, and the colour bars of the
+routing images, whose pixels :mod:`mmoe.routing.render` makes."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
-import matplotlib
 import numpy as np
+from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.colors import BoundaryNorm, Colormap
+from matplotlib.cm import ScalarMappable
+from matplotlib.colors import BoundaryNorm, ListedColormap, Normalize
 from matplotlib.figure import Figure
 
 from mmoe.atomic import atomic_write
-
-#: Sequential colour map of the routing figures: dark = few experts / low load, bright = many / high.
-COLORMAP = "inferno"
+from mmoe.routing.render import HEATMAP_TOP, count_colours, palette
 
 
 def new_figure(width: float, height: float) -> Figure:
@@ -28,9 +29,15 @@ def save_figure(figure: Figure, path: str | Path, dpi: int = 120) -> Path:
     return atomic_write(path, lambda temporary: figure.savefig(temporary, format="png", dpi=dpi))
 
 
-def count_scale(max_count: int) -> tuple[Colormap, BoundaryNorm, list[int]]:
-    """A discrete colour scale for integer counts 1..max_count (0 and masked cells drawn grey / white)."""
-    max_count = max(int(max_count), 1)
-    cmap = matplotlib.colormaps[COLORMAP].resampled(max(max_count, 2)).with_extremes(under="#bbbbbb", bad="white")
-    norm = BoundaryNorm(np.arange(0.5, max_count + 1.5), cmap.N)
-    return cmap, norm, list(range(1, max_count + 1))
+def load_colorbar(figure: Figure, axes: Axes | Sequence[Axes], label: str) -> None:
+    """The heatmap's scale: the renderer's palette over 0..:data:`HEATMAP_TOP` (busier experts at the top colour)."""
+    mappable = ScalarMappable(Normalize(0.0, HEATMAP_TOP), ListedColormap(palette() / 255))
+    figure.colorbar(mappable, ax=axes, extend="max", label=label)
+
+
+def count_colorbar(figure: Figure, axes: Axes | Sequence[Axes], max_count: int, label: str, **options) -> None:
+    """The diversity maps' scale: one band per count 1..``max_count``, each in the colour the renderer gives it."""
+    counts = np.arange(1, max(int(max_count), 1) + 1)
+    colours = ListedColormap(count_colours(counts, max_count) / 255)
+    mappable = ScalarMappable(BoundaryNorm(np.arange(0.5, counts.size + 1.5), colours.N), colours)
+    figure.colorbar(mappable, ax=axes, ticks=counts, label=label, **options)

@@ -1,4 +1,5 @@
-"""Expert-load figures: activation heatmap layer × expert (MH-MoE Fig. 1a, 5), load bars, activation-ratio curve.
+"""Expert-load figures: activation heatmap layer × expert (MH-MoE Fig. 1a, 5; the pixels of
+:mod:`mmoe.routing.render`), load bars, activation-ratio curve.
 
 All take the per-layer expert loads ``{"layer{i}/{modality}": (E,) counts}`` accumulated by
 :class:`mmoe.metrics.routing.RoutingTotals` or saved by :class:`mmoe.runtime.routing_callback.RoutingStatsCallback`,
@@ -16,6 +17,7 @@ from pathlib import Path
 import matplotlib
 import numpy as np
 import torch
+from matplotlib.figure import Figure
 
 from mmoe.metrics.routing import (
     DEFAULT_ACTIVATION_THRESHOLD,
@@ -25,7 +27,8 @@ from mmoe.metrics.routing import (
     selection_frequency,
     sort_keys,
 )
-from mmoe.viz.figures import COLORMAP, new_figure, save_figure
+from mmoe.routing.render import heatmap_panels, palette
+from mmoe.viz.figures import load_colorbar, new_figure, save_figure
 
 
 def _frequency(loads: Mapping[str, torch.Tensor], tokens: Mapping[str, float] | None, key: str) -> torch.Tensor:
@@ -37,13 +40,6 @@ def _frequency_label(tokens: Mapping[str, float] | None) -> str:
     return "selections per 100 tokens" if tokens is not None else "share of the layer's choices (%)"
 
 
-def _by_modality(loads: Mapping[str, torch.Tensor]) -> dict[str, list[str]]:
-    groups: dict[str, list[str]] = {}
-    for key in sort_keys(loads):
-        groups.setdefault(key.partition("/")[2], []).append(key)
-    return groups
-
-
 def draw_activation_heatmap(
     loads: Mapping[str, torch.Tensor],
     path: str | Path,
@@ -51,43 +47,52 @@ def draw_activation_heatmap(
     title: str = "Expert activation",
     tokens: Mapping[str, float] | None = None,
 ) -> Path:
-    """Heatmap layer × expert per modality: each expert's selections per 100 tokens (MH-MoE Fig. 5; the share of its
-    layer's choices without ``tokens``).
+    """Write :func:`activation_heatmap_figure` to ``path``."""
+    return save_figure(activation_heatmap_figure(loads, threshold, title, tokens), path)
 
-    The first MoE layer is at the top. Experts below the activation threshold are marked ×; each row's label gives
-    the layer's activation ratio.
+
+def activation_heatmap_figure(
+    loads: Mapping[str, torch.Tensor],
+    threshold: float = DEFAULT_ACTIVATION_THRESHOLD,
+    title: str = "Expert activation",
+    tokens: Mapping[str, float] | None = None,
+) -> Figure:
+    """Heatmap layer × expert per modality (MH-MoE Fig. 5): the panels of
+    :func:`mmoe.routing.render.heatmap_panels`, the pixels the training logger logs as ``routing/load_heatmap``
+    (each expert's load over the uniform share, on a fixed scale), one axes per panel.
+
+    The first MoE layer is at the top. Experts below the activation threshold (selections per token, MH-MoE's
+    definition; the share of the layer's choices without ``tokens``) are marked ×; each row's label gives the layer's
+    activation ratio.
     """
-    groups = _by_modality(loads)
-    max_experts = max(int(v.numel()) for v in loads.values())
-    max_rows = max(len(keys) for keys in groups.values())
-    panel_width = 2.2 + min(0.3 * max_experts, 7.0)
-    figure = new_figure(1.4 + panel_width * len(groups), max(3.0, 1.8 + 0.4 * max_rows))
-    axes = figure.subplots(1, len(groups), squeeze=False)[0]
-    peak = max(float(_frequency(loads, tokens, key).max()) for key in loads) * 100
-    mappable = None
-    ratios = {}
-    for ax, (modality, keys) in zip(axes, groups.items(), strict=True):
-        grid = np.full((len(keys), max_experts), np.nan)
-        for row, key in enumerate(keys):
-            share = _frequency(loads, tokens, key).numpy() * 100
-            grid[row, : share.size] = share
-            active = share >= threshold * 100 / share.size - 1e-10
-            ratios[key] = float(active.mean()) if share.sum() > 0 else 0.0
+    panels = heatmap_panels(loads, sort_keys(loads))
+    rows, experts = panels[0].cells
+    panel_width = 2.2 + min(0.3 * experts, 7.0)
+    figure = new_figure(1.4 + panel_width * len(panels), max(3.0, 1.8 + 0.4 * rows))
+    axes = figure.subplots(1, len(panels), squeeze=False)[0]
+    for ax, panel in zip(axes, panels, strict=True):
+        ax.imshow(panel.pixels, extent=(-0.5, experts - 0.5, rows - 0.5, -0.5), aspect="auto", interpolation="nearest")
+        labels = []
+        for row, key in enumerate(panel.keys):
+            share = _frequency(loads, tokens, key).numpy()
+            active = share >= threshold / share.size - 1e-12
+            ratio = float(active.mean()) if share.sum() > 0 else 0.0
+            labels.append(f"{key.partition('/')[0]} (AR {ratio:.0%})")
             dead = np.flatnonzero(~active)
             ax.scatter(dead, np.full(dead.size, row), marker="x", s=18, color="#4aa3ff", linewidths=1)
-        mappable = ax.imshow(grid, cmap=COLORMAP, vmin=0, vmax=max(peak, 1e-6), aspect="auto", interpolation="nearest")
-        labels = [f"{key.partition('/')[0]} (AR {ratios[key]:.0%})" for key in keys]
-        ax.set_yticks(range(len(keys)), labels, fontsize=8)
-        ax.set_xticks(range(max_experts), [str(e) for e in range(max_experts)], fontsize=7)
+        ax.set_xlim(-0.5, experts - 0.5)
+        ax.set_ylim(rows - 0.5, -0.5)
+        ax.set_yticks(range(len(panel.keys)), labels, fontsize=8)
+        ax.set_xticks(range(experts), [str(e) for e in range(experts)], fontsize=7)
         ax.set_xlabel("expert")
-        ax.set_title(modality, fontsize=9)
-    figure.colorbar(mappable, ax=list(axes), label=_frequency_label(tokens))
+        ax.set_title(panel.modality, fontsize=9)
+    load_colorbar(figure, list(axes), "load / uniform share")
     figure.suptitle(
         f"{title}\n× = expert below the activation threshold ({threshold:g} × 1/E"
         f"{' of the tokens' if tokens is not None else ' of the choices'}); AR = activation ratio",
         fontsize=9,
     )
-    return save_figure(figure, path)
+    return figure
 
 
 def draw_load_histograms(
@@ -108,7 +113,7 @@ def draw_load_histograms(
         counts = loads[key]
         share = _frequency(loads, tokens, key).numpy() * 100
         experts = np.arange(share.size)
-        ax.bar(experts, share, color=matplotlib.colormaps[COLORMAP](0.55))
+        ax.bar(experts, share, color=palette()[140] / 255)
         uniform = share.sum() / share.size
         ax.axhline(uniform, color="black", linestyle="--", linewidth=1, label="uniform load")
         threshold_level = threshold * 100 / share.size

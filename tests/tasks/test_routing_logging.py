@@ -23,9 +23,10 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from mmoe.metrics.routing import image_diversity_maps, record_key
 from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
+from mmoe.routing.render import HEATMAP_TOP, colour, diversity_grid, joined, load_heatmap, utilisation
 from mmoe.runtime.routing_callback import RoutingStatsCallback
-from mmoe.runtime.routing_images import HEATMAP_TOP, colour, load_heatmap, subtoken_map_grid, utilisation
-from mmoe.runtime.routing_logging import LAYER_SCALARS, first_images, metric_key_bound
+from mmoe.runtime.routing_logging import LAYER_SCALARS, TILE_SIDE, first_images, image_pixels, metric_key_bound
+from mmoe.viz.plots import activation_heatmap_figure
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -116,6 +117,10 @@ def test_tensorboard_gets_images_and_histograms_that_match_a_recount(tmp_path):
             cells = pixels[layer * 16 + 8, left + 8 : left + 8 * 16 : 16]  # each cell's centre
             want = utilisation(counts.numpy())
             assert np.array_equal(cells, colour(want, HEATMAP_TOP)), key
+    # the pixels mmoe viz shows for the same loads: its figure's panels, joined as the logger's image
+    figure = activation_heatmap_figure({key: counts.clone() for key, counts in recount.windows[-1].items()})
+    shown = [ax.get_images()[0].get_array() for ax in figure.axes if ax.get_images()]
+    assert len(shown) == 2 and np.array_equal(decoded(image), joined(shown, gap=8, axis=1))
     for key in keys:
         histograms = events.Histograms(f"routing/{key}/expert_load")
         assert [h.step for h in histograms] == steps
@@ -133,7 +138,8 @@ def test_tensorboard_gets_images_and_histograms_that_match_a_recount(tmp_path):
     with torch.no_grad():
         output = task.backbone(image=held_out[:HELD_OUT])
     grid = {k: v.numpy() for k, v in image_diversity_maps(output.routing, output.image_len).items()}
-    assert np.array_equal(decoded(maps[-1]), subtoken_map_grid(held_out[:HELD_OUT], grid, max_count=2))
+    pixels = image_pixels(held_out[:HELD_OUT], TILE_SIDE)
+    assert np.array_equal(decoded(maps[-1]), diversity_grid(pixels, grid, max_count=2))
 
     scalars = {tag for tag in events.Tags()["scalars"] if tag.startswith("routing/")}
     last = recount.windows[-1]["layer1/vision"]

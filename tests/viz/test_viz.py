@@ -12,10 +12,17 @@ import torch
 from PIL import Image
 
 from mmoe.cli import main
-from mmoe.metrics.routing import image_diversity_maps, inter_run_consistency
+from mmoe.metrics.routing import image_diversity_maps, inter_run_consistency, sort_keys
 from mmoe.metrics.routing_stats import STATS_FORMAT
-from mmoe.viz.maps import draw_patch_grid, draw_text_maps
-from mmoe.viz.plots import draw_activation_curve, draw_activation_heatmap, draw_load_histograms
+from mmoe.routing.render import diversity_grid, heatmap_panels
+from mmoe.viz.figures import save_figure
+from mmoe.viz.maps import draw_patch_grid, draw_text_maps, patch_grid_figure
+from mmoe.viz.plots import (
+    activation_heatmap_figure,
+    draw_activation_curve,
+    draw_activation_heatmap,
+    draw_load_histograms,
+)
 from tests.cli_fixtures import tiny_sentencepiece
 from tests.routing_fixtures import image_dir, make_checkpoint, record, shard
 
@@ -70,6 +77,54 @@ def test_load_figures_pixels_follow_the_loads(tmp_path, draw):
     again = draw(dict(balanced), tmp_path / "again.png")
     assert differ(a, b)
     assert not differ(a, again)
+
+
+def shown(figure) -> list[np.ndarray]:
+    """The arrays a figure's axes show with ``imshow`` (its colour bar has none)."""
+    return [image.get_array() for ax in figure.axes for image in ax.get_images()]
+
+
+def saved_colours(figure, ax, path, points) -> np.ndarray:
+    """The colours of the PNG ``figure`` was saved to at ``points`` (x, y) in ``ax``'s data coordinates."""
+    saved = pixels(path)
+    at = ax.transData.transform(np.asarray(points, dtype=float)) / [figure.bbox.width, figure.bbox.height]
+    columns = np.floor(at[:, 0] * saved.shape[1]).astype(int)
+    rows = np.floor((1 - at[:, 1]) * saved.shape[0]).astype(int)
+    return saved[rows, columns]
+
+
+def test_the_heatmap_figure_shows_the_renderer_s_pixels(tmp_path):
+    loads = {
+        "layer1/vision": torch.tensor([37, 1, 1, 1]),
+        "layer1/language": torch.tensor([5, 5, 5, 5]),
+        "layer3/vision": torch.tensor([10, 20, 0, 10]),
+    }
+    figure = activation_heatmap_figure(loads, tokens={key: 40.0 for key in loads})
+    panels = heatmap_panels(loads, sort_keys(loads))
+    assert len(shown(figure)) == len(panels) == 2
+    for array, panel in zip(shown(figure), panels, strict=True):
+        assert np.array_equal(array, panel.pixels)
+    path = save_figure(figure, tmp_path / "heatmap.png")
+    for ax, panel in zip((ax for ax in figure.axes if ax.get_images()), panels, strict=True):
+        rows, experts = panel.cells
+        cells = [(e, r) for r in range(rows) for e in range(experts)]
+        points = [(e + 0.3, r + 0.3) for e, r in cells]  # beside the centre, where a × may be drawn
+        colours = panel.pixels[:: panel.cell, :: panel.cell].reshape(-1, 3)  # a pixel of each cell, row by row
+        assert np.array_equal(saved_colours(figure, ax, path, points), colours)
+
+
+@pytest.mark.parametrize("overlay", [True, False])
+def test_the_patch_grid_figure_shows_the_renderer_s_pixels(tmp_path, overlay):
+    images = [np.full((32, 32, 3), level, dtype=np.uint8) for level in (40, 200)]
+    columns = {"layer 0": np.array([[[1, 2], [3, 4]], [[4, 4], [0, 1]]]), "layer 1": np.ones((2, 4, 4), dtype=int)}
+    figure = patch_grid_figure(images, columns, 4, "diversity", overlay=overlay, row_labels=["a.png", "b.png"])
+    (array,) = shown(figure)
+    assert np.array_equal(array, diversity_grid(images, columns, 4, overlay))
+    path = save_figure(figure, tmp_path / "grid.png")
+    points = [(x, y) for y in (8, 24, 42, 58) for x in (8, 24, 42, 58, 76, 92)]  # inside the 16-pixel cells
+    assert np.array_equal(
+        saved_colours(figure, figure.axes[0], path, points), array[[y for _, y in points], [x for x, _ in points]]
+    )
 
 
 # -- commands ------------------------------------------------------------------------------------------------------
