@@ -51,7 +51,9 @@ def load_checkpoint_file(
         raise ValueError(f"{what} {path} is not a file (expected {expected})")
     try:
         with warnings.catch_warnings(), torch.serialization.safe_globals(list(allowed)):
-            warnings.simplefilter("ignore")  # e.g. "Detected pickle protocol 4": the error below says it all
+            # torch's weights-only unpickler warns on every pickle protocol but 2, then reads protocol 3 and fails on
+            # 4 and 5 (which the error below names in one line): torch's own doubt, nothing the caller can act on.
+            warnings.filterwarnings("ignore", r"Detected pickle protocol \d+ in the checkpoint", UserWarning)
             state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # noqa: BLE001 - torch raises many types for a bad file; each is reported in one line
         refused = re.search(r"GLOBAL ([\w.]+)", str(error)) if isinstance(error, pickle.UnpicklingError) else None

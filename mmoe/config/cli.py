@@ -32,13 +32,13 @@ from mmoe.config.safety import install_config_safety, parse_errors_in_one_line
 from mmoe.io import one_line, report_error
 from mmoe.runtime.checkpoint_saving import checkpoint_saving_arguments
 from mmoe.runtime.layout import RunLayout
-from mmoe.runtime.lightning_internals import HookedLightningCLI, ignore_leaf_spec_deprecation
+from mmoe.runtime.lightning_internals import HookedLightningCLI, leaf_spec_deprecation_ignored
 from mmoe.runtime.non_finite import NonFiniteGuard, NonFiniteTraining, report_divergence
 from mmoe.runtime.optimizer import nest_optimizer_arguments
 from mmoe.runtime.preemption import with_preemption
 from mmoe.runtime.resume import LAST, checkpoint_folders, read_checkpoint
 from mmoe.runtime.routing_callback import RoutingStatsCallback
-from mmoe.runtime.run_lock import RunFolderLocks
+from mmoe.runtime.run_lock import RunFolderLocks, quiet_fresh_folder_warning
 from mmoe.runtime.run_logs import CSV_LOGGER, ContinueCSVLogs
 from mmoe.runtime.throughput import Throughput
 from mmoe.safe_load import require_finite_weights
@@ -123,7 +123,6 @@ class MMoECLI(HookedLightningCLI):
         names ``ckpt_path``, not a command line."""
         self.overrides = overrides
         install_config_safety()
-        ignore_leaf_spec_deprecation()
         self.run_folder_locks = RunFolderLocks()
         try:
             super().__init__(*args, **kwargs)
@@ -169,7 +168,9 @@ class MMoECLI(HookedLightningCLI):
         with parse_errors_in_one_line(
             [parser, *self.subcommand_parsers.values()], sys.argv[1:] if args is None else args
         ):
-            super().parse_arguments(parser, args)
+            # LightningCLI's parse, less its warning when ``args`` comes with a command line of the process's own:
+            # mmoe gives ``args`` from Python by design (the demo and pipeline run inside ``mmoe demo``'s process).
+            self.config = parser.parse_object(args) if isinstance(args, dict | Namespace) else parser.parse_args(args)
             subcommand = self.config["subcommand"]
             overrides = overrides_for(self.overrides, self.config[subcommand])
             if overrides:
@@ -188,7 +189,10 @@ class MMoECLI(HookedLightningCLI):
         weights that do not fit the model reported in one line."""
         try:
             self.run_folder_locks.hold(subcommand, self.subcommand_value(self.config, "trainer"), self.trainer_defaults)
-            super().run_subcommand(subcommand)
+            for callback in self.trainer.checkpoint_callbacks:
+                quiet_fresh_folder_warning(callback)
+            with leaf_spec_deprecation_ignored():  # around the trainer's threads too: see its thread-safety note
+                super().run_subcommand(subcommand)
         except (FileNotFoundError, ValueError) as error:
             cause = input_error(error)
             if cause is None:

@@ -9,7 +9,6 @@ values are typed by the tasks' and DataModules' signatures.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -49,16 +48,14 @@ def read_config(
         ValueError: a config that does not parse (the files and jsonargparse's reason, on one line).
     """
     argv = config_argv(configs, subcommand)
-    with warnings.catch_warnings():  # LightningCLI warns that these arguments are not the process's own
-        warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
-        # Without a data section too: a config read for its model (``mmoe upcycle``, ``mmoe info``) needs none.
-        try:
-            parsed = ParsedOnly(
-                **cli_arguments(args=argv, save_config_callback=None, datamodule_class=None),
-                parser_kwargs={"exit_on_error": False},
-            )
-        except ArgumentError as error:
-            raise ValueError(f"{', '.join(map(str, configs))}: {config_error_line(error)}") from None
+    # Without a data section too: a config read for its model (``mmoe upcycle``, ``mmoe info``) needs none.
+    try:
+        parsed = ParsedOnly(
+            **cli_arguments(args=argv, save_config_callback=None, datamodule_class=None),
+            parser_kwargs={"exit_on_error": False},
+        )
+    except ArgumentError as error:
+        raise ValueError(f"{', '.join(map(str, configs))}: {config_error_line(error)}") from None
     overrides = overrides_for(overrides, parsed.config[subcommand])
     if not overrides:
         return parsed.config
@@ -78,12 +75,10 @@ def run_lightning(
     ``{"ckpt_path": ...}`` resumes or predicts from a checkpoint) and ``callbacks`` added to the trainer's. Model
     arguments in ``overrides`` count as given on the command line: with a checkpoint they keep their value over the
     checkpoint's saved one. The config is parsed once, by the CLI that runs it (a parse takes about half a second)."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
-        return MMoECLI(
-            **cli_arguments(args=config_argv(configs, subcommand), trainer_defaults={"callbacks": list(callbacks)}),
-            overrides=overrides or {},
-        )
+    return MMoECLI(
+        **cli_arguments(args=config_argv(configs, subcommand), trainer_defaults={"callbacks": list(callbacks)}),
+        overrides=overrides or {},
+    )
 
 
 def config_argv(configs: Sequence[str | Path], subcommand: str) -> list[str]:

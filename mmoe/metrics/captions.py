@@ -135,6 +135,7 @@ def _meteor(gts: dict[Hashable, list[str]], res: dict[Hashable, list[str]]) -> f
     from pycocoevalcap.meteor.meteor import Meteor
 
     meteor_scorer = Meteor()
+    jar = meteor_scorer.meteor_p
     try:
         meteor, _ = meteor_scorer.compute_score(gts, res)
     except ValueError as error:  # the jar died: its empty reply is not a number
@@ -142,7 +143,9 @@ def _meteor(gts: dict[Hashable, list[str]], res: dict[Hashable, list[str]]) -> f
             meteor_scorer.lock.release()  # else Meteor.__del__ would wait on it forever
         raise ScorerUnavailableError(f"METEOR (meteor-1.5.jar) failed: {error}") from None
     finally:
-        del meteor_scorer  # Meteor.__del__ stops its Java process
+        del meteor_scorer  # Meteor.__del__ closes the jar's input, stops it and waits for it ...
+        jar.stdout.close()  # ... and leaves its output pipes open (a ResourceWarning each when collected)
+        jar.stderr.close()
     return float(meteor)
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,8 +70,7 @@ def score_captions(run: PipelineRun, predictions: Path) -> dict:
     # What `mmoe eval caption --karpathy ... --split test` computes, with the references and captions read once for
     # both the COCO metrics and the colour-word check.
     references, captions = caption_test_files(run, predictions)
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):  # pycocoevalcap prints its progress
-        warnings.simplefilter("ignore", ResourceWarning)
+    with contextlib.redirect_stdout(io.StringIO()):  # pycocoevalcap prints its progress
         report = coco_scores(references, captions, meteor=False, spice=False)  # the table shows neither
     scores = {name: value for name, value in report.items() if isinstance(value, float)}
     colours = word_precision(captions, references, COLORS)

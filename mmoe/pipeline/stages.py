@@ -126,7 +126,9 @@ def run_parallel(lanes: Sequence[Sequence[str]], run_lane: Callable[[tuple[str, 
     threads = str(max(1, (os.cpu_count() or 1) // jobs))
     context = multiprocessing.get_context("spawn")
     processes = {
-        " ".join(lane): context.Process(target=_run_lane, args=(run_lane, tuple(lane)), name=" ".join(lane))
+        " ".join(lane): context.Process(
+            target=_run_lane, args=(run_lane, tuple(lane), multiprocessing.get_start_method()), name=" ".join(lane)
+        )
         for lane in lanes
     }
     with _thread_environment(threads):  # a spawned interpreter reads them when it imports torch
@@ -156,10 +158,13 @@ def _thread_environment(threads: str) -> Iterator[None]:
                 os.environ[name] = value
 
 
-def _run_lane(run_lane: Callable[[tuple[str, ...]], None], lane: tuple[str, ...]) -> None:
+def _run_lane(run_lane: Callable[[tuple[str, ...]], None], lane: tuple[str, ...], start_method: str) -> None:
     """A lane's process: its stages, ending with exit status 1 and the one-line reason when one fails. Freed host
     memory is kept for reuse here, and the objects alive at exit are frozen, as the ``mmoe`` command does (a spawned
-    process starts with glibc's defaults and the interpreter's own shutdown)."""
+    process starts with glibc's defaults and the interpreter's own shutdown). Its DataLoader workers start as the
+    parent's do (``start_method``): a spawned process's default is spawn, under which every worker imports torch
+    again and Lightning warns to keep them alive."""
+    multiprocessing.set_start_method(start_method, force=True)
     keep_freed_memory()
     freeze_at_exit()
     try:

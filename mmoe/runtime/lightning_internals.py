@@ -13,13 +13,15 @@ that changes one fails that test, naming the API and the version.
   ``metrics.csv``.
 * :func:`save_last_checkpoint`: a ``ModelCheckpoint``'s last checkpoint saved now.
 * :func:`config_file_being_read`: the config file jsonargparse is reading.
-* :func:`ignore_leaf_spec_deprecation`: Lightning's own use of a deprecated torch class, kept off the console.
+* :func:`leaf_spec_deprecation_ignored`: Lightning's own use of a deprecated torch class, kept off the console
+  while a run's trainer runs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import lightning as L
@@ -124,12 +126,20 @@ def config_file_being_read() -> str:
     return stack[-1][0] if stack else ""
 
 
-def ignore_leaf_spec_deprecation() -> None:
-    """Keeps torch's deprecation of ``LeafSpec`` off the console: Lightning builds one for each dataloader of every
-    run (``lightning.pytorch.utilities._pytree``), which nothing in mmoe calls or can avoid."""
-    warnings.filterwarnings(
-        "ignore",
-        message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
-        category=FutureWarning,
-        module=r"lightning\.pytorch\.utilities\._pytree",
-    )
+@contextlib.contextmanager
+def leaf_spec_deprecation_ignored() -> Iterator[None]:
+    """Keeps torch's ``FutureWarning`` that ``LeafSpec`` is deprecated off the console while the block runs (a
+    trainer's ``fit``, ``validate``, ``test`` or ``predict``): Lightning builds one for each dataloader of every run
+    (its ``_tree_flatten`` in ``lightning.pytorch.utilities._pytree``), which nothing in mmoe calls or can avoid.
+
+    ``warnings.catch_warnings`` is not thread-safe: a thread that changes the warning filters while the block runs has
+    its change undone at the block's end, and the filter applies to every thread meanwhile (only to this message from
+    that module)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore",
+            message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+            category=FutureWarning,
+            module=r"lightning\.pytorch\.utilities\._pytree",
+        )
+        yield

@@ -20,7 +20,8 @@ that finds it removed under its lock (the holder released it meanwhile) locks af
 not keep its folder locked.
 
 A folder holding nothing but its lock file is a fresh run's: Lightning's warning that a checkpoint folder "exists and
-is not empty" is silenced for it until the locks are released; it is still given for a folder holding checkpoints.
+is not empty" is silenced for it, in the checkpoint callback's ``setup`` only (:func:`quiet_fresh_folder_warning`);
+it is still given for a folder holding checkpoints.
 
 Under DDP only global rank 0 takes the lock: the other ranks are part of the same run.
 """
@@ -44,10 +45,11 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import lightning as L
 from jsonargparse import Namespace
 from jsonargparse.typing import import_object
 from lightning.fabric.utilities.rank_zero import rank_zero_only
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from mmoe.io import one_line
 
@@ -286,7 +288,6 @@ class RunFolderLocks:
     def __init__(self) -> None:
         self.held: list[FolderLock] = []
         self.created: list[Path] = []  # folders made by hold, removed on release while still empty
-        self.quieted: list[tuple] = []  # warning filters added by hold (quiet_fresh_folder_warning)
 
     def hold(self, subcommand: str | None, trainer: Namespace, trainer_defaults: Mapping[str, Any]) -> None:
         """Locks the folders ``mmoe <subcommand>`` writes (:func:`run_folders`) with the parsed ``trainer`` config and
@@ -329,7 +330,6 @@ class RunFolderLocks:
         lock.acquire()
         self.held.append(lock)
         self.created += lock.created
-        self.quieted += quiet_fresh_folder_warning(folder)
 
     def _refuse_inside_another_run(self, folder: Path, what: str) -> None:
         """Raises when a folder above ``folder`` (its real path) holds a live lock that is not one of this command's:
@@ -345,28 +345,33 @@ class RunFolderLocks:
 
     def release(self) -> None:
         """Releases every lock held, last taken first, and removes the folders it made that are still empty (a run
-        that stopped before writing anything leaves no trace), and the warning filters it added."""
+        that stopped before writing anything leaves no trace)."""
         while self.held:
             self.held.pop().release()
-        for entry in self.quieted:
-            with contextlib.suppress(ValueError):  # gone already: the filters were put back (warnings.catch_warnings)
-                warnings.filters.remove(entry)
-        self.quieted = []
         for folder in sorted(self.created, key=lambda path: len(path.parts), reverse=True):
             with contextlib.suppress(OSError):
                 folder.rmdir()
         self.created = []
 
 
-def quiet_fresh_folder_warning(folder: Path) -> list[tuple]:
-    """Ignores ``ModelCheckpoint``'s warning that ``folder`` "exists and is not empty" while it holds nothing but its
-    lock file: a fresh run's folder, which the warning would otherwise flag on every fit, teaching to ignore it where
-    it matters (a folder holding another run's checkpoints). Returns the filter added, if any."""
-    if os.listdir(folder) != [LOCK_FILE]:
-        return []
-    names = "|".join(re.escape(name) for name in sorted({str(folder), os.path.realpath(folder)}))
-    warnings.filterwarnings("ignore", rf"Checkpoint directory ({names}) exists and is not empty\.\Z")
-    return [warnings.filters[0]]
+def quiet_fresh_folder_warning(callback: Callback) -> None:
+    """Keeps Lightning's warning that a ``ModelCheckpoint``'s folder "exists and is not empty" off while it holds only
+    its lock file, in the callback's ``setup`` (where Lightning warns): a fresh run's folder, which the warning would
+    flag on every fit, teaching to ignore it where it matters (a folder holding checkpoints, still warned about)."""
+    if not isinstance(callback, ModelCheckpoint) or callback.dirpath is None:
+        return
+    folder, setup = str(callback.dirpath), callback.setup
+
+    def setup_quietly(trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        with warnings.catch_warnings():
+            if os.path.isdir(folder) and os.listdir(folder) == [LOCK_FILE]:
+                names = "|".join(re.escape(name) for name in sorted({folder, os.path.realpath(folder)}))
+                warnings.filterwarnings(
+                    "ignore", rf"Checkpoint directory ({names}) exists and is not empty\.\Z", UserWarning
+                )
+            setup(trainer, pl_module, stage)
+
+    callback.setup = setup_quietly
 
 
 def global_rank_zero() -> bool:

@@ -29,7 +29,6 @@ batch first, so a token's routing would depend on the tokens after it.
 from __future__ import annotations
 
 import argparse
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -291,9 +290,7 @@ class CaptioningFineTuning(FineTuningTask):
         references = {i: o["references"] for i, o in outputs.items()}
         predictions = {i: o["caption"] for i, o in outputs.items()}
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", ResourceWarning)
-                scores = score_captions(references, predictions, spice=self.hparams.spice)
+            scores = score_captions(references, predictions, spice=self.hparams.spice)
         except ScorerUnavailableError as error:
             rank_zero_warn(f"caption metrics not computed: {error}")
             return

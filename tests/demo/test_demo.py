@@ -7,8 +7,12 @@ import dataclasses
 import functools
 import io
 import json
+import multiprocessing
 import os
+import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -379,6 +383,8 @@ def test_fine_tunings_form_groups_that_run_at_once_and_a_failed_group_is_named(t
     assert all(lane["faults"] < 5 * 9263 // 2 for lane in seen.values()), seen
     # ... and its objects frozen at exit (mmoe.process_exit)
     assert all(lane["freezes_at_exit"] for lane in seen.values()), seen
+    # ... and its DataLoader workers started as this process's are, not spawned (each importing torch again)
+    assert all(lane["start_method"] == multiprocessing.get_start_method() for lane in seen.values()), seen
 
     assert main(["demo", "--fast", "--out", str(tmp_path), "--stages", "mhmoe/nope"]) == 2
     assert "--stages mhmoe/nope: no stage of this run" in capfd.readouterr().err
@@ -395,22 +401,28 @@ def test_table_has_one_column_per_variant():
     assert both[0].split()[2:4] == ["xmoe", "mhmoe"] and "60.00" in both[1]
 
 
+#: A line a warning writes on stderr: Python's ``path.py:LINE: Category: message``, Lightning's ``path.py:LINE:
+#: message`` (its own format for its warnings), or any line naming a warning category (``...Warning``).
+WARNING_LINE = re.compile(r"^\S.*\.py:\d+: |Warning\b")
+
+
 @pytest.fixture(scope="module")
 def default_demo(tmp_path_factory):
-    """``mmoe demo`` (the default setting, its fine-tunings two at a time) run once: (output directory, results.json,
-    chance levels, printed text). The command is the one docs/tutorials/demo.md gives, read from the page
-    (tests/tutorial_commands.py) with only its ``--out`` pointed here, so this run is that tutorial's test
+    """``mmoe demo`` (the default setting, its fine-tunings two at a time) run once, as a process of its own as a
+    reader runs it (Python's default warning filters, its lanes' output on its stderr): (output directory,
+    results.json, chance levels, printed text, stderr). The command is the one docs/tutorials/demo.md gives, read from
+    the page (tests/tutorial_commands.py) with only its ``--out`` pointed here, so this run is that tutorial's test
     (tests/test_tutorials.py runs it nowhere else). The directory (about 1.3 GB of checkpoints and shards with
     ``--random-init``) is removed afterwards."""
     out = tmp_path_factory.mktemp("demo")
     argv = tutorial_demo_argv()
     argv[argv.index("--out") + 1] = str(out)
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        assert main(argv) == 0
+    environment = {name: value for name, value in os.environ.items() if name != "PYTHONWARNINGS"}
+    done = subprocess.run([sys.executable, "-m", "mmoe.cli", *argv], env=environment, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
     chance = json.loads((out / "data" / "synth.json").read_text())["chance"]
-    yield out, results, chance, printed.getvalue()
+    yield out, results, chance, done.stdout, done.stderr
     shutil.rmtree(out, ignore_errors=True)
 
 
@@ -421,7 +433,10 @@ def rows_of(results: dict) -> dict:
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_demo_scores_are_official_files_exist_and_a_rerun_reuses_stages(default_demo):
-    out, results, chance, printed = default_demo
+    out, results, chance, printed, errors = default_demo
+    # A normal run is quiet: no library warns on stderr. What is left there is mmoe's own accounting ("mmoe fit:
+    # samples skipped: none") and the PTB tokenizer's (Java) count of the tokens it read.
+    assert [line for line in errors.splitlines() if WARNING_LINE.search(line)] == []
     rows = rows_of(results)
     for task, _ in rows:
         assert task in printed

@@ -6,9 +6,11 @@ guard run without Java.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import stat
+import warnings
 
 import pytest
 
@@ -81,6 +83,18 @@ def test_score_captions_equals_pycocoevalcap(direct):
     assert scores["METEOR"] == pytest.approx(0.48079090983960665, rel=1e-9)  # pinned from meteor-1.5.jar
     if spice_module.spice_unavailable_reason() is not None:
         assert scores["SPICE"] is None and "\n" not in scores["SPICE_unavailable"]
+
+
+@pytest.mark.slow
+def test_scoring_with_meteor_leaves_no_pipe_of_its_jar_open():
+    """The METEOR jar's output pipes are closed once it is stopped: no ResourceWarning when they are collected."""
+    references = {image_id: REFERENCES[image_id] for image_id in PREDICTIONS}
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        scores = score_captions(references, PREDICTIONS, spice=False)
+        gc.collect()
+    assert scores["METEOR"] == pytest.approx(0.48079090983960665, rel=1e-9)
+    assert [f"{warning.category.__name__}: {warning.message}" for warning in shown] == []
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import sys
 import sysconfig
 import warnings
 from pathlib import Path
@@ -101,6 +102,18 @@ def test_a_run_prints_no_library_warning(tmp_path):
     libraries = Path(sysconfig.get_paths()["purelib"])
     printed = [f"{w.filename}:{w.lineno}: {w.message}" for w in shown if Path(w.filename).is_relative_to(libraries)]
     assert printed == []
+
+
+def test_a_config_read_inside_another_command_gives_no_warning(tmp_path, monkeypatch):
+    """``mmoe demo`` and the pipeline give the CLI its arguments from Python while the process has a command line of
+    its own, which LightningCLI warns about as a likely mistake; mmoe's CLI parses them without that warning."""
+    path = tmp_path / "nlvr2.yaml"
+    path.write_text(yaml.safe_dump(nlvr2_config(tmp_path / "shards", tmp_path / "run")))
+    monkeypatch.setattr(sys, "argv", ["mmoe", "demo", "--fast"])
+    with warnings.catch_warnings(record=True) as shown:
+        python_default_warning_filters()
+        assert read_config([path], {"trainer": {"max_steps": 5}}).fit.trainer.max_steps == 5
+    assert [str(warning.message) for warning in shown] == []
 
 
 def test_the_run_folder_is_stated_once_and_the_loggers_and_callbacks_write_there(tmp_path):

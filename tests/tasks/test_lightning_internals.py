@@ -30,7 +30,7 @@ from mmoe.runtime.lightning_internals import (
     SignalConnector,
     config_file_being_read,
     csv_logger_experiment,
-    ignore_leaf_spec_deprecation,
+    leaf_spec_deprecation_ignored,
     replace_signal_connector,
     save_last_checkpoint,
 )
@@ -222,10 +222,13 @@ def test_ddp_still_reads_the_parameters_kept_off_it():
     assert list(module._ddp_params_and_buffers_to_ignore) == ["weight"]
 
 
-def test_lightnings_leaf_spec_deprecation_is_the_only_warning_kept_off():
+def test_lightnings_leaf_spec_deprecation_is_the_only_warning_kept_off_and_only_inside_the_block():
     with warnings.catch_warnings(record=True) as shown:
         warnings.simplefilter("always")
-        ignore_leaf_spec_deprecation()
-        combined_loader._tree_flatten([[1, 2], "x"])  # builds LeafSpecs, as for every run's dataloaders
-        warnings.warn("`isinstance(treespec, LeafSpec)` is deprecated", FutureWarning, stacklevel=1)
-    assert [str(warning.message) for warning in shown] == ["`isinstance(treespec, LeafSpec)` is deprecated"]
+        with leaf_spec_deprecation_ignored():
+            combined_loader._tree_flatten([[1, 2], "x"])  # builds LeafSpecs, as for every run's dataloaders
+            warnings.warn("`isinstance(treespec, LeafSpec)` is deprecated", FutureWarning, stacklevel=1)
+        inside = [str(warning.message) for warning in shown]
+        combined_loader._tree_flatten([[1, 2], "x"])
+    assert inside == ["`isinstance(treespec, LeafSpec)` is deprecated"]
+    assert len(shown) > 1 and all("LeafSpec" in str(warning.message) for warning in shown)  # after it: shown again

@@ -21,7 +21,14 @@ from jsonargparse import Namespace
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
 
-from mmoe.runtime.run_lock import LOCK_FILE, FolderLock, RunFolderError, RunFolderLocks, run_folders
+from mmoe.runtime.run_lock import (
+    LOCK_FILE,
+    FolderLock,
+    RunFolderError,
+    RunFolderLocks,
+    quiet_fresh_folder_warning,
+    run_folders,
+)
 
 #: Another process holding the lock of the folder argv[1] as mmoe does (flock on the file, its name in it) until
 #: killed; it prints a line once it holds it.
@@ -320,17 +327,21 @@ def test_a_run_s_own_checkpoint_folders_are_locked_beside_its_root_without_confl
 
 
 def not_empty_warnings(root: Path) -> list[str]:
-    """The "exists and is not empty" warnings of a one-step Lightning fit into ``root``, its folders locked as
-    ``mmoe fit`` locks them."""
+    """The "exists and is not empty" warnings of a one-step Lightning fit into ``root``, its folders locked and its
+    checkpoint callback quieted as ``mmoe fit`` does; the filter must be gone once the callback is set up."""
     checkpoints = root / "checkpoints"
     trainer = L.Trainer(max_steps=1, default_root_dir=root, logger=False, enable_progress_bar=False,
                         enable_model_summary=False, callbacks=[ModelCheckpoint(dirpath=checkpoints)])  # fmt: skip
     locks = RunFolderLocks()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
+        filters = list(warnings.filters)
         locks.hold_folders("fit", root, [checkpoints])
+        for callback in trainer.checkpoint_callbacks:
+            quiet_fresh_folder_warning(callback)
         try:
             trainer.fit(BoringModel())
+            assert warnings.filters == filters  # the filter lived in the callback's setup only
         finally:
             locks.release()
     return [str(warning.message) for warning in caught if "exists and is not empty" in str(warning.message)]
