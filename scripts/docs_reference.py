@@ -62,6 +62,7 @@ API_PAGES = {
             "mmoe.tasks.captioning.CaptioningFineTuning",
             "mmoe.tasks.retrieval.RetrievalFineTuning",
             "mmoe.tasks.pretrained.from_pretrained",
+            "mmoe.tasks.inference.InferSpec",
         ],
     ),
     "runtime": (

@@ -3,7 +3,7 @@ and ``config.json``, :mod:`mmoe.model.pretrained`), which :func:`mmoe.tasks.from
 :func:`mmoe.model.from_pretrained` (the backbone) load.
 
 The folder's ``config.json`` is laid out as :mod:`mmoe.tasks.pretrained` describes: the files the task's arguments
-name (:attr:`FineTuningTask.infer_files`) are copied into ``files/`` and named relative to the folder.
+name (:attr:`FineTuningTask.file_arguments`) are copied into ``files/`` and named relative to the folder.
 
 SIGTERM or SIGINT stops ``mmoe export`` with one line and exit code 128 + the signal's number; the folder is then the
 earlier one (or absent), never a part, and its staging folder is removed (:func:`stopping_on_signals`).
@@ -97,7 +97,7 @@ def task_arguments(hyper_parameters: dict[str, Any], ckpt: Path) -> dict[str, An
 def task_files(task: type[FineTuningTask], arguments: dict[str, Any], ckpt: Path) -> dict[str, tuple[str, Path]]:
     """argument -> (its file's name in the folder, the file now) for each file the task's arguments name."""
     files = {}
-    for name in task.infer_files:
+    for name in task.file_arguments:
         if arguments.get(name) is None:
             continue
         source = Path(arguments[name])

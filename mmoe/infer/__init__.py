@@ -4,8 +4,9 @@ The task is rebuilt from the checkpoint alone (its saved arguments and weights, 
 decoded, resized and normalised as its evaluation data was (:func:`mmoe.data.transforms.eval_transform` at the
 backbone's image size), texts tokenized with its tokenizer. Any image size and mode is read (16-bit greyscale
 included), turned upright as its EXIF orientation says (:mod:`mmoe.infer.images`). The subcommands are the
-fine-tuning tasks of :data:`mmoe.tasks.catalog.FINETUNING_TASKS`; each task class says what one input is and what
-the answer looks like (``infer``, ``folder_entry``):
+fine-tuning tasks of :data:`mmoe.tasks.catalog.FINETUNING_TASKS`; each task's inference spec
+(:data:`mmoe.tasks.catalog.INFER_SPECS`) says what one input is and what the answer looks like (``run``,
+``folder_entry``), and each result formats itself (:mod:`mmoe.tasks.inference`, :mod:`mmoe.infer.results`):
 
 * ``vqav2`` (or ``vqa``) ``--image photo.jpg --question "..." [--top-k 5]``: answers with their sigmoid scores
   (BEiT-3's VQA head is trained with binary cross-entropy).

@@ -1,5 +1,5 @@
-"""``mmoe infer``'s options (one subcommand per fine-tuning task, built from the task class), its output and its
-one-line errors."""
+"""``mmoe infer``'s options (one subcommand per fine-tuning task, built from the task's inference spec), its output
+and its one-line errors."""
 
 from __future__ import annotations
 
@@ -12,12 +12,13 @@ from pathlib import Path
 from mmoe.infer.folder import run_folder
 from mmoe.infer.load import InferError, load_fine_tuned
 from mmoe.infer.modes import run_shards, run_single
+from mmoe.infer.results import ShardResults
 from mmoe.infer.search import is_search, run_search, search_problem
 from mmoe.io import INPUT_ERROR_EXIT, check_output_path, report_error
-from mmoe.tasks.catalog import FINETUNING_TASKS, class_path
-from mmoe.tasks.finetuning import FineTuningTask
+from mmoe.tasks.catalog import INFER_SPECS, class_path
+from mmoe.tasks.inference import InferResult, InferSpec
 
-#: What each input option of a task (its ``infer_images`` and ``infer_text``) reads.
+#: What each input option of a task (its spec's ``images``, ``alternatives`` and ``text``) reads.
 INPUT_HELP = {
     "image": "an image, or a folder of images (needs --out)",
     "left": "the left image (with --right and --sentence)",
@@ -40,9 +41,10 @@ def option(name: str) -> str:
     return f"--{name.replace('_', '-')}"
 
 
-def add_task_parser(tasks, task: type[FineTuningTask]) -> None:
-    parser = tasks.add_parser(task.name, aliases=list(task.infer_aliases), help=(task.__doc__ or "").split("\n")[0])
-    parser.set_defaults(task=task)
+def add_task_parser(tasks, spec: InferSpec) -> None:
+    task = spec.task
+    parser = tasks.add_parser(task.name, aliases=list(spec.aliases), help=(task.__doc__ or "").split("\n")[0])
+    parser.set_defaults(task=task, spec=spec)
     parser.add_argument(
         "--ckpt",
         required=True,
@@ -50,14 +52,15 @@ def add_task_parser(tasks, task: type[FineTuningTask]) -> None:
     )
     inputs = parser.add_mutually_exclusive_group(required=True)
     inputs.add_argument("--shards", help="a converted split (folder, shard or glob): results file (needs --out)")
-    first, *others = task.infer_images
+    first, *others = spec.images
     inputs.add_argument(option(first), help=INPUT_HELP.get(first))
-    for name in task.infer_alternatives:
+    for name in spec.alternatives:
         inputs.add_argument(option(name), help=INPUT_HELP.get(name))
-    for name in [*others, *filter(None, [task.infer_text])]:
+    for name in [*others, *filter(None, [spec.text])]:
         parser.add_argument(option(name), help=INPUT_HELP.get(name))
-    task.add_infer_options(parser)
-    for name in task.infer_files:
+    for task_option in spec.options:
+        task_option.add_to(parser)
+    for name in task.file_arguments:
         parser.add_argument(option(name), help=f"the {name.replace('_', ' ')}, when the one the checkpoint names moved")
     parser.add_argument(
         "--routing", help="single input: write the image's expert map to this PNG and list the text's experts"
@@ -76,8 +79,8 @@ def add_task_parser(tasks, task: type[FineTuningTask]) -> None:
 def parser() -> argparse.ArgumentParser:
     root = OneLineParser(prog="mmoe infer", description=__doc__.split("\n\n")[0])
     tasks = root.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
-    for task in FINETUNING_TASKS.values():
-        add_task_parser(tasks, task)
+    for spec in INFER_SPECS.values():
+        add_task_parser(tasks, spec)
     return root
 
 
@@ -85,46 +88,15 @@ def missing_inputs(args: argparse.Namespace) -> str:
     """The options a single-input run lacks ('' when complete or reading shards)."""
     if args.shards:
         return ""
-    task = args.task
-    needed = [*task.infer_images[1:], *filter(None, [task.infer_text])]
+    spec = args.spec
+    needed = [*spec.images[1:], *filter(None, [spec.text])]
     return ", ".join(option(name) for name in needed if not getattr(args, name))
 
 
 def folder_input(args: argparse.Namespace) -> bool:
     """Whether the input is a folder of images (one-image tasks)."""
-    images = args.task.infer_images
+    images = args.spec.images
     return not args.shards and len(images) == 1 and Path(getattr(args, images[0])).is_dir()
-
-
-def printed(result: dict) -> str:
-    """The plain-text form of a result."""
-    if "answers" in result:
-        lines = [f"{entry['answer']}\t{entry['score']:.4f}" for entry in result["answers"]]
-    elif "caption" in result:
-        lines = [result["caption"]]
-    elif "probability_true" in result:
-        lines = [f"{result['answer']}\tP(true) = {result['probability_true']:.4f}"]
-    elif "similarity" in result:
-        lines = [f"cosine similarity {result['similarity']:.4f}"]
-    elif "matches" in result:
-        lines = [f"{match['score']:.4f}\t{match.get('file', match.get('text'))}" for match in result["matches"]]
-        if "images" in result:
-            lines.append(
-                f"{result['images']} images ({result['embedded']} embedded, {result['cached']} cached, "
-                f"{result['unreadable_skipped']} unreadable)"
-            )
-    elif "samples" in result:
-        lines = [
-            f"{result['samples']} samples -> {result['results_file']} ({result['corrupt_skipped']} corrupt skipped)"
-        ]
-    else:
-        lines = [f"{result['images']} images -> {result['results_file']} ({result['unreadable_skipped']} unreadable)"]
-    for token in result.get("text_tokens", []):
-        layers = "  ".join(f"{key}: {experts}" for key, experts in token["experts"].items())
-        lines.append(f"{token['token']!r}\t{layers}")
-    if "routing_map" in result:
-        lines.append(f"routing map: {result['routing_map']}")
-    return "\n".join(lines)
 
 
 def infer_command(argv: Sequence[str]) -> int:
@@ -143,7 +115,8 @@ def infer_command(argv: Sequence[str]) -> int:
         for name, path in (("--out", args.out), ("--routing", args.routing)):
             if path is not None:
                 check_output_path(path, name)  # before the work, not after it
-        model = load_fine_tuned(args.ckpt, args.task, args.device, vars(args))
+        model = load_fine_tuned(args.ckpt, args.task, args.device, args.spec.task_arguments(vars(args)))
+        result: InferResult
         if search:
             result = run_search(model, args)
         elif args.shards:
@@ -154,8 +127,8 @@ def infer_command(argv: Sequence[str]) -> int:
             result = run_single(model, args)
     except (InferError, FileNotFoundError, ValueError) as error:
         return report_error("infer", error)
-    print(json.dumps(result) if args.json else printed(result))
-    shortfall = result.get("shortfall")
+    print(json.dumps(result.record()) if args.json else result.formatted())
+    shortfall = result.shortfall if isinstance(result, ShardResults) else None
     if shortfall and not args.allow_partial_results:
         return report_error("infer", f"{shortfall} (pass --allow-partial-results to accept them)")
     if shortfall:

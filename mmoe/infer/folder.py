@@ -18,18 +18,20 @@ from mmoe.atomic import write_text_atomic
 from mmoe.infer.images import folder_images
 from mmoe.infer.load import FineTuned, InferError
 from mmoe.infer.modes import options_of, text_of
+from mmoe.infer.results import FolderResults
 from mmoe.io import writing_output
 
 
-def run_folder(model: FineTuned, args: argparse.Namespace) -> dict:
+def run_folder(model: FineTuned, args: argparse.Namespace) -> FolderResults:
     """Every readable image of the folder ``--image`` with the same text: ``{"file": <name in the folder>, ...the
-    task's folder_entry}`` per image, in ``--out`` (whole or absent)."""
+    spec's folder_entry}`` per image, in ``--out`` (whole or absent)."""
     from tqdm import tqdm
 
     if args.out is None:
         raise InferError(f"--image {args.image} is a folder: give --out for the results file")
     folder = Path(args.image)
-    text, results, unreadable = text_of(model, args), [], 0
+    spec = args.spec
+    text, results, unreadable = text_of(args), [], 0
     for path in tqdm(folder_images(folder), desc="mmoe infer", unit="image", file=sys.stderr):
         try:
             image = model.image(path)
@@ -37,8 +39,8 @@ def run_folder(model: FineTuned, args: argparse.Namespace) -> dict:
             unreadable += 1
             print(f"mmoe infer: skipped: {error}", file=sys.stderr)
             continue
-        result, _ = model.task.infer(image[None].to(model.device), text, model.text, options_of(args))
-        results.append({"file": path.relative_to(folder).as_posix(), **model.task.folder_entry(path, result, text)})
+        result, _ = spec.run(model.task, image[None].to(model.device), text, model.text, options_of(args))
+        results.append({"file": path.relative_to(folder).as_posix(), **spec.folder_entry(path, result, text)})
     if not results:
         raise InferError(f"--image {args.image}: no image could be read")
     renumbered = number_in_file_order(results)
@@ -46,7 +48,7 @@ def run_folder(model: FineTuned, args: argparse.Namespace) -> dict:
         print(f"mmoe infer: {renumbered}", file=sys.stderr)
     with writing_output(args.out):
         write_text_atomic(args.out, json.dumps(results) + "\n")
-    return {"results_file": str(args.out), "images": len(results), "unreadable_skipped": unreadable}
+    return FolderResults(str(args.out), len(results), unreadable)
 
 
 def number_in_file_order(entries: list[dict]) -> str | None:

@@ -51,16 +51,17 @@ class FineTuned:
 
 
 def load_fine_tuned(
-    path: str | Path, task: type[FineTuningTask], device: str = "cpu", options: dict[str, Any] | None = None
+    path: str | Path, task: type[FineTuningTask], device: str = "cpu", replaced: dict[str, Any] | None = None
 ) -> FineTuned:
     """The ``task`` of a Lightning checkpoint of ``mmoe fit``, rebuilt from its saved arguments and weights, with the
-    arguments the task's ``mmoe infer`` ``options`` replace (moved files: the VQA answer list, the captioning output
-    vocabulary, the SentencePiece tokenizer; the caption beams). A folder written by ``mmoe export`` reads as well.
+    arguments of ``replaced`` (what ``mmoe infer``'s options replace, :meth:`mmoe.tasks.inference.InferSpec
+    .task_arguments`: moved files, such as the VQA answer list, the captioning output vocabulary, the SentencePiece
+    tokenizer; the caption beams). A folder written by ``mmoe export`` reads as well.
     Both run in float32, whatever the dtype of the weights (a ``bf16-true`` run's are bfloat16): a checkpoint's are
     copied into the float32 model, a folder's cast to it."""
     path = Path(path)
     if path.is_dir():
-        return load_exported(path, task, device, options)
+        return load_exported(path, task, device, replaced)
     state = load_checkpoint_file(path, "checkpoint")
     require_finite_weights(state, path)
     hyper_parameters, weights = state.get("hyper_parameters"), state.get("state_dict")
@@ -90,24 +91,23 @@ def load_fine_tuned(
     if isinstance(arguments["backbone"], dict):
         arguments["backbone"] = config_from_dict(arguments["backbone"])
     arguments["pretrained"] = None
-    replaced = task.infer_arguments(options or {})
-    arguments |= {name: value for name, value in replaced.items() if name in arguments}
+    arguments |= {name: value for name, value in (replaced or {}).items() if name in arguments}
     try:
         model = task(**arguments)
         model.load_state_dict(weights)
     except (FileNotFoundError, ValueError, RuntimeError) as error:
-        named = [f"--{name.replace('_', '-')}" for name in task.infer_files if arguments.get(name)]
+        named = [f"--{name.replace('_', '-')}" for name in task.file_arguments if arguments.get(name)]
         hint = f" (a moved file: {', '.join(named)} name its new path)" if isinstance(error, FileNotFoundError) else ""
         raise InferError(f"checkpoint {path}: {one_line(error)}{hint}") from None
     data = state.get("datamodule_hyper_parameters")
     return ready(model, data.get("max_text_length") if isinstance(data, dict) else None, device)
 
 
-def load_exported(folder: Path, task: type[FineTuningTask], device: str, options: dict[str, Any] | None) -> FineTuned:
+def load_exported(folder: Path, task: type[FineTuningTask], device: str, replaced: dict[str, Any] | None) -> FineTuned:
     """The ``task`` of a folder written by ``mmoe export`` (:func:`mmoe.tasks.pretrained.from_pretrained`) in float32,
-    with the arguments the task's ``mmoe infer`` ``options`` replace."""
+    with the arguments of ``replaced``."""
     try:
-        model = from_pretrained(folder, task.infer_arguments(options or {}), dtype=torch.float32)
+        model = from_pretrained(folder, replaced, dtype=torch.float32)
     except (FileNotFoundError, ValueError) as error:
         raise InferError(one_line(error)) from None
     if not isinstance(model, task):

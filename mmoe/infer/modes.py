@@ -12,17 +12,20 @@ from mmoe.data.samples import CorruptSampleError
 from mmoe.data.shards import expected_samples, resolve_shards
 from mmoe.data.streams import ShardStream
 from mmoe.infer.load import FineTuned, InferError
+from mmoe.infer.results import Routed, ShardResults
 from mmoe.infer.routing import draw_routing_map, routing_of
 from mmoe.io import one_line, writing_output
+from mmoe.tasks.inference import InferResult
 
 
 def options_of(args: argparse.Namespace) -> dict:
-    """The parsed options as a dict (dest -> value), what the task's ``infer`` reads."""
+    """The parsed options as a dict (dest -> value), what the spec's ``run`` reads."""
     return vars(args)
 
 
-def text_of(model: FineTuned, args: argparse.Namespace) -> str | None:
-    option = model.task.infer_text
+def text_of(args: argparse.Namespace) -> str | None:
+    """The text of a single input: the value of the spec's ``text`` option (None for a task without one)."""
+    option = args.spec.text
     return None if option is None else getattr(args, option)
 
 
@@ -41,7 +44,7 @@ def single_batch(item: dict, device: torch.device) -> dict:
 
 
 @torch.no_grad()
-def run_shards(model: FineTuned, args: argparse.Namespace) -> dict:
+def run_shards(model: FineTuned, args: argparse.Namespace) -> ShardResults:
     """Every sample of the split ``--shards``, decoded by the task's prediction decoder: the task's prediction
     entries in its predictions file ``--out``, as ``mmoe predict`` writes it; corrupt samples skipped and counted.
     The result's ``shortfall`` says how many samples the split's manifests hold that have no entry (corrupt, or
@@ -54,7 +57,7 @@ def run_shards(model: FineTuned, args: argparse.Namespace) -> dict:
         shards = resolve_shards(args.shards)
     except (FileNotFoundError, ValueError) as error:
         raise InferError(f"--shards: {one_line(error)}") from None
-    decode = model.task.prediction_decoder(model.image_size, model.tokenizer)
+    decode = args.spec.shard_decoder(model.image_size, model.tokenizer)
     entries, corrupt = [], 0
     total = sum(expected_samples(shards).values()) or None
     stream = ShardStream(shards, decode=lambda raw: raw, rank=0, world_size=1)  # every sample, also under torchrun
@@ -78,20 +81,21 @@ def run_shards(model: FineTuned, args: argparse.Namespace) -> dict:
             f"hold ({missing} missing: {corrupt} corrupt, {max(missing - corrupt, 0)} lost; see 'skipped' and 'lost' "
             "above)"
         )
-    return {"results_file": str(args.out), "samples": len(entries), "corrupt_skipped": corrupt, "shortfall": shortfall}
+    return ShardResults(str(args.out), len(entries), corrupt, shortfall)
 
 
-def run_single(model: FineTuned, args: argparse.Namespace) -> dict:
-    """One input (the task's image options and text): the task's result, with ``--routing`` its expert map and the
+def run_single(model: FineTuned, args: argparse.Namespace) -> InferResult:
+    """One input (the spec's image options and text): the spec's result, with ``--routing`` its expert map and the
     experts of the routed text's tokens."""
-    images = torch.stack([model.image(getattr(args, option)) for option in model.task.infer_images])
-    result, routed_text = model.task.infer(images.to(model.device), text_of(model, args), model.text, options_of(args))
+    spec = args.spec
+    images = torch.stack([model.image(getattr(args, option)) for option in spec.images])
+    result, routed_text = spec.run(model.task, images.to(model.device), text_of(args), model.text, options_of(args))
     if args.routing:
         if model.task.backbone.config.moe is None:
             raise InferError(f"--routing {args.routing}: the checkpoint's backbone is dense (no MoE layer)")
-        tokens, records, image_len = routing_of(model, images, routed_text)
+        text_tokens, records, image_len = routing_of(model, images, routed_text)
         title = f"{model.task.name}: distinct experts per patch"
         with writing_output(args.routing, "--routing"):
             draw_routing_map(model, images, records, image_len, title, args.routing)
-        result.update(tokens, routing_map=str(args.routing))
+        return Routed(result, text_tokens, str(args.routing))
     return result

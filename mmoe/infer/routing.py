@@ -13,9 +13,9 @@ from mmoe.moe import RoutingRecord
 
 
 @torch.no_grad()
-def routing_of(model: FineTuned, images: torch.Tensor, text: str) -> tuple[dict, list[RoutingRecord], int]:
-    """The text tokens' experts per MoE layer, the records and the image length of one backbone pass over ``images``
-    (N, 3, S, S) with ``text``."""
+def routing_of(model: FineTuned, images: torch.Tensor, text: str) -> tuple[list[dict], list[RoutingRecord], int]:
+    """The text tokens' experts per MoE layer (``{"token", "experts": {layer: experts}}`` per token), the records and
+    the image length of one backbone pass over ``images`` (N, 3, S, S) with ``text``."""
     ids, padding = model.text(text)
     ids, padding = ids.expand(len(images), -1), padding.expand(len(images), -1)
     mask = model.task.text_attention_mask(ids.shape[1], ids.device)  # the pass the task reads its text in
@@ -30,7 +30,7 @@ def routing_of(model: FineTuned, images: torch.Tensor, text: str) -> tuple[dict,
         experts[record_key(record)] = index.tolist()
     by_layer = {key: experts[key] for key in sort_keys(experts)}
     per_token = [{"token": token, "experts": {k: v[t] for k, v in by_layer.items()}} for t, token in enumerate(tokens)]
-    return {"text_tokens": per_token}, out.routing, out.image_len
+    return per_token, out.routing, out.image_len
 
 
 def draw_routing_map(

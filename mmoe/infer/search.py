@@ -25,6 +25,7 @@ import torch
 from mmoe.atomic import atomic_write, write_json_atomic
 from mmoe.infer.images import ImageFileError, folder_images
 from mmoe.infer.load import FineTuned, InferError
+from mmoe.infer.results import ImageMatches, TextMatches
 from mmoe.io import check_output_path, writing_output
 from mmoe.safe_load import load_checkpoint_file
 
@@ -245,7 +246,7 @@ def top(scores: torch.Tensor, k: int) -> list[tuple[int, float]]:
     return [(int(i), round(float(s), 6)) for s, i in zip(best.values, best.indices, strict=True)]
 
 
-def run_search(model: FineTuned, args: argparse.Namespace) -> dict:
+def run_search(model: FineTuned, args: argparse.Namespace) -> ImageMatches | TextMatches:
     """The search the options ask for (see the module docstring); the result also goes to ``--out`` when given."""
     if args.images:
         folder = Path(args.images)
@@ -256,7 +257,7 @@ def run_search(model: FineTuned, args: argparse.Namespace) -> dict:
             {"file": paths[i].relative_to(folder).as_posix(), "score": score}
             for i, score in top(images_ND @ text_D, args.top_k)
         ]
-        result = {"query": args.text, "matches": matches, "images": len(paths), **counts}
+        result: ImageMatches | TextMatches = ImageMatches(args.text, matches, len(paths), **counts)
     else:
         texts = text_lines(args.texts)
         image = model.image(args.image)
@@ -264,8 +265,8 @@ def run_search(model: FineTuned, args: argparse.Namespace) -> dict:
         matches = [
             {"text": texts[i], "score": score} for i, score in top(embed_texts(model, texts) @ image_D, args.top_k)
         ]
-        result = {"query": str(args.image), "matches": matches, "texts": len(texts)}
+        result = TextMatches(str(args.image), matches, len(texts))
     if args.out is not None:
         with writing_output(args.out):
-            write_json_atomic(args.out, result)
+            write_json_atomic(args.out, result.record())
     return result

@@ -28,8 +28,6 @@ batch first, so a token's routing would depend on the tokens after it.
 
 from __future__ import annotations
 
-import argparse
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +36,7 @@ import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_warn
 
 from mmoe.data.batches import CaptionBatch
-from mmoe.data.decoders import CaptionDecoder
 from mmoe.data.tokenizer import TextTokenizer
-from mmoe.data.transforms import eval_transform
-from mmoe.io import positive_int
 from mmoe.metrics.captions import ScorerUnavailableError, score_captions
 from mmoe.model import MultiwayConfig
 from mmoe.model.decoding import Decoded, beam_search, greedy_search
@@ -99,8 +94,7 @@ class CaptioningFineTuning(FineTuningTask):
     causal_text = True
     beit3_heads = {"mlm_head.": "head."}
     prediction_key = "image_id"
-    infer_aliases = ("caption",)
-    infer_files = ("output_vocab", "text_tokenizer")
+    file_arguments = ("output_vocab", "text_tokenizer")
 
     def __init__(
         self,
@@ -142,30 +136,6 @@ class CaptioningFineTuning(FineTuningTask):
         if init_args.get("output_vocab"):
             classes = len(load_output_vocab(init_args["output_vocab"], config.vocab_size))
         return {"head": sum(p.numel() for p in token_head(config.dim, classes).parameters())}
-
-    @classmethod
-    def add_infer_options(cls, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--beam", type=positive_int, help="beams (default: the checkpoint's num_beams; 1 = greedy)")
-
-    @classmethod
-    def infer_arguments(cls, options: dict[str, Any]) -> dict[str, Any]:
-        beams = {"num_beams": options["beam"]} if options.get("beam") is not None else {}
-        return super().infer_arguments(options) | beams
-
-    def infer(
-        self, images: torch.Tensor, text: str | None, tokenize: Callable[[str], tuple], options: dict[str, Any]
-    ) -> tuple[dict, str | None]:
-        """The caption of the image (beam search, the checkpoint's length settings); its routing is listed."""
-        caption = self.captions(images)[0]
-        return {"caption": caption}, caption
-
-    @classmethod
-    def prediction_decoder(cls, image_size: int, tokenizer: TextTokenizer) -> CaptionDecoder:
-        return CaptionDecoder(eval_transform(image_size), tokenizer, mode="eval", min_side=image_size)
-
-    def folder_entry(self, image: Path, result: dict, text: str | None) -> dict:
-        """COCO results use integer image ids: a file named by a number (``000000391895.jpg``) gives that number."""
-        return {"image_id": int(image.stem) if image.stem.isdigit() else image.name, "caption": result["caption"]}
 
     # ---------------------------------------------------------------------------------------------- training
     def forward(

@@ -5,25 +5,22 @@ head loaded where it fits, and predictions gathered over the processes and writt
   balance loss stays in the objective.
 * Each task class owns what is particular to it: its short :attr:`FineTuningTask.name` (the key of
   :data:`mmoe.tasks.catalog.FINETUNING_TASKS`), its BEiT-3 head names, its head's parameter count, its prediction
-  entries and its predictions file format.
+  entries and its predictions file format. What ``mmoe infer`` needs of it lives beside it, in its
+  :class:`mmoe.tasks.inference.InferSpec`.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 import torch
 from lightning.pytorch.trainer.states import TrainerFn
 
 from mmoe.atomic import write_text_atomic
-from mmoe.data.samples import Decoder
-from mmoe.data.tokenizer import TextTokenizer
 from mmoe.model import MultiwayConfig, MultiwayTransformer
 from mmoe.model.backbone import resize_vision_positions
 from mmoe.moe import RoutingRecord
@@ -78,17 +75,9 @@ class FineTuningTask(BackboneTask):
     beit3_heads: ClassVar[dict[str, str]]
     #: The field of a prediction entry that names its sample: a dict key, or an index into a tuple entry.
     prediction_key: ClassVar[str | int]
-    #: ``mmoe infer <name>``: other names the subcommand answers to.
-    infer_aliases: ClassVar[tuple[str, ...]] = ()
-    #: ``mmoe infer`` options that each give one image of a single input (one image: a folder may be given instead).
-    infer_images: ClassVar[tuple[str, ...]] = ("image",)
-    #: ``mmoe infer`` options that stand in for the first of :attr:`infer_images` (retrieval's ``images``: a folder
-    #: to search).
-    infer_alternatives: ClassVar[tuple[str, ...]] = ()
-    #: The ``mmoe infer`` option giving the text of a single input (a question, a statement); None = no text.
-    infer_text: ClassVar[str | None] = None
-    #: Task arguments naming files a checkpoint records: ``mmoe infer --<argument>`` gives a moved one's new path.
-    infer_files: ClassVar[tuple[str, ...]] = ("text_tokenizer",)
+    #: Task arguments naming files a checkpoint records: ``mmoe export`` copies them into its folder, ``mmoe infer
+    #: --<argument>`` gives a moved one's new path.
+    file_arguments: ClassVar[tuple[str, ...]] = ("text_tokenizer",)
     #: Where ``mmoe predict`` writes the predictions; None = not written. Set by each task's ``__init__``.
     predictions_file: str | None = None
     #: Whether the task's text tokens see only earlier ones (captioning): expert-choice routing and batch-priority drops
@@ -145,43 +134,10 @@ class FineTuningTask(BackboneTask):
         unless the task has several."""
         return "head"
 
-    @classmethod
-    def add_infer_options(cls, parser: argparse.ArgumentParser) -> None:
-        """The task's own ``mmoe infer`` options besides its inputs (none by default)."""
-
-    @classmethod
-    def infer_arguments(cls, options: dict[str, Any]) -> dict[str, Any]:
-        """Task arguments that ``mmoe infer`` options (``options``: dest -> value) replace in a checkpoint's: the
-        files of :attr:`infer_files` that were given."""
-        return {name: options[name] for name in cls.infer_files if options.get(name) is not None}
-
-    def infer(
-        self, images: torch.Tensor, text: str | None, tokenize: Callable[[str], tuple], options: dict[str, Any]
-    ) -> tuple[dict, str | None]:
-        """``mmoe infer`` on one input: the result, and the text whose routing ``--routing`` lists.
-
-        Args:
-            images: (N, 3, S, S), one per option of :attr:`infer_images`, on the task's device.
-            text: the text of :attr:`infer_text`, or None.
-            tokenize: text -> (ids, padding mask), each (1, T), on the task's device.
-            options: the task's ``mmoe infer`` options (dest -> value).
-        """
-        raise NotImplementedError
-
-    @classmethod
-    def prediction_decoder(cls, image_size: int, tokenizer: TextTokenizer) -> Decoder:
-        """The decoder of the task's shard samples for prediction (``mmoe infer --shards``): evaluation transform at
-        ``image_size``, texts by ``tokenizer``."""
-        raise NotImplementedError
-
     def text_attention_mask(self, text_len: int, device: torch.device | str = "cpu") -> torch.Tensor | None:
         """The attention mask of the backbone pass the task reads a text of ``text_len`` tokens in, (1, L, L) with
         True = may attend; None = full attention (captioning: image tokens never see the caption)."""
         return None
-
-    def folder_entry(self, image: Path, result: dict, text: str | None) -> dict:
-        """The results-file entry of one image of a folder given to ``mmoe infer`` (``result``: :meth:`infer`'s)."""
-        raise NotImplementedError
 
     def load_beit3_head(self, rows: torch.Tensor | None = None) -> None:
         """Loads the head of a released BEiT-3 ``pretrained`` file of this task (:attr:`beit3_heads`) into this

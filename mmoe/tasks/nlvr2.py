@@ -15,7 +15,6 @@ pair id blanked). ``mmoe predict`` writes ``identifier,prediction`` lines (``Tru
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -23,9 +22,6 @@ import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_warn
 
 from mmoe.data.batches import NLVR2Batch
-from mmoe.data.decoders import NLVR2Decoder
-from mmoe.data.tokenizer import TextTokenizer
-from mmoe.data.transforms import eval_transform
 from mmoe.metrics.files import EvalInputError
 from mmoe.metrics.nlvr2 import nlvr2_scores
 from mmoe.model import MultiwayConfig
@@ -62,8 +58,6 @@ class NLVR2FineTuning(FineTuningTask):
     }
     #: Prediction entries are ``(identifier, prediction)`` tuples.
     prediction_key = 0
-    infer_images = ("left", "right")
-    infer_text = "sentence"
 
     def __init__(
         self, predictions_file: str | None = None, head_init_scale: float = BEIT3_HEAD_INIT_SCALE, **kwargs
@@ -76,19 +70,6 @@ class NLVR2FineTuning(FineTuningTask):
     @classmethod
     def head_parameters(cls, config: MultiwayConfig, init_args: dict[str, Any]) -> dict[str, int]:
         return {"head": sum(p.numel() for p in nlvr2_head(config.dim).parameters())}
-
-    @torch.no_grad()
-    def infer(
-        self, images: torch.Tensor, text: str | None, tokenize: Callable[[str], tuple], options: dict[str, Any]
-    ) -> tuple[dict, str | None]:
-        """True / false and the probability of true for the pair ``images`` (left, right)."""
-        logits, _ = self(images[:1], images[1:], *tokenize(text))
-        probability = float(logits[0].float().softmax(-1)[1])
-        return {"answer": probability > 0.5, "probability_true": round(probability, 6)}, text
-
-    @classmethod
-    def prediction_decoder(cls, image_size: int, tokenizer: TextTokenizer) -> NLVR2Decoder:
-        return NLVR2Decoder(eval_transform(image_size), tokenizer, min_side=image_size)
 
     def pair_features(
         self,

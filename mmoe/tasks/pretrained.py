@@ -4,7 +4,7 @@
 A task model's ``config.json`` names its task (``class_path``, ``name``), the text length its data had
 (``max_text_length``, for ``mmoe infer``) and its init arguments as the checkpoint's hyper-parameters hold them, less
 the backbone (stored once, as the folder's ``backbone``) and the ``pretrained`` file (the folder's weights replace it).
-The files those arguments name (:attr:`FineTuningTask.infer_files`: the VQA answer list, the captioning output
+The files those arguments name (:attr:`FineTuningTask.file_arguments`: the VQA answer list, the captioning output
 vocabulary, the SentencePiece model) lie in ``files/``, named relative to the folder, so a folder can be moved or
 shared whole. Nothing from the folder is run: the class comes from the catalog.
 """
@@ -66,7 +66,7 @@ def from_pretrained(
     unknown = [f"task.init_args.{name}" for name in unknown_arguments(task, arguments)]
     if unknown:
         raise PretrainedFolderError(f"{folder / 'config.json'}: {unknown_to_this_mmoe(unknown)}")
-    for name in task.infer_files:
+    for name in task.file_arguments:
         if arguments.get(name) is not None:
             arguments[name] = str(folder_file(folder, name, arguments[name]))
     arguments |= {name: value for name, value in (replaced or {}).items() if name in arguments}

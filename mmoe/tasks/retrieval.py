@@ -19,8 +19,6 @@ retrieval"; unilm ``BEiT3ForRetrieval``).
 
 from __future__ import annotations
 
-import argparse
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +29,7 @@ from torch import nn
 from mmoe.atomic import atomic_write
 from mmoe.data.batches import RetrievalBatch
 from mmoe.data.collate import RetrievalCollator
-from mmoe.data.decoders import RetrievalDecoder
 from mmoe.data.tokenizer import TextTokenizer
-from mmoe.data.transforms import eval_transform
-from mmoe.io import positive_int
 from mmoe.metrics.retrieval import score_embeddings
 from mmoe.model import MultiwayConfig
 from mmoe.model.heads import LOG_LOGIT_SCALE_INIT, retrieval_heads
@@ -92,9 +87,6 @@ class RetrievalFineTuning(FineTuningTask):
     beit3_heads = {"vision_head.": "vision_head.", "language_head.": "language_head.", "logit_scale": "logit_scale"}
     #: Prediction entries are ``(image_id, image embedding, caption embeddings, captions)`` tuples.
     prediction_key = 0
-    infer_aliases = ("retrieve",)
-    infer_alternatives = ("images",)
-    infer_text = "text"
     #: The projections get ``optimizer.head_lr_multiplier`` (BEiT-3's ``--task_head_lr_weight``).
     head_prefixes = ("vision_head.", "language_head.")
 
@@ -128,20 +120,6 @@ class RetrievalFineTuning(FineTuningTask):
     @classmethod
     def head_of(cls, key: str) -> str:
         return key.split(".", 1)[0]
-
-    @classmethod
-    def add_infer_options(cls, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--texts", help="a text file, one candidate a line: its lines ranked against --image")
-        parser.add_argument("--top-k", type=positive_int, default=5, help="matches to list (default 5)")
-        parser.add_argument(
-            "--cache",
-            help="folder of the --images embeddings cache: a file per checkpoint, each image keyed by a digest of its "
-            "bytes (default $XDG_CACHE_HOME/mmoe/retrieval)",
-        )
-
-    @classmethod
-    def prediction_decoder(cls, image_size: int, tokenizer: TextTokenizer) -> RetrievalDecoder:
-        return RetrievalDecoder(eval_transform(image_size), tokenizer, "eval", min_side=image_size)
 
     def scale(self) -> torch.Tensor:
         """exp(t), bounded by ``max_logit_scale`` when set."""
@@ -211,21 +189,10 @@ class RetrievalFineTuning(FineTuningTask):
             self._text_tokenizer = TextTokenizer(sentencepiece=self.hparams.get("text_tokenizer"))
         return self._text_tokenizer
 
-    def folder_entry(self, image: Path, result: dict, text: str | None) -> dict:
-        return {"text": text, **result}
-
     def write_predictions(self, entries: list, path: str | Path) -> None:
         """Writes the embeddings file of ``entries`` (:func:`stack_embeddings`) to ``path`` atomically."""
         embeddings = stack_embeddings(entries)
         atomic_write(path, lambda temporary: torch.save(embeddings, temporary))
-
-    def infer(
-        self, images: torch.Tensor, text: str | None, tokenize: Callable[[str], tuple], options: dict[str, Any]
-    ) -> tuple[dict, str | None]:
-        """The cosine similarity of the image and the text."""
-        with torch.no_grad():
-            image_BD, text_BD, _ = self(images[:1], *tokenize(text))
-        return {"similarity": round(float(image_BD[0] @ text_BD[0]), 6)}, text
 
 
 def stack_embeddings(entries: list) -> dict[str, Any]:

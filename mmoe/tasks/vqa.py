@@ -15,10 +15,7 @@ vocabulary). ``mmoe predict`` writes the test-dev submission ``[{"question_id", 
 
 from __future__ import annotations
 
-import argparse
 import math
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,10 +23,6 @@ import torch.nn.functional as F
 
 from mmoe.data.answers import read_answer_vocab
 from mmoe.data.batches import VQABatch
-from mmoe.data.decoders import VQADecoder
-from mmoe.data.tokenizer import TextTokenizer
-from mmoe.data.transforms import eval_transform
-from mmoe.io import positive_int
 from mmoe.metrics.vqa import vqa_accuracy
 from mmoe.model import MultiwayConfig
 from mmoe.model.heads import vqa_pooler_and_head
@@ -69,9 +62,7 @@ class VQAFineTuning(FineTuningTask):
         "head.3.": "head.3.",
     }
     prediction_key = "question_id"
-    infer_aliases = ("vqa",)
-    infer_text = "question"
-    infer_files = ("answer_vocab", "text_tokenizer")
+    file_arguments = ("answer_vocab", "text_tokenizer")
 
     def __init__(
         self, answer_vocab: str, predictions_file: str | None = None, prior_bias: bool = False, **kwargs
@@ -91,31 +82,6 @@ class VQAFineTuning(FineTuningTask):
         return {
             "head": sum(p.numel() for module in vqa_pooler_and_head(config.dim, answers) for p in module.parameters())
         }
-
-    @classmethod
-    def add_infer_options(cls, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--top-k", type=positive_int, default=5, help="answers to list (default 5)")
-
-    @torch.no_grad()
-    def infer(
-        self, images: torch.Tensor, text: str | None, tokenize: Callable[[str], tuple], options: dict[str, Any]
-    ) -> tuple[dict, str | None]:
-        """The ``top_k`` answers with their sigmoid scores (the head is trained with binary cross-entropy)."""
-        logits, _ = self(images, *tokenize(text))
-        scores = logits[0].float().sigmoid()
-        best = scores.topk(min(options["top_k"], scores.numel()))
-        answers = [
-            {"answer": self.answers[i], "score": round(float(s), 6)}
-            for s, i in zip(best.values, best.indices, strict=True)
-        ]
-        return {"answers": answers}, text
-
-    @classmethod
-    def prediction_decoder(cls, image_size: int, tokenizer: TextTokenizer) -> VQADecoder:
-        return VQADecoder(eval_transform(image_size), tokenizer, min_side=image_size)
-
-    def folder_entry(self, image: Path, result: dict, text: str | None) -> dict:
-        return {"question": text, **result["answers"][0]}
 
     def forward(self, image: torch.Tensor, text: torch.Tensor, text_padding_mask: torch.Tensor | None = None):
         """(B, num_answers) logits and the routing records."""

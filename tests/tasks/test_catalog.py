@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from mmoe.infer.command import parser
-from mmoe.tasks.catalog import FINETUNING_TASKS, class_path, task_of_class_path
+from mmoe.tasks.catalog import FINETUNING_TASKS, INFER_SPECS, class_path, task_of_class_path
 from mmoe.tasks.pretraining import MaskedPretraining
 
 CONFIGS = Path(__file__).resolve().parents[2] / "mmoe" / "configs" / "finetune"
@@ -32,12 +32,14 @@ def test_a_saved_class_path_resolves_to_its_task_and_others_to_none():
 
 
 def test_mmoe_infer_has_one_subcommand_per_task_and_the_old_names_as_aliases():
+    assert list(INFER_SPECS) == list(FINETUNING_TASKS)
     for name, task in FINETUNING_TASKS.items():
         argv = [name, "--ckpt", "c.ckpt", "--shards", "s"]
         assert parser().parse_args(argv).task is task
-        for alias in task.infer_aliases:
+        assert INFER_SPECS[name].task is task
+        for alias in INFER_SPECS[name].aliases:
             assert parser().parse_args([alias, *argv[1:]]).task is task
-    assert {alias for task in FINETUNING_TASKS.values() for alias in task.infer_aliases} == {
+    assert {alias for spec in INFER_SPECS.values() for alias in spec.aliases} == {
         "vqa",
         "caption",
         "retrieve",
