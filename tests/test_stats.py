@@ -92,6 +92,14 @@ def test_one_sample_is_students_t_against_zero():
     assert one_sample([0.2]) is None
 
 
+def test_runs_that_agree_to_rounding_are_tested_without_a_warning(recwarn):
+    """A spread of a few ulps is a spread: the test runs as on any other values, and SciPy's precision warning does
+    not reach the study's output."""
+    close = welch([0.1 + 0.2, 0.3, 0.3], [0.25, 0.25 + 1e-17, 0.25 * (1 + 2e-16)])
+    assert close.standard_error > 0 and close.p_value < 1e-6
+    assert [str(warning.message) for warning in recwarn] == []
+
+
 def test_no_spread_gives_an_exact_difference():
     same = welch([1.0, 1.0], [0.5, 0.5])
     assert same.interval == [0.5, 0.5] and same.p_value == 0.0 and same.degrees == 2.0
