@@ -11,7 +11,9 @@ corrections.
   below (-1), or containing it (0: :data:`NOT_SEPARATED`).
 * :func:`welch`: the difference of two arms' means over independent runs with Welch's t test and interval (Welch 1947;
   the Welch-Satterthwaite degrees of freedom, :func:`welch_degrees`); :func:`one_sample`: one arm's mean against zero
-  (Student's t). Both are ``scipy.stats``' tests; :func:`t_quantile` is its t distribution's.
+  (Student's t). Student's t distribution: :func:`t_tail` and :func:`t_cdf` from mpmath's regularized incomplete
+  beta function, :func:`t_quantile` the CDF inverted (numpy has no t distribution and torch's ``StudentT`` no inverse
+  CDF). ``tests/test_stats.py`` checks them against SciPy's tests where SciPy is installed (``.venv-eval/``).
 * :func:`detectable_effect`: the smallest difference the runs detect at a power and alpha from the run-to-run spread,
   (t_{1-alpha/2, df} + t_{power, df}) x the standard error (the usual t approximation of the noncentral t's power;
   Cohen 1988, ch. 2).
@@ -19,13 +21,14 @@ corrections.
 * :func:`seed_interval`, :func:`pooled_std`: a difference of means over seeds with the pooled seed spread and the
   tabulated t quantile :func:`t_975`.
 
-``scipy.stats`` is imported by the functions that use it: the bootstrap's callers (the demo) do not load it.
+SciPy is not a dependency: torchmetrics, which Lightning imports, imports ``scipy.signal`` whenever SciPy is installed,
+about 1.3 CPU-s more for every process that imports Lightning (``docs/harness.md``). mpmath is imported by the
+functions that use it.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 
@@ -74,6 +77,8 @@ T_975 = (
     2.042,
 )
 Z_975 = 1.959963984540054
+#: The relative width at which :func:`t_quantile` stops bisecting (a few hundred ulps of a double).
+QUANTILE_TOLERANCE = 1e-13
 
 
 def bootstrap(
@@ -109,15 +114,43 @@ def t_975(degrees: int) -> float:
     return T_975[degrees - 1] if degrees <= len(T_975) else Z_975
 
 
-def t_quantile(probability: float, degrees: float) -> float:
-    """The ``probability`` quantile of Student's t with ``degrees`` (> 0, not necessarily whole) degrees of freedom."""
-    import scipy.stats
+def t_tail(value: float, degrees: float) -> float:
+    """P(|T| >= |value|) for Student's t with ``degrees`` (> 0, not necessarily whole) degrees of freedom: the
+    regularized incomplete beta function I_{d / (d + t^2)}(d / 2, 1 / 2) (Abramowitz & Stegun 26.7.1), from mpmath."""
+    import mpmath
 
+    if not degrees > 0:
+        raise ValueError(f"Student's t needs positive degrees of freedom, got {degrees}")
+    return float(mpmath.betainc(degrees / 2, 0.5, 0, degrees / (degrees + value * value), regularized=True))
+
+
+def t_cdf(value: float, degrees: float) -> float:
+    """P(T <= value) for Student's t with ``degrees`` degrees of freedom."""
+    tail = 0.5 * t_tail(value, degrees)
+    return 1 - tail if value >= 0 else tail
+
+
+def t_quantile(probability: float, degrees: float) -> float:
+    """The ``probability`` quantile of Student's t with ``degrees`` (> 0, not necessarily whole) degrees of freedom:
+    the monotone CDF inverted by bisection on a doubling bracket to a relative width of :data:`QUANTILE_TOLERANCE`
+    (a monotone CDF always converges, where a secant-type solver stalls far in the tail)."""
     if not 0 < probability < 1:
         raise ValueError(f"a quantile needs a probability strictly between 0 and 1, got {probability}")
     if not degrees > 0:
         raise ValueError(f"Student's t needs positive degrees of freedom, got {degrees}")
-    return float(scipy.stats.t.ppf(probability, degrees))
+    if probability < 0.5:
+        return -t_quantile(1 - probability, degrees)
+    if probability == 0.5:
+        return 0.0
+    lower, upper = 0.0, 1.0
+    while t_cdf(upper, degrees) < probability:
+        lower, upper = upper, upper * 2
+    while upper - lower > QUANTILE_TOLERANCE * upper:
+        middle = (lower + upper) / 2
+        if middle in (lower, upper):  # adjacent floats: the bracket cannot narrow further
+            break
+        lower, upper = (middle, upper) if t_cdf(middle, degrees) < probability else (lower, middle)
+    return (lower + upper) / 2
 
 
 @dataclass(frozen=True)
@@ -155,28 +188,21 @@ def welch_degrees(variances: Sequence[float], runs: Sequence[int]) -> float:
 
 
 def _t_test(arms: list[np.ndarray], level: float) -> Welch:
-    """Welch's test of mean(arms[0]) - mean(arms[1]), or Student's one-sample test of mean(arms[0]) against zero."""
-    import scipy.stats
-
+    """Welch's test of mean(arms[0]) - mean(arms[1]), or Student's one-sample test of mean(arms[0]) against zero:
+    t = difference / SE, the two-sided p-value P(|T_df| >= |t|) and the interval difference +- t_{(1 + level) / 2, df}
+    x SE."""
     variances = [float(arm.var(ddof=1)) for arm in arms]
     runs = [len(arm) for arm in arms]
     difference = float(arms[0].mean() - (arms[1].mean() if len(arms) > 1 else 0.0))
     error = math.sqrt(sum(v / n for v, n in zip(variances, runs, strict=True)))
+    degrees = welch_degrees(variances, runs)
     std = [math.sqrt(v) for v in variances]
     if error == 0:  # no spread: the difference is exact
         p_value = 1.0 if difference == 0 else 0.0
-        return Welch(difference, [difference, difference], welch_degrees(variances, runs), p_value, 0.0, runs, std)
-    with warnings.catch_warnings():
-        # runs that agree to rounding (a spread of a few ulps) are tested as they are: SciPy's warning would reach
-        # the study's output each time
-        warnings.filterwarnings("ignore", "Precision loss occurred in moment calculation", RuntimeWarning)
-        if len(arms) > 1:
-            test = scipy.stats.ttest_ind(arms[0], arms[1], equal_var=False)
-        else:
-            test = scipy.stats.ttest_1samp(arms[0], 0.0)
-    interval = test.confidence_interval(confidence_level=level)
-    bounds = [float(interval.low), float(interval.high)]
-    return Welch(difference, bounds, float(test.df), float(test.pvalue), error, runs, std)
+        return Welch(difference, [difference, difference], degrees, p_value, 0.0, runs, std)
+    p_value = t_tail(difference / error, degrees)
+    half = t_quantile(1 - (1 - level) / 2, degrees) * error
+    return Welch(difference, [difference - half, difference + half], degrees, p_value, error, runs, std)
 
 
 def welch(a: Sequence[float], b: Sequence[float], level: float = LEVEL) -> Welch | None:

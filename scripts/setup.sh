@@ -32,10 +32,9 @@ uv=(.venv/bin/uv pip install "${uv_options[@]}")
 "${uv[@]}" --python .venv/bin/python --compile-bytecode $torch_spec -e ".[dev,docs]"
 
 # The eval extra (CLIP_benchmark, whose own evaluation the harness tests call, and what it pulls: transformers,
-# scikit-learn) in .venv-eval/, an environment layered over .venv/ (it sees every package of .venv/ and adds these).
-# Not in .venv/ itself: torchmetrics, which Lightning imports, imports transformers whenever it is installed, more CPU
-# for every process that imports Lightning (it imports SciPy too, which mmoe's statistics need: that cost every
-# Lightning process pays, docs/harness.md). uv resolves the extra at .venv/'s versions
+# scikit-learn, SciPy) in .venv-eval/, an environment layered over .venv/ (it sees every package of .venv/ and adds
+# these). Not in .venv/ itself: torchmetrics, which Lightning imports, imports transformers and SciPy whenever they are
+# installed, about 1.3 s more CPU for every process that imports Lightning. uv resolves the extra at .venv/'s versions
 # (its constraints) and installs what .venv/ lacks. tests/test_eval_extra.py runs the tests that need the extra with
 # .venv-eval/bin/python.
 if [ ! -x .venv-eval/bin/python ]; then

@@ -93,8 +93,8 @@ def test_one_sample_is_students_t_against_zero():
 
 
 def test_runs_that_agree_to_rounding_are_tested_without_a_warning(recwarn):
-    """A spread of a few ulps is a spread: the test runs as on any other values, and SciPy's precision warning does
-    not reach the study's output."""
+    """A spread of a few ulps is a spread: the test runs as on any other values, without a warning in the study's
+    output."""
     close = welch([0.1 + 0.2, 0.3, 0.3], [0.25, 0.25 + 1e-17, 0.25 * (1 + 2e-16)])
     assert close.standard_error > 0 and close.p_value < 1e-6
     assert [str(warning.message) for warning in recwarn] == []
@@ -174,3 +174,23 @@ def test_seed_interval_uses_the_pooled_spread_of_the_difference_and_students_t()
     half = 3.182 * np.sqrt(10 / 3) * np.sqrt(1 / 3 + 1)  # t(3) = 3.182: three degrees of freedom are few
     assert (low, high) == pytest.approx((5 - half, 5 + half))
     assert pooled_std([[1.0], [2.0]]) is None and seed_interval([1.0], [2.0], None) is None
+
+
+def test_the_t_tests_equal_scipys():
+    """Welch's and the one-sample test, their intervals and the t quantiles equal SciPy's (run where SciPy is
+    installed: ``.venv-eval/``, tests/test_eval_extra.py)."""
+    stats = pytest.importorskip("scipy.stats", reason="SciPy is the independent reference (the eval extra's)")
+    generator = np.random.default_rng(0)
+    for runs_a, runs_b in [(2, 2), (3, 5), (8, 4), (20, 30)]:
+        a = generator.normal(0.3, 1.0, runs_a)
+        b = generator.normal(0.0, 2.0, runs_b)
+        ours, theirs = welch(a, b, level=0.9), stats.ttest_ind(a, b, equal_var=False)
+        bounds = theirs.confidence_interval(confidence_level=0.9)
+        assert ours.p_value == pytest.approx(theirs.pvalue, rel=1e-9)
+        assert ours.degrees == pytest.approx(theirs.df, rel=1e-12)
+        assert ours.interval == pytest.approx([bounds.low, bounds.high], rel=1e-9)
+        alone, reference = one_sample(a), stats.ttest_1samp(a, 0.0)
+        assert alone.p_value == pytest.approx(reference.pvalue, rel=1e-9)
+        assert alone.interval == pytest.approx(list(reference.confidence_interval(0.95)), rel=1e-9)
+    for probability, degrees in [(0.8, 1.5), (0.975, 3.7), (0.9995, 11.0), (0.999, 250.0)]:
+        assert t_quantile(probability, degrees) == pytest.approx(stats.t.ppf(probability, degrees), rel=1e-10)
