@@ -15,12 +15,13 @@ Every metric is a function of the column sums, so the items' rows are summed per
 resampled: the same sums as picking the clusters and scoring the union of their items.
 
 The interval is Efron & Tibshirani's percentile bootstrap (An Introduction to the Bootstrap, 1993, ch. 13, the
-percentile interval): :data:`RESAMPLES` resamples of the clusters with replacement drawn by a numpy Generator seeded
-:data:`SEED`, the difference of the metric (pre-trained - random init) on each, and the 2.5% and 97.5% percentiles of
-those differences. It is paired because both fine-tunings are scored on the same items: each resample picks the same
-clusters for both starts, so what a cluster does to both (an easy image, a hard statement) cancels in the difference.
-Verdict: "pre-trained ahead" when the interval's lower end is above 0, "random init ahead" when its upper end is
-below 0, else "not separated".
+percentile interval; :func:`mmoe.stats.bootstrap`, :func:`mmoe.stats.percentile_interval`): :data:`RESAMPLES`
+resamples of the clusters with replacement drawn by a numpy Generator seeded :data:`SEED`, the difference of the metric
+(pre-trained - random init) on each, and the 2.5% and 97.5% percentiles of those differences. It is paired because
+both fine-tunings are scored on the same items: each resample picks the same clusters for both starts, so what a
+cluster does to both (an easy image, a hard statement) cancels in the difference.
+Verdict (:func:`mmoe.stats.side_of_zero`): "pre-trained ahead" when the interval's lower end is above 0, "random init
+ahead" when its upper end is below 0, else "not separated".
 
 The interval is conditional on one pre-training and one random init, each fine-tuned once: it covers which
 evaluation images and statement sets the split happens to hold, not the training seed's noise (fine-tuning again
@@ -44,15 +45,13 @@ from mmoe.pipeline.items import ItemMetric
 from mmoe.pipeline.layout import PipelineRun
 from mmoe.pipeline.stages import PipelineError
 from mmoe.pipeline.tables import aligned, number
+from mmoe.stats import LEVEL, NOT_SEPARATED, RESAMPLES, bootstrap, percentile_interval, side_of_zero
 
-#: Bootstrap resamples, the interval's coverage and the Generator's seed.
-RESAMPLES = 1000
-LEVEL = 0.95
+#: The Generator's seed of the bootstrap's draws.
 SEED = 0
 
 PRETRAINED_AHEAD = "pre-trained ahead"
 RANDOM_INIT_AHEAD = "random init ahead"
-NOT_SEPARATED = "not separated"
 
 TITLE = (
     f"pre-trained - random init, {LEVEL:.0%} paired cluster bootstrap interval over the evaluation images or "
@@ -71,34 +70,20 @@ def cluster_sums(counts: np.ndarray, clusters: list[Hashable]) -> np.ndarray:
 
 
 def paired_bootstrap(
-    first: np.ndarray,
-    second: np.ndarray,
-    of_sums: Callable[[np.ndarray], float],
-    resamples: int = RESAMPLES,
-    seed: int = SEED,
+    first: np.ndarray, second: np.ndarray, of_sums: Callable[[np.ndarray], float], seed: int = SEED
 ) -> np.ndarray:
-    """(resamples,) replicates of ``of_sums(first's sums) - of_sums(second's sums)``, each over the same draw of
-    rows with replacement (``first``, ``second``: (clusters, columns) counts summed per cluster, row i the same
-    cluster in both)."""
-    generator = np.random.default_rng(seed)
-    clusters = len(first)
-    replicates = np.empty(resamples)
-    with np.errstate(divide="ignore", invalid="ignore"):  # an undefined replicate is refused by the caller
-        for index in range(resamples):
-            picked = generator.integers(0, clusters, clusters)
-            replicates[index] = of_sums(first[picked].sum(0)) - of_sums(second[picked].sum(0))
-    return replicates
+    """The replicates of ``of_sums(first's sums) - of_sums(second's sums)``, each over the same draw of rows with
+    replacement (``first``, ``second``: (clusters, columns) counts summed per cluster, row i the same cluster in both);
+    an undefined replicate is left out (:func:`mmoe.stats.bootstrap`)."""
 
+    def difference(picked: np.ndarray) -> float:
+        return of_sums(first[picked].sum(0)) - of_sums(second[picked].sum(0))
 
-def percentile_interval(replicates: np.ndarray, level: float = LEVEL) -> list[float]:
-    """The central ``level`` percentile interval of the replicates."""
-    tail = 100 * (1 - level) / 2
-    return [float(bound) for bound in np.percentile(replicates, [tail, 100 - tail])]
+    return bootstrap(difference, len(first), seed=seed)
 
 
 def verdict(interval: list[float]) -> str:
-    low, high = interval
-    return PRETRAINED_AHEAD if low > 0 else RANDOM_INIT_AHEAD if high < 0 else NOT_SEPARATED
+    return {1: PRETRAINED_AHEAD, -1: RANDOM_INIT_AHEAD, 0: NOT_SEPARATED}[side_of_zero(interval)]
 
 
 def metric_value(metric: ItemMetric, sums: np.ndarray, where: str) -> float:
@@ -120,7 +105,7 @@ def compared(items: ComparedItems, metric: ItemMetric, where: str) -> dict:
     value, baseline = (metric_value(metric, counts.sum(0), where) for counts in (items.pretrained, items.random_init))
     first, second = (cluster_sums(counts, items.clusters) for counts in (items.pretrained, items.random_init))
     replicates = paired_bootstrap(first, second, metric.of_sums)
-    if not np.isfinite(replicates).all():
+    if len(replicates) < RESAMPLES:
         raise PipelineError(
             f"{where}: {metric.metric} is undefined on a resample of the clusters (a column it "
             "divides by sums to 0 over some clusters); expected a positive count in every cluster"

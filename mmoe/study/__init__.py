@@ -13,9 +13,9 @@ fixed before the runs: arms, runs, seeds, steps, layers, windows, gates, noise r
 ``docs/claims/plan.json``), :mod:`~mmoe.study.plan_runs` (its hash in every stage's marker; a report over runs made
 under another plan refused), :mod:`~mmoe.study.run_statistics`, :mod:`~mmoe.study.decisions` and
 :mod:`~mmoe.study.routing_decisions` (each claim decided over training runs: Welch's t, the detectable effect, Holm's
-correction; 1 run per arm is not decided), :mod:`~mmoe.study.report` (figures, ``report.md``, ``report.json``) and
-:mod:`~mmoe.study.command`. Done stages are reused on a re-run and an interrupted training resumes, as in ``mmoe
-demo``; a directory made with other settings is refused.
+correction, each :mod:`mmoe.stats`'; 1 run per arm is not decided), :mod:`~mmoe.study.report` (figures,
+``report.md``, ``report.json``) and :mod:`~mmoe.study.command`. Done stages are reused on a re-run and an interrupted
+training resumes, as in ``mmoe demo``; a directory made with other settings is refused.
 """
 
 from mmoe.study.command import claims_from, study_command

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from mmoe.stats import POWER
 from mmoe.study.claims import Claim, judged_window, mean_correlation, order_verdict
 from mmoe.study.claims.mhmoe_routing import diversity_run_measure
 from mmoe.study.claims.task_scores import TASK_SCORES
 from mmoe.study.plan import ClaimPlan, StudyPlan
 from mmoe.study.plan_design import TASK_ORDER
 from mmoe.study.routing_decisions import DECIDERS, image_interval, routing_decision
-from mmoe.study.run_statistics import POWER, UNDECIDABLE, family_verdicts, one_sample_verdict, run_verdict
+from mmoe.study.run_statistics import UNDECIDABLE, family_verdicts, one_sample_verdict, run_verdict
 from mmoe.study.runs import Measures
 from mmoe.study.verdicts import NOT_SEPARATED, SATURATED, UNINFORMATIVE, combined, is_not_run, keys_of
 

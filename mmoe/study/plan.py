@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from mmoe.io import json_excerpt
+from mmoe.stats import ALPHA, LEVEL, POWER
 
 PLAN_VERSION = 1
 #: The layers a claim is judged on: every MoE layer of the modality, those whose value is defined at every
@@ -70,9 +71,9 @@ class NoiseRule:
 
     unit: str
     within_run: str
-    level: float = 0.95
-    alpha: float = 0.05
-    power: float = 0.8
+    level: float = LEVEL
+    alpha: float = ALPHA
+    power: float = POWER
 
 
 @dataclass(frozen=True)

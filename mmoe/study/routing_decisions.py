@@ -10,11 +10,12 @@ import numpy as np
 import torch
 
 from mmoe.metrics.routing import choice_activation_ratio
+from mmoe.stats import LEVEL, bootstrap, percentile_interval
 from mmoe.study.claims.task_scores import order_verdict
 from mmoe.study.claims.xmoe_routing import _fluctuation, _random_fluctuation, judged_window
 from mmoe.study.plan import ClaimPlan
 from mmoe.study.run_statistics import UNDECIDABLE, family_verdicts, run_verdict
-from mmoe.study.verdicts import UNINFORMATIVE, bootstrap, keys_of, percentile_interval
+from mmoe.study.verdicts import UNINFORMATIVE, keys_of
 
 #: The verdict of a modality no run measured.
 NOT_MEASURED = "not measured"
@@ -142,7 +143,7 @@ def routing_decision(claim_id: str, measured: dict, rules: ClaimPlan, seeded: di
     return by_modality
 
 
-def image_interval(images: dict, level: float = 0.95) -> list[float] | None:
+def image_interval(images: dict, level: float = LEVEL) -> list[float] | None:
     """Claim 7's within-run term: a bootstrap over the evaluation's images (each image's questions a cluster, the same
     draw for every run) of the pre-trained arm's mean accuracy minus the random inits' (percent)."""
     arms = [images.get("pretrained"), images.get("random_init")]

@@ -3,7 +3,8 @@
 Every claim compares two things (X-MoE against the linear router, MH-MoE against X-MoE, object against background
 patches) through one difference whose sign the paper predicts. The difference gets a 95% percentile-bootstrap
 interval over the units the measurement was made on (held-out batches, images, router-input rows, fine-tuning
-windows; :func:`bootstrap`) or a Student-t interval over seeds (:func:`seed_interval`), and then:
+windows; :func:`mmoe.stats.bootstrap`) or a Student-t interval over seeds (:func:`mmoe.stats.seed_interval`), and
+then (:func:`direction_verdict`, the interval's side of zero: :func:`mmoe.stats.side_of_zero`):
 
 * **reproduces**: the interval lies wholly on the paper's side of zero;
 * **opposite**: wholly on the other side;
@@ -22,13 +23,14 @@ These intervals resample inside one training run; the decision over runs is :mod
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 import numpy as np
 
+from mmoe.stats import NOT_SEPARATED, side_of_zero
+
 REPRODUCES = "reproduces"
 OPPOSITE = "opposite"
-NOT_SEPARATED = "not separated"
 SATURATED = "saturated"
 UNINFORMATIVE = "uninformative"
 #: A claim whose runs the preset does not train: nothing measured; its summary (its plan's words) says which preset
@@ -45,51 +47,6 @@ def is_not_run(verdict: str) -> bool:
     return verdict in (NOT_RUN, SHIPPED_NOT_RUN)
 
 
-#: Bootstrap resamples and the interval's coverage.
-RESAMPLES = 1000
-LEVEL = 0.95
-#: Student's t 0.975 quantiles for 1-30 degrees of freedom (seed intervals: a handful of seeds estimate the noise,
-#: so the normal z = 1.96 would be too narrow); beyond 30 the normal's.
-T_975 = (
-    12.706,
-    4.303,
-    3.182,
-    2.776,
-    2.571,
-    2.447,
-    2.365,
-    2.306,
-    2.262,
-    2.228,
-    2.201,
-    2.179,
-    2.160,
-    2.145,
-    2.131,
-    2.120,
-    2.110,
-    2.101,
-    2.093,
-    2.086,
-    2.080,
-    2.074,
-    2.069,
-    2.064,
-    2.060,
-    2.056,
-    2.052,
-    2.048,
-    2.045,
-    2.042,
-)
-Z_975 = 1.959963984540054
-
-
-def t_975(degrees: int) -> float:
-    """The two-sided 95% quantile of Student's t with ``degrees`` degrees of freedom."""
-    return T_975[degrees - 1] if degrees <= len(T_975) else Z_975
-
-
 MODALITIES = ("language", "vision")
 
 
@@ -103,58 +60,10 @@ def keys_of(keys: Iterable[str], wanted: str) -> list[str]:
     return [key for key in keys if modality(key) == wanted]
 
 
-def bootstrap(statistic: Callable[[np.ndarray], float], units: int, resamples: int = RESAMPLES, seed: int = 0):
-    """``statistic`` of ``resamples`` draws of ``units`` unit indices with replacement ((units,) int arrays);
-    returns the finite replicates as an array."""
-    generator = np.random.default_rng(seed)
-    replicates = [statistic(generator.integers(0, units, units)) for _ in range(resamples)]
-    values = np.asarray([r for r in replicates if r is not None and np.isfinite(r)], dtype=np.float64)
-    return values
-
-
-def percentile_interval(replicates: np.ndarray, level: float = LEVEL) -> list[float] | None:
-    """The central ``level`` percentile interval of bootstrap replicates (None without replicates)."""
-    if len(replicates) == 0:
-        return None
-    tail = 100 * (1 - level) / 2
-    return [float(np.percentile(replicates, tail)), float(np.percentile(replicates, 100 - tail))]
-
-
-def seed_interval(a: list[float], b: list[float], noise: tuple[float, int] | None) -> list[float] | None:
-    """95% interval of ``mean(a) - mean(b)`` over seeds: the difference ± t · s · sqrt(1/n_a + 1/n_b), with ``noise``
-    = (s, degrees of freedom) the pooled seed standard deviation (:func:`pooled_std`; None when no cell has two seeds:
-    the noise is unknown)."""
-    if noise is None:
-        return None
-    std, degrees = noise
-    difference = float(np.mean(a) - np.mean(b))
-    half = t_975(degrees) * std * np.sqrt(1 / len(a) + 1 / len(b))
-    return [difference - half, difference + half]
-
-
-def pooled_std(cells: Iterable[list[float]]) -> tuple[float, int] | None:
-    """The pooled sample standard deviation of the cells with two or more values and its degrees of freedom (None if
-    there is no such cell)."""
-    squares, degrees = 0.0, 0
-    for values in cells:
-        if len(values) > 1:
-            squares += float(np.sum((np.asarray(values) - np.mean(values)) ** 2))
-            degrees += len(values) - 1
-    return (float(np.sqrt(squares / degrees)), degrees) if degrees else None
-
-
 def direction_verdict(interval: list[float] | None, expected_sign: int) -> str:
     """:data:`REPRODUCES` when ``interval`` (of a difference the paper predicts to have ``expected_sign``) excludes
     zero on the predicted side, :data:`OPPOSITE` on the other, else (or without an interval) :data:`NOT_SEPARATED`."""
-    if interval is None:
-        return NOT_SEPARATED
-    low, high = (expected_sign * value for value in interval)
-    low, high = min(low, high), max(low, high)
-    if low > 0:
-        return REPRODUCES
-    if high < 0:
-        return OPPOSITE
-    return NOT_SEPARATED
+    return {1: REPRODUCES, -1: OPPOSITE, 0: NOT_SEPARATED}[expected_sign * side_of_zero(interval)]
 
 
 def gated(verdict: str, saturated: bool = False, uninformative: bool = False) -> str:

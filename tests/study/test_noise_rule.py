@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from mmoe.stats import t_quantile
 from mmoe.study.claims import Claim
 from mmoe.study.command import claims_from
 from mmoe.study.decisions import _pretraining_decision, decision_text, run_decisions
 from mmoe.study.plan import ClaimPlan, read_plan, write_plan
 from mmoe.study.plan_design import shipped_rules
-from mmoe.study.run_statistics import t_quantile
 from mmoe.study.runs import Measures
 from mmoe.study.verdicts import NOT_SEPARATED, REPRODUCES
 

@@ -9,18 +9,11 @@ import numpy as np
 import torch
 
 from mmoe.metrics.routing import activation_ratio, choice_activation_ratio
+from mmoe.stats import bootstrap, percentile_interval
 from mmoe.study.claims.claim import Claim, Statement, modality_claim
 from mmoe.study.plan import ClaimPlan
 from mmoe.study.plan_design import shipped_rules
-from mmoe.study.verdicts import (
-    bootstrap,
-    combined,
-    describe,
-    direction_verdict,
-    gated,
-    keys_of,
-    percentile_interval,
-)
+from mmoe.study.verdicts import combined, describe, direction_verdict, gated, keys_of
 
 # The plan's gates: diversity is saturated when both regions reach ``saturation_share`` of the ceiling min(h, E);
 # activation ratios from ``activation_ceiling`` (every expert active); an expert is active above

@@ -5,18 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from mmoe.stats import bootstrap, percentile_interval
 from mmoe.study.claims.claim import Claim, Statement, modality_claim
 from mmoe.study.plan import ClaimPlan
 from mmoe.study.plan_design import shipped_rules
-from mmoe.study.verdicts import (
-    NOT_SEPARATED,
-    bootstrap,
-    describe,
-    direction_verdict,
-    gated,
-    keys_of,
-    percentile_interval,
-)
+from mmoe.study.verdicts import NOT_SEPARATED, describe, direction_verdict, gated, keys_of
 
 # -- Stratified MoE §5: requested capacity ---------------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from mmoe.pipeline.benchmarks import benchmark_named
+from mmoe.stats import pooled_std, seed_interval
 from mmoe.study.claims.claim import Claim, Statement
 from mmoe.study.plan_design import TASK_ORDER
 from mmoe.study.plan_gpu import SHIPPED_NOT_RUN_UNIT
@@ -21,8 +22,6 @@ from mmoe.study.verdicts import (
     describe,
     direction_verdict,
     gated,
-    pooled_std,
-    seed_interval,
 )
 from mmoe.tasks.captioning import CaptioningFineTuning
 from mmoe.tasks.nlvr2 import NLVR2FineTuning
@@ -65,7 +64,7 @@ def tasks_claim(scores: dict, chance: dict[str, float]) -> Claim:
     task -> list over seeds of that run's ``scores.json``; ``chance``: task -> its chance level.
 
     Each gap of the order gets a Student-t interval over seeds from the task's pooled seed standard deviation
-    (:func:`mmoe.study.verdicts.seed_interval`; not separated when no cell has two seeds); a task's order is
+    (:func:`mmoe.stats.seed_interval`; not separated when no cell has two seeds); a task's order is
     contradicted by one reversed gap (:func:`order_verdict`). A task where no variant beats its chance level is
     uninformative; the claim combines the informative tasks (:func:`mmoe.study.verdicts.combined`)."""
     table = {

@@ -8,18 +8,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from mmoe.stats import bootstrap, percentile_interval
 from mmoe.study.claims.claim import Claim, Statement, empty_claim, modality_claim
 from mmoe.study.plan import ClaimPlan
 from mmoe.study.plan_design import shipped_rules
-from mmoe.study.verdicts import (
-    bootstrap,
-    describe,
-    direction_verdict,
-    gated,
-    keys_of,
-    log_mean,
-    percentile_interval,
-)
+from mmoe.study.verdicts import describe, direction_verdict, gated, keys_of, log_mean
 
 # The plan's gates: fluctuation is uninformative when both routers change expert at least
 # ``random_fluctuation_share`` as often as a random reassignment with the same loads would (1 - Σ_e p_e²): routing is
