@@ -39,7 +39,7 @@ DEFAULT_ROUTING_DIM = 16
 
 
 @dataclass(frozen=True, kw_only=True)
-class RoutingChoices(Balance, Capacity, Selection, Scoring, ExpertPool):
+class RoutingChoices(ExpertPool, Scoring, Selection, Capacity, Balance):
     """How MoE layers route, whatever their width: the five parts of :mod:`mmoe.moe.choices` (see each for its
     fields), checked in turn. Errors name the field as ``<class>.<field>`` of the config that holds it."""
 
