@@ -1,6 +1,6 @@
-"""The routers' scorers by the name a config gives them (``MoEConfig.router``): one line per scorer, its module
-(:mod:`mmoe.moe.scorers.base`) holding all the rest. A new router is a module beside these, its line here, and its
-reference test (``docs/how-to/add_a_router.md``)."""
+"""The routers' scorers by the name a config gives them (``MoEConfig.router``): one line per scorer, each scorer's
+own module (a :class:`mmoe.moe.scorers.base.Scorer`) holding all the rest. A new router is a module beside these, its
+line here, and its reference test (``docs/how-to/add_a_router.md``)."""
 
 from mmoe.moe.scorers.base import LayerConfig, Scorer
 from mmoe.moe.scorers.linear import LinearScorer
