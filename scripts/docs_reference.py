@@ -48,7 +48,7 @@ CONFIGS = {
 }
 #: The API pages: file name, title, mkdocstrings directives.
 API_PAGES = {
-    "moe": ("mmoe.moe", ["mmoe.moe", "mmoe.moe.routing_details.RoutingDetails"]),
+    "moe": ("mmoe.moe", ["mmoe.moe", "mmoe.moe.choices", "mmoe.moe.scorers", "mmoe.moe.scorers.base.Scorer"]),
     "model": ("mmoe.model", ["mmoe.model"]),
     "tasks": (
         "mmoe.tasks",

@@ -28,6 +28,7 @@ from mmoe.model.config import MODALITIES
 from mmoe.model.cost import backbone_cost
 from mmoe.model.output_vocab import load_output_vocab
 from mmoe.model.vqkd import read_vqkd_shape, vqkd_cost
+from mmoe.moe.scorers import SCORERS
 from mmoe.runtime.checkpoint import PREFIX, config_from_dict, read_pretrained
 from mmoe.safe_load import load_checkpoint_file
 from mmoe.tasks.catalog import class_path, task_of_class_path
@@ -182,7 +183,7 @@ def variant_name(config: MultiwayConfig) -> str:
         return "dense"
     if moe.strata is not None:
         return f"Stratified MoE, strata {moe.strata}"
-    router = "X-MoE" if moe.router == "xmoe" else "Switch"
+    router = SCORERS[moe.router].label
     heads = f" MH-MoE h={moe.heads}" if moe.heads > 1 else ""
     shared = f" + {moe.shared_experts} shared" if moe.shared_experts else ""
     width = f", expert width {moe.beta:g} x FFN" if moe.beta != 1.0 else ""

@@ -2,8 +2,9 @@
 
 MH-MoE App. D counts weights only, with a linear router: Gamma = 2d^2 + dN/h + 8 beta d^2 N / h for an FFN of inner
 width 4d (MH-MoE Eq. 21-24). mmoe's layer also has biases (experts: H + D/h each; multi-head layer: d; merge layer:
-d), an X-MoE router has a (D/h x d_e) projection, N x d_e expert embeddings and a temperature in place of the
-(D/h x N) linear router, and an optional Sub-LN adds 2H per expert. DeepSeekMoE's shared experts (Dai et al., 2024,
+d), each router counts its own scorer (:mod:`mmoe.moe.scorers`: an X-MoE router has a (D/h x d_e) projection, N x d_e
+expert embeddings and a temperature in place of the (D/h x N) linear router), and an optional Sub-LN adds 2H per
+expert. DeepSeekMoE's shared experts (Dai et al., 2024,
 §3.2, Eq. 9) are K_s more experts of the same shape that every sub-token passes through; fine-grained experts
 (§3.1) are the same formulas at a smaller H = beta * ffn_dim. With expert-choice routing (Zhou et al., 2022) a token
 is taken by a data-dependent number of experts, c on average (the capacity factor): the per-token counts use that
@@ -15,13 +16,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from mmoe.moe.config import MoEConfig
+from mmoe.moe.scorers import SCORERS
 
 
 def router_parameters(config: MoEConfig, num_experts: int | None = None) -> int:
+    """One router's parameters, as its scorer counts them (:meth:`mmoe.moe.scorers.Scorer.parameter_count`)."""
     num_experts = config.num_experts if num_experts is None else num_experts
-    if config.router == "xmoe":
-        return config.head_dim * config.routing_dim + num_experts * config.routing_dim + 1
-    return config.head_dim * num_experts  # MH-MoE Eq. 19 / 22
+    return SCORERS[config.router].parameter_count(config, num_experts)
 
 
 def expert_parameters(config: MoEConfig) -> int:
@@ -78,11 +79,9 @@ def routed_experts(config: MoEConfig) -> float:
 
 
 def router_flops(config: MoEConfig, num_experts: int) -> int:
-    """Scores of one token's sub-tokens over ``num_experts`` experts (MH-MoE Eq. 12, 15; X-MoE Eq. 7: projection
-    to the routing dimension, then the expert embeddings)."""
-    if config.router == "xmoe":
-        return 2 * config.heads * (config.head_dim * config.routing_dim + config.routing_dim * num_experts)
-    return 2 * config.heads * config.head_dim * num_experts
+    """Scores of one token's h sub-tokens over ``num_experts`` experts (MH-MoE Eq. 12, 15), each as its scorer
+    counts them (:meth:`mmoe.moe.scorers.Scorer.flops_per_sub_token`)."""
+    return config.heads * SCORERS[config.router].flops_per_sub_token(config, num_experts)
 
 
 def gate_cost(config: MoEConfig, gate: int) -> tuple[int, int]:

@@ -33,7 +33,8 @@ from mmoe.moe.expert_choice import combine_expert_choice, plan_expert_choice
 from mmoe.moe.expert_parallel import ExpertShard, exchange
 from mmoe.moe.experts import GroupedExperts
 from mmoe.moe.priority import plan_token_dispatch
-from mmoe.moe.router import Router, RouterOutput, XMoEScorer
+from mmoe.moe.router import Router, RouterOutput
+from mmoe.moe.scorers import XMoEScorer
 from mmoe.moe.token_layout import TokenLayout
 
 

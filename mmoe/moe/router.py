@@ -1,24 +1,24 @@
 """Routers: score (sub-)tokens against experts, pick the top-k, and compute the balance loss.
 
-Scorers:
+Scorers, each one module of :mod:`mmoe.moe.scorers` named by ``MoEConfig.router``:
 
-* :class:`LinearScorer` — s_i = h·e_i (Switch Transformer / GShard).
-* :class:`XMoEScorer` — X-MoE (Chi et al., 2022) §3.1: s_i = cos(W h, e_i) (X-MoE Eq. 7) with W a bias-free
-  projection to d_e dimensions, gated as softmax(s / tau) or sigmoid(s / tau) with a learnable temperature tau
-  (X-MoE Eq. 8).
+* :class:`mmoe.moe.scorers.LinearScorer` — s_i = h·e_i (Switch Transformer / GShard).
+* :class:`mmoe.moe.scorers.XMoEScorer` — X-MoE (Chi et al., 2022) §3.1: s_i = cos(W h, e_i) (X-MoE Eq. 7) with W a
+  bias-free projection to d_e dimensions, gated as softmax(s / tau) or sigmoid(s / tau) with a learnable temperature
+  tau (X-MoE Eq. 8).
 
 Balance loss (X-MoE Eq. 9, Switch form; MH-MoE Eq. 10 over sub-tokens): ``N * sum_i f_i * P_i``, with f_i the share of
 non-padding (sub-)tokens whose *first* choice is expert i and P_i their mean routing probability. For the X-MoE scorer
 P is a softmax over s / tau_0 with the fixed tau_0 (= tau's initial value), also when the gate is a sigmoid. DeepSeek's
 conventions (every choice counted, per sequence) are in :mod:`mmoe.moe.balance`.
 
-Routing details (:class:`mmoe.moe.routing_details.RoutingDetails`): Switch Transformer's router jitter, DeepSeek-V2/V3's
-group-limited top-k (:mod:`mmoe.moe.group_limited`) and routed scaling factor, LIMoE's entropy losses
-(:mod:`mmoe.moe.entropy_losses`), and each (sub-)token's top gate value for V-MoE's batch-priority routing
-(:mod:`mmoe.moe.priority`). The jitter (Fedus et al., 2022) is as Switch Transformer's released Mesh TensorFlow code
-has it (``moe.py``'s default ``input_jitter`` policy, ``layers.multiplicative_jitter``): in training only, the
-router's input, not the experts', times noise uniform in [1 - eps, 1 + eps], eps = 1e-2 there; the paper's section
-for it is unchecked, so none is cited.
+Routing details (the parts of :class:`mmoe.moe.RoutingChoices`, :mod:`mmoe.moe.choices`): Switch Transformer's
+router jitter, DeepSeek-V2/V3's group-limited top-k (:mod:`mmoe.moe.group_limited`) and routed scaling factor, LIMoE's
+entropy losses (:mod:`mmoe.moe.entropy_losses`), and each (sub-)token's top gate value for V-MoE's batch-priority
+routing (:mod:`mmoe.moe.priority`). The jitter (Fedus et al., 2022) is as Switch Transformer's released Mesh
+TensorFlow code has it (``moe.py``'s default ``input_jitter`` policy, ``layers.multiplicative_jitter``): in training
+only, the router's input, not the experts', times noise uniform in [1 - eps, 1 + eps], eps = 1e-2 there; the paper's
+section for it is unchecked, so none is cited.
 
 Global-batch balance loss (Qiu et al., 2025; ``MoEConfig.balance_batch="global"``): in training, with a process group,
 f_i is counted over every data-parallel rank's (sub-)tokens (one all-reduce), and each rank's P_i is its share of the
@@ -39,77 +39,18 @@ Shape legend: S (sub-)tokens, E experts, K top-k choices, R routing dim.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
 from mmoe.moe.balance import balance_loss, counted_choices, sequence_balance_loss
-from mmoe.moe.config import EXPERT_EMBEDDING_NORM, MoEConfig
+from mmoe.moe.config import MoEConfig
 from mmoe.moe.entropy_losses import entropy_losses
 from mmoe.moe.group_limited import group_limited_top_k
+from mmoe.moe.scorers import SCORERS
 from mmoe.moe.token_layout import TokenLayout
-
-
-class LinearScorer(nn.Module):
-    """Dot-product scores s_i = h·e_i of Switch / GShard; the logits are the scores."""
-
-    def __init__(self, in_dim: int, num_experts: int) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(num_experts, in_dim))
-        nn.init.normal_(self.weight, std=0.02)
-
-    def forward(self, x_SD: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns (gate logits, balance-loss logits), both (S, E) in x's dtype (fp32 or wider)."""
-        logits_SE = x_SD @ self.weight.to(x_SD.dtype).t()
-        return logits_SE, logits_SE
-
-
-class XMoEScorer(nn.Module):
-    """X-MoE routing scores on a low-dimensional hypersphere (Chi et al., 2022, §3.1, Eq. 7-8).
-
-    Expert embeddings start at L2 norm 0.1 ("Implementation Tips"). The cosine score does not depend on that norm;
-    the norm only sets how fast an embedding's angle moves under the optimiser, so it is restored after each
-    optimiser step by :func:`mmoe.moe.restore_expert_embedding_norm`, never inside ``forward``.
-    """
-
-    def __init__(self, in_dim: int, num_experts: int, routing_dim: int, initial_temperature: float) -> None:
-        super().__init__()
-        self.projection = nn.Linear(in_dim, routing_dim, bias=False)  # W in X-MoE Eq. 7
-        self.expert_embeddings = nn.Parameter(torch.empty(num_experts, routing_dim))  # e_i in X-MoE Eq. 7
-        # tau is learned through its logarithm so it stays positive; a (1,) tensor, not a scalar, because FSDP2's
-        # fully_shard refuses 0-dim parameters (files with the older scalar still load, see below).
-        self.log_temperature = nn.Parameter(torch.full((1,), math.log(initial_temperature)))
-        self._register_load_state_dict_pre_hook(_scalar_temperature_as_vector)
-        self.register_buffer("balance_temperature", torch.tensor(initial_temperature), persistent=False)  # tau_0
-        nn.init.normal_(self.expert_embeddings)
-        self.restore_embedding_norm()
-
-    @property
-    def temperature(self) -> torch.Tensor:
-        return self.log_temperature.exp()
-
-    @torch.no_grad()
-    def restore_embedding_norm(self) -> None:
-        """Rescale every expert embedding to L2 norm 0.1 (X-MoE §3.1, Implementation Tips)."""
-        self.expert_embeddings.mul_(EXPERT_EMBEDDING_NORM / self.expert_embeddings.norm(dim=-1, keepdim=True))
-
-    def forward(self, x_SD: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns (s / tau for the gate, s / tau_0 for the balance loss), both (S, E) in x's dtype (fp32 or wider)."""
-        token_SR = F.normalize(x_SD @ self.projection.weight.to(x_SD.dtype).t(), dim=-1)
-        expert_ER = F.normalize(self.expert_embeddings.to(x_SD.dtype), dim=-1)
-        cosine_SE = token_SR @ expert_ER.t()  # X-MoE Eq. 7, in [-1, 1]
-        return cosine_SE / self.temperature.to(x_SD.dtype), cosine_SE / self.balance_temperature
-
-
-def _scalar_temperature_as_vector(state_dict: dict, prefix: str, *args) -> None:
-    """load_state_dict pre-hook: a checkpoint's 0-dim ``log_temperature`` (written before it became (1,)) loads."""
-    key = prefix + "log_temperature"
-    if key in state_dict and state_dict[key].dim() == 0:
-        state_dict[key] = state_dict[key].reshape(1)
 
 
 @dataclass
@@ -139,8 +80,8 @@ class RouterOutput:
 
 
 class Router(nn.Module):
-    """Scorer + gate + top-k (any k <= E) + balance loss (X-MoE Eq. 7-9; GShard top-2), with the routing details of
-    :class:`mmoe.moe.routing_details.RoutingDetails`."""
+    """Scorer + gate + top-k (any k <= E) + balance loss (X-MoE Eq. 7-9; GShard top-2), as the parts of
+    :class:`mmoe.moe.RoutingChoices` say."""
 
     def __init__(self, config: MoEConfig, num_experts: int | None = None) -> None:
         """``num_experts`` overrides the config's (a Stratified MoE gate scores its visible experts only); top-k is
@@ -159,10 +100,7 @@ class Router(nn.Module):
             self.register_buffer("selection_bias", torch.zeros(num_experts))
         else:
             self.selection_bias = None
-        if config.router == "xmoe":
-            self.scorer = XMoEScorer(config.head_dim, num_experts, config.routing_dim, config.initial_temperature)
-        else:
-            self.scorer = LinearScorer(config.head_dim, num_experts)
+        self.scorer = SCORERS[config.router](config, num_experts)
 
     def forward(
         self, x_SD: torch.Tensor, valid_S: torch.Tensor | None, layout: TokenLayout | None = None

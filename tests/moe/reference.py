@@ -1,7 +1,9 @@
 """A straightforward per-token reference of :class:`mmoe.moe.MoELayer`, written from the papers' equations.
 
-It reads the layer's parameters but none of its code paths: scores, gates, top-k, capacity and the balance loss are
-recomputed token by token with plain loops, so the sort-based dispatch can be checked against it.
+It reads the layer's parameters but none of its batched code paths: each scorer's scores are its module's per-token
+form (:meth:`mmoe.moe.scorers.Scorer.reference_scores`, written expert by expert from its paper's equation), and
+gates, top-k, capacity and the balance loss are recomputed token by token with plain loops, so the sort-based
+dispatch can be checked against it.
 """
 
 from __future__ import annotations
@@ -15,17 +17,10 @@ from mmoe.moe import MoELayer
 
 
 def reference_scores(router, config, x_D: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(gate logits, balance logits) of ``router`` for one (sub-)token."""
-    scorer = router.scorer
-    if config.router == "xmoe":
-        projected = scorer.projection.weight @ x_D  # W h
-        cosines = torch.stack(
-            [projected @ e / (projected.norm() * e.norm()) for e in scorer.expert_embeddings]
-        )  # X-MoE Eq. 7
-        # tau_0 as the layer stores it (0.3 rounded to float32 before .double()); its value: test_layer.py
-        return cosines / scorer.log_temperature.exp(), cosines / scorer.balance_temperature
-    logits = torch.stack([x_D @ e for e in scorer.weight])
-    return logits, logits
+    """(gate logits, balance logits) of ``router`` for one (sub-)token, as its scorer's module writes them out from
+    the paper's equation (:meth:`mmoe.moe.scorers.Scorer.reference_scores`; X-MoE's tau_0 as the layer stores it, 0.3
+    rounded to float32 before .double(): its value is checked in test_layer.py)."""
+    return router.scorer.reference_scores(x_D)
 
 
 def reference_expert(experts, expert: int, x_D: torch.Tensor) -> torch.Tensor:

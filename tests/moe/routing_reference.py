@@ -1,4 +1,4 @@
-"""A per-token reference of the routing details (:mod:`mmoe.moe.routing_details`), written from the papers.
+"""A per-token reference of the routing details (:mod:`mmoe.moe.choices`), written from the papers.
 
 Plain loops over (sub-)tokens: LIMoE's per-modality entropy losses (thresholded), V-MoE's
 batch-priority capacity, DeepSeekMoE's all-choices balance loss (Eq. 12-14), DeepSeek-V3's sequence-wise

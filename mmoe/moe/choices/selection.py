@@ -1,0 +1,132 @@
+"""Which experts a router picks and how their outputs are weighed: top-k token choice or expert choice (Zhou et al.,
+2022, :mod:`mmoe.moe.expert_choice`), loss-free balancing's selection bias (Wang et al., 2024), DeepSeek-V2/V3's
+group-limited top-k (:mod:`mmoe.moe.group_limited`) and routed scaling factor."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from mmoe.moe.choices.values import finite_at_least, finite_or_none, is_int, refuse, require
+
+ROUTINGS = ("token_choice", "expert_choice")
+GROUP_SCORES = ("max", "top_sum")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Selection:
+    """How a router selects and weighs experts (a part of :class:`mmoe.moe.RoutingChoices`).
+
+    Args:
+        top_k: experts per (sub-)token, any k <= num_experts (k > 2 as in fine-grained MoE: DeepSeekMoE, Dai et al.,
+            2024, §3.1, Eq. 9-11, routes m*K of m*N segmented experts).
+        renormalize: with top-k > 1, divide the k gate weights by their sum (GShard, torchscale; before any capacity
+            drop). False keeps the raw gate values, as MH-MoE Eq. 2 / 6 and Stratified MoE Eq. 6 write the mix.
+        routing: ``"token_choice"``: each (sub-)token picks its top-k experts. ``"expert_choice"`` (Zhou et al., 2022,
+            §3.2, :mod:`mmoe.moe.expert_choice`): each expert picks its top-C (sub-)tokens of the batch by gate value,
+            C from ``capacity_factor``; a token may be taken by no expert (``RoutingRecord.unrouted_fraction``) or by
+            several. Balanced by construction: its balance loss is 0. top_k must stay 1 (unused); refused with
+            strata, ``bias_update_rate`` and ``balance_batch: global`` (nothing to balance) and without a finite
+            capacity factor. The experts run batched as E slices of C rows, or through the fused kernels with
+            ``expert_kernels: triton``.
+            A token's routing depends on the other tokens of its batch: evaluation results change with the
+            evaluation batch size (and which samples share a batch), and tasks whose text is causal (captioning)
+            refuse it, since an earlier token's routing would depend on later ones.
+        bias_update_rate: auxiliary-loss-free load balancing (Wang et al., 2024, §3, Eq. 3 and Algorithm 1): each
+            router keeps a per-expert bias b (a buffer, saved in checkpoints) added to the gate scores for the top-k
+            selection only (the gate weights stay the unbiased scores) and updated after each optimiser step by
+            ``b_i += u * sign(mean load - load_i)`` with u this rate (the paper's u = 0.001), the loads counted over
+            the step's (sub-)token choices on every data-parallel rank. 0 = off. The balance-loss weight can then
+            be 0. Not defined for Stratified MoE gates (refused).
+        routed_scaling_factor: DeepSeek-V2/V3's routed scaling factor: the routed experts' combined output (the gate
+            weights, after any renormalisation) is multiplied by this constant; shared experts are not scaled.
+            1.0 = none (the default; DeepSeek-V2's released config uses 16.0, DeepSeek-V3's 2.5).
+        expert_groups: group-limited routing (DeepSeek-V2 §2.1.3 device-limited routing, DeepSeek-V3 §2.1.2
+            node-limited routing): the experts in G equal groups of consecutive ids; each (sub-)token first chooses
+            its ``top_groups`` best groups, then its top-k experts inside them. 1 = no groups (the default).
+        top_groups: M, the groups each (sub-)token may route to (DeepSeek-V2: M = 3 of its 8 devices; DeepSeek-V3:
+            M = 4 of its 8 nodes). None = every group (no limit).
+        group_score: how a group is ranked. ``"max"`` (DeepSeek-V2): its best expert's score. ``"top_sum"``
+            (DeepSeek-V3): the sum of its K/M highest scores (2 in V3: K = 8, M = 4). Scores are the gate values,
+            plus the loss-free selection bias when set (as DeepSeek-V3 ranks with the biased scores).
+    """
+
+    top_k: int = 1
+    renormalize: bool = True
+    routing: Literal["token_choice", "expert_choice"] = "token_choice"
+    bias_update_rate: float = 0.0
+    routed_scaling_factor: float = 1.0
+    expert_groups: int = 1
+    top_groups: int | None = None
+    group_score: Literal["max", "top_sum"] = "max"
+
+    def _check_selection(self) -> None:
+        """Each choice's range, then the combinations (reads ``num_experts``, ``strata`` and the capacity)."""
+        owner = type(self).__name__
+        require(self, [("top_k", is_int(self.top_k) and self.top_k > 0, "a positive integer")])
+        if self.top_k > self.num_experts:
+            raise ValueError(f"{owner}.top_k={self.top_k} exceeds {owner}.num_experts={self.num_experts}")
+        scaling = self.routed_scaling_factor
+        require(
+            self,
+            [
+                ("bias_update_rate", finite_at_least(self.bias_update_rate, 0.0), "a finite number >= 0"),
+                ("routing", self.routing in ROUTINGS, f"one of {ROUTINGS}"),
+                ("routed_scaling_factor", finite_at_least(scaling, 0.0) and scaling != 0, "a finite number > 0"),
+                ("group_score", self.group_score in GROUP_SCORES, f"one of {GROUP_SCORES}"),
+            ],
+        )
+        if self.routing == "expert_choice":
+            self._check_expert_choice()
+        refuse(self, self._group_refusals())
+        refuse(
+            self,
+            [
+                (
+                    "routed_scaling_factor",
+                    scaling != 1 and self.routing != "token_choice",
+                    "DeepSeek's routed scaling applies to token-choice routing",
+                )
+            ],
+        )
+
+    def _check_expert_choice(self) -> None:
+        infinite = "each expert takes ceil(c * n / num_experts) tokens: c must be finite (c = num_experts already "
+        infinite += "gives every expert every token)"
+        refuse(
+            self,
+            [
+                (
+                    "capacity_factor",
+                    self.capacity_factor is None,
+                    "each expert's share needs Zhou et al.'s c, e.g. 2.0",
+                ),
+                ("capacity_factor", not finite_or_none(self.capacity_factor), infinite),
+                ("eval_capacity_factor", not finite_or_none(self.eval_capacity_factor), infinite),
+                ("top_k", self.top_k != 1, "experts pick the tokens; leave top_k at 1"),
+                ("strata", self.strata is not None, "Stratified MoE gates route by token choice"),
+                ("bias_update_rate", self.bias_update_rate > 0, "every expert's load is fixed at its capacity"),
+                ("balance_batch", self.balance_batch != "local", "expert choice has no balance loss"),
+            ],
+            context=" with routing='expert_choice'",
+        )
+
+    def _group_refusals(self) -> list[tuple[str, bool, str]]:
+        groups = self.expert_groups
+        if not is_int(groups) or groups < 1:
+            return [("expert_groups", True, "expected a positive integer")]
+        per_group = self.num_experts // groups
+        top = groups if self.top_groups is None else self.top_groups
+        good_top = is_int(top) and 1 <= top <= groups
+        summed = self.top_k // top if good_top else 1
+        return [
+            ("expert_groups", self.num_experts % groups != 0,
+             f"must divide num_experts={self.num_experts} (groups of equal size)"),
+            ("top_groups", not good_top, f"expected None or an integer in [1, expert_groups={groups}]"),
+            ("top_groups", good_top and self.top_k > top * per_group,
+             f"top_k={self.top_k} exceeds the {top} x {per_group} experts of the groups chosen"),
+            ("group_score", self.group_score == "top_sum" and groups > 1 and not 1 <= summed <= per_group,
+             f"sums the top_k // top_groups = {summed} best scores of a group of {per_group}; needs 1 to {per_group}"),
+            ("expert_groups", groups > 1 and self.routing != "token_choice", "groups limit token-choice routing"),
+            ("expert_groups", groups > 1 and self.strata is not None, "Stratified MoE gates see a stratum's experts"),
+        ]  # fmt: skip
