@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from mmoe.data.converters.coco import CAPTION_TOKENS_FILE, write_caption_tokens
+from mmoe.data.converters.build_captions import CAPTION_TOKENS_FILE, write_caption_tokens
 from mmoe.model import MoEPlan, MultiwayConfig
 from mmoe.tasks.captioning import CaptioningFineTuning
 

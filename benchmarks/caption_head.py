@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mmoe.data.converters.coco import CAPTION_TOKENS_FILE, write_caption_tokens
+from mmoe.data.converters.build_captions import CAPTION_TOKENS_FILE, write_caption_tokens
 from mmoe.data.synth.language import captions
 from mmoe.data.synth.scenes import sample_scene
 from mmoe.data.tokenizer import MASK_ID, TextTokenizer

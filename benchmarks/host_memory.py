@@ -34,7 +34,7 @@ SETTINGS = {"default": "0", "kept": "1"}  # MMOE_KEEP_FREED_MEMORY
 def child(steps: int, threads: int) -> dict:
     import torch
 
-    from mmoe.data.converters.coco import CAPTION_TOKENS_FILE, write_caption_tokens
+    from mmoe.data.converters.build_captions import CAPTION_TOKENS_FILE, write_caption_tokens
     from mmoe.host_memory import keep_freed_memory
     from mmoe.pipeline.settings import DEMO
     from mmoe.runtime.optimizer import parameter_groups

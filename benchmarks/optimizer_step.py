@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from mmoe.config.launch import read_config
-from mmoe.data.converters.coco import CAPTION_TOKENS_FILE, write_caption_tokens
+from mmoe.data.converters.build_captions import CAPTION_TOKENS_FILE, write_caption_tokens
 from mmoe.model import MultiwayConfig
 from mmoe.model.config import config_from_dict
 from mmoe.pipeline.launch import pretrain_configs

@@ -31,7 +31,7 @@ from mmoe.data.converters import (
     convert_vqav2,
     staging,
 )
-from mmoe.data.converters.coco import CAPTION_TOKENS_FILE
+from mmoe.data.converters.build_captions import CAPTION_TOKENS_FILE
 from mmoe.data.converters.common import read_image
 from mmoe.data.shards import ShardWriter, expected_samples, resolve_shards
 from mmoe.data.transforms import decode_image
@@ -111,7 +111,7 @@ def interrupt_on_call(monkeypatch, module, function_name: str, call: int) -> Non
 
 
 def test_vqa_answers_json_is_swapped_with_its_shards(tmp_path, monkeypatch):
-    from mmoe.data.converters import vqav2
+    from mmoe.data.converters import build_vqa
 
     q, a = vqa_files(tmp_path)
     image_file(tmp_path / "coco/COCO_train2014_000000000009.jpg")
@@ -122,7 +122,7 @@ def test_vqa_answers_json_is_swapped_with_its_shards(tmp_path, monkeypatch):
     assert manifest.files == files and manifest.to_json()["files"] == files
     before = folder_bytes(out)
     q, a = vqa_files(tmp_path, answers={9000: ["blue"] * 10, 9001: ["yes"] * 10, 42000: ["4"] * 10})
-    interrupt_on_call(monkeypatch, vqav2, "with_image", 3)
+    interrupt_on_call(monkeypatch, build_vqa, "with_image", 3)
     with pytest.raises(KeyboardInterrupt):
         convert_vqav2(q, tmp_path / "coco", out, annotations=a, min_answer_count=1, shard_size=1)
     assert folder_bytes(out) == before and siblings(out) == []
@@ -135,7 +135,7 @@ def test_vqa_answers_json_is_swapped_with_its_shards(tmp_path, monkeypatch):
 
 
 def test_caption_tokens_are_swapped_with_their_shards(tmp_path, monkeypatch):
-    from mmoe.data.converters import coco
+    from mmoe.data.converters import build_captions
 
     path = karpathy_file(tmp_path)
     for cocoid, folder in ((1, "train2014"), (2, "val2014"), (3, "val2014")):
@@ -143,7 +143,7 @@ def test_caption_tokens_are_swapped_with_their_shards(tmp_path, monkeypatch):
     out = tmp_path / "out"
     convert_karpathy(path, "test", tmp_path / "coco", out, name="captions")
     before = folder_bytes(out)
-    interrupt_on_call(monkeypatch, coco, "with_image", 2)
+    interrupt_on_call(monkeypatch, build_captions, "with_image", 2)
     with pytest.raises(KeyboardInterrupt):
         convert_karpathy(path, "train,restval", tmp_path / "coco", out, name="captions")
     assert folder_bytes(out) == before

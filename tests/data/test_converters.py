@@ -21,7 +21,7 @@ from mmoe.data.converters import (
     convert_vqav2,
     image_names,
 )
-from mmoe.data.converters.coco import CAPTION_TOKENS_FILE
+from mmoe.data.converters.build_captions import CAPTION_TOKENS_FILE
 from mmoe.data.shards import resolve_shards
 from mmoe.data.streams import ShardStream
 from mmoe.data.tokenizer import SOT_ID, TextTokenizer

@@ -2,14 +2,19 @@
 pre-training corpora, and from a user's own image folder and table (:mod:`.own_data`), to webdataset shards with a
 ``manifest.json``.
 
-The benchmarks' HF ``datasets`` parquet copies convert to the same shards through :mod:`.parquet_vqav2`,
-:mod:`.parquet_captions` and :mod:`.parquet_nlvr2` (over :mod:`.parquet`); they are imported from there, so that only
-a parquet conversion loads pyarrow."""
+A benchmark converter is a reader and a builder. One reader per source checks its whole input and yields one typed
+record per sample (:mod:`.records`: ``VQAQuestion``, ``NLVR2Pair``, ``CaptionedImage``) beside where its image comes
+from: the official files (:mod:`.vqav2`, :mod:`.nlvr2`, :mod:`.coco`), the HF ``datasets`` parquet copies
+(:mod:`.parquet_vqav2`, :mod:`.parquet_nlvr2`, :mod:`.parquet_captions`, over :mod:`.parquet`; imported from there, so
+that only a parquet conversion loads pyarrow) and a user's own table (:mod:`.own_data`). One builder per benchmark
+turns the records into samples and writes the split (:mod:`.build_vqa`, :mod:`.build_nlvr2`, :mod:`.build_captions`,
+over :func:`.common.write_split`), so a benchmark's shards are the same whatever source they come from."""
 
+from mmoe.data.converters.build_nlvr2 import image_names
 from mmoe.data.converters.coco import convert_coco_captions, convert_karpathy
 from mmoe.data.converters.common import ConversionError
 from mmoe.data.converters.corpora import convert_images, convert_text, convert_tsv
-from mmoe.data.converters.nlvr2 import convert_nlvr2, image_names
+from mmoe.data.converters.nlvr2 import convert_nlvr2
 from mmoe.data.converters.own_data import convert_own_captions, convert_own_pairs, convert_own_vqa
 from mmoe.data.converters.vqav2 import convert_vqav2
 

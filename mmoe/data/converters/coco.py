@@ -1,5 +1,6 @@
-"""COCO captions (and Flickr30K's) -> shards, one sample per image with all its captions: the captioning and the
-retrieval tasks' shards.
+"""COCO captions (and Flickr30K's): the readers of the official captions files and of Karpathy's split files, whose
+:class:`~mmoe.data.converters.records.CaptionedImage` records :mod:`.build_captions` writes, one sample per image with
+all its captions: the captioning and the retrieval tasks' shards.
 
 Two inputs: the official ``captions_<subtype>.json`` (``images`` with ``id`` / ``file_name``, ``annotations`` with
 ``image_id`` / ``caption``; images at DIR/<file_name> or DIR/<subtype>/<file_name>), or one of Karpathy's split files
@@ -7,9 +8,7 @@ with a split: ``dataset_coco.json`` (``images`` with ``filepath``, ``filename``,
 ``sentences``; images at DIR/<filepath>/<filename>) or ``dataset_flickr30k.json`` (``"dataset": "flickr30k"``; no
 ``filepath`` and no ``cocoid``: images at DIR/<filename>, image id ``imgid``). Each sample: the image, ``txt`` = the
 first caption, ``json`` = ``image_id`` (COCO id; Karpathy ``cocoid``, Flickr30K ``imgid``), ``captions``,
-``file_name``. Next to the shards, ``caption_tokens.json`` lists the
-tokenizer ids the split's captions use (:func:`mmoe.data.tokenizer.token_ids_of`): the output vocabulary a captioning
-head can be restricted to (``CaptioningFineTuning(output_vocab=...)``).
+``file_name``, and next to the shards ``caption_tokens.json`` (:mod:`.build_captions`).
 
 An image id or annotation id that appears twice is an error, and so is one image file under two image ids (the same
 picture would be two images of a retrieval test set). The same caption twice for one image (after stripping spaces) is
@@ -24,29 +23,26 @@ from __future__ import annotations
 
 import os
 import re
-import sys
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mmoe.atomic import write_text_atomic
+from mmoe.data.converters.build_captions import CaptionSet, write_caption_split
 from mmoe.data.converters.common import (
     ConversionError,
     Skip,
     field,
     first_existing,
     images_folder,
-    json_text,
     list_field,
     load_json,
     path_under,
-    with_image,
-    write_split,
 )
 from mmoe.data.converters.provenance import provenance
+from mmoe.data.converters.records import CaptionedImage, ImageFile
 from mmoe.data.shards import Manifest
-from mmoe.data.tokenizer import TextTokenizer, token_ids_of
+from mmoe.data.tokenizer import TextTokenizer
 
 KARPATHY_SPLITS = ("train", "restval", "val", "test")
 #: Karpathy's split files by their ``dataset`` field (a file without one is COCO's): the image field holding the id.
@@ -57,53 +53,9 @@ _READ_AS_COCO = (
     'Flickr30K\'s says "dataset": "flickr30k"'
 )
 _SUBTYPE_IN_FILE = re.compile(r"^COCO_([a-z]+\d+)_")
+_SUBTYPE_IN_FILE = re.compile(r"^COCO_([a-z]+\d+)_")
 #: Written next to a caption split's shards: the sorted tokenizer ids of its captions, end-of-text included.
 CAPTION_TOKENS_FILE = "caption_tokens.json"
-
-
-def caption_tokens_text(captions: Iterable[str], tokenizer: TextTokenizer | None = None) -> str:
-    """The text of ``caption_tokens.json``: the ids :func:`mmoe.data.tokenizer.token_ids_of` finds in ``captions``
-    with ``tokenizer`` (open_clip's BPE by default)."""
-    return json_text(token_ids_of(captions, tokenizer), indent=None)
-
-
-def write_caption_tokens(
-    out: str | os.PathLike, captions: Iterable[str], tokenizer: TextTokenizer | None = None
-) -> None:
-    """Writes ``out/caption_tokens.json`` for ``captions`` (a converted split gets it from :func:`write_split`)."""
-    write_text_atomic(Path(out) / CAPTION_TOKENS_FILE, caption_tokens_text(captions, tokenizer))
-
-
-class CaptionSet:
-    """The captions of each image, each distinct caption once; repeats are counted and the first one remembered."""
-
-    def __init__(self) -> None:
-        self.by_image: dict[int, list[str]] = {}
-        self.duplicates = 0
-        self.first_duplicate = ""
-        self._seen: set[tuple[int, str]] = set()
-
-    def add(self, image_id: int, caption: str, where: str) -> None:
-        caption = caption.strip()
-        if (image_id, caption) in self._seen:
-            self.duplicates += 1
-            self.first_duplicate = self.first_duplicate or where
-            return
-        self._seen.add((image_id, caption))
-        self.by_image.setdefault(image_id, []).append(caption)
-
-    def report(self, source: Path) -> dict[str, int]:
-        """Prints how many repeated captions were dropped; returns the manifest entry."""
-        if self.duplicates:
-            print(
-                f"{source}: dropped {self.duplicates} repeated captions (the same caption twice for one image; "
-                f"first: {self.first_duplicate})",
-                file=sys.stderr,
-            )
-        return {"duplicate_captions": self.duplicates}
-
-    def all_captions(self) -> Iterator[str]:
-        return (caption for captions in self.by_image.values() for caption in captions)
 
 
 class ImageFiles:
@@ -118,13 +70,6 @@ class ImageFiles:
         if first != entry:
             raise ConversionError(f"{source}: {entry}: file {file_name!r} is also {first}")
         return path
-
-
-def caption_sample(image_id: int, captions: list[str], file_name: str, **extra: Any) -> dict[str, Any]:
-    """A caption split's sample without its image: ``txt`` = the first caption, ``json`` = ``image_id``,
-    ``captions``, ``file_name`` and ``extra``."""
-    meta = {"image_id": image_id, "captions": captions, "file_name": file_name, **extra}
-    return {"__key__": str(image_id), "txt": captions[0] if captions else "", "json": meta}
 
 
 def convert_coco_captions(
@@ -167,18 +112,18 @@ def convert_coco_captions(
     captioned = _read_annotations(data, annotations, captions)
     subtype = annotations.stem.removeprefix("captions_")
 
-    def samples() -> Iterator[dict[str, Any] | Skip]:
+    def images() -> Iterator[tuple[CaptionedImage, ImageFile] | Skip]:
         for index, image in enumerate(image_list):
             image_id = image["id"]
             if captioned and not captions.by_image[image_id]:
                 yield Skip(str(paths[image_id]), f"no caption (images[{index}] (id {image_id}) has no annotation)")
                 continue
-            yield with_image(caption_sample(image_id, captions.by_image[image_id], image["file_name"]), paths[image_id])
+            yield CaptionedImage(image_id, captions.by_image[image_id], image["file_name"]), ImageFile(paths[image_id])
 
-    extra = {"source": {"annotations": str(annotations)}, **captions.report(annotations)}
+    extra = {"source": {"annotations": str(annotations)}}
     extra.update(provenance([annotations], "every image of the captions file (one without a caption skipped)"))
-    files = {CAPTION_TOKENS_FILE: caption_tokens_text(captions.all_captions(), tokenizer)}
-    return write_split(out, name or f"coco-captions-{subtype}", samples(), shard_size, extra, files)
+    name = name or f"coco-captions-{subtype}"
+    return write_caption_split(out, name, images(), captions, annotations, shard_size, extra, tokenizer)
 
 
 def _read_annotations(data: dict[str, Any], annotations: Path, captions: CaptionSet) -> bool:
@@ -271,6 +216,11 @@ def karpathy_images(
     return chosen
 
 
+def karpathy_record(image: KarpathyImage, captions: CaptionSet) -> CaptionedImage:
+    """The record of a chosen image of a Karpathy split file."""
+    return CaptionedImage(image.image_id, captions.by_image[image.image_id], image.file_name, image.split)
+
+
 def _karpathy_field(image: Any, name: str, kind: type, where: str, read_as_coco: bool) -> Any:
     """:func:`field` for a field of COCO's split file; missing from a file read as COCO's for want of a ``dataset``
     field, the error says so."""
@@ -308,16 +258,14 @@ def convert_karpathy(
     captions = CaptionSet()
     chosen = karpathy_images(data, karpathy, dataset, splits, images, captions)
 
-    def samples() -> Iterator[dict[str, Any] | Skip]:
+    def images() -> Iterator[tuple[CaptionedImage, ImageFile] | Skip]:
         for image in chosen:
             if not captions.by_image[image.image_id]:
                 yield Skip(str(image.path), f"no caption ({image.entry} has no sentences)")
                 continue
-            image_captions = captions.by_image[image.image_id]
-            sample = caption_sample(image.image_id, image_captions, image.file_name, split=image.split)
-            yield with_image(sample, image.path)
+            yield karpathy_record(image, captions), ImageFile(image.path)
 
-    extra = {"source": {"karpathy": str(karpathy), "split": splits}, **captions.report(karpathy)}
+    extra = {"source": {"karpathy": str(karpathy), "split": splits}}
     extra.update(provenance([karpathy], f"images whose 'split' is {' or '.join(splits)}"))
-    files = {CAPTION_TOKENS_FILE: caption_tokens_text(captions.all_captions(), tokenizer)}
-    return write_split(out, name or f"{dataset}-karpathy-{'-'.join(splits)}", samples(), shard_size, extra, files)
+    name = name or f"{dataset}-karpathy-{'-'.join(splits)}"
+    return write_caption_split(out, name, images(), captions, karpathy, shard_size, extra, tokenizer)

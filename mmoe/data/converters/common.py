@@ -24,7 +24,7 @@ from typing import Any
 from PIL import Image
 
 from mmoe.atomic import write_json_atomic, write_text_atomic
-from mmoe.data.converters.image_digests import IMAGE_DIGESTS_FILE, IMAGE_ID_KEY, ImageDigests, folder_image_id
+from mmoe.data.converters.image_digests import IMAGE_DIGESTS_FILE, ImageDigests
 from mmoe.data.converters.staging import (
     OutputFolderError,
     check_replaceable,
@@ -252,22 +252,6 @@ def _nothing_to_write(extra: dict[str, Any], skips: list[Skip], out: Path) -> st
 def json_text(value: Any, indent: int | None = 2) -> str:
     """``value`` as the text :func:`mmoe.atomic.write_json_atomic` writes (non-ASCII kept, trailing newline)."""
     return json.dumps(value, indent=indent, ensure_ascii=False) + "\n"
-
-
-def with_image(sample: dict[str, Any], path: Path, entry: str | None = None) -> dict[str, Any] | Skip:
-    """Adds the image at ``path`` to ``sample`` (under its format's extension, or under ``entry``), or a Skip."""
-    image = image_or_skip(path)
-    if isinstance(image, Skip):
-        return image
-    data, extension = image
-    sample[entry or extension] = data
-    return sample
-
-
-def with_folder_image(sample: dict[str, Any], root: Path, relative: str, path: Path) -> dict[str, Any] | Skip:
-    """:func:`with_image` of a user's own image ``relative`` under ``root`` (at ``path``), its id in
-    ``image_digests.json`` qualified by the folder (:func:`mmoe.data.converters.image_digests.folder_image_id`)."""
-    return with_image({**sample, IMAGE_ID_KEY: folder_image_id(root, relative)}, path)
 
 
 def iter_json_lines(path: str | os.PathLike) -> Iterator[tuple[int, dict[str, Any]]]:

@@ -15,10 +15,10 @@ from mmoe.data.converters.common import (
     Skip,
     images_folder,
     path_under,
-    with_folder_image,
     write_split,
 )
 from mmoe.data.converters.provenance import provenance
+from mmoe.data.converters.records import ImageFile, with_image
 from mmoe.data.shards import Manifest
 
 
@@ -45,7 +45,7 @@ def convert_images(
         for index, path in enumerate(paths):
             relative = path.relative_to(root).as_posix()
             sample = {"__key__": f"{index:09d}", "json": {"path": relative}}
-            yield with_folder_image(sample, root, relative, path)
+            yield with_image(sample, ImageFile(path, root, relative))
 
     rule = f"every {'/'.join(IMAGE_SUFFIXES)} file under --images, sorted by path"
     return write_split(out, name, samples(), shard_size, {"source": {"images": str(root)}, **provenance([], rule)})
@@ -76,7 +76,7 @@ def convert_tsv(
     def samples() -> Iterator[dict[str, Any] | Skip]:
         for index, (number, path, file, caption) in enumerate(rows):
             sample = {"__key__": f"{index:09d}", "txt": caption, "json": {"path": path, "line": number}}
-            yield with_folder_image(sample, root, path, file)
+            yield with_image(sample, ImageFile(file, root, path))
 
     extra = {"source": {"tsv": str(tsv), "images": str(root)}, **provenance([tsv], "every line of the file")}
     return write_split(out, name, samples(), shard_size, extra)

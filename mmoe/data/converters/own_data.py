@@ -1,14 +1,15 @@
-"""A user's own image folder and table (:mod:`.own_rows`: CSV, JSON lines, LLaVA-style JSON) -> the shards the
-benchmark converters write, one command per kind of task.
+"""A user's own image folder and table (:mod:`.own_rows`: CSV, JSON lines, LLaVA-style JSON): the reader of its
+rows, whose records the benchmarks' builders write as the shards the benchmark converters write, one command per kind
+of task.
 
 * :func:`convert_own_pairs`: one pre-training pair per row (the image, ``txt`` = the caption, ``json`` = ``path``,
   ``line``), as ``mmoe data convert tsv`` writes them.
 * :func:`convert_own_captions`: one sample per image with all its captions (captioning and retrieval), as the COCO
-  converter writes them, with ``caption_tokens.json``. ``image_id`` is the rows' integer ``image_id`` or, without one,
-  the image's position among the file's distinct images (from 0).
+  converter writes them (:mod:`.build_captions`), with ``caption_tokens.json``. ``image_id`` is the rows' integer
+  ``image_id`` or, without one, the image's position among the file's distinct images (from 0).
 * :func:`convert_own_vqa`: one sample per question (``image``, ``question``, ``answers``), as ``convert vqav2``
-  writes them: the human answers scored with the official VQA soft score against the answer vocabulary, which the
-  split builds (and writes as ``answers.json``) unless ``answer_vocab`` is given.
+  writes them (:mod:`.build_vqa`): the human answers scored with the official VQA soft score against the answer
+  vocabulary, which the split builds (and writes as ``answers.json``) unless ``answer_vocab`` is given.
 
 Image paths are relative to the image folder and stay inside it: an absolute path, ``..`` or a symbolic link out of
 the folder is an error naming the file, the row and the field. A missing or unreadable image skips its sample and is
@@ -17,24 +18,16 @@ counted, as in the other converters. Every split's manifest records the table, i
 
 from __future__ import annotations
 
+import dataclasses
 import os
-import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from mmoe.data.answers import ANSWERS_FILE, VocabIndex, build_answer_vocab, read_answer_vocab, soft_targets
-from mmoe.data.converters.coco import CAPTION_TOKENS_FILE, CaptionSet, caption_sample, caption_tokens_text
-from mmoe.data.converters.common import (
-    ConversionError,
-    Skip,
-    images_folder,
-    json_text,
-    path_inside,
-    with_folder_image,
-    write_split,
-)
+from mmoe.data.converters.build_captions import CaptionSet, write_caption_split
+from mmoe.data.converters.build_vqa import check_min_answer_count, split_vocabulary, write_vqa_split
+from mmoe.data.converters.common import ConversionError, Skip, images_folder, path_inside, write_split
 from mmoe.data.converters.own_rows import (
     RowSkips,
     answers_of,
@@ -45,6 +38,7 @@ from mmoe.data.converters.own_rows import (
     text_field,
 )
 from mmoe.data.converters.provenance import provenance
+from mmoe.data.converters.records import CaptionedImage, ImageFile, VQAQuestion, with_image
 from mmoe.data.shards import Manifest
 from mmoe.data.tokenizer import TextTokenizer
 
@@ -91,7 +85,7 @@ def convert_own_pairs(
         for index, (where, relative, path, caption) in enumerate(pairs):
             meta = {"path": relative, "line": _line(where)}
             sample = {"__key__": f"{index:09d}", "txt": caption, "json": meta}
-            yield with_folder_image(sample, root, relative, path)
+            yield with_image(sample, ImageFile(path, root, relative))
 
     extra = {**_extra(table, root, "caption"), **skips.report(table)}
     return write_split(out, name, samples(), shard_size, extra)
@@ -143,61 +137,56 @@ def convert_own_captions(
     if not files:
         raise ConversionError(f"{table}: no caption rows to convert ({skips.report(table)['skipped_rows']})")
 
-    def samples() -> Iterator[dict[str, Any] | Skip]:
+    def images() -> Iterator[tuple[CaptionedImage, ImageFile]]:
         for image_id, (relative, path) in files.items():
-            sample = caption_sample(image_id, captions.by_image[image_id], relative)
-            yield with_folder_image(sample, root, relative, path)
+            yield CaptionedImage(image_id, captions.by_image[image_id], relative), ImageFile(path, root, relative)
 
     extra = _extra(table, root, "caption")
     extra["split_rule"] += ", one sample per image"
-    extra.update({**captions.report(table), **skips.report(table)})
-    tokens = {CAPTION_TOKENS_FILE: caption_tokens_text(captions.all_captions(), tokenizer)}
-    return write_split(out, name, samples(), shard_size, extra, tokens)
+    extra.update(skips.report(table))
+    return write_caption_split(out, name, images(), captions, table, shard_size, extra, tokenizer)
 
 
-def _question(row: dict[str, Any], where: str, ids: ImageIds, index: int, root: Path) -> dict[str, Any]:
-    """One validated question record of a VQA row."""
+def _question(row: dict[str, Any], where: str, ids: ImageIds, index: int, root: Path) -> tuple[VQAQuestion, ImageFile]:
+    """One validated question record of a VQA row and its image."""
     relative, path = _image(row, root, where)
-    record: dict[str, Any] = {
-        "where": where,
-        "relative": relative,
-        "path": path,
-        "question_id": optional_int(row, "question_id", where),
-        "image_id": ids.add(row, relative, where),
-        "question": text_field(row, "question", where),
-        "answers": answers_of(row, where),
-    }
-    if record["question_id"] is None:
-        record["question_id"] = index
-    if record["answers"] is not None:
-        counts = Counter(record["answers"])
+    question_id = optional_int(row, "question_id", where)
+    image_id = ids.add(row, relative, where)
+    record = VQAQuestion(index if question_id is None else question_id, image_id, text_field(row, "question", where))
+    answers = answers_of(row, where)
+    if answers is not None:
+        counts = Counter(answers)
         most_common = max(counts, key=counts.__getitem__)  # the first of the most frequent, in the annotators' order
-        record["multiple_choice_answer"] = _optional_text(row, "multiple_choice_answer", where) or most_common
-        record["answer_type"] = _optional_text(row, "answer_type", where) or ""
-        record["question_type"] = _optional_text(row, "question_type", where) or ""
-    return record
+        record = dataclasses.replace(
+            record,
+            answers=answers,
+            multiple_choice_answer=_optional_text(row, "multiple_choice_answer", where) or most_common,
+            answer_type=_optional_text(row, "answer_type", where) or "",
+            question_type=_optional_text(row, "question_type", where) or "",
+        )
+    return record, ImageFile(path, root, relative)
 
 
 def _optional_text(row: dict[str, Any], name: str, where: str) -> str | None:
     return text_field(row, name, where) if name in row else None
 
 
-def read_questions(table: Path, root: Path) -> list[dict[str, Any]]:
-    """The validated questions of a VQA table: question ids unique, answers in every row or in none."""
+def read_questions(table: Path, root: Path) -> list[tuple[VQAQuestion, ImageFile]]:
+    """The validated questions of a VQA table and their images: question ids unique, answers in every row or in
+    none."""
     ids, questions, first_at = ImageIds(), [], {}
     for index, (where, row) in enumerate(read_rows(table)):
-        record = _question(row, where, ids, index, root)
-        first = first_at.setdefault(record["question_id"], where)
+        record, image = _question(row, where, ids, index, root)
+        first = first_at.setdefault(record.question_id, where)
         if first != where:
+            raise ConversionError(f"{where}: field 'question_id' = {record.question_id} appears twice (first: {first})")
+        if questions and (record.answers is None) != (questions[0][0].answers is None):
+            first_row = first_at[questions[0][0].question_id]
             raise ConversionError(
-                f"{where}: field 'question_id' = {record['question_id']} appears twice (first: {first})"
+                f"{where}: field 'answers' is {'missing' if record.answers is None else 'given'} here but not in "
+                f"{first_row}; a split has answers in every row or in none"
             )
-        if questions and (record["answers"] is None) != (questions[0]["answers"] is None):
-            raise ConversionError(
-                f"{where}: field 'answers' is {'missing' if record['answers'] is None else 'given'} here but not in "
-                f"{questions[0]['where']}; a split has answers in every row or in none"
-            )
-        questions.append(record)
+        questions.append((record, image))
     return questions
 
 
@@ -215,37 +204,11 @@ def convert_own_vqa(
     ``image_id``, ``multiple_choice_answer``, ``answer_type``, ``question_type``). With answers and without
     ``answer_vocab`` the split is a training split: it builds the vocabulary from each question's
     ``multiple_choice_answer`` (given, else its most frequent answer) and writes ``answers.json``."""
-    if min_answer_count < 1:
-        raise ConversionError(f"--min-answer-count must be >= 1, got {min_answer_count}")
+    check_min_answer_count(min_answer_count)
     table, root = Path(table), images_folder(images)
     questions = read_questions(table, root)
-    annotated = questions[0]["answers"] is not None
-    vocab = read_answer_vocab(answer_vocab, ConversionError, allow_empty=True) if answer_vocab is not None else None
-    if vocab is None and annotated:
-        vocab = build_answer_vocab((question["multiple_choice_answer"] for question in questions), min_answer_count)
-        if not vocab:
-            print(
-                f"{table}: warning: no answer is the multiple-choice answer of {min_answer_count} or more questions, "
-                "so the answer vocabulary is empty (no question has a target); lower --min-answer-count",
-                file=sys.stderr,
-            )
-    vocab_index = VocabIndex.of({answer: label for label, answer in enumerate(vocab or [])})
-
-    def samples() -> Iterator[dict[str, Any] | Skip]:
-        for record in questions:
-            meta = {name: record[name] for name in ("question_id", "image_id", "question")}
-            meta["data_subtype"] = split
-            if annotated:
-                labels, scores = soft_targets(record["answers"], vocab_index)
-                meta.update({name: record[name] for name in ("answers", "multiple_choice_answer")})
-                meta.update(answer_type=record["answer_type"], question_type=record["question_type"])
-                meta.update(labels=labels, scores=scores)
-            sample = {"__key__": str(record["question_id"]), "txt": record["question"], "json": meta}
-            yield with_folder_image(sample, root, record["relative"], record["path"])
-
+    records = [record for record, _ in questions]
+    vocab = split_vocabulary(records, answer_vocab, min_answer_count, str(table), training=True)
     extra = _extra(table, root, "question", answer_vocab)
     extra["source"]["answer_vocab"] = str(answer_vocab) if answer_vocab is not None else None
-    if vocab is not None:
-        extra["answer_vocab_size"] = len(vocab)
-    files = {ANSWERS_FILE: json_text(vocab)} if vocab is not None and answer_vocab is None else {}
-    return write_split(out, name, samples(), shard_size, extra, files)
+    return write_vqa_split(out, name, questions, split, vocab, shard_size, extra, write_vocab=answer_vocab is None)

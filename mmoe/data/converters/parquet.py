@@ -1,13 +1,15 @@
-"""Benchmark rows from HF ``datasets`` parquet files: what the parquet converters share.
+"""Benchmark rows from HF ``datasets`` parquet files: what the parquet readers share (:class:`ParquetRows`, the
+image cells as :class:`ImageCell` sources).
 
 ``mmoe data convert vqav2 | coco-captions | flickr30k | nlvr2 --parquet FILE [FILE ...]`` reads the Hub's parquet
 copies of the benchmarks into the same shards as the official files (:mod:`.parquet_vqav2`,
 :mod:`.parquet_captions`, :mod:`.parquet_nlvr2`). The files of one split are read as one table, in the order given.
 Each file's columns are checked against the public schema when it is opened; the rows are read twice, first without
-their images (validated into the records the official converters build), then the images alone, a few rows at a time,
-while the shards are written (:func:`mmoe.data.converters.common.write_split`). A file that is not parquet, a missing
-column, a column of the wrong type or a null where a value is needed stops the conversion before anything is written,
-with one line naming the file, the row (counted from 0, as pyarrow and the Hub's viewer count) and the field.
+their images (validated into the typed records of :mod:`.records`, as the official files' readers give them), then
+the images alone, a few rows at a time, while the benchmark's builder writes the shards. A file that is not parquet,
+a missing column, a column of the wrong type or a null where a value is needed stops the conversion before anything is
+written, with one line naming the file, the row (counted from 0, as pyarrow and the Hub's viewer count) and the
+field.
 
 An image column is ``datasets``' Image feature, a struct ``{bytes, path}``. Only ``bytes`` is read: ``path`` names the
 file the copy was made from, never a file on this machine. The bytes are kept as they are when they decode as JPEG,
@@ -170,16 +172,19 @@ def image_or_skip(cell: Mapping[str, Any] | None, column: str, where: str) -> tu
         return Skip(f"{where}: field {column!r}", f"unreadable ({type(error).__name__}: {one_line(error)})")
 
 
-def with_image_cell(
-    sample: dict[str, Any], cell: Mapping[str, Any] | None, column: str, where: str
-) -> dict[str, Any] | Skip:
-    """Adds the image of ``cell`` to ``sample`` under its format's extension, or a :class:`Skip`."""
-    image = image_or_skip(cell, column, where)
-    if isinstance(image, Skip):
-        return image
-    data, extension = image
-    sample[extension] = data
-    return sample
+@dataclass(frozen=True)
+class ImageCell:
+    """The image of one parquet cell (:class:`mmoe.data.converters.records.ImageSource`); ``where`` names its row."""
+
+    cell: Mapping[str, Any] | None
+    column: str
+    where: str
+
+    def load(self) -> tuple[bytes, str] | Skip:
+        return image_or_skip(self.cell, self.column, self.where)
+
+    def digest_id(self) -> None:
+        return None
 
 
 def evaluation_note(rows: ParquetRows, benchmark: str, split: str, training: str) -> None:

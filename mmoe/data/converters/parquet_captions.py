@@ -1,6 +1,7 @@
-"""COCO captions (Karpathy split) and Flickr30K from HF parquet -> the shards :func:`convert_karpathy` writes from
-Karpathy's split files: one sample per image with all its captions, byte for byte the same when the rows hold the
-same records and image files.
+"""COCO captions (Karpathy split) and Flickr30K from HF parquet: the readers of their rows, whose
+:class:`~mmoe.data.converters.records.CaptionedImage` records :mod:`.build_captions` writes as the shards
+:func:`convert_karpathy` writes from Karpathy's split files: one sample per image with all its captions, byte for byte
+the same when the rows hold the same records and image files.
 
 COCO: the rows are Karpathy's image records (``cocoid``, ``filepath``, ``filename``, ``split``, ``sentences``) with
 an ``image`` column. Some copies hold one row per image (``sentences`` a list of ``{raw, tokens, imgid, sentid}``),
@@ -25,27 +26,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mmoe.data.converters.build_captions import CaptionSet, write_caption_split
 from mmoe.data.converters.coco import (
-    CAPTION_TOKENS_FILE,
-    CaptionSet,
     KarpathyImage,
-    caption_sample,
-    caption_tokens_text,
     karpathy_dataset,
     karpathy_images,
+    karpathy_record,
     karpathy_splits,
 )
-from mmoe.data.converters.common import ConversionError, Skip, load_json, write_split
+from mmoe.data.converters.common import ConversionError, Skip, load_json
 from mmoe.data.converters.parquet import (
     INTEGER,
     TEXT,
+    ImageCell,
     ParquetRows,
     either,
     list_of,
     required,
     struct_with,
-    with_image_cell,
 )
+from mmoe.data.converters.records import CaptionedImage
 from mmoe.data.shards import Manifest
 from mmoe.data.tokenizer import TextTokenizer
 
@@ -161,25 +161,24 @@ def convert_karpathy_parquet(
     chosen, first_rows = read_karpathy_rows(rows, splits, captions)
     check_test_count(rows, chosen, test_images)
 
-    def samples() -> Iterator[dict[str, Any] | Skip]:
+    def images() -> Iterator[tuple[CaptionedImage, ImageCell] | Skip]:
         for image_id, (where, cells) in zip(first_rows, rows.images(), strict=True):
             if image_id is None:
                 continue
-            image = chosen[image_id]
-            if not captions.by_image[image_id]:
+            image, image_captions = chosen[image_id], captions.by_image[image_id]
+            if not image_captions:
                 yield Skip(where, f"no caption (cocoid {image_id} has no sentences)")
                 continue
-            sample = caption_sample(image_id, captions.by_image[image_id], image.file_name, split=image.split)
-            yield with_image_cell(sample, cells["image"], "image", f"{where} (cocoid {image_id})")
+            record = CaptionedImage(image_id, image_captions, image.file_name, image.split)
+            yield record, ImageCell(cells["image"], "image", f"{where} (cocoid {image_id})")
 
     rule = f"rows whose 'split' is {' or '.join(splits)}"
     if "test" in splits:
         rule += f"; their test images checked to be {test_images:,}"
     extra = rows.provenance(rule)
     extra["source"]["split"] = splits
-    extra.update(captions.report(Path(str(rows))))
-    files = {CAPTION_TOKENS_FILE: caption_tokens_text(captions.all_captions(), tokenizer)}
-    return write_split(out, name or f"coco-karpathy-{'-'.join(splits)}", samples(), shard_size, extra, files)
+    name = name or f"coco-karpathy-{'-'.join(splits)}"
+    return write_caption_split(out, name, images(), captions, str(rows), shard_size, extra, tokenizer)
 
 
 def _flickr30k_rows(rows: ParquetRows, chosen: list[KarpathyImage]) -> list[KarpathyImage | None]:
@@ -226,16 +225,14 @@ def convert_flickr30k_parquet(
     rows = ParquetRows(parquet, {"filename": TEXT}, images=["image"])
     matched = _flickr30k_rows(rows, chosen)
 
-    def samples() -> Iterator[dict[str, Any] | Skip]:
+    def images() -> Iterator[tuple[CaptionedImage, ImageCell] | Skip]:
         for image, (where, cells) in zip(matched, rows.images(), strict=True):
             if image is None:
                 continue
-            image_captions = captions.by_image[image.image_id]
-            if not image_captions:
+            if not captions.by_image[image.image_id]:
                 yield Skip(where, f"no caption ({karpathy}: {image.entry} has no sentences)")
                 continue
-            sample = caption_sample(image.image_id, image_captions, image.file_name, split=image.split)
-            yield with_image_cell(sample, cells["image"], "image", f"{where} ({image.file_name})")
+            yield karpathy_record(image, captions), ImageCell(cells["image"], "image", f"{where} ({image.file_name})")
         found = {image.file_name for image in matched if image is not None}
         for image in chosen:
             if image.file_name not in found:
@@ -245,6 +242,5 @@ def convert_flickr30k_parquet(
         f"{karpathy} chooses split {', '.join(splits)}; rows matched by 'filename'", karpathy=karpathy
     )
     extra["source"]["split"] = splits
-    extra.update(captions.report(karpathy))
-    files = {CAPTION_TOKENS_FILE: caption_tokens_text(captions.all_captions(), tokenizer)}
-    return write_split(out, name or f"flickr30k-karpathy-{'-'.join(splits)}", samples(), shard_size, extra, files)
+    name = name or f"flickr30k-karpathy-{'-'.join(splits)}"
+    return write_caption_split(out, name, images(), captions, karpathy, shard_size, extra, tokenizer)

@@ -1,6 +1,7 @@
-"""VQAv2 (Goyal et al., 2017) from HF parquet (``lmms-lab/VQAv2``) -> the shards :func:`convert_vqav2` writes from the
-official questions and annotations files: one sample per row, byte for byte the same when the rows hold the same
-questions, answers and image files.
+"""VQAv2 (Goyal et al., 2017) from HF parquet (``lmms-lab/VQAv2``): the reader of its rows, whose
+:class:`~mmoe.data.converters.records.VQAQuestion` records :mod:`.build_vqa` writes as the shards
+:func:`convert_vqav2` writes from the official files: one sample per row, byte for byte the same when the rows hold
+the same questions, answers and image files.
 
 Columns read (the public schema): ``question_id``, ``image_id``, ``question``, ``image`` and, in an annotated split,
 ``answers`` (``[{answer, answer_confidence, answer_id}]``), ``multiple_choice_answer``, ``answer_type``,
@@ -15,22 +16,24 @@ evaluation.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from mmoe.data.answers import ANSWERS_FILE, VocabIndex, build_answer_vocab, read_answer_vocab, soft_targets
-from mmoe.data.converters.common import ConversionError, Skip, json_text, write_split
+from mmoe.data.converters.build_vqa import check_min_answer_count, split_vocabulary, write_vqa_split
+from mmoe.data.converters.common import ConversionError
 from mmoe.data.converters.parquet import (
     INTEGER,
     TEXT,
+    ImageCell,
     ParquetRows,
     evaluation_note,
     list_of,
     required,
     struct_with,
-    with_image_cell,
 )
+from mmoe.data.converters.records import VQAQuestion
 from mmoe.data.shards import Manifest
 
 #: The Hub's VQAv2 split names -> COCO's data subtypes, which the official files and the shards use.
@@ -55,10 +58,10 @@ def data_subtype(split: str) -> str:
     return HUB_SPLITS[split]
 
 
-def read_question_rows(rows: ParquetRows, annotated: bool) -> list[dict[str, Any]]:
+def read_question_rows(rows: ParquetRows, annotated: bool) -> list[VQAQuestion]:
     """The validated question records of the rows (with their answers in an annotated split): question ids unique,
     answers non-empty, no null where a value is needed."""
-    questions: list[dict[str, Any]] = []
+    questions: list[VQAQuestion] = []
     first_at: dict[int, str] = {}
     for where, row in rows.rows():
         question_id = required(row, "question_id", where)
@@ -67,13 +70,14 @@ def read_question_rows(rows: ParquetRows, annotated: bool) -> list[dict[str, Any
             raise ConversionError(f"{where}: question_id {question_id} appears twice (first at {first})")
         first_at[question_id] = where
         where = f"{where} (question_id {question_id})"
-        record = {name: required(row, name, where) for name in ("question_id", "image_id", "question")}
+        record = VQAQuestion(question_id, required(row, "image_id", where), required(row, "question", where))
         if annotated:
             answers = required(row, "answers", where)
             if not answers:
                 raise ConversionError(f"{where}: field 'answers' is empty")
-            record["answers"] = [_answer(answer, position, where) for position, answer in enumerate(answers)]
-            record.update({name: required(row, name, where) for name in _ANSWER_FIELDS})
+            found = [_answer(answer, position, where) for position, answer in enumerate(answers)]
+            fields = {name: required(row, name, where) for name in _ANSWER_FIELDS}
+            record = dataclasses.replace(record, answers=found, **fields)
         questions.append(record)
     if not questions:
         raise ConversionError(f"{rows}: no rows to convert")
@@ -86,39 +90,9 @@ def _answer(answer: dict[str, Any] | None, position: int, where: str) -> str:
     return answer["answer"]
 
 
-def _answer_vocab(
-    rows: ParquetRows,
-    subtype: str,
-    questions: list[dict[str, Any]],
-    answer_vocab: str | os.PathLike | None,
-    min_answer_count: int,
-) -> list[str] | None:
-    """The split's answer vocabulary: read from ``answer_vocab``, else built from a training split's answers; None for
-    a test split."""
-    if answer_vocab is not None:
-        return read_answer_vocab(answer_vocab, ConversionError, allow_empty=True)
-    if "answers" not in questions[0]:
-        return None
-    if not subtype.startswith("train"):
-        raise ConversionError(
-            f"{rows}: split {subtype!r} has answers: pass --answer-vocab with the training split's {ANSWERS_FILE}"
-        )
-    return build_answer_vocab((question["multiple_choice_answer"] for question in questions), min_answer_count)
-
-
-def question_sample(record: dict[str, Any], subtype: str, vocab_index: VocabIndex) -> dict[str, Any]:
-    """The sample of one question without its image, as :func:`convert_vqav2` writes it."""
-    meta: dict[str, Any] = {
-        "question_id": record["question_id"],
-        "image_id": record["image_id"],
-        "question": record["question"],
-        "data_subtype": subtype,
-    }
-    if "answers" in record:
-        labels, scores = soft_targets(record["answers"], vocab_index)
-        meta.update({"answers": record["answers"], **{name: record[name] for name in _ANSWER_FIELDS}})
-        meta.update(labels=labels, scores=scores)
-    return {"__key__": str(record["question_id"]), "txt": record["question"], "json": meta}
+def _with_images(rows: ParquetRows, questions: list[VQAQuestion]) -> Iterator[tuple[VQAQuestion, ImageCell]]:
+    for question, (where, cells) in zip(questions, rows.images(), strict=True):
+        yield question, ImageCell(cells["image"], "image", f"{where} (question_id {question.question_id})")
 
 
 def convert_vqav2_parquet(
@@ -141,24 +115,14 @@ def convert_vqav2_parquet(
         shard_size: samples per shard.
         name: shard name; default ``vqav2-<data_subtype>``.
     """
-    if min_answer_count < 1:
-        raise ConversionError(f"--min-answer-count must be >= 1, got {min_answer_count}")
+    check_min_answer_count(min_answer_count)
     subtype = data_subtype(split)
-    annotated = not subtype.startswith("test")
+    annotated, training = not subtype.startswith("test"), subtype.startswith("train")
     rows = ParquetRows(parquet, {**QUESTION_COLUMNS, **(ANSWER_COLUMNS if annotated else {})}, images=["image"])
     questions = read_question_rows(rows, annotated)
-    vocab = _answer_vocab(rows, subtype, questions, answer_vocab, min_answer_count)
-    vocab_index = VocabIndex.of({answer: label for label, answer in enumerate(vocab or [])})
-    if not subtype.startswith("train"):
+    vocab = split_vocabulary(questions, answer_vocab, min_answer_count, str(rows), training, subtype)
+    if not training:
         evaluation_note(rows, "VQAv2", subtype, "the official train2014 questions and annotations")
-
-    def samples() -> Iterator[dict[str, Any] | Skip]:
-        for record, (where, cells) in zip(questions, rows.images(), strict=True):
-            where = f"{where} (question_id {record['question_id']})"
-            yield with_image_cell(question_sample(record, subtype, vocab_index), cells["image"], "image", where)
-
     extra = rows.provenance(f"every row: the files hold VQAv2 {subtype} (--split {split})")
-    if vocab is not None:
-        extra["answer_vocab_size"] = len(vocab)
-    files = {ANSWERS_FILE: json_text(vocab)} if vocab is not None and subtype.startswith("train") else {}
-    return write_split(out, name or f"vqav2-{subtype}", samples(), shard_size, extra, files)
+    samples = _with_images(rows, questions)
+    return write_vqa_split(out, name or f"vqav2-{subtype}", samples, subtype, vocab, shard_size, extra, training)

@@ -1,10 +1,10 @@
-"""VQAv2 (Goyal et al., 2017) questions / annotations JSON -> shards, one sample per question.
+"""VQAv2 (Goyal et al., 2017): the reader of the official questions / annotations JSON, whose
+:class:`~mmoe.data.converters.records.VQAQuestion` records :mod:`.build_vqa` writes, one sample per question.
 
 Input: ``v2_OpenEnded_mscoco_<subtype>_questions.json`` and, for train / val, ``v2_mscoco_<subtype>_annotations.json``;
 images ``COCO_<image subtype>_<image_id:012d>.jpg`` in DIR or DIR/<image subtype>/ (test-dev2015 uses the test2015
-images). Each sample: the image, ``txt`` = the question, ``json`` = ``question_id``, ``image_id``, ``question``,
-``data_subtype`` and, with annotations, the 10 human ``answers``, ``multiple_choice_answer``, ``answer_type``,
-``question_type``, and ``labels`` / ``scores`` (soft targets over the answer vocabulary). The training split writes
+images). Each sample's ``json`` has the question's ``data_subtype`` and, with annotations, the 10 human ``answers``
+and their soft targets over the answer vocabulary (:mod:`.build_vqa`). The training split writes
 ``OUT/answers.json`` (a JSON list; index = class label), swapped in with its shards; other annotated splits read it
 with ``answer_vocab``. A question id that appears twice in the questions file, or twice in the annotations, is an
 error.
@@ -18,29 +18,19 @@ rest ("trainable_val") training beside train2014. A DataModule's ``train_shards`
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import re
-import sys
 from collections.abc import Iterator, Sequence
-from functools import partial
 from pathlib import Path
 from typing import Any
 
-from mmoe.data.answers import ANSWERS_FILE, VocabIndex, build_answer_vocab, read_answer_vocab, soft_targets
-from mmoe.data.converters.common import (
-    ConversionError,
-    Skip,
-    field,
-    first_existing,
-    images_folder,
-    json_text,
-    list_field,
-    load_json,
-    with_image,
-    write_split,
-)
+from mmoe.data.answers import build_answer_vocab
+from mmoe.data.converters.build_vqa import check_min_answer_count, split_vocabulary, write_vqa_split
+from mmoe.data.converters.common import ConversionError, field, first_existing, images_folder, list_field, load_json
 from mmoe.data.converters.provenance import provenance
+from mmoe.data.converters.records import ImageFile, VQAQuestion
 from mmoe.data.shards import Manifest
 
 _SUBTYPE_IN_NAME = re.compile(r"v2_OpenEnded_mscoco_(.+)_questions\.json$")
@@ -124,16 +114,11 @@ def read_annotations(path: Path, questions: list[dict[str, Any]]) -> dict[int, d
     return by_question
 
 
-def _check_min_answer_count(min_answer_count: int) -> None:
-    if min_answer_count < 1:
-        raise ConversionError(f"--min-answer-count must be >= 1, got {min_answer_count}")
-
-
 def answer_vocab_of(annotations: Sequence[str | os.PathLike], min_answer_count: int = 9) -> list[str]:
     """One answer vocabulary over several annotation files (BEiT-3: train2014 + val2014): the normalised
     ``multiple_choice_answer`` strings of all their questions seen at least ``min_answer_count`` times
     (:func:`mmoe.data.answers.build_answer_vocab`)."""
-    _check_min_answer_count(min_answer_count)
+    check_min_answer_count(min_answer_count)
     if not annotations:
         raise ConversionError("--annotations: give at least one annotations file")
     answers: list[str] = []
@@ -144,10 +129,10 @@ def answer_vocab_of(annotations: Sequence[str | os.PathLike], min_answer_count: 
     return build_answer_vocab(answers, min_answer_count)
 
 
-def held_out_images(questions: list[dict[str, Any]], count: int, seed: int, where: str) -> set[int]:
+def held_out_images(questions: list[VQAQuestion], count: int, seed: int, where: str) -> set[int]:
     """``count`` image ids drawn at random (seeded) from the questions' images, all of whose questions go to the
     held-out split; at least one image must stay."""
-    images = sorted({question["image_id"] for question in questions})
+    images = sorted({question.image_id for question in questions})
     if not 0 < count < len(images):
         raise ConversionError(
             f"{where}: --holdout-images {count} must lie between 1 and {len(images) - 1} (the split has "
@@ -157,81 +142,60 @@ def held_out_images(questions: list[dict[str, Any]], count: int, seed: int, wher
 
 
 def _check_options(min_answer_count: int, holdout_images: int, holdout_out: str | os.PathLike | None) -> None:
-    _check_min_answer_count(min_answer_count)
+    check_min_answer_count(min_answer_count)
     if holdout_images and holdout_out is None:
         raise ConversionError("--holdout-images needs --holdout-out (the held-out split's folder)")
     if holdout_out is not None and not holdout_images:
         raise ConversionError("--holdout-out needs --holdout-images (how many images to hold out)")
 
 
-def _split_answer_vocab(
-    questions: Path,
-    subtype: str,
-    annotations: str | os.PathLike | None,
-    by_question: dict[int, dict[str, Any]] | None,
-    answer_vocab: str | os.PathLike | None,
-    min_answer_count: int,
-) -> list[str] | None:
-    """The answer vocabulary of a split: read from ``answer_vocab``, else built from a training split's annotations;
-    None for a split without annotations."""
-    if answer_vocab is not None:
-        return read_answer_vocab(answer_vocab, ConversionError, allow_empty=True)
-    if by_question is None:
-        return None
-    if not subtype.startswith("train"):
-        raise ConversionError(
-            f"{questions}: split {subtype!r} has annotations: pass --answer-vocab with the training split's "
-            f"{ANSWERS_FILE}"
-        )
-    vocab = build_answer_vocab((a["multiple_choice_answer"] for a in by_question.values()), min_answer_count)
-    if not vocab:
-        print(
-            f"{annotations}: warning: no answer is the multiple-choice answer of {min_answer_count} or more "
-            "questions, so the answer vocabulary is empty (no question has a target); lower --min-answer-count",
-            file=sys.stderr,
-        )
-    return vocab
-
-
-def _question_samples(
-    subtype: str,
-    images: Path,
-    by_question: dict[int, dict[str, Any]] | None,
-    vocab_index: VocabIndex,
-    questions: list[dict[str, Any]],
-) -> Iterator[dict[str, Any] | Skip]:
-    """One sample per question: its image, text and, with annotations, its answers and soft targets."""
+def question_records(
+    questions: list[dict[str, Any]], by_question: dict[int, dict[str, Any]] | None
+) -> list[VQAQuestion]:
+    """The checked questions (with their annotations) as records."""
+    records = []
     for question in questions:
-        meta: dict[str, Any] = {
-            "question_id": question["question_id"],
-            "image_id": question["image_id"],
-            "question": question["question"],
-            "data_subtype": subtype,
-        }
+        record = VQAQuestion(question["question_id"], question["image_id"], question["question"])
         if by_question is not None:
-            annotation = by_question[question["question_id"]]
+            annotation = by_question[record.question_id]
             answers = [answer["answer"] for answer in annotation["answers"]]
-            labels, scores = soft_targets(answers, vocab_index)
-            meta.update(
-                answers=answers,
-                multiple_choice_answer=annotation["multiple_choice_answer"],
-                answer_type=annotation["answer_type"],
-                question_type=annotation["question_type"],
-                labels=labels,
-                scores=scores,
-            )
-        sample = {"__key__": str(question["question_id"]), "txt": question["question"], "json": meta}
-        yield with_image(sample, image_path(images, subtype, question["image_id"]))
+            fields = {name: annotation[name] for name in ("multiple_choice_answer", "answer_type", "question_type")}
+            record = dataclasses.replace(record, answers=answers, **fields)
+        records.append(record)
+    return records
 
 
-def _manifest_extra(questions: Path, annotations: str | os.PathLike | None, vocab: list[str] | None) -> dict[str, Any]:
-    """What a split's manifest records beyond its samples: the source files and the answer vocabulary's size."""
-    extra: dict[str, Any] = {
-        "source": {"questions": str(questions), "annotations": str(annotations) if annotations else None}
-    }
-    if vocab is not None:
-        extra["answer_vocab_size"] = len(vocab)
-    return extra
+def _with_images(images: Path, subtype: str, questions: list[VQAQuestion]) -> Iterator[tuple[VQAQuestion, ImageFile]]:
+    for question in questions:
+        yield question, ImageFile(image_path(images, subtype, question.image_id))
+
+
+def split_parts(
+    records: list[VQAQuestion],
+    extra: dict[str, Any],
+    out: str | os.PathLike,
+    holdout_images: int,
+    holdout_out: str | os.PathLike | None,
+    seed: int,
+    where: str,
+) -> list[tuple[str | os.PathLike, str, list[VQAQuestion], dict[str, Any]]]:
+    """(folder, shard name suffix, questions, manifest extra) of each split a conversion writes: the whole split, or
+    the held-out split then the rest (``holdout_images`` > 0)."""
+    if not holdout_images:
+        return [(out, "", records, {**extra, "split_rule": "every question of the questions file"})]
+    held = held_out_images(records, holdout_images, seed, where)
+    rest = [question for question in records if question.image_id in held]
+    kept = [question for question in records if question.image_id not in held]
+    holdout = {"images": holdout_images, "seed": seed, "questions": len(rest), "trainable_questions": len(kept)}
+    drawn = f"the questions of {holdout_images} images drawn by random.Random({seed}) from the sorted image ids"
+    held_extra = {**extra, "holdout": {**holdout, "part": "held out", "other_split": str(out)}, "split_rule": drawn}
+    kept_extra = {**extra, "holdout": {**holdout, "part": "trainable", "other_split": str(holdout_out)}}
+    kept_extra["split_rule"] = f"every question but {drawn}"
+    return [(holdout_out, "-rest", rest, held_extra), (out, "-trainable", kept, kept_extra)]
+
+
+def _manifest_source(questions: Path, annotations: str | os.PathLike | None) -> dict[str, Any]:
+    return {"source": {"questions": str(questions), "annotations": str(annotations) if annotations else None}}
 
 
 def convert_vqav2(
@@ -273,22 +237,13 @@ def convert_vqav2(
     questions, images = Path(questions), images_folder(images)
     subtype, question_list = read_questions(questions)
     by_question = read_annotations(Path(annotations), question_list) if annotations is not None else None
-    vocab = _split_answer_vocab(questions, subtype, annotations, by_question, answer_vocab, min_answer_count)
-    vocab_index = VocabIndex.of({answer: label for label, answer in enumerate(vocab or [])})
-    samples = partial(_question_samples, subtype, images, by_question, vocab_index)  # questions -> samples
-    extra = {**_manifest_extra(questions, annotations, vocab), **provenance([questions, annotations, answer_vocab], "")}
-    files = {ANSWERS_FILE: json_text(vocab)} if vocab is not None and subtype.startswith("train") else {}
+    records = question_records(question_list, by_question)
+    training = subtype.startswith("train")
+    vocab = split_vocabulary(records, answer_vocab, min_answer_count, str(questions), training, subtype)
+    extra = {**_manifest_source(questions, annotations), **provenance([questions, annotations, answer_vocab], "")}
     name = name or f"vqav2-{subtype}"
-    if not holdout_images:
-        extra["split_rule"] = "every question of the questions file"
-        return write_split(out, name, samples(question_list), shard_size, extra, files)
-    held = held_out_images(question_list, holdout_images, seed, str(questions))
-    rest = [question for question in question_list if question["image_id"] in held]
-    kept = [question for question in question_list if question["image_id"] not in held]
-    holdout = {"images": holdout_images, "seed": seed, "questions": len(rest), "trainable_questions": len(kept)}
-    drawn = f"the questions of {holdout_images} images drawn by random.Random({seed}) from the sorted image ids"
-    held_extra = {**extra, "holdout": {**holdout, "part": "held out", "other_split": str(out)}, "split_rule": drawn}
-    write_split(holdout_out, f"{name}-rest", samples(rest), shard_size, held_extra, files)
-    kept_extra = {**extra, "holdout": {**holdout, "part": "trainable", "other_split": str(holdout_out)}}
-    kept_extra["split_rule"] = f"every question but {drawn}"
-    return write_split(out, f"{name}-trainable", samples(kept), shard_size, kept_extra, files)
+    parts = split_parts(records, extra, out, holdout_images, holdout_out, seed, str(questions))
+    for folder, suffix, part, part_extra in parts:
+        samples = _with_images(images, subtype, part)
+        manifest = write_vqa_split(folder, name + suffix, samples, subtype, vocab, shard_size, part_extra, training)
+    return manifest  # the last part's: ``out``

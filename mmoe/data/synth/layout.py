@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mmoe.data.answers import ANSWERS_FILE
-from mmoe.data.converters.coco import CAPTION_TOKENS_FILE
+from mmoe.data.converters.build_captions import CAPTION_TOKENS_FILE
 
 #: The corpus summary at the corpus root: seed, sizes, counts and each task's chance levels.
 SUMMARY_FILE = "synth.json"
