@@ -2,7 +2,7 @@
 and score it, as ``mmoe demo`` does (the pipeline kit's run specs, :mod:`mmoe.pipeline.launch`): the command behind
 the ablations in ``tasks/*/README.md``.
 
-    .venv/bin/python scripts/demo_ablation.py vqav2 runs/demo/mhmoe/backbone_pretrained.pt /tmp/ablation/lr1e-3 \
+    .venv/bin/python scripts/demo_ablation.py vqav2 runs/demo/pretrain/mhmoe/backbone.pt /tmp/ablation/lr1e-3 \
         --corpus runs/demo/data --steps 300 --set '{"model": {"init_args": {"optimizer": {"learning_rate": 1e-3}}}}'
 
 ``--set`` takes options nested as in a config file, merged over the demo's (``RunSpec.options``); the scores go to

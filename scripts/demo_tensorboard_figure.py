@@ -3,7 +3,7 @@ training loss, and the zero-shot probes beside their chance levels, read from th
 
     .venv/bin/python scripts/demo_tensorboard_figure.py runs/demo [--variant mhmoe] [--out docs/demo_tensorboard.png]
 
-The same logs open in TensorBoard with ``.venv/bin/tensorboard --logdir runs/demo/mhmoe/pretrain/tensorboard``.
+The same logs open in TensorBoard with ``.venv/bin/tensorboard --logdir runs/demo/pretrain/mhmoe/tensorboard``.
 """
 
 from __future__ import annotations

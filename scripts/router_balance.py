@@ -5,7 +5,7 @@ print their load balance from the files the runs wrote: the table of the routers
         switch fine_grained shared_experts loss_free expert_choice
     .venv/bin/python scripts/router_balance.py --out /tmp/routers switch fine_grained   # the table only
 
-Per variant, from ``<variant>/pretrain/routing_stats.json``'s last window: the load CV (std / mean of each MoE layer's
+Per variant, from ``pretrain/<variant>/routing_stats.json``'s last window: the load CV (std / mean of each MoE layer's
 expert loads; mean and worst layer) and the busiest expert's load over the mean; from the run's CSV log: the last
 ``train/unrouted_fraction`` (expert choice), ``train/selection_bias_spread`` (loss-free bias) and ``train/loss``.
 ``--out`` is a demo run directory: ``mmoe demo --out DIR --variant X`` goes on from these pre-trainings.

@@ -1,6 +1,6 @@
 """How much of the VQA task's vision CLS comes from the image and how much from the question, while it trains.
 
-    .venv/bin/python scripts/vqa_cls_spread.py runs/demo/mhmoe/backbone_pretrained.pt --corpus runs/demo/data \
+    .venv/bin/python scripts/vqa_cls_spread.py runs/demo/pretrain/mhmoe/backbone.pt --corpus runs/demo/data \
         --steps 150 [--prior-bias] [--learning-rate 2e-4]
 
 A fixed batch of 32 training questions (``--batch-size``): the spread (mean squared distance from the batch mean of

@@ -71,6 +71,14 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     return parser.parse_args(list(argv))
 
 
+def earlier_layout(out: Path) -> Path | None:
+    """What in ``out`` shows a demo run of the folder layout before :class:`mmoe.pipeline.layout.WorkLayout` (a folder
+    per variant holding ``pretrain/`` and ``backbone_pretrained.pt``), whose stages this version would not find; None
+    when nothing does."""
+    earlier = [out / variant / name for variant in VARIANTS for name in ("pretrain", "backbone_pretrained.pt")]
+    return next((path for path in earlier if path.exists()), None)
+
+
 def quiet_lightning() -> None:
     """Lightning's info lines (devices, parameter counts) off: the demo prints its own progress."""
     for name in ("lightning.pytorch", "lightning.fabric"):
@@ -140,6 +148,9 @@ def demo_command(argv: Sequence[str]) -> int:
             return report_error("demo", "--precision 16-mixed needs a CUDA GPU; use bf16-mixed on a CPU")
     run = PipelineRun(Path(args.out), dataclasses.replace(DEMO_FAST if args.fast else DEMO, precision=args.precision))
     variants = list(VARIANTS) if args.variant == "all" else [args.variant]
+    old = earlier_layout(run.out)
+    if old is not None:
+        return report_error("demo", f"{old} is a demo run's folder of an earlier layout; expected a new --out")
     quiet_lightning()
     start = time.perf_counter()
     try:

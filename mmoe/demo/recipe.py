@@ -7,13 +7,13 @@ from __future__ import annotations
 from mmoe.data.synth.chance import ChanceLevels
 from mmoe.data.synth.layout import CAPTION_TEST_SPLIT
 from mmoe.pipeline.benchmarks import trained_benchmarks
-from mmoe.pipeline.layout import RANDOM_INIT, PipelineRun
+from mmoe.pipeline.layout import BACKBONE, RANDOM_INIT, PipelineRun, random_init_name
 from mmoe.pipeline.stages import Stage, StageKey
 from mmoe.pipeline.standard_stages import (
-    evaluate_stage,
+    FineTuning,
     export_stage,
-    finetune_stage,
     random_backbone_stage,
+    scored_stages,
     variant_pretrain_stage,
 )
 from mmoe.tasks.vqa import VQAFineTuning
@@ -26,17 +26,18 @@ FIGURES_TASK = VQAFineTuning.name
 
 def figures_stage(run: PipelineRun, variant: str) -> Stage:
     """``mmoe viz subtoken-map`` of the pre-trained and the :data:`FIGURES_TASK`-fine-tuned backbones and ``mmoe viz
-    heatmap`` of the pre-training's routing statistics, under ``DIR/<variant>/figures``."""
+    heatmap`` of the pre-training's routing statistics, under ``DIR/figures/<variant>``."""
     from mmoe.viz.cli import checkpoint_labels, subtoken_map_path
 
-    out = run.variant_folder(variant) / FIGURES
-    pretrained, finetuned = run.backbone(variant), run.finetuned_backbone(variant, FIGURES_TASK)
+    out = run.out / FIGURES / variant
+    finetuning = run.finetuning(variant, FIGURES_TASK)
+    pretrained, finetuned = run.backbone(variant), finetuning.root / BACKBONE
 
     def draw() -> dict:
         from mmoe.runtime.checkpoint import export_backbone, load_backbone
         from mmoe.viz.cli import draw_stats_heatmaps, draw_subtoken_maps
 
-        export_backbone(load_backbone(run.finetuning(variant, FIGURES_TASK).last_checkpoint), finetuned)
+        export_backbone(load_backbone(finetuning.last_checkpoint), finetuned)
         images = [run.corpus.shard(CAPTION_TEST_SPLIT)]
         draw_subtoken_maps([pretrained, finetuned], images, out, num_images=run.settings.figure_images)
         draw_stats_heatmaps([run.pretraining(variant).routing_stats], out)
@@ -47,21 +48,25 @@ def figures_stage(run: PipelineRun, variant: str) -> Stage:
     )
 
 
+def fine_tunings(run: PipelineRun, start: str, group: tuple[str, ...]) -> list[Stage]:
+    """Each benchmark fine-tuned from the backbone of ``start`` (a pre-training's name) for the settings' steps into
+    ``DIR/finetune/<start>/<task>`` and scored, as the stages ``<group>/<task>`` and ``<group>/<task>/eval``."""
+    stages = []
+    for benchmark in trained_benchmarks(run.settings):
+        layout, steps = run.finetuning(start, benchmark.name), run.settings.steps(benchmark.name)
+        tuning = FineTuning(run, benchmark, run.backbone(start), layout, steps)
+        stages += scored_stages(StageKey.of(*group, benchmark.name), tuning)
+    return stages
+
+
 def variant_stages(run: PipelineRun, variant: str) -> list[Stage]:
     """The stages of one variant, in order (a dense backbone has no routing to draw)."""
     checkpoint = run.pretraining(variant).last_checkpoint
     stages = [
         variant_pretrain_stage(run, variant),
         export_stage(StageKey.of(variant, "export"), checkpoint, run.backbone(variant)),
+        *fine_tunings(run, variant, (variant,)),
     ]
-    for benchmark in trained_benchmarks(run.settings):
-        finetuning = run.finetuning(variant, benchmark.name)
-        key = StageKey.of(variant, benchmark.name)
-        steps = run.settings.steps(benchmark.name)
-        stages += [
-            finetune_stage(run, key, benchmark, run.backbone(variant), finetuning, steps),
-            evaluate_stage(run, StageKey.of(*key.parts, "eval"), benchmark, run.backbone(variant), finetuning, steps),
-        ]
     if variant != "dense":
         stages.append(figures_stage(run, variant))
     return stages
@@ -69,20 +74,13 @@ def variant_stages(run: PipelineRun, variant: str) -> list[Stage]:
 
 def random_init_stages(run: PipelineRun, variant: str, seed: int = 0) -> list[Stage]:
     """``mmoe demo --random-init``: a backbone of the pre-trained one's architecture (its exported config) with fresh
-    weights from the backbone's own initialisation under ``seed``, then each benchmark fine-tuned and scored as in
-    :func:`variant_stages`, with the same steps and settings, from it (run after the variant's stages, whose exported
-    backbone gives the architecture)."""
-    backbone = run.random_backbone(variant)
-    stages = [random_backbone_stage(StageKey.of(variant, RANDOM_INIT, "init"), run.backbone(variant), backbone, seed)]
-    for benchmark in trained_benchmarks(run.settings):
-        layout = run.finetuning_from_random(variant, benchmark.name)
-        key = StageKey.of(variant, RANDOM_INIT, benchmark.name)
-        steps = run.settings.steps(benchmark.name)
-        stages += [
-            finetune_stage(run, key, benchmark, backbone, layout, steps),
-            evaluate_stage(run, StageKey.of(*key.parts, "eval"), benchmark, backbone, layout, steps),
-        ]
-    return stages
+    weights from the backbone's own initialisation under ``seed``, as the start ``<variant>-random-init``, then each
+    benchmark fine-tuned and scored as in :func:`variant_stages`, with the same steps and settings, from it (run after
+    the variant's stages, whose exported backbone gives the architecture)."""
+    start = random_init_name(variant)
+    key = StageKey.of(variant, RANDOM_INIT, "init")
+    stages = [random_backbone_stage(key, run.backbone(variant), run.backbone(start), seed)]
+    return stages + fine_tunings(run, start, (variant, RANDOM_INIT))
 
 
 def fine_tuning_groups(run: PipelineRun, variant: str, random_init: bool = False) -> dict[str, int]:

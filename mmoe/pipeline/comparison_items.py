@@ -28,7 +28,7 @@ import numpy as np
 from mmoe.io import json_excerpt, read_json, require_field
 from mmoe.pipeline.benchmarks import BENCHMARKS, Benchmark, benchmark_named, trained_benchmarks
 from mmoe.pipeline.items import CLUSTER_KINDS, ItemCounts, ItemMetric
-from mmoe.pipeline.layout import PipelineRun
+from mmoe.pipeline.layout import PipelineRun, random_init_name
 from mmoe.pipeline.stages import PipelineError
 
 #: The file ``mmoe demo --random-init`` writes beside ``results.json``: variant -> document.
@@ -114,7 +114,7 @@ def comparison_items(run: PipelineRun, variant: str) -> dict:
     """The document of ``variant``: each trained benchmark's items from both starts' prediction files."""
     entries = []
     for benchmark in trained_benchmarks(run.settings):
-        starts = (run.finetuning(variant, benchmark.name), run.finetuning_from_random(variant, benchmark.name))
+        starts = (run.finetuning(variant, benchmark.name), run.finetuning(random_init_name(variant), benchmark.name))
         pretrained, random_init = (layout.predictions(benchmark.predictions) for layout in starts)
         entries.append(files_entry(run, benchmark.name, pretrained, random_init))
     return document(entries)

@@ -93,7 +93,6 @@ def pretrain_spec(
     losses, the probes) and one validation after the last step, on the held-out batches that hold the zero-shot probes'
     pairs (:mod:`mmoe.tasks.zero_shot_probes`, read back by :func:`mmoe.pipeline.probes.logged_probes`)."""
     settings = run.settings
-    label = f"pretrain {layout.root.name if layout.root.name != 'pretrain' else variant}"
     arguments: dict[str, Any] = {"visual_codebook": run.codebook}
     if settings.contrastive_coefficient:
         arguments["contrastive_coefficient"] = settings.contrastive_coefficient
@@ -103,7 +102,7 @@ def pretrain_spec(
         steps,
         settings.checkpoint_every,
         routing_every=50,
-        progress_label=label,
+        progress_label=f"pretrain {layout.root.name}",
         precision=settings.precision,
         validation_batches=math.ceil(DEFAULT_PROBE_PAIRS / settings.batch_size) if watched else 0,
         tensorboard=watched,

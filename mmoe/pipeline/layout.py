@@ -1,5 +1,8 @@
-"""Where a pipeline run keeps its files: the corpus under ``DIR/data`` (:class:`mmoe.data.synth.layout.CorpusLayout`),
-each variant's runs and exported backbones under ``DIR/<variant>``, the stage markers under ``DIR/stages``."""
+"""Where a pipeline run keeps its files, one layout for the demo and the claims study (:class:`WorkLayout`): the corpus
+and codebook under ``DIR/data`` (:class:`mmoe.data.synth.layout.CorpusLayout`), each pre-training's run folder
+``DIR/pretrain/<name>`` with its exported backbone ``backbone.pt`` in it, each fine-tuning's run folder
+``DIR/finetune/<name>/<task>`` (``<task>-seed<s>`` where the fine-tuning is seeded), the stage markers under
+``DIR/stages``."""
 
 from __future__ import annotations
 
@@ -11,24 +14,22 @@ from mmoe.io import read_json
 from mmoe.pipeline.settings import TrainingSettings
 from mmoe.runtime.layout import RunLayout
 
-#: The folder (under a variant's) and stage-name part of the fine-tunings from random init.
+#: The name part of a start from random init: ``<name>-random-init`` beside the pre-training ``<name>``.
 RANDOM_INIT = "random-init"
-#: The exported backbone files of a variant's folder: pre-trained, randomly initialised, fine-tuned on a task.
-PRETRAINED_BACKBONE = "backbone_pretrained.pt"
-RANDOM_BACKBONE = "backbone_random.pt"
+#: The exported backbone in a run folder: a pre-training's (or a random init's), or a fine-tuning's.
+BACKBONE = "backbone.pt"
 
 
-def finetuned_backbone_name(task: str) -> str:
-    """The file name of the backbone exported from a fine-tuning of ``task``."""
-    return f"backbone_{task}.pt"
+def random_init_name(name: str) -> str:
+    """The name of the randomly initialised start beside the pre-training ``name``."""
+    return f"{name}-{RANDOM_INIT}"
 
 
 @dataclass(frozen=True)
-class PipelineRun:
-    """One pipeline output directory and its settings."""
+class WorkLayout:
+    """The folders and files of one work folder ``out`` (the demo's ``--out``, the study's ``--out``)."""
 
     out: Path
-    settings: TrainingSettings
 
     @property
     def data(self) -> Path:
@@ -47,32 +48,25 @@ class PipelineRun:
     def codebook(self) -> Path:
         return self.data / "codebook.pt"
 
-    def variant_folder(self, name: str) -> Path:
-        """The folder of one variant's runs and files."""
-        return self.out / name
+    def pretraining(self, name: str) -> RunLayout:
+        """The run folder of the pre-training ``name`` (a demo variant, a study run)."""
+        return RunLayout(self.out / "pretrain" / name)
 
-    def pretraining(self, variant: str) -> RunLayout:
-        return RunLayout(self.variant_folder(variant) / "pretrain")
+    def backbone(self, name: str) -> Path:
+        """The backbone exported from the pre-training ``name`` (or initialised for it), for its fine-tunings."""
+        return self.pretraining(name).root / BACKBONE
 
-    def backbone(self, variant: str) -> Path:
-        """The variant's pre-trained backbone, exported for the fine-tunings."""
-        return self.variant_folder(variant) / PRETRAINED_BACKBONE
-
-    def finetuned_backbone(self, variant: str, task: str) -> Path:
-        """The backbone of the variant's fine-tuning of ``task``, exported."""
-        return self.variant_folder(variant) / finetuned_backbone_name(task)
-
-    def finetuning(self, variant: str, task: str) -> RunLayout:
-        return RunLayout(self.variant_folder(variant) / task)
-
-    def random_backbone(self, variant: str) -> Path:
-        """A randomly initialised backbone of the variant's architecture (the start that shows what pre-training
-        adds)."""
-        return self.variant_folder(variant) / RANDOM_INIT / RANDOM_BACKBONE
-
-    def finetuning_from_random(self, variant: str, task: str) -> RunLayout:
-        return RunLayout(self.variant_folder(variant) / RANDOM_INIT / task)
+    def finetuning(self, name: str, task: str, seed: int | None = None) -> RunLayout:
+        """The run folder of ``task``'s fine-tuning from the backbone of ``name`` (at ``seed`` where given)."""
+        return RunLayout(self.out / "finetune" / name / (task if seed is None else f"{task}-seed{seed}"))
 
     def chance(self) -> dict:
         """The chance levels of the corpus summary."""
         return read_json(self.corpus.summary, "corpus summary")["chance"]
+
+
+@dataclass(frozen=True)
+class PipelineRun(WorkLayout):
+    """One pipeline work folder and the settings its stages train with."""
+
+    settings: TrainingSettings

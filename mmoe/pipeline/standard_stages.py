@@ -5,8 +5,10 @@ randomly initialised backbone."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from mmoe.config.run_spec import RunSpec
 from mmoe.data.shards import MANIFEST
@@ -60,7 +62,7 @@ def pretrain_stage(key: StageKey, spec: Callable[[], RunSpec], layout: RunLayout
 
 def variant_pretrain_stage(run: PipelineRun, variant: str) -> Stage:
     """The pre-training of the tiny configs of ``variant`` (:func:`mmoe.pipeline.launch.pretrain_spec`) for the
-    settings' pre-training steps into ``DIR/<variant>/pretrain``: the demo's, and where a script that pre-trains as
+    settings' pre-training steps into ``DIR/pretrain/<variant>``: the demo's, and where a script that pre-trains as
     the demo does finds it; its zero-shot probes are measured once, after the last step
     (:mod:`mmoe.pipeline.probes`)."""
     layout = run.pretraining(variant)
@@ -80,51 +82,63 @@ def export_stage(key: StageKey, checkpoint: Path, target: Path) -> Stage:
     return Stage(key, target, export)
 
 
-def finetune_stage(
-    run: PipelineRun,
-    key: StageKey,
-    benchmark: Benchmark,
-    backbone: Path,
-    layout: RunLayout,
-    steps: int,
-    seed: int | None = None,
-    routing_every: int = 20,
-    model_options: dict | None = None,
-) -> Stage:
-    """``mmoe fit`` of ``benchmark``'s task from ``backbone`` into ``layout`` for ``steps`` steps (``seed``: the
-    config's when None), routing statistics every ``routing_every`` steps; ``model_options`` add to the task's (e.g.
-    ``frozen_routing``)."""
+@dataclass(frozen=True)
+class FineTuning:
+    """One fine-tuning of a benchmark, what its training stage and its evaluation stage both run.
 
-    def fit() -> dict:
-        options = benchmark.model_options(run) | (model_options or {})
-        spec = finetune_spec(run, benchmark.task, options, backbone, layout, steps, seed, routing_every)
-        return train(str(key), spec)
+    Attributes:
+        run: the work folder and settings.
+        benchmark: the benchmark whose task is fine-tuned.
+        backbone: the exported backbone it starts from.
+        layout: its run folder.
+        steps: optimiser steps.
+        seed: the training seed (the config's when None).
+        routing_every: steps between routing statistics.
+        model_options: added to the benchmark's task options (e.g. ``frozen_routing``).
+    """
 
-    return Stage(key, layout.last_checkpoint, fit)
+    run: PipelineRun
+    benchmark: Benchmark
+    backbone: Path
+    layout: RunLayout
+    steps: int
+    seed: int | None = None
+    routing_every: int = 20
+    model_options: Mapping[str, Any] = field(default_factory=dict)
+
+    def spec(self) -> RunSpec:
+        """The ``mmoe fit`` of this fine-tuning (:func:`mmoe.pipeline.launch.finetune_spec`)."""
+        options = self.benchmark.model_options(self.run) | dict(self.model_options)
+        task = self.benchmark.task
+        return finetune_spec(
+            self.run, task, options, self.backbone, self.layout, self.steps, self.seed, self.routing_every
+        )
 
 
-def evaluate_stage(
-    run: PipelineRun,
-    key: StageKey,
-    benchmark: Benchmark,
-    backbone: Path,
-    layout: RunLayout,
-    steps: int,
-    seed: int | None = None,
-) -> Stage:
-    """``mmoe predict`` of the fine-tuning of ``steps`` steps in ``layout`` (from ``backbone``) on the benchmark's
-    evaluation split, scored by the official scorers into ``layout.scores``."""
+def finetune_stage(key: StageKey, tuning: FineTuning) -> Stage:
+    """``mmoe fit`` of ``tuning`` (resumed from its run folder's latest checkpoint)."""
+    return Stage(key, tuning.layout.last_checkpoint, lambda: train(str(key), tuning.spec()))
+
+
+def evaluate_stage(key: StageKey, tuning: FineTuning) -> Stage:
+    """``mmoe predict`` of the fine-tuning ``tuning`` on its benchmark's evaluation split, scored by the official
+    scorers into its run folder's ``scores.json``."""
+    run, benchmark, layout = tuning.run, tuning.benchmark, tuning.layout
 
     def evaluate() -> dict:
         predictions = layout.predictions(benchmark.predictions)
-        fit = finetune_spec(run, benchmark.task, benchmark.model_options(run), backbone, layout, steps, seed)
-        spec = predict_spec(fit, run.corpus.shard(benchmark.eval_split), predictions)
+        spec = predict_spec(tuning.spec(), run.corpus.shard(benchmark.eval_split), predictions)
         run_in_stage(str(key), spec)
         scores = benchmark.score(run, predictions)
         write_json(layout.scores, scores)
         return {"scores": scores, "launch": spec.to_json(), "files": [str(predictions), str(layout.scores)]}
 
     return Stage(key, layout.scores, evaluate)
+
+
+def scored_stages(key: StageKey, tuning: FineTuning) -> list[Stage]:
+    """The fine-tuning ``tuning`` as stage ``key`` and its scored evaluation as ``key/eval``."""
+    return [finetune_stage(key, tuning), evaluate_stage(StageKey.of(*key.parts, "eval"), tuning)]
 
 
 def random_backbone_stage(key: StageKey, source: Path, target: Path, seed: int = 0) -> Stage:

@@ -61,7 +61,7 @@ def seeded_routing(study: StudyRun, settings: StudySettings, runs: list[Pretrain
             if arm == "switch":
                 continue
             run = by_name[routing_run(arm, experts, seed)]
-            loads = expert_loads(study.pretrained(run.name), batches)
+            loads = expert_loads(study.backbone(run.name), batches)
             activation[arm_label(arm, experts)] = {"heads": run.heads} | loads
         snapshots = {}
         for router in COMPARED_ROUTERS:
@@ -87,7 +87,7 @@ def consistency_of(study: StudyRun, settings: StudySettings, rule: str) -> dict:
         return consistency
     for router in COMPARED_ROUTERS:
         folder = consistency_folder(router, settings.many_experts, rule)
-        folders = [study.finetune_run(folder, CONSISTENCY_TASK, seed).root for seed in range(settings.seeds)]
+        folders = [study.finetuning(folder, CONSISTENCY_TASK, seed).root for seed in range(settings.seeds)]
         loads = [window_loads(read_stats(path)) for path in folders]
         names = [str(path) for path in folders]
         left_out = (
@@ -136,7 +136,7 @@ def backbone_measures(study: StudyRun, settings: StudySettings) -> dict:
     for benchmark in trained_benchmarks(settings.pretraining_recipe):
         for arm, random_init in arms.items():
             layouts = [
-                recipe.finetune_run(recipe_run(seed, random_init), benchmark.name, seed)
+                recipe.finetuning(recipe_run(seed, random_init), benchmark.name, seed)
                 for seed in range(settings.pretraining_backbones)
             ]
             measured[arm][benchmark.name] = [read_json(layout.scores, "scores") for layout in layouts]
@@ -151,7 +151,7 @@ def stratified_measures(study: StudyRun, batches: Sequence) -> tuple[dict, dict]
     per held-out text token id beside those ids' occurrences in the pre-training text."""
     from mmoe.study.measures import requested_capacity, token_passes, training_token_counts
 
-    stratified = study.pretrained(STRATIFIED)
+    stratified = study.backbone(STRATIFIED)
     passes = token_passes(stratified, batches)
     training = training_token_counts(
         [study.corpus.shard(PRETRAIN_PAIR_SPLIT), study.corpus.shard(PRETRAIN_TEXT_SPLIT)], CAPTION_MAX_TEXT_LENGTH
@@ -178,7 +178,7 @@ def measure_runs(study: StudyRun, settings: StudySettings, runs: list[Pretrainin
     seeded = seeded_routing(study, settings, runs, list(batches))
     diversity_names = {name for arm in diversity_arms(settings) for name in arm}
     diverse = [run for run in runs if run.name in diversity_names]
-    diversity = {run.name: diversity_by_region(study.pretrained(run.name), batches) for run in diverse}
+    diversity = {run.name: diversity_by_region(study.backbone(run.name), batches) for run in diverse}
     by_pretraining = task_scores_by_pretraining(study, settings)
     scores = {
         variant: {task: [score for seeds in per_seed for score in seeds] for task, per_seed in tasks.items()}
@@ -186,7 +186,7 @@ def measure_runs(study: StudyRun, settings: StudySettings, runs: list[Pretrainin
     }
     trained_stratified = any(run.name == STRATIFIED for run in runs)
     capacity, token_capacity = stratified_measures(study, batches) if trained_stratified else ({}, {})
-    routers = {name: router_variant_measures(study.pretrained(name), batches) for name in settings.router_variants}
+    routers = {name: router_variant_measures(study.backbone(name), batches) for name in settings.router_variants}
     first = seeded[0] if seeded else {"activation": {}, "snapshots": {}}
     return Measures(
         activation=first["activation"],

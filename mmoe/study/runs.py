@@ -15,19 +15,19 @@ from mmoe.config.run_spec import RunSpec
 from mmoe.data.synth.chance import ChanceLevels
 from mmoe.data.synth.layout import CAPTION_TEST_SPLIT
 from mmoe.io import read_json
-from mmoe.pipeline.benchmarks import benchmark_named, trained_benchmarks
+from mmoe.pipeline.benchmarks import Benchmark, benchmark_named, trained_benchmarks
 from mmoe.pipeline.launch import configured_moe, pretrain_spec
 from mmoe.pipeline.layout import RANDOM_INIT, PipelineRun
 from mmoe.pipeline.settings import TrainingSettings
 from mmoe.pipeline.stages import Stage, StageKey
 from mmoe.pipeline.standard_stages import (
-    evaluate_stage,
+    FineTuning,
     export_stage,
     finetune_stage,
     pretrain_stage,
     random_backbone_stage,
+    scored_stages,
 )
-from mmoe.runtime.layout import RunLayout
 from mmoe.study.settings import CONSISTENCY_RULES, StudySettings
 from mmoe.tasks.vqa import VQAFineTuning
 
@@ -41,8 +41,6 @@ COMPARED_ROUTERS = ("switch", "xmoe")
 CONSISTENCY_TASK = VQAFineTuning.name
 #: The variant of claim 7, pre-trained with the demo's recipe against random init (the demo's default variant).
 PRETRAINING_VARIANT = "mhmoe"
-#: The exported backbone of each pre-training, in its folder.
-EXPORTED_BACKBONE = "backbone.pt"
 #: The variant whose requested capacity is measured (Stratified MoE §5).
 STRATIFIED = "stratified"
 
@@ -236,22 +234,13 @@ def pretrainings(settings: StudySettings) -> list[Pretraining]:
 
 
 class StudyRun(PipelineRun):
-    """The study's directory: ``data`` (corpus, codebook), ``pretrain/<run>``, ``finetune/<variant>/<task>-seed<s>``,
-    ``analysis/*.json``, ``figures/``, ``report.md`` / ``report.json``."""
-
-    def pretrain_run(self, run: Pretraining) -> RunLayout:
-        return RunLayout(self.out / "pretrain" / run.name)
-
-    def pretrained(self, name: str) -> Path:
-        """The exported backbone of the pre-training ``name``."""
-        return self.out / "pretrain" / name / EXPORTED_BACKBONE
+    """The study's work folder (:class:`mmoe.pipeline.layout.WorkLayout`: ``data``, ``pretrain/<run>`` with its
+    ``backbone.pt``, ``finetune/<variant>/<task>-seed<s>``) with the study's own files: ``analysis/*.json``,
+    ``figures/``, ``report.md`` / ``report.json``."""
 
     def snapshots(self, run: Pretraining) -> dict[int, Path]:
         """The pre-training's backbone snapshots by step."""
-        return self.pretrain_run(run).saved_snapshots()
-
-    def finetune_run(self, variant: str, task: str, seed: int) -> RunLayout:
-        return RunLayout(self.out / "finetune" / variant / f"{task}-seed{seed}")
+        return self.pretraining(run.name).saved_snapshots()
 
     @property
     def analysis(self) -> Path:
@@ -260,9 +249,9 @@ class StudyRun(PipelineRun):
 
 def pretrain_stages(study: StudyRun, run: Pretraining, recipe: TrainingSettings | None = None) -> list[Stage]:
     """The pre-training ``run`` (with ``recipe``'s settings where ``run.recipe``) and the export of its backbone."""
-    layout = study.pretrain_run(run)
+    layout = study.pretraining(run.name)
     key = StageKey.of("pretrain", run.name)
-    export = export_stage(StageKey.of(*key.parts, "export"), layout.last_checkpoint, study.pretrained(run.name))
+    export = export_stage(StageKey.of(*key.parts, "export"), layout.last_checkpoint, study.backbone(run.name))
     return [pretrain_stage(key, functools.partial(pretraining_spec, study, run, recipe), layout), export]
 
 
@@ -272,7 +261,7 @@ def pretraining_spec(study: StudyRun, run: Pretraining, recipe: TrainingSettings
     where ``run.recipe``."""
     from mmoe.runtime.snapshots import BackboneSnapshots
 
-    layout = study.pretrain_run(run)
+    layout = study.pretraining(run.name)
     trained_by = StudyRun(study.out, recipe) if run.recipe and recipe is not None else study
     snapshots = [BackboneSnapshots(layout.snapshots, run.snapshots)] if run.snapshots else []
     spec = pretrain_spec(trained_by, run.variant, layout, run.steps, run.seed, dict(run.moe), snapshots)
@@ -295,48 +284,36 @@ def finetune_stages(study: StudyRun, settings: StudySettings) -> list[Stage]:
     for name, _, _ in task_backbones(settings):
         for benchmark in trained_benchmarks(settings.training):
             for seed in range(settings.task_seeds):
-                stages += _scored(study, name, study.pretrained(name), benchmark, seed)
+                stages += _scored(study, name, benchmark, seed)
     benchmark = benchmark_named(CONSISTENCY_TASK)
     for rule in CONSISTENCY_RULES:
         for router in COMPARED_ROUTERS:
-            backbone = study.pretrained(routing_run(router, settings.many_experts, 0))
+            backbone = study.backbone(routing_run(router, settings.many_experts, 0))
             folder = consistency_folder(router, settings.many_experts, rule)
             for seed in range(settings.seeds):
-                layout = study.finetune_run(folder, CONSISTENCY_TASK, seed)
+                layout = study.finetuning(folder, CONSISTENCY_TASK, seed)
                 key = StageKey.of("finetune", folder, f"{CONSISTENCY_TASK}-seed{seed}")
-                stages.append(
-                    finetune_stage(
-                        study,
-                        key,
-                        benchmark,
-                        backbone,
-                        layout,
-                        settings.consistency_steps,
-                        seed,
-                        routing_every=settings.consistency_every,
-                        model_options={"frozen_routing": rule == "frozen"},
-                    )
-                )
+                steps, every = settings.consistency_steps, settings.consistency_every
+                options = {"frozen_routing": rule == "frozen"}
+                tuning = FineTuning(study, benchmark, backbone, layout, steps, seed, every, options)
+                stages.append(finetune_stage(key, tuning))
     recipe = StudyRun(study.out, settings.pretraining_recipe)
-    source = study.pretrained(recipe_run(0))
+    source = study.backbone(recipe_run(0))
     for seed in range(settings.pretraining_backbones):
-        random = study.pretrained(recipe_run(seed, random_init=True))
+        random = study.backbone(recipe_run(seed, random_init=True))
         stages.append(random_backbone_stage(StageKey.of("pretrain", recipe_run(seed, True)), source, random, seed))
         for name in (recipe_run(seed), recipe_run(seed, True)):
             for benchmark in trained_benchmarks(settings.pretraining_recipe):
-                stages += _scored(recipe, name, study.pretrained(name), benchmark, seed)
+                stages += _scored(recipe, name, benchmark, seed)
     return stages
 
 
-def _scored(run: StudyRun, name: str, backbone: Path, benchmark, seed: int) -> list[Stage]:
-    """The fine-tuning of ``benchmark`` from ``backbone`` into ``finetune/<name>/<task>-seed<seed>`` and its scoring."""
-    layout = run.finetune_run(name, benchmark.name, seed)
-    key = StageKey.of("finetune", name, f"{benchmark.name}-seed{seed}")
-    steps = run.settings.steps(benchmark.name)
-    return [
-        finetune_stage(run, key, benchmark, backbone, layout, steps, seed),
-        evaluate_stage(run, StageKey.of(*key.parts, "eval"), benchmark, backbone, layout, steps, seed),
-    ]
+def _scored(run: StudyRun, name: str, benchmark: Benchmark, seed: int) -> list[Stage]:
+    """The fine-tuning of ``benchmark`` from the backbone of ``name`` into ``finetune/<name>/<task>-seed<seed>`` and its
+    scoring."""
+    layout, steps = run.finetuning(name, benchmark.name, seed), run.settings.steps(benchmark.name)
+    tuning = FineTuning(run, benchmark, run.backbone(name), layout, steps, seed)
+    return scored_stages(StageKey.of("finetune", name, f"{benchmark.name}-seed{seed}"), tuning)
 
 
 def chance_levels(study: StudyRun) -> dict[str, float]:
@@ -350,7 +327,7 @@ def collect_scores(study: StudyRun, name: str, seeds: int) -> dict:
     """task -> the ``scores.json`` of the fine-tunings of ``name`` at each seed."""
     return {
         benchmark.name: [
-            read_json(study.finetune_run(name, benchmark.name, seed).scores, "scores") for seed in range(seeds)
+            read_json(study.finetuning(name, benchmark.name, seed).scores, "scores") for seed in range(seeds)
         ]
         for benchmark in trained_benchmarks(study.settings)
     }
@@ -361,7 +338,7 @@ def maps_stage(study: StudyRun, settings: StudySettings, runs: list[Pretraining]
     from mmoe.viz.cli import checkpoint_labels, subtoken_map_path
 
     out = study.out / "figures" / "maps"
-    backbones = [study.pretrained(run.name) for run in runs if run.heads > 1]
+    backbones = [study.backbone(run.name) for run in runs if run.heads > 1]
 
     def draw() -> dict:
         from mmoe.viz.cli import draw_subtoken_maps

@@ -145,7 +145,7 @@ def test_stage_specs_point_the_shipped_configs_at_the_run_directory(tmp_path):
     assert plain.model.init_args.contrastive_coefficient == 0 and plain.model.init_args.output_vocab is None
     assert plain.model.init_args.optimizer.learning_rate == 1e-3  # the tiny config's
     for name, config in configs.items():
-        out = tmp_path / "mhmoe" / name
+        out = tmp_path / "pretrain" / "mhmoe" if name == "pretrain" else tmp_path / "finetune" / "mhmoe" / name
         assert config.trainer.default_root_dir == str(out) and config.data.init_args.batch_size == FAST.batch_size
         assert [logger.init_args.save_dir for logger in config.trainer.logger] == [str(out)]
         assert config.trainer.callbacks == []  # the config's own callbacks are replaced by the launch's objects
@@ -158,7 +158,7 @@ def test_stage_specs_point_the_shipped_configs_at_the_run_directory(tmp_path):
         assert not [text for text in strings(config) if text.startswith(("data/synthetic", "runs/"))]
     for benchmark in BENCHMARKS:
         model = configs[benchmark.name].model.init_args
-        assert model.backbone is None and model.pretrained == str(tmp_path / "mhmoe" / "backbone_pretrained.pt")
+        assert model.backbone is None and model.pretrained == str(tmp_path / "pretrain" / "mhmoe" / "backbone.pt")
         assert configs[benchmark.name].trainer.max_steps == FAST.steps(benchmark.name)
     assert configs["captioning"].model.init_args.num_beams == FAST.num_beams
     assert configs["vqav2"].model.init_args.answer_vocab == str(run.shards / "vqav2-train2014" / "answers.json")
@@ -392,6 +392,20 @@ def test_fine_tunings_form_groups_that_run_at_once_and_a_failed_group_is_named(t
     assert "--stages mhmoe/nope: no stage of this run" in capfd.readouterr().err
 
 
+@pytest.mark.parametrize("old", ["mhmoe/pretrain", "mhmoe/backbone_pretrained.pt"])
+def test_a_demo_folder_of_the_earlier_layout_is_refused_before_any_stage(tmp_path, capfd, old):
+    """A folder per variant (``mhmoe/pretrain``, ``mhmoe/backbone_pretrained.pt``) is the layout before the work
+    folders the demo shares with the study: refused in one line, exit 2, nothing written."""
+    (tmp_path / old).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / old).mkdir() if old.endswith("pretrain") else (tmp_path / old).write_bytes(b"")
+    before = sorted(tmp_path.rglob("*"))
+    message = f"{tmp_path / old} is a demo run's folder of an earlier layout; expected a new --out"
+    for variant in ("mhmoe", "xmoe"):  # whichever variant is asked for
+        assert main(["demo", "--fast", "--out", str(tmp_path), "--variant", variant]) == 2
+        assert capfd.readouterr().err.strip() == f"mmoe demo: error: {message}"
+        assert sorted(tmp_path.rglob("*")) == before
+
+
 def test_table_has_one_column_per_variant():
     rows = [{"task": "VQAv2 val", "metric": "accuracy (%)", "value": 50.0, "chance": 39.4, "baseline": "prior"}]
     single = format_table({"mhmoe": rows}).splitlines()
@@ -447,7 +461,7 @@ def test_demo_scores_are_official_files_exist_and_a_rerun_reuses_stages(default_
     rescored = evaluate_vqa_files(
         data / "v2_OpenEnded_mscoco_val2014_questions.json",
         data / "v2_mscoco_val2014_annotations.json",
-        out / "mhmoe" / "vqav2" / "val_results.json",
+        out / "finetune" / "mhmoe" / "vqav2" / "val_results.json",
     )
     assert rescored["overall"] == vqa["value"]  # every val question answered, scored by the official metric
     nlvr2 = rows["NLVR2 dev", "accuracy"]
@@ -455,7 +469,7 @@ def test_demo_scores_are_official_files_exist_and_a_rerun_reuses_stages(default_
     assert nlvr2["chance"] == chance["nlvr2"]["accuracy_constant_answer"]
     assert consistency["chance"] == chance["nlvr2"]["consistency_random"]
     dev = out / "data" / "nlvr2" / "dev.json"
-    rescored = evaluate_nlvr2_files(dev, out / "mhmoe" / "nlvr2" / "dev_predictions.csv")
+    rescored = evaluate_nlvr2_files(dev, out / "finetune" / "mhmoe" / "nlvr2" / "dev_predictions.csv")
     assert (rescored["accuracy"], rescored["consistency"]) == (nlvr2["value"], consistency["value"])
     caption_rows = {metric: rows["COCO captions Karpathy test", metric] for metric in ("Bleu_4", "CIDEr")}
     for metric, caption in caption_rows.items():
@@ -480,7 +494,7 @@ def test_demo_scores_are_official_files_exist_and_a_rerun_reuses_stages(default_
     colours = rows["COCO captions Karpathy test", "colour words right (%)"]
     assert colours["value"] > 1.5 * colours["chance"]
     references = load_karpathy_references(out / "data" / "coco" / "karpathy" / "dataset_coco.json", "test")
-    captions = json.loads((out / "mhmoe" / "captioning" / "test_captions.json").read_text())
+    captions = json.loads((out / "finetune" / "mhmoe" / "captioning" / "test_captions.json").read_text())
     expected = word_precision({entry["image_id"]: entry["caption"] for entry in captions}, references, COLORS)
     assert (colours["value"], colours["chance"]) == (
         round(100 * expected["precision"], 2), round(100 * expected["chance"], 2)
@@ -488,7 +502,7 @@ def test_demo_scores_are_official_files_exist_and_a_rerun_reuses_stages(default_
 
     retrieval = {metric: rows["Flickr30K Karpathy test", metric] for metric in
                  ("image->text R@1", "text->image R@1", "mean recall (R@1/5/10)")}  # fmt: skip
-    rescored = evaluate_retrieval_file(out / "mhmoe" / "retrieval" / "test_embeddings.pt")
+    rescored = evaluate_retrieval_file(out / "finetune" / "mhmoe" / "retrieval" / "test_embeddings.pt")
     assert retrieval["image->text R@1"]["value"] == rescored["i2t_r1"]
     assert retrieval["text->image R@1"]["value"] == rescored["t2i_r1"]
     assert retrieval["mean recall (R@1/5/10)"]["value"] == rescored["mean_recall"]
@@ -511,10 +525,10 @@ def test_demo_scores_are_official_files_exist_and_a_rerun_reuses_stages(default_
     assert values["val/probe/i2t_r5"] > 3 * chance["val/probe/i2t_r5"]
     assert values["val/probe/t2i_r1"] > 5 * chance["val/probe/t2i_r1"]
     assert "Zero-shot probes of the mhmoe pre-training" in printed
-    # ... and reach TensorBoard with the routing callback's load heatmaps (`tensorboard --logdir DIR/mhmoe/pretrain`).
+    # ... and reach TensorBoard with the routing callback's load heatmaps (`tensorboard --logdir DIR/pretrain/mhmoe`).
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    logs = out / "mhmoe" / "pretrain" / "tensorboard" / "version_0"
+    logs = out / "pretrain" / "mhmoe" / "tensorboard" / "version_0"
     events = EventAccumulator(str(logs), size_guidance={"images": 0})
     tags = events.Reload().Tags()
     assert "routing/load_heatmap" in tags["images"] and "val/probe/color_acc" in tags["scalars"]
@@ -522,7 +536,7 @@ def test_demo_scores_are_official_files_exist_and_a_rerun_reuses_stages(default_
 
     for path in results["files"]:
         assert Path(path).exists(), path
-    figures = sorted((out / "mhmoe" / "figures").glob("*.png"))
+    figures = sorted((out / "figures" / "mhmoe").glob("*.png"))
     assert any(p.name.startswith("subtoken_map") for p in figures) and any(
         p.name.startswith("heatmap") for p in figures
     )
@@ -548,7 +562,7 @@ def test_demo_scores_are_official_files_exist_and_a_rerun_reuses_stages(default_
         assert main(["demo", "--out", str(out), "--random-init", "--stages", *asserted]) == 0
     run = PipelineRun(out, FULL)
     benchmark = benchmark_named("captioning")
-    starts = (run.finetuning("mhmoe", "captioning"), run.finetuning_from_random("mhmoe", "captioning"))
+    starts = (run.finetuning("mhmoe", "captioning"), run.finetuning("mhmoe-random-init", "captioning"))
     files = [layout.predictions(benchmark.predictions) for layout in starts]
     compared = {(row["task"], row["metric"]): row for row in compared_files(run, "captioning", *files)}
     assert compared["COCO captions Karpathy test", "colour words right (%)"]["verdict"] == "pre-trained ahead"
@@ -556,7 +570,8 @@ def test_demo_scores_are_official_files_exist_and_a_rerun_reuses_stages(default_
 
 def test_random_init_stages_start_from_a_fresh_backbone_of_the_pretrained_architecture(tmp_path):
     """``mmoe demo --random-init``: the random backbone has the exported backbone's config and other weights, drawn
-    the same whatever the global generator's state; each benchmark is fine-tuned and scored under ``random-init/``."""
+    the same whatever the global generator's state; each benchmark is fine-tuned and scored from the start
+    ``mhmoe-random-init``."""
     from mmoe.demo.recipe import random_init_stages
     from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
     from mmoe.runtime.checkpoint import export_backbone, read_backbone_state
@@ -564,7 +579,7 @@ def test_random_init_stages_start_from_a_fresh_backbone_of_the_pretrained_archit
     run = PipelineRun(tmp_path, FAST)
     config = MultiwayConfig.preset("test", moe=MoEPlan(num_experts=4, heads=2, router="xmoe"))
     pretrained = MultiwayTransformer(config)
-    run.variant_folder("mhmoe").mkdir(parents=True)
+    run.pretraining("mhmoe").root.mkdir(parents=True)
     export_backbone(pretrained, run.backbone("mhmoe"))
 
     stages = random_init_stages(run, "mhmoe")
@@ -572,14 +587,15 @@ def test_random_init_stages_start_from_a_fresh_backbone_of_the_pretrained_archit
         f"mhmoe/random-init/{benchmark.name}{suffix}" for benchmark in BENCHMARKS for suffix in ("", "/eval")
     ]
     for benchmark, fit, evaluate in zip(BENCHMARKS, stages[1::2], stages[2::2], strict=True):
-        layout = run.finetuning_from_random("mhmoe", benchmark.name)
+        layout = run.finetuning("mhmoe-random-init", benchmark.name)
         assert fit.output == layout.last_checkpoint and evaluate.output == layout.scores
-        assert layout.root.parent == run.random_backbone("mhmoe").parent != run.variant_folder("mhmoe")
+        assert layout.root == tmp_path / "finetune" / "mhmoe-random-init" / benchmark.name
 
     torch.manual_seed(123)
     record = run_stage(run, stages[0])
-    assert record["result"]["files"] == [str(run.random_backbone("mhmoe"))]
-    random_config, random_weights = read_backbone_state(run.random_backbone("mhmoe"))
+    random_backbone = tmp_path / "pretrain" / "mhmoe-random-init" / "backbone.pt"
+    assert record["result"]["files"] == [str(random_backbone)] and random_backbone != run.backbone("mhmoe")
+    random_config, random_weights = read_backbone_state(random_backbone)
     assert random_config == config
     weights = pretrained.state_dict()
     differing = [name for name, value in weights.items() if not torch.equal(value, random_weights[name])]
@@ -587,10 +603,10 @@ def test_random_init_stages_start_from_a_fresh_backbone_of_the_pretrained_archit
     torch.manual_seed(456)  # another global state: the same weights again
     again = tmp_path / "again"
     other = PipelineRun(again, FAST)
-    other.variant_folder("mhmoe").mkdir(parents=True)
+    other.pretraining("mhmoe").root.mkdir(parents=True)
     export_backbone(pretrained, other.backbone("mhmoe"))
     run_stage(other, random_init_stages(other, "mhmoe")[0])
-    _, weights_again = read_backbone_state(other.random_backbone("mhmoe"))
+    _, weights_again = read_backbone_state(other.backbone("mhmoe-random-init"))
     assert all(torch.equal(weights_again[name], value) for name, value in random_weights.items())
 
 

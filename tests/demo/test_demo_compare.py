@@ -30,6 +30,7 @@ from mmoe.pipeline.compare import (
 )
 from mmoe.pipeline.comparison_items import ITEMS_FILE, comparison_items
 from mmoe.pipeline.items import ItemCounts, caption_test_files
+from mmoe.pipeline.layout import random_init_name
 from mmoe.pipeline.settings import DEMO_FAST as FAST
 
 #: The benchmarks compared, by name.
@@ -89,8 +90,8 @@ def write_corpus(run: PipelineRun, rng: np.random.Generator) -> dict:
 def prediction_file(run: PipelineRun, name: str, start: str):
     """The prediction file of benchmark ``name`` fine-tuned from ``start`` (pre-trained or random init)."""
     benchmark = benchmark_named(name)
-    layout = run.finetuning if start == PRETRAINED else run.finetuning_from_random
-    return layout(VARIANT, name).predictions(benchmark.predictions)
+    start_name = VARIANT if start == PRETRAINED else random_init_name(VARIANT)
+    return run.finetuning(start_name, name).predictions(benchmark.predictions)
 
 
 def write_predictions(run: PipelineRun, corpus: dict, start: str, skill: float, rng: np.random.Generator) -> None:

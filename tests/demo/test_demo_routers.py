@@ -38,7 +38,7 @@ def test_a_router_variant_runs_every_stage_of_the_demo_on_its_tiny_part(tmp_path
     reference = [str(stage.key).split("/", 1)[1] for stage in variant_stages(run, "mhmoe")]
     stages = variant_stages(run, variant)
     assert [str(stage.key) for stage in stages] == [f"{variant}/{name}" for name in reference]
-    assert stages[-1].output.parent == run.variant_folder(variant) / "figures"
+    assert stages[-1].output.parent == tmp_path / "figures" / variant
 
     config = read_spec(pretrain_spec(run, variant, run.pretraining(variant), FAST.pretrain_steps))
     part = yaml.safe_load((CONFIGS / "pretrain" / "tiny" / f"{variant}.yaml").read_text())

@@ -139,8 +139,8 @@ def test_a_router_pretrained_with_the_fast_settings_is_measured_into_the_table(t
     for stage in pretrain_stages(study, run):
         run_stage(study, stage)
     batches = held_out_batches(study.shards / ANALYSIS_SHARDS, FAST.training.image_size, 2, 8, CAPTION_MAX_TEXT_LENGTH)
-    measured = router_variant_measures(study.pretrained(run.name), batches)
-    stats = json.loads(study.pretrain_run(run).routing_stats.read_text())
+    measured = router_variant_measures(study.backbone(run.name), batches)
+    stats = json.loads(study.pretraining(run.name).routing_stats.read_text())
     assert set(measured["loads"]) == set(stats["num_experts"])  # the layers the training routed
     rows = router_rows({run.name: measured}, [run.name])
     # Expert choice: every expert takes exactly its C tokens of each batch, so the loads are flat.

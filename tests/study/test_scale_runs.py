@@ -178,7 +178,7 @@ def test_the_analysis_collects_task_scores_per_pre_training_and_skips_what_was_n
     for backbone, variant, seed in [(f"{v}-seed{s}", v, s) for v in ("dense", "xmoe", "mhmoe") for s in range(3)]:
         for task, score, _ in TASK_SCORES:
             for tuning in range(GPU_TASKS.task_seeds):
-                layout = study.finetune_run(backbone, task, tuning)
+                layout = study.finetuning(backbone, task, tuning)
                 layout.scores.parent.mkdir(parents=True, exist_ok=True)
                 layout.scores.write_text(json.dumps({score: 100 * seed + tuning, "variant": variant}))
     by_pretraining = task_scores_by_pretraining(study, GPU_TASKS)
