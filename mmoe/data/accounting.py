@@ -2,9 +2,10 @@
 
 A sample that cannot be used is *corrupt* (its bytes do not decode: bad image, missing entry, bad JSON) or *lost* (a
 shard holds fewer samples than its manifest's ``shard_samples`` says, e.g. a truncated tar loses every sample after
-the cut). Both are logged with the shard and counted (:class:`SkipLedger`); the counts travel with the batches
-(:class:`Delivery`), so :class:`mmoe.data.loader.EpochDataLoader` in the main process sees what its workers skipped,
-counts only what the training loop consumed, and keeps the totals across a resume. A stream that skips
+the cut). Both are logged with the shard and counted (:class:`SkipLedger`) when the stream uses the sample read after
+them, not when a shuffle buffer reads past them; the counts travel with the batches (:class:`Delivery`), so
+:class:`mmoe.data.loader.EpochDataLoader` in the main process sees what its workers skipped, counts only what the
+training loop consumed (not what workers prefetched), and keeps the totals across a resume. A stream that skips
 :data:`MAX_SKIPS_IN_A_ROW` samples in a row, or a repeating stream whose shards hold no sample at all, stops with
 :class:`UnusableStreamError` naming its shards instead of looping forever.
 """
@@ -115,14 +116,22 @@ class SkipLedger:
     """One consumer's record of skipped samples while it reads; :meth:`take` hands the counts since the last take to
     the next delivery.
 
+    Samples skipped while the shards are read (left out, lost) are counted only once the stream gets as far as them
+    in what it consumes, not when a shuffle buffer reads past them: they wait as *unclaimed* until the next kept sample
+    is read, which takes them (:meth:`claim`) and carries them through the shuffle buffer; :meth:`consumed` counts
+    them when that sample is used (its first item batched). Corrupt samples are found when used and counted then.
+
     Events at shuffled-sample ordinals below ``quiet_below`` are the re-reading of a resumed stream: they were counted
-    before the interruption and are only logged at debug level now.
+    before the interruption and are only logged at debug level now. Without ``warns_of_losses`` losses are logged at
+    debug level too (a consumer reading the same shards as another, which warns).
     """
 
-    def __init__(self, stream: str, shards: Sequence[str], quiet_below: int = 0) -> None:
+    def __init__(self, stream: str, shards: Sequence[str], quiet_below: int = 0, warns_of_losses: bool = True) -> None:
         self.stream, self.shards, self.quiet_below = stream, shards, quiet_below
+        self.warns_of_losses = warns_of_losses
         self.ordinal = 0
         self.pending = SkipCount()
+        self.unclaimed = SkipCount()
         self.in_a_row = 0
         self.last_reason = ""
 
@@ -145,17 +154,29 @@ class SkipLedger:
             )
 
     def lost(self, shard: str, count: int, why: str) -> None:
-        self._log(f"lost {count} samples{self._label}: shard {shard}: {why}")
-        if not self.quiet:
-            self.pending.lost += count
-            self.pending.note_shard(shard)
+        message = f"lost {count} samples{self._label}: shard {shard}: {why}"
+        logger.log(logging.WARNING if self.warns_of_losses and not self.quiet else logging.DEBUG, "%s", message)
+        self.unclaimed.lost += count
+        self.unclaimed.note_shard(shard)
 
     def left_out(self, shard: str, key: str, cause: str) -> None:
         """A sample the shards' index leaves out (``cause``: :data:`mmoe.data.img2dataset.CAUSES`), not decoded."""
         logger.debug("left out a sample%s: shard %s, key %r: %s", self._label, shard, key, cause)
-        if not self.quiet:
-            self.pending.left_out[cause] = self.pending.left_out.get(cause, 0) + 1
-            self.pending.note_shard(shard)
+        self.unclaimed.left_out[cause] = self.unclaimed.left_out.get(cause, 0) + 1
+        self.unclaimed.note_shard(shard)
+
+    def claim(self) -> SkipCount | None:
+        """The samples skipped in reading since the last claim, for the sample read now to carry."""
+        if not self.unclaimed.total:
+            return None
+        claimed, self.unclaimed = self.unclaimed, SkipCount()
+        return claimed
+
+    def consumed(self, carried: SkipCount | None) -> None:
+        """Counts the skips a sample carried (:meth:`claim`) as it is used: not again for a resumed stream's
+        re-reading (below ``quiet_below``)."""
+        if carried is not None and not self.quiet:
+            self.pending.add(carried)
 
     def used(self) -> None:
         self.in_a_row = 0

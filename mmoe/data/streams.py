@@ -12,7 +12,8 @@ shuffled stream, a batch's masks from the batch's ordinal and a mixture's choice
 (:class:`SeedDomain` keeps a consumer's streams apart). So a stream can restart at any position: it re-reads the
 shards up to it without decoding (cheap) and continues with the batches the uninterrupted stream would have given.
 
-What a stream could not use is counted by :mod:`mmoe.data.accounting`.
+What a stream could not use is counted by :mod:`mmoe.data.accounting`, as the samples it uses reach it
+(:mod:`mmoe.data.reading`).
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ import torch
 import webdataset as wds
 from torch.utils.data import IterableDataset
 
-from mmoe.data.accounting import END, Delivery, SkipCount, SkipLedger, UnusableStreamError, add_skips
-from mmoe.data.remote import RemoteReading, tar_samples
+from mmoe.data.accounting import END, Delivery, SkipCount, SkipLedger, add_skips
+from mmoe.data.reading import Read, carrying_skips, read_shards, split_reads
+from mmoe.data.remote import RemoteReading
 from mmoe.data.samples import Collator, CorruptSampleError, Decoder, Sample
 from mmoe.data.shards import expected_and_excluded_samples
 
@@ -117,61 +119,6 @@ def shuffled(items: Iterable[Any], buffer_size: int, rng: np.random.Generator) -
     order = rng.permutation(len(buffer))
     for index in order:
         yield buffer[index]
-
-
-def read_shards(
-    shards: Iterable[dict[str, str]],
-    ledger: SkipLedger,
-    expected: dict[str, int] | None,
-    shards_per_pass: int,
-    repeat: bool,
-    excluded: dict[str, dict[str, str]] | None = None,
-    reading: RemoteReading | None = None,
-) -> Iterator[Sample]:
-    """Raw samples of each shard in turn (webdataset groups tar members by key).
-
-    A shard that gives fewer samples than ``expected[url]`` (its manifest's count) lost the difference; without a
-    manifest count each read error counts as one lost sample (a lower bound). ``expected=None`` reports no loss (an
-    other consumer reads the same shards and reports it). The samples ``excluded[url]`` names (key -> cause), and a
-    key read a second time in one shard, are left out without decoding and counted by cause (where losses are). A
-    repeating stream whose shards give no sample in a whole pass stops with :class:`UnusableStreamError`. Remote
-    shards are read as ``reading`` says (:mod:`mmoe.data.remote`: bounded retries), and counted the same way.
-    """
-    empty_in_a_row = 0
-    for shard in shards:
-        url = shard["url"]
-        errors: list[str] = []
-
-        def on_error(error: Exception, errors: list[str] = errors) -> bool:
-            errors.append(f"{type(error).__name__}: {error.args[0] if error.args else error}")
-            return True
-
-        read = kept = 0
-        left_out, seen = (excluded or {}).get(url, {}), set()
-        for sample in tar_samples(url, on_error, reading or RemoteReading()):
-            read += 1
-            key = sample.get("__key__")
-            cause = left_out.get(key) or ("duplicate_key" if key in seen else None)
-            seen.add(key)
-            if cause:
-                if expected is not None:
-                    ledger.left_out(url, key, cause)
-                continue
-            kept += 1
-            yield sample
-        if expected is not None:
-            count = expected.get(url)
-            if count is not None and read < count:
-                first = f" (first error: {errors[0]})" if errors else ""
-                ledger.lost(url, count - read, f"read {read} of the {count} samples its manifest lists{first}")
-            elif count is None and errors:
-                ledger.lost(url, len(errors), f"{len(errors)} read errors, no manifest count (first: {errors[0]})")
-        empty_in_a_row = 0 if kept else empty_in_a_row + 1
-        if repeat and empty_in_a_row >= shards_per_pass:
-            raise UnusableStreamError(
-                f"{ledger.stream or 'data'}: a whole pass over the shards gave no sample (e.g. {url}"
-                f"{': ' + errors[0] if errors else ''})"
-            )
 
 
 def consumer_entropy(seed: int, epoch: int, consumer: Consumer, domain: SeedDomain, *ordinals: int) -> list[int]:
@@ -330,40 +277,42 @@ class ShardStream(ResumableStream):
         by_shard = self.split == "shard" or (self.split == "auto" and len(self.shards) >= consumer.count)
         # The first shuffled sample not yet (wholly) used: skips before it were counted before the interruption.
         quiet_below = start.samples + (start.items > 0) if self.reports else sys.maxsize
-        ledger = SkipLedger(self.name, self.shards, quiet_below=quiet_below)
+        # With split by sample every consumer reads every shard: the first warns of what a shard lost.
+        warns = by_shard or consumer.index == 0
+        ledger = SkipLedger(self.name, self.shards, quiet_below=quiet_below, warns_of_losses=warns)
         order: Iterable = self._shard_order(np.random.default_rng([self.seed, self.epoch]))
         if by_shard:
             order = split_items(order, consumer)
-        # With split by sample every consumer reads every shard: the first reports what a shard lost.
-        reports = by_shard or consumer.index == 0
-        expected = self.expected if reports else None
-        samples: Iterable = read_shards(
-            order, ledger, expected, len(self.shards), self.repeat, self.excluded, self.remote
+        reads: Iterable[Read] = carrying_skips(
+            read_shards(order, ledger, self.expected, len(self.shards), self.repeat, self.excluded, self.remote),
+            ledger,
         )
         if not by_shard:
-            samples = split_items(samples, consumer)
+            reads = split_reads(reads, consumer.index, consumer.count, ledger)
         own_rng = np.random.default_rng(consumer_entropy(self.seed, self.epoch, consumer, SeedDomain.SHUFFLE))
-        samples = shuffled(samples, self.shuffle_buffer, own_rng)
-        items = self._items(samples, consumer, start, ledger)
+        items = self._items(shuffled(reads, self.shuffle_buffer, own_rng), consumer, start, ledger)
         if self.collate is None:
             for item, position in items:
                 yield Delivery(item, consumer.key, position, ledger.take())
         else:
             yield from self._batched(items, consumer, start.batches, ledger)
+        ledger.consumed(ledger.claim())  # skipped after the last sample: met by the stream's end
         yield Delivery(None, consumer.key, END, ledger.take())
 
     def _items(
-        self, samples: Iterable[Sample], consumer: Consumer, start: Position, ledger: SkipLedger
+        self, reads: Iterable[Read], consumer: Consumer, start: Position, ledger: SkipLedger
     ) -> Iterator[tuple[Any, Position]]:
-        """(item, position after it) from ``start``: samples before it are read, not decoded."""
-        iterator = iter(samples)
+        """(item, position after it) from ``start``: samples before it are read, not decoded; the skips a sample
+        carries are counted as it is used."""
+        iterator = iter(reads)
         ordinal = 0
         while True:
             ledger.ordinal = ordinal
             try:
-                sample = next(iterator)
+                sample, carried = next(iterator)
             except StopIteration:
                 return
+            ledger.consumed(carried)
             if ordinal >= start.samples:
                 items = self._decode(sample, sample_seed(self.seed, self.epoch, consumer, ordinal), ledger)
                 first = start.items if ordinal == start.samples else 0
