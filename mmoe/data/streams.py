@@ -31,6 +31,7 @@ import webdataset as wds
 from torch.utils.data import IterableDataset
 
 from mmoe.data.accounting import END, Delivery, SkipCount, SkipLedger, UnusableStreamError, add_skips
+from mmoe.data.redact import redact
 from mmoe.data.remote import RemoteReading, tar_samples
 from mmoe.data.samples import Collator, CorruptSampleError, Decoder, Sample
 from mmoe.data.shards import expected_and_excluded_samples
@@ -169,8 +170,8 @@ def read_shards(
         empty_in_a_row = 0 if kept else empty_in_a_row + 1
         if repeat and empty_in_a_row >= shards_per_pass:
             raise UnusableStreamError(
-                f"{ledger.stream or 'data'}: a whole pass over the shards gave no sample (e.g. {url}"
-                f"{': ' + errors[0] if errors else ''})"
+                f"{ledger.stream or 'data'}: a whole pass over the shards gave no sample (e.g. {redact(url)}"
+                f"{': ' + redact(errors[0], url) if errors else ''})"
             )
 
 
