@@ -19,6 +19,7 @@ from __future__ import annotations
 import io
 import logging
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -111,6 +112,7 @@ class RetryingReader(io.RawIOBase):
         super().__init__()
         self.url, self.reading, self.opener, self.sleep = url, reading, opener, sleep
         self.offset = 0
+        self.checksum = 0  # CRC-32 of the bytes read: an object sent again from its start must repeat them
         self.reopened = 0
         self._stale = False  # the open file failed: the next attempt reopens it before reading
         self._file = self._attempt(lambda: self.opener(url, reading, 0, None), reopen=False)
@@ -123,6 +125,7 @@ class RetryingReader(io.RawIOBase):
         data = self._attempt(lambda: self._file.read(len(buffer)))
         buffer[: len(data)] = data
         self.offset += len(data)
+        self.checksum = zlib.crc32(data, self.checksum)
         return len(data)
 
     def _attempt(self, action: Callable[[], Any], reopen: bool = True) -> Any:
@@ -165,9 +168,20 @@ class RetryingReader(io.RawIOBase):
         etag = self.identity[0] if self.identity and isinstance(self.identity[0], str) else None
         self._file = self.opener(self.url, self.reading, self.offset, etag)
         identity = object_identity(self._file)
-        if self.identity and identity and not same_object(self.identity, identity):
+        changed = self.identity and identity and not same_object(self.identity, identity)
+        if changed or (self._file.tell() == 0 < self.offset and not self._same_start()):
             raise ShardChanged(f"{redact(self.url)}: replaced while read (at byte {self.offset})")
         self.reopened += 1
+
+    def _same_start(self) -> bool:
+        """Reads the first :attr:`offset` bytes again (a server that sends the object from its start) and says
+        whether they are the bytes read before."""
+        checksum, left = 0, self.offset
+        while left and (data := self._file.read(min(left, self.reading.block_size))):
+            checksum, left = zlib.crc32(data, checksum), left - len(data)
+        if left:
+            raise OSError(f"{redact(self.url)}: ended {left} bytes before byte {self.offset} when read again")
+        return checksum == self.checksum
 
     def close(self) -> None:
         if not self.closed and getattr(self, "_file", None) is not None:

@@ -3,7 +3,8 @@
 HTTP(S) is read as one stream per request; a reopening asks for the rest with ``Range: bytes=<offset>-`` and, where
 the first response gave a strong ETag, ``If-Match`` (RFC 9110 §13.1.1, §14.2): a server that answers 412 or a
 different ETag, Last-Modified or size has replaced the object, and the rest is not read (:class:`ShardChanged`). A
-server that ignores ranges (200) sends the body again, and the bytes before the offset are read and dropped. Each read
+server that ignores ranges (200) sends the body again: the bytes before the offset are read again, and must be those
+read before. Each read
 waits at most :attr:`~mmoe.data.remote.RemoteReading.read_timeout_s` for data (a stalled server is a transient error,
 retried). Other schemes open through fsspec with range requests of ``block_size`` bytes and compare the object's
 ETag, version and size on reopening.
@@ -64,8 +65,9 @@ def open_http(url: str, reading: Any, offset: int, etag: str | None) -> Any:
         start = file.r.headers.get("Content-Range", "").removeprefix("bytes ").partition("-")[0]
         if start != str(offset):
             raise OSError(f"{redact(url)}: asked for byte {offset}, the server sent range {start!r}")
+        file.loc = offset  # what tell() says: the stream starts at the offset
         return file
-    return skip_to(file, offset, reading.block_size)
+    return file  # at byte 0: the reader reads the bytes before ``offset`` again and checks they are the same
 
 
 def skip_to(file: Any, offset: int, block_size: int) -> Any:

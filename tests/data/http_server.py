@@ -30,13 +30,15 @@ class Plan:
 
     ``bodies``: the body of the n-th GET (the last one repeats); ``cut_after``: bytes sent before the first GET's
     connection is dropped; ``stall_after``: the byte of the object at which every GET stalls until the test ends;
-    ``ranges`` / ``if_match``: whether those headers are honoured; ``requests``: the headers of each GET."""
+    ``ranges`` / ``if_match``: whether those headers are honoured; ``etag``: whether an ETag is sent;
+    ``requests``: the headers of each GET."""
 
     bodies: list[bytes]
     cut_after: int | None = None
     stall_after: int | None = None
     ranges: bool = True
     if_match: bool = True
+    etag: bool = True
     requests: list[dict[str, str]] = field(default_factory=list)
     released: threading.Event = field(default_factory=threading.Event)
 
@@ -74,7 +76,8 @@ class PlannedHandler(BaseHTTPRequestHandler):
         if start:
             self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
         self.send_header("Content-Length", str(len(body) - start))
-        self.send_header("ETag", etag)
+        if plan.etag:
+            self.send_header("ETag", etag)
         self.send_header("Accept-Ranges", "bytes" if plan.ranges else "none")
         self.end_headers()
         if not head:

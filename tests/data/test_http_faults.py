@@ -60,9 +60,17 @@ def test_a_stalled_http_server_times_out_and_what_it_held_back_is_counted(planne
     assert "Timeout" in caplog.text and "retry 1 of 1" in caplog.text and len(plan.requests) == 2
 
 
-@pytest.mark.parametrize("if_match", [True, False])
-def test_an_http_shard_replaced_while_read_is_not_stitched_and_the_rest_is_counted_lost(planned, caplog, if_match):
-    plan = Plan([text_shard("A"), text_shard("B")], cut_after=25_000, if_match=if_match)
+@pytest.mark.parametrize(
+    "if_match, ranges, etag",
+    [(True, True, True), (False, True, True), (False, False, True), (False, False, False)],
+    ids=["412", "etag-differs", "no-ranges", "no-ranges-no-etag"],
+)
+def test_an_http_shard_replaced_while_read_is_not_stitched_and_the_rest_is_counted_lost(
+    planned, caplog, if_match, ranges, etag
+):
+    """The server refuses the stale ETag, or sends another; or sends the body again whole, the change then seen in
+    the bytes before the offset (which a server with no ETag and no ranges leaves as the only sign)."""
+    plan = Plan([text_shard("A"), text_shard("B")], cut_after=25_000, if_match=if_match, ranges=ranges, etag=etag)
     with caplog.at_level(logging.WARNING, logger="mmoe.data"):
         texts, stream = read(planned(plan), RemoteReading(**FAST))
     assert 1 <= len(texts) < 6 and set(texts) == {b"A" * SIZE} and len(texts) + stream.skipped[""].lost == 6

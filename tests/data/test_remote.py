@@ -30,6 +30,9 @@ class FlakyFile:
     def seekable(self) -> bool:
         return self._seekable
 
+    def tell(self) -> int:
+        return self.position
+
     def seek(self, offset: int) -> None:
         if not self._seekable:  # as fsspec's HTTP stream: it says seekable, then refuses
             raise ValueError("Cannot seek streaming file")
@@ -41,7 +44,11 @@ class FlakyFile:
 
 def reader(failures, seekable=True, retries=2):
     pauses, opened = [], []
-    opener = lambda url, reading, offset, etag: skip_to(FlakyFile(failures, seekable, opened), offset, 64)  # noqa: E731
+
+    def opener(url, reading, offset, etag):  # a stream is sent again from its start
+        file = FlakyFile(failures, seekable, opened)
+        return skip_to(file, offset, 64) if seekable else file
+
     return RetryingReader("s3://b/x.tar", RemoteReading(retries=retries, backoff_s=0.5), opener, pauses.append), pauses
 
 
