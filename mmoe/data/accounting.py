@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from mmoe.data.redact import redact
 from mmoe.data.samples import CorruptSampleError
 
 logger = logging.getLogger("mmoe.data")
@@ -57,6 +58,7 @@ class SkipCount:
         return self.corrupt + self.lost + sum(self.left_out.values())
 
     def note_shard(self, shard: str) -> None:
+        shard = redact(shard)  # kept in checkpoints: no credentials
         if shard not in self.shards and len(self.shards) < SHOWN_SHARDS:
             self.shards.append(shard)
 
@@ -142,15 +144,17 @@ class SkipLedger:
     def corrupt(self, error: CorruptSampleError) -> None:
         self._log(f"skipped a corrupt sample{self._label}: shard {error.shard}, key {error.key!r}: {error.reason}")
         self.in_a_row += 1
-        self.last_reason = f"{error.shard}, key {error.key!r}: {error.reason}"
+        self.last_reason = redact(f"{error.shard}, key {error.key!r}: {error.reason}")
         if not self.quiet:
             self.pending.corrupt += 1
             self.pending.note_shard(error.shard)
         if self.in_a_row >= MAX_SKIPS_IN_A_ROW:
             raise UnusableStreamError(
-                f"{self.stream or 'data'}: {self.in_a_row} samples in a row could not be used (last: "
-                f"{self.last_reason}); check that the shards {', '.join(self.shards[:SHOWN_SHARDS])}"
-                f"{' ...' if len(self.shards) > SHOWN_SHARDS else ''} hold what this stream reads"
+                redact(
+                    f"{self.stream or 'data'}: {self.in_a_row} samples in a row could not be used (last: "
+                    f"{self.last_reason}); check that the shards {', '.join(self.shards[:SHOWN_SHARDS])}"
+                    f"{' ...' if len(self.shards) > SHOWN_SHARDS else ''} hold what this stream reads"
+                )
             )
 
     def lost(self, shard: str, count: int, why: str) -> None:
@@ -192,4 +196,4 @@ class SkipLedger:
         return f" [{self.stream}]" if self.stream else ""
 
     def _log(self, message: str) -> None:
-        logger.log(logging.DEBUG if self.quiet else logging.WARNING, "%s", message)
+        logger.log(logging.DEBUG if self.quiet else logging.WARNING, "%s", redact(message))

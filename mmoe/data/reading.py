@@ -8,6 +8,7 @@ from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
 from mmoe.data.accounting import SkipCount, SkipLedger, UnusableStreamError
+from mmoe.data.redact import redact
 from mmoe.data.remote import RemoteReading, tar_samples
 from mmoe.data.samples import Sample
 
@@ -70,8 +71,8 @@ def read_shards(
         empty_in_a_row = 0 if kept else empty_in_a_row + 1
         if repeat and empty_in_a_row >= shards_per_pass:
             raise UnusableStreamError(
-                f"{ledger.stream or 'data'}: a whole pass over the shards gave no sample (e.g. {url}"
-                f"{': ' + errors[0] if errors else ''})"
+                f"{ledger.stream or 'data'}: a whole pass over the shards gave no sample (e.g. {redact(url)}"
+                f"{': ' + redact(errors[0], url) if errors else ''})"
             )
 
 

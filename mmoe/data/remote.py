@@ -3,12 +3,15 @@ bounded retries.
 
 fsspec opens each shard (``s3://`` needs s3fs and ``gs://`` gcsfs: ``pip install -e ".[remote]"``; ``hf://`` and
 ``https://`` work as installed); credentials and endpoints come from the usual places (``AWS_*`` variables,
-``FSSPEC_S3_ENDPOINT_URL``, ``fsspec.config.conf``). :class:`RetryingReader` reads a shard in ranges of
-:attr:`RemoteReading.block_size` bytes; a transient error (a dropped connection, a timeout, a server error) reopens
-the object and continues at the same byte, at most :attr:`RemoteReading.retries` times in a row with growing pauses.
-A shard that is gone (``FileNotFoundError``) or refused (``PermissionError``) is not retried. What could not be read is
-counted by the stream like a truncated local shard: against the manifest beside the shards, where there is one
-(:mod:`mmoe.data.accounting`).
+``FSSPEC_S3_ENDPOINT_URL``, ``fsspec.config.conf``). :class:`RetryingReader` reads a shard from its start; a
+transient error (a dropped connection, a read that waited :attr:`RemoteReading.read_timeout_s`, a server error)
+reopens the object at the byte reached (:mod:`mmoe.data.remote_open`: a range request), at most
+:attr:`RemoteReading.retries` times in a row with growing pauses. A shard that is gone (``FileNotFoundError``),
+refused (``PermissionError``) or replaced while read (:class:`~mmoe.data.remote_open.ShardChanged`) is not retried;
+nor is a tar member claiming more than :attr:`RemoteReading.max_member_bytes` read (:mod:`mmoe.data.remote_tar`).
+What could not be read is counted by the stream like a truncated local shard: against the manifest beside the
+shards, where there is one (:mod:`mmoe.data.accounting`). URLs are shown and kept without their credentials
+(:mod:`mmoe.data.redact`).
 """
 
 from __future__ import annotations
@@ -16,19 +19,35 @@ from __future__ import annotations
 import io
 import logging
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import webdataset as wds
-from webdataset.tariterators import group_by_keys, tar_file_expander
+from webdataset.tariterators import group_by_keys
+
+from mmoe.data.redact import redact, redacted
+from mmoe.data.remote_open import ShardChanged, object_identity, open_url
+from mmoe.data.remote_tar import tar_members
 
 logger = logging.getLogger("mmoe.data")
 
 #: The URL schemes read through fsspec (``file://`` and plain paths stay with webdataset's local reader).
 REMOTE_SCHEMES = ("s3", "gs", "gcs", "hf", "http", "https")
 #: Errors that say the object will not come however often it is asked for.
-PERMANENT_ERRORS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, ValueError, TypeError)
+PERMANENT_ERRORS = (
+    FileNotFoundError,
+    PermissionError,
+    IsADirectoryError,
+    NotADirectoryError,
+    ValueError,
+    TypeError,
+    ShardChanged,
+)
+#: Error class names (from optional packages) that say the same: s3fs's object replaced while read; botocore's
+#: refusal of a malformed bucket or key.
+PERMANENT_ERROR_NAMES = ("FileExpired", "ParamValidationError")
 #: The most bytes :func:`read_remote_text` reads (a manifest lists shards; a larger one is not what it claims to be).
 MAX_REMOTE_TEXT_BYTES = 64 << 20
 
@@ -47,37 +66,39 @@ class RemoteReading:
         retries: reopenings after a transient error, in a row (a successful read starts the count again); 0 = none.
         backoff_s: the pause before the first reopening; each next one doubles it, up to 30 s.
         block_size: bytes asked for per range request.
+        read_timeout_s: the longest wait for the next bytes (or a connection) over HTTP(S) before the read counts
+            as failed and is retried; a slow but steady transfer never times out.
+        max_member_bytes: the largest tar member a remote shard may hold; a member claiming more is refused
+            without being read, and the rest of its shard counted as lost.
     """
 
     retries: int = 3
     backoff_s: float = 0.5
     block_size: int = 8 << 20
+    read_timeout_s: float = 60.0
+    max_member_bytes: int = 256 << 20
 
     def __post_init__(self) -> None:
-        if self.retries < 0 or self.backoff_s < 0 or self.block_size < 1:
-            raise ValueError(f"RemoteReading needs retries >= 0, backoff_s >= 0 and block_size >= 1, got {self}")
+        if min(self.retries, self.backoff_s) < 0 or min(self.block_size, self.max_member_bytes) < 1:
+            raise ValueError(
+                f"RemoteReading needs retries >= 0, backoff_s >= 0, block_size >= 1 and max_member_bytes >= 1, "
+                f"got {self}"
+            )
+        if not self.read_timeout_s > 0:
+            raise ValueError(f"RemoteReading needs read_timeout_s > 0, got {self.read_timeout_s}")
 
     def pause(self, attempt: int) -> float:
         return min(self.backoff_s * 2**attempt, 30.0)
 
 
-def open_url(url: str, block_size: int) -> Any:
-    """The fsspec file of ``url`` opened for reading (an ImportError naming the package a scheme needs). HTTP(S) is
-    read as one stream: many servers answer no range requests (a retry then reads again from the start)."""
-    from fsspec.core import url_to_fs
-
-    fs, path = url_to_fs(url)
-    streaming = url.lower().startswith(("http://", "https://"))
-    return fs.open(path, "rb", block_size=0 if streaming else block_size)
-
-
 class RetryingReader(io.RawIOBase):
-    """A remote file read from its start, reopened at the byte it stopped at after a transient error.
+    """A remote file read from its start, reopened at the byte it stopped at after a transient error; an object
+    replaced meanwhile (another ETag, version or size) is not read on (:class:`ShardChanged`).
 
     Args:
         url: the object.
-        reading: retries, pauses and range size.
-        opener: (url, block_size) -> a seekable binary file (:func:`open_url`).
+        reading: retries, pauses, range size and read timeout.
+        opener: (url, reading, offset, etag) -> a binary file at byte ``offset`` (:func:`open_url`).
         sleep: the pause function (tests pass a recorder).
     """
 
@@ -85,15 +106,17 @@ class RetryingReader(io.RawIOBase):
         self,
         url: str,
         reading: RemoteReading,
-        opener: Callable[[str, int], Any] = open_url,
+        opener: Callable[[str, RemoteReading, int, str | None], Any] = open_url,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         super().__init__()
         self.url, self.reading, self.opener, self.sleep = url, reading, opener, sleep
         self.offset = 0
+        self.checksum = 0  # CRC-32 of the bytes read: an object sent again from its start must repeat them
         self.reopened = 0
         self._stale = False  # the open file failed: the next attempt reopens it before reading
-        self._file = self._attempt(lambda: self.opener(url, reading.block_size), reopen=False)
+        self._file = self._attempt(lambda: self.opener(url, reading, 0, None), reopen=False)
+        self.identity = object_identity(self._file)
 
     def readable(self) -> bool:
         return True
@@ -102,6 +125,7 @@ class RetryingReader(io.RawIOBase):
         data = self._attempt(lambda: self._file.read(len(buffer)))
         buffer[: len(data)] = data
         self.offset += len(data)
+        self.checksum = zlib.crc32(data, self.checksum)
         return len(data)
 
     def _attempt(self, action: Callable[[], Any], reopen: bool = True) -> Any:
@@ -113,15 +137,19 @@ class RetryingReader(io.RawIOBase):
                     self._reopen()
                     self._stale = False
                 return action()
-            except PERMANENT_ERRORS:
+            except PERMANENT_ERRORS as error:
+                redacted(error, self.url)
                 raise
             except Exception as error:  # noqa: BLE001 (network stacks raise many types; all are retried a bounded time)
-                if attempt == self.reading.retries:
+                if type(error).__name__ == "FileExpired":  # s3fs: the ETag changed between range requests
+                    raise ShardChanged(f"{redact(self.url)}: replaced while read (at byte {self.offset})") from None
+                if attempt == self.reading.retries or type(error).__name__ in PERMANENT_ERROR_NAMES:
+                    redacted(error, self.url)
                     raise
                 pause = self.reading.pause(attempt)
                 logger.warning(
                     "%s: %s at byte %d; reading again in %.1f s (retry %d of %d)",
-                    self.url,
+                    redact(self.url),
                     type(error).__name__,
                     self.offset,
                     pause,
@@ -137,16 +165,23 @@ class RetryingReader(io.RawIOBase):
             self._file.close()
         except Exception:  # noqa: BLE001 (a broken connection may fail to close; it is dropped either way)
             pass
-        self._file = self.opener(self.url, self.reading.block_size)
-        if getattr(self._file, "seekable", lambda: False)():
-            self._file.seek(self.offset)
-        else:  # a stream: read again up to where reading stopped
-            left = self.offset
-            while left and (skipped := len(self._file.read(min(left, self.reading.block_size)))):
-                left -= skipped
-            if left:
-                raise OSError(f"{self.url}: ended {left} bytes before byte {self.offset} when read again")
+        etag = self.identity[0] if self.identity and isinstance(self.identity[0], str) else None
+        self._file = self.opener(self.url, self.reading, self.offset, etag)
+        identity = object_identity(self._file)
+        changed = self.identity and identity and not same_object(self.identity, identity)
+        if changed or (self._file.tell() == 0 < self.offset and not self._same_start()):
+            raise ShardChanged(f"{redact(self.url)}: replaced while read (at byte {self.offset})")
         self.reopened += 1
+
+    def _same_start(self) -> bool:
+        """Reads the first :attr:`offset` bytes again (a server that sends the object from its start) and says
+        whether they are the bytes read before."""
+        checksum, left = 0, self.offset
+        while left and (data := self._file.read(min(left, self.reading.block_size))):
+            checksum, left = zlib.crc32(data, checksum), left - len(data)
+        if left:
+            raise OSError(f"{redact(self.url)}: ended {left} bytes before byte {self.offset} when read again")
+        return checksum == self.checksum
 
     def close(self) -> None:
         if not self.closed and getattr(self, "_file", None) is not None:
@@ -154,8 +189,14 @@ class RetryingReader(io.RawIOBase):
         super().close()
 
 
+def same_object(first: tuple, again: tuple) -> bool:
+    """Whether two identities (:func:`object_identity`) agree on every field both give."""
+    return all(a == b for a, b in zip(first, again, strict=True) if a is not None and b is not None)
+
+
 def remote_tar_samples(url: str, handler: Callable[[Exception], bool], reading: RemoteReading) -> Iterator[dict]:
-    """The samples of one remote tar shard, as webdataset groups them; errors go to ``handler`` (which counts)."""
+    """The samples of one remote tar shard, grouped by key as webdataset groups them; errors go to ``handler``
+    (which counts; their messages show no credentials of ``url``)."""
 
     def opened() -> Iterator[dict]:
         try:
@@ -164,9 +205,9 @@ def remote_tar_samples(url: str, handler: Callable[[Exception], bool], reading: 
             handler(error)
             return
         with stream:
-            yield {"url": url, "stream": stream}
+            yield from tar_members(stream, url, reading.max_member_bytes, handler)
 
-    return group_by_keys(tar_file_expander(opened(), handler=handler), handler=handler)
+    return group_by_keys(opened(), handler=handler)
 
 
 def tar_samples(url: str, handler: Callable[[Exception], bool], reading: RemoteReading) -> Iterator[dict]:
@@ -179,7 +220,7 @@ def tar_samples(url: str, handler: Callable[[Exception], bool], reading: RemoteR
 def read_remote_text(
     url: str,
     reading: RemoteReading | None = None,
-    opener: Callable[[str, int], Any] = open_url,
+    opener: Callable[[str, RemoteReading, int, str | None], Any] = open_url,
     max_bytes: int = MAX_REMOTE_TEXT_BYTES,
 ) -> str | None:
     """A small remote text file (a manifest), or None when it does not exist; a ValueError naming ``url`` when it is
@@ -191,7 +232,9 @@ def read_remote_text(
     except FileNotFoundError:
         return None
     if len(data) > max_bytes:
-        raise ValueError(f"{url}: larger than {max_bytes} bytes, the most a remote text file (a manifest) may hold")
+        raise ValueError(
+            f"{redact(url)}: larger than {max_bytes} bytes, the most a remote text file (a manifest) may hold"
+        )
     return data.decode("utf-8")
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from mmoe.data.remote import RemoteReading, RetryingReader, is_remote, read_remote_text
+from mmoe.data.remote_open import skip_to
 
 DATA = bytes(range(256)) * 4
 
@@ -29,8 +30,12 @@ class FlakyFile:
     def seekable(self) -> bool:
         return self._seekable
 
+    def tell(self) -> int:
+        return self.position
+
     def seek(self, offset: int) -> None:
-        assert self._seekable
+        if not self._seekable:  # as fsspec's HTTP stream: it says seekable, then refuses
+            raise ValueError("Cannot seek streaming file")
         self.position = offset
 
     def close(self) -> None:
@@ -39,7 +44,11 @@ class FlakyFile:
 
 def reader(failures, seekable=True, retries=2):
     pauses, opened = [], []
-    opener = lambda url, size: FlakyFile(failures, seekable, opened)  # noqa: E731
+
+    def opener(url, reading, offset, etag):  # a stream is sent again from its start
+        file = FlakyFile(failures, seekable, opened)
+        return skip_to(file, offset, 64) if seekable else file
+
     return RetryingReader("s3://b/x.tar", RemoteReading(retries=retries, backoff_s=0.5), opener, pauses.append), pauses
 
 
@@ -61,7 +70,7 @@ def test_more_drops_in_a_row_than_retries_raise():
 def test_an_object_that_is_gone_is_not_retried():
     pauses = []
 
-    def gone(url, size):
+    def gone(url, reading, offset, etag):
         raise FileNotFoundError(url)
 
     with pytest.raises(FileNotFoundError):
@@ -80,11 +89,11 @@ def test_a_refused_reopen_is_one_more_attempt():
     """A reopening that fails with a transient error (a server restarting) is retried like a dropped read."""
     pauses, opened = [], []
 
-    def opener(url, size):
+    def opener(url, reading, offset, etag):
         if len(opened) == 1:  # the first reopening is refused once
             opened.append(0)
             raise ConnectionRefusedError("server restarting")
-        return FlakyFile([100] if not opened else [], True, opened)
+        return skip_to(FlakyFile([100] if not opened else [], True, opened), offset, 64)
 
     stream = RetryingReader("s3://b/x.tar", RemoteReading(retries=3, backoff_s=0.5), opener, pauses.append)
     data = b"".join(iter(lambda: stream.read(64), b""))
@@ -94,7 +103,7 @@ def test_a_refused_reopen_is_one_more_attempt():
 def test_refused_reopens_past_the_retries_raise():
     pauses, opened = [], []
 
-    def opener(url, size):
+    def opener(url, reading, offset, etag):
         if opened:
             raise ConnectionRefusedError("server down")
         return FlakyFile([100], True, opened)
@@ -107,7 +116,7 @@ def test_refused_reopens_past_the_retries_raise():
 
 def test_a_remote_text_over_its_bound_is_refused():
     text = b"{" + b" " * 200 + b"}"
-    opener = lambda url, size: FlakyFile([], True, [], data=text)  # noqa: E731
+    opener = lambda url, reading, offset, etag: FlakyFile([], True, [], data=text)  # noqa: E731
     assert read_remote_text("s3://b/manifest.json", opener=opener, max_bytes=202) == text.decode()
     with pytest.raises(ValueError, match=r"^s3://b/manifest\.json: larger than 201 bytes"):
         read_remote_text("s3://b/manifest.json", opener=opener, max_bytes=201)

@@ -137,8 +137,39 @@ def test_a_url_is_never_put_under_data_root_and_a_bad_retry_count_is_refused(s3,
     from mmoe.data.datamodules import PretrainDataModule
 
     module = PretrainDataModule(
-        pair_shards=f"s3://{BUCKET}/cc", data_root=str(tmp_path), image_size=32, num_workers=0, remote_retries=1
+        pair_shards=f"s3://{BUCKET}/cc",
+        data_root=str(tmp_path),
+        image_size=32,
+        num_workers=0,
+        remote_retries=1,
+        remote_read_timeout_s=2.5,
+        remote_max_member_mib=3,
     )
-    assert module.train_shards[PAIR] == f"s3://{BUCKET}/cc" and module.remote.retries == 1
+    assert module.train_shards[PAIR] == f"s3://{BUCKET}/cc"
+    assert module.remote == RemoteReading(retries=1, read_timeout_s=2.5, max_member_bytes=3 << 20)
     with pytest.raises(ValueError, match="retries >= 0"):
         PretrainDataModule(pair_shards=f"s3://{BUCKET}/cc", image_size=32, num_workers=0, remote_retries=-1)
+
+
+def test_an_object_replaced_while_read_is_not_stitched_and_the_rest_is_counted_lost(s3, caplog):
+    from tests.data.http_server import text_shard
+
+    client, _, _ = s3
+    client.put_object(Bucket=BUCKET, Key="flip/0.tar", Body=text_shard("A"))
+    url = f"s3://{BUCKET}/flip/0.tar"
+    stream = ShardStream([url], lambda sample: sample["txt"], expected={url: 6}, remote=FAST)
+    texts = iter(stream)
+    with caplog.at_level(logging.WARNING, logger="mmoe.data"):
+        read = [next(texts)]
+        client.put_object(Bucket=BUCKET, Key="flip/0.tar", Body=text_shard("B"))  # a new version, same size
+        read += list(texts)
+    assert 1 <= len(read) < 6 and set(read) == {b"A" * 4000} and len(read) + stream.skipped[""].lost == 6
+    assert "replaced while read (at byte" in caplog.text
+
+
+def test_credentials_in_an_s3_url_are_not_shown_and_an_invalid_bucket_is_not_retried(s3, caplog):
+    url = f"s3://AKIAUSER:s3cr3tPassw0rd@{BUCKET}/cc/00000.tar"
+    with caplog.at_level(logging.DEBUG, logger="mmoe.data"), pytest.raises(Exception) as refused:
+        ShardStream([url], lambda sample: sample["__key__"], remote=FAST)  # reads the folder's manifest
+    assert type(refused.value).__name__ == "ParamValidationError" and "retry" not in caplog.text
+    assert "s3cr3t" not in str(refused.value) + caplog.text and "***@corpus" in str(refused.value)

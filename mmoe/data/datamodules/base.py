@@ -56,6 +56,10 @@ class ShardDataModule(L.LightningDataModule):
         remote_retries: how often a remote shard (``s3://``, ``gs://``, ``hf://``, ``https://``) is reopened, in a
             row, after a transient error, continuing at the byte it stopped at (:mod:`mmoe.data.remote`); what still
             cannot be read is counted as lost.
+        remote_read_timeout_s: the longest wait for the next bytes of an ``https://`` shard before the read counts
+            as failed and is retried (a stalled server); a slow, steady transfer never times out.
+        remote_max_member_mib: the largest tar member a remote shard may hold (MiB); a larger one is refused
+            unread and the rest of its shard counted as lost (a body that never ends cannot fill the memory).
     """
 
     def __init__(
@@ -72,6 +76,8 @@ class ShardDataModule(L.LightningDataModule):
         seed: int = 0,
         data_root: str | None = None,
         remote_retries: int = 3,
+        remote_read_timeout_s: float = 60.0,
+        remote_max_member_mib: int = 256,
     ) -> None:
         super().__init__()
         if num_workers < 0:
@@ -85,7 +91,9 @@ class ShardDataModule(L.LightningDataModule):
         self.crop_scale, self.hflip, self.randaugment = crop_scale, hflip, randaugment
         self.num_workers, self.shuffle_buffer, self.seed = num_workers, shuffle_buffer, seed
         self.data_root = None if data_root is None else Path(data_root)
-        self.remote = RemoteReading(retries=remote_retries)
+        self.remote = RemoteReading(
+            retries=remote_retries, read_timeout_s=remote_read_timeout_s, max_member_bytes=remote_max_member_mib << 20
+        )
         self.skipped: dict[str, dict[str, SkipCount]] = {}  # split -> its latest loader's counts
 
     def _transform(self, train: bool) -> tuple[Callable, int]:
