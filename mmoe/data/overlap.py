@@ -32,7 +32,7 @@ from mmoe.data.converters.image_digests import (
     image_id,
     sample_meta,
 )
-from mmoe.data.shards import resolve_shards
+from mmoe.data.shards import MANIFEST, read_manifest, resolve_shards
 from mmoe.io import read_json
 
 #: Shared images named in a report (all are counted).
@@ -85,6 +85,7 @@ def split_images(folder: str | os.PathLike) -> SplitImages:
         raise OverlapInputError(f"{folder}: not a folder")
     found = read_digests_file(folder)
     if found is not None:
+        _check_lists_images(folder, found)
         return found
     try:
         shards = resolve_shards(os.fspath(folder))
@@ -97,6 +98,22 @@ def split_images(folder: str | os.PathLike) -> SplitImages:
             for entry, data in image_entries(sample):
                 pairs.setdefault((image_id(sample, entry, meta), hashlib.sha256(data).hexdigest()))
     return SplitImages(str(folder), list(pairs), "shards")
+
+
+def _check_lists_images(folder: str | os.PathLike, found: SplitImages) -> None:
+    """A conversion writes ``image_digests.json`` only for a split with images: one listing none beside a manifest
+    that counts samples was emptied or cut short since, and would pass every overlap check; it is refused."""
+    if found.pairs or not (Path(folder) / MANIFEST).is_file():
+        return
+    try:
+        samples = read_manifest(folder)["samples"]
+    except (OSError, ValueError) as error:
+        raise OverlapInputError(str(error)) from None
+    if samples:
+        raise OverlapInputError(
+            f"{Path(folder) / IMAGE_DIGESTS_FILE}: lists no images, but {MANIFEST} counts {samples} samples; convert "
+            "the split again, or remove the file to have the shards read"
+        )
 
 
 def _tar_samples(shard: str) -> Iterator[dict[str, Any]]:
