@@ -37,6 +37,13 @@ def test_one_file_under_several_path_spellings_is_one_image(tmp_path, capsys, so
     metas = [sample["meta"] for sample in read_all(out)]
     digests = json.loads((out / "image_digests.json").read_text())["images"]
     assert len(digests) == 2
+    if source == "pairs":  # the TSV converter writes the same pairs
+        tsv = tmp_path / "t.tsv"
+        tsv.write_text("".join(f"{row['image']}\t{row['caption']}\n" for row in rows))
+        assert (
+            run_cli(capsys, ["tsv", "--tsv", str(tsv), "--images", str(images), "--out", str(tmp_path / "tsv")])[0] == 0
+        )
+        assert [sample["meta"]["path"] for sample in read_all(tmp_path / "tsv")] == [meta["path"] for meta in metas]
     if source == "captions":
         assert sorted((meta["file_name"], len(meta["captions"])) for meta in metas) == [("0.jpg", 4), ("sub/1.jpg", 2)]
     elif source == "vqa":
