@@ -232,7 +232,8 @@ def _span(files: Sequence[str]) -> str:
 def manifest_shards(folder: str) -> list[str]:
     """The shard paths a split folder's manifest lists, after checking that the folder agrees with it: every listed
     shard exists, and no ``<name>-*.tar`` file is there that the manifest does not list (a shard of another
-    conversion). A disagreement is a ValueError naming the folder, the file and what the manifest expects."""
+    conversion); in an indexed img2dataset folder, no ``.tar`` was added or changed since it was indexed. A
+    disagreement is a ValueError naming the folder, the file and what the manifest expects."""
     manifest = read_manifest(folder)
     name, files = manifest["name"], _listed_shards(manifest)
     expected = f"{MANIFEST} lists {len(files)} shard{'s' if len(files) != 1 else ''} of {name!r}"
