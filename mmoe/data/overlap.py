@@ -58,7 +58,8 @@ class SplitImages:
 
 
 def read_digests_file(folder: str | os.PathLike) -> SplitImages | None:
-    """The split's ``image_digests.json``, checked; None when the folder has none."""
+    """The split's ``image_digests.json``, checked (one listing no images of a split with samples is refused); None
+    when the folder has none."""
     path = Path(folder) / IMAGE_DIGESTS_FILE
     if not path.is_file():
         return None
@@ -66,7 +67,9 @@ def read_digests_file(folder: str | os.PathLike) -> SplitImages | None:
     images = value.get("images") if isinstance(value, dict) and value.get("format") == DIGESTS_FORMAT else None
     if not isinstance(images, list) or not all(_is_pair(pair) for pair in images):
         raise OverlapInputError(f"{path}: not an {DIGESTS_FORMAT} file (a list 'images' of [id, sha256] pairs)")
-    return SplitImages(str(folder), [(pair[0], pair[1]) for pair in images], IMAGE_DIGESTS_FILE)
+    found = SplitImages(str(folder), [(pair[0], pair[1]) for pair in images], IMAGE_DIGESTS_FILE)
+    _check_lists_images(folder, found)
+    return found
 
 
 def _is_pair(pair: Any) -> bool:
@@ -85,7 +88,6 @@ def split_images(folder: str | os.PathLike) -> SplitImages:
         raise OverlapInputError(f"{folder}: not a folder")
     found = read_digests_file(folder)
     if found is not None:
-        _check_lists_images(folder, found)
         return found
     try:
         shards = resolve_shards(os.fspath(folder))
@@ -110,9 +112,10 @@ def _check_lists_images(folder: str | os.PathLike, found: SplitImages) -> None:
     except (OSError, ValueError) as error:
         raise OverlapInputError(str(error)) from None
     if samples:
+        counted = f"{samples} sample{'s' * (samples != 1)}"
         raise OverlapInputError(
-            f"{Path(folder) / IMAGE_DIGESTS_FILE}: lists no images, but {MANIFEST} counts {samples} samples; convert "
-            "the split again, or remove the file to have the shards read"
+            f"{Path(folder) / IMAGE_DIGESTS_FILE}: lists no images, but {MANIFEST} counts {counted}; convert the split "
+            "again, or remove the file to have the shards read"
         )
 
 
