@@ -6,6 +6,9 @@ attempted sample, failed downloads included (only successful ones are in the tar
 
 The index counts each shard's samples from its parquet (the rows whose ``status`` is ``success``) or, without one,
 from the tar's member headers (plus the small ``.json`` members, for status, size and uid); image bytes are never read.
+With a parquet the tar's headers are read too: a tar sample the parquet does not list is refused (the parquet is of
+another tar), and each tar sample is decided as its parquet row says. ``shard_stats`` records each tar's size and
+modification time: :func:`mmoe.data.shards.manifest_shards` refuses a folder whose tars changed since.
 It decides which samples a run leaves out, in shard order, and records them in the manifest by cause:
 
 * ``status``: the sample's ``status`` is not ``success`` (a failed row of the parquet is never in the tar: it is
@@ -33,10 +36,8 @@ from typing import Any
 
 from mmoe.atomic import write_json_atomic
 from mmoe.data.converters.common import ConversionError
-from mmoe.data.shards import MANIFEST, check_shard_name
+from mmoe.data.shards import INDEX_FORMAT, MANIFEST, check_shard_name, shard_stats
 
-#: The manifest's ``format`` of an indexed img2dataset folder.
-INDEX_FORMAT = "img2dataset"
 SUCCESS = "success"
 #: Default smallest image side kept (pixels).
 DEFAULT_MIN_SIDE = 64
@@ -64,8 +65,24 @@ class SampleRecord:
         return self.status == SUCCESS
 
 
-def _int_or_none(value: Any) -> int | None:
-    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) and value == value else None
+#: A stored side above this is not a pixel count (a corrupt value, not an image).
+MAX_SIDE = 1 << 20
+
+
+def pixels(value: Any, where: str, field: str) -> int | None:
+    """A stored ``width`` / ``height``: a whole number or a numeric string ("64", "64.0"); None where absent (or a
+    float NaN, pandas' missing value). Anything else is a ConversionError naming ``where`` and ``field``."""
+    if value is None or (isinstance(value, float) and value != value):
+        return None
+    number = value
+    if isinstance(value, str):
+        try:
+            number = float(value.strip())
+        except ValueError:
+            number = None
+    if isinstance(number, int | float) and not isinstance(number, bool) and 0 <= number <= MAX_SIDE:
+        return int(number)
+    raise ConversionError(f"{where}: field '{field}' is {value!r}, expected a pixel count (0 to {MAX_SIDE})")
 
 
 def records_from_parquet(path: Path) -> list[SampleRecord]:
@@ -88,17 +105,14 @@ def records_from_parquet(path: Path) -> list[SampleRecord]:
         for field in ("key", "status"):
             if not isinstance(row[field], str) or not row[field]:
                 raise ConversionError(f"{path}: row {index}: field '{field}' is {row[field]!r}, expected a string")
-        uid = row.get("uid")
-        records.append(
-            SampleRecord(
-                row["key"],
-                row["status"],
-                _int_or_none(row.get("width")),
-                _int_or_none(row.get("height")),
-                None if uid is None else str(uid),
-            )
-        )
+        records.append(_record(row["key"], row["status"], row, f"{path}: row {index}"))
     return records
+
+
+def _record(key: str, status: str, meta: dict[str, Any], where: str) -> SampleRecord:
+    uid = meta.get("uid")
+    width, height = (pixels(meta.get(field), where, field) for field in ("width", "height"))
+    return SampleRecord(key, status, width, height, None if uid is None else str(uid))
 
 
 def _tar_groups(path: Path) -> Iterator[tuple[str, dict[str, tarfile.TarInfo], tarfile.TarFile]]:
@@ -139,17 +153,44 @@ def records_from_tar(path: Path) -> list[SampleRecord]:
     for key, members, archive in _tar_groups(path):
         meta = _json_meta(archive, members.get("json"))
         status = meta.get("status", SUCCESS)
-        uid = meta.get("uid")
-        records.append(
-            SampleRecord(
-                key,
-                status if isinstance(status, str) else str(status),
-                _int_or_none(meta.get("width")),
-                _int_or_none(meta.get("height")),
-                None if uid is None else str(uid),
-            )
-        )
+        status = status if isinstance(status, str) else str(status)
+        records.append(_record(key, status, meta, f"{path}: sample {key}'s json"))
     return records
+
+
+def tar_keys(path: Path) -> list[str]:
+    """The sample keys of a tar from its member headers, in order (a cut tar: the keys before the cut)."""
+    keys = []
+    try:
+        for key, _, _ in _tar_groups(path):
+            keys.append(key)
+    except tarfile.ReadError:
+        pass  # the samples after the cut are lost: the reader counts them against the parquet's count
+    return keys
+
+
+def parquet_shard(tar: Path, parquet: Path) -> list[tuple[SampleRecord, bool]]:
+    """(record, in the tar) for a shard with a parquet: the tar's samples in its order, each as its parquet row
+    describes it (a success row first), then the rows whose key the tar lacks (a success there is a lost sample).
+    A tar sample the parquet does not list is a ConversionError: the parquet describes another tar."""
+    rows = records_from_parquet(parquet)
+    described: dict[str, SampleRecord] = {}
+    for record in rows:
+        if record.key not in described or (record.in_tar and not described[record.key].in_tar):
+            described[record.key] = record
+    keys = tar_keys(tar)
+    in_tar = set(keys)
+    unlisted = [key for key in keys if key not in described]
+    if unlisted:
+        count, remedy = (
+            f"{len(unlisted)} of the tar's {len(keys)} samples",
+            f"remove {parquet.name} to index the tar alone",
+        )
+        raise ConversionError(
+            f"{tar}: sample {unlisted[0]!r} is not in {parquet.name} ({count} are not): the parquet "
+            f"describes another tar; {remedy}"
+        )
+    return [(described[key], True) for key in keys] + [(row, row.in_tar) for row in rows if row.key not in in_tar]
 
 
 class Exclusions:
@@ -229,13 +270,12 @@ def index_folder(folder: str | os.PathLike, min_side: int = DEFAULT_MIN_SIDE) ->
     for tar in tars:
         parquet = tar.with_suffix(".parquet")
         from_parquet = parquet.is_file() and not parquet.is_symlink()
-        records = records_from_parquet(parquet) if from_parquet else records_from_tar(tar)
+        records = parquet_shard(tar, parquet) if from_parquet else [(r, True) for r in records_from_tar(tar)]
         counted_from[tar.name] = "parquet" if from_parquet else "tar"
         left_out: dict[str, str] = {}
         in_shard: set[str] = set()
         in_tar = 0
-        for record in records:
-            in_this_tar = record.in_tar or not from_parquet
+        for record, in_this_tar in records:
             cause = exclusions.cause(record, repeated_in_shard=in_this_tar and record.key in in_shard)
             if in_this_tar:
                 # A key read twice in one shard: the reader drops the repeat itself (the first is kept).
@@ -260,6 +300,7 @@ def index_folder(folder: str | os.PathLike, min_side: int = DEFAULT_MIN_SIDE) ->
         "statuses": dict(sorted(exclusions.statuses.items())),
         "min_side": min_side,
         "counted_from": counted_from,
+        "shard_stats": shard_stats(folder, [tar.name for tar in tars]),
         "excluded": excluded,
     }
     write_json_atomic(folder / MANIFEST, manifest)

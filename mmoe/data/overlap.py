@@ -32,7 +32,7 @@ from mmoe.data.converters.image_digests import (
     image_id,
     sample_meta,
 )
-from mmoe.data.shards import resolve_shards
+from mmoe.data.shards import MANIFEST, read_manifest, resolve_shards
 from mmoe.io import read_json
 
 #: Shared images named in a report (all are counted).
@@ -58,7 +58,8 @@ class SplitImages:
 
 
 def read_digests_file(folder: str | os.PathLike) -> SplitImages | None:
-    """The split's ``image_digests.json``, checked; None when the folder has none."""
+    """The split's ``image_digests.json``, checked (one listing no images of a split with samples is refused); None
+    when the folder has none."""
     path = Path(folder) / IMAGE_DIGESTS_FILE
     if not path.is_file():
         return None
@@ -66,7 +67,9 @@ def read_digests_file(folder: str | os.PathLike) -> SplitImages | None:
     images = value.get("images") if isinstance(value, dict) and value.get("format") == DIGESTS_FORMAT else None
     if not isinstance(images, list) or not all(_is_pair(pair) for pair in images):
         raise OverlapInputError(f"{path}: not an {DIGESTS_FORMAT} file (a list 'images' of [id, sha256] pairs)")
-    return SplitImages(str(folder), [(pair[0], pair[1]) for pair in images], IMAGE_DIGESTS_FILE)
+    found = SplitImages(str(folder), [(pair[0], pair[1]) for pair in images], IMAGE_DIGESTS_FILE)
+    _check_lists_images(folder, found)
+    return found
 
 
 def _is_pair(pair: Any) -> bool:
@@ -97,6 +100,23 @@ def split_images(folder: str | os.PathLike) -> SplitImages:
             for entry, data in image_entries(sample):
                 pairs.setdefault((image_id(sample, entry, meta), hashlib.sha256(data).hexdigest()))
     return SplitImages(str(folder), list(pairs), "shards")
+
+
+def _check_lists_images(folder: str | os.PathLike, found: SplitImages) -> None:
+    """A conversion writes ``image_digests.json`` only for a split with images: one listing none beside a manifest
+    that counts samples was emptied or cut short since, and would pass every overlap check; it is refused."""
+    if found.pairs or not (Path(folder) / MANIFEST).is_file():
+        return
+    try:
+        samples = read_manifest(folder)["samples"]
+    except (OSError, ValueError) as error:
+        raise OverlapInputError(str(error)) from None
+    if samples:
+        counted = f"{samples} sample{'s' * (samples != 1)}"
+        raise OverlapInputError(
+            f"{Path(folder) / IMAGE_DIGESTS_FILE}: lists no images, but {MANIFEST} counts {counted}; convert the split "
+            "again, or remove the file to have the shards read"
+        )
 
 
 def _tar_samples(shard: str) -> Iterator[dict[str, Any]]:

@@ -28,6 +28,8 @@ from webdataset.shardlists import expand_urls
 from mmoe.data.remote import is_remote, read_remote_text, remote_glob
 
 MANIFEST = "manifest.json"
+#: The manifest's ``format`` of an indexed img2dataset folder (:mod:`mmoe.data.img2dataset`).
+INDEX_FORMAT = "img2dataset"
 _SHARD_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
@@ -230,13 +232,16 @@ def _span(files: Sequence[str]) -> str:
 def manifest_shards(folder: str) -> list[str]:
     """The shard paths a split folder's manifest lists, after checking that the folder agrees with it: every listed
     shard exists, and no ``<name>-*.tar`` file is there that the manifest does not list (a shard of another
-    conversion). A disagreement is a ValueError naming the folder, the file and what the manifest expects."""
+    conversion); in an indexed img2dataset folder, no ``.tar`` was added or changed since it was indexed. A
+    disagreement is a ValueError naming the folder, the file and what the manifest expects."""
     manifest = read_manifest(folder)
     name, files = manifest["name"], _listed_shards(manifest)
     expected = f"{MANIFEST} lists {len(files)} shard{'s' if len(files) != 1 else ''} of {name!r}"
     for file_name in files:
         if not os.path.isfile(os.path.join(folder, file_name)):
             raise ValueError(f"{folder}: shard {file_name} is missing; {expected} ({_span(files)})")
+    if manifest.get("format") == INDEX_FORMAT:
+        _check_indexed(folder, files, manifest.get("shard_stats"))
     listed = set(files)
     for path in sorted(glob.glob(os.path.join(glob.escape(folder), f"{glob.escape(name)}-*.tar"))):
         if os.path.basename(path) not in listed:
@@ -246,6 +251,26 @@ def manifest_shards(folder: str) -> list[str]:
                 "again or remove the file"
             )
     return [os.path.join(folder, file_name) for file_name in files]
+
+
+def _check_indexed(folder: str, files: list[str], stats: Any) -> None:
+    """An indexed img2dataset folder holds exactly the tars its index read, each with the size and modification
+    time recorded then (``shard_stats``); anything else was added or replaced since, and is refused."""
+    again = f"index the folder again (mmoe data index {folder})"
+    tars = sorted(os.path.basename(path) for path in glob.glob(os.path.join(glob.escape(folder), "*.tar")))
+    added = sorted(set(tars) - set(files))
+    if added:
+        raise ValueError(f"{folder}: shard {added[0]} was added after {MANIFEST} was written; {again}")
+    recorded, now = stats if isinstance(stats, dict) else {}, shard_stats(folder, files)
+    changed = [file_name for file_name in files if recorded.get(file_name) != now[file_name]]
+    if changed:
+        raise ValueError(f"{folder}: shard {changed[0]} changed after {MANIFEST} was written (size or time); {again}")
+
+
+def shard_stats(folder: str | os.PathLike, files: Sequence[str]) -> dict[str, dict[str, int]]:
+    """Each shard's size and modification time, as an index records them (:func:`manifest_shards` checks them)."""
+    stats = {name: os.stat(os.path.join(folder, name)) for name in files}
+    return {name: {"bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns} for name, stat in stats.items()}
 
 
 def resolve_shards(spec: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 
 import pytest
 import yaml
@@ -54,3 +55,14 @@ def test_an_indexed_img2dataset_folder_pretrains_from_its_pairs_and_reports_what
     expected = ", ".join(f"{n} {cause}" for cause, n in sorted(read_time.items()))
     assert re.search(rf"train/pair: 3 skipped \(0 corrupt, 0 lost, 3 left out: {expected}; from ", report[0])
     assert "train/image" not in report[0] and "train/text" not in report[0]
+
+
+def test_fit_refuses_an_indexed_folder_with_a_shard_added_since_in_one_line(synthetic_corpus, tmp_path, capsys):
+    folder = write_planted(tmp_path / "cc")
+    index_folder(folder, min_side=32)
+    shutil.copy(folder / "00001.tar", folder / "00002.tar")  # an incremental img2dataset run, not indexed again
+    config = pairs_only_config(folder, synthetic_corpus / "codebook.pt", tmp_path / "run", steps=1, batch_size=3)
+    code, _, err = run_mmoe(["fit", "--config", str(config)], capsys)
+    errors = [line for line in err.splitlines() if "00002.tar" in line]
+    assert code == 2 and len(errors) == 1 and "Traceback" not in err, err[-2000:]
+    assert f"{folder}: shard 00002.tar was added after manifest.json was written" in errors[0]

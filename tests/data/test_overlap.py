@@ -189,3 +189,15 @@ def test_pair_and_image_folders_with_the_same_file_names_share_no_images_by_that
         assert report["shared_images"] == 0, kind
     same = overlap_report(split_images(tmp_path / "pairs-a"), split_images(tmp_path / "images-a"))
     assert (same["shared_images"], same["by_id"]["count"], same["by_digest"]["count"]) == (1, 1, 1)
+
+
+def test_finetuning_refuses_an_eval_digests_file_listing_no_images_in_one_line(splits):
+    digests = splits["same_folder"] / "image_digests.json"
+    digests.write_text(json.dumps({**json.loads(digests.read_text()), "images": []}))
+    module = CaptioningDataModule(train_shards=splits["train"], val_shards=[str(splits["same_folder"])], image_size=32)
+    with pytest.raises(ValueError) as error:
+        module.setup("fit")  # it shares an image with train: an emptied file would have hidden it
+    assert (
+        str(error.value) == f"{digests}: lists no images, but manifest.json counts 1 sample; convert the split "
+        "again, or remove the file to have the shards read"
+    )

@@ -209,7 +209,10 @@ def _write_staged(
                     print(f"skipped {sample.path}: {sample.reason}", file=sys.stderr)
                 skips.append(sample)
                 continue
-            digests.add(sample)
+            try:
+                digests.add(sample)
+            except ValueError as error:  # one image id given to two different images
+                raise ConversionError(str(error)) from None
             writer.write(sample)
     if writer.samples == 0:
         raise ConversionError(_nothing_to_write(extra, skips, out))

@@ -68,8 +68,8 @@ def convert_tsv(
         parts = line.split("\t")
         if len(parts) != 2 or not parts[0].strip() or not parts[1].strip():
             raise ConversionError(f"{tsv}:{number}: expected 'image_path<TAB>caption', got {line[:80]!r}")
-        path = parts[0].strip()
-        rows.append((number, path, path_under(root, path, f"{tsv}:{number}"), parts[1].strip()))
+        file = path_under(root, parts[0].strip(), f"{tsv}:{number}")
+        rows.append((number, file.relative_to(root).as_posix(), file, parts[1].strip()))  # ./0.jpg is 0.jpg
     if not rows:
         raise ConversionError(f"{tsv}: no 'image_path<TAB>caption' lines to convert")
 

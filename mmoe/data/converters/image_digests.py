@@ -25,6 +25,8 @@ IMAGE_DIGESTS_FILE = "image_digests.json"
 DIGESTS_FORMAT = "mmoe-image-digests"
 #: A sample entry the shard writer leaves out: the image id when the sample's ``json`` does not say it.
 IMAGE_ID_KEY = "__image_id__"
+#: A sample entry the shard writer leaves out: where each image entry was read (entry -> a file or a parquet row).
+IMAGE_SOURCES_KEY = "__image_sources__"
 _IMAGE_EXTENSIONS = {"jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff"}
 _NLVR2_SIDES = {"left.png": "left", "right.png": "right"}
 
@@ -68,16 +70,23 @@ def folder_image_id(folder: Path, relative: str) -> str:
 
 
 class ImageDigests:
-    """The distinct (image id, digest) pairs of the samples added, in the order first seen."""
+    """The distinct (image id, digest) pairs of the samples added, in the order first seen. An id given to two
+    different images (a merged or corrupted input) is a ValueError naming the id and where each image was read."""
 
     def __init__(self) -> None:
         self._pairs: dict[tuple[str | None, str], None] = {}
+        self._first: dict[str, tuple[str, str]] = {}
 
     def add(self, sample: Mapping[str, Any]) -> None:
         meta = None
         for entry, data in image_entries(sample):
             meta = sample_meta(sample) if meta is None else meta
-            self._pairs.setdefault((image_id(sample, entry, meta), hashlib.sha256(data).hexdigest()))
+            identifier, digest = image_id(sample, entry, meta), hashlib.sha256(data).hexdigest()
+            where = sample.get(IMAGE_SOURCES_KEY, {}).get(entry) or f"sample {sample.get('__key__')}"
+            first = self._first.setdefault(identifier, (digest, where)) if identifier else (digest, where)
+            if first[0] != digest:
+                raise ValueError(f"{where}: image id {identifier!r} is another image than at {first[1]}")
+            self._pairs.setdefault((identifier, digest))
 
     def __len__(self) -> int:
         return len(self._pairs)

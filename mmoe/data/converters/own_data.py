@@ -44,9 +44,10 @@ from mmoe.data.tokenizer import TextTokenizer
 
 
 def _image(row: dict[str, Any], root: Path, where: str) -> tuple[str, Path]:
-    """The row's ``image`` path as written and the file it names inside ``root``."""
-    relative = text_field(row, "image", where)
-    return relative, path_inside(root, relative, f"{where}: field 'image'")
+    """The row's ``image`` path under ``root``, normalised (``./0.jpg`` and ``sub/../0.jpg`` are ``0.jpg``: one
+    image), and the file it names inside ``root``."""
+    path = path_inside(root, text_field(row, "image", where), f"{where}: field 'image'")
+    return path.relative_to(root).as_posix(), path
 
 
 def _extra(table: Path, root: Path, rows: str, answer_vocab: str | os.PathLike | None = None) -> dict[str, Any]:

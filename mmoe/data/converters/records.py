@@ -14,11 +14,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from mmoe.data.converters.common import Skip, image_or_skip
-from mmoe.data.converters.image_digests import IMAGE_ID_KEY, folder_image_id
+from mmoe.data.converters.image_digests import IMAGE_ID_KEY, IMAGE_SOURCES_KEY, folder_image_id
 
 
 class ImageSource(Protocol):
-    """Where one image of a sample comes from, read only when its sample is written."""
+    """Where one image of a sample comes from, read only when its sample is written; ``where`` names it in errors."""
+
+    where: str
 
     def load(self) -> tuple[bytes, str] | Skip:
         """The image's bytes and extension as a sample stores them, or a :class:`Skip` saying why it cannot be used."""
@@ -38,6 +40,10 @@ class ImageFile:
     folder: Path | None = None
     relative: str = ""
 
+    @property
+    def where(self) -> str:
+        return str(self.path)
+
     def load(self) -> tuple[bytes, str] | Skip:
         return image_or_skip(self.path)
 
@@ -55,6 +61,7 @@ def with_image(sample: dict[str, Any], source: ImageSource, entry: str | None = 
         sample = {**sample, IMAGE_ID_KEY: digest_id}
     data, extension = image
     sample[entry or extension] = data
+    sample[IMAGE_SOURCES_KEY] = {**sample.get(IMAGE_SOURCES_KEY, {}), entry or extension: source.where}
     return sample
 
 
