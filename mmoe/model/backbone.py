@@ -102,7 +102,7 @@ class MultiwayTransformer(nn.Module):
         config = self.config
         if is_moe:
             return lambda modality: build_moe_layer(
-                config.moe.layer_config(config.dim, config.ffn_dim, config.subln, modality)
+                config.moe.layer_config(config.dim, config.ffn_dim, config.subln, modality, config.layernorm_eps)
             )
         return lambda modality: FeedForward(config.dim, config.ffn_dim, config.subln, config.layernorm_eps)
 

@@ -150,7 +150,7 @@ def reference_details_forward(layer: MoELayer, x, padding_mask, segment_lengths=
     for i, (b, position, head, vector, _) in enumerate(subs):
         for rank, expert in enumerate(choices[i]):
             if kept[i][rank]:
-                update = weights[i][rank] * reference_expert(layer.experts, expert, vector)
+                update = weights[i][rank] * reference_expert(layer.experts, expert, vector, config.layernorm_eps)
                 out[b, position, head] = out[b, position, head] + update
                 index[b, position, head, rank] = expert
     y = out.reshape(batch, length, dim)
