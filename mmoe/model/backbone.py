@@ -21,6 +21,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from mmoe.model.config import MultiwayConfig
+from mmoe.model.cost import refuse_beyond_host_memory
 from mmoe.model.initialization import BEIT3_INIT_STD, init_beit3_
 from mmoe.model.layers import FeedForward, KeysValues, MultiwayBlock
 from mmoe.moe import GroupedExperts, MoEFeedForward, RoutingRecord, build_moe_layer
@@ -69,6 +70,8 @@ class MultiwayTransformer(nn.Module):
 
     def __init__(self, config: MultiwayConfig) -> None:
         super().__init__()
+        if torch.get_default_device().type == "cpu":  # built in host memory (not on the meta device: shapes only)
+            refuse_beyond_host_memory(config)
         self.config = config
         dim, eps = config.dim, config.layernorm_eps
         self.patch_embed = nn.Conv2d(config.in_channels, dim, kernel_size=config.patch_size, stride=config.patch_size)
@@ -102,7 +105,7 @@ class MultiwayTransformer(nn.Module):
         config = self.config
         if is_moe:
             return lambda modality: build_moe_layer(
-                config.moe.layer_config(config.dim, config.ffn_dim, config.subln, modality)
+                config.moe.layer_config(config.dim, config.ffn_dim, config.subln, modality, config.layernorm_eps)
             )
         return lambda modality: FeedForward(config.dim, config.ffn_dim, config.subln, config.layernorm_eps)
 

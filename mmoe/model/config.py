@@ -108,13 +108,15 @@ class MoEPlan(RoutingChoices):
             return index in self.layers
         return (index + 1) % self.every == 0
 
-    def layer_config(self, dim: int, ffn_dim: int, subln: bool, modality: str = "shared") -> MoEConfig:
+    def layer_config(
+        self, dim: int, ffn_dim: int, subln: bool, modality: str = "shared", layernorm_eps: float = 1e-5
+    ) -> MoEConfig:
         """The :class:`MoEConfig` of one MoE layer of a backbone of width ``dim`` and FFN width ``ffn_dim``: this
         plan's routing choices, whatever fields :class:`RoutingChoices` has, with ``modality``'s pool of experts
-        (:meth:`experts_of`)."""
+        (:meth:`experts_of`) and the backbone's LayerNorm epsilon ``layernorm_eps``."""
         routing = {f.name: getattr(self, f.name) for f in dataclasses.fields(RoutingChoices)}
         routing["num_experts"] = self.experts_of(modality)
-        return MoEConfig(dim=dim, ffn_dim=ffn_dim, subln=subln, **routing)
+        return MoEConfig(dim=dim, ffn_dim=ffn_dim, subln=subln, layernorm_eps=layernorm_eps, **routing)
 
 
 @dataclass
@@ -142,7 +144,8 @@ class MultiwayConfig:
         dropout: Transformer dropout (torchscale's ``dropout``): on the embedded tokens and on every attention and FFN
             sub-layer output before its residual add. 0 as BEiT-3 (which regularises with drop path only); MH-MoE
             App. C (Table 10) and X-MoE (Table 9) pre-train with 0.1.
-        layernorm_eps: LayerNorm epsilon.
+        layernorm_eps: the epsilon of every LayerNorm, the MoE layers' included (the experts' Sub-LN, a Stratified
+            layer's LayerNorm per stratum).
         output_norm: the final per-modality LayerNorm (torchscale's ``normalize_output``); BEiT-3's VQAv2 models are
             released without it.
         moe: where MoE layers go and how they route; None = dense.

@@ -16,6 +16,8 @@ modality's own under ``by_modality``.
 
 from __future__ import annotations
 
+import os
+
 from mmoe.model.config import MODALITIES, MultiwayConfig
 from mmoe.moe.cost import active_parameters_per_token, flops_per_token, moe_parameter_count
 
@@ -68,6 +70,22 @@ def backbone_parameters(config: MultiwayConfig) -> int:
     )
     layers = sum(layer_parameters(config, i) for i in range(config.depth))
     return embeddings + layers + (2 * 2 * dim if config.output_norm else 0)  # + final multiway LayerNorm
+
+
+def refuse_beyond_host_memory(config: MultiwayConfig) -> None:
+    """Refuse a backbone whose float32 parameters alone exceed this host's physical memory, before any is allocated
+    (a pool of a million experts would otherwise end in the allocator's error, after a traceback)."""
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):  # no sysconf here: nothing to compare with
+        return
+    parameters = backbone_parameters(config)
+    if 4 * parameters > memory:
+        raise ValueError(
+            f"MultiwayConfig: {parameters:,} parameters need {4 * parameters / 2**30:,.0f} GiB in float32, more than "
+            f"this host's {memory / 2**30:,.0f} GiB of memory: use fewer or narrower experts (moe.num_experts, "
+            "moe.experts_by_modality, moe.beta) or a smaller backbone"
+        )
 
 
 def attention_way_parameters(config: MultiwayConfig) -> int:

@@ -7,8 +7,13 @@
 * Global batch (Qiu et al., 2025; ``balance_batch="global"``): f_i all-reduced over the data-parallel ranks, P_i each
   rank's share of the global mean, so that the ranks' mean is the loss of the global batch.
 * Sequence-wise (DeepSeek-V3, 2024, §2.1.2, Eq. 17-20; ``balance_batch="sequence"``): the loss of each sequence's
-  (sub-)tokens alone, averaged over the sequences that have any. DeepSeek-V3 normalises its sigmoid affinities to sum to
-  one for P_i (Eq. 19); the probabilities here already do (a softmax, X-MoE's convention for every gate).
+  (sub-)tokens alone, averaged over the sequences that have any.
+* The scores a sigmoid gate's DeepSeek loss reads (DeepSeek-V3 Eq. 18-20; ``gate="sigmoid"`` with
+  ``balance_choices="all"`` or ``balance_batch="sequence"``, :func:`deepseek_v3_scores`): P_i averages the affinities
+  normalised per (sub-)token, ``s'_i = s_i / sum_j s_j`` (Eq. 19-20), and f_i counts each (sub-)token's top-K of the
+  scores s themselves (Eq. 18): the loss-free selection bias, which only selects (Eq. 16), is left out, and so is the
+  group limit. Every other balance loss takes P from a softmax (X-MoE's convention, for a sigmoid gate too) and counts
+  the experts selected.
 
 Shape legend: S (sub-)tokens, E experts, K counted choices per (sub-)token, B sequences.
 """
@@ -17,6 +22,14 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+
+
+def deepseek_v3_scores(balance_logits_SE: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V3 Eq. 18-20 for a sigmoid gate: (P's per-(sub-)token terms s' = s / sum_j s_j, the top-K experts of s
+    best first), s = sigmoid of the balance logits."""
+    scores_SE = balance_logits_SE.sigmoid()
+    normalised_SE = scores_SE / scores_SE.sum(dim=-1, keepdim=True)  # Eq. 19; a sigmoid is > 0, so the sum is too
+    return normalised_SE, scores_SE.detach().topk(top_k, dim=-1).indices  # Eq. 18: no selection bias, no group limit
 
 
 def counted_choices(expert_SK: torch.Tensor, balance_choices: str) -> torch.Tensor:

@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import KW_ONLY, dataclass, field
 
 from mmoe.moe.choices import Balance, Capacity, ExpertPool, Scoring, Selection
-from mmoe.moe.choices.values import is_int
+from mmoe.moe.choices.values import finite_at_least, is_int
 
 #: X-MoE App. A: the gating temperature starts at 0.3 for softmax gates and 0.07 for sigmoid gates; the balance loss
 #: (X-MoE Eq. 9) uses the same values as its fixed temperature tau_0.
@@ -65,12 +65,15 @@ class MoEConfig(RoutingChoices):
         ffn_dim: inner width of the dense FFN this layer replaces; each expert's inner width is ``ffn_dim * beta``.
         subln: apply a LayerNorm to each expert's hidden activation before its second linear (BEiT-3's Sub-LN FFN),
             so that a one-expert layer equals the backbone's dense FFN.
+        layernorm_eps: the epsilon of the layer's LayerNorms (the experts' Sub-LN, a Stratified layer's LayerNorm
+            per stratum); a backbone's MoE layers take its ``MultiwayConfig.layernorm_eps``, as its dense FFNs do.
     """
 
     dim: int
     ffn_dim: int
     _: KW_ONLY
     subln: bool = False
+    layernorm_eps: float = 1e-5
     # Derived in __post_init__.
     head_dim: int = field(init=False, repr=False)
     expert_dim: int = field(init=False, repr=False)
@@ -81,6 +84,8 @@ class MoEConfig(RoutingChoices):
             value = getattr(self, name)
             if not is_int(value) or value <= 0:
                 raise ValueError(f"MoEConfig.{name} must be a positive integer, got {value!r}")
+        if not finite_at_least(self.layernorm_eps, 0.0):  # nn.LayerNorm's range
+            raise ValueError(f"MoEConfig.layernorm_eps must be a finite number >= 0, got {self.layernorm_eps!r}")
         super().__post_init__()
         self.require_divisible_width(self.dim, "MoEConfig")
         derived = {

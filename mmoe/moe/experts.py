@@ -64,15 +64,18 @@ class GroupedExperts(nn.Module):
         dim: input and output width D (the sub-token width D/h for MH-MoE).
         hidden_dim: inner width H (``ffn_dim * beta``).
         subln: LayerNorm over the hidden activation before the second linear (BEiT-3 Sub-LN).
+        subln_eps: that LayerNorm's epsilon (a backbone's ``MultiwayConfig.layernorm_eps``).
 
     Attributes:
         num_experts: the experts held here: E, or E/W once sharded (:meth:`keep_shard`).
         shard: which of the layer's experts this rank holds when expert-parallel; None: all of them.
     """
 
-    def __init__(self, num_experts: int, dim: int, hidden_dim: int, subln: bool = False) -> None:
+    def __init__(
+        self, num_experts: int, dim: int, hidden_dim: int, subln: bool = False, subln_eps: float = 1e-5
+    ) -> None:
         super().__init__()
-        self.num_experts, self.dim, self.hidden_dim = num_experts, dim, hidden_dim
+        self.num_experts, self.dim, self.hidden_dim, self.subln_eps = num_experts, dim, hidden_dim, subln_eps
         self.shard: ExpertShard | None = None
         self.fc1_weight = nn.Parameter(torch.empty(num_experts, dim, hidden_dim))
         self.fc1_bias = nn.Parameter(torch.empty(num_experts, hidden_dim))
@@ -154,7 +157,7 @@ class GroupedExperts(nn.Module):
         # .to(dtype): under an autocast of another dtype baddbmm returns the autocast dtype.
         hidden_ECH = F.gelu(torch.baddbmm(self.fc1_bias.to(dtype)[:, None], x_ECD, self.fc1_weight.to(dtype)).to(dtype))
         if self.ln_weight is not None:
-            normed_ECH = F.layer_norm(hidden_ECH, (self.hidden_dim,)).to(dtype)
+            normed_ECH = F.layer_norm(hidden_ECH, (self.hidden_dim,), eps=self.subln_eps).to(dtype)
             hidden_ECH = torch.addcmul(self.ln_bias.to(dtype)[:, None], normed_ECH, self.ln_weight.to(dtype)[:, None])
         return torch.baddbmm(self.fc2_bias.to(dtype)[:, None], hidden_ECH, self.fc2_weight.to(dtype)).to(dtype)
 
@@ -187,7 +190,7 @@ class GroupedExperts(nn.Module):
         hidden_RH = F.gelu(torch.addmm(hidden_RH, one_hot_RE, self.fc1_bias.to(dtype)).to(dtype))
         if self.ln_weight is not None:
             # Autocast runs layer_norm in fp32; the grouped GEMM is no autocast op and needs both operands in dtype.
-            hidden_RH = F.layer_norm(hidden_RH, (self.hidden_dim,)).to(dtype)
+            hidden_RH = F.layer_norm(hidden_RH, (self.hidden_dim,), eps=self.subln_eps).to(dtype)
             ln_weight_RH = (one_hot_RE @ self.ln_weight.to(dtype)).to(dtype)
             hidden_RH = torch.addcmul((one_hot_RE @ self.ln_bias.to(dtype)).to(dtype), hidden_RH, ln_weight_RH)
         out_RD = torch._grouped_mm(hidden_RH, self.fc2_weight.to(dtype), offs=offsets_E)
@@ -211,7 +214,7 @@ class GroupedExperts(nn.Module):
         from mmoe.moe.triton_expert_ffn import fused_expert_ffn
 
         weights = (self.fc1_weight, self.fc1_bias, self.fc2_weight, self.fc2_bias, self.ln_weight, self.ln_bias)
-        return fused_expert_ffn(x_SD, *weights, token_C, order_C, expert_C, offsets_E, top_k)
+        return fused_expert_ffn(x_SD, *weights, self.subln_eps, token_C, order_C, expert_C, offsets_E, top_k)
 
     def forward_loop(self, x_RD: torch.Tensor, offsets_E: torch.Tensor) -> torch.Tensor:
         """One fused ``addmm`` per expert and linear over its slice (the CPU path: reading the counts is free there,
@@ -233,6 +236,6 @@ class GroupedExperts(nn.Module):
         ):
             hidden = F.gelu(torch.addmm(fc1_b, rows, fc1_w))
             if ln_w is not None:
-                hidden = F.layer_norm(hidden, (self.hidden_dim,), ln_w.to(dtype), ln_b.to(dtype))
+                hidden = F.layer_norm(hidden, (self.hidden_dim,), ln_w.to(dtype), ln_b.to(dtype), self.subln_eps)
             outputs.append(torch.addmm(fc2_b, hidden, fc2_w))
         return torch.cat(outputs)

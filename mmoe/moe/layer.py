@@ -71,10 +71,14 @@ class MoELayer(MoEFeedForward):
         else:
             self.multi_head = self.merge = None
         self.router = Router(config)
-        self.experts = GroupedExperts(config.num_experts, config.head_dim, config.expert_dim, config.subln)
+        self.experts = GroupedExperts(
+            config.num_experts, config.head_dim, config.expert_dim, config.subln, config.layernorm_eps
+        )
         #: DeepSeekMoE's always-on experts (§3.2); never expert-sharded (every rank runs them on its own tokens).
         self.shared_experts = (
-            GroupedExperts(config.shared_experts, config.head_dim, config.expert_dim, config.subln)
+            GroupedExperts(
+                config.shared_experts, config.head_dim, config.expert_dim, config.subln, config.layernorm_eps
+            )
             if config.shared_experts
             else None
         )

@@ -10,7 +10,7 @@ Scorers, each one module of :mod:`mmoe.moe.scorers` named by ``MoEConfig.router`
 Balance loss (X-MoE Eq. 9, Switch form; MH-MoE Eq. 10 over sub-tokens): ``N * sum_i f_i * P_i``, with f_i the share of
 non-padding (sub-)tokens whose *first* choice is expert i and P_i their mean routing probability. For the X-MoE scorer
 P is a softmax over s / tau_0 with the fixed tau_0 (= tau's initial value), also when the gate is a sigmoid. DeepSeek's
-conventions (every choice counted, per sequence) are in :mod:`mmoe.moe.balance`.
+conventions (every choice counted, per sequence; a sigmoid gate's normalised scores) are in :mod:`mmoe.moe.balance`.
 
 Routing details (the parts of :class:`mmoe.moe.RoutingChoices`, :mod:`mmoe.moe.choices`): Switch Transformer's
 router jitter, DeepSeek-V2/V3's group-limited top-k (:mod:`mmoe.moe.group_limited`) and routed scaling factor, LIMoE's
@@ -45,7 +45,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from mmoe.moe.balance import balance_loss, counted_choices, sequence_balance_loss
+from mmoe.moe.balance import balance_loss, counted_choices, deepseek_v3_scores, sequence_balance_loss
 from mmoe.moe.config import MoEConfig
 from mmoe.moe.entropy_losses import entropy_losses
 from mmoe.moe.group_limited import group_limited_top_k
@@ -94,6 +94,9 @@ class Router(nn.Module):
         self.renormalize = config.renormalize
         self.bias_update_rate = config.bias_update_rate
         self.balance_batch = config.balance_batch
+        self.deepseek_v3_scores = config.gate == "sigmoid" and (
+            config.balance_choices == "all" or config.balance_batch == "sequence"
+        )
         if config.bias_update_rate:
             # b_i of Wang et al. (2024) Eq. 3: moved by update_selection_bias, never by the optimiser; saved in
             # checkpoints.
@@ -126,7 +129,11 @@ class Router(nn.Module):
                 weight_SK = weight_SK * config.routed_scaling_factor
             balance_probs_SE = balance_logits_SE.softmax(dim=-1)
             weights_S, count = _row_weights(balance_probs_SE, valid_S)
-            balance = self._balance_loss(balance_probs_SE, expert_SK, weights_S, layout)
+            if self.deepseek_v3_scores:  # a sigmoid gate's DeepSeek loss: its own normalised scores (Eq. 18-20)
+                affinity_SE, counted_SK = deepseek_v3_scores(balance_logits_SE, self.top_k)
+                balance = self._balance_loss(affinity_SE, counted_SK, weights_S, layout)
+            else:
+                balance = self._balance_loss(balance_probs_SE, expert_SK, weights_S, layout)
             z_loss = (weights_S @ gate_logits_SE.logsumexp(dim=-1).square()) / count  # ST-MoE Eq. 5
             entropy = (weights_S @ torch.special.entr(balance_probs_SE.detach()).sum(-1)) / count
             segment_S = layout.segment_S(x_SD.device)

@@ -58,9 +58,11 @@ class StratifiedMoELayer(MoEFeedForward):
         strata = config.strata
         self.stratum_start = [sum(strata[:i]) for i in range(len(strata))]
         self.visible_experts = [config.num_experts - start for start in self.stratum_start]
-        self.norms = nn.ModuleList(nn.LayerNorm(config.dim) for _ in strata)
+        self.norms = nn.ModuleList(nn.LayerNorm(config.dim, eps=config.layernorm_eps) for _ in strata)
         self.routers = nn.ModuleList(Router(config, num_experts=visible) for visible in self.visible_experts)
-        self.experts = GroupedExperts(config.num_experts, config.dim, config.expert_dim, config.subln)
+        self.experts = GroupedExperts(
+            config.num_experts, config.dim, config.expert_dim, config.subln, config.layernorm_eps
+        )
         stratum_of_expert = torch.repeat_interleave(torch.arange(len(strata)), torch.tensor(strata))
         self.register_buffer("stratum_of_expert", stratum_of_expert, persistent=False)
         if config.frozen:

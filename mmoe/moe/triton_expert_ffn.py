@@ -54,11 +54,11 @@ def _sub_ln_affine(normed_CH, ln_weight_EH, ln_bias_EH, expert_C):
     return torch.addcmul(ln_bias_EH.float().index_select(0, expert_C), normed_CH, ln_weight_EH.float()[expert_C])
 
 
-def _sub_ln_backward(grad_in2, hidden_CH, normed, pre_CH, ln_weight_EH, expert_C):
+def _sub_ln_backward(grad_in2, hidden_CH, normed, pre_CH, ln_weight_EH, expert_C, eps: float):
     """dL/dA from dL/d(fc2 input) through Sub-LN's affine, its LayerNorm and GELU, in fp32, in A's dtype."""
     grad_normed = grad_in2.float() * ln_weight_EH.float()[expert_C]
     # LayerNorm backward without affine: (dn - mean(dn) - n mean(dn n)) / σ.
-    rstd = torch.rsqrt(hidden_CH.float().var(1, unbiased=False, keepdim=True) + 1e-5)
+    rstd = torch.rsqrt(hidden_CH.float().var(1, unbiased=False, keepdim=True) + eps)
     grad_hidden = rstd * (
         grad_normed - grad_normed.mean(1, keepdim=True) - normed * (grad_normed * normed).mean(1, keepdim=True)
     )
@@ -90,7 +90,9 @@ class FusedExpertFFN(torch.autograd.Function):
 
     @staticmethod
     @torch.amp.custom_fwd(device_type="cuda")
-    def forward(ctx, x_SD, fc1_weight, fc1_bias, fc2_weight, fc2_bias, ln_weight, ln_bias, dispatch: FusedDispatch):
+    def forward(
+        ctx, x_SD, fc1_weight, fc1_bias, fc2_weight, fc2_bias, ln_weight, ln_bias, eps, dispatch: FusedDispatch
+    ):
         dtype = x_SD.dtype
         num_rows = dispatch.expert_C.numel()
         fc1_w, fc2_w = fc1_weight.to(dtype), fc2_weight.to(dtype)
@@ -109,11 +111,11 @@ class FusedExpertFFN(torch.autograd.Function):
         )
         fc2_input = hidden_CH
         if ln_weight is not None:
-            normed = F.layer_norm(hidden_CH.float(), (hidden_CH.shape[1],))
+            normed = F.layer_norm(hidden_CH.float(), (hidden_CH.shape[1],), eps=eps)
             fc2_input = _sub_ln_affine(normed, ln_weight, ln_bias, dispatch.expert_C).to(dtype)
         y = gather_gemm(fc2_input, fc2_w, fc2_bias.to(dtype), offsets, schedule, num_rows, out_index=dispatch.order_C)
         ctx.save_for_backward(x_SD, fc1_w, fc2_w, pre_CH, hidden_CH, ln_weight, ln_bias)
-        ctx.dispatch = dispatch
+        ctx.dispatch, ctx.eps = dispatch, eps
         ctx.parameter_dtypes = [p.dtype if p is not None else None for p in (fc1_weight, ln_weight)]
         return y
 
@@ -132,7 +134,7 @@ class FusedExpertFFN(torch.autograd.Function):
         subln = ln_weight is not None
         grad_fc1_w = grad_fc1_b = grad_fc2_w = grad_fc2_b = grad_ln_w = grad_ln_b = grad_x = None
         if subln:
-            normed = F.layer_norm(hidden_CH.float(), (hidden_CH.shape[1],))
+            normed = F.layer_norm(hidden_CH.float(), (hidden_CH.shape[1],), eps=ctx.eps)
         if fc2_needs:
             fc2_input = _sub_ln_affine(normed, ln_weight, ln_bias, expert_C).to(dtype) if subln else hidden_CH
             grad_fc2_w, grad_fc2_b = weight_grad(
@@ -158,7 +160,7 @@ class FusedExpertFFN(torch.autograd.Function):
                 if ln_needs:
                     grad_ln_w = expert_column_sums(grad_in2, normed, offsets)
                     grad_ln_b = expert_column_sums(grad_in2, None, offsets)
-                grad_pre = _sub_ln_backward(grad_in2, hidden_CH, normed, pre_CH, ln_weight, expert_C)
+                grad_pre = _sub_ln_backward(grad_in2, hidden_CH, normed, pre_CH, ln_weight, expert_C, ctx.eps)
             if fc1_needs:
                 grad_fc1_w, grad_fc1_b = weight_grad(
                     x_SD, grad_pre, offsets, fc1_w.shape[1], dispatch.token_C, None, True
@@ -171,7 +173,7 @@ class FusedExpertFFN(torch.autograd.Function):
             return None if grad is None else grad.to(to)
 
         weights = [cast(g, weight_dtype) for g in (grad_fc1_w, grad_fc1_b, grad_fc2_w, grad_fc2_b)]
-        return grad_x, *weights, cast(grad_ln_w, ln_dtype), cast(grad_ln_b, ln_dtype), None
+        return grad_x, *weights, cast(grad_ln_w, ln_dtype), cast(grad_ln_b, ln_dtype), None, None
 
 
 def fused_expert_ffn(
@@ -182,6 +184,7 @@ def fused_expert_ffn(
     fc2_bias: torch.Tensor,
     ln_weight: torch.Tensor | None,
     ln_bias: torch.Tensor | None,
+    subln_eps: float,
     token_C: torch.Tensor,
     order_C: torch.Tensor,
     expert_C: torch.Tensor,
@@ -189,9 +192,11 @@ def fused_expert_ffn(
     top_k: int | None,
 ) -> torch.Tensor:
     """The experts on the (sub-)tokens ``x_SD`` (S, D) for the sorted choices of a dispatch; (K*S, D) outputs in
-    choice order. Weights are stacked per expert: fc1 (E, D, H), fc2 (E, H, D). ``top_k`` None: the rows are not K
+    choice order. Weights are stacked per expert: fc1 (E, D, H), fc2 (E, H, D); ``subln_eps`` is the Sub-LN's
+    epsilon (unused without ``ln_weight``). ``top_k`` None: the rows are not K
     choices per token (:class:`FusedDispatch`); ``order_C`` then places each row's output."""
     tiles = gemm_tiles(x_SD.dtype, expert_C.numel(), offsets_E.numel())
     schedule = block_schedule(offsets_E, expert_C.numel(), tiles)
     dispatch = FusedDispatch(token_C, order_C, expert_C, offsets_E, top_k, schedule)
-    return FusedExpertFFN.apply(x_SD, fc1_weight, fc1_bias, fc2_weight, fc2_bias, ln_weight, ln_bias, dispatch)
+    weights = (fc1_weight, fc1_bias, fc2_weight, fc2_bias, ln_weight, ln_bias)
+    return FusedExpertFFN.apply(x_SD, *weights, subln_eps, dispatch)

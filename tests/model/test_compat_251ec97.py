@@ -26,10 +26,19 @@ def expected() -> dict[str, dict[str, torch.Tensor]]:
     return torch.load(FIXTURES / "outputs.pt", weights_only=True)
 
 
-def assert_same_outputs(got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+# Redefined since 251ec97: the "linear" plan's sigmoid gate with the sequence-wise balance loss now follows
+# DeepSeek-V3 Eq. 18-20 (normalised sigmoid scores, no selection bias; test_deepseek_routing.py checks it against a
+# per-token reference), so its balance loss must differ from the one 251ec97 gave; every other output is unchanged.
+REDEFINED = {"linear": {"balance_loss"}}
+
+
+def assert_same_outputs(got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], plan: str) -> None:
     assert got.keys() == expected.keys()
     for name, tensor in expected.items():
-        torch.testing.assert_close(got[name], tensor, rtol=0, atol=1e-6, msg=name)
+        if name in REDEFINED.get(plan, set()):
+            assert not torch.allclose(got[name], tensor), name
+        else:
+            torch.testing.assert_close(got[name], tensor, rtol=0, atol=1e-6, msg=name)
 
 
 def test_the_flat_routing_keys_of_a_config_of_251ec97_give_the_same_plan_and_outputs(expected):
@@ -39,7 +48,7 @@ def test_the_flat_routing_keys_of_a_config_of_251ec97_give_the_same_plan_and_out
     plan = moe_plan_of([FIXTURES / "routing.yaml"])
     assert plan == backbone_config("xmoe").moe
     backbone = seeded_backbone(MultiwayConfig(**SHAPE, moe=plan))
-    assert_same_outputs(outputs_of(backbone), expected["xmoe"])
+    assert_same_outputs(outputs_of(backbone), expected["xmoe"], "xmoe")
 
 
 @pytest.mark.parametrize("name", list(PLANS))
@@ -47,11 +56,11 @@ def test_the_flat_routing_keys_of_a_config_of_251ec97_give_the_same_plan_and_out
 def test_checkpoints_of_251ec97_load_with_their_outputs(expected, name, kind):
     backbone = load_backbone(FIXTURES / f"{name}_{kind}")
     assert backbone.config == backbone_config(name)
-    assert_same_outputs(outputs_of(backbone), expected[name])
+    assert_same_outputs(outputs_of(backbone), expected[name], name)
 
 
 @pytest.mark.parametrize("name", list(PLANS))
 def test_export_folders_of_251ec97_load_with_their_outputs(expected, name):
     backbone = from_pretrained(FIXTURES / f"{name}_export")
     assert backbone.config == backbone_config(name)
-    assert_same_outputs(outputs_of(backbone), expected[name])
+    assert_same_outputs(outputs_of(backbone), expected[name], name)

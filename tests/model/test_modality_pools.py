@@ -5,6 +5,10 @@ top-C loop: outputs and every gradient), the counts of ``mmoe info`` against a h
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +18,8 @@ from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
 from mmoe.model.config import config_from_dict, config_to_dict
 from mmoe.model.cost import backbone_cost, backbone_parameters, layer_cost
 from tests.moe.reference import reference_forward
+
+ROOT = Path(__file__).resolve().parents[2]
 
 POOLS = {"vision": 4, "language": 8}
 
@@ -162,3 +168,32 @@ def reference_block(block, inputs: list[torch.Tensor], padding: torch.Tensor):
         outputs.append(hidden + y)
         loads.append(load)
     return outputs, loads
+
+
+@pytest.mark.parametrize("pools", ["{vision: 1000000, language: 8}", "{vision: 4, language: 3000000}"])
+def test_a_pool_beyond_host_memory_is_refused_in_one_line_by_mmoe_fit(tmp_path, pools):
+    """``mmoe fit`` with a MoMa pool whose experts cannot fit in this host's memory ends in one line naming the
+    parameter count and the memory (exit 2) before any is allocated, not in the allocator's error after tracebacks.
+    A subprocess, so that the allocation, if it were tried, could not take this process's memory."""
+    variant = tmp_path / "pools.yaml"
+    variant.write_text(f"model:\n  init_args:\n    backbone:\n      moe:\n        experts_by_modality: {pools}\n")
+    configs = ["configs/pretrain/tiny.yaml", "configs/pretrain/tiny/moma.yaml", str(variant)]
+    command = [sys.executable, "-m", "mmoe.cli", "fit", *(f"--config={c}" for c in configs)]
+    command.append(f"--trainer.default_root_dir={tmp_path / 'run'}")
+    environment = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith("mmoe fit: error: MultiwayConfig: ") and "parameters need" in line, line
+    assert "GiB of memory" in line and "moe.experts_by_modality" in line
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_on_the_meta_device_a_backbone_beyond_host_memory_is_still_built():
+    """Shapes only: nothing is allocated, so nothing is refused."""
+    plan = MoEPlan(num_experts=4, top_k=1, every=1, experts_by_modality={"vision": 1_000_000, "language": 4})
+    config = MultiwayConfig.preset("tiny", moe=plan)
+    with torch.device("meta"):
+        backbone = MultiwayTransformer(config)
+    assert sum(p.numel() for p in backbone.parameters()) == backbone_parameters(config)

@@ -23,10 +23,11 @@ def reference_scores(router, config, x_D: torch.Tensor) -> tuple[torch.Tensor, t
     return router.scorer.reference_scores(x_D)
 
 
-def reference_expert(experts, expert: int, x_D: torch.Tensor) -> torch.Tensor:
+def reference_expert(experts, expert: int, x_D: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    """One expert on one (sub-)token; ``eps``: its Sub-LN's epsilon (the layer's ``MoEConfig.layernorm_eps``)."""
     hidden = F.gelu(x_D @ experts.fc1_weight[expert] + experts.fc1_bias[expert])
     if experts.ln_weight is not None:
-        hidden = F.layer_norm(hidden, hidden.shape, experts.ln_weight[expert], experts.ln_bias[expert])
+        hidden = F.layer_norm(hidden, hidden.shape, experts.ln_weight[expert], experts.ln_bias[expert], eps)
     return hidden @ experts.fc2_weight[expert] + experts.fc2_bias[expert]
 
 
@@ -121,7 +122,7 @@ def reference_forward(layer: MoELayer, x: torch.Tensor, padding_mask: torch.Tens
         for rank, (expert, weight) in enumerate(choices[index]):
             if kept[index][rank]:
                 out[b, position, head] = out[b, position, head] + weight * reference_expert(
-                    layer.experts, expert, vector
+                    layer.experts, expert, vector, config.layernorm_eps
                 )
                 expert_index[b, position, head, rank] = expert
     if layer.shared_experts is not None:  # DeepSeekMoE Eq. 9: every shared expert with weight 1
@@ -129,7 +130,7 @@ def reference_forward(layer: MoELayer, x: torch.Tensor, padding_mask: torch.Tens
             if not padded:
                 for expert in range(layer.shared_experts.num_experts):
                     out[b, position, head] = out[b, position, head] + reference_expert(
-                        layer.shared_experts, expert, vector
+                        layer.shared_experts, expert, vector, config.layernorm_eps
                     )
     y = out.reshape(batch, length, dim)
     if layer.merge is not None:
@@ -169,7 +170,9 @@ def reference_stratified(layer, x: torch.Tensor, padding_mask: torch.Tensor | No
         visible = num_experts - start
         normed, choices, probs, firsts = {}, [], [], []
         for t in here:
-            normed[t] = F.layer_norm(tokens[t], (dim,), layer.norms[stratum].weight, layer.norms[stratum].bias)
+            normed[t] = F.layer_norm(
+                tokens[t], (dim,), layer.norms[stratum].weight, layer.norms[stratum].bias, config.layernorm_eps
+            )
             gate_logits, balance_logits = reference_scores(layer.routers[stratum], config, normed[t])
             choices.append([(start + e, w) for e, w in reference_top_k(config, gate_logits, 2)])
             probs.append(balance_logits.softmax(-1))
@@ -180,7 +183,7 @@ def reference_stratified(layer, x: torch.Tensor, padding_mask: torch.Tensor | No
             counts[e] += load[e]
         for position, t in enumerate(here):
             update = sum(
-                (w * reference_expert(layer.experts, e, normed[t]))
+                (w * reference_expert(layer.experts, e, normed[t], config.layernorm_eps))
                 for rank, (e, w) in enumerate(choices[position])
                 if kept[position][rank]
             )

@@ -2,8 +2,9 @@
 
 Plain loops over (sub-)tokens: LIMoE's per-modality entropy losses (thresholded), V-MoE's
 batch-priority capacity, DeepSeekMoE's all-choices balance loss (Eq. 12-14), DeepSeek-V3's sequence-wise
-balance loss (Eq. 17-20), the routed scaling factor, group-limited top-k (DeepSeek-V2 / V3) and Switch Transformer's
-router jitter. It reads the layer's parameters and none of its code paths.
+balance loss (Eq. 17-20; a sigmoid gate's normalised affinities, Eq. 19), the routed scaling factor, group-limited
+top-k (DeepSeek-V2 / V3) and Switch Transformer's router jitter. It reads the layer's parameters
+and none of its code paths.
 """
 
 from __future__ import annotations
@@ -56,6 +57,19 @@ def reference_keep_by_priority(choices, priority, padded, capacity, num_experts)
                 load[expert] += 1
                 kept[index][rank] = True
     return kept, load
+
+
+def reference_balance_terms(config, balance_logits: torch.Tensor, chosen: list[int]):
+    """(P's terms, the choices f counts) of one (sub-)token. A sigmoid gate under DeepSeek's losses follows
+    DeepSeek-V3 Eq. 18-20: s' = s / sum_j s_j with s the sigmoid affinities, and f counts the top-K of s (Eq. 18's
+    indicator reads s, not s + b, over all experts); every other loss reads a softmax and the experts selected."""
+    deepseek = config.balance_choices == "all" or config.balance_batch == "sequence"
+    if config.gate != "sigmoid" or not deepseek:
+        return balance_logits.softmax(-1), chosen
+    affinities = [torch.sigmoid(value) for value in balance_logits]
+    total = sum(affinities)
+    top = sorted(range(len(affinities)), key=lambda e: -float(affinities[e].detach()))[: config.top_k]
+    return torch.stack([a / total for a in affinities]), top
 
 
 def reference_balance(config, rows, num_experts) -> torch.Tensor:
@@ -121,7 +135,7 @@ def reference_details_forward(layer: MoELayer, x, padding_mask, segment_lengths=
                 priority.append(float(raw[0].detach()))
                 subs.append((b, position, head, vector, padded))
                 if not padded:
-                    balance_rows.append((b, balance_logits.softmax(-1), chosen))
+                    balance_rows.append((b, *reference_balance_terms(config, balance_logits, chosen)))
                     entropy_rows.append((segments[position], gate_logits.softmax(-1)))
     factor = config.active_capacity_factor(layer.training)
     num_valid = sum(1 for *_, padded in subs if not padded)
@@ -136,7 +150,7 @@ def reference_details_forward(layer: MoELayer, x, padding_mask, segment_lengths=
     for i, (b, position, head, vector, _) in enumerate(subs):
         for rank, expert in enumerate(choices[i]):
             if kept[i][rank]:
-                update = weights[i][rank] * reference_expert(layer.experts, expert, vector)
+                update = weights[i][rank] * reference_expert(layer.experts, expert, vector, config.layernorm_eps)
                 out[b, position, head] = out[b, position, head] + update
                 index[b, position, head, rank] = expert
     y = out.reshape(batch, length, dim)

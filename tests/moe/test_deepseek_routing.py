@@ -35,6 +35,9 @@ CASES = [
     dict(router="xmoe", **DEEPSEEK_V3_LIKE),
     dict(router="linear", **DEEPSEEK_V3_LIKE, bias_update_rate=1e-3, capacity_factor=1.0),
     dict(router="linear", num_experts=8, top_k=3, heads=2, expert_groups=2, top_groups=1, gate="sigmoid"),
+    dict(router="linear", **DEEPSEEK_V3_LIKE, gate="sigmoid", bias_update_rate=1e-3),
+    dict(router="xmoe", top_k=2, heads=2, gate="sigmoid", balance_choices="all"),
+    dict(router="linear", top_k=2, gate="sigmoid", balance_batch="sequence", bias_update_rate=1e-3),
 ]
 
 
@@ -83,6 +86,23 @@ def test_balance_conventions_by_hand():
         make_layer(router="linear", top_k=2, balance_choices=c)(x)[1].balance_loss for c in ("first", "all")
     )
     assert not torch.allclose(two_first, two_all)
+
+
+def test_sigmoid_sequence_wise_balance_by_hand_ignores_the_selection_bias():
+    """DeepSeek-V3 Eq. 17-20 per sequence: f_i = N / (K T) x the (sub-)tokens whose top-K of the sigmoid scores s hold
+    i, P_i the mean of s_i / sum_j s_j; a selection bias that moves every choice (Eq. 16) leaves the loss as it was."""
+    x = torch.randn(2, 6, 16, dtype=torch.double)
+    fields = dict(top_k=2, gate="sigmoid", bias_update_rate=1e-3, balance_choices="all", balance_batch="sequence")
+    layer = make_layer(router="linear", **fields)
+    expected = []
+    for scores in (x @ layer.router.scorer.weight.t()).sigmoid():  # one sequence's (T, E) scores
+        f = 4 / (2 * 6) * torch.bincount(scores.topk(2, dim=-1).indices.reshape(-1), minlength=4)
+        expected.append((f * (scores / scores.sum(-1, keepdim=True)).mean(0)).sum())
+    for bias in ([0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 5.0, 5.0]):
+        layer.router.selection_bias.copy_(torch.tensor(bias, dtype=torch.double))
+        _, routing = layer(x)
+        torch.testing.assert_close(routing.balance_loss, torch.stack(expected).mean())
+    assert set(routing.expert_index.unique().tolist()) == {2, 3}  # the bias chose every (sub-)token's experts
 
 
 def test_sequence_wise_loss_is_the_mean_of_each_sequence_alone():

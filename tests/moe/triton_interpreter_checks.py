@@ -143,6 +143,7 @@ CASES = {
     "MH-MoE h=2": {"top_k": 2, "heads": 2},
     "capacity drops": {"top_k": 1, "capacity_factor": 0.5},
     "Sub-LN linear router": {"top_k": 2, "subln": True, "router": "linear"},
+    "Sub-LN with a backbone's epsilon": {"top_k": 2, "subln": True, "layernorm_eps": 0.5},
     "top-3 MH-MoE h=2": {"top_k": 3, "heads": 2},
     "top-4 of 4 with capacity": {"top_k": 4, "capacity_factor": 1.0},
     "fine-grained with a shared expert": {"top_k": 3, "beta": 0.5, "shared_experts": 1},
