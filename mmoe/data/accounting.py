@@ -158,14 +158,14 @@ class SkipLedger:
             )
 
     def lost(self, shard: str, count: int, why: str) -> None:
-        message = f"lost {count} samples{self._label}: shard {shard}: {why}"
+        message = redact(f"lost {count} samples{self._label}: shard {shard}: {why}")
         logger.log(logging.WARNING if self.warns_of_losses and not self.quiet else logging.DEBUG, "%s", message)
         self.unclaimed.lost += count
         self.unclaimed.note_shard(shard)
 
     def left_out(self, shard: str, key: str, cause: str) -> None:
         """A sample the shards' index leaves out (``cause``: :data:`mmoe.data.img2dataset.CAUSES`), not decoded."""
-        logger.debug("left out a sample%s: shard %s, key %r: %s", self._label, shard, key, cause)
+        logger.debug("left out a sample%s: shard %s, key %r: %s", self._label, redact(shard), key, cause)
         self.unclaimed.left_out[cause] = self.unclaimed.left_out.get(cause, 0) + 1
         self.unclaimed.note_shard(shard)
 

@@ -21,8 +21,9 @@ from tests.data.test_accounting import truncate
 SMALL_EVERY = 3
 
 
-def write_corpus(folder, shards: int, kept_per_shard: int) -> dict[str, int]:
-    """An indexed folder; returns kept key -> left-out samples read just before it (the reference's walk)."""
+def write_corpus(folder, shards: int, kept_per_shard: int, truncated: str | None = None) -> dict[str, int]:
+    """An indexed folder (shard ``truncated`` cut in half before indexing: the parquet's count stands, so what the cut
+    lost is counted when read); returns kept key -> left-out samples read just before it (the reference's walk)."""
     folder.mkdir(parents=True)
     carried: dict[str, int] = {}
     for shard in range(shards):
@@ -34,6 +35,8 @@ def write_corpus(folder, shards: int, kept_per_shard: int) -> dict[str, int]:
         keys = [f"{shard:05d}{index:04d}" for index, attempt in enumerate(attempts) if attempt.side != 16]
         carried.update(zip(keys, before, strict=True))
         write_shard(folder, shard, attempts)
+    if truncated is not None:
+        truncate(folder / f"{truncated}.tar", 0.5)
     index_folder(folder, min_side=32)
     return carried
 
@@ -112,8 +115,7 @@ def test_mmoe_fit_reports_what_its_steps_consumed_under_a_shuffle_buffer(synthet
 
 @pytest.mark.parametrize("truncated", ["00001", "00003"])
 def test_samples_a_truncated_shard_lost_count_when_the_sample_read_after_them_is_consumed(tmp_path, truncated):
-    write_corpus(tmp_path / "cc", 4, kept_per_shard=8)
-    truncate(tmp_path / "cc" / f"{truncated}.tar", 0.5)
+    write_corpus(tmp_path / "cc", 4, kept_per_shard=8, truncated=truncated)
     # A buffer of 1 orders the shards as a buffer of 8 does and reads each shard's samples in order: the walk.
     walk = key_stream(tmp_path / "cc", shuffle_buffer=1, repeat=False)
     read_order = [key for batch in walk for key in batch]
