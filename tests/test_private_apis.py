@@ -25,7 +25,7 @@ LIBRARIES = ("torch", "lightning", "lightning_fabric", "pytorch_lightning", "jso
 BELOW_THE_ADAPTERS = {
     ("mmoe/moe/experts.py", "torch._grouped_mm"),
     ("mmoe/moe/expert_parallel.py", "import torch.distributed._functional_collectives"),
-    ("mmoe/moe/router.py", "torch.nn.modules.module.Module._register_load_state_dict_pre_hook"),
+    ("mmoe/moe/scorers/xmoe.py", "torch.nn.modules.module.Module._register_load_state_dict_pre_hook"),
 }
 
 
