@@ -21,9 +21,10 @@ metrics of :func:`mmoe.metrics.captions.score_captions` against the references i
 The caption is causal, in the MoE layers too: dropless token-choice routing (as shipped) routes each token on its own
 state, so no token's output depends on a later one (tested). With a capacity factor, which choices are dropped depends
 on the whole batch (first choices, then earlier tokens of the flattened batch, win), other captions' later tokens
-included. Expert-choice routing and batch-priority drops are refused (:attr:`CaptioningFineTuning.causal_text`): each
-expert picks its top-C tokens of the whole batch, and batch priority drops the least confident choices of the whole
-batch first, so a token's routing would depend on the tokens after it.
+included. Expert-choice routing, batch-priority drops and top-k > 1 under a finite capacity are refused
+(:attr:`CaptioningFineTuning.causal_text`): each expert picks its top-C tokens of the whole batch, batch priority drops
+the least confident choices of the whole batch first, and with top-2 a later token's first choice can drop an earlier
+token's second choice of the same caption, so a token's routing would depend on the tokens after it.
 """
 
 from __future__ import annotations
