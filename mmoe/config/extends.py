@@ -7,8 +7,9 @@ How the two are merged (:func:`merged`):
 * mappings key by key: a setting of the extending file replaces the part's, a setting it does not give is the part's;
   a dotted key (``trainer.max_steps: 7``) is the setting it names inside its block;
 * lists of classes (each item a mapping with a ``class_path``, as ``trainer.callbacks``) item by class: an item
-  naming a class the part lists (by its full path or by the class name alone) merges into that item, any other is
-  appended after the part's; a part's class cannot be taken out by the extending file;
+  naming a class the part lists (by its full path or by the class name alone) merges into that item (the next such
+  item for a second one of the class), any other is appended after the part's; a part's class cannot be taken out
+  by the extending file;
 * any other value, lists included, replaces the part's whole.
 
 The part is named relative to the extending file's folder and read like the file itself (no key given twice, aliases
@@ -119,12 +120,13 @@ def merged(part: Any, settings: Any) -> Any:
             result[key] = merged(part[key], value) if key in part else value
         return result
     if is_class_list(part) and is_class_list(settings):
-        result = list(part)
+        result, taken = list(part), set()
         for item in settings:
-            same = next((index for index, given in enumerate(result) if same_class(given, item)), None)
+            same = next((i for i, given in enumerate(part) if i not in taken and same_class(given, item)), None)
             if same is None:
                 result.append(item)
             else:
+                taken.add(same)
                 result[same] = merged(result[same], item)
         return result
     return settings

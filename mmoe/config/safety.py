@@ -3,7 +3,9 @@
 * config files (and the files they name) are read by :func:`mmoe.config.yaml_reading.load_yaml_config`: no duplicate
   key, aliases bounded; each command-line value is held to the same checks before parsing starts
   (:func:`refuse_unsafe_command_line`: jsonargparse reads a value as YAML more than once, its later reads not through
-  the installed loader); a ``--config`` file's ``extends`` part is merged in (:mod:`mmoe.config.extends`); a class
+  the installed loader); a ``--config`` file's ``extends`` part is merged in (:mod:`mmoe.config.extends`), and its
+  lists of classes (``trainer.callbacks``) into those of the ``--config`` files before it, by class, as ``extends``
+  merges them (:func:`with_earlier_class_lists`: a later file adds or changes a callback, never drops one); a class
   named by the module it lived in before (:mod:`mmoe.config.moved_classes`) is read as the module it is in now;
 * a file that is not a config (plain text such as ``/etc/passwd``), given as ``--config`` or as a config value, is
   refused in one line naming the file and never quoting its content (:class:`NotAConfigFile`);
@@ -26,13 +28,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from jsonargparse import ArgumentError, ArgumentParser, get_loader, set_loader, set_parsing_settings
+from jsonargparse import ArgumentError, ArgumentParser, Namespace, get_loader, set_loader, set_parsing_settings
 
-from mmoe.config.extends import EXTENDS_KEY, extended_config
+from mmoe.config.extends import EXTENDS_KEY, extended_config, is_class_list, merged
 from mmoe.config.moved_classes import current_class_paths
 from mmoe.config.yaml_reading import ConfigFileError, check_yaml_config, load_yaml_config, shorten
 from mmoe.io import one_line, report_error
-from mmoe.runtime.lightning_internals import config_file_being_read
+from mmoe.runtime.lightning_internals import config_before_file, config_file_being_read
 
 #: The packages a config may name classes from: mmoe's tasks, DataModules and callbacks, and Lightning's callbacks,
 #: loggers, strategies and plugins (what the shipped configs and the docs name). Not all of torch: a module such as
@@ -73,11 +75,26 @@ def install_config_safety() -> None:
         refuse_file_without_settings(text, value, path)
         if path and isinstance(value, dict) and EXTENDS_KEY in value:
             value = extended_config(value, file_being_read(path), current)
+        if path and isinstance(value, dict):
+            value = with_earlier_class_lists(value, config_before_file())
         return current_class_paths(value)
 
     load.checks_config = True  # type: ignore[attr-defined]
     set_loader("yaml", load, exceptions=(yaml.YAMLError,))
     set_parsing_settings(import_path_denylist=["*"], import_path_allowlist=list(ALLOWED_PACKAGES))
+
+
+def with_earlier_class_lists(value: Any, earlier: Any) -> Any:
+    """``value``, the settings of a ``--config`` file, with each list of classes it gives (``trainer.callbacks``)
+    merged by class into the list ``earlier`` (the config parsed before the file) holds at that key
+    (:func:`mmoe.config.extends.merged`); other settings are left to the parser, which lays them over ``earlier``."""
+    if isinstance(value, dict) and isinstance(earlier, Namespace):
+        return {key: with_earlier_class_lists(item, earlier.get(key)) for key, item in value.items()}
+    if is_class_list(value) and isinstance(earlier, list) and earlier:
+        before = [item.as_dict() if isinstance(item, Namespace) else item for item in earlier]
+        if is_class_list(before):
+            return merged(before, value)
+    return value
 
 
 def file_being_read(path: Any) -> str:

@@ -154,9 +154,9 @@ def finetune_spec(
 def causal_text_backbone(task: type[FineTuningTask], backbone: Path) -> dict[str, Any] | None:
     """The backbone config a task whose text is causal (:attr:`FineTuningTask.causal_text`: captioning) is fine-tuned
     with from the exported ``backbone``: the backbone's own routed by dropless token choice when it routes by expert
-    choice or drops by batch priority, which such a task refuses (either decides over the whole batch, later caption
-    tokens included); its weights load unchanged. None, the backbone's own config, otherwise (and before it is
-    exported)."""
+    choice, drops by batch priority or routes top-k > 1 under a finite capacity, which such a task refuses (each
+    decides over the whole batch, later caption tokens included); its weights load unchanged. None, the backbone's
+    own config, otherwise (and before it is exported)."""
     if not task.causal_text or not backbone.is_file():
         return None
     config, _ = read_backbone_state(backbone)

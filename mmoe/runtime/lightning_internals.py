@@ -13,6 +13,7 @@ that changes one fails that test, naming the API and the version.
   ``metrics.csv``.
 * :func:`save_last_checkpoint`: a ``ModelCheckpoint``'s last checkpoint saved now.
 * :func:`config_file_being_read`: the config file jsonargparse is reading.
+* :func:`config_before_file`: what jsonargparse parsed before the ``--config`` file it is reading.
 * :func:`leaf_spec_deprecation_ignored`: Lightning's own use of a deprecated torch class, kept off the console
   while a run's trainer runs.
 """
@@ -124,6 +125,16 @@ def config_file_being_read() -> str:
         return ""
     stack = config_load_stack.get()
     return stack[-1][0] if stack else ""
+
+
+def config_before_file() -> Namespace | None:
+    """The config jsonargparse parsed before the ``--config`` file it is reading now (earlier ``--config`` files and
+    options); None outside one, or with a jsonargparse that keeps no record of it."""
+    try:
+        from jsonargparse._actions import previous_config
+    except ImportError:
+        return None
+    return previous_config.get()
 
 
 @contextlib.contextmanager

@@ -174,6 +174,18 @@ def fused_kernel_applies(module: nn.Module) -> bool:
     )
 
 
+def schedule_length(config: OptimizerConfig, estimated_steps: Callable[[], float]) -> int:
+    """The length of the warm-up cosine schedule: ``config.total_steps``, else ``estimated_steps()`` (the trainer's
+    estimate, from ``trainer.max_steps``)."""
+    total = config.total_steps or estimated_steps()
+    if not math.isfinite(total):
+        raise ValueError(
+            "the cosine schedule needs a length: set trainer.max_steps or model.optimizer.total_steps (the loaders "
+            "are iterable, so the trainer cannot count the steps of an epoch)"
+        )
+    return max(1, int(total))
+
+
 def adamw_with_schedule(
     module: nn.Module,
     config: OptimizerConfig,
@@ -189,12 +201,6 @@ def adamw_with_schedule(
         group["lr"] = config.learning_rate * group.pop("lr_scale")
     fused = fused and fused_kernel_applies(module)
     optimizer = torch.optim.AdamW(groups, lr=config.learning_rate, betas=config.betas, eps=config.eps, fused=fused)
-    total = config.total_steps or estimated_steps()
-    if not math.isfinite(total):
-        raise ValueError(
-            "the cosine schedule needs a length: set trainer.max_steps or model.optimizer.total_steps (the loaders "
-            "are iterable, so the trainer cannot count the steps of an epoch)"
-        )
-    schedule = warmup_cosine(config.warmup_steps, max(1, int(total)), config.min_lr_ratio)
+    schedule = warmup_cosine(config.warmup_steps, schedule_length(config, estimated_steps), config.min_lr_ratio)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

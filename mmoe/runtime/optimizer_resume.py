@@ -11,6 +11,11 @@ base rate times the warm-up cosine multiplier of the step under the config's ``w
 AdamW's state is stored per group position, so settings that put parameters into other groups (layer decay turned on
 or off, weight decay to or from 0, a head multiplier that meets a layer's) cannot change on a resume:
 :func:`resume_changes` refuses them before the restore.
+
+The schedule's length (``model.init_args.optimizer.total_steps``, else ``trainer.max_steps``) is kept in the
+checkpoint (:data:`SCHEDULE_STEPS_KEY`). A resume whose length differs (a run extended by a larger ``max_steps``)
+trains from the resumed step on the new schedule, its rate at that step included (the restored rate is the old
+schedule's: 0 at its end), and says so in one line (:func:`report_schedule_change`).
 """
 
 from __future__ import annotations
@@ -25,6 +30,9 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from torch import nn
 
 from mmoe.runtime.optimizer import OPTIMIZER_FIELDS, OptimizerConfig, nest_optimizer_arguments, parameter_groups
+
+#: The checkpoint key holding the length of the schedule the run trained with.
+SCHEDULE_STEPS_KEY = "mmoe_schedule_steps"
 
 #: The settings that decide which parameters share an AdamW group (:func:`mmoe.runtime.optimizer.parameter_groups`).
 GROUPING = ("weight_decay", "layer_decay", "head_lr_multiplier")
@@ -120,5 +128,18 @@ def report_changes(changes: dict[str, tuple[Any, Any]], step: int) -> None:
         print(
             f"mmoe fit: resumed with optimizer settings other than the checkpoint's, from global step {step} on: "
             f"{show_changes(changes)} (the schedule goes on from that step; AdamW's moments are kept)",
+            file=sys.stderr,
+        )
+
+
+def report_schedule_change(saved: int, steps: int, step: int, old_rate: float, new_rate: float) -> None:
+    """One stderr line (rank 0): the resumed schedule is ``steps`` long where the checkpoint's was ``saved``, and the
+    first group's rate at the resumed ``step`` is ``new_rate`` where the checkpoint's schedule gave ``old_rate``."""
+    if rank_zero_only.rank == 0:
+        print(
+            f"mmoe fit: resumed with a learning-rate schedule of {steps} steps where the checkpoint's had {saved} "
+            "(trainer.max_steps, or model.init_args.optimizer.total_steps, changed): the warm-up cosine is "
+            f"re-stretched to {steps} steps and goes on from global step {step} at lr {new_rate:.3g} (the "
+            f"checkpoint's schedule gave {old_rate:.3g}); set model.init_args.optimizer.total_steps {saved} to keep it",
             file=sys.stderr,
         )

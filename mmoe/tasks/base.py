@@ -41,8 +41,14 @@ from mmoe.runtime.expert_parallel import (
 )
 from mmoe.runtime.fsdp import shard_task
 from mmoe.runtime.gradient_norm import MeasuredNorm, clip_to_measured_norm, local_total_norm, optimizer_gradients
-from mmoe.runtime.optimizer import OptimizerConfig, adamw_with_schedule, parameter_groups
-from mmoe.runtime.optimizer_resume import apply_optimizer_config, report_changes, resume_changes
+from mmoe.runtime.optimizer import OptimizerConfig, adamw_with_schedule, parameter_groups, schedule_length
+from mmoe.runtime.optimizer_resume import (
+    SCHEDULE_STEPS_KEY,
+    apply_optimizer_config,
+    report_changes,
+    report_schedule_change,
+    resume_changes,
+)
 from mmoe.runtime.predictions import gather_objects
 from mmoe.runtime.selection_bias import SelectionLoads
 from mmoe.runtime.state import add_missing_optimizer_states, random_states, reshape_scalar_states, set_random_states
@@ -129,6 +135,9 @@ class BackboneTask(L.LightningModule):
         #: The optimiser settings a resumed fit changed (name -> (checkpoint's, config's)), put into the restored
         #: optimiser when training starts.
         self.optimizer_changes: dict[str, tuple[Any, Any]] = {}
+        #: The schedule lengths of this fit and of the checkpoint it resumes (None: none known).
+        self.schedule_steps: int | None = None
+        self.saved_schedule_steps: int | None = None
         #: The losses the latest training step logged (``train/loss``, ``train/balance_loss``, ...; detached): what a
         #: non-finite step is reported with (:mod:`mmoe.runtime.non_finite`), read before the optimiser step.
         self.latest_train_losses: dict[str, torch.Tensor] = {}
@@ -289,6 +298,8 @@ class BackboneTask(L.LightningModule):
         checkpoint["rng_states"] = gather_objects([random_states()])
         add_missing_optimizer_states(self, checkpoint)  # an FSDP2 resume loads every parameter's state strictly
         gather_optimizer_states(self, checkpoint, self.optimizer_parameter_names)
+        if self.schedule_steps is not None:
+            checkpoint[SCHEDULE_STEPS_KEY] = self.schedule_steps
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         reshape_scalar_states(self, checkpoint)
@@ -299,6 +310,7 @@ class BackboneTask(L.LightningModule):
         self.rng_states_to_restore = states[rank] if states and rank < len(states) else None
         if self.fitting():  # before Lightning restores the optimiser: a change it cannot take is refused first
             self.optimizer_changes = resume_changes(self, checkpoint, self.trainer.ckpt_path)
+            self.saved_schedule_steps = checkpoint.get(SCHEDULE_STEPS_KEY)
 
     def fitting(self) -> bool:
         """Whether a trainer runs ``fit`` with this task (not so in ``load_from_checkpoint``, which has none)."""
@@ -308,13 +320,21 @@ class BackboneTask(L.LightningModule):
             return False
 
     def on_train_start(self) -> None:
-        """A resume's changed optimiser settings go into the optimiser and schedule Lightning restored."""
-        if self.optimizer_changes:
+        """A resume's changed optimiser settings and schedule length go into the optimiser and schedule Lightning
+        restored."""
+        saved, restretched = self.saved_schedule_steps, self.saved_schedule_steps not in (None, self.schedule_steps)
+        if self.optimizer_changes or restretched:
+            optimizer, step = self.trainer.optimizers[0], self.trainer.global_step
+            old_rate = optimizer.param_groups[0]["lr"]
             groups = parameter_groups(self, self.optimizer_config, self.head_prefixes)
-            scheduler = self.trainer.lr_scheduler_configs[0].scheduler
-            apply_optimizer_config(self.trainer.optimizers[0], scheduler, groups, self.optimizer_config)
-            report_changes(self.optimizer_changes, self.trainer.global_step)
-            self.optimizer_changes = {}
+            apply_optimizer_config(
+                optimizer, self.trainer.lr_scheduler_configs[0].scheduler, groups, self.optimizer_config
+            )
+            if self.optimizer_changes:
+                report_changes(self.optimizer_changes, step)
+            if restretched:
+                report_schedule_change(saved, self.schedule_steps, step, old_rate, optimizer.param_groups[0]["lr"])
+            self.optimizer_changes, self.saved_schedule_steps = {}, None
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         if self.rng_states_to_restore is not None:
@@ -354,13 +374,11 @@ class BackboneTask(L.LightningModule):
         # Lightning refuses to clip the gradients of a fused optimiser under mixed precision (it would unscale them
         # itself), so a clipped mixed-precision run takes torch's default AdamW.
         clipped_mixed = bool(self.trainer.gradient_clip_val) and str(self.trainer.precision).endswith("-mixed")
-        return adamw_with_schedule(
-            self,
-            self.optimizer_config,
-            self.head_prefixes,
-            lambda: self.trainer.estimated_stepping_batches,
-            fused=not clipped_mixed,
+        self.schedule_steps = schedule_length(self.optimizer_config, lambda: self.trainer.estimated_stepping_batches)
+        answer = adamw_with_schedule(
+            self, self.optimizer_config, self.head_prefixes, lambda: self.schedule_steps, fused=not clipped_mixed
         )
+        return answer
 
 
 def batch_size(batch: dict) -> int:

@@ -15,15 +15,16 @@ model's training step (``benchmarks/caption_head.py``).
 Generation feeds ``[start, w_1 .. w_{t-1}, mask]`` and reads the next token at the mask slot, greedily or by beam
 search (:mod:`mmoe.model.decoding`), batched over images and beams. The whole prefix is recomputed every step (no
 key/value cache): captions are short (BEiT-3: 32 tokens), and the backbone stays a plain ``forward``. Validation
-decodes every image, writes ``[{"image_id", "caption"}]`` when ``results_dir`` is set, and logs the COCO caption
-metrics of :func:`mmoe.metrics.captions.score_captions` against the references in the batches.
+decodes every image, writes ``[{"image_id", "caption"}]`` when ``results_dir`` is set (in the run folder), and logs
+the COCO caption metrics of :func:`mmoe.metrics.captions.score_captions` against the references in the batches.
 
 The caption is causal, in the MoE layers too: dropless token-choice routing (as shipped) routes each token on its own
 state, so no token's output depends on a later one (tested). With a capacity factor, which choices are dropped depends
 on the whole batch (first choices, then earlier tokens of the flattened batch, win), other captions' later tokens
-included. Expert-choice routing and batch-priority drops are refused (:attr:`CaptioningFineTuning.causal_text`): each
-expert picks its top-C tokens of the whole batch, and batch priority drops the least confident choices of the whole
-batch first, so a token's routing would depend on the tokens after it.
+included. Expert-choice routing, batch-priority drops and top-k > 1 under a finite capacity are refused
+(:attr:`CaptioningFineTuning.causal_text`): each expert picks its top-C tokens of the whole batch, batch priority drops
+the least confident choices of the whole batch first, and with top-2 a later token's first choice can drop an earlier
+token's second choice of the same caption, so a token's routing would depend on the tokens after it.
 """
 
 from __future__ import annotations
@@ -79,7 +80,9 @@ class CaptioningFineTuning(FineTuningTask):
         max_length: most generated tokens, the end token included (BEiT-3: 32-token captions with the start token).
         min_length: fewest generated tokens before the end token may come.
         length_penalty: alpha of the beam score ``sum log p / length ** alpha`` (BEiT-3: 0.6).
-        results_dir: directory for ``captions_val_step<N>.json`` at each validation; None = not written.
+        results_dir: directory for ``captions_val_step<N>.json`` at each validation; a relative path lies in the run
+            folder (``trainer.default_root_dir``; the current folder without one), an absolute one is used as
+            given; None = not written.
         predictions_file: where ``mmoe predict`` writes ``[{"image_id", "caption"}]`` (atomically). None = not
             written.
         spice: also compute SPICE at validation (slow; needs its Stanford CoreNLP jars, else reported unavailable).
@@ -255,7 +258,8 @@ class CaptioningFineTuning(FineTuningTask):
         if not outputs or self.trainer.sanity_checking:
             return
         if self.results_dir is not None and self.trainer.is_global_zero:
-            path = Path(self.results_dir) / f"captions_val_step{self.global_step}.json"
+            folder = Path(self.trainer.default_root_dir) / self.results_dir  # an absolute results_dir stays
+            path = folder / f"captions_val_step{self.global_step}.json"
             self.write_predictions([{"image_id": i, "caption": o["caption"]} for i, o in outputs.items()], path)
         references = {i: o["references"] for i, o in outputs.items()}
         predictions = {i: o["caption"] for i, o in outputs.items()}

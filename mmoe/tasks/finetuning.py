@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sys
 from pathlib import Path
 from typing import ClassVar, Literal
@@ -261,10 +262,30 @@ def required_argument(init_args: dict, key: str) -> str:
 
 
 def routes_over_the_batch(config: MultiwayConfig) -> bool:
-    """Whether ``config`` routes by expert choice or drops by batch priority (V-MoE): either decides a token's routing
-    over the whole batch, so an earlier token's routing may depend on later ones."""
+    """Whether ``config`` routes by expert choice, drops by batch priority (V-MoE), or routes top-k > 1 under a finite
+    capacity: each decides a token's routing over the whole batch, so an earlier token's routing may depend on later
+    ones (:func:`later_choices_drop_earlier`)."""
     moe = config.moe
-    return moe is not None and (moe.routing == "expert_choice" or moe.capacity_priority == "batch_priority")
+    return moe is not None and (
+        moe.routing == "expert_choice"
+        or moe.capacity_priority == "batch_priority"
+        or later_choices_drop_earlier(config) is not None
+    )
+
+
+def later_choices_drop_earlier(config: MultiwayConfig) -> str | None:
+    """The capacity field (``capacity_factor`` or ``eval_capacity_factor``) whose finite value lets a later token
+    drop an earlier token's choice under top-k > 1 token choice, or None. GShard's position priority fills each
+    expert with all first choices before any second choice, so a later token's first choice can take the place of
+    an earlier token's second choice, in the same sequence too."""
+    moe = config.moe
+    if moe is None or moe.routing != "token_choice" or moe.top_k < 2:
+        return None
+    for name in ("capacity_factor", "eval_capacity_factor"):
+        value = getattr(moe, name)
+        if value is not None and math.isfinite(value):
+            return name
+    return None
 
 
 def refuse_batch_dependent_routing(task: str, config: MultiwayConfig) -> None:
@@ -272,6 +293,14 @@ def refuse_batch_dependent_routing(task: str, config: MultiwayConfig) -> None:
     (:func:`routes_over_the_batch`), naming which of the two it does."""
     if not routes_over_the_batch(config):
         return
+    capacity = later_choices_drop_earlier(config)
+    if capacity is not None and config.moe.capacity_priority == "position":
+        raise ValueError(
+            f"model.backbone.moe.{capacity}={getattr(config.moe, capacity)!r} with top_k={config.moe.top_k} is "
+            f"refused for {task}: its text is causal (a token sees only earlier ones), but a finite capacity fills "
+            "each expert with all first choices before any second choice, so a later token's first choice could drop "
+            f"an earlier token's second choice; give {capacity}: null (dropless), or top_k: 1"
+        )
     if config.moe.capacity_priority == "batch_priority":
         raise ValueError(
             f"model.backbone.moe.capacity_priority='batch_priority' is refused for {task}: its text is causal (a token "

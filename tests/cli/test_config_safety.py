@@ -123,7 +123,8 @@ def test_aliases_that_expand_to_a_config_sized_value_are_read(tmp_path, capsys):
     code, out, err = fit(tmp_path, capsys, "--config", str(config))
     assert code in (0, None), err
     printed = yaml.safe_load(out)["trainer"]["callbacks"]
-    assert [callback["init_args"]["logging_interval"] for callback in printed] == ["step", "step"]
+    monitors = [callback for callback in printed if callback["class_path"] == monitor]
+    assert [callback["init_args"]["logging_interval"] for callback in monitors] == ["step", "step"]
 
 
 def test_an_anchor_inside_itself_and_a_merge_key_are_told_apart():

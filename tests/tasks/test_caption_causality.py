@@ -50,15 +50,22 @@ def test_expert_choice_is_refused_for_captioning():
     assert str(error.value).startswith(REFUSED) and "\n" not in str(error.value)
 
 
-def test_mmoe_fit_refuses_expert_choice_captioning_in_one_line(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize(
+    ("moe", "refused"),
+    [
+        ("routing: expert_choice\n        capacity_factor: 1.0", REFUSED),
+        ("top_k: 2\n        capacity_factor: 1.0", "model.backbone.moe.capacity_factor=1.0 with top_k=2 is refused"),
+    ],
+    ids=["expert_choice", "top2_capacity"],
+)
+def test_mmoe_fit_refuses_batch_dependent_captioning_in_one_line(tmp_path, capsys, monkeypatch, moe, refused):
     monkeypatch.chdir(tmp_path)
-    edited = tmp_path / "expert_choice.yaml"
-    moe = "routing: expert_choice\n        capacity_factor: 1.0"
+    edited = tmp_path / "routing.yaml"
     edited.write_text(f"model:\n  init_args:\n    backbone:\n      moe:\n        {moe}\n")
     code, _, err = run_mmoe(["fit", "--config", str(CAPTIONING), "--config", str(edited)], capsys)
     assert code == 2, err
     assert "Traceback" not in err
-    assert err.strip().splitlines()[-1].startswith(f"mmoe fit: error: {REFUSED}")
+    assert err.strip().splitlines()[-1].startswith(f"mmoe fit: error: {refused}")
     assert list(tmp_path.iterdir()) == [edited]  # nothing trained, nothing written
 
 
@@ -105,3 +112,54 @@ def test_a_batch_priority_backbone_is_fine_tuned_for_captioning_under_dropless_t
     position = MoEPlan(num_experts=4, every=1, capacity_factor=1.0)
     export_backbone(MultiwayTransformer(MultiwayConfig.preset("test", moe=position)), pretrained)
     assert causal_text_backbone(CaptioningFineTuning, pretrained) is None  # left as it is
+
+
+TOP2_CAPACITY = [
+    (dict(top_k=2, capacity_factor=0.5), "capacity_factor=0.5"),
+    (dict(top_k=2, capacity_factor=1.25), "capacity_factor=1.25"),
+    (dict(top_k=2, eval_capacity_factor=1.0), "eval_capacity_factor=1.0"),
+    (dict(top_k=2, heads=2, capacity_factor=1.0), "capacity_factor=1.0"),
+    (dict(top_k=2, strata=[2, 2], capacity_factor=1.0), "capacity_factor=1.0"),
+]
+
+
+@pytest.mark.parametrize(("plan", "field"), TOP2_CAPACITY, ids=["half", "gshard", "eval_only", "mhmoe", "stratified"])
+def test_top2_under_a_finite_capacity_is_refused_for_captioning(plan, field):
+    """Position priority fills an expert with every first choice before any second choice: a later caption token's
+    first choice could drop an earlier token's second choice of the same caption."""
+    with pytest.raises(ValueError) as error:
+        captioner(**plan)
+    message = str(error.value)
+    assert message.startswith(f"model.backbone.moe.{field} with top_k=2 is refused for captioning")
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    "plan",
+    [dict(top_k=1, capacity_factor=0.25), dict(top_k=2, capacity_factor=float("inf")), dict(top_k=2)],
+    ids=["top1_capacity", "top2_infinite", "top2_dropless"],
+)
+def test_captioning_with_a_finite_capacity_at_top1_or_dropless_top2_stays_causal(plan):
+    """What stays allowed keeps every earlier position of a caption unchanged when its last token changes."""
+    task = captioner(**plan)
+    for seed in range(5):
+        generator = torch.Generator().manual_seed(seed)
+        image = torch.randn(2, 3, 32, 32, generator=generator)
+        text = torch.randint(0, 1000, (2, 8), generator=generator)
+        changed = text.clone()
+        changed[0, -1] = (text[0, -1] + 1) % 1000
+        with torch.no_grad():
+            torch.testing.assert_close(task(image, changed)[0][0, :-1], task(image, text)[0][0, :-1])
+
+
+def test_a_top2_capacity_backbone_is_fine_tuned_for_captioning_dropless(tmp_path):
+    """The pipeline's captioning stage turns a top-2 backbone with a finite capacity into dropless top-2."""
+    from mmoe.pipeline.launch import causal_text_backbone
+
+    plan = MoEPlan(num_experts=4, every=1, top_k=2, capacity_factor=1.25)
+    pretrained = tmp_path / "backbone.pt"
+    export_backbone(MultiwayTransformer(MultiwayConfig.preset("test", moe=plan)), pretrained)
+    fields = causal_text_backbone(CaptioningFineTuning, pretrained)
+    assert (fields["moe"]["top_k"], fields["moe"]["capacity_factor"]) == (2, None)
+    task = CaptioningFineTuning(backbone=fields, pretrained=str(pretrained), max_length=8)
+    assert task.backbone.config.moe.top_k == 2

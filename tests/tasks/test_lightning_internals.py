@@ -28,6 +28,7 @@ from mmoe.runtime.lightning_internals import (
     HookedLightningCLI,
     KeepingExperimentWriter,
     SignalConnector,
+    config_before_file,
     config_file_being_read,
     csv_logger_experiment,
     leaf_spec_deprecation_ignored,
@@ -191,6 +192,36 @@ def test_jsonargparse_still_keeps_the_stack_of_config_files_being_read(tmp_path)
     with load_config_path_context(read[0]), load_config_path_context(read[1]):
         if config_file_being_read() != str(inner):
             changed("jsonargparse._util.config_load_stack", "jsonargparse", "its top is no longer the file read")
+
+
+def test_jsonargparse_still_keeps_the_config_parsed_before_a_config_file(tmp_path):
+    try:
+        from jsonargparse._actions import previous_config
+    except ImportError as error:
+        changed("jsonargparse._actions.previous_config", "jsonargparse", f"it is gone ({error})")
+    assert config_before_file() is None
+    seen = []
+    parser = jsonargparse.ArgumentParser(exit_on_error=False)
+    parser.add_argument("--config", action=jsonargparse.ActionConfigFile)
+    parser.add_argument("--steps", type=int, default=0)
+    first, second = tmp_path / "first.yaml", tmp_path / "second.yaml"
+    first.write_text("steps: 3")
+    second.write_text("{}")
+    loader = jsonargparse.get_loader("yaml")
+
+    def recording(text, *args):
+        seen.append(config_before_file())
+        return loader(text, *args)
+
+    jsonargparse.set_loader("yaml", recording)
+    try:
+        parser.parse_args(["--config", str(first), "--config", str(second)])
+    finally:
+        jsonargparse.set_loader("yaml", loader)
+    if not isinstance(previous_config, contextvars.ContextVar) or not any(
+        isinstance(config, jsonargparse.Namespace) and config.get("steps") == 3 for config in seen
+    ):
+        changed("jsonargparse._actions.previous_config", "jsonargparse", "it no longer holds the earlier settings")
 
 
 def test_the_version_counter_counts_in_place_changes():

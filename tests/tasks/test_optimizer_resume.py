@@ -17,7 +17,7 @@ from mmoe.model.config import PRESETS
 from mmoe.runtime.optimizer import OptimizerConfig, adamw_with_schedule, parameter_groups, warmup_cosine
 from mmoe.runtime.optimizer_resume import apply_optimizer_config, changed_settings
 from mmoe.tasks.nlvr2 import NLVR2FineTuning
-from tests.cli.test_checkpoint_resume_last import error_line, nlvr2_config, saved, write_config
+from tests.cli.test_checkpoint_resume_last import error_line, fit, nlvr2_config, saved, write_config
 from tests.cli_fixtures import small_shards
 from tests.tasks.resumable_fit import ENV, fit_command
 
@@ -160,3 +160,33 @@ def test_only_the_settings_that_differ_are_changes():
     assert changed_settings({"learning_rate": 1e-3}, FIRST) == {"learning_rate": (1e-3, 2e-4)}  # an older checkpoint
     with pytest.raises(ValueError, match="not valid optimizer settings"):
         changed_settings({"weight_decay": "heavy"}, FIRST)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("first_steps, resumed_steps", [(4, 8), (6, 7)], ids=["doubled", "one_more"])
+def test_a_resume_with_another_max_steps_says_so_and_trains_on_the_new_schedule(
+    tmp_path, capsys, first_steps, resumed_steps
+):
+    """Without ``total_steps`` the cosine is ``trainer.max_steps`` long: a resume that changes it trains its first
+    step at the new schedule's rate (not the old schedule's last, 0 at its end) and says so in one line."""
+    shards, run = small_shards(tmp_path), tmp_path / "run"
+    optimizer = OptimizerConfig(learning_rate=2e-4, warmup_steps=0)
+    config = logged_config(shards, run, first_steps, "first")
+    config["model"]["init_args"]["optimizer"] = optimizer.to_dict()
+    fit(capsys, write_config(tmp_path / "first.yaml", config))
+    config = logged_config(shards, run, resumed_steps, "resumed")
+    config["model"]["init_args"]["optimizer"] = optimizer.to_dict()
+    err = fit(capsys, write_config(tmp_path / "resumed.yaml", config), "--ckpt_path", "last")
+    new = dataclasses.replace(optimizer, total_steps=resumed_steps)
+    after = logged_rates(run, "resumed")
+    assert sorted(after) == list(range(first_steps, resumed_steps))
+    for step, rates in after.items():
+        assert rates == pytest.approx(schedule_rates(new, step), rel=1e-6)
+    old_rate = schedule_rates(dataclasses.replace(optimizer, total_steps=first_steps), first_steps)[0]
+    expected = (
+        f"mmoe fit: resumed with a learning-rate schedule of {resumed_steps} steps where the checkpoint's had "
+        f"{first_steps} (trainer.max_steps, or model.init_args.optimizer.total_steps, changed): the warm-up cosine is "
+        f"re-stretched to {resumed_steps} steps and goes on from global step {first_steps} at lr "
+        f"{after[first_steps][0]:.3g} (the checkpoint's schedule gave {old_rate:.3g})"
+    )
+    assert any(line.startswith(expected) for line in err.splitlines()), err[-3000:]
