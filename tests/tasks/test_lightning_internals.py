@@ -16,6 +16,7 @@ import jsonargparse
 import lightning as L
 import pytest
 import torch
+import yaml
 from jsonargparse import Namespace
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
@@ -213,11 +214,13 @@ def test_jsonargparse_still_keeps_the_config_parsed_before_a_config_file(tmp_pat
         seen.append(config_before_file())
         return loader(text, *args)
 
-    jsonargparse.set_loader("yaml", recording)
+    # set_loader replaces the loader's exceptions too: the ones mmoe's loader is installed with (config safety) are
+    # put back with it, or every later parse in this process would let a config error escape unreported
+    jsonargparse.set_loader("yaml", recording, exceptions=(yaml.YAMLError,))
     try:
         parser.parse_args(["--config", str(first), "--config", str(second)])
     finally:
-        jsonargparse.set_loader("yaml", loader)
+        jsonargparse.set_loader("yaml", loader, exceptions=(yaml.YAMLError,))
     if not isinstance(previous_config, contextvars.ContextVar) or not any(
         isinstance(config, jsonargparse.Namespace) and config.get("steps") == 3 for config in seen
     ):
