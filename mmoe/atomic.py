@@ -93,5 +93,11 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
 
 def write_json_atomic(path: str | os.PathLike, value: Any, indent: int | None = 2) -> Path:
     """Writes ``value`` as JSON (indented unless ``indent`` is None; non-ASCII kept, trailing newline) to ``path``
-    atomically."""
-    return write_text_atomic(path, json.dumps(value, indent=indent, ensure_ascii=False) + "\n")
+    atomically. A string holding a lone surrogate (a file name that is not UTF-8, as ``os.fsdecode`` gives it) has
+    no UTF-8 form: the whole value is then written with ``\\u`` escapes, which JSON readers turn back into it."""
+    text = json.dumps(value, indent=indent, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = json.dumps(value, indent=indent)
+    return write_text_atomic(path, text + "\n")

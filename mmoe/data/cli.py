@@ -176,11 +176,11 @@ def _index_command(commands: argparse._SubParsersAction) -> None:
 
 def _index(args: argparse.Namespace) -> dict:
     """``mmoe data index``: the manifest, without its per-sample exclusion lists (they stay in the file)."""
-    from mmoe.data.img2dataset import DEFAULT_MIN_SIDE, index_folder
+    from mmoe.data.img2dataset import DEFAULT_MIN_SIDE, MAX_SIDE, index_folder
 
     min_side = DEFAULT_MIN_SIDE if args.min_side is None else args.min_side
-    if min_side < 0:
-        raise ConversionError(f"--min-side must be >= 0, got {min_side}")
+    if not 0 <= min_side <= MAX_SIDE:
+        raise ConversionError(f"--min-side must be a pixel count from 0 to {MAX_SIDE}, got {min_side}")
     manifest = index_folder(args.folder, min_side)
     return {key: value for key, value in manifest.items() if key != "excluded"}
 

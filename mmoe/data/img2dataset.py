@@ -17,6 +17,10 @@ It decides which samples a run leaves out, in shard order, and records them in t
   one claims it: a failed download or a left-out sample claims nothing);
 * ``too_small``: ``min(width, height)`` below ``min_side`` (from the json / parquet ``width`` and ``height``).
 
+A tar cut short (a download cut off, or one img2dataset is still writing) is indexed up to the cut, named on stderr
+and listed in the manifest's ``cut_shards``; an index that keeps no sample is a ConversionError, as an empty
+conversion is.
+
 ``shard_samples`` counts the samples in each tar, left-out ones included, so a reader counts a truncated shard's
 losses against it; the stream skips the left-out samples without decoding them and reports them by cause
 (:func:`mmoe.data.shards.excluded_samples`, :mod:`mmoe.data.accounting`).
@@ -27,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 import tarfile
 from collections import Counter
 from collections.abc import Iterator
@@ -90,10 +95,11 @@ def records_from_parquet(path: Path) -> list[SampleRecord]:
     ``uid`` read where present), in order."""
     import pyarrow.parquet as pq
 
-    try:
-        columns = set(pq.read_schema(path).names)
-        wanted = [name for name in ("key", "status", "width", "height", "uid") if name in columns]
-        table = pq.read_table(path, columns=wanted)  # DataComp's metadata has many more columns: not read
+    try:  # opened by Python: pyarrow cannot open a path whose name is not UTF-8
+        with open(path, "rb") as file:
+            columns = set(pq.read_schema(file).names)
+            wanted = [name for name in ("key", "status", "width", "height", "uid") if name in columns]
+            table = pq.read_table(file, columns=wanted)  # DataComp's metadata has many more columns: not read
     except Exception as error:  # pyarrow raises several types for a file that is not parquet
         raise ConversionError(f"{path}: not a readable parquet file ({type(error).__name__})") from None
     for required in ("key", "status"):
@@ -115,25 +121,44 @@ def _record(key: str, status: str, meta: dict[str, Any], where: str) -> SampleRe
     return SampleRecord(key, status, width, height, None if uid is None else str(uid))
 
 
-def _tar_groups(path: Path) -> Iterator[tuple[str, dict[str, tarfile.TarInfo], tarfile.TarFile]]:
-    """(key, extension -> member) per sample, grouped as webdataset groups consecutive members."""
+def _tar_groups(path: Path, cuts: dict[str, str]) -> Iterator[tuple[str, dict[str, tarfile.TarInfo], tarfile.TarFile]]:
+    """(key, extension -> member) per sample, grouped as webdataset groups consecutive members. A tar cut short (a
+    truncated download, or one img2dataset is still writing) gives the samples before the cut, the last one with its
+    members that are whole, and ``cuts[path.name]`` says where it ends."""
     try:
         archive = tarfile.open(path, "r:")
     except (tarfile.TarError, OSError) as error:
         raise ConversionError(f"{path}: not a readable tar file ({error})") from None
     with archive:
-        key, members = None, {}
-        for member in archive:
-            match = _MEMBER.match(member.name) if member.isfile() else None
-            if match is None:
-                continue
-            if match.group(1) != key and members:
-                yield key, members, archive
-                members = {}
-            key = match.group(1)
-            members[match.group(2)] = member
+        key, members, count = None, {}, 0
+        try:
+            for member in archive:
+                match = _MEMBER.match(member.name) if member.isfile() else None
+                if match is None:
+                    continue
+                if match.group(1) != key and members:
+                    yield key, members, archive
+                    members, count = {}, count + 1
+                key = match.group(1)
+                members[match.group(2)] = member
+            cut = None if _ends_whole(path, archive.offset) else "no end-of-archive block"
+        except tarfile.ReadError as error:
+            cut = str(error)
+        if cut is not None:
+            size = path.stat().st_size
+            # The reader gives the last sample with the members whole before the cut (none: no sample).
+            members = {name: m for name, m in members.items() if m.offset_data + m.size <= size}
+            cuts[path.name] = f"cut short after {count + bool(members)} samples ({cut})"
         if members:
             yield key, members, archive
+
+
+def _ends_whole(path: Path, offset: int) -> bool:
+    """Whether the tar ends as a whole one does, in a zero block at ``offset`` (where tarfile stopped reading
+    headers); tarfile ends a tar cut at or inside a header silently."""
+    with open(path, "rb") as file:
+        file.seek(offset)
+        return file.read(tarfile.BLOCKSIZE) == bytes(tarfile.BLOCKSIZE)
 
 
 def _json_meta(archive: tarfile.TarFile, member: tarfile.TarInfo | None) -> dict[str, Any]:
@@ -146,11 +171,11 @@ def _json_meta(archive: tarfile.TarFile, member: tarfile.TarInfo | None) -> dict
     return value if isinstance(value, dict) else {}
 
 
-def records_from_tar(path: Path) -> list[SampleRecord]:
+def records_from_tar(path: Path, cuts: dict[str, str]) -> list[SampleRecord]:
     """The samples of a tar from its member headers, with status, size and uid from each small ``.json`` member
-    (a sample without one counts as a success of unknown size)."""
+    (a sample without one counts as a success of unknown size); a cut tar's in ``cuts`` (:func:`_tar_groups`)."""
     records = []
-    for key, members, archive in _tar_groups(path):
+    for key, members, archive in _tar_groups(path, cuts):
         meta = _json_meta(archive, members.get("json"))
         status = meta.get("status", SUCCESS)
         status = status if isinstance(status, str) else str(status)
@@ -158,18 +183,13 @@ def records_from_tar(path: Path) -> list[SampleRecord]:
     return records
 
 
-def tar_keys(path: Path) -> list[str]:
-    """The sample keys of a tar from its member headers, in order (a cut tar: the keys before the cut)."""
-    keys = []
-    try:
-        for key, _, _ in _tar_groups(path):
-            keys.append(key)
-    except tarfile.ReadError:
-        pass  # the samples after the cut are lost: the reader counts them against the parquet's count
-    return keys
+def tar_keys(path: Path, cuts: dict[str, str]) -> list[str]:
+    """The sample keys of a tar from its member headers, in order (a cut tar: the keys before the cut, and the cut in
+    ``cuts``; the reader counts the samples after it as lost against the parquet's count)."""
+    return [key for key, _, _ in _tar_groups(path, cuts)]
 
 
-def parquet_shard(tar: Path, parquet: Path) -> list[tuple[SampleRecord, bool]]:
+def parquet_shard(tar: Path, parquet: Path, cuts: dict[str, str]) -> list[tuple[SampleRecord, bool]]:
     """(record, in the tar) for a shard with a parquet: the tar's samples in its order, each as its parquet row
     describes it (a success row first), then the rows whose key the tar lacks (a success there is a lost sample).
     A tar sample the parquet does not list is a ConversionError: the parquet describes another tar."""
@@ -178,7 +198,7 @@ def parquet_shard(tar: Path, parquet: Path) -> list[tuple[SampleRecord, bool]]:
     for record in rows:
         if record.key not in described or (record.in_tar and not described[record.key].in_tar):
             described[record.key] = record
-    keys = tar_keys(tar)
+    keys = tar_keys(tar, cuts)
     in_tar = set(keys)
     unlisted = [key for key in keys if key not in described]
     if unlisted:
@@ -203,6 +223,7 @@ class Exclusions:
         self.uids: set[str] = set()
         self.counts: Counter[str] = Counter()
         self.statuses: Counter[str] = Counter()
+        self.kept = 0
 
     def cause(self, record: SampleRecord, repeated_in_shard: bool = False) -> str | None:
         """Why ``record`` is left out (one of :data:`CAUSES`), or None; counts it. ``repeated_in_shard``: its shard
@@ -220,6 +241,7 @@ class Exclusions:
         if cause:
             self.counts[cause] += 1
         else:
+            self.kept += 1
             self.keys.add(record.key)
             if record.uid is not None:
                 self.uids.add(record.uid)
@@ -257,8 +279,27 @@ def _check_replaceable(folder: Path) -> None:
         raise ConversionError(f"{path}: exists and is not an img2dataset index; it is left as it is")
 
 
+def _index_shard(tar: Path, exclusions: Exclusions, cuts: dict[str, str]) -> tuple[str, int, dict[str, str]]:
+    """Where ``tar``'s samples were counted from (``parquet`` or ``tar``), how many the tar holds, and which of them
+    a run leaves out (key -> cause); ``exclusions`` counts them and the failed rows."""
+    parquet = tar.with_suffix(".parquet")
+    from_parquet = parquet.is_file() and not parquet.is_symlink()
+    records = parquet_shard(tar, parquet, cuts) if from_parquet else [(r, True) for r in records_from_tar(tar, cuts)]
+    left_out: dict[str, str] = {}
+    in_shard: set[str] = set()
+    for record, in_this_tar in records:
+        cause = exclusions.cause(record, repeated_in_shard=in_this_tar and record.key in in_shard)
+        # A key read twice in one shard: the reader drops the repeat itself (the first is kept).
+        if in_this_tar and cause and record.key not in in_shard:
+            left_out[record.key] = cause
+        if in_this_tar:
+            in_shard.add(record.key)
+    return ("parquet" if from_parquet else "tar"), sum(in_tar for _, in_tar in records), left_out
+
+
 def index_folder(folder: str | os.PathLike, min_side: int = DEFAULT_MIN_SIDE) -> dict[str, Any]:
-    """Indexes an img2dataset shard folder and writes its ``manifest.json`` (whole or absent); returns it."""
+    """Indexes an img2dataset shard folder and writes its ``manifest.json`` (whole or absent); returns it. A folder
+    where no sample is kept is a ConversionError (nothing is written); tars cut short are named on stderr."""
     folder = Path(folder)
     tars = shard_tars(folder)
     _check_replaceable(folder)
@@ -266,32 +307,21 @@ def index_folder(folder: str | os.PathLike, min_side: int = DEFAULT_MIN_SIDE) ->
     shard_samples: list[int] = []
     excluded: dict[str, dict[str, str]] = {}
     counted_from: dict[str, str] = {}
-    kept = 0
+    cuts: dict[str, str] = {}
     for tar in tars:
-        parquet = tar.with_suffix(".parquet")
-        from_parquet = parquet.is_file() and not parquet.is_symlink()
-        records = parquet_shard(tar, parquet) if from_parquet else [(r, True) for r in records_from_tar(tar)]
-        counted_from[tar.name] = "parquet" if from_parquet else "tar"
-        left_out: dict[str, str] = {}
-        in_shard: set[str] = set()
-        in_tar = 0
-        for record, in_this_tar in records:
-            cause = exclusions.cause(record, repeated_in_shard=in_this_tar and record.key in in_shard)
-            if in_this_tar:
-                # A key read twice in one shard: the reader drops the repeat itself (the first is kept).
-                if cause and record.key not in in_shard:
-                    left_out[record.key] = cause
-                kept += not cause
-                in_shard.add(record.key)
-                in_tar += 1
+        counted_from[tar.name], in_tar, left_out = _index_shard(tar, exclusions, cuts)
         shard_samples.append(in_tar)
         if left_out:
             excluded[tar.name] = left_out
+    if exclusions.kept == 0:
+        raise ConversionError(_nothing_kept(folder, exclusions, min_side, cuts))
+    if cuts:
+        print(_cut_line(folder, cuts), file=sys.stderr)
     name = folder.resolve().name
     manifest = {
         "name": name if _valid_name(name) else "img2dataset",
         "format": INDEX_FORMAT,
-        "samples": kept,
+        "samples": exclusions.kept,
         "skipped": sum(exclusions.counts.values()),
         "shards": len(tars),
         "shard_files": [tar.name for tar in tars],
@@ -300,11 +330,30 @@ def index_folder(folder: str | os.PathLike, min_side: int = DEFAULT_MIN_SIDE) ->
         "statuses": dict(sorted(exclusions.statuses.items())),
         "min_side": min_side,
         "counted_from": counted_from,
+        "cut_shards": cuts,
         "shard_stats": shard_stats(folder, [tar.name for tar in tars]),
         "excluded": excluded,
     }
     write_json_atomic(folder / MANIFEST, manifest)
     return manifest
+
+
+def _nothing_kept(folder: Path, exclusions: Exclusions, min_side: int, cuts: dict[str, str]) -> str:
+    """The error of an index that keeps no sample: why each was left out (or that the tars hold none)."""
+    causes = ", ".join(f"{count} {cause}" for cause, count in sorted(exclusions.counts.items()) if count)
+    why = f"every sample is left out ({causes}; --min-side {min_side})" if causes else "the tars hold no sample"
+    cut = f"; {len(cuts)} tars are cut short (first: {next(iter(cuts.items()))[0]})" if cuts else ""
+    return f"{folder}: {why}{cut}. Nothing was written"
+
+
+def _cut_line(folder: Path, cuts: dict[str, str]) -> str:
+    """One line naming the tars cut short, whose samples before the cut were indexed."""
+    first, where = next(iter(cuts.items()))
+    more = f" and {len(cuts) - 1} more (manifest.json's cut_shards)" if len(cuts) > 1 else ""
+    return (
+        f"{folder}: {first} is {where}{more}; the samples before the cut are indexed. A truncated download loses "
+        "the rest; if img2dataset is still writing the folder, index it again when it has finished"
+    )
 
 
 def _valid_name(name: str) -> bool:

@@ -177,3 +177,67 @@ def test_a_key_twice_in_one_shard_after_a_left_out_first_is_still_read_once(tmp_
     manifest = index_folder(folder, min_side=32)
     keys, _ = read_keys(folder)
     assert keys == ["k2"] and manifest["samples"] == 1
+
+
+def _cut_in_third_sample(data: bytes, members: list[tarfile.TarInfo]) -> tuple[bytes, int]:
+    third = [member for member in members if member.name.endswith(".jpg")][2]
+    return data[: third.offset_data + 100], 2  # inside its image: the two samples before it are whole
+
+
+def _cut_in_a_header(data: bytes, members: list[tarfile.TarInfo]) -> tuple[bytes, int]:
+    third = [member for member in members if member.name.endswith(".jpg")][2]
+    return data[: third.offset + 200], 2  # inside the third sample's first header
+
+
+def _cut_in_last_json(data: bytes, members: list[tarfile.TarInfo]) -> tuple[bytes, int]:
+    last_json = [member for member in members if member.name.endswith(".json")][-1]
+    return data[: last_json.offset_data + 5], len(members) // 3  # the last sample is read without its json
+
+
+@pytest.mark.parametrize("cut", [_cut_in_third_sample, _cut_in_a_header, _cut_in_last_json])
+def test_a_tar_cut_short_without_parquet_is_indexed_up_to_the_cut_and_named_in_one_line(tmp_path, capsys, cut):
+    folder = write_planted(tmp_path / "cc")
+    for parquet in folder.glob("*.parquet"):
+        parquet.unlink()  # as a folder img2dataset is still writing: the parquet comes when the tar is done
+    tar = folder / "00001.tar"
+    with tarfile.open(tar) as archive:
+        members = archive.getmembers()
+    data, whole = cut(tar.read_bytes(), members)
+    tar.write_bytes(data)
+    assert data_command(["index", str(folder), "--min-side", "32"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"00001.tar is cut short after {whole} samples" in err
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["shard_samples"] == [6, whole] and list(manifest["cut_shards"]) == ["00001.tar"]
+    keys, stream = read_keys(folder)  # the reader reads the samples the index counted, and loses none of them
+    count = stream.skipped[""]
+    assert len(keys) + sum(count.left_out.values()) == sum(manifest["shard_samples"]) and count.lost == 0
+
+
+def test_a_shard_whose_name_is_not_utf8_is_indexed_and_read(tmp_path, capsys):
+    folder = write_planted(tmp_path / "cc")
+    for suffix in (".tar", ".parquet"):
+        os.rename(folder / f"00000{suffix}", os.fsencode(folder) + b"/0\xff" + suffix.encode())
+    assert data_command(["index", str(folder), "--min-side", "32"]) == 0
+    manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+    assert sorted(manifest["shard_files"]) == ["00001.tar", "0\udcff.tar"]
+    assert manifest["samples"] == PLANTED_KEPT and manifest["skipped_by_cause"] == PLANTED_CAUSES
+    keys, _ = read_keys(folder)
+    assert len(keys) == PLANTED_KEPT == len(set(keys))
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (["--min-side", "99999999999999999999"], "--min-side must be a pixel count from 0 to 1048576"),
+        (["--min-side", "1048577"], "--min-side must be a pixel count from 0 to 1048576"),
+        # every image of the planted folder is 40 or 16 pixels wide
+        (["--min-side", "41"], "every sample is left out (2 status, 12 too_small; --min-side 41)"),
+    ],
+)
+def test_an_index_that_keeps_no_sample_is_refused_in_one_line_and_writes_nothing(tmp_path, capsys, options, message):
+    folder = write_planted(tmp_path / "cc")
+    assert data_command(["index", str(folder), *options]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("mmoe data index: error: ") and message in err
+    assert not (folder / "manifest.json").exists()

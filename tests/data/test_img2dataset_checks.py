@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from mmoe.data.cli import data_command
+from mmoe.data.converters.common import ConversionError
 from mmoe.data.img2dataset import index_folder
 from mmoe.data.shards import resolve_shards
 from mmoe.data.streams import ShardStream
@@ -129,8 +130,8 @@ def test_sizes_given_as_numeric_strings_are_filtered_by_min_side(tmp_path):
         pq.write_table(pa.Table.from_pylist(rows), parquet)
     manifest = index_folder(folder, min_side=32)
     assert manifest["skipped_by_cause"]["too_small"] == 1
-    manifest = index_folder(folder, min_side=64)
-    assert manifest["samples"] == 0 and manifest["skipped_by_cause"]["too_small"] == 12  # none claims a key
+    with pytest.raises(ConversionError, match=r"every sample is left out \(12 too_small; --min-side 64\)"):
+        index_folder(folder, min_side=64)  # none claims a key
 
 
 @pytest.mark.parametrize("value", ["ten", "inf", "-5", float("inf"), 1e300, -5.0])
