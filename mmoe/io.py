@@ -72,7 +72,7 @@ def read_json(
     path = Path(path)
     named = f"{what} {path}" if what else str(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a leading byte order mark (Windows editors write one) dropped
     except FileNotFoundError:
         missing = FileNotFoundError if error is ValueError else error
         hint = f" ({written_by})" if written_by else ""

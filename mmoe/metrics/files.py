@@ -39,7 +39,9 @@ def read_json_lines(path: str | Path) -> Iterator[tuple[int, Any]]:
     Raises:
         EvalInputError: the file cannot be read or a line is not valid JSON.
     """
-    for number, line in enumerate(read_text(path).splitlines(), start=1):
+    # Split at "\n" only (read_text reads \r\n and \r as "\n"): str.splitlines() also splits at U+2028, U+0085 and
+    # others, which a JSON string may hold as they are.
+    for number, line in enumerate(read_text(path).split("\n"), start=1):
         if not line.strip():
             continue
         try:
@@ -51,9 +53,10 @@ def read_json_lines(path: str | Path) -> Iterator[tuple[int, Any]]:
 
 
 def read_text(path: str | Path) -> str:
-    """Reads a UTF-8 text file, turning a missing or unreadable file into :class:`EvalInputError`."""
+    """Reads a UTF-8 text file (a leading byte order mark, which Excel writes, dropped), turning a missing or
+    unreadable file into :class:`EvalInputError`."""
     try:
-        return Path(path).read_text(encoding="utf-8")
+        return Path(path).read_text(encoding="utf-8-sig")
     except FileNotFoundError:
         raise EvalInputError(f"{path}: no such file") from None
     except (OSError, UnicodeDecodeError) as error:

@@ -252,3 +252,49 @@ def test_bad_tables_are_one_line_naming_file_row_and_field(tmp_path, capsys, sou
     status, err = run_cli(capsys, argv)
     assert status == 2 and not (tmp_path / "out").exists()
     assert_one_error_line(err, *parts)
+
+
+#: Captions holding what str.splitlines() would end a line at, though a JSON string or a table cell holds it as it is.
+UNICODE_BREAKS = [
+    ("red.jpg", "a red\u2028square"),
+    ("sub/blue.png", "a blue\u0085square"),
+    ("green.jpg", "a\u2029green"),
+]
+
+
+def _windows_table(tmp_path: Path, table_format: str) -> tuple[str, Path]:
+    """A table as Excel or Notepad writes it: a UTF-8 byte order mark and CRLF line ends."""
+    rows = [{"image": path, "caption": caption} for path, caption in UNICODE_BREAKS]
+    if table_format == "csv":
+        lines = ["image,caption"] + [f"{row['image']},{row['caption']}" for row in rows]
+    elif table_format == "jsonl":
+        lines = [json.dumps(row, ensure_ascii=False) for row in rows]
+    elif table_format == "json":
+        lines = [json.dumps(rows, ensure_ascii=False, indent=1)]
+    else:
+        lines = [f"{row['image']}\t{row['caption']}" for row in rows]
+    path = tmp_path / f"pairs.{table_format}"
+    path.write_bytes(b"\xef\xbb\xbf" + "\r\n".join(lines + [""]).encode())
+    return ("tsv" if table_format == "tsv" else "pairs"), path
+
+
+@pytest.mark.parametrize("table_format", ["csv", "jsonl", "json", "tsv"])
+def test_a_table_with_a_byte_order_mark_crlf_and_unicode_line_breaks_in_captions_converts_as_written(
+    tmp_path, capsys, table_format
+):
+    images = image_folder(tmp_path / "images")
+    source, table = _windows_table(tmp_path, table_format)
+    option = "--tsv" if source == "tsv" else "--table"
+    status, err = run_cli(capsys, [source, option, str(table), "--images", str(images), "--out", str(tmp_path / "o")])
+    assert status == 0, err
+    assert [(sample["txt"].decode(), sample["meta"]["path"]) for sample in read_all(tmp_path / "o")] == [
+        (caption, path) for path, caption in UNICODE_BREAKS
+    ]
+
+
+def test_a_text_file_with_unicode_line_breaks_in_a_line_gives_one_sample_per_line(tmp_path, capsys):
+    text = tmp_path / "texts.txt"
+    text.write_bytes(b"\xef\xbb\xbf" + "one\u2028line\r\nsecond\x0cline\r\n".encode())
+    status, err = run_cli(capsys, ["text", "--text", str(text), "--out", str(tmp_path / "o")])
+    assert status == 0, err
+    assert [sample["txt"].decode() for sample in read_all(tmp_path / "o")] == ["one\u2028line", "second\x0cline"]

@@ -117,3 +117,11 @@ def test_correct_pairs_are_the_accuracy_items_in_data_order():
     correct = correct_pairs(labels, predictions)
     assert list(correct.items()) == [("dev-1-0-0", True), ("dev-1-1-0", True), ("dev-2-0-1", False)]
     assert nlvr2_scores(labels, predictions)["accuracy"] == sum(correct.values()) / len(correct)
+
+
+def test_files_with_a_byte_order_mark_and_unicode_line_breaks_in_a_sentence_are_read_as_written(nlvr2_files):
+    data, predictions = nlvr2_files
+    examples = [{**example, "sentence": f"{example['sentence']}\u2028and\u0085more"} for example in EXAMPLES]
+    data.write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps(e, ensure_ascii=False) + "\r\n" for e in examples).encode())
+    predictions.write_bytes(b"\xef\xbb\xbf" + "\r\n".join(PREDICTIONS).encode())  # as Excel saves a CSV
+    assert evaluate_nlvr2_files(data, predictions) == {"accuracy": 4 / 5, "consistency": 2 / 3}

@@ -257,14 +257,24 @@ def json_text(value: Any, indent: int | None = 2) -> str:
     return json.dumps(value, indent=indent, ensure_ascii=False) + "\n"
 
 
-def iter_json_lines(path: str | os.PathLike) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, object) for each non-empty line of a JSON lines file; bad lines are ConversionErrors."""
-    path = Path(path)
+def read_lines(path: Path) -> list[str]:
+    """The lines of a UTF-8 text file, a leading byte order mark (which Excel and Notepad write) dropped. A line ends
+    at ``\\n``, ``\\r\\n`` or ``\\r`` only: ``str.splitlines`` also ends one at U+2028, U+0085, ``\\x0b``,
+    ``\\x0c`` and others, which a caption or a JSON string may hold as they are."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        text = path.read_text(encoding="utf-8-sig")  # universal newlines: \r\n and \r are read as \n
     except OSError as error:
         raise ConversionError(f"{path}: cannot read ({error.strerror or error})") from None
-    for number, line in enumerate(lines, start=1):
+    except UnicodeDecodeError as error:
+        raise ConversionError(f"{path}: not UTF-8 text (byte {error.start})") from None
+    return text.split("\n")
+
+
+def iter_json_lines(path: str | os.PathLike) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) for each non-empty line of a JSON lines file (:func:`read_lines`); bad lines are
+    ConversionErrors."""
+    path = Path(path)
+    for number, line in enumerate(read_lines(path), start=1):
         if not line.strip():
             continue
         try:

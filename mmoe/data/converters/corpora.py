@@ -15,20 +15,12 @@ from mmoe.data.converters.common import (
     Skip,
     images_folder,
     path_under,
+    read_lines,
     write_split,
 )
 from mmoe.data.converters.provenance import provenance
 from mmoe.data.converters.records import ImageFile, with_image
 from mmoe.data.shards import Manifest
-
-
-def _read_lines(path: Path) -> list[str]:
-    try:
-        return path.read_text(encoding="utf-8").splitlines()
-    except OSError as error:
-        raise ConversionError(f"{path}: cannot read ({error.strerror or error})") from None
-    except UnicodeDecodeError as error:
-        raise ConversionError(f"{path}: not UTF-8 text (byte {error.start})") from None
 
 
 def convert_images(
@@ -62,7 +54,7 @@ def convert_tsv(
     sample holds the image, ``txt`` and ``json`` = ``path``, ``line``."""
     tsv, root = Path(tsv), images_folder(images)
     rows = []
-    for number, line in enumerate(_read_lines(tsv), start=1):
+    for number, line in enumerate(read_lines(tsv), start=1):
         if not line.strip():
             continue
         parts = line.split("\t")
@@ -88,7 +80,7 @@ def convert_text(
     """Text-only samples, one per non-empty line of each file; ``json`` = ``file``, ``line``."""
     if not texts:
         raise ConversionError("--text: give at least one file")
-    files = [(Path(path), _read_lines(Path(path))) for path in texts]
+    files = [(Path(path), read_lines(Path(path))) for path in texts]
     if not any(line.strip() for _, lines in files for line in lines):
         raise ConversionError(f"--text {' '.join(str(path) for path, _ in files)}: no non-empty lines to convert")
 

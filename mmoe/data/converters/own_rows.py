@@ -72,7 +72,7 @@ def read_rows(path: str | Path) -> list[tuple[str, dict[str, Any]]]:
 def _csv_rows(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
     """The rows of a CSV file with a header; empty cells read as absent fields."""
     try:
-        with open(path, encoding="utf-8", newline="") as file:
+        with open(path, encoding="utf-8-sig", newline="") as file:  # Excel starts a UTF-8 CSV with a byte order mark
             reader = csv.DictReader(file)
             header = reader.fieldnames or []
             if len(set(header)) != len(header):
