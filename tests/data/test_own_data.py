@@ -17,6 +17,7 @@ from PIL import Image
 
 from mmoe.data.answers import soft_targets
 from mmoe.data.converters import convert_coco_captions, convert_tsv, convert_vqav2
+from mmoe.data.converters.common import MAX_TEXT_CHARS
 from mmoe.data.converters.own_data import convert_own_captions, convert_own_pairs, convert_own_vqa
 from mmoe.data.datamodules import CaptioningDataModule, PretrainDataModule, RetrievalDataModule, VQADataModule
 from mmoe.data.shards import MANIFEST
@@ -298,3 +299,30 @@ def test_a_text_file_with_unicode_line_breaks_in_a_line_gives_one_sample_per_lin
     status, err = run_cli(capsys, ["text", "--text", str(text), "--out", str(tmp_path / "o")])
     assert status == 0, err
     assert [sample["txt"].decode() for sample in read_all(tmp_path / "o")] == ["one\u2028line", "second\x0cline"]
+
+
+def _long_text_table(tmp_path: Path, source: str, text: str) -> tuple[list[str], str]:
+    """(the command's arguments after ``convert``, the field its error names) for a table holding ``text``."""
+    if source == "tsv":
+        (tmp_path / "t.tsv").write_text(f"red.jpg\ta\nsub/blue.png\t{text}\n")
+        return ["tsv", "--tsv", str(tmp_path / "t.tsv")], "t.tsv:2: the caption is"
+    if source == "pairs-llava":
+        write_json(tmp_path / "t.json", [llava("red.jpg", "<image>\nDescribe it.", text)])
+        return ["pairs", "--table", str(tmp_path / "t.json")], "t.json: record 0: conversations[1] is"
+    field = "question" if source == "vqa" else "caption"
+    row = {"image": "red.jpg", field: text, **({"answers": ["red"]} if source == "vqa" else {})}
+    table = write_csv(tmp_path / "t.csv", [row]) if source == "pairs" else write_jsonl(tmp_path / "t.jsonl", [row])
+    return [source, "--table", str(table)], f"{table.name}:{2 if source == 'pairs' else 1}: field '{field}' is"
+
+
+@pytest.mark.parametrize("source", ["captions", "pairs", "pairs-llava", "vqa", "tsv"])
+def test_a_caption_or_question_longer_than_the_cap_is_one_line_naming_row_length_and_limit(tmp_path, capsys, source):
+    images = image_folder(tmp_path / "images")
+    out = ["--images", str(images), "--out", str(tmp_path / "o")]
+    arguments, named = _long_text_table(tmp_path, source, "a " * (MAX_TEXT_CHARS // 2) + "b")
+    status, err = run_cli(capsys, [*arguments, *out])
+    assert status == 2 and not (tmp_path / "o").exists()
+    assert_one_error_line(err, named, f"{MAX_TEXT_CHARS + 1:,} characters long", f"more than the {MAX_TEXT_CHARS:,}")
+    arguments, _ = _long_text_table(tmp_path, source, "a " * (MAX_TEXT_CHARS // 2 - 1) + "bc")  # at the cap: kept
+    status, err = run_cli(capsys, [*arguments, *out])
+    assert status == 0, err

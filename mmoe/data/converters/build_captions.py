@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from mmoe.atomic import write_text_atomic
-from mmoe.data.converters.common import Skip, json_text, write_split
+from mmoe.data.converters.common import Skip, bounded_text, json_text, write_split
 from mmoe.data.converters.records import CaptionedImage, ImageSource, with_image
 from mmoe.data.shards import Manifest
 from mmoe.data.tokenizer import TextTokenizer, token_ids_of
@@ -50,7 +50,9 @@ class CaptionSet:
         self._seen: set[tuple[int, str]] = set()
 
     def add(self, image_id: int, caption: str, where: str) -> None:
-        caption = caption.strip()
+        """Adds ``caption``, read at ``where`` (one longer than
+        :data:`~mmoe.data.converters.common.MAX_TEXT_CHARS` is a ConversionError)."""
+        caption = bounded_text(caption, where, "the caption").strip()
         if (image_id, caption) in self._seen:
             self.duplicates += 1
             self.first_duplicate = self.first_duplicate or where

@@ -41,6 +41,10 @@ from mmoe.io import json_excerpt, read_json, require_field
 SHOWN_SKIPS = 5
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp")
 _EXTENSION_OF_FORMAT = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp"}
+#: Longest caption, question or sentence a converter takes, in characters. The models read 32 to 64 tokens of a text
+#: (:data:`mmoe.data.tokenizer.DEFAULT_MAX_TEXT_LENGTH`), but tokenising a text costs time and about 30 bytes of memory
+#: per character, at conversion (``caption_tokens.json``) and at every read: a 100 MB caption took 106 s and 2.9 GB.
+MAX_TEXT_CHARS = 1 << 16
 
 
 class ConversionError(ValueError):
@@ -65,6 +69,17 @@ def field(record: Any, name: str, kind: type | tuple[type, ...], where: str) -> 
     """``record[name]``, checked to be of ``kind``; otherwise a ConversionError naming ``where``, field and value
     (:func:`mmoe.io.require_field`)."""
     return require_field(record, name, kind, where, error=ConversionError)
+
+
+def bounded_text(text: str, where: str, what: str) -> str:
+    """``text`` when it is at most :data:`MAX_TEXT_CHARS` long; else a ConversionError naming ``where`` (file and row),
+    ``what`` (the field) and the length."""
+    if len(text) > MAX_TEXT_CHARS:
+        raise ConversionError(
+            f"{where}: {what} is {len(text):,} characters long, more than the {MAX_TEXT_CHARS:,} a caption, question "
+            "or sentence may have (the models read at most 64 tokens of it)"
+        )
+    return text
 
 
 def list_field(record: Any, name: str, where: str) -> list:

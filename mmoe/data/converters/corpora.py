@@ -13,6 +13,7 @@ from mmoe.data.converters.common import (
     IMAGE_SUFFIXES,
     ConversionError,
     Skip,
+    bounded_text,
     images_folder,
     path_under,
     read_lines,
@@ -61,7 +62,8 @@ def convert_tsv(
         if len(parts) != 2 or not parts[0].strip() or not parts[1].strip():
             raise ConversionError(f"{tsv}:{number}: expected 'image_path<TAB>caption', got {line[:80]!r}")
         file = path_under(root, parts[0].strip(), f"{tsv}:{number}")
-        rows.append((number, file.relative_to(root).as_posix(), file, parts[1].strip()))  # ./0.jpg is 0.jpg
+        caption = bounded_text(parts[1], f"{tsv}:{number}", "the caption").strip()
+        rows.append((number, file.relative_to(root).as_posix(), file, caption))  # ./0.jpg is 0.jpg
     if not rows:
         raise ConversionError(f"{tsv}: no 'image_path<TAB>caption' lines to convert")
 

@@ -26,7 +26,7 @@ from mmoe.data.converters.build_nlvr2 import (
     parse_label,
     write_nlvr2_split,
 )
-from mmoe.data.converters.common import ConversionError, field, images_folder, iter_json_lines
+from mmoe.data.converters.common import ConversionError, bounded_text, field, images_folder, iter_json_lines
 from mmoe.data.converters.provenance import provenance
 from mmoe.data.converters.records import ImageFile, NLVR2Pair
 from mmoe.data.shards import Manifest
@@ -60,7 +60,7 @@ def read_records(data: Path) -> list[NLVR2Pair]:
     for number, record in iter_json_lines(data):
         where = f"{data}:{number}"
         identifier = check_identifier(field(record, "identifier", str, where), where, first_at)
-        sentence = field(record, "sentence", str, where)
+        sentence = bounded_text(field(record, "sentence", str, where), where, "field 'sentence'")
         label = parse_label(record.get("label"), where, identifier)
         records.append(NLVR2Pair(identifier, sentence, label, where, f"line {number}"))
     if not records:

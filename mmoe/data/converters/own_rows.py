@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from mmoe.data.converters.common import ConversionError, field, iter_json_lines, load_json
+from mmoe.data.converters.common import ConversionError, bounded_text, field, iter_json_lines, load_json
 from mmoe.io import json_excerpt
 
 #: The suffixes of the tables a user's own data may come in.
@@ -93,8 +93,9 @@ def _csv_rows(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
 
 
 def text_field(row: dict[str, Any], name: str, where: str) -> str:
-    """A non-empty text field (surrounding spaces stripped)."""
-    value = field(row, name, str, where).strip()
+    """A non-empty text field of at most :data:`~mmoe.data.converters.common.MAX_TEXT_CHARS` characters
+    (surrounding spaces stripped)."""
+    value = bounded_text(field(row, name, str, where), where, f"field {name!r}").strip()
     if not value:
         raise ConversionError(f"{where}: field {name!r} is empty")
     return value
@@ -131,7 +132,7 @@ def caption_of(row: dict[str, Any], where: str, skips: RowSkips) -> str | None:
             f"{where}: field {turns_field!r}: expected a human prompt then an answer, got "
             f"{speakers[0][0]!r} then {speakers[1][0]!r}"
         )
-    caption = speakers[1][1].strip()
+    caption = bounded_text(speakers[1][1], where, f"{turns_field}[1]").strip()
     if not caption:
         raise ConversionError(f"{where}: {turns_field}[1]: the answer is empty")
     return caption

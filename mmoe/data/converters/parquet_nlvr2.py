@@ -18,7 +18,7 @@ import os
 from collections.abc import Iterator, Sequence
 
 from mmoe.data.converters.build_nlvr2 import check_identifier, check_labels, parse_label, write_nlvr2_split
-from mmoe.data.converters.common import ConversionError
+from mmoe.data.converters.common import ConversionError, bounded_text
 from mmoe.data.converters.parquet import BOOLEAN, TEXT, ImageCell, ParquetRows, either, evaluation_note, required
 from mmoe.data.converters.records import NLVR2Pair
 from mmoe.data.shards import Manifest
@@ -36,7 +36,8 @@ def read_pair_rows(rows: ParquetRows) -> list[NLVR2Pair]:
     for where, row in rows.rows():
         identifier = check_identifier(required(row, "identifier", where), where, first_at)
         label = parse_label(row.get("label"), where, identifier)
-        records.append(NLVR2Pair(identifier, required(row, "sentence", where), label, where, where))
+        sentence = bounded_text(required(row, "sentence", where), where, "field 'sentence'")
+        records.append(NLVR2Pair(identifier, sentence, label, where, where))
     if not records:
         raise ConversionError(f"{rows}: no rows to convert")
     check_labels(records, str(rows), "row", lambda pair: f"{pair.where}: field 'label' of {pair.identifier!r} is null")

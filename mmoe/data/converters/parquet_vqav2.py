@@ -22,7 +22,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from mmoe.data.converters.build_vqa import check_min_answer_count, split_vocabulary, write_vqa_split
-from mmoe.data.converters.common import ConversionError
+from mmoe.data.converters.common import ConversionError, bounded_text
 from mmoe.data.converters.parquet import (
     INTEGER,
     TEXT,
@@ -70,7 +70,8 @@ def read_question_rows(rows: ParquetRows, annotated: bool) -> list[VQAQuestion]:
             raise ConversionError(f"{where}: question_id {question_id} appears twice (first at {first})")
         first_at[question_id] = where
         where = f"{where} (question_id {question_id})"
-        record = VQAQuestion(question_id, required(row, "image_id", where), required(row, "question", where))
+        question = bounded_text(required(row, "question", where), where, "field 'question'")
+        record = VQAQuestion(question_id, required(row, "image_id", where), question)
         if annotated:
             answers = required(row, "answers", where)
             if not answers:

@@ -28,7 +28,15 @@ from typing import Any
 
 from mmoe.data.answers import build_answer_vocab
 from mmoe.data.converters.build_vqa import check_min_answer_count, split_vocabulary, write_vqa_split
-from mmoe.data.converters.common import ConversionError, field, first_existing, images_folder, list_field, load_json
+from mmoe.data.converters.common import (
+    ConversionError,
+    bounded_text,
+    field,
+    first_existing,
+    images_folder,
+    list_field,
+    load_json,
+)
 from mmoe.data.converters.provenance import provenance
 from mmoe.data.converters.records import ImageFile, VQAQuestion
 from mmoe.data.shards import Manifest
@@ -66,7 +74,7 @@ def read_questions(path: Path) -> tuple[str, list[dict[str, Any]]]:
         where = f"{path}: questions[{index}]"
         question_id = field(question, "question_id", int, where)
         field(question, "image_id", int, where)
-        field(question, "question", str, where)
+        bounded_text(field(question, "question", str, where), where, "field 'question'")
         if question_id in first_at:
             raise ConversionError(
                 f"{where}: question_id {question_id} appears twice (first at questions[{first_at[question_id]}])"
