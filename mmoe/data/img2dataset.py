@@ -128,6 +128,9 @@ def _tar_groups(path: Path, cuts: dict[str, str]) -> Iterator[tuple[str, dict[st
     try:
         archive = tarfile.open(path, "r:")
     except (tarfile.TarError, OSError) as error:
+        if isinstance(error, tarfile.ReadError) and path.stat().st_size < tarfile.BLOCKSIZE:
+            cuts[path.name] = f"cut short after 0 samples ({error})"  # not one whole header yet: a tar just begun
+            return
         raise ConversionError(f"{path}: not a readable tar file ({error})") from None
     with archive:
         key, members, count = None, {}, 0
@@ -342,7 +345,8 @@ def _nothing_kept(folder: Path, exclusions: Exclusions, min_side: int, cuts: dic
     """The error of an index that keeps no sample: why each was left out (or that the tars hold none)."""
     causes = ", ".join(f"{count} {cause}" for cause, count in sorted(exclusions.counts.items()) if count)
     why = f"every sample is left out ({causes}; --min-side {min_side})" if causes else "the tars hold no sample"
-    cut = f"; {len(cuts)} tars are cut short (first: {next(iter(cuts.items()))[0]})" if cuts else ""
+    more = f" and {len(cuts) - 1} more" if len(cuts) > 1 else ""
+    cut = f"; {next(iter(cuts))}{more} cut short" if cuts else ""
     return f"{folder}: {why}{cut}. Nothing was written"
 
 

@@ -194,7 +194,11 @@ def _cut_in_last_json(data: bytes, members: list[tarfile.TarInfo]) -> tuple[byte
     return data[: last_json.offset_data + 5], len(members) // 3  # the last sample is read without its json
 
 
-@pytest.mark.parametrize("cut", [_cut_in_third_sample, _cut_in_a_header, _cut_in_last_json])
+def _cut_in_first_header(data: bytes, members: list[tarfile.TarInfo]) -> tuple[bytes, int]:
+    return data[:200], 0  # a tar img2dataset has just begun
+
+
+@pytest.mark.parametrize("cut", [_cut_in_third_sample, _cut_in_a_header, _cut_in_last_json, _cut_in_first_header])
 def test_a_tar_cut_short_without_parquet_is_indexed_up_to_the_cut_and_named_in_one_line(tmp_path, capsys, cut):
     folder = write_planted(tmp_path / "cc")
     for parquet in folder.glob("*.parquet"):
