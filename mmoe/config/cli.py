@@ -29,6 +29,7 @@ from mmoe.config.ckpt_hparams import (
 )
 from mmoe.config.overrides import Overrides, model_argument_names, overrides_for
 from mmoe.config.safety import install_config_safety, parse_errors_in_one_line
+from mmoe.config.trainer_values import non_finite_trainer_field
 from mmoe.io import one_line, report_error
 from mmoe.runtime.checkpoint_saving import checkpoint_saving_arguments
 from mmoe.runtime.layout import RunLayout
@@ -264,6 +265,8 @@ class MMoECLI(HookedLightningCLI):
     def before_instantiate_classes(self) -> None:
         trainer = self.subcommand_value(self.config, "trainer")
         if isinstance(trainer, Namespace):
+            if (problem := non_finite_trainer_field(trainer)) is not None:
+                self.fail(problem)
             fill_run_folder(trainer)
 
     def instantiate_classes(self) -> None:
