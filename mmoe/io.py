@@ -10,7 +10,8 @@
   where it is, the field and the value, raised as the caller's error type.
 * :func:`one_line` and :func:`report_error`: every command ends on bad input with one line on stderr,
   ``mmoe <command>: error: <message>``, and exit code 2 (:data:`INPUT_ERROR_EXIT`).
-* :func:`positive_int`: an option's value that must be a whole number of at least 1.
+* :func:`positive_int`: an option's value that must be a whole number of at least 1; :func:`capped_jobs`: a ``--jobs``
+  value capped at the CPU cores the command may use, said in one line.
 * :func:`check_output_path` and :func:`writing_output`: an output file that cannot be written is named (the user's
   path, never the hidden temporary file) before a command starts its work, and again if writing it fails after.
 """
@@ -103,6 +104,21 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} is below 1")
     return value
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity where the system has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def capped_jobs(jobs: int, command: str) -> int:
+    """A ``--jobs`` value (processes run at once), at most :func:`usable_cores`; a larger one is capped, said in one
+    line on stderr (each process is a whole training: more than the cores only queue for them, in memory)."""
+    cores = usable_cores()
+    if jobs <= cores:
+        return jobs
+    print(f"mmoe {command}: --jobs {jobs} capped at {cores}, the CPU cores this command may use", file=sys.stderr)
+    return cores
 
 
 def one_line(error: BaseException | str) -> str:
