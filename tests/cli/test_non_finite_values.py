@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from mmoe.model import MultiwayConfig
+from mmoe.tasks.captioning import CaptioningFineTuning
 from tests.cli.test_run_folder import error_line, tiny_config_file
 from tests.cli_fixtures import run_mmoe
 
@@ -56,3 +58,18 @@ def test_a_non_finite_number_is_refused_at_start_naming_its_field(
     assert code == 2, stderr[-3000:]
     assert expected in error_line(stderr) and len(stderr.strip().splitlines()) == 1, stderr[-3000:]
     assert not (root / "checkpoints").exists()
+
+
+@pytest.mark.parametrize(
+    ("argument", "value", "expected"),
+    [
+        ("label_smoothing", float("nan"), "model.label_smoothing must lie in [0, 1), got nan"),
+        ("label_smoothing", 1.0, "model.label_smoothing must lie in [0, 1), got 1.0"),
+        ("length_penalty", float("inf"), "model.length_penalty must be a finite number, got inf"),
+        ("length_penalty", float("-inf"), "model.length_penalty must be a finite number, got -inf"),
+    ],
+)
+def test_captioning_refuses_a_non_finite_smoothing_or_length_penalty(argument, value, expected):
+    with pytest.raises(ValueError) as raised:
+        CaptioningFineTuning(backbone=MultiwayConfig.preset("test"), **{argument: value})
+    assert str(raised.value) == expected

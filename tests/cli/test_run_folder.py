@@ -181,19 +181,27 @@ def test_a_fresh_fit_is_not_warned_that_its_checkpoint_folder_is_not_empty_and_a
         assert (warning in done.stderr) is warned, f"{fit}: {done.stderr[-3000:]}"
 
 
+#: The folders a run makes in its run folder, as the refusal of a file in the way names them.
+RUN_SUBFOLDERS = {
+    "tensorboard": "TensorBoard logs",
+    "csv": "CSV logs",
+    "checkpoints": "checkpoints",
+    "snapshots": "backbone snapshots",
+}
+
+
 @pytest.mark.parametrize(
-    ("name", "kind", "expected"),
-    [
-        ("tensorboard", "file", "is a file, where mmoe makes the folder of its TensorBoard logs"),
-        ("csv", "file", "is a file, where mmoe makes the folder of its CSV logs"),
-        ("checkpoints", "file", "is a file, where mmoe makes the folder of its checkpoints"),
-        ("snapshots", "dangling link", "is a file, where mmoe makes the folder of its backbone snapshots"),
-        ("routing_stats.json", "folder", "is a folder, where mmoe writes its routing statistics"),
-    ],
+    ("name", "kind"),
+    [*((name, "file") for name in RUN_SUBFOLDERS), ("snapshots", "dangling link"), ("routing_stats.json", "folder")],
 )
 def test_a_path_in_the_way_of_the_run_folders_layout_is_one_line_at_start(
-    name, kind, expected, synthetic_corpus, tmp_path, capsys
+    name, kind, synthetic_corpus, tmp_path, capsys
 ):
+    expected = (
+        f"is a file, where mmoe makes the folder of its {RUN_SUBFOLDERS[name]}"
+        if name in RUN_SUBFOLDERS
+        else "is a folder, where mmoe writes its routing statistics"
+    )
     root = tmp_path / "run"
     root.mkdir()
     if kind == "file":
