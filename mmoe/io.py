@@ -1,5 +1,8 @@
 """Reading JSON files and reporting bad input the same way in every ``mmoe`` command.
 
+* :func:`parse_json`: JSON text from a user, its arrays and objects nested at most :data:`MAX_JSON_DEPTH` deep (a
+  deeper one is a ``json.JSONDecodeError`` at the bracket past the bound, not a ``RecursionError`` from the parser or
+  from whatever walks the value after it).
 * :func:`read_json`: a whole JSON file, or one error naming the file and what is wrong with it (missing, unreadable,
   malformed at line and column), raised as the caller's error type.
 * :func:`write_json`: a JSON file written whole or not at all (:mod:`mmoe.atomic`).
@@ -7,7 +10,8 @@
   where it is, the field and the value, raised as the caller's error type.
 * :func:`one_line` and :func:`report_error`: every command ends on bad input with one line on stderr,
   ``mmoe <command>: error: <message>``, and exit code 2 (:data:`INPUT_ERROR_EXIT`).
-* :func:`positive_int`: an option's value that must be a whole number of at least 1.
+* :func:`positive_int`: an option's value that must be a whole number of at least 1; :func:`capped_jobs`: a ``--jobs``
+  value capped at the CPU cores the command may use, said in one line.
 * :func:`check_output_path` and :func:`writing_output`: an output file that cannot be written is named (the user's
   path, never the hidden temporary file) before a command starts its work, and again if writing it fails after.
 """
@@ -17,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Iterator, Mapping
@@ -32,6 +37,65 @@ INPUT_ERROR_EXIT = 2
 #: Writes a value as indented JSON atomically (the file is whole or absent).
 write_json = write_json_atomic
 
+#: The deepest nesting of arrays and objects mmoe reads from a JSON input (its own files nest fewer than 10 deep).
+MAX_JSON_DEPTH = 100
+
+# A JSON string (brackets inside it do not nest) or one bracket.
+_STRING_OR_BRACKET = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+# The bytes that count for nesting once strings are gone: braces read as brackets, every other byte dropped.
+_NESTING = bytes.maketrans(b"{}", b"[]")
+_NOT_STRUCTURAL = bytes(byte for byte in range(256) if byte not in b'"[]{}')
+
+
+def parse_json(text: str | bytes) -> Any:
+    """The JSON value of ``text`` (``json.loads``), refused when its arrays and objects nest deeper than
+    :data:`MAX_JSON_DEPTH`.
+
+    Raises:
+        json.JSONDecodeError: malformed, or nested too deep (its position the first bracket past the bound).
+    """
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        too_deep = True
+    else:
+        too_deep = _nests_deeper(text)
+    if too_deep:
+        text = text.decode(json.detect_encoding(text), "replace") if isinstance(text, bytes) else text
+        message = f"arrays and objects nested more than {MAX_JSON_DEPTH} deep"
+        raise json.JSONDecodeError(message, text, _past_depth_bound(text))
+    return value
+
+
+def _nests_deeper(text: str | bytes) -> bool:
+    """Whether valid JSON ``text`` nests deeper than :data:`MAX_JSON_DEPTH`: its strings dropped, then one level of
+    innermost bracket pairs removed per pass (bytes operations, a fraction of the parse's time)."""
+    if isinstance(text, bytes):
+        text = text.decode(json.detect_encoding(text), "surrogatepass")  # as json.loads read it
+    data = text.encode("utf-8", "surrogatepass")
+    if data.count(b"[") + data.count(b"{") <= MAX_JSON_DEPTH:
+        return False
+    # Escaped backslashes first, then escaped quotes: what is left of an escape cannot end a string.
+    data = data.replace(b"\\\\", b"").replace(b'\\"', b"").translate(_NESTING, _NOT_STRUCTURAL)
+    # Outside the strings: an empty string gone (or two strings joined) first, which leaves few pieces to split.
+    data = b"".join(data.replace(b'""', b"").split(b'"')[::2])
+    for _ in range(MAX_JSON_DEPTH):
+        if not data:
+            return False
+        data = data.replace(b"[]", b"")  # the innermost level (the result is not scanned again)
+    return bool(data)
+
+
+def _past_depth_bound(text: str) -> int:
+    """The offset of the first bracket in ``text`` that opens a level deeper than :data:`MAX_JSON_DEPTH`."""
+    depth = 0
+    for match in _STRING_OR_BRACKET.finditer(text):
+        token = match.group()
+        depth += 1 if token in ("[", "{") else -1 if token in ("]", "}") else 0
+        if depth > MAX_JSON_DEPTH:
+            return match.start()
+    return 0
+
 
 def positive_int(text: str) -> int:
     """A command-line option's value that must be a whole number of at least 1 (an argparse ``type``: a bad value
@@ -40,6 +104,21 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} is below 1")
     return value
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity where the system has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def capped_jobs(jobs: int, command: str) -> int:
+    """A ``--jobs`` value (processes run at once), at most :func:`usable_cores`; a larger one is capped, said in one
+    line on stderr (each process is a whole training: more than the cores only queue for them, in memory)."""
+    cores = usable_cores()
+    if jobs <= cores:
+        return jobs
+    print(f"mmoe {command}: --jobs {jobs} capped at {cores}, the CPU cores this command may use", file=sys.stderr)
+    return cores
 
 
 def one_line(error: BaseException | str) -> str:
@@ -80,7 +159,7 @@ def read_json(
     except (OSError, UnicodeDecodeError) as cause:
         raise error(f"{named}: cannot be read ({one_line(cause)})") from None
     try:
-        return json.loads(text)
+        return parse_json(text)
     except json.JSONDecodeError as cause:
         raise error(f"{named}: malformed JSON at line {cause.lineno}, column {cause.colno}: {cause.msg}") from None
 

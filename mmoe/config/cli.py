@@ -29,9 +29,10 @@ from mmoe.config.ckpt_hparams import (
 )
 from mmoe.config.overrides import Overrides, model_argument_names, overrides_for
 from mmoe.config.safety import install_config_safety, parse_errors_in_one_line
+from mmoe.config.trainer_values import non_finite_trainer_field
 from mmoe.io import one_line, report_error
 from mmoe.runtime.checkpoint_saving import checkpoint_saving_arguments
-from mmoe.runtime.layout import RunLayout
+from mmoe.runtime.layout import RunLayout, blocked_run_path
 from mmoe.runtime.lightning_internals import HookedLightningCLI, leaf_spec_deprecation_ignored
 from mmoe.runtime.non_finite import NonFiniteGuard, NonFiniteTraining, report_divergence
 from mmoe.runtime.optimizer import nest_optimizer_arguments
@@ -264,6 +265,9 @@ class MMoECLI(HookedLightningCLI):
     def before_instantiate_classes(self) -> None:
         trainer = self.subcommand_value(self.config, "trainer")
         if isinstance(trainer, Namespace):
+            problem = non_finite_trainer_field(trainer) or blocked_run_path(trainer.get("default_root_dir"))
+            if problem is not None:
+                self.fail(problem)
             fill_run_folder(trainer)
 
     def instantiate_classes(self) -> None:

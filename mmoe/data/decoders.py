@@ -16,6 +16,7 @@ import torch
 from mmoe.data.samples import CorruptSampleError, Sample
 from mmoe.data.tokenizer import TextTokenizer
 from mmoe.data.transforms import decode_image
+from mmoe.io import parse_json
 
 ImageTransform = Callable[[Any], torch.Tensor]
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
@@ -57,7 +58,7 @@ def text_entry(sample: Sample, extension: str = "txt") -> str:
 def json_entry(sample: Sample, *required: str) -> dict[str, Any]:
     """Parses the ``json`` entry; it must be an object holding the ``required`` fields."""
     try:
-        value = json.loads(entry(sample, "json"))
+        value = parse_json(entry(sample, "json"))
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise CorruptSampleError(*_where(sample), f"bad JSON ({error})") from None
     if not isinstance(value, dict):

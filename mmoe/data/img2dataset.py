@@ -28,7 +28,6 @@ losses against it; the stream skips the left-out samples without decoding them a
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import sys
@@ -42,6 +41,7 @@ from typing import Any
 from mmoe.atomic import write_json_atomic
 from mmoe.data.converters.common import ConversionError
 from mmoe.data.shards import INDEX_FORMAT, MANIFEST, check_shard_name, shard_stats
+from mmoe.io import parse_json
 
 SUCCESS = "success"
 #: Default smallest image side kept (pixels).
@@ -168,7 +168,7 @@ def _json_meta(archive: tarfile.TarFile, member: tarfile.TarInfo | None) -> dict
     if member is None or member.size > MAX_JSON_BYTES:
         return {}
     try:
-        value = json.loads(archive.extractfile(member).read())
+        value = parse_json(archive.extractfile(member).read())
     except (ValueError, OSError, tarfile.TarError):
         return {}
     return value if isinstance(value, dict) else {}
@@ -275,7 +275,7 @@ def _check_replaceable(folder: Path) -> None:
     if not path.exists():
         return
     try:
-        existing = json.loads(path.read_text())
+        existing = parse_json(path.read_text())
     except (ValueError, OSError):
         existing = None
     if not isinstance(existing, dict) or existing.get("format") != INDEX_FORMAT:

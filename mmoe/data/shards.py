@@ -26,6 +26,7 @@ from typing import Any
 from webdataset.shardlists import expand_urls
 
 from mmoe.data.remote import is_remote, read_remote_text, remote_glob
+from mmoe.io import parse_json
 
 MANIFEST = "manifest.json"
 #: The manifest's ``format`` of an indexed img2dataset folder (:mod:`mmoe.data.img2dataset`).
@@ -197,7 +198,7 @@ def parse_manifest(path: str | os.PathLike, text: str) -> dict[str, Any]:
     """A manifest's ``text`` (read from ``path``, local or remote), checked as :func:`read_manifest` says."""
     folder = os.path.dirname(os.fspath(path))
     try:
-        manifest = json.loads(text)
+        manifest = parse_json(text)
     except json.JSONDecodeError as error:
         raise ValueError(f"{path}: not valid JSON ({error})") from None
     if not isinstance(manifest, dict) or not {"name", "samples", "skipped", "shards"} <= manifest.keys():

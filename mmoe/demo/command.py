@@ -21,7 +21,7 @@ from mmoe.demo.recipe import (
     variant_stages,
 )
 from mmoe.demo.report import RESULTS_FILE, results
-from mmoe.io import positive_int, report_error, write_json
+from mmoe.io import capped_jobs, positive_int, report_error, write_json
 from mmoe.pipeline.compare import format_comparison, rows_from_items
 from mmoe.pipeline.comparison_items import ITEMS_FILE, comparison_items
 from mmoe.pipeline.launch import VARIANTS
@@ -141,6 +141,7 @@ def run_demo(run: PipelineRun, variants: Sequence[str], random_init: bool = Fals
 def demo_command(argv: Sequence[str]) -> int:
     """Runs ``mmoe demo``; returns 0, or 1 when a stage fails (the message names it)."""
     args = parse(argv)
+    args.jobs = capped_jobs(args.jobs, "demo")
     if args.precision == "16-mixed":
         import torch
 

@@ -107,11 +107,9 @@ def load_exported(folder: Path, task: type[FineTuningTask], device: str, replace
     """The ``task`` of a folder written by ``mmoe export`` (:func:`mmoe.tasks.pretrained.from_pretrained`) in float32,
     with the arguments of ``replaced``."""
     try:
-        model = from_pretrained(folder, replaced, dtype=torch.float32)
+        model = from_pretrained(folder, replaced, dtype=torch.float32, expected=task)
     except (FileNotFoundError, ValueError) as error:
         raise InferError(one_line(error)) from None
-    if not isinstance(model, task):
-        raise InferError(f"{folder} holds a {model.name} model, not a {task.name} one")
     return ready(model, text_length(folder), device)
 
 

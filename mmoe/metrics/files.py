@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import mmoe.io
+from mmoe.io import parse_json
 
 
 class EvalInputError(ValueError):
@@ -26,7 +27,7 @@ def read_json(path: str | Path) -> Any:
     """
     text = read_text(path)
     try:
-        return json.loads(text)
+        return parse_json(text)
     except json.JSONDecodeError as error:
         raise EvalInputError(
             f"{path}: malformed JSON at line {error.lineno}, column {error.colno}: {error.msg}"
@@ -45,7 +46,7 @@ def read_json_lines(path: str | Path) -> Iterator[tuple[int, Any]]:
         if not line.strip():
             continue
         try:
-            yield number, json.loads(line)
+            yield number, parse_json(line)
         except json.JSONDecodeError as error:
             raise EvalInputError(
                 f"{path}, line {number}: malformed JSON ({error.msg}); expected one object per line"

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from mmoe.moe import MoEConfig, RoutingChoices
+from mmoe.moe.choices.values import finite_at_least
 from mmoe.vocabulary import VOCAB_SIZE
 
 #: The modalities of a multiway backbone, as its routing records and ``MoEPlan.experts_by_modality`` name them.
@@ -178,8 +179,11 @@ class MultiwayConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"MultiwayConfig.{name} must be a positive integer, got {value!r}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"MultiwayConfig.dropout must lie in [0, 1), got {self.dropout!r}")
+        for name in ("dropout", "drop_path"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"MultiwayConfig.{name} must lie in [0, 1), got {getattr(self, name)!r}")
+        if not finite_at_least(self.layernorm_eps, 0.0):  # nn.LayerNorm's range
+            raise ValueError(f"MultiwayConfig.layernorm_eps must be a finite number >= 0, got {self.layernorm_eps!r}")
         if self.dim % self.num_heads:
             raise ValueError(f"MultiwayConfig.dim={self.dim} is not divisible by num_heads={self.num_heads}")
         if self.image_size % self.patch_size:

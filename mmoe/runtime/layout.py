@@ -6,6 +6,7 @@ claims study) take their paths from a :class:`RunLayout`.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,3 +87,27 @@ class RunLayout:
     def predictions(self, name: str) -> Path:
         """The predictions file ``name`` (``mmoe predict``'s ``model.predictions_file``)."""
         return self.root / name
+
+
+def blocked_run_path(root: str | os.PathLike | None) -> str | None:
+    """The error line for the first path of the run folder ``root`` that stands in the way of what a run writes there
+    (a file or a dangling link where it makes a folder, a folder where it writes its routing statistics); None when
+    there is none, or no run folder. Checked before the loggers make their folders, which would fail on it with a
+    ``FileExistsError`` traceback."""
+    if root is None:
+        return None
+    layout = RunLayout(Path(root))
+    folders = {
+        layout.checkpoints: "checkpoints",
+        layout.tensorboard_logs: "TensorBoard logs",
+        layout.csv_logs: "CSV logs",
+        layout.snapshots: "backbone snapshots",
+    }
+    aside = "move it aside, or give this run another trainer.default_root_dir"
+    for path, what in folders.items():
+        if os.path.lexists(path) and not path.is_dir():
+            return f"run folder {layout.root}: {path} is a file, where mmoe makes the folder of its {what}: {aside}"
+    if layout.routing_stats.is_dir():
+        stats = layout.routing_stats
+        return f"run folder {layout.root}: {stats} is a folder, where mmoe writes its routing statistics: {aside}"
+    return None

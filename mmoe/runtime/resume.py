@@ -11,9 +11,10 @@ would resume such a copy and then write over the run's ``last.ckpt``. With sever
 checkpoints is taken. The file and its step are said on stderr every time (the file is read whole anyway), and an
 older ``last-vN.ckpt`` passed over beside ``last.ckpt`` is named; a newer one (modification time) is refused: a run
 started afresh beside ``last.ckpt`` wrote it and may have been killed after many steps, so the user names the file to
-resume with ``--ckpt_path FILE``. When that file cannot be read (a save cut short, an empty
-file), the readable checkpoint of the highest step in the same folder is used instead, and said; with none to resume,
-or none readable, it is an error naming the folder.
+resume with ``--ckpt_path FILE``. A ``last.ckpt`` or ``last-vN.ckpt`` that is a symbolic link is refused: a run
+folder's links are never followed (one may lead to another run's checkpoint). When that file cannot be read (a save
+cut short, an empty file), the readable checkpoint of the highest step in the same folder (not a link) is used
+instead, and said; with none to resume, or none readable, it is an error naming the folder.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from jsonargparse.typing import import_object
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from mmoe.io import json_excerpt
 from mmoe.runtime.checkpoint_saving import as_list
 from mmoe.runtime.layout import RunLayout
 from mmoe.safe_load import load_checkpoint_file, unreadable_reason
@@ -101,6 +103,22 @@ def last_versions(folder: Path) -> dict[Path, int]:
     return {path: int(match.group(1)) for path, match in matches if match and path.is_file()}
 
 
+def refuse_linked_last(folders: Iterable[Path]) -> None:
+    """Refuses a ``last.ckpt`` or ``last-vN.ckpt`` in ``folders`` that is a symbolic link: a run folder's links are
+    never followed, since one may lead to another run's checkpoint, whose line this run would then continue.
+
+    Raises:
+        ValueError: naming the link and the path it leads to (as a JSON string: it may hold anything).
+    """
+    for folder in folders:
+        for path in folder.iterdir() if folder.is_dir() else ():
+            if (path.name == LAST_FILE or LAST_VERSION_FILE.fullmatch(path.name)) and path.is_symlink():
+                raise ValueError(
+                    f"--ckpt_path last: {path} is a symbolic link (to {json_excerpt(os.readlink(path), 200)}), and "
+                    "links in a run folder are not followed: name the checkpoint to resume with --ckpt_path FILE"
+                )
+
+
 def newer_last_version(last: Path) -> Path | None:
     """The newest ``last-vN.ckpt`` beside ``last`` when ``last`` is a ``last.ckpt`` and that file is newer than it;
     None otherwise."""
@@ -128,6 +146,7 @@ def read_checkpoint(ckpt_path: str, folders: list[Path], command: str, expected:
     """
     if ckpt_path != LAST:
         return ckpt_path, load_checkpoint_file(ckpt_path, "--ckpt_path", expected)
+    refuse_linked_last(folders)
     last = last_checkpoint_file(folders)
     if last is None:
         looked_in = " or ".join(str(folder.absolute()) for folder in folders)
@@ -162,7 +181,8 @@ def read_last(last: Path, command: str, expected: str) -> tuple[Path, dict[str, 
         return last, load_checkpoint_file(last, "--ckpt_path last:", expected)
     except ValueError as error:
         unreadable = error
-    older = newest_readable(path for path in last.parent.glob("*" + ModelCheckpoint.FILE_EXTENSION) if path != last)
+    beside = last.parent.glob("*" + ModelCheckpoint.FILE_EXTENSION)
+    older = newest_readable(path for path in beside if path != last and not path.is_symlink())
     if older is None:
         raise ValueError(f"{unreadable}; no other checkpoint in {last.parent} can be read either") from None
     path, state = older

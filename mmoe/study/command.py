@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from mmoe.io import read_json, report_error
+from mmoe.io import capped_jobs, positive_int, read_json, report_error
 from mmoe.pipeline.layout import RANDOM_INIT
 from mmoe.pipeline.settings import refuse_other_settings, upgraded_settings
 from mmoe.pipeline.stages import PipelineError, print_progress, run_stage
@@ -189,7 +189,7 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     )
     claims.add_argument(
         "--jobs",
-        type=int,
+        type=positive_int,
         default=1,
         help="trainings run at once, each lane a process (default 1; about 8 on a GPU, 2 at most on a 2-core CPU)",
     )
@@ -206,6 +206,7 @@ def study_command(argv: Sequence[str]) -> int:
     """Runs ``mmoe study claims``; 0, 1 when a stage fails (the message names it), 2 for a bad plan file or runs made
     under another plan (one line naming both plans' hashes)."""
     args = parse(argv)
+    args.jobs = capped_jobs(args.jobs, "study")
     preset = args.scale or ("fast" if args.fast else "default")
     settings = PRESETS[preset]
     if args.precision is not None:

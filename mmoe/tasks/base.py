@@ -31,6 +31,7 @@ from torch.distributed.tensor import DTensor
 from mmoe.data.tokenizer import TextTokenizer
 from mmoe.model import MultiwayTransformer
 from mmoe.moe import RoutingRecord, restore_expert_embedding_norm
+from mmoe.moe.choices.values import finite_at_least
 from mmoe.runtime.checkpoint import config_to_dict
 from mmoe.runtime.expert_parallel import (
     ExpertGroups,
@@ -55,6 +56,13 @@ from mmoe.runtime.state import add_missing_optimizer_states, random_states, resh
 
 #: The values of ``balance_reduce``: add or average the MoE layers' balance losses.
 BALANCE_REDUCTIONS = ("sum", "mean")
+
+
+def require_loss_weight(name: str, value: object) -> None:
+    """A task's loss weight ``model.<name>`` is a finite number >= 0 (an infinite or NaN one ends the first step as a
+    non-finite loss that does not name it)."""
+    if not finite_at_least(value, 0.0):
+        raise ValueError(f"model.{name} must be a finite number >= 0, got {value!r}")
 
 
 def detached(record: RoutingRecord) -> RoutingRecord:
@@ -117,13 +125,14 @@ class BackboneTask(L.LightningModule):
         optimizer: OptimizerConfig | dict,
         text_tokenizer: str | None = None,
         z_loss_coefficient: float = 0.0,
+        balance_coefficient: float = 1e-2,
     ) -> None:
-        """``z_loss_coefficient``: the subclass's argument, checked here."""
+        """``z_loss_coefficient``, ``balance_coefficient``: the subclass's arguments, checked here."""
         super().__init__()
         if balance_reduce not in BALANCE_REDUCTIONS:
             raise ValueError(f"model.balance_reduce must be 'sum' or 'mean', got {balance_reduce!r}")
-        if z_loss_coefficient < 0:
-            raise ValueError(f"model.z_loss_coefficient must be >= 0, got {z_loss_coefficient!r}")
+        require_loss_weight("z_loss_coefficient", z_loss_coefficient)
+        require_loss_weight("balance_coefficient", balance_coefficient)
         self.z_loss_coefficient = z_loss_coefficient
         self.optimizer_config = OptimizerConfig.from_value(optimizer)
         #: The expert-parallel process groups once ``setup`` sharded the experts (:mod:`mmoe.runtime.expert_parallel`).

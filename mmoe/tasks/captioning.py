@@ -29,6 +29,7 @@ token's second choice of the same caption, so a token's routing would depend on 
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,7 @@ from mmoe.model.decoding import Decoded, beam_search, greedy_search
 from mmoe.model.heads import token_head
 from mmoe.model.output_vocab import class_index, classes_of, load_output_vocab
 from mmoe.moe import RoutingRecord
+from mmoe.moe.choices.values import finite_at_least
 from mmoe.runtime.predictions import as_ids
 from mmoe.tasks.finetuning import FineTuningTask
 
@@ -116,6 +118,10 @@ class CaptioningFineTuning(FineTuningTask):
         self.predictions_file, self.results_dir = predictions_file, results_dir
         if num_beams < 1:
             raise ValueError(f"model.num_beams must be >= 1, got {num_beams!r}")
+        if not (finite_at_least(label_smoothing, 0.0) and label_smoothing < 1):
+            raise ValueError(f"model.label_smoothing must lie in [0, 1), got {label_smoothing!r}")
+        if not finite_at_least(length_penalty, -math.inf):
+            raise ValueError(f"model.length_penalty must be a finite number, got {length_penalty!r}")
         if not 1 <= max_length < self.backbone.config.max_text_positions - self.backbone.config.position_offset:
             raise ValueError(
                 f"model.max_length={max_length} must lie in [1, backbone.max_text_positions - position_offset - 1]"

@@ -98,7 +98,7 @@ class FineTuningTask(BackboneTask):
         eval_capacity_factor: float | None = None,
         optimizer: OptimizerConfig = FINETUNING_OPTIMIZER,
     ) -> None:
-        super().__init__(balance_reduce, optimizer, text_tokenizer, z_loss_coefficient)
+        super().__init__(balance_reduce, optimizer, text_tokenizer, z_loss_coefficient, balance_coefficient)
         if backbone is None and pretrained is None:
             raise ValueError("give model.backbone (train from scratch) or model.pretrained (a checkpoint), or both")
         # Also collects the init arguments of the subclass calling this. Output paths stay out of the checkpoint:

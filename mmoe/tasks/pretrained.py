@@ -35,17 +35,21 @@ from mmoe.tasks.finetuning import FineTuningTask
 
 
 def from_pretrained(
-    folder: str | Path, replaced: dict[str, Any] | None = None, dtype: torch.dtype | None = None
+    folder: str | Path,
+    replaced: dict[str, Any] | None = None,
+    dtype: torch.dtype | None = None,
+    expected: type[FineTuningTask] | None = None,
 ) -> FineTuningTask:
     """The fine-tuned task model of a folder written by ``mmoe export`` (not ``--backbone-only``), in eval mode, its
     values as saved, every floating-point tensor in ``dtype`` (None: the folder's, which a ``bf16-true`` run's export
     keeps: :func:`mmoe.model.pretrained.shared_float_dtype`); ``replaced``: init arguments given over the folder's
-    (``mmoe infer``'s options).
+    (``mmoe infer``'s options); ``expected``: the task the folder must hold (None: any).
 
     Raises:
-        PretrainedFolderError: a backbone folder, a task this mmoe's catalog does not have, a missing or unreadable
-            file, arguments this mmoe's task does not take (a folder of another mmoe version), arguments or weights
-            that do not fit the task; one line naming the file.
+        PretrainedFolderError: a backbone folder, a task this mmoe's catalog does not have, another task than
+            ``expected`` (both classes named, before the arguments are read), a missing or unreadable file, arguments
+            this mmoe's task does not take (a folder of another mmoe version), arguments or weights that do not fit
+            the task; one line naming the file.
     """
     folder = Path(folder)
     config = read_folder_config(folder)
@@ -61,6 +65,11 @@ def from_pretrained(
         raise PretrainedFolderError(
             f"{folder / 'config.json'}: task class_path {saved!r} is not a fine-tuning task of this mmoe, or it has "
             f"no init_args (expected one of {known})"
+        )
+    if expected is not None and task is not expected:
+        raise PretrainedFolderError(
+            f"{folder / 'config.json'}: task class_path {saved!r} is a {task.name} task, not a {expected.name} task "
+            f"(expected {class_path(expected)!r})"
         )
     arguments = dict(task_entry["init_args"])
     unknown = [f"task.init_args.{name}" for name in unknown_arguments(task, arguments)]

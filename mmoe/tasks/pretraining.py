@@ -44,7 +44,7 @@ from mmoe.model.vqkd import VQKDTokenizer, load_vqkd, unused_summary
 from mmoe.moe import RoutingRecord
 from mmoe.runtime.checkpoint import config_from_dict
 from mmoe.runtime.optimizer import PRETRAINING_OPTIMIZER, OptimizerConfig
-from mmoe.tasks.base import BackboneTask, StepLosses
+from mmoe.tasks.base import BackboneTask, StepLosses, require_loss_weight
 from mmoe.tasks.retrieval import contrastive_loss, gather_with_grad
 from mmoe.tasks.visual_codebook import PatchCodebook
 from mmoe.tasks.zero_shot_probes import DEFAULT_PROBE_PAIRS, ProbeEncoder, ZeroShotProbeCollector, probe_metrics
@@ -120,7 +120,7 @@ class MaskedPretraining(BackboneTask):
         zero_shot_probes: bool = True,
         probe_pairs: int = DEFAULT_PROBE_PAIRS,
     ) -> None:
-        super().__init__(balance_reduce, optimizer, text_tokenizer, z_loss_coefficient)
+        super().__init__(balance_reduce, optimizer, text_tokenizer, z_loss_coefficient, balance_coefficient)
         if isinstance(backbone, dict):  # the saved hyper-parameter (``load_from_checkpoint``)
             backbone = config_from_dict(backbone)
         self.save_hyperparameters()
@@ -140,8 +140,7 @@ class MaskedPretraining(BackboneTask):
         for head in (self.mim_head, self.mlm_head):
             init_beit3_(head.weight)
             nn.init.zeros_(head.bias)
-        if contrastive_coefficient < 0:
-            raise ValueError(f"model.contrastive_coefficient must be >= 0, got {contrastive_coefficient!r}")
+        require_loss_weight("contrastive_coefficient", contrastive_coefficient)
         if contrastive_coefficient > 0:
             self.vision_head, self.language_head = retrieval_heads(backbone.dim)
             self.logit_scale = nn.Parameter(torch.tensor(LOG_LOGIT_SCALE_INIT))

@@ -240,3 +240,27 @@ def test_last_is_the_folder_s_last_ckpt_else_lightning_s_highest_version_never_a
     for name in ("last-v3.ckpt", "last-v12.ckpt"):
         (tmp_path / name).unlink()
     assert last_checkpoint_file([tmp_path]) is None  # a copy named last-something is not the run's
+
+
+def test_resuming_last_never_follows_a_link_in_the_run_folder(shards, tmp_path, capsys):
+    """A last.ckpt (or last-vN.ckpt) that is a symbolic link, to another run's checkpoint or to nothing, is refused
+    in one line naming the link and where it leads; the other run's file is left as it is."""
+    other = tmp_path / "other"
+    fit(capsys, write_config(tmp_path / "other.yaml", nlvr2_config(shards, other, steps=2)))
+    theirs = other / "checkpoints" / "last.ckpt"
+    before = theirs.read_bytes()
+    run = tmp_path / "run"
+    config = write_config(tmp_path / "fit.yaml", nlvr2_config(shards, run, steps=4))
+    checkpoints = run / "checkpoints"
+    for name, target in [("last.ckpt", theirs), ("last-v1.ckpt", theirs), ("last.ckpt", tmp_path / "absent.ckpt")]:
+        checkpoints.mkdir(parents=True, exist_ok=True)
+        for path in checkpoints.iterdir():
+            path.unlink()
+        (checkpoints / name).symlink_to(target)
+        line = error_line(capsys, ["fit", "--config", config, "--ckpt_path", "last"])
+        assert line == (
+            f'mmoe fit: error: --ckpt_path last: {checkpoints / name} is a symbolic link (to "{target}"), and links '
+            "in a run folder are not followed: name the checkpoint to resume with --ckpt_path FILE"
+        )
+        assert sorted(path.name for path in checkpoints.iterdir()) == [name]
+    assert theirs.read_bytes() == before

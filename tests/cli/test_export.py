@@ -141,7 +141,10 @@ def test_infer_answers_from_a_folder_as_from_its_checkpoint(trained, tmp_path, c
     image = str(trained["image"])
     argv = ["infer", "nlvr2", "--ckpt", str(tmp_path / "vqa"), "--left", image, "--right", image, "--sentence", "two"]
     code, _, err = run_mmoe(argv, capsys)
-    assert code == 2 and err == f"mmoe infer: error: {tmp_path / 'vqa'} holds a vqav2 model, not a nlvr2 one\n"
+    assert code == 2 and err == (
+        f"mmoe infer: error: {tmp_path / 'vqa' / 'config.json'}: task class_path 'mmoe.tasks.vqa.VQAFineTuning' is a "
+        "vqav2 task, not a nlvr2 task (expected 'mmoe.tasks.nlvr2.NLVR2FineTuning')\n"
+    )
 
 
 def test_a_bfloat16_checkpoint_keeps_its_dtype(trained, tmp_path, capsys):

@@ -179,3 +179,41 @@ def test_a_fresh_fit_is_not_warned_that_its_checkpoint_folder_is_not_empty_and_a
         done = subprocess.run(fit_command(config), cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
         assert (warning in done.stderr) is warned, f"{fit}: {done.stderr[-3000:]}"
+
+
+#: The folders a run makes in its run folder, as the refusal of a file in the way names them.
+RUN_SUBFOLDERS = {
+    "tensorboard": "TensorBoard logs",
+    "csv": "CSV logs",
+    "checkpoints": "checkpoints",
+    "snapshots": "backbone snapshots",
+}
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [*((name, "file") for name in RUN_SUBFOLDERS), ("snapshots", "dangling link"), ("routing_stats.json", "folder")],
+)
+def test_a_path_in_the_way_of_the_run_folders_layout_is_one_line_at_start(
+    name, kind, synthetic_corpus, tmp_path, capsys
+):
+    expected = (
+        f"is a file, where mmoe makes the folder of its {RUN_SUBFOLDERS[name]}"
+        if name in RUN_SUBFOLDERS
+        else "is a folder, where mmoe writes its routing statistics"
+    )
+    root = tmp_path / "run"
+    root.mkdir()
+    if kind == "file":
+        (root / name).write_text("x")
+    elif kind == "folder":
+        (root / name).mkdir()
+    else:
+        (root / name).symlink_to(tmp_path / "absent")
+    code, _, stderr = run_mmoe(["fit", "--config", str(tiny_config_file(synthetic_corpus, tmp_path, root))], capsys)
+    assert code == 2
+    assert error_line(stderr) == (
+        f"mmoe fit: error: run folder {root}: {root / name} {expected}: move it aside, or give this run another "
+        "trainer.default_root_dir"
+    )
+    assert len(stderr.strip().splitlines()) == 1 and not (root / "checkpoints").is_dir()

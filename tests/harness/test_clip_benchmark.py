@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 import io
 import json
+import shutil
 import sys
 import tarfile
 
@@ -105,6 +106,22 @@ def test_a_missing_or_wrong_model_is_one_line(saved, tmp_path):
     torch.save({"hyper_parameters": hyper_parameters, "state_dict": {}}, pretraining)
     with pytest.raises(InferError, match="pre-training checkpoint"):
         load_mmoe_clip(pretrained=pretraining)
+
+
+def test_a_folder_of_another_task_is_named_as_such(saved, tmp_path):
+    """An export's config.json naming another task's class is refused as that task, whose arguments a retrieval
+    folder's config does not fit, not as a folder of another mmoe version."""
+    folder = tmp_path / "exported"
+    shutil.copytree(saved["folder"], folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["task"]["class_path"] = "mmoe.tasks.vqa.VQAFineTuning"
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError) as raised:
+        load_mmoe_clip(pretrained=folder)
+    message = str(raised.value)
+    assert "another mmoe version" not in message and "\n" not in message and str(folder / "config.json") in message
+    assert "'mmoe.tasks.vqa.VQAFineTuning' is a vqav2 task, not a retrieval task" in message
+    assert repr(class_path(RetrievalFineTuning)) in message
 
 
 class Recording(torch.nn.Module):

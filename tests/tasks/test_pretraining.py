@@ -279,5 +279,5 @@ def test_contrastive_loss_on_pairs_is_a_per_pair_infonce_over_cls_tokens(codeboo
     assert "pair_contrastive_ppl" not in step.logged and step.logged["logit_scale"].item() == pytest.approx(1 / 0.07)
     step.task_loss.backward()
     assert task.logit_scale.grad is not None and task.vision_head.weight.grad.abs().sum() > 0
-    with pytest.raises(ValueError, match="contrastive_coefficient must be >= 0"):
+    with pytest.raises(ValueError, match="contrastive_coefficient must be a finite number >= 0"):
         MaskedPretraining(config, codebook_path, contrastive_coefficient=-1.0)

@@ -35,7 +35,7 @@ def test_the_task_adds_coefficient_times_the_summed_z_losses(monkeypatch):
     without, logged_without = task_loss_with(0.0, monkeypatch)
     assert logged["train/z_loss"] == logged_without["train/z_loss"] > 0  # logged whether or not it is trained
     torch.testing.assert_close(loss - without, 1e-3 * logged["train/z_loss"])
-    with pytest.raises(ValueError, match="z_loss_coefficient must be >= 0"):
+    with pytest.raises(ValueError, match="z_loss_coefficient must be a finite number >= 0"):
         NLVR2FineTuning(backbone=tiny(), z_loss_coefficient=-1.0)
 
 

@@ -35,7 +35,7 @@ from mmoe.data.converters.staging import (
 )
 from mmoe.data.shards import MANIFEST, Manifest, ShardWriter, check_shard_name
 from mmoe.data.transforms import to_rgb
-from mmoe.io import json_excerpt, read_json, require_field
+from mmoe.io import json_excerpt, parse_json, read_json, require_field
 
 #: How many skipped image paths a converter prints (all are counted).
 SHOWN_SKIPS = 5
@@ -293,7 +293,7 @@ def iter_json_lines(path: str | os.PathLike) -> Iterator[tuple[int, dict[str, An
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            record = parse_json(line)
         except json.JSONDecodeError as error:
             raise ConversionError(f"{path}:{number}: not valid JSON at column {error.colno}: {error.msg}") from None
         if not isinstance(record, dict):

@@ -21,6 +21,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from mmoe.io import parse_json
+
 IMAGE_DIGESTS_FILE = "image_digests.json"
 DIGESTS_FORMAT = "mmoe-image-digests"
 #: A sample entry the shard writer leaves out: the image id when the sample's ``json`` does not say it.
@@ -44,7 +46,7 @@ def sample_meta(sample: Mapping[str, Any]) -> dict[str, Any]:
     meta = sample.get("json")
     if isinstance(meta, bytes):
         try:
-            meta = json.loads(meta)
+            meta = parse_json(meta)
         except (UnicodeDecodeError, json.JSONDecodeError):
             return {}
     return meta if isinstance(meta, dict) else {}

@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 
 from mmoe.data.shards import MANIFEST
+from mmoe.io import parse_json
 
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
@@ -133,7 +134,7 @@ def _previous_manifest(out: Path) -> dict | None:
     if not path.is_file():
         return None
     try:
-        manifest = json.loads(path.read_text())
+        manifest = parse_json(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return {}
     return manifest if isinstance(manifest, dict) else {}
