@@ -97,7 +97,7 @@ def test_the_plan_s_hash_is_that_of_its_canonical_json_and_the_rerun_rule_names_
 def test_the_report_names_the_commit_of_the_code_that_decided_it():
     report = json.loads((DOCS / "report.json").read_text())
     code = report["decision_code"]
-    assert re.fullmatch("[0-9a-f]{40}", code["commit"])
+    assert re.fullmatch("[0-9a-f]{40}", code["commit"]) and code["uncommitted"] == []
     assert f"decided by the code of commit `{code['commit']}`" in (REPO / "docs" / "claims.md").read_text()
     git = subprocess.run(["git", "-C", str(REPO), "cat-file", "-t", code["commit"]], capture_output=True, text=True)
     if git.returncode == 0 or (REPO / ".git").exists():  # a checkout holds the commit; an unpacked sdist has no git
