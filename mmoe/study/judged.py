@@ -6,25 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from mmoe.study.claims import (
-    TASKS,
-    TRAINED,
-    Claim,
-    activation_claim,
-    capacity_claim,
-    collapse_claim,
-    consistency_claim,
-    diversity_claim,
-    fluctuation_claim,
-    frequency_claim,
-    not_run_claim,
-    pretraining_claim,
-    tasks_claim,
-)
-from mmoe.study.claims.mhmoe_routing import ACTIVATION, DIVERSITY
-from mmoe.study.claims.stratified import CAPACITY, FREQUENCY
-from mmoe.study.claims.task_scores import PRETRAINING
-from mmoe.study.claims.xmoe_routing import COLLAPSE, CONSISTENCY, FLUCTUATION
+from mmoe.study.claims import xmoe_routing
+from mmoe.study.claims.claim import Claim
+from mmoe.study.claims.mhmoe_routing import ACTIVATION, DIVERSITY, activation_claim, diversity_claim
+from mmoe.study.claims.stratified import CAPACITY, FREQUENCY, capacity_claim, frequency_claim
+from mmoe.study.claims.task_scores import PRETRAINING, TASKS, not_run_claim, pretraining_claim, tasks_claim
+from mmoe.study.claims.xmoe_routing import COLLAPSE, CONSISTENCY, FLUCTUATION, TRAINED
 from mmoe.study.decisions import run_decisions
 from mmoe.study.plan import StudyPlan
 from mmoe.study.plan_design import study_plan
@@ -69,10 +56,10 @@ def claims_from(measures: Measures, plan: StudyPlan | None = None) -> list[Claim
     measured = {
         "activation": lambda: activation_claim(measures.activation, rules("activation")),
         "diversity": lambda: diversity_claim(measures.diversity, rules("diversity")),
-        "collapse": lambda: collapse_claim(measures.snapshots, rules("collapse")),
-        "fluctuation": lambda: fluctuation_claim(measures.snapshots, rules("fluctuation")),
-        "consistency": lambda: consistency_claim(measures.consistency, rules("consistency")),
-        "consistency_trained": lambda: consistency_claim(
+        "collapse": lambda: xmoe_routing.collapse_claim(measures.snapshots, rules("collapse")),
+        "fluctuation": lambda: xmoe_routing.fluctuation_claim(measures.snapshots, rules("fluctuation")),
+        "consistency": lambda: xmoe_routing.consistency_claim(measures.consistency, rules("consistency")),
+        "consistency_trained": lambda: xmoe_routing.consistency_claim(
             measures.consistency_trained, rules("consistency_trained"), TRAINED
         ),
         "tasks": lambda: tasks_claim(measures.scores, measures.chance),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -66,18 +68,31 @@ def _diversity_figure(measured: dict, path: Path) -> Path:
     return save_figure(figure, path)
 
 
-def _curves_figure(measured: dict, path: Path, y: str, ylabel: str, xlabel: str, interval_text, extra=None) -> Path:
+@dataclass(frozen=True)
+class Curve:
+    """A claim drawn as curves through training: its PNG's ``file``, the curve's field ``y`` and its label, the x
+    axis's label, the ``words`` before each panel's late interval, and what ``extra`` the panel draws."""
+
+    file: str
+    y: str
+    ylabel: str
+    xlabel: str
+    words: str
+    extra: Callable | None = None
+
+
+def _curves_figure(measured: dict, path: Path, curve: Curve) -> Path:
     figure = new_figure(9.0, 3.8)
     for name, ax in _modality_axes(figure, measured["by_modality"], measured["paper_modality"]):
         entry = measured["by_modality"][name]
-        for variant, curve in entry["curves"].items():
-            values = [np.nan if v is None else v for v in curve[y]]
-            ax.plot(curve["steps"], values, marker="o", label=variant)
-        if extra is not None:
-            extra(ax, entry)
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel(ylabel)
-        ax.set_title(_title(name, measured["paper_modality"], interval_text(entry), entry["verdict"]), fontsize=8)
+        for variant, values in entry["curves"].items():
+            ax.plot(values["steps"], [np.nan if v is None else v for v in values[curve.y]], marker="o", label=variant)
+        if curve.extra is not None:
+            curve.extra(ax, entry)
+        ax.set_xlabel(curve.xlabel)
+        ax.set_ylabel(curve.ylabel)
+        interval = f"{curve.words} {describe(entry['interval'])}"
+        ax.set_title(_title(name, measured["paper_modality"], interval, entry["verdict"]), fontsize=8)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     return save_figure(figure, path)
@@ -87,6 +102,31 @@ def _random_levels(ax, entry: dict) -> None:
     for level in entry["random_reassignment"].values():
         ax.axhline(level, linestyle=":", linewidth=1, color="grey")
     ax.text(0.01, 0.02, "dotted: random reassignment", transform=ax.transAxes, fontsize=6)
+
+
+_LATE, _RHO = "late X-MoE - Switch", "mean ρ between seeds' loads"
+#: The claims drawn as curves through training, by claim id.
+CURVES = {
+    "collapse": Curve(
+        "representation_collapse.png",
+        "rc",
+        "RC (X-MoE Eq. 11), geometric mean",
+        "pre-training step",
+        "late log(X-MoE/Switch)",
+    ),
+    "fluctuation": Curve(
+        "routing_fluctuation.png",
+        "fluctuation",
+        "tokens that changed expert",
+        "pre-training step",
+        _LATE,
+        _random_levels,
+    ),
+    "consistency": Curve("inter_run_consistency.png", "rho", _RHO, "fine-tuning step (VQAv2)", _LATE),
+    "consistency_trained": Curve(
+        "inter_run_consistency_trained.png", "rho", _RHO, "fine-tuning step (VQAv2), both routers trained", _LATE
+    ),
+}
 
 
 def draw_figures(claims: list[Claim], out: Path, chance: dict[str, float]) -> dict[str, Path]:
@@ -99,43 +139,9 @@ def draw_figures(claims: list[Claim], out: Path, chance: dict[str, float]) -> di
         figures["activation"] = _activation_figure(by_id["activation"], out / "activation_ratio.png")
     if by_id["diversity"].get("runs"):
         figures["diversity"] = _diversity_figure(by_id["diversity"], out / "diversity_objects_background.png")
-    if by_id["collapse"].get("by_modality"):
-        figures["collapse"] = _curves_figure(
-            by_id["collapse"],
-            out / "representation_collapse.png",
-            "rc",
-            "RC (X-MoE Eq. 11), geometric mean",
-            "pre-training step",
-            lambda e: f"late log(X-MoE/Switch) {describe(e['interval'])}",
-        )
-    if by_id["fluctuation"].get("by_modality"):
-        figures["fluctuation"] = _curves_figure(
-            by_id["fluctuation"],
-            out / "routing_fluctuation.png",
-            "fluctuation",
-            "tokens that changed expert",
-            "pre-training step",
-            lambda e: f"late X-MoE - Switch {describe(e['interval'])}",
-            _random_levels,
-        )
-    if by_id["consistency"].get("by_modality"):
-        figures["consistency"] = _curves_figure(
-            by_id["consistency"],
-            out / "inter_run_consistency.png",
-            "rho",
-            "mean ρ between seeds' loads",
-            "fine-tuning step (VQAv2)",
-            lambda e: f"late X-MoE - Switch {describe(e['interval'])}",
-        )
-    if by_id.get("consistency_trained", {}).get("by_modality"):
-        figures["consistency_trained"] = _curves_figure(
-            by_id["consistency_trained"],
-            out / "inter_run_consistency_trained.png",
-            "rho",
-            "mean ρ between seeds' loads",
-            "fine-tuning step (VQAv2), both routers trained",
-            lambda e: f"late X-MoE - Switch {describe(e['interval'])}",
-        )
+    for claim_id, curve in CURVES.items():
+        if by_id.get(claim_id, {}).get("by_modality"):
+            figures[claim_id] = _curves_figure(by_id[claim_id], out / curve.file, curve)
     if by_id["tasks"].get("scores"):
         figures["tasks"] = _tasks_figure(by_id["tasks"], out / "tasks.png", chance)
     if by_id.get("pretraining"):
