@@ -32,7 +32,8 @@ Subcommands:
 * ``mmoe demo [--out runs/demo] [--variant V|all] [--fast] [--random-init]`` — the whole pipeline (corpus,
   pre-training, fine-tuning, scores, figures) on the embedded synthetic corpus, in minutes on a CPU.
 * ``mmoe study claims [--out DIR] [--fast | --scale gpu] [--dry-run] [--jobs N] [--plan FILE]`` — the X-MoE /
-  MH-MoE analysis claims trained and measured at tiny scale over runs per arm, one report (Markdown, PNG, JSON).
+  MH-MoE analysis claims trained and measured at tiny scale over runs per arm, one report (Markdown, PNG, JSON);
+  ``mmoe study report FOLDER [--markdown FILE]`` writes a report again from its files, training nothing.
 """
 
 from __future__ import annotations

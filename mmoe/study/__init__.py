@@ -13,8 +13,13 @@ fixed before the runs: arms, runs, seeds, steps, layers, windows, gates, noise r
 ``docs/claims/plan.json``), :mod:`~mmoe.study.plan_runs` (its hash in every stage's marker; a report over runs made
 under another plan refused), :mod:`~mmoe.study.run_statistics`, :mod:`~mmoe.study.decisions` and
 :mod:`~mmoe.study.routing_decisions` (each claim decided over training runs: Welch's t, the detectable effect, Holm's
-correction, each :mod:`mmoe.stats`'; 1 run per arm is not decided), :mod:`~mmoe.study.report` (figures,
-``report.md``, ``report.json``) and :mod:`~mmoe.study.command`. Done stages are reused on a re-run and an interrupted
+correction, each :mod:`mmoe.stats`'; 1 run per arm is not decided), :mod:`~mmoe.study.judged` (every claim judged
+from the measures under a plan), :mod:`~mmoe.study.report` (``report.md``, ``report.json``; its figures
+:mod:`~mmoe.study.report_figures`, claim 1's two statements and the runs under one plan :mod:`~mmoe.study.report_runs`),
+:mod:`~mmoe.study.provenance` (the run's facts, the decision code's commit, the stages' plan records),
+:mod:`~mmoe.study.reruns` (the runs under one plan, read by its rerun rule, ``docs/claims/reruns.json``),
+:mod:`~mmoe.study.rerender` (``mmoe study report``: a report written again from its files) and
+:mod:`~mmoe.study.command`. Done stages are reused on a re-run and an interrupted
 training resumes, as in ``mmoe demo``; a directory made with other settings is refused.
 """
 

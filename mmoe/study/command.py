@@ -1,11 +1,11 @@
-"""``mmoe study claims``: its options, the runs, the measurements and the report."""
+"""``mmoe study claims``: its options, the runs, the measurements and the report; ``mmoe study report``: a report
+written again from its files (:mod:`mmoe.study.rerender`)."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import logging
-import os
 import shlex
 import sys
 import time
@@ -13,46 +13,22 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from mmoe.io import capped_jobs, positive_int, read_json, report_error
-from mmoe.pipeline.layout import RANDOM_INIT
 from mmoe.pipeline.settings import refuse_other_settings, upgraded_settings
 from mmoe.pipeline.stages import PipelineError, print_progress, run_stage
 from mmoe.study.claim_settings import claim_settings
-from mmoe.study.claims import (
-    TASKS,
-    TRAINED,
-    Claim,
-    activation_claim,
-    capacity_claim,
-    collapse_claim,
-    consistency_claim,
-    diversity_claim,
-    fluctuation_claim,
-    frequency_claim,
-    not_run_claim,
-    pretraining_claim,
-    tasks_claim,
-)
-from mmoe.study.claims.mhmoe_routing import ACTIVATION, DIVERSITY
-from mmoe.study.claims.stratified import CAPACITY, FREQUENCY
-from mmoe.study.claims.task_scores import PRETRAINING
-from mmoe.study.claims.xmoe_routing import COLLAPSE, CONSISTENCY, FLUCTUATION
 from mmoe.study.decisions import run_decisions
+from mmoe.study.judged import claims_from, rule_change_verdicts
 from mmoe.study.lanes import run_in_lanes, study_stages
 from mmoe.study.measure_runs import analysis_stage
-from mmoe.study.plan import PlanError, StudyPlan, plan_hash
-from mmoe.study.plan_design import plan_markdown, study_plan
+from mmoe.study.plan import PlanError, plan_hash
+from mmoe.study.plan_design import plan_markdown
 from mmoe.study.plan_runs import check_runs_plan, plan_of_run, record_plan, refuse_other_plan, under_plan
+from mmoe.study.provenance import decision_code, report_header, run_facts, stage_plans
 from mmoe.study.report import write_report
+from mmoe.study.rerender import rerender
 from mmoe.study.routers import router_rows
-from mmoe.study.runs import (
-    MEASURES_FILE,
-    PRETRAINING_VARIANT,
-    Measures,
-    StudyRun,
-    maps_stage,
-    pretrainings,
-)
-from mmoe.study.settings import CLAIM_IDS, DEFAULT, PRESETS, ROUTER_VARIANTS, ROUTING_WINDOW, SCALES, StudySettings
+from mmoe.study.runs import MEASURES_FILE, Measures, StudyRun, maps_stage, pretrainings
+from mmoe.study.settings import CLAIM_IDS, PRESETS, ROUTER_VARIANTS, ROUTING_WINDOW, SCALES, StudySettings
 
 
 def upgraded_study(stored: dict) -> dict:
@@ -63,98 +39,6 @@ def upgraded_study(stored: dict) -> dict:
     stored = {"router_variants": list(ROUTER_VARIANTS)} | stored  # an older study adds the router runs
     stored = {"claims": list(CLAIM_IDS), "task_pretraining_seeds": 1, "routing_window": ROUTING_WINDOW} | stored
     return stored | ({"training": upgraded_settings(training)} if isinstance(training, dict) else {})
-
-
-#: Every claim's statement by id (a claim the plan does not run is its statement, not measured).
-STATEMENTS = {
-    statement.id: statement
-    for statement in (
-        ACTIVATION,
-        DIVERSITY,
-        COLLAPSE,
-        FLUCTUATION,
-        CONSISTENCY,
-        TRAINED,
-        TASKS,
-        PRETRAINING,
-        CAPACITY,
-        FREQUENCY,
-    )
-}
-
-
-def claims_from(measures: Measures, plan: StudyPlan | None = None) -> list[Claim]:
-    """Every claim of the report from ``analysis/measures.json`` (recomputable from that file alone), each judged by
-    its rules in ``plan`` (the default settings' plan without one); a claim the plan does not run is not measured and
-    says so in the plan's words (which preset runs it)."""
-    plan = plan or study_plan(DEFAULT, "default")
-    rules = plan.claim
-    ids = [claim.id for claim in plan.claims]
-
-    def pretraining() -> Claim:
-        if measures.backbones:
-            backbones = measures.backbones
-            return pretraining_claim(
-                PRETRAINING_VARIANT, backbones["pretrained"], backbones["random_init"], measures.chance
-            )
-        # a measures.json from before claim 7's backbones: one pre-trained xmoe against its random init
-        return pretraining_claim("xmoe", measures.scores["xmoe"], measures.random_init, measures.chance)
-
-    measured = {
-        "activation": lambda: activation_claim(measures.activation, rules("activation")),
-        "diversity": lambda: diversity_claim(measures.diversity, rules("diversity")),
-        "collapse": lambda: collapse_claim(measures.snapshots, rules("collapse")),
-        "fluctuation": lambda: fluctuation_claim(measures.snapshots, rules("fluctuation")),
-        "consistency": lambda: consistency_claim(measures.consistency, rules("consistency")),
-        "consistency_trained": lambda: consistency_claim(
-            measures.consistency_trained, rules("consistency_trained"), TRAINED
-        ),
-        "tasks": lambda: tasks_claim(measures.scores, measures.chance),
-        "pretraining": pretraining,
-        "capacity": lambda: capacity_claim(measures.capacity, rules("capacity")),
-        "frequency": lambda: frequency_claim(
-            measures.token_capacity["passes"], measures.token_capacity["training_counts"], rules("frequency")
-        ),
-    }
-    claims = []
-    for claim_id in CLAIM_IDS:
-        if claim_id == "consistency_trained" and claim_id not in ids:  # a plan from before its row
-            continue
-        not_run = claim_id in ids and rules(claim_id).not_run
-        claims.append(
-            not_run_claim(STATEMENTS[claim_id], rules(claim_id).noise_rule.unit) if not_run else measured[claim_id]()
-        )
-    return claims
-
-
-def run_facts(out: Path, records: dict, seconds: float) -> dict:
-    """What the run took, for the report: trainings, seconds in all stages and this run, bytes on disk, versions."""
-    import platform
-    from importlib.metadata import version
-
-    # a random init's stage draws weights, it trains nothing
-    trainings = [
-        key
-        for key in records
-        if key.parts[0] in ("pretrain", "finetune")
-        and len(key.parts) in (2, 3)
-        and key.parts[-1] not in ("export", "eval")
-        and not (key.parts[0] == "pretrain" and RANDOM_INIT in key.parts[-1])
-    ]
-    return {
-        "trainings": len(trainings),
-        "stage_seconds": sum(record["seconds"] for record in records.values()),
-        "seconds_this_run": seconds,
-        "disk_bytes": sum(path.stat().st_size for path in out.rglob("*") if path.is_file()),
-        "machine": f"{os.cpu_count()} CPU cores" + (", a CUDA GPU" if torch_cuda() else ""),
-        "versions": {name: version(name) for name in ("torch", "lightning")} | {"python": platform.python_version()},
-    }
-
-
-def torch_cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 def parse(argv: Sequence[str]) -> argparse.Namespace:
@@ -199,20 +83,31 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
         default=None,
         help="Lightning precision of every stage (default 32-true; bf16-mixed with --scale gpu)",
     )
+    report = sub.add_parser("report", help="write a claims report again from its files, training nothing")
+    report.add_argument("folder", type=Path, help="the report's folder: report.json and measures.json (docs/claims)")
+    report.add_argument("--markdown", type=Path, default=None, help="where the Markdown goes (FOLDER/report.md)")
     return parser.parse_args(list(argv))
 
 
-def study_command(argv: Sequence[str]) -> int:
-    """Runs ``mmoe study claims``; 0, 1 when a stage fails (the message names it), 2 for a bad plan file or runs made
-    under another plan (one line naming both plans' hashes)."""
-    args = parse(argv)
-    args.jobs = capped_jobs(args.jobs, "study")
+def chosen_settings(args: argparse.Namespace) -> tuple[str, StudySettings]:
+    """The preset the options name (``default``, ``fast`` or a ``--scale``) and its settings at ``--precision``."""
     preset = args.scale or ("fast" if args.fast else "default")
     settings = PRESETS[preset]
     if args.precision is not None:
         settings = dataclasses.replace(
             settings, training=dataclasses.replace(settings.training, precision=args.precision)
         )
+    return preset, settings
+
+
+def study_command(argv: Sequence[str]) -> int:
+    """Runs ``mmoe study claims``; 0, 1 when a stage fails (the message names it), 2 for a bad plan file or runs made
+    under another plan (one line naming both plans' hashes)."""
+    args = parse(argv)
+    if args.study == "report":
+        return report_command(args.folder, args.markdown)
+    args.jobs = capped_jobs(args.jobs, "study")
+    preset, settings = chosen_settings(args)
     if args.dry_run:
         return dry_run(settings, preset, args.plan)
     study = StudyRun(Path(args.out), settings.training)
@@ -243,11 +138,13 @@ def study_command(argv: Sequence[str]) -> int:
     facts = run_facts(study.out, records, seconds)
     claims = claims_from(measures, plan)
     decisions = run_decisions(claims, plan, measures)
+    provenance = {"decision_code": decision_code(), "stage_plans": stage_plans(records)}
     report = write_report(
         claims,
         study.out,
-        report_header(command, facts, plan, digest),
-        {"command": command, "settings": settings.to_json(), "run": facts, "plan": {"sha256": digest} | plan.to_json()},
+        report_header(command, facts, plan, digest, provenance),
+        {"command": command, "settings": settings.to_json(), "run": facts, "plan": {"sha256": digest} | plan.to_json()}
+        | provenance,
         measures.chance,
         claim_settings(settings, preset),
         router_rows(measures.router_variants, settings.router_variants),
@@ -262,6 +159,16 @@ def study_command(argv: Sequence[str]) -> int:
     return 0
 
 
+def report_command(folder: Path, markdown: Path | None) -> int:
+    """``mmoe study report``: 0, or 2 with one line for a report whose files are not a report's."""
+    try:
+        report = rerender(folder, markdown)
+    except PlanError as error:
+        return report_error("study", error)
+    print_progress(f"{markdown or folder / 'report.md'}: {len(report['claims'])} claims, written from {folder}")
+    return 0
+
+
 def dry_run(settings: StudySettings, preset: str, path: Path | None) -> int:
     """Prints the plan of ``preset`` (or the plan file ``path``, checked against the settings) with its estimated
     cost; runs and writes nothing. 0, or 2 for a bad plan file."""
@@ -271,44 +178,3 @@ def dry_run(settings: StudySettings, preset: str, path: Path | None) -> int:
         return report_error("study", error)
     print(plan_markdown(plan, settings), end="")
     return 0
-
-
-def report_header(command: str, facts: dict, plan: StudyPlan, digest: str) -> str:
-    """The report's first paragraph: the command, what it took, the plan's hash, runs per arm and every interval's
-    unit."""
-    runs = ", ".join(f"{claim.id} {claim.runs_text()}" for claim in plan.claims)
-    return (
-        f"# Claims of the X-MoE, MH-MoE and Stratified MoE papers, measured by mmoe\n\nMade by `{command}`: "
-        f"{facts['trainings']} trainings, {facts['stage_seconds'] / 60:.1f} min in its stages on "
-        f"{facts['machine']}, {facts['disk_bytes'] / 1e9:.1f} GB written; torch {facts['versions']['torch']}, "
-        f"Lightning {facts['versions']['lightning']}. Plan `{digest}` (SHA-256 of `plan.json`, fixed before the "
-        f"runs; every stage recorded it). Runs per arm: {runs}. Tiny scale on the synthetic world. **The unit is the "
-        "training run:** a claim is decided over independent runs per arm (Welch's t interval over runs, 95%; Holm's "
-        "correction over a claim's gaps where the plan says so; the smallest effect the runs can detect at power 0.8 "
-        "beside it), and a claim with 1 run per arm is not decided. The within-run intervals (95% bootstrap over "
-        "held-out batches, images, router-input rows or fine-tuning windows of one run; Student-t over seeds for the "
-        "task scores) are shown as secondary terms with the verdicts of `mmoe.study.verdicts`: reproduces / opposite "
-        "(the interval on one side of zero), not separated (across zero), saturated (at a ceiling), uninformative (at "
-        "the no-learning level). Every number below is recomputed from `analysis/measures.json` by "
-        "`mmoe.study.command.claims_from` and `mmoe.study.decisions.run_decisions`."
-    )
-
-
-def rule_change_verdicts(measures: Measures, plan: StudyPlan, decisions: list[dict]) -> list[dict]:
-    """Each of the plan's rule changes with the affected claim's verdicts (within one run and over runs) under the old
-    rule and under the plan's."""
-    by_id = {decision["id"]: decision for decision in decisions}
-    changes = []
-    for change in plan.rule_changes:
-        old_plan = plan.under_old_rule(change)
-        old_claims = claims_from(measures, old_plan)
-        old = next(d for d in run_decisions(old_claims, old_plan, measures) if d["id"] == change.claim)
-        new = by_id[change.claim]
-        changes.append(
-            dataclasses.asdict(change)
-            | {
-                "old_verdicts": {"within_run": old["within_run_verdict"], "over_runs": old["verdict"]},
-                "new_verdicts": {"within_run": new["within_run_verdict"], "over_runs": new["verdict"]},
-            }
-        )
-    return changes

@@ -22,7 +22,7 @@ from mmoe.study.claims.mhmoe_routing import diversity_run_measure
 from mmoe.study.claims.task_scores import TASK_SCORES
 from mmoe.study.plan import ClaimPlan, StudyPlan
 from mmoe.study.plan_design import TASK_ORDER
-from mmoe.study.routing_decisions import DECIDERS, image_interval, routing_decision
+from mmoe.study.routing_decisions import DECIDERS, activation_parts, image_interval, routing_decision
 from mmoe.study.run_statistics import UNDECIDABLE, family_verdicts, one_sample_verdict, run_verdict
 from mmoe.study.runs import Measures
 from mmoe.study.verdicts import NOT_SEPARATED, SATURATED, UNINFORMATIVE, combined, is_not_run, keys_of
@@ -174,7 +174,20 @@ def _paper_first(by_modality: dict, rules: ClaimPlan) -> dict:
 def _routing_decision(claim: Claim, rules: ClaimPlan, seeded: dict) -> dict:
     by_modality = routing_decision(claim.id, claim.measured, rules, seeded)
     modalities = {name: entry["verdict"] for name, entry in by_modality.items()}
-    return _decision(rules, claim, modalities[rules.paper_modality], by_modality=by_modality, modalities=modalities)
+    parts = {"parts": activation_parts(by_modality)} if claim.id == "activation" else {}
+    verdict = modalities[rules.paper_modality]
+    return _decision(rules, claim, verdict, by_modality=by_modality, modalities=modalities, **parts)
+
+
+#: The start of a noise rule's unit where the plan names none: the plan's reason the claim is undecidable follows.
+NO_UNIT = "none: "
+
+
+def no_unit_reason(rules: ClaimPlan) -> str | None:
+    """The plan's reason a claim has no unit to decide over (claim 9: ``undecidable on the synthetic corpus``), the
+    first clause of its noise rule's unit after :data:`NO_UNIT`; None where the plan names a unit."""
+    unit = rules.noise_rule.unit
+    return unit.removeprefix(NO_UNIT).split(" (")[0] if unit.startswith(NO_UNIT) else None
 
 
 def _diversity_decision(claim: Claim, rules: ClaimPlan, diversity: dict) -> dict:
@@ -204,6 +217,8 @@ def run_decisions(claims: list[Claim], plan: StudyPlan, measures: Measures) -> l
         rules = plan.claim(claim.id)
         if rules.not_run:
             decisions.append(_decision(rules, claim, claim.verdict))
+        elif no_unit_reason(rules) is not None:
+            decisions.append(_decision(rules, claim, no_unit_reason(rules)))
         elif claim.id == "diversity" and max(rules.runs_per_arm()) >= 2:
             decisions.append(_diversity_decision(claim, rules, measures.diversity))
         elif min(rules.runs_per_arm(), default=1) < 2:
@@ -259,6 +274,8 @@ def decision_text(decision: dict) -> str:
         head += f"; level {decision['level']:g}, alpha {decision['alpha']:g}"
     if decision["verdict"] == UNDECIDABLE and "by_modality" not in decision:
         return f"{head}: not decided (the within-run interval covers one run of each arm)"
+    if decision["unit"].startswith(NO_UNIT):
+        return f"{head}: not decided"
     if is_not_run(decision["verdict"]):
         return f"{head}: nothing trained under this preset"
     if "gaps" in decision:

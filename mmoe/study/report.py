@@ -5,15 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-
 from mmoe.atomic import write_text_atomic
 from mmoe.io import write_json
 from mmoe.study.claims import TASK_SCORES, Claim
 from mmoe.study.decisions import decision_text, short_verdict
+from mmoe.study.report_figures import draw_figures
+from mmoe.study.report_runs import activation_rows, activation_verdict, rerun_lines, reruns_section
 from mmoe.study.routers import router_table
-from mmoe.study.verdicts import describe, is_not_run
-from mmoe.viz.figures import new_figure, save_figure
 
 #: The report's files in the study's folder.
 REPORT_FILE, REPORT_MARKDOWN = "report.json", "report.md"
@@ -29,198 +27,6 @@ ROUTERS_TEXT = (
 )
 
 
-def _modality_axes(figure, by_modality: dict, paper_modality: str) -> list:
-    """One subplot per measured modality, the paper's first."""
-    names = sorted(by_modality, key=lambda name: name != paper_modality)
-    axes = np.atleast_1d(figure.subplots(1, max(1, len(names))))
-    return list(zip(names, axes, strict=False))
-
-
-def _title(name: str, paper_modality: str, interval_text: str, verdict: str) -> str:
-    label = f"{name} (paper's)" if name == paper_modality else name
-    return f"{label}: {interval_text}\n{verdict}"
-
-
-def _activation_figure(measured: dict, path: Path) -> Path:
-    figure = new_figure(9.0, 3.8)
-    for name, ax in _modality_axes(figure, measured["by_modality"], measured["paper_modality"]):
-        entry = measured["by_modality"][name]
-        runs = list(entry["runs"].items())
-        positions = np.arange(len(runs))
-        ax.bar(positions - 0.2, [100 * r["per_token"] for _, r in runs], 0.4, label="per token (paper)")
-        ax.bar(positions + 0.2, [100 * r["share_of_choices"] for _, r in runs], 0.4, label="share of choices")
-        ax.scatter(
-            positions - 0.2,
-            [100 * r["random_router"]["per_token"] for _, r in runs],
-            marker="_",
-            s=200,
-            color="black",
-            label="random router",
-            zorder=3,
-        )
-        ax.set_xticks(positions, [f"h={r['heads']}" for _, r in runs], fontsize=8)
-        view = entry["views"]["share_of_choices"]
-        rise = f"share-of-choices rise {describe(view['interval'], 100)} pts"
-        ax.set_title(_title(name, measured["paper_modality"], rise, entry["verdict"]), fontsize=8)
-        ax.set_ylabel("experts activated (%)")
-        ax.legend(fontsize=7)
-    return save_figure(figure, path)
-
-
-def _diversity_figure(measured: dict, path: Path) -> Path:
-    runs = measured["runs"]
-    figure = new_figure(6.5, 3.8)
-    ax = figure.subplots()
-    positions = np.arange(len(runs))
-    values = list(runs.values())
-    ax.bar(positions - 0.2, [r["object_mean"] or 0 for r in values], 0.4, label="object patches")
-    ax.bar(positions + 0.2, [r["background_mean"] or 0 for r in values], 0.4, label="background patches")
-    ax.scatter(positions, [r["ceiling"] for r in values], marker="_", s=300, color="black", label="ceiling min(h, E)")
-    ax.scatter(positions, [r["random_router"] for r in values], marker="x", color="grey", label="random router")
-    ax.set_xticks(positions, [f"{n}\n{describe(r['interval'])}\n{r['verdict']}" for n, r in runs.items()], fontsize=7)
-    ax.set_ylabel("distinct experts per patch (vision)")
-    ax.set_title("Sub-token diversity, objects vs background (MH-MoE Fig. 1b / 8)", fontsize=9)
-    ax.legend(fontsize=7)
-    return save_figure(figure, path)
-
-
-def _curves_figure(measured: dict, path: Path, y: str, ylabel: str, xlabel: str, interval_text, extra=None) -> Path:
-    figure = new_figure(9.0, 3.8)
-    for name, ax in _modality_axes(figure, measured["by_modality"], measured["paper_modality"]):
-        entry = measured["by_modality"][name]
-        for variant, curve in entry["curves"].items():
-            values = [np.nan if v is None else v for v in curve[y]]
-            ax.plot(curve["steps"], values, marker="o", label=variant)
-        if extra is not None:
-            extra(ax, entry)
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel(ylabel)
-        ax.set_title(_title(name, measured["paper_modality"], interval_text(entry), entry["verdict"]), fontsize=8)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    return save_figure(figure, path)
-
-
-def _random_levels(ax, entry: dict) -> None:
-    for level in entry["random_reassignment"].values():
-        ax.axhline(level, linestyle=":", linewidth=1, color="grey")
-    ax.text(0.01, 0.02, "dotted: random reassignment", transform=ax.transAxes, fontsize=6)
-
-
-def draw_figures(claims: list[Claim], out: Path, chance: dict[str, float]) -> dict[str, Path]:
-    """One PNG per claim in ``out``, each modality's interval and verdict in its panel title (the tasks' chance
-    levels dashed); returns claim id -> figure."""
-    # a claim not run: nothing measured, no figure
-    by_id = {claim.id: {} if is_not_run(claim.verdict) else claim.measured for claim in claims}
-    figures = {}
-    if by_id["activation"].get("by_modality"):
-        figures["activation"] = _activation_figure(by_id["activation"], out / "activation_ratio.png")
-    if by_id["diversity"].get("runs"):
-        figures["diversity"] = _diversity_figure(by_id["diversity"], out / "diversity_objects_background.png")
-    if by_id["collapse"].get("by_modality"):
-        figures["collapse"] = _curves_figure(
-            by_id["collapse"],
-            out / "representation_collapse.png",
-            "rc",
-            "RC (X-MoE Eq. 11), geometric mean",
-            "pre-training step",
-            lambda e: f"late log(X-MoE/Switch) {describe(e['interval'])}",
-        )
-    if by_id["fluctuation"].get("by_modality"):
-        figures["fluctuation"] = _curves_figure(
-            by_id["fluctuation"],
-            out / "routing_fluctuation.png",
-            "fluctuation",
-            "tokens that changed expert",
-            "pre-training step",
-            lambda e: f"late X-MoE - Switch {describe(e['interval'])}",
-            _random_levels,
-        )
-    if by_id["consistency"].get("by_modality"):
-        figures["consistency"] = _curves_figure(
-            by_id["consistency"],
-            out / "inter_run_consistency.png",
-            "rho",
-            "mean ρ between seeds' loads",
-            "fine-tuning step (VQAv2)",
-            lambda e: f"late X-MoE - Switch {describe(e['interval'])}",
-        )
-    if by_id.get("consistency_trained", {}).get("by_modality"):
-        figures["consistency_trained"] = _curves_figure(
-            by_id["consistency_trained"],
-            out / "inter_run_consistency_trained.png",
-            "rho",
-            "mean ρ between seeds' loads",
-            "fine-tuning step (VQAv2), both routers trained",
-            lambda e: f"late X-MoE - Switch {describe(e['interval'])}",
-        )
-    if by_id["tasks"].get("scores"):
-        figures["tasks"] = _tasks_figure(by_id["tasks"], out / "tasks.png", chance)
-    if by_id.get("pretraining"):
-        figures["pretraining"] = _pretraining_figure(by_id["pretraining"], out / "pretraining.png")
-    if by_id.get("capacity", {}).get("by_modality"):
-        figures["capacity"] = _capacity_figure(by_id["capacity"], out / "requested_capacity.png")
-    if by_id.get("frequency", {}).get("mean_passes"):
-        figures["frequency"] = _frequency_figure(by_id["frequency"], out / "capacity_by_token_frequency.png")
-    return figures
-
-
-def _tasks_figure(measured: dict, path: Path, chance: dict[str, float]) -> Path:
-    scores, tasks = measured["scores"], measured["tasks"]
-    figure = new_figure(9.0, 3.6)
-    axes = figure.subplots(1, len(TASK_SCORES))
-    for ax, (task, _, label) in zip(axes, TASK_SCORES, strict=True):
-        cells = [scores[variant][task] for variant in scores]
-        ax.bar(list(scores), [c["mean"] for c in cells], yerr=[c["std"] for c in cells], capsize=3, color="#55a868")
-        if task in chance:
-            ax.axhline(chance[task], color="black", linestyle="--", linewidth=1, label="chance")
-        ax.set_title(f"{label}\n{tasks[task]['verdict']}", fontsize=8)
-        ax.tick_params(axis="x", labelsize=7, rotation=30)
-    return save_figure(figure, path)
-
-
-def _frequency_figure(measured: dict, path: Path) -> Path:
-    figure = new_figure(6.0, 3.8)
-    ax = figure.subplots()
-    ax.scatter(np.asarray(measured["training_frequency"]) + 1, measured["mean_passes"], s=10, alpha=0.6)
-    ax.set_xscale("log")
-    ax.set_xlabel("occurrences in the pre-training text + 1")
-    ax.set_ylabel("FFN passes per token (held-out)")
-    rho = "undefined" if measured["rho"] is None else f"{measured['rho']:.3f} {describe(measured['interval'])}"
-    ax.set_title(f"Requested capacity by token frequency (Stratified MoE Fig. 3)\nSpearman ρ {rho}", fontsize=9)
-    return save_figure(figure, path)
-
-
-def _pretraining_figure(measured: dict, path: Path) -> Path:
-    figure = new_figure(9.0, 3.6)
-    axes = np.atleast_1d(figure.subplots(1, len(measured["tasks"])))
-    for ax, entry in zip(axes, measured["tasks"].values(), strict=True):
-        cells = [entry["pretrained"], entry["random_init"]]
-        ax.bar(
-            ["pre-trained", "random init"],
-            [c["mean"] for c in cells],
-            yerr=[c["std"] for c in cells],
-            capsize=3,
-            color=["#4c72b0", "#c44e52"],
-        )
-        if entry["chance"] is not None:
-            ax.axhline(entry["chance"], color="black", linestyle="--", linewidth=1)
-        ax.set_title(f"{entry['label']}\ndifference {describe(entry['interval'])}\n{entry['verdict']}", fontsize=8)
-    return save_figure(figure, path)
-
-
-def _capacity_figure(measured: dict, path: Path) -> Path:
-    figure = new_figure(8.0, 3.6)
-    for name, ax in _modality_axes(figure, measured["by_modality"], measured["paper_modality"]):
-        entry = measured["by_modality"][name]
-        layers = entry.get("per_layer", {})
-        ax.bar([key.split("/")[0] for key in layers], list(layers.values()), color="#8172b2")
-        ax.set_ylabel("FFN passes per token")
-        interval = f"first - later {describe(entry.get('interval'))}"
-        ax.set_title(_title(name, measured["paper_modality"], interval, entry["verdict"]), fontsize=8)
-    return save_figure(figure, path)
-
-
 def markdown(
     claims: list[Claim],
     figures: dict[str, Path],
@@ -231,26 +37,21 @@ def markdown(
     routers: list[dict] | None = None,
     decisions: list[dict] | None = None,
     rule_changes: list[dict] | None = None,
+    reruns: dict | None = None,
 ) -> str:
     """The report as Markdown; figure links relative to ``root`` (where report.md lies); ``settings``: claim id ->
     mmoe's setting, put beside the paper's; ``routers``: the rows of the router table after the claims
     (:func:`mmoe.study.routers.router_rows`); ``decisions``: each claim decided over runs
     (:func:`mmoe.study.decisions.run_decisions`); ``rule_changes``: each changed rule with the verdicts under the old
-    and the new rule."""
+    and the new rule; ``reruns``: the runs made under the same plan (:func:`mmoe.study.reruns.reruns_report`), shown
+    side by side with the rerun rule's reading where they differ."""
     decided = {decision["id"]: decision for decision in decisions or []}
-    lines = [
-        header,
-        "",
-        "| # | claim | paper | mmoe (within one run) | within-run verdict | decided over runs |",
-        "| --- | --- | --- | --- | --- | --- |",
-    ]
     numbers = claim_numbers(claims)
-    for claim in claims:
-        number = numbers[claim.id]
-        over_runs = short_verdict(decided[claim.id]) if claim.id in decided else "not computed"
-        lines.append(f"| {number} | {claim.title} | {claim.paper} | {claim.summary} | {claim.verdict} | {over_runs} |")
+    lines = [header, "", *_summary(claims, numbers, decided, reruns)]
     if rule_changes:
         lines += ["", RULE_CHANGES_HEADING, "", *_rule_change_lines(rule_changes)]
+    if reruns:
+        lines += ["", *reruns_section(reruns, numbers)]
     for claim in claims:
         number = numbers[claim.id]
         lines += ["", f"## {number}. {claim.title}", "", f"**Paper.** {claim.paper}.", ""]
@@ -258,8 +59,7 @@ def markdown(
             lines += [f"**mmoe's setting.** {settings[claim.id]}.", ""]
         lines += [f"**mmoe, within one run.** {claim.summary}. **Within-run verdict: {claim.verdict}.**", ""]
         if claim.id in decided:
-            decision = decided[claim.id]
-            lines += [f"**Decided over runs.** {decision_text(decision)}. **Verdict: {decision['verdict']}.**", ""]
+            lines += [*_decided_lines(number, decided[claim.id], reruns), *rerun_lines(claim.id, reruns)]
         if claim.id == "tasks":
             lines += _score_table(claim.measured["scores"], chance)
         if claim.id in figures:
@@ -267,6 +67,36 @@ def markdown(
     if routers:
         lines += ["", ROUTERS_HEADING, "", ROUTERS_TEXT, "", *router_table(routers)]
     return "\n".join(lines) + "\n"
+
+
+def _summary(claims: list[Claim], numbers: dict[str, str], decided: dict, reruns: dict | None) -> list[str]:
+    """The summary table: one row per claim (claim 1 as 1a and 1b), the decision over runs of this run, or the
+    rerun rule's reading where the runs under the plan differ."""
+    lines = [
+        "| # | claim | paper | mmoe (within one run) | within-run verdict | decided over runs |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for claim in claims:
+        number = numbers[claim.id]
+        if claim.id == "activation":
+            lines += activation_rows(number, claim, decided.get(claim.id))
+            continue
+        over_runs = short_verdict(decided[claim.id]) if claim.id in decided else "not computed"
+        runs = (reruns or {}).get("claims", {}).get(claim.id)
+        if runs and len(set(runs["runs"])) > 1:
+            over_runs = f"{runs['reading']} (this run: {over_runs})"
+        lines.append(f"| {number} | {claim.title} | {claim.paper} | {claim.summary} | {claim.verdict} | {over_runs} |")
+    return lines
+
+
+def _decided_lines(number: str, decision: dict, reruns: dict | None) -> list[str]:
+    """A claim's decision over runs in its section, claim 1's verdict read as 1a and 1b; "of this run" where the runs
+    under the plan differ (their reading follows)."""
+    runs = (reruns or {}).get("claims", {}).get(decision["id"])
+    this_run = " of this run" if runs and len(set(runs["runs"])) > 1 else ""
+    verdict = f"**Verdict{this_run}: {decision['verdict']}.**"
+    verdict = activation_verdict(number, decision) if decision.get("parts") else verdict
+    return [f"**Decided over runs.** {decision_text(decision)}. {verdict}", ""]
 
 
 def claim_numbers(claims: list[Claim]) -> dict[str, str]:
@@ -328,24 +158,35 @@ def write_report(
     routers: list[dict] | None = None,
     decisions: list[dict] | None = None,
     rule_changes: list[dict] | None = None,
+    reruns: dict | None = None,
+    markdown_path: Path | None = None,
 ) -> dict:
     """``out/report.json``, ``out/report.md`` and ``out/figures/*.png``; ``chance``: task -> its chance level (drawn
     with the scores); ``settings``: claim id -> mmoe's setting in one line; ``routers``: the router table's rows;
     ``decisions``: each claim decided over runs; ``rule_changes``: the plan's changed rules with the verdicts under
-    the old and the new rule. Returns the JSON object."""
+    the old and the new rule; ``reruns``: the runs under the same plan (kept as ``reruns``); ``markdown_path``: where
+    the Markdown goes (``out/report.md`` by default), its figure links relative to its folder. Returns the JSON
+    object."""
     figures = draw_figures(claims, out / "figures", chance)
     claims_json = [claim.to_json() for claim in claims]
     settings = settings or {}
-    report = extra | {
-        "claim_settings": settings,
-        "claims": claims_json,
-        "decisions": decisions or [],
-        "rule_changes": rule_changes or [],
-        "chance": chance,
-        "figures": {key: str(path) for key, path in figures.items()},
-        "routers": routers or [],
-    }
+    report = (
+        extra
+        | {
+            "claim_settings": settings,
+            "claims": claims_json,
+            "decisions": decisions or [],
+            "rule_changes": rule_changes or [],
+            "chance": chance,
+            "figures": {key: str(path) for key, path in figures.items()},
+            "routers": routers or [],
+        }
+        | ({"reruns": reruns} if reruns else {})
+    )
     write_json(out / REPORT_FILE, report)
-    text = markdown(claims, figures, header, out, chance, settings, routers, decisions, rule_changes)
-    write_text_atomic(out / REPORT_MARKDOWN, text)
+    markdown_path = markdown_path or out / REPORT_MARKDOWN
+    text = markdown(
+        claims, figures, header, markdown_path.parent, chance, settings, routers, decisions, rule_changes, reruns
+    )
+    write_text_atomic(markdown_path, text)
     return report

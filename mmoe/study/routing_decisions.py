@@ -11,6 +11,7 @@ import torch
 
 from mmoe.metrics.routing import choice_activation_ratio
 from mmoe.stats import LEVEL, bootstrap, percentile_interval
+from mmoe.study.claims.mhmoe_routing import ACTIVATION_PARTS
 from mmoe.study.claims.task_scores import order_verdict
 from mmoe.study.claims.xmoe_routing import _fluctuation, _random_fluctuation, judged_window
 from mmoe.study.plan import ClaimPlan
@@ -56,6 +57,20 @@ def activation_gaps(seeds: list[dict], rules: ClaimPlan, name: str, within: list
     gaps = family_verdicts(gaps, rules.noise_rule.alpha) if rules.multiplicity == "holm" else gaps
     per_run = {f"h={h}": values for h, values in arms.items()}
     return {"gaps": gaps, "per_run": per_run, "verdict": order_verdict([gap["verdict"] for gap in gaps])}
+
+
+def activation_parts(by_modality: dict) -> list[dict]:
+    """Claim 1 as its two statements (:data:`ACTIVATION_PARTS`): each one's verdict per modality is that of its gap
+    over runs (Holm-adjusted with the other, as the plan says); :data:`NOT_MEASURED` where the runs have no such gap
+    (one MH-MoE arm)."""
+    parts = []
+    for position, statement in enumerate(ACTIVATION_PARTS):
+        modalities = {}
+        for name, entry in by_modality.items():
+            gaps = entry.get("gaps", [])
+            modalities[name] = gaps[position]["verdict"] if position < len(gaps) else NOT_MEASURED
+        parts.append({"id": statement.id, "title": statement.title, "modalities": modalities})
+    return parts
 
 
 def late_log_rc(measures: list[dict], keys: list[str], window_from: float) -> float | None:

@@ -60,7 +60,16 @@ from mmoe.study.report import write_report
 from mmoe.study.run_statistics import UNDECIDABLE
 from mmoe.study.runs import Measures
 from mmoe.study.settings import DEFAULT, FAST
-from mmoe.study.verdicts import NOT_RUN, NOT_SEPARATED, OPPOSITE, REPRODUCES, SATURATED, UNINFORMATIVE, VERDICTS
+from mmoe.study.verdicts import (
+    DESCRIPTIVE,
+    NOT_RUN,
+    NOT_SEPARATED,
+    OPPOSITE,
+    REPRODUCES,
+    SATURATED,
+    UNINFORMATIVE,
+    VERDICTS,
+)
 
 # -- claims on hand-made measurements --------------------------------------------------------------------------------
 
@@ -212,8 +221,10 @@ def test_consistency_claim_uses_the_mean_correlation_between_runs():
     claim = consistency_claim({"switch": switch, "xmoe": xmoe})
     language = claim.measured["by_modality"]["language"]
     assert language["second_half_mean"]["xmoe"] == pytest.approx(mean_correlation(0.9, 5))
-    assert language["verdict"] == REPRODUCES and claim.verdict == REPRODUCES
-    assert claim.measured["by_modality"]["vision"]["verdict"] == NOT_SEPARATED  # swings across zero
+    # the windows of one set of fine-tunings describe, they decide nothing: the interval is kept, no verdict read
+    assert language["verdict"] == DESCRIPTIVE and claim.verdict == DESCRIPTIVE and language["interval"][0] > 0
+    vision = claim.measured["by_modality"]["vision"]
+    assert vision["verdict"] == DESCRIPTIVE and vision["interval"][0] < 0 < vision["interval"][1]  # swings across 0
     full = _consistency([1.0] * 4, [1.0] * 4)
     assert consistency_claim({"switch": full, "xmoe": full}).verdict == SATURATED
 

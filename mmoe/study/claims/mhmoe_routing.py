@@ -81,6 +81,22 @@ ACTIVATION = Statement(
 )
 
 
+#: Claim 1 read as its two statements, each decided by one of the plan's two gaps (one Holm family): 1a, MH-MoE
+#: against X-MoE (most heads - h = 1); 1b, the rise with h (most heads - the next fewer heads).
+MORE_THAN_XMOE = Statement(
+    "activation/more_than_xmoe",
+    "MH-MoE activates more experts than X-MoE",
+    "MH-MoE Fig. 1a: 6 MoE layers of 32 experts, top-2, fully trained, XNLI text: 8.33% of experts activated for "
+    "X-MoE (SMoE) vs 90.71% for MH-MoE",
+)
+MORE_AS_H_GROWS = Statement(
+    "activation/more_as_h_grows",
+    "MH-MoE activates more experts as h grows",
+    "MH-MoE §5.1 / Fig. 5 (h = 4, 8): activation rises with h",
+)
+ACTIVATION_PARTS = (MORE_THAN_XMOE, MORE_AS_H_GROWS)
+
+
 def activation_claim(activation: dict, rules: ClaimPlan | None = None) -> Claim:
     """MH-MoE Fig. 1a / 5: with 32 experts, the share of activated experts is far higher for MH-MoE than for X-MoE and
     rises with h.

@@ -12,7 +12,7 @@ from mmoe.stats import bootstrap, percentile_interval
 from mmoe.study.claims.claim import Claim, Statement, empty_claim, modality_claim
 from mmoe.study.plan import ClaimPlan
 from mmoe.study.plan_design import shipped_rules
-from mmoe.study.verdicts import describe, direction_verdict, gated, keys_of, log_mean
+from mmoe.study.verdicts import DESCRIPTIVE, SATURATED, describe, direction_verdict, gated, keys_of, log_mean
 
 # The plan's gates: fluctuation is uninformative when both routers change expert at least
 # ``random_fluctuation_share`` as often as a random reassignment with the same loads would (1 - Σ_e p_e²): routing is
@@ -268,7 +268,7 @@ def _consistency_modality(consistency: dict, keys: list[str], rules: ClaimPlan) 
         "windows": len(differences),
         "difference": float(differences.mean()),
         "interval": interval,
-        "verdict": gated(direction_verdict(interval, +1), saturated=min(means.values()) >= ceiling),
+        "verdict": SATURATED if min(means.values()) >= ceiling else DESCRIPTIVE,
     }
 
 
