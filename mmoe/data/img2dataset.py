@@ -15,7 +15,9 @@ It decides which samples a run leaves out, in shard order, and records them in t
   counted in the manifest only; a tar sample with another status is left out when read);
 * ``duplicate_key`` / ``duplicate_uid``: a key or DataComp ``uid`` an earlier kept sample already has (the first kept
   one claims it: a failed download or a left-out sample claims nothing);
-* ``too_small``: ``min(width, height)`` below ``min_side`` (from the json / parquet ``width`` and ``height``).
+* ``too_small``: the image's smaller side below ``min_side``: ``original_width`` / ``original_height`` where the
+  json / parquet gives both (img2dataset's ``width`` / ``height`` are the sizes after its ``--image_size`` resize, so
+  a 25-px original resized to 64 px would pass), else ``width`` / ``height``; ``sides_read_from`` counts which.
 
 ``shard_samples`` counts the samples in each tar, left-out ones included, so a reader counts a truncated shard's
 losses against it; the stream skips the left-out samples without decoding them and reports them by cause
@@ -46,18 +48,22 @@ MAX_JSON_BYTES = 1 << 20
 #: webdataset's rule: a member's sample key is its path up to the first dot of its file name.
 _MEMBER = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")
 CAUSES = ("status", "duplicate_key", "duplicate_uid", "too_small")
+#: Where a sample's sides are read, first choice first: the original image's, else the stored (resized) image's.
+SIDE_FIELDS = (("original_width", "original_height"), ("width", "height"))
 
 
 @dataclass(frozen=True)
 class SampleRecord:
-    """What the index knows of one attempted sample: its ``key``, ``status``, stored ``width`` / ``height`` and
-    DataComp ``uid`` (None where absent)."""
+    """What the index knows of one attempted sample: its ``key``, ``status``, its image's ``width`` / ``height``
+    (read from the fields ``sides_from`` names, one of :data:`SIDE_FIELDS` joined by "/") and DataComp ``uid`` (None
+    where absent)."""
 
     key: str
     status: str
     width: int | None = None
     height: int | None = None
     uid: str | None = None
+    sides_from: str | None = None
 
     @property
     def in_tar(self) -> bool:
@@ -92,7 +98,8 @@ def records_from_parquet(path: Path) -> list[SampleRecord]:
 
     try:
         columns = set(pq.read_schema(path).names)
-        wanted = [name for name in ("key", "status", "width", "height", "uid") if name in columns]
+        read = ("key", "status", *(field for fields in SIDE_FIELDS for field in fields), "uid")
+        wanted = [name for name in read if name in columns]
         table = pq.read_table(path, columns=wanted)  # DataComp's metadata has many more columns: not read
     except Exception as error:  # pyarrow raises several types for a file that is not parquet
         raise ConversionError(f"{path}: not a readable parquet file ({type(error).__name__})") from None
@@ -111,8 +118,11 @@ def records_from_parquet(path: Path) -> list[SampleRecord]:
 
 def _record(key: str, status: str, meta: dict[str, Any], where: str) -> SampleRecord:
     uid = meta.get("uid")
-    width, height = (pixels(meta.get(field), where, field) for field in ("width", "height"))
-    return SampleRecord(key, status, width, height, None if uid is None else str(uid))
+    sides = {field: pixels(meta.get(field), where, field) for fields in SIDE_FIELDS for field in fields}
+    for fields in SIDE_FIELDS:
+        if None not in (width := sides[fields[0]], height := sides[fields[1]]):
+            return SampleRecord(key, status, width, height, None if uid is None else str(uid), "/".join(fields))
+    return SampleRecord(key, status, uid=None if uid is None else str(uid))
 
 
 def _tar_groups(path: Path) -> Iterator[tuple[str, dict[str, tarfile.TarInfo], tarfile.TarFile]]:
@@ -203,6 +213,8 @@ class Exclusions:
         self.uids: set[str] = set()
         self.counts: Counter[str] = Counter()
         self.statuses: Counter[str] = Counter()
+        #: The fields each ``min_side`` check read the sides from ("unknown": none given, the sample is kept).
+        self.sides_read_from: Counter[str] = Counter()
 
     def cause(self, record: SampleRecord, repeated_in_shard: bool = False) -> str | None:
         """Why ``record`` is left out (one of :data:`CAUSES`), or None; counts it. ``repeated_in_shard``: its shard
@@ -226,7 +238,8 @@ class Exclusions:
         return cause
 
     def _too_small(self, record: SampleRecord) -> bool:
-        """Whether the stored image's smaller side is below ``min_side`` (an unknown size is kept)."""
+        """Whether the image's smaller side is below ``min_side`` (an unknown size is kept)."""
+        self.sides_read_from[record.sides_from or "unknown"] += 1
         if record.width is None or record.height is None:
             return False
         return min(record.width, record.height) < self.min_side
@@ -299,6 +312,7 @@ def index_folder(folder: str | os.PathLike, min_side: int = DEFAULT_MIN_SIDE) ->
         "skipped_by_cause": {cause: exclusions.counts[cause] for cause in CAUSES},
         "statuses": dict(sorted(exclusions.statuses.items())),
         "min_side": min_side,
+        "sides_read_from": dict(sorted(exclusions.sides_read_from.items())),
         "counted_from": counted_from,
         "shard_stats": shard_stats(folder, [tar.name for tar in tars]),
         "excluded": excluded,
