@@ -38,7 +38,7 @@ from typing import Any
 
 from mmoe.atomic import write_json_atomic
 from mmoe.data.converters.common import ConversionError
-from mmoe.data.shards import INDEX_FORMAT, MANIFEST, check_shard_name, shard_stats
+from mmoe.data.shards import INDEX_FORMAT, MANIFEST, check_shard_name, read_manifest, shard_stats
 
 SUCCESS = "success"
 #: Default smallest image side kept (pixels).
@@ -319,6 +319,28 @@ def index_folder(folder: str | os.PathLike, min_side: int = DEFAULT_MIN_SIDE) ->
     }
     write_json_atomic(folder / MANIFEST, manifest)
     return manifest
+
+
+def not_downloaded(folder: str) -> str | None:
+    """One line on the samples img2dataset tried and did not store in a local indexed ``folder`` (its manifest's
+    ``statuses``: failed downloads and resizes), which a run over it never meets, so its skip report never counts
+    them; None for a folder that is not an index or lost nothing."""
+    if not os.path.isfile(os.path.join(folder, MANIFEST)):
+        return None
+    manifest = read_manifest(folder)
+    statuses = manifest.get("statuses")
+    if manifest.get("format") != INDEX_FORMAT or not isinstance(statuses, dict):
+        return None
+    counts = {status: n for status, n in statuses.items() if isinstance(n, int) and n > 0}
+    failed, tried = sum(counts.values()), manifest["samples"] + manifest["skipped"]
+    if not failed:
+        return None
+    listed = ", ".join(f"{n} {status}" for status, n in counts.items())
+    return (
+        f"mmoe: {folder}: {failed} of the {tried} samples img2dataset tried ({100 * failed / max(tried, 1):.1f}%) "
+        f"are not in its tars ({listed}; {MANIFEST}'s statuses): this run never reads them, and its skip report "
+        "does not count them"
+    )
 
 
 def _valid_name(name: str) -> bool:
