@@ -12,6 +12,7 @@ import csv
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -28,7 +29,8 @@ from mmoe.model import MultiwayConfig, MultiwayTransformer, to_beit3
 from mmoe.runtime.checkpoint import load_backbone
 from mmoe.tasks import from_pretrained
 from tests.cli_fixtures import tiny_sentencepiece
-from tests.tutorial_commands import TUTORIALS, block_commands, mmoe_arguments, page_commands
+from tests.data.img2dataset_layout import Attempt, write_shard
+from tests.tutorial_commands import MMOE, TUTORIALS, bash_blocks, block_commands, mmoe_arguments, page_commands
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -320,3 +322,49 @@ def test_the_claims_study_plans_print_the_shipped_report_s_plan_hash(tmp_path, m
     assert f"SHA-256 of its canonical JSON: `{shipped_hash}`" in default
     assert all("Estimated cost" in out for out in printed.values()) and len(printed) == 4
     assert not any(tmp_path.iterdir()), "a dry run writes nothing"
+
+
+#: The pages giving the commands for an img2dataset folder: README's and the section of data/README.md it points to.
+IMG2DATASET_PAGES = (REPO / "README.md", REPO / "data" / "README.md")
+
+
+def img2dataset_commands(page: Path) -> list[list[str]]:
+    """The commands of the one ``bash`` block of ``page`` that indexes an img2dataset folder."""
+    (block,) = [body for body in bash_blocks(page.read_text(encoding="utf-8")) if f"{MMOE} data index" in body]
+    return block_commands(block)
+
+
+def write_img2dataset_output(folder: Path) -> None:
+    """What ``img2dataset --output_format webdataset --image_size 64`` writes, and nothing else: per shard a tar
+    (jpg, txt, json), a parquet and a stats file; every stored image 64 px, a third of the originals 25 px (below
+    ``--min-side 64``), 2 failed downloads per shard; 48 samples to train on (the 768 patches the codebook needs 512 of)."""
+    folder.mkdir(parents=True)
+    attempts = [Attempt(side=64, original=side) for side in (300, 120, 25) * 8] + [
+        Attempt(status="failed_to_download")
+    ] * 2
+    for shard in range(3):
+        write_shard(folder, shard, attempts)
+
+
+def test_the_img2dataset_commands_run_as_written_on_a_folder_of_img2dataset_output_only(tmp_path, monkeypatch):
+    commands = img2dataset_commands(IMG2DATASET_PAGES[0])
+    assert img2dataset_commands(IMG2DATASET_PAGES[1]) == commands, "README and data/README.md give one recipe"
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "configs").symlink_to(REPO / "configs", target_is_directory=True)
+    write_img2dataset_output(tmp_path / "data" / "cc3m")
+    written = [path.name for path in (tmp_path / "data").rglob("*") if path.is_file()]
+    assert len(written) == 9 and all(re.fullmatch(r"\d{5}(\.tar|\.parquet|_stats\.json)", name) for name in written)
+    printed = []
+    for argv in commands:
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(mmoe_arguments(argv))
+        assert code == 0, f"{' '.join(argv)!r} exited {code}: {err.getvalue()[-3000:]}"
+        printed.append((out.getvalue(), err.getvalue()))
+    index = json.loads(printed[0][0])
+    assert index["samples"] == 48 and index["skipped_by_cause"]["too_small"] == 24
+    assert index["statuses"] == {"failed_to_download": 6}
+    assert index["sides_read_from"] == {"original_width/original_height": 72}
+    fit_said = printed[-1][1].splitlines()
+    assert len([line for line in fit_said if "6 of the 78 samples img2dataset tried" in line]) == 1
+    assert (tmp_path / "runs" / "pretrain" / "cc3m_xmoe" / "checkpoints" / "last.ckpt").is_file()
