@@ -125,7 +125,10 @@ PAGES_RUN = ("pretrain_own_data.md", "finetune_evaluate.md", "beit3_weights.md",
 
 def tiny_sizes(args: list[str]) -> list[str]:
     """The :data:`TINY_SIZES` options of a command, keyed by its subcommand (two words for a command group such as
-    ``data synth``); for ``fit`` / ``predict`` by its first config, or else that config's folder."""
+    ``data synth``); for ``fit`` / ``predict`` by its first config, or else that config's folder. A ``fit`` whose
+    page gives its ``--trainer.max_steps`` runs at the size the page shows: none."""
+    if args[0] == "fit" and "--trainer.max_steps" in args:
+        return []
     words = args[:2] if args[0] in {"data", "tokenizer", "eval", "infer", "analyze", "viz", "study"} else args[:1]
     if args[0] in {"fit", "predict"}:
         config = args[args.index("--config") + 1]
@@ -237,6 +240,7 @@ def test_setup_is_the_first_command_of_the_demo():
 def test_pretraining_on_own_and_synthetic_data_exports_a_backbone(reader_session):
     root, _ = reader_session
     assert (root / "runs" / "pretrain" / "mine_xmoe" / "checkpoints" / "last.ckpt").is_file()
+    assert load_backbone(root / "runs" / "mine_xmoe.pt").config.moe is not None
     backbone = load_backbone(root / "runs" / "tiny_xmoe.pt")
     assert backbone.config.moe is not None and backbone.config.dim == 192
     assert json.loads((root / "runs" / "tiny_xmoe" / "config.json").read_text())["format"] == "mmoe-pretrained"
@@ -254,6 +258,18 @@ def test_fine_tuning_from_the_exported_backbone_infers_and_scores(reader_session
     images = sorted(path.name for path in (root / "data" / "synthetic" / "coco" / "val2014").iterdir())
     captions = json.loads((root / "runs" / "folder_captions.json").read_text())
     assert sorted(entry["file"] for entry in captions) == images and all(entry["caption"] for entry in captions)
+
+
+def test_own_tables_fine_tune_a_captioning_model_that_captions_a_held_out_photo(reader_session):
+    root, printed = reader_session
+    run = root / "runs" / "finetune" / "mine_captioning"
+    assert list((run / "checkpoints").glob("*step=10.ckpt")) and (run / "checkpoints" / "last.ckpt").is_file()
+    assert (run / "results" / "captions_val_step10.json").is_file(), "the run validated on captions-val, in its folder"
+    (caption,) = [out for line, out in printed.items() if line.startswith(f"{MMOE} infer captioning")]
+    with (root / "data" / "mine" / "train.csv").open() as table:
+        words = {word for row in csv.DictReader(table) for word in row["caption"].split()}
+    # The head says only the training captions' tokens (caption_tokens.json), so every word is one of theirs.
+    assert caption.split() and set(caption.split()) <= words, caption
 
 
 def write_beit3_stand_ins(root: Path) -> None:
@@ -337,7 +353,7 @@ def img2dataset_commands(page: Path) -> list[list[str]]:
 def write_img2dataset_output(folder: Path) -> None:
     """What ``img2dataset --output_format webdataset --image_size 64`` writes, and nothing else: per shard a tar
     (jpg, txt, json), a parquet and a stats file; every stored image 64 px, a third of the originals 25 px (below
-    ``--min-side 64``), 2 failed downloads per shard; 48 samples to train on (the 768 patches the codebook needs 512 of)."""
+    ``--min-side 64``), 2 failed downloads per shard; 48 samples to train on (768 patches: the codebook needs 512)."""
     folder.mkdir(parents=True)
     attempts = [Attempt(side=64, original=side) for side in (300, 120, 25) * 8] + [
         Attempt(status="failed_to_download")
