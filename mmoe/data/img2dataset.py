@@ -280,6 +280,7 @@ def index_folder(folder: str | os.PathLike, min_side: int = DEFAULT_MIN_SIDE) ->
     excluded: dict[str, dict[str, str]] = {}
     counted_from: dict[str, str] = {}
     kept = 0
+    not_in_tars: Counter[str] = Counter()  # the parquet's rows of samples the tars never held: failed downloads
     for tar in tars:
         parquet = tar.with_suffix(".parquet")
         from_parquet = parquet.is_file() and not parquet.is_symlink()
@@ -290,6 +291,7 @@ def index_folder(folder: str | os.PathLike, min_side: int = DEFAULT_MIN_SIDE) ->
         in_tar = 0
         for record, in_this_tar in records:
             cause = exclusions.cause(record, repeated_in_shard=in_this_tar and record.key in in_shard)
+            not_in_tars[record.status] += not in_this_tar
             if in_this_tar:
                 # A key read twice in one shard: the reader drops the repeat itself (the first is kept).
                 if cause and record.key not in in_shard:
@@ -311,6 +313,7 @@ def index_folder(folder: str | os.PathLike, min_side: int = DEFAULT_MIN_SIDE) ->
         "shard_samples": shard_samples,
         "skipped_by_cause": {cause: exclusions.counts[cause] for cause in CAUSES},
         "statuses": dict(sorted(exclusions.statuses.items())),
+        "not_in_tars": {status: n for status, n in sorted(not_in_tars.items()) if n},
         "min_side": min_side,
         "sides_read_from": dict(sorted(exclusions.sides_read_from.items())),
         "counted_from": counted_from,
@@ -323,12 +326,13 @@ def index_folder(folder: str | os.PathLike, min_side: int = DEFAULT_MIN_SIDE) ->
 
 def not_downloaded(folder: str) -> str | None:
     """One line on the samples img2dataset tried and did not store in a local indexed ``folder`` (its manifest's
-    ``statuses``: failed downloads and resizes), which a run over it never meets, so its skip report never counts
-    them; None for a folder that is not an index or lost nothing."""
+    ``not_in_tars``: the parquet's failed downloads and resizes), which a run over it never meets, so its skip report
+    never counts them; None for a folder that is not an index (or one indexed before ``not_in_tars``) or lost
+    nothing. A tar sample with a failed status is not among them: a run reads it and counts it as left out."""
     if not os.path.isfile(os.path.join(folder, MANIFEST)):
         return None
     manifest = read_manifest(folder)
-    statuses = manifest.get("statuses")
+    statuses = manifest.get("not_in_tars")
     if manifest.get("format") != INDEX_FORMAT or not isinstance(statuses, dict):
         return None
     counts = {status: n for status, n in statuses.items() if isinstance(n, int) and n > 0}
@@ -338,7 +342,7 @@ def not_downloaded(folder: str) -> str | None:
     listed = ", ".join(f"{n} {status}" for status, n in counts.items())
     return (
         f"mmoe: {folder}: {failed} of the {tried} samples img2dataset tried ({100 * failed / max(tried, 1):.1f}%) "
-        f"are not in its tars ({listed}; {MANIFEST}'s statuses): this run never reads them, and its skip report "
+        f"are not in its tars ({listed}; {MANIFEST}'s not_in_tars): this run never reads them, and its skip report "
         "does not count them"
     )
 

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from mmoe.data.cli import data_command
-from mmoe.data.img2dataset import index_folder
+from mmoe.data.img2dataset import index_folder, not_downloaded
 from mmoe.data.shards import resolve_shards
 from mmoe.data.streams import ShardStream
 from tests.data.img2dataset_layout import Attempt, write_planted, write_shard
@@ -173,3 +173,19 @@ def test_without_original_sides_min_side_reads_width_and_height_and_says_so(tmp_
     manifest = index_folder(folder, min_side=32)
     assert manifest["excluded"] == {"00000.tar": {"000000000": "too_small"}}
     assert manifest["sides_read_from"] == {"width/height": 2}
+
+
+def test_the_failed_download_line_counts_only_samples_the_tars_never_held(tmp_path):
+    folder = write_planted(tmp_path / "cc")
+    table = pq.read_table(folder / "00000.parquet").to_pylist()
+    table[0]["status"] = "failed_to_resize"  # a tar sample its parquet marks failed: read, and left out by status
+    pq.write_table(pa.Table.from_pylist(table), folder / "00000.parquet")
+    manifest = index_folder(folder, min_side=32)
+    assert manifest["statuses"] == {"failed_to_download": 2, "failed_to_resize": 1}
+    assert manifest["not_in_tars"] == {"failed_to_download": 2}
+    line = not_downloaded(str(folder))
+    assert "2 of the 14 samples img2dataset tried (14.3%) are not in its tars (2 failed_to_download;" in line
+    for parquet in folder.glob("*.parquet"):  # indexed from the tars' json alone: every sample is in a tar
+        parquet.unlink()
+    index_folder(folder, min_side=32)
+    assert not_downloaded(str(folder)) is None
