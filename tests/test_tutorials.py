@@ -1,8 +1,10 @@
 """Every tutorial page's ``bash`` blocks run as written (read from the page by tests/tutorial_commands.py), in order,
 in a fresh working directory, through ``mmoe.cli.main`` in this process (or, for the commands of :data:`IN_A_PROCESS`,
-as a process of their own), at tiny sizes: :data:`TINY_SIZES` appends each kind of command's size options,
-:data:`NOT_RUN` names each command not run here and why. The pages chain as a reader's session does: the
-pre-training page's corpus, run and exported backbone are what the fine-tuning, router and scale-out pages start from.
+as a process of their own), at tiny sizes: :data:`TINY_SIZES` appends each kind of command's size options (a ``fit``
+whose page states its ``--trainer.max_steps`` runs as written), :data:`NOT_RUN` names each command not run here and
+why. The pages chain as a reader's session does: the pre-training page's corpus, run and exported backbone are what
+the fine-tuning, router and scale-out pages start from. README's and data/README.md's img2dataset commands run as
+written too, on a folder of img2dataset's files alone.
 """
 
 from __future__ import annotations
