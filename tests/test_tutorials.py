@@ -1,8 +1,10 @@
 """Every tutorial page's ``bash`` blocks run as written (read from the page by tests/tutorial_commands.py), in order,
 in a fresh working directory, through ``mmoe.cli.main`` in this process (or, for the commands of :data:`IN_A_PROCESS`,
-as a process of their own), at tiny sizes: :data:`TINY_SIZES` appends each kind of command's size options,
-:data:`NOT_RUN` names each command not run here and why. The pages chain as a reader's session does: the
-pre-training page's corpus, run and exported backbone are what the fine-tuning, router and scale-out pages start from.
+as a process of their own), at tiny sizes: :data:`TINY_SIZES` appends each kind of command's size options (a ``fit``
+whose page states its ``--trainer.max_steps`` runs as written), :data:`NOT_RUN` names each command not run here and
+why. The pages chain as a reader's session does: the pre-training page's corpus, run and exported backbone are what
+the fine-tuning, router and scale-out pages start from. README's and data/README.md's img2dataset commands run as
+written too, on a folder of img2dataset's files alone.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import csv
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -28,7 +31,8 @@ from mmoe.model import MultiwayConfig, MultiwayTransformer, to_beit3
 from mmoe.runtime.checkpoint import load_backbone
 from mmoe.tasks import from_pretrained
 from tests.cli_fixtures import tiny_sentencepiece
-from tests.tutorial_commands import TUTORIALS, block_commands, mmoe_arguments, page_commands
+from tests.data.img2dataset_layout import Attempt, write_shard
+from tests.tutorial_commands import MMOE, TUTORIALS, bash_blocks, block_commands, mmoe_arguments, page_commands
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -123,7 +127,10 @@ PAGES_RUN = ("pretrain_own_data.md", "finetune_evaluate.md", "beit3_weights.md",
 
 def tiny_sizes(args: list[str]) -> list[str]:
     """The :data:`TINY_SIZES` options of a command, keyed by its subcommand (two words for a command group such as
-    ``data synth``); for ``fit`` / ``predict`` by its first config, or else that config's folder."""
+    ``data synth``); for ``fit`` / ``predict`` by its first config, or else that config's folder. A ``fit`` whose
+    page gives its ``--trainer.max_steps`` runs at the size the page shows: none."""
+    if args[0] == "fit" and "--trainer.max_steps" in args:
+        return []
     words = args[:2] if args[0] in {"data", "tokenizer", "eval", "infer", "analyze", "viz", "study"} else args[:1]
     if args[0] in {"fit", "predict"}:
         config = args[args.index("--config") + 1]
@@ -235,6 +242,7 @@ def test_setup_is_the_first_command_of_the_demo():
 def test_pretraining_on_own_and_synthetic_data_exports_a_backbone(reader_session):
     root, _ = reader_session
     assert (root / "runs" / "pretrain" / "mine_xmoe" / "checkpoints" / "last.ckpt").is_file()
+    assert load_backbone(root / "runs" / "mine_xmoe.pt").config.moe is not None
     backbone = load_backbone(root / "runs" / "tiny_xmoe.pt")
     assert backbone.config.moe is not None and backbone.config.dim == 192
     assert json.loads((root / "runs" / "tiny_xmoe" / "config.json").read_text())["format"] == "mmoe-pretrained"
@@ -252,6 +260,18 @@ def test_fine_tuning_from_the_exported_backbone_infers_and_scores(reader_session
     images = sorted(path.name for path in (root / "data" / "synthetic" / "coco" / "val2014").iterdir())
     captions = json.loads((root / "runs" / "folder_captions.json").read_text())
     assert sorted(entry["file"] for entry in captions) == images and all(entry["caption"] for entry in captions)
+
+
+def test_own_tables_fine_tune_a_captioning_model_that_captions_a_held_out_photo(reader_session):
+    root, printed = reader_session
+    run = root / "runs" / "finetune" / "mine_captioning"
+    assert list((run / "checkpoints").glob("*step=10.ckpt")) and (run / "checkpoints" / "last.ckpt").is_file()
+    assert (run / "results" / "captions_val_step10.json").is_file(), "the run validated on captions-val, in its folder"
+    (caption,) = [out for line, out in printed.items() if line.startswith(f"{MMOE} infer captioning")]
+    with (root / "data" / "mine" / "train.csv").open() as table:
+        words = {word for row in csv.DictReader(table) for word in row["caption"].split()}
+    # The head says only the training captions' tokens (caption_tokens.json), so every word is one of theirs.
+    assert caption.split() and set(caption.split()) <= words, caption
 
 
 def write_beit3_stand_ins(root: Path) -> None:
@@ -320,3 +340,49 @@ def test_the_claims_study_plans_print_the_shipped_report_s_plan_hash(tmp_path, m
     assert f"SHA-256 of its canonical JSON: `{shipped_hash}`" in default
     assert all("Estimated cost" in out for out in printed.values()) and len(printed) == 4
     assert not any(tmp_path.iterdir()), "a dry run writes nothing"
+
+
+#: The pages giving the commands for an img2dataset folder: README's and the section of data/README.md it points to.
+IMG2DATASET_PAGES = (REPO / "README.md", REPO / "data" / "README.md")
+
+
+def img2dataset_commands(page: Path) -> list[list[str]]:
+    """The commands of the one ``bash`` block of ``page`` that indexes an img2dataset folder."""
+    (block,) = [body for body in bash_blocks(page.read_text(encoding="utf-8")) if f"{MMOE} data index" in body]
+    return block_commands(block)
+
+
+def write_img2dataset_output(folder: Path) -> None:
+    """What ``img2dataset --output_format webdataset --image_size 64`` writes, and nothing else: per shard a tar
+    (jpg, txt, json), a parquet and a stats file; every stored image 64 px, a third of the originals 25 px (below
+    ``--min-side 64``), 2 failed downloads per shard; 48 samples to train on (768 patches: the codebook needs 512)."""
+    folder.mkdir(parents=True)
+    attempts = [Attempt(side=64, original=side) for side in (300, 120, 25) * 8] + [
+        Attempt(status="failed_to_download")
+    ] * 2
+    for shard in range(3):
+        write_shard(folder, shard, attempts)
+
+
+def test_the_img2dataset_commands_run_as_written_on_a_folder_of_img2dataset_output_only(tmp_path, monkeypatch):
+    commands = img2dataset_commands(IMG2DATASET_PAGES[0])
+    assert img2dataset_commands(IMG2DATASET_PAGES[1]) == commands, "README and data/README.md give one recipe"
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "configs").symlink_to(REPO / "configs", target_is_directory=True)
+    write_img2dataset_output(tmp_path / "data" / "cc3m")
+    written = [path.name for path in (tmp_path / "data").rglob("*") if path.is_file()]
+    assert len(written) == 9 and all(re.fullmatch(r"\d{5}(\.tar|\.parquet|_stats\.json)", name) for name in written)
+    printed = []
+    for argv in commands:
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(mmoe_arguments(argv))
+        assert code == 0, f"{' '.join(argv)!r} exited {code}: {err.getvalue()[-3000:]}"
+        printed.append((out.getvalue(), err.getvalue()))
+    index = json.loads(printed[0][0])
+    assert index["samples"] == 48 and index["skipped_by_cause"]["too_small"] == 24
+    assert index["statuses"] == {"failed_to_download": 6}
+    assert index["sides_read_from"] == {"original_width/original_height": 72}
+    fit_said = printed[-1][1].splitlines()
+    assert len([line for line in fit_said if "6 of the 78 samples img2dataset tried" in line]) == 1
+    assert (tmp_path / "runs" / "pretrain" / "cc3m_xmoe" / "checkpoints" / "last.ckpt").is_file()

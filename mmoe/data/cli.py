@@ -170,13 +170,18 @@ def _index_command(commands: argparse._SubParsersAction) -> None:
     index = commands.add_parser("index", help="write the manifest of an img2dataset / DataComp shard folder")
     index.add_argument("folder", help="img2dataset's webdataset output: 00000.tar (+ 00000.parquet), ...")
     index.add_argument(
-        "--min-side", type=int, default=None, help="leave out images whose smaller side is below this (64 pixels)"
+        "--min-side",
+        type=int,
+        default=None,
+        help="leave out images whose smaller side is below this (64 pixels): the original image's side where "
+        "img2dataset recorded it (original_width / original_height), else the stored one (width / height)",
     )
 
 
 def _index(args: argparse.Namespace) -> dict:
     """``mmoe data index``: the manifest, without its per-sample exclusion lists (they stay in the file)."""
-    from mmoe.data.img2dataset import DEFAULT_MIN_SIDE, MAX_SIDE, index_folder
+    from mmoe.data.img2dataset import DEFAULT_MIN_SIDE, index_folder
+    from mmoe.data.img2dataset_records import MAX_SIDE
 
     min_side = DEFAULT_MIN_SIDE if args.min_side is None else args.min_side
     if not 0 <= min_side <= MAX_SIDE:

@@ -15,7 +15,9 @@ It decides which samples a run leaves out, in shard order, and records them in t
   counted in the manifest only; a tar sample with another status is left out when read);
 * ``duplicate_key`` / ``duplicate_uid``: a key or DataComp ``uid`` an earlier kept sample already has (the first kept
   one claims it: a failed download or a left-out sample claims nothing);
-* ``too_small``: ``min(width, height)`` below ``min_side`` (from the json / parquet ``width`` and ``height``).
+* ``too_small``: the image's smaller side below ``min_side``: ``original_width`` / ``original_height`` where the
+  json / parquet gives both (img2dataset's ``width`` / ``height`` are the sizes after its ``--image_size`` resize, so
+  a 25-px original resized to 64 px would pass), else ``width`` / ``height``; ``sides_read_from`` counts which.
 
 A tar cut short (a download cut off, or one img2dataset is still writing) is indexed up to the cut, named on stderr
 and listed in the manifest's ``cut_shards``; an index that keeps no sample is a ConversionError, as an empty
@@ -29,191 +31,20 @@ losses against it; the stream skips the left-out samples without decoding them a
 from __future__ import annotations
 
 import os
-import re
 import sys
-import tarfile
 from collections import Counter
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mmoe.atomic import write_json_atomic
 from mmoe.data.converters.common import ConversionError
-from mmoe.data.shards import INDEX_FORMAT, MANIFEST, check_shard_name, shard_stats
+from mmoe.data.img2dataset_records import SUCCESS, SampleRecord, parquet_shard, records_from_tar
+from mmoe.data.shards import INDEX_FORMAT, MANIFEST, check_shard_name, read_manifest, shard_stats
 from mmoe.io import parse_json
 
-SUCCESS = "success"
 #: Default smallest image side kept (pixels).
 DEFAULT_MIN_SIDE = 64
-#: A ``.json`` member larger than this is not read (its sample keeps what the parquet or nothing says).
-MAX_JSON_BYTES = 1 << 20
-#: webdataset's rule: a member's sample key is its path up to the first dot of its file name.
-_MEMBER = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")
 CAUSES = ("status", "duplicate_key", "duplicate_uid", "too_small")
-
-
-@dataclass(frozen=True)
-class SampleRecord:
-    """What the index knows of one attempted sample: its ``key``, ``status``, stored ``width`` / ``height`` and
-    DataComp ``uid`` (None where absent)."""
-
-    key: str
-    status: str
-    width: int | None = None
-    height: int | None = None
-    uid: str | None = None
-
-    @property
-    def in_tar(self) -> bool:
-        """Whether the tar holds it (img2dataset writes only successful downloads)."""
-        return self.status == SUCCESS
-
-
-#: A stored side above this is not a pixel count (a corrupt value, not an image).
-MAX_SIDE = 1 << 20
-
-
-def pixels(value: Any, where: str, field: str) -> int | None:
-    """A stored ``width`` / ``height``: a whole number or a numeric string ("64", "64.0"); None where absent (or a
-    float NaN, pandas' missing value). Anything else is a ConversionError naming ``where`` and ``field``."""
-    if value is None or (isinstance(value, float) and value != value):
-        return None
-    number = value
-    if isinstance(value, str):
-        try:
-            number = float(value.strip())
-        except ValueError:
-            number = None
-    if isinstance(number, int | float) and not isinstance(number, bool) and 0 <= number <= MAX_SIDE:
-        return int(number)
-    raise ConversionError(f"{where}: field '{field}' is {value!r}, expected a pixel count (0 to {MAX_SIDE})")
-
-
-def records_from_parquet(path: Path) -> list[SampleRecord]:
-    """The rows of img2dataset's per-shard parquet (``key`` and ``status`` required; ``width``, ``height`` and
-    ``uid`` read where present), in order."""
-    import pyarrow.parquet as pq
-
-    try:  # opened by Python: pyarrow cannot open a path whose name is not UTF-8
-        with open(path, "rb") as file:
-            columns = set(pq.read_schema(file).names)
-            wanted = [name for name in ("key", "status", "width", "height", "uid") if name in columns]
-            table = pq.read_table(file, columns=wanted)  # DataComp's metadata has many more columns: not read
-    except Exception as error:  # pyarrow raises several types for a file that is not parquet
-        raise ConversionError(f"{path}: not a readable parquet file ({type(error).__name__})") from None
-    for required in ("key", "status"):
-        if required not in columns:
-            raise ConversionError(f"{path}: no '{required}' column (img2dataset's metadata has key and status)")
-    rows = table.to_pylist()
-    records = []
-    for index, row in enumerate(rows):
-        for field in ("key", "status"):
-            if not isinstance(row[field], str) or not row[field]:
-                raise ConversionError(f"{path}: row {index}: field '{field}' is {row[field]!r}, expected a string")
-        records.append(_record(row["key"], row["status"], row, f"{path}: row {index}"))
-    return records
-
-
-def _record(key: str, status: str, meta: dict[str, Any], where: str) -> SampleRecord:
-    uid = meta.get("uid")
-    width, height = (pixels(meta.get(field), where, field) for field in ("width", "height"))
-    return SampleRecord(key, status, width, height, None if uid is None else str(uid))
-
-
-def _tar_groups(path: Path, cuts: dict[str, str]) -> Iterator[tuple[str, dict[str, tarfile.TarInfo], tarfile.TarFile]]:
-    """(key, extension -> member) per sample, grouped as webdataset groups consecutive members. A tar cut short (a
-    truncated download, or one img2dataset is still writing) gives the samples before the cut, the last one with its
-    members that are whole, and ``cuts[path.name]`` says where it ends."""
-    try:
-        archive = tarfile.open(path, "r:")
-    except (tarfile.TarError, OSError) as error:
-        if isinstance(error, tarfile.ReadError) and path.stat().st_size < tarfile.BLOCKSIZE:
-            cuts[path.name] = f"cut short after 0 samples ({error})"  # not one whole header yet: a tar just begun
-            return
-        raise ConversionError(f"{path}: not a readable tar file ({error})") from None
-    with archive:
-        key, members, count = None, {}, 0
-        try:
-            for member in archive:
-                match = _MEMBER.match(member.name) if member.isfile() else None
-                if match is None:
-                    continue
-                if match.group(1) != key and members:
-                    yield key, members, archive
-                    members, count = {}, count + 1
-                key = match.group(1)
-                members[match.group(2)] = member
-            cut = None if _ends_whole(path, archive.offset) else "no end-of-archive block"
-        except tarfile.ReadError as error:
-            cut = str(error)
-        if cut is not None:
-            size = path.stat().st_size
-            # The reader gives the last sample with the members whole before the cut (none: no sample).
-            members = {name: m for name, m in members.items() if m.offset_data + m.size <= size}
-            cuts[path.name] = f"cut short after {count + bool(members)} samples ({cut})"
-        if members:
-            yield key, members, archive
-
-
-def _ends_whole(path: Path, offset: int) -> bool:
-    """Whether the tar ends as a whole one does, in a zero block at ``offset`` (where tarfile stopped reading
-    headers); tarfile ends a tar cut at or inside a header silently."""
-    with open(path, "rb") as file:
-        file.seek(offset)
-        return file.read(tarfile.BLOCKSIZE) == bytes(tarfile.BLOCKSIZE)
-
-
-def _json_meta(archive: tarfile.TarFile, member: tarfile.TarInfo | None) -> dict[str, Any]:
-    if member is None or member.size > MAX_JSON_BYTES:
-        return {}
-    try:
-        value = parse_json(archive.extractfile(member).read())
-    except (ValueError, OSError, tarfile.TarError):
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
-def records_from_tar(path: Path, cuts: dict[str, str]) -> list[SampleRecord]:
-    """The samples of a tar from its member headers, with status, size and uid from each small ``.json`` member
-    (a sample without one counts as a success of unknown size); a cut tar's in ``cuts`` (:func:`_tar_groups`)."""
-    records = []
-    for key, members, archive in _tar_groups(path, cuts):
-        meta = _json_meta(archive, members.get("json"))
-        status = meta.get("status", SUCCESS)
-        status = status if isinstance(status, str) else str(status)
-        records.append(_record(key, status, meta, f"{path}: sample {key}'s json"))
-    return records
-
-
-def tar_keys(path: Path, cuts: dict[str, str]) -> list[str]:
-    """The sample keys of a tar from its member headers, in order (a cut tar: the keys before the cut, and the cut in
-    ``cuts``; the reader counts the samples after it as lost against the parquet's count)."""
-    return [key for key, _, _ in _tar_groups(path, cuts)]
-
-
-def parquet_shard(tar: Path, parquet: Path, cuts: dict[str, str]) -> list[tuple[SampleRecord, bool]]:
-    """(record, in the tar) for a shard with a parquet: the tar's samples in its order, each as its parquet row
-    describes it (a success row first), then the rows whose key the tar lacks (a success there is a lost sample).
-    A tar sample the parquet does not list is a ConversionError: the parquet describes another tar."""
-    rows = records_from_parquet(parquet)
-    described: dict[str, SampleRecord] = {}
-    for record in rows:
-        if record.key not in described or (record.in_tar and not described[record.key].in_tar):
-            described[record.key] = record
-    keys = tar_keys(tar, cuts)
-    in_tar = set(keys)
-    unlisted = [key for key in keys if key not in described]
-    if unlisted:
-        count, remedy = (
-            f"{len(unlisted)} of the tar's {len(keys)} samples",
-            f"remove {parquet.name} to index the tar alone",
-        )
-        raise ConversionError(
-            f"{tar}: sample {unlisted[0]!r} is not in {parquet.name} ({count} are not): the parquet "
-            f"describes another tar; {remedy}"
-        )
-    return [(described[key], True) for key in keys] + [(row, row.in_tar) for row in rows if row.key not in in_tar]
 
 
 class Exclusions:
@@ -227,6 +58,10 @@ class Exclusions:
         self.counts: Counter[str] = Counter()
         self.statuses: Counter[str] = Counter()
         self.kept = 0
+        #: The fields each ``min_side`` check read the sides from ("unknown": none given, the sample is kept).
+        self.sides_read_from: Counter[str] = Counter()
+        #: The parquet's rows of samples the tars never held (failed downloads and resizes), by status.
+        self.not_in_tars: Counter[str] = Counter()
 
     def cause(self, record: SampleRecord, repeated_in_shard: bool = False) -> str | None:
         """Why ``record`` is left out (one of :data:`CAUSES`), or None; counts it. ``repeated_in_shard``: its shard
@@ -251,7 +86,8 @@ class Exclusions:
         return cause
 
     def _too_small(self, record: SampleRecord) -> bool:
-        """Whether the stored image's smaller side is below ``min_side`` (an unknown size is kept)."""
+        """Whether the image's smaller side is below ``min_side`` (an unknown size is kept)."""
+        self.sides_read_from[record.sides_from or "unknown"] += 1
         if record.width is None or record.height is None:
             return False
         return min(record.width, record.height) < self.min_side
@@ -292,6 +128,7 @@ def _index_shard(tar: Path, exclusions: Exclusions, cuts: dict[str, str]) -> tup
     in_shard: set[str] = set()
     for record, in_this_tar in records:
         cause = exclusions.cause(record, repeated_in_shard=in_this_tar and record.key in in_shard)
+        exclusions.not_in_tars[record.status] += not in_this_tar
         # A key read twice in one shard: the reader drops the repeat itself (the first is kept).
         if in_this_tar and cause and record.key not in in_shard:
             left_out[record.key] = cause
@@ -331,7 +168,9 @@ def index_folder(folder: str | os.PathLike, min_side: int = DEFAULT_MIN_SIDE) ->
         "shard_samples": shard_samples,
         "skipped_by_cause": {cause: exclusions.counts[cause] for cause in CAUSES},
         "statuses": dict(sorted(exclusions.statuses.items())),
+        "not_in_tars": {status: n for status, n in sorted(exclusions.not_in_tars.items()) if n},
         "min_side": min_side,
+        "sides_read_from": dict(sorted(exclusions.sides_read_from.items())),
         "counted_from": counted_from,
         "cut_shards": cuts,
         "shard_stats": shard_stats(folder, [tar.name for tar in tars]),
@@ -357,6 +196,29 @@ def _cut_line(folder: Path, cuts: dict[str, str]) -> str:
     return (
         f"{folder}: {first} is {where}{more}; the samples before the cut are indexed. A truncated download loses "
         "the rest; if img2dataset is still writing the folder, index it again when it has finished"
+    )
+
+
+def not_downloaded(folder: str) -> str | None:
+    """One line on the samples img2dataset tried and did not store in a local indexed ``folder`` (its manifest's
+    ``not_in_tars``: the parquet's failed downloads and resizes), which a run over it never meets, so its skip report
+    never counts them; None for a folder that is not an index (or one indexed before ``not_in_tars``) or lost
+    nothing. A tar sample with a failed status is not among them: a run reads it and counts it as left out."""
+    if not os.path.isfile(os.path.join(folder, MANIFEST)):
+        return None
+    manifest = read_manifest(folder)
+    statuses = manifest.get("not_in_tars")
+    if manifest.get("format") != INDEX_FORMAT or not isinstance(statuses, dict):
+        return None
+    counts = {status: n for status, n in statuses.items() if isinstance(n, int) and n > 0}
+    failed, tried = sum(counts.values()), manifest["samples"] + manifest["skipped"]
+    if not failed:
+        return None
+    listed = ", ".join(f"{n} {status}" for status, n in counts.items())
+    return (
+        f"mmoe: {folder}: {failed} of the {tried} samples img2dataset tried ({100 * failed / max(tried, 1):.1f}%) "
+        f"are not in its tars ({listed}; {MANIFEST}'s not_in_tars): this run never reads them, and its skip report "
+        "does not count them"
     )
 
 

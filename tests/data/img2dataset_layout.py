@@ -26,12 +26,14 @@ JSON_KEYS = ("url", "caption", "key", "status", "error_message", "width", "heigh
 @dataclass(frozen=True)
 class Attempt:
     """One attempted download: ``side`` px square image on success, ``status`` otherwise; ``uid`` and ``key`` given
-    to plant repeats (default: a fresh uid and the shard's next key)."""
+    to plant repeats (default: a fresh uid and the shard's next key); ``original``: the downloaded image's side
+    before img2dataset resized it to ``side`` (default: ``side``, not resized)."""
 
     side: int = 40
     status: str = "success"
     uid: str | None = None
     key: str | None = None
+    original: int | None = None
 
 
 def image_bytes(side: int, shade: int) -> bytes:
@@ -58,7 +60,8 @@ def write_shard(folder: Path, shard: int, attempts: list[Attempt]) -> list[dict]
                 "url": f"http://127.0.0.1/{key}.jpg", "caption": f"a picture number {shard * 100 + index}",
                 "key": key, "status": attempt.status, "error_message": None if ok else "404 Client Error",
                 "width": attempt.side if ok else None, "height": attempt.side if ok else None,
-                "original_width": attempt.side if ok else None, "original_height": attempt.side if ok else None,
+                "original_width": (attempt.original or attempt.side) if ok else None,
+                "original_height": (attempt.original or attempt.side) if ok else None,
                 "exif": None, "md5": hashlib.md5(data).hexdigest() if ok else None,
                 "uid": attempt.uid or hashlib.md5(key.encode()).hexdigest(),
             }  # fmt: skip

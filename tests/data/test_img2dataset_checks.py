@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 
@@ -11,7 +12,7 @@ import pytest
 
 from mmoe.data.cli import data_command
 from mmoe.data.converters.common import ConversionError
-from mmoe.data.img2dataset import index_folder
+from mmoe.data.img2dataset import index_folder, not_downloaded
 from mmoe.data.shards import resolve_shards
 from mmoe.data.streams import ShardStream
 from tests.data.img2dataset_layout import Attempt, write_planted, write_shard
@@ -145,3 +146,47 @@ def test_a_size_that_is_not_a_pixel_count_is_one_line_naming_the_file_row_and_fi
     assert data_command(["index", str(folder)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "00000.parquet: row 0: field 'width'" in err
+
+
+def test_min_side_reads_the_original_sides_img2dataset_resized_away(tmp_path, capsys):
+    # img2dataset --image_size 64: every stored image is 64 px; the 25- and 48-px originals are too small.
+    folder = tmp_path / "cc"
+    folder.mkdir()
+    write_shard(
+        folder, 0, [Attempt(side=64, original=25), Attempt(side=64, original=300), Attempt(side=64, original=48)]
+    )
+    assert data_command(["index", str(folder), "--min-side", "32"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["skipped_by_cause"]["too_small"] == 1 and printed["samples"] == 2
+    assert printed["sides_read_from"] == {"original_width/original_height": 3}
+    (folder / "00000.parquet").unlink()  # the tar's json members say the same
+    assert index_folder(folder, min_side=64)["excluded"] == {
+        "00000.tar": {"000000000": "too_small", "000000002": "too_small"}
+    }
+
+
+def test_without_original_sides_min_side_reads_width_and_height_and_says_so(tmp_path):
+    folder = tmp_path / "cc"
+    folder.mkdir()
+    write_shard(folder, 0, [Attempt(side=20, original=300), Attempt(side=64)])
+    parquet = folder / "00000.parquet"
+    pq.write_table(pq.read_table(parquet).drop_columns(["original_width", "original_height"]), parquet)
+    manifest = index_folder(folder, min_side=32)
+    assert manifest["excluded"] == {"00000.tar": {"000000000": "too_small"}}
+    assert manifest["sides_read_from"] == {"width/height": 2}
+
+
+def test_the_failed_download_line_counts_only_samples_the_tars_never_held(tmp_path):
+    folder = write_planted(tmp_path / "cc")
+    table = pq.read_table(folder / "00000.parquet").to_pylist()
+    table[0]["status"] = "failed_to_resize"  # a tar sample its parquet marks failed: read, and left out by status
+    pq.write_table(pa.Table.from_pylist(table), folder / "00000.parquet")
+    manifest = index_folder(folder, min_side=32)
+    assert manifest["statuses"] == {"failed_to_download": 2, "failed_to_resize": 1}
+    assert manifest["not_in_tars"] == {"failed_to_download": 2}
+    line = not_downloaded(str(folder))
+    assert "2 of the 14 samples img2dataset tried (14.3%) are not in its tars (2 failed_to_download;" in line
+    for parquet in folder.glob("*.parquet"):  # indexed from the tars' json alone: every sample is in a tar
+        parquet.unlink()
+    index_folder(folder, min_side=32)
+    assert not_downloaded(str(folder)) is None

@@ -48,7 +48,8 @@ def test_an_indexed_img2dataset_folder_pretrains_from_its_pairs_and_reports_what
     config = pairs_only_config(folder, synthetic_corpus / "codebook.pt", tmp_path / "run", steps=3, batch_size=3)
     code, _, err = run_mmoe(["fit", "--config", str(config)], capsys)
     assert code == 0, err[-2000:]
-    assert "the image-only and text-only objectives draw from pair_shards" in err.splitlines()[0]
+    start = err.splitlines()[:2]  # and the line on the planted failed downloads
+    assert any("the image-only and text-only objectives draw from pair_shards" in line for line in start)
     report = [line for line in err.splitlines() if line.startswith("mmoe fit: samples skipped")]
     assert len(report) == 1
     read_time = {cause: n for cause, n in PLANTED_CAUSES.items() if cause != "status"}
@@ -66,3 +67,22 @@ def test_fit_refuses_an_indexed_folder_with_a_shard_added_since_in_one_line(synt
     errors = [line for line in err.splitlines() if "00002.tar" in line]
     assert code == 2 and len(errors) == 1 and "Traceback" not in err, err[-2000:]
     assert f"{folder}: shard 00002.tar was added after manifest.json was written" in errors[0]
+
+
+def test_a_fit_says_once_at_its_start_how_many_samples_img2dataset_failed_to_download(
+    synthetic_corpus, tmp_path, capsys
+):
+    folder = write_planted(tmp_path / "cc")
+    index_folder(folder, min_side=32)
+    config = pairs_only_config(folder, synthetic_corpus / "codebook.pt", tmp_path / "run", steps=2, batch_size=3,
+                               workers=2)  # fmt: skip
+    code, _, err = run_mmoe(["fit", "--config", str(config)], capsys)
+    assert code == 0, err[-2000:]
+    said = [line for line in err.splitlines() if "img2dataset tried" in line]
+    assert len(said) == 1, err[-3000:]
+    # 14 attempted rows, 2 of them failed downloads (PLANTED_CAUSES' status count).
+    assert (
+        f"{folder}: 2 of the 14 samples img2dataset tried (14.3%) are not in its tars (2 failed_to_download;" in said[0]
+    )
+    first_batch = next(i for i, line in enumerate(err.splitlines()) if "samples skipped" in line)
+    assert err.splitlines().index(said[0]) < first_batch

@@ -4,14 +4,17 @@ resumable loaders, and the count of the samples they skipped."""
 from __future__ import annotations
 
 import math
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import lightning as L
 import torch
+from lightning.fabric.utilities.rank_zero import rank_zero_only
 
 from mmoe.data.accounting import SkipCount, add_skips, describe_skips
+from mmoe.data.img2dataset import not_downloaded
 from mmoe.data.loader import EpochDataLoader
 from mmoe.data.remote import RemoteReading
 from mmoe.data.samples import Collator, Decoder
@@ -26,6 +29,16 @@ ShardSpec = str | list[str] | None
 def _min_side(image_size: int, crop_scale: tuple[float, float] | None) -> int:
     """Smallest decoded side that still gives ``image_size`` pixels for the smallest random crop."""
     return image_size if crop_scale is None else math.ceil(image_size / math.sqrt(crop_scale[0]))
+
+
+def _say_not_downloaded(specs) -> None:
+    """One stderr line per indexed img2dataset folder among ``specs`` that lost samples before the run (failed
+    downloads: :func:`mmoe.data.img2dataset.not_downloaded`), said once, by the first process."""
+    folders = {item for spec in specs if spec for item in ([spec] if isinstance(spec, str) else spec)}
+    for folder in sorted(item for item in folders if os.path.isdir(item)):
+        line = not_downloaded(folder)
+        if line and rank_zero_only.rank == 0:
+            print(line, file=sys.stderr)
 
 
 class ShardDataModule(L.LightningDataModule):
@@ -162,6 +175,7 @@ class ShardDataModule(L.LightningDataModule):
                     raise FileNotFoundError(f"data.{name}: {error}") from None
                 except (ValueError, ImportError, OSError) as error:  # the package a URL needs; a refused request
                     raise ValueError(f"data.{name}: {error}") from None
+        _say_not_downloaded(rooted.values())
         return rooted
 
     def skip_counts(self) -> dict[str, SkipCount]:
