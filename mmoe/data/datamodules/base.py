@@ -96,6 +96,17 @@ class ShardDataModule(L.LightningDataModule):
         )
         self.skipped: dict[str, dict[str, SkipCount]] = {}  # split -> its latest loader's counts
 
+    def has_validation(self) -> bool:
+        """Whether the DataModule was given a validation split."""
+        raise NotImplementedError
+
+    def setup(self, stage: str) -> None:
+        """A fit without a validation split does not validate: the trainer's ``limit_val_batches`` is set to 0, the
+        way Lightning turns validation off (an empty ``val_dataloader`` alone makes it warn that the loader's total
+        length is zero)."""
+        if stage == "fit" and self.trainer is not None and not self.has_validation():
+            self.trainer.limit_val_batches = 0
+
     def _transform(self, train: bool) -> tuple[Callable, int]:
         """The image transform of training or evaluation, and the smallest decoded side it needs."""
         if not train:
