@@ -48,7 +48,8 @@ class ShardDataModule(L.LightningDataModule):
         randaugment: BEiT-3's RandAugment (2 operations, magnitude 7, no colour changes:
             :class:`mmoe.data.transforms.RandAugment`) on training images after the crop and flip, as its VQA, NLVR2
             and captioning recipes; evaluation and prediction images are never augmented.
-        shuffle_buffer: sample shuffle buffer per worker.
+        shuffle_buffer: sample shuffle buffer per worker (0 = shard order); no batch of a pre-training stream, which
+            repeats its corpus, holds one sample twice (data/README.md, DataModules).
         num_workers: DataLoader workers (0 = in the main process).
         seed: seeds shuffling and every random choice of the data (crops, flips, masks, the pre-training stream).
         data_root: the folder every relative shard argument lies under (a config's corpus: pointing the config at
