@@ -36,6 +36,7 @@ from mmoe.data.reading import Read, carrying_skips, read_shards, split_reads
 from mmoe.data.remote import RemoteReading
 from mmoe.data.samples import Collator, CorruptSampleError, Decoder, Sample
 from mmoe.data.shards import expected_and_excluded_samples
+from mmoe.data.shuffle import read_identity, shuffled
 
 
 class SeedDomain(enum.IntEnum):
@@ -101,24 +102,6 @@ class Position(NamedTuple):
 def split_items(items: Iterable[Any], consumer: Consumer) -> Iterator[Any]:
     """Every ``consumer.count``-th item, starting at ``consumer.index``."""
     return itertools.islice(items, consumer.index, None, consumer.count)
-
-
-def shuffled(items: Iterable[Any], buffer_size: int, rng: np.random.Generator) -> Iterator[Any]:
-    """Shuffles a stream through a buffer of ``buffer_size`` items (0 or 1 = unchanged)."""
-    if buffer_size <= 1:
-        yield from items
-        return
-    buffer: list[Any] = []
-    for item in items:
-        if len(buffer) < buffer_size:
-            buffer.append(item)
-            continue
-        index = int(rng.integers(len(buffer)))
-        yield buffer[index]
-        buffer[index] = item
-    order = rng.permutation(len(buffer))
-    for index in order:
-        yield buffer[index]
 
 
 def consumer_entropy(seed: int, epoch: int, consumer: Consumer, domain: SeedDomain, *ordinals: int) -> list[int]:
@@ -290,7 +273,11 @@ class ShardStream(ResumableStream):
         if not by_shard:
             reads = split_reads(reads, consumer.index, consumer.count, ledger)
         own_rng = np.random.default_rng(consumer_entropy(self.seed, self.epoch, consumer, SeedDomain.SHUFFLE))
-        items = self._items(shuffled(reads, self.shuffle_buffer, own_rng), consumer, start, ledger)
+        # A repeating stream over a corpus smaller than the buffer holds copies of a sample: a batch gets one of them.
+        spacing = self.batch_size if self.repeat and self.collate is not None else 0
+        items = self._items(
+            shuffled(reads, self.shuffle_buffer, own_rng, spacing, read_identity), consumer, start, ledger
+        )
         if self.collate is None:
             for item, position in items:
                 yield Delivery(item, consumer.key, position, ledger.take())

@@ -94,8 +94,7 @@ def run_single(model: FineTuned, args: argparse.Namespace) -> InferResult:
         if model.task.backbone.config.moe is None:
             raise InferError(f"--routing {args.routing}: the checkpoint's backbone is dense (no MoE layer)")
         text_tokens, records, image_len = routing_of(model, images, routed_text)
-        title = f"{model.task.name}: distinct experts per patch"
         with writing_output(args.routing, "--routing"):
-            draw_routing_map(model, images, records, image_len, title, args.routing)
+            draw_routing_map(model, images, records, image_len, args.routing)
         return Routed(result, text_tokens, str(args.routing))
     return result

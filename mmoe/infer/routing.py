@@ -34,26 +34,28 @@ def routing_of(model: FineTuned, images: torch.Tensor, text: str) -> tuple[list[
 
 
 def draw_routing_map(
-    model: FineTuned, images: torch.Tensor, records: list[RoutingRecord], image_len: int, title: str, path: str
+    model: FineTuned, images: torch.Tensor, records: list[RoutingRecord], image_len: int, path: str
 ) -> None:
-    from mmoe.viz.maps import draw_patch_grid
+    """The image's expert map in every MoE layer: with sub-tokens (MH-MoE) the distinct experts among each patch's
+    sub-tokens, with one head the top-1 expert of each patch, numbered from 0 as the text tokens' experts are."""
+    from mmoe.viz.maps import draw_expert_grid, draw_patch_grid
 
     maps = image_diversity_maps(records, image_len)
     if not maps:
         raise InferError(f"--routing {path}: the checkpoint's backbone has no MoE layer that routes image tokens")
     pixels = [(denormalize(image.cpu()).clamp(0, 1) * 255).round().byte().permute(1, 2, 0).numpy() for image in images]
-    moe = model.task.backbone.config.moe
+    moe, task = model.task.backbone.config.moe, model.task.name
     if moe.heads > 1:
         columns = {key: maps[key].cpu().numpy() for key in sort_keys(maps)}
+        title = f"{task}: distinct experts among each patch's {moe.heads} sub-tokens"
         draw_patch_grid(pixels, columns, max_count=moe.heads, title=title, path=path)
         return
-    # One head: every patch counts one expert, so the map shows which expert (its top choice) each patch went to.
     side = math.isqrt(image_len - 1)
     chosen = {
-        record_key(r): (r.expert_index[:, 1:image_len, 0, 0] + 1).reshape(-1, side, side).cpu().numpy()
+        record_key(r): r.expert_index[:, 1:image_len, 0, 0].reshape(-1, side, side).cpu().numpy()
         for r in records
         if r.modality in ("vision", "shared")
     }
     columns = {key: chosen[key] for key in sort_keys(chosen)}
-    legend = "top-1 expert of the patch (index + 1)"
-    draw_patch_grid(pixels, columns, max_count=moe.num_experts, title=title, path=path, legend=legend)
+    title = f"{task}: top-1 expert of each patch (one head: no sub-tokens)"
+    draw_expert_grid(pixels, columns, moe.num_experts, title, path)

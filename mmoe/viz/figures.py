@@ -41,3 +41,13 @@ def count_colorbar(figure: Figure, axes: Axes | Sequence[Axes], max_count: int, 
     colours = ListedColormap(count_colours(counts, max_count) / 255)
     mappable = ScalarMappable(BoundaryNorm(np.arange(0.5, counts.size + 1.5), colours.N), colours)
     figure.colorbar(mappable, ax=axes, ticks=counts, label=label, **options)
+
+
+def expert_colorbar(figure: Figure, axes: Axes | Sequence[Axes], num_experts: int, label: str, **options) -> None:
+    """A top-1 expert map's scale: one band per expert, numbered 0..``num_experts - 1`` as every routing record,
+    figure and printout numbers them; expert e in the colour the renderer gives the count e + 1 (its scale starts at
+    1, 0 being its colour for nothing routed)."""
+    experts = np.arange(max(int(num_experts), 1))
+    colours = ListedColormap(count_colours(experts + 1, experts.size) / 255)
+    mappable = ScalarMappable(BoundaryNorm(np.arange(-0.5, experts.size), colours.N), colours)
+    figure.colorbar(mappable, ax=axes, ticks=experts, label=label, **options)

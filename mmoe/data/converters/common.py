@@ -14,6 +14,7 @@ import functools
 import io
 import json
 import os
+import re
 import shutil
 import sys
 from collections.abc import Iterable, Iterator, Mapping
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 from mmoe.atomic import write_json_atomic, write_text_atomic
 from mmoe.data.converters.image_digests import IMAGE_DIGESTS_FILE, ImageDigests
@@ -35,7 +36,7 @@ from mmoe.data.converters.staging import (
 )
 from mmoe.data.shards import MANIFEST, Manifest, ShardWriter, check_shard_name
 from mmoe.data.transforms import to_rgb
-from mmoe.io import json_excerpt, parse_json, read_json, require_field
+from mmoe.io import json_excerpt, one_line, parse_json, read_json, require_field
 
 #: How many skipped image paths a converter prints (all are counted).
 SHOWN_SKIPS = 5
@@ -117,7 +118,20 @@ def image_or_skip(path: str | os.PathLike) -> tuple[bytes, str] | Skip:
     try:
         return read_image(path)
     except Exception as error:  # any decoder failure makes the image unusable
-        return Skip(path, f"unreadable ({type(error).__name__}: {error})")
+        return Skip(path, unreadable(error))
+
+
+#: An object named by its ``repr`` in an error message (``<_io.BytesIO object at 0x7fca3a7feca0>``).
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+>")
+
+
+def unreadable(error: BaseException) -> str:
+    """Why an image could not be decoded, as a :class:`Skip` stores it in the manifest: the same text for the same
+    input in every run. Pillow's message for bytes it cannot identify names the buffer it read by its ``repr``, a
+    memory address; that case is said in words, and any other address is dropped from the message."""
+    if isinstance(error, UnidentifiedImageError):
+        return "unreadable (not an image: Pillow cannot identify it)"
+    return f"unreadable ({type(error).__name__}: {_ADDRESS.sub('>', one_line(error))})"
 
 
 def images_folder(images: str | os.PathLike, option: str = "--images") -> Path:

@@ -33,7 +33,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from mmoe.data.converters.common import ConversionError, Skip, image_of_bytes
+from mmoe.data.converters.common import ConversionError, Skip, image_of_bytes, unreadable
 from mmoe.data.converters.provenance import provenance
 from mmoe.io import one_line
 
@@ -169,7 +169,7 @@ def image_or_skip(cell: Mapping[str, Any] | None, column: str, where: str) -> tu
     try:
         return image_of_bytes(data)
     except Exception as error:  # any decoder failure makes the image unusable
-        return Skip(f"{where}: field {column!r}", f"unreadable ({type(error).__name__}: {one_line(error)})")
+        return Skip(f"{where}: field {column!r}", unreadable(error))
 
 
 @dataclass(frozen=True)

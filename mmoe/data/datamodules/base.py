@@ -61,7 +61,8 @@ class ShardDataModule(L.LightningDataModule):
         randaugment: BEiT-3's RandAugment (2 operations, magnitude 7, no colour changes:
             :class:`mmoe.data.transforms.RandAugment`) on training images after the crop and flip, as its VQA, NLVR2
             and captioning recipes; evaluation and prediction images are never augmented.
-        shuffle_buffer: sample shuffle buffer per worker.
+        shuffle_buffer: sample shuffle buffer per worker (0 = shard order); no batch of a pre-training stream, which
+            repeats its corpus, holds one sample twice (data/README.md, DataModules).
         num_workers: DataLoader workers (0 = in the main process).
         seed: seeds shuffling and every random choice of the data (crops, flips, masks, the pre-training stream).
         data_root: the folder every relative shard argument lies under (a config's corpus: pointing the config at
@@ -108,6 +109,17 @@ class ShardDataModule(L.LightningDataModule):
             retries=remote_retries, read_timeout_s=remote_read_timeout_s, max_member_bytes=remote_max_member_mib << 20
         )
         self.skipped: dict[str, dict[str, SkipCount]] = {}  # split -> its latest loader's counts
+
+    def has_validation(self) -> bool:
+        """Whether the DataModule was given a validation split."""
+        raise NotImplementedError
+
+    def setup(self, stage: str) -> None:
+        """A fit without a validation split does not validate: the trainer's ``limit_val_batches`` is set to 0, the
+        way Lightning turns validation off (an empty ``val_dataloader`` alone makes it warn that the loader's total
+        length is zero)."""
+        if stage == "fit" and self.trainer is not None and not self.has_validation():
+            self.trainer.limit_val_batches = 0
 
     def _transform(self, train: bool) -> tuple[Callable, int]:
         """The image transform of training or evaluation, and the smallest decoded side it needs."""

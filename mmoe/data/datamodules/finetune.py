@@ -25,7 +25,7 @@ class FinetuneDataModule(ShardDataModule):
 
     Args:
         train_shards: training shards.
-        val_shards: validation shards.
+        val_shards: validation shards; None = a fit does not validate.
         test_shards: test shards (test / predict loaders).
         eval_batch_size: validation / test batch size (default: ``batch_size``).
         **loader: the loader, image and text arguments of :class:`ShardDataModule` (batch size, image size, ...).
@@ -45,8 +45,12 @@ class FinetuneDataModule(ShardDataModule):
         self.eval_batch_size = eval_batch_size or self.batch_size
         self.shared_image_warnings: list[str] | None = None  # set at the first setup
 
+    def has_validation(self) -> bool:
+        return bool(self.shards["val"])
+
     def setup(self, stage: str) -> None:
         """Warns once when the eval splits share images with the training split (rank 0 only)."""
+        super().setup(stage)
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
         if self.shared_image_warnings is None and rank == 0:
             evaluations = {"val": self.shards["val"], "test": self.shards["test"]}

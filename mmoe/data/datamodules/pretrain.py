@@ -43,7 +43,7 @@ class PretrainDataModule(ShardDataModule):
         pair_shards: image-text shards (``mmoe data convert tsv``, or caption shards).
         val_image_shards: validation image shards.
         val_text_shards: validation text shards.
-        val_pair_shards: validation pair shards.
+        val_pair_shards: validation pair shards. With no validation shards at all, a fit does not validate.
         image_weight: relative frequency of image batches.
         text_weight: relative frequency of text batches.
         pair_weight: relative frequency of pair batches.
@@ -158,7 +158,10 @@ class PretrainDataModule(ShardDataModule):
     def train_dataloader(self) -> EpochDataLoader:
         return self._loader("train", self._mixture(self.train_shards, train=True))
 
+    def has_validation(self) -> bool:
+        return any(self.val_shards.values())
+
     def val_dataloader(self) -> EpochDataLoader | list:
-        if not any(self.val_shards.values()):
+        if not self.has_validation():
             return []
         return self._loader("val", self._mixture(self.val_shards, train=False))
