@@ -8,6 +8,11 @@ forced-balanced routing and its experts' grouped-GEMM floor (:mod:`moe_balanced`
 overhead show apart. fwd+bwd in fp32 on CPU unless noted; X-MoE routing (d_e = 16), dropless unless noted.
 ``load_cv`` (std / mean of the expert loads) and ``load_max_over_mean`` are the layer's at initialisation.
 
+The ``train_`` cases time the layer as a training step sees it: a batch of 4 sequences of 1,024 tokens with their
+padding (a padding mask, 0 to 25 % of each sequence; the dense FFN computes every position, as the backbone's does),
+the balance loss, the input requiring grad, and the parameters' gradients set to None after each step as the
+optimiser leaves them (``_accumulate``: kept, so that each backward adds into them, as under gradient accumulation).
+
 Output: one JSON line per case ``{"case", "moe_s", "baseline_s", "balanced_s", "floor_s", "ratio", "floor_ratio",
 "balanced_floor_ratio", "target", "ok", "floor_target", "floor_ok", ...}`` (:func:`measure`) and a final
 ``{"summary": ..., "floor_summary": ...}`` line. ``--cuda`` adds the GPU cases (bf16, 16K tokens) and a sync-free
@@ -20,7 +25,12 @@ because it never syncs with the host and keeps its shapes static: that takes the
 ``mmoe.moe.*`` labels (route, plan, permute, experts, combine; the fused path has no permute) and in its backward,
 from torch.profiler (:func:`time_split`).
 
-Run: ``.venv/bin/python benchmarks/moe_layer.py [--rounds 9] [--cuda] [--split]``
+``--cpu-time`` times each side by this thread's CPU seconds (:func:`time.thread_time`) with one torch thread: on a
+machine shared with other jobs the wall clock stretches the side with more operators more (each one's thread is
+descheduled in turn), the CPU seconds do not.
+
+Run: ``.venv/bin/python benchmarks/moe_layer.py [--rounds 9] [--cuda] [--split]``, or
+``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/moe_layer.py --cpu-time``
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -78,20 +89,24 @@ class Case:
 
 
 class TensorOutputs(nn.Module):
-    """``(y, balance_loss)`` of an MoE layer: tensors only, as CUDA-graphed callables must return."""
+    """``(y, balance_loss)`` of an MoE layer: tensors only, as CUDA-graphed callables must return. ``padding_mask``:
+    the (B, L) padding the layer is given on every call (None: none)."""
 
-    def __init__(self, layer: MoEFeedForward) -> None:
+    def __init__(self, layer: MoEFeedForward, padding_mask: torch.Tensor | None = None) -> None:
         super().__init__()
-        self.layer = layer
+        self.layer, self.padding_mask = layer, padding_mask
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        y, routing = self.layer(x)
+        y, routing = self.layer(x, self.padding_mask)
         return y, routing.balance_loss
 
 
-def step(module: nn.Module, x: torch.Tensor, grad: torch.Tensor | None, is_moe: bool) -> Callable[[], None]:
+def step(
+    module: nn.Module, x: torch.Tensor, grad: torch.Tensor | None, is_moe: bool, accumulate: bool = False
+) -> Callable[[], None]:
     """One forward (+ backward of ``(y * grad).sum()`` plus the balance loss); an MoE side is a :class:`TensorOutputs`,
-    plain or CUDA-graphed."""
+    plain or CUDA-graphed. The parameters' gradients are set to None after each step, as the optimiser leaves them,
+    or with ``accumulate`` kept, so that each backward adds into them (gradient accumulation)."""
 
     def run() -> None:
         if grad is None:
@@ -101,10 +116,22 @@ def step(module: nn.Module, x: torch.Tensor, grad: torch.Tensor | None, is_moe: 
         out = module(x)
         y, extra = out if is_moe else (out, 0.0)
         ((y * grad).sum() + extra).backward()
-        module.zero_grad(set_to_none=True)
+        if not accumulate:
+            module.zero_grad(set_to_none=True)
         x.grad = None
 
     return run
+
+
+def training_padding(batch: int, length: int, padded: float, device: str) -> torch.Tensor | None:
+    """A (B, L) padding mask as a training batch has one: sequence b ends ``padded * b / (B - 1)`` of L early (the
+    first whole, the last ``padded`` short); None without padding."""
+    if not padded:
+        return None
+    padding = torch.zeros(batch, length, dtype=torch.bool, device=device)
+    for row in range(batch):
+        padding[row, length - round(length * padded * row / max(batch - 1, 1)) :] = True
+    return padding
 
 
 def make_case(
@@ -125,16 +152,23 @@ def make_case(
     graphed: bool = False,
     expert_kernels: str = "torch",
     floor_target: float | None = None,
+    batch: int = 1,
+    padded: float = 0.0,
+    accumulate: bool = False,
     **routing,
 ) -> Case:
-    """``routing``: further :class:`MoEConfig` fields (``shared_experts``, ``bias_update_rate``, ``routing``)."""
+    """``tokens`` tokens as ``batch`` sequences, their padding :func:`training_padding`, the gradients accumulated
+    across steps with ``accumulate`` (:func:`step`); ``routing``: further :class:`MoEConfig` fields
+    (``shared_experts``, ``bias_update_rate``, ``routing``)."""
     torch.manual_seed(0)
     config = MoEConfig(dim, hidden, num_experts=experts, top_k=top_k, heads=heads, capacity_factor=capacity_factor,
                        strata=strata, expert_kernels=expert_kernels, **routing)  # fmt: skip
     active_hidden = round((routed_experts(config) + config.shared_experts) * config.expert_dim)
     moe = build_moe_layer(config).to(device, dtype)
-    x = torch.randn(1, tokens, dim, device=device, dtype=dtype, requires_grad=backward)
-    grad = torch.randn(1, tokens, dim, device=device, dtype=dtype) if backward else None
+    shape = (batch, tokens // batch, dim)
+    x = torch.randn(shape, device=device, dtype=dtype, requires_grad=backward)
+    grad = torch.randn(shape, device=device, dtype=dtype) if backward else None
+    padding = training_padding(batch, tokens // batch, padded, device)
     if strata is not None:
         versus_experts = experts  # a plain top-2 MoE over the same experts
     if versus_experts is not None:
@@ -154,6 +188,9 @@ def make_case(
         device=device,
         dtype=str(dtype).split(".")[-1],
         expert_kernels=expert_kernels,
+        batch=batch,
+        padded=padded,
+        accumulate=accumulate,
         **routing,
     )
     if versus_experts is not None:
@@ -161,7 +198,7 @@ def make_case(
     else:
         info["baseline_hidden"] = active_hidden
     with torch.no_grad():
-        routing_record = moe(x)[1]
+        routing_record = moe(x, padding)[1]
     counts = routing_record.expert_counts.double()
     info["load_cv"] = round((counts.std(correction=0) / counts.mean()).item(), 3)  # at initialisation, random tokens
     info["load_max_over_mean"] = round((counts.max() / counts.mean()).item(), 3)  # the padded CPU path's row factor
@@ -170,43 +207,53 @@ def make_case(
     if strata is not None:
         info["strata"] = strata
         info["requested_capacity"] = round(routing_record.requested_capacity.item(), 3)
-    eager_side = moe_side = TensorOutputs(moe)
+    eager_side = moe_side = TensorOutputs(moe, padding)
     if baseline_is_moe:
-        baseline = TensorOutputs(baseline)
+        baseline = TensorOutputs(baseline, padding)
     if graphed:
         info["cuda_graph"] = True
-        moe_side = torch.cuda.make_graphed_callables(TensorOutputs(moe), (x,))  # a new wrapper: eager_side stays eager
+        moe_side = torch.cuda.make_graphed_callables(TensorOutputs(moe, padding), (x,))  # eager_side stays eager
         baseline = torch.cuda.make_graphed_callables(baseline, (x,))
-    moe_step, baseline_step = step(moe_side, x, grad, True), step(baseline, x, grad, baseline_is_moe)
-    case = Case(name, target, moe_step, baseline_step, info, step(eager_side, x, grad, True), floor_target=floor_target)
+    moe_step = step(moe_side, x, grad, True, accumulate)
+    baseline_step = step(baseline, x, grad, baseline_is_moe, accumulate)
+    eager_step = step(eager_side, x, grad, True, accumulate)
+    case = Case(name, target, moe_step, baseline_step, info, eager_step, floor_target=floor_target)
     if isinstance(moe, MoELayer):
-        case.balanced, case.floor = balanced_and_floor_steps(moe, x, grad, graphed)
+        case.balanced, case.floor = balanced_and_floor_steps(moe, x, grad, padding, graphed, accumulate)
     return case
 
 
-def balanced_and_floor_steps(moe: MoELayer, x: torch.Tensor, grad: torch.Tensor | None, graphed: bool):
+def balanced_and_floor_steps(
+    moe: MoELayer,
+    x: torch.Tensor,
+    grad: torch.Tensor | None,
+    padding: torch.Tensor | None,
+    graphed: bool,
+    accumulate: bool = False,
+):
     """Steps of the forced-balanced layer (None for expert choice: balanced already) and of the experts'
     grouped-GEMM floor on the same rows, graphed like the case."""
-    floor = ExpertFloor(moe, x.shape[1])
+    floor = ExpertFloor(moe, x.shape[0] * x.shape[1])
     rows_x = torch.randn(floor.rows, floor.width, device=x.device, dtype=x.dtype, requires_grad=x.requires_grad)
     rows_grad = None if grad is None else torch.randn_like(rows_x)
     balanced_layer = forced_balanced(moe)
-    balanced = None if balanced_layer is moe else TensorOutputs(balanced_layer)
+    balanced = None if balanced_layer is moe else TensorOutputs(balanced_layer, padding)
     if graphed:
         floor = torch.cuda.make_graphed_callables(floor, (rows_x,))
         balanced = balanced and torch.cuda.make_graphed_callables(balanced, (x,))
-    balanced_step = None if balanced is None else step(balanced, x, grad, True)
-    return balanced_step, step(floor, rows_x, rows_grad, False)
+    balanced_step = None if balanced is None else step(balanced, x, grad, True, accumulate)
+    return balanced_step, step(floor, rows_x, rows_grad, False, accumulate)
 
 
-def measure(case: Case, rounds: int) -> dict:
+def measure(case: Case, rounds: int, clock: Callable[[], float] = time.perf_counter) -> dict:
     """Every step's median seconds, interleaved in one run, and the ratios: ``ratio`` (routed / baseline, bounded by
     ``target``), ``balanced_ratio`` (forced-balanced / baseline), ``floor_ratio`` (routed / floor: imbalance and
     routing overhead) and ``balanced_floor_ratio`` (forced-balanced / floor: the routing overhead alone, bounded by
     ``floor_target``). ``ok`` / ``floor_ok`` are None without a target."""
     steps = {"moe": case.moe, "baseline": case.baseline, "balanced": case.balanced, "floor": case.floor}
     steps = {name: fn for name, fn in steps.items() if fn is not None}
-    seconds = dict(zip(steps, interleaved_medians(list(steps.values()), rounds, case.info["device"]), strict=True))
+    medians = interleaved_medians(list(steps.values()), rounds, case.info["device"], clock=clock)
+    seconds = dict(zip(steps, medians, strict=True))
     seconds.setdefault("balanced", seconds["moe"] if case.floor is not None else None)  # expert choice: balanced
     result = {"case": case.name, **{f"{name}_s": round(value, 5) for name, value in seconds.items() if value}}
     ratios = {"ratio": ("moe", "baseline"), "balanced_ratio": ("balanced", "baseline"),
@@ -227,11 +274,18 @@ def cpu_cases() -> list[partial[Case]]:
     d, h = 384, 1536
     floor = dict(floor_target=1.25)
     expert_choice = dict(routing="expert_choice", **floor)
+    training = dict(batch=4, padded=0.25)
     return [
         partial(make_case, "top1_4096", 1.25, d, h, 8, 4096),
         partial(make_case, "top2_4096", 1.15, d, h, 8, 4096, top_k=2),
         partial(make_case, "top1_4096_forward", 1.15, d, h, 8, 4096, backward=False),
         partial(make_case, "top1_1024", 1.8, d, h, 8, 1024),
+        # As a training step sees the layer: 4 sequences of 1,024 tokens, their padding (0 to 25 % of each), the
+        # balance loss, the gradients None after each step as the optimiser leaves them, or accumulated.
+        partial(make_case, "train_top1_4x1024", 1.15, d, h, 8, 4096, **training),
+        partial(make_case, "train_top1_4x1024_accumulate", 1.15, d, h, 8, 4096, accumulate=True, **training),
+        partial(make_case, "train_top2_4x1024", 1.15, d, h, 8, 4096, top_k=2, **training),
+        partial(make_case, "train_top2_4x1024_accumulate", 1.15, d, h, 8, 4096, top_k=2, accumulate=True, **training),
         partial(make_case, "e32_vs_e8_4096", 1.6, d, h, 32, 4096, versus_experts=8),
         partial(make_case, "mhmoe_h4_vs_dense_plus_proj", 2.0, d, h, 8, 4096, heads=4),
         partial(make_case, "capacity1_4096", 1.25, d, h, 8, 4096, capacity_factor=1.0),
@@ -363,15 +417,27 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", help="case names to run")
     parser.add_argument("--profile", type=Path, help="write a torch.profiler table of each MoE case to this folder")
     parser.add_argument("--split", action="store_true", help="add each MoE side's time per layer phase (time_split)")
+    parser.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="time by this thread's CPU seconds instead of wall seconds (needs one torch thread: OMP_NUM_THREADS=1); "
+        "other jobs on the machine then stretch no side",
+    )
     args = parser.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
+    if args.cpu_time and torch.get_num_threads() != 1:
+        parser.error(
+            f"--cpu-time counts one thread's CPU seconds: run with OMP_NUM_THREADS=1 "
+            f"(torch has {torch.get_num_threads()} threads)"
+        )
+    clock = time.thread_time if args.cpu_time else time.perf_counter
     builders = cpu_cases() + (cuda_cases() if args.cuda else [])
     if args.only:
         builders = [build for build in builders if build.args[0] in args.only]
     results = []
     for build in builders:
         case = build()
-        result = measure(case, args.rounds)
+        result = measure(case, args.rounds, clock) | {"clock": "thread_cpu" if args.cpu_time else "wall"}
         if args.split:
             result["split"] = time_split(case)
         results.append(result)

@@ -14,19 +14,26 @@ from torch.autograd import DeviceType
 BACKWARD_EVENT = "autograd::engine::evaluate_function"
 
 
-def time_once(fn: Callable[[], object], device: str) -> float:
+def time_once(fn: Callable[[], object], device: str, clock: Callable[[], float] = time.perf_counter) -> float:
     if device == "cuda":
         torch.cuda.synchronize()
-    start = time.perf_counter()
+    start = clock()
     fn()
     if device == "cuda":
         torch.cuda.synchronize()
-    return time.perf_counter() - start
+    return clock() - start
 
 
-def interleaved_medians(fns: Sequence[Callable[[], object]], rounds: int, device: str = "cpu", warmup: int = 2):
+def interleaved_medians(
+    fns: Sequence[Callable[[], object]],
+    rounds: int,
+    device: str = "cpu",
+    warmup: int = 2,
+    clock: Callable[[], float] = time.perf_counter,
+):
     """Median seconds of each callable over ``rounds`` rounds; the order reverses every other round so that drift
-    in the machine's speed hits all alike."""
+    in the machine's speed hits all alike. ``clock``: wall time, or :func:`time.thread_time` (the CPU seconds of
+    this thread: with one torch thread, the work itself, which other jobs on the machine do not stretch)."""
     for _ in range(warmup):
         for fn in fns:
             fn()
@@ -34,7 +41,7 @@ def interleaved_medians(fns: Sequence[Callable[[], object]], rounds: int, device
     for round_index in range(rounds):
         order = range(len(fns)) if round_index % 2 == 0 else reversed(range(len(fns)))
         for index in order:
-            times[index].append(time_once(fns[index], device))
+            times[index].append(time_once(fns[index], device, clock))
     return [statistics.median(t) for t in times]
 
 

@@ -268,3 +268,31 @@ def test_process_exit_benchmark_compares_a_frozen_exit_with_the_interpreter_s_ow
     exits = lines[2]
     assert exits["ratio"] == pytest.approx(exits["frozen"] / exits["default"])
     assert (exits["default"], exits["frozen"]) == (lines[0]["exit_cpu_s"], lines[1]["exit_cpu_s"])
+
+
+def test_machine_speed_prints_its_fixed_workload_in_seconds(run_main):
+    (line,) = run_main("benchmarks/machine_speed.py", "--repeats", "1")
+    assert line["import_torch_user_s"] > 0 and line["import_torch_wall_s"] >= line["import_torch_user_s"] / 2
+    assert line["gemm_s"] > 0 and line["gemm_gflops"] == pytest.approx(2 * 1024**3 / line["gemm_s"] / 1e9, rel=0.01)
+    assert line["train_step_s"] > 0 and line["torch"] == torch.__version__
+
+
+def test_moe_layer_training_cases_pad_their_sequences_and_accumulate_gradients_when_asked():
+    moe_layer = load_benchmark("moe_layer")
+    padding = moe_layer.training_padding(4, 8, 0.25, "cpu")
+    assert padding.sum(1).tolist() == [0, 1, 1, 2]  # the first sequence whole, the last 25 % short
+    case = moe_layer.make_case("t", None, 32, 16, 4, 64, batch=4, padded=0.25, accumulate=True)
+    assert (case.info["batch"], case.info["padded"], case.info["accumulate"]) == (4, 0.25, True)
+    assert {"moe_s", "baseline_s", "balanced_s", "floor_s"} <= set(moe_layer.measure(case, rounds=1))
+    layer = moe_layer.build_moe_layer(moe_layer.MoEConfig(32, 16, num_experts=4))
+    x, grad = torch.randn(4, 16, 32, requires_grad=True), torch.randn(4, 16, 32)
+    for accumulate in (False, True):
+        sides = moe_layer.TensorOutputs(layer, moe_layer.training_padding(4, 16, 0.25, "cpu"))
+        run = moe_layer.step(sides, x, grad, True, accumulate)
+        run()
+        first = [parameter.grad for parameter in layer.parameters()]
+        assert all(g is None for g in first) != accumulate  # None as the optimiser leaves them, or kept
+        if accumulate:
+            first = [g.clone() for g in first]
+            run()
+            assert all(torch.allclose(p.grad, 2 * f, atol=1e-6) for p, f in zip(layer.parameters(), first, strict=True))

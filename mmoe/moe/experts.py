@@ -12,7 +12,9 @@ ways, chosen per call:
   there, while padding every slice to the longest adds at most :data:`CPU_PAD_TOLERANCE` rows per row, the rows are
   padded with zeros into (E, max count, D) and run batched: a few kernels per linear whatever E, where a per-expert
   loop issues E small GEMMs, each its own parallel region (on a shared 2-core CPU a descheduled thread stalls each of
-  them; ``benchmarks/moe_layer.py``). Otherwise a per-expert ``addmm`` loop over ``unbind``-ed weights (the fused
+  them; ``benchmarks/moe_layer.py``). Otherwise, and always on one torch thread (no parallel region to stall, so
+  the padding is only extra rows: top-2's layer 1.25-1.3x a dense FFN padded, 1.0x not, in CPU seconds,
+  ``benchmarks/moe_layer.py --cpu-time``), a per-expert ``addmm`` loop over ``unbind``-ed weights (the fused
   bias saves the (R, H) gathered bias of the grouped path). ``unbind`` keeps the backward O(E); indexing ``W[e]`` in
   a loop would write E full-size zero gradients.
 
@@ -144,7 +146,7 @@ class GroupedExperts(nn.Module):
             x_RD, self.fc1_weight.to(x_RD.dtype)
         ):
             return self.forward_grouped(x_RD, expert_R, offsets_E)
-        if longest * self.num_experts <= CPU_PAD_TOLERANCE * x_RD.shape[0]:
+        if torch.get_num_threads() > 1 and longest * self.num_experts <= CPU_PAD_TOLERANCE * x_RD.shape[0]:
             return self.forward_padded(x_RD, counts)
         return self.forward_loop(x_RD, offsets_E)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from functools import partial
 
+import pytest
 import torch
 
 from mmoe.moe.experts import GroupedExperts
@@ -91,7 +92,8 @@ def test_batched_and_padded_paths_equal_the_loop_outputs_and_every_gradient():
                 torch.testing.assert_close(got_grad, want_grad)
 
 
-def test_cpu_forward_pads_uneven_slices_only_within_the_tolerance(monkeypatch):
+@pytest.mark.parametrize("threads", [2, 1])
+def test_cpu_forward_pads_uneven_slices_only_within_the_tolerance_and_on_several_threads(monkeypatch, threads):
     from mmoe.moe import experts as experts_module
 
     experts = GroupedExperts(4, 8, 12)
@@ -101,11 +103,18 @@ def test_cpu_forward_pads_uneven_slices_only_within_the_tolerance(monkeypatch):
         monkeypatch.setattr(
             GroupedExperts, name, lambda self, *a, _n=name, _o=original: chosen.append(_n) or _o(self, *a)
         )
-    for counts in ([300, 300, 300, 300], [300, 290, 310, 300], [600, 200, 200, 200], [3, 9, 1, 3]):
-        offsets = torch.tensor(counts).cumsum(0).to(torch.int32)
-        expert = torch.arange(4).repeat_interleave(torch.tensor(counts))
-        experts(torch.randn(sum(counts), 8), expert, offsets)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for counts in ([300, 300, 300, 300], [300, 290, 310, 300], [600, 200, 200, 200], [3, 9, 1, 3]):
+            offsets = torch.tensor(counts).cumsum(0).to(torch.int32)
+            expert = torch.arange(4).repeat_interleave(torch.tensor(counts))
+            experts(torch.randn(sum(counts), 8), expert, offsets)
+    finally:
+        torch.set_num_threads(before)
     assert experts_module.CPU_PAD_TOLERANCE == 1.25
-    # Equal slices pad nothing; 310 x 4 rows pad 3 %; 600 x 4 pads 100 % (>= 256 rows each: the loop); 9 x 4 pads
-    # 125 % of 16 rows (fewer than 256 rows each: the grouped GEMM).
-    assert chosen == ["forward_batched", "forward_padded", "forward_batched", "forward_loop", "forward_grouped"]
+    # Equal slices pad nothing; 310 x 4 rows pad 3 %, on several threads (one thread has no parallel region to
+    # stall: the loop, without padding); 600 x 4 pads 100 % (>= 256 rows each: the loop); 9 x 4 pads 125 % of 16
+    # rows (fewer than 256 rows each: the grouped GEMM).
+    uneven = ["forward_padded", "forward_batched"] if threads > 1 else ["forward_loop"]
+    assert chosen == ["forward_batched", *uneven, "forward_loop", "forward_grouped"]
