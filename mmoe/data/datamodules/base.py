@@ -34,7 +34,8 @@ def _min_side(image_size: int, crop_scale: tuple[float, float] | None) -> int:
 def _say_not_downloaded(specs) -> None:
     """One stderr line per indexed img2dataset folder among ``specs`` that lost samples before the run (failed
     downloads: :func:`mmoe.data.img2dataset.not_downloaded`), said once, by the first process."""
-    folders = {item for spec in specs if spec for item in ([spec] if isinstance(spec, str) else spec)}
+    single = (str, os.PathLike)
+    folders = {os.fspath(item) for spec in specs if spec for item in ([spec] if isinstance(spec, single) else spec)}
     for folder in sorted(item for item in folders if os.path.isdir(item)):
         line = not_downloaded(folder)
         if line and rank_zero_only.rank == 0:
