@@ -108,7 +108,8 @@ def report_header(command: str, facts: dict, plan: StudyPlan, digest: str, prove
         "held-out batches, images, router-input rows or fine-tuning windows of one run; Student-t over seeds for the "
         "task scores) are shown as secondary terms with the verdicts of `mmoe.study.verdicts`: reproduces / opposite "
         "(the interval on one side of zero), not separated (across zero), saturated (at a ceiling), uninformative (at "
-        "the no-learning level), descriptive (claim 5's two fine-tuning windows: no verdict). Every number below is "
+        "the no-learning level), descriptive (claim 5's two fine-tuning windows: no verdict; labelled so after the "
+        "runs, the reading of earlier reports beside it). Every number below is "
         "recomputed from `analysis/measures.json` by `mmoe.study.command.claims_from` and "
         "`mmoe.study.decisions.run_decisions`."
     )

@@ -269,6 +269,8 @@ def _consistency_modality(consistency: dict, keys: list[str], rules: ClaimPlan) 
         "difference": float(differences.mean()),
         "interval": interval,
         "verdict": SATURATED if min(means.values()) >= ceiling else DESCRIPTIVE,
+        # What reports before the two-window term was labelled descriptive read from the same interval, kept beside.
+        "verdict_before": gated(direction_verdict(interval, +1), saturated=min(means.values()) >= ceiling),
     }
 
 
@@ -309,7 +311,9 @@ def consistency_claim(consistency: dict, rules: ClaimPlan | None = None, stateme
 
     def text(entry: dict) -> str:
         means = ", ".join(f"{v} ρ {entry['second_half_mean'][v]:.3f}" for v in ("switch", "xmoe"))
-        return f"{means}; X-MoE - Switch {describe(entry['interval'])} over {entry['windows']} windows"
+        before = entry.get("verdict_before")
+        earlier = f" (earlier reports' reading: {before})" if before and before != entry["verdict"] else ""
+        return f"{means}; X-MoE - Switch {describe(entry['interval'])} over {entry['windows']} windows{earlier}"
 
     runs = consistency["xmoe"]["runs"]
     measured = {"paper_modality": rules.paper_modality, "runs": runs, "by_modality": by_modality}
