@@ -19,9 +19,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 #: What the plan covers: the CUDA tests, the fused kernels, the tiny pre-training (its corpus and codebook first), the
-#: NCCL run and the two benchmarks.
-CHECKS = ["pytest_cuda", "triton_kernels", "corpus", "codebook", "pretrain_bf16", "nccl_ddp", "moe_layer_bench",
-          "backbone_bench"]  # fmt: skip
+#: tiny classification fit, the NCCL run and the two benchmarks.
+CHECKS = ["pytest_cuda", "triton_kernels", "corpus", "codebook", "pretrain_bf16", "classification_bf16", "nccl_ddp",
+          "moe_layer_bench", "backbone_bench"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")

@@ -63,6 +63,10 @@ def answer_vocab(hparams) -> str | None:
     return hparams.get("answer_vocab")
 
 
+def classes(hparams) -> str | None:
+    return hparams.get("classes")
+
+
 def text_tokenizer(hparams) -> str | None:
     return hparams.get("text_tokenizer")
 
@@ -78,11 +82,13 @@ class DataLink:
 
 
 #: Data arguments that follow the model: its backbone's image and patch size (a ``pretrained`` backbone's come from
-#: its checkpoint) and the VQA answer vocabulary. A DataModule without the argument is left alone.
+#: its checkpoint), the VQA answer vocabulary and the classification classes. A DataModule without the argument is
+#: left alone.
 DATA_LINKS = {
     "image_size": DataLink("backbone", "model.init_args.backbone.image_size", backbone_image_size),
     "patch_size": DataLink("backbone", "model.init_args.backbone.patch_size", backbone_patch_size),
     "answer_vocab": DataLink("hparams", "model.init_args.answer_vocab", answer_vocab),
+    "classes": DataLink("hparams", "model.init_args.classes", classes),
     "text_tokenizer": DataLink("hparams", "model.init_args.text_tokenizer", text_tokenizer),
 }
 

@@ -9,7 +9,6 @@ from typing import Any
 import torch
 
 from mmoe.data.tokenizer import DEFAULT_MAX_TEXT_LENGTH, TextTokenizer
-from mmoe.data.transforms import eval_transform
 from mmoe.infer.images import ImageFileError, read_user_image
 from mmoe.io import one_line
 from mmoe.model.pretrained import unknown_backbone_fields, unknown_to_this_mmoe
@@ -37,12 +36,13 @@ class FineTuned:
 
     def image(self, path: str | Path) -> torch.Tensor:
         """(3, S, S) as the checkpoint's evaluation data: decoded (any size and mode, upright as its EXIF orientation
-        says), resized, cropped, normalised."""
+        says), resized, cropped, normalised: the task's
+        :meth:`~mmoe.tasks.finetuning.FineTuningTask.image_transform`."""
         try:
             image = read_user_image(path, self.image_size)
         except ImageFileError as error:
             raise InferError(str(error)) from None
-        return eval_transform(self.image_size)(image)
+        return self.task.image_transform()(image)
 
     def text(self, text: str) -> tuple[torch.Tensor, torch.Tensor]:
         """(1, T) token ids and padding mask of ``text`` on the task's device."""

@@ -8,6 +8,8 @@
   (:mod:`mmoe.metrics.nlvr2`).
 * ``mmoe eval retrieval --embeddings E.pt [--results ranks.json]`` — image -> text and text -> image R@1/5/10 and
   their mean as fractions, each query's rank written to ``--results`` (:mod:`mmoe.metrics.retrieval`).
+* ``mmoe eval classification --predictions P.json --solution LOC_val_solution.csv`` — top-1 / top-5 accuracy as
+  fractions (:mod:`mmoe.metrics.classification`).
 
 Warnings and the scorers' own chatter go to stderr. Exit codes: 0 scored, 2 bad input or usage (message on stderr,
 naming the file and the entry), 1 a scorer that cannot run (Java missing or failing).
@@ -25,6 +27,7 @@ from typing import Any
 
 from mmoe.io import positive_int
 from mmoe.metrics.captions import DEFAULT_SPICE_TIMEOUT, ScorerUnavailableError, evaluate_caption_files
+from mmoe.metrics.classification import evaluate_classification_files
 from mmoe.metrics.files import EvalInputError
 from mmoe.metrics.nlvr2 import evaluate_nlvr2_files
 from mmoe.metrics.retrieval import DEFAULT_CHUNK, evaluate_retrieval_file
@@ -55,12 +58,18 @@ def _retrieval(args: argparse.Namespace) -> dict[str, Any]:
     return evaluate_retrieval_file(args.embeddings, args.results, args.chunk)
 
 
+def _classification(args: argparse.Namespace) -> dict[str, Any]:
+    return evaluate_classification_files(args.predictions, args.solution)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mmoe eval",
         description="Score a predictions file against the official annotation files; one JSON object on stdout.",
     )
-    benchmarks = parser.add_subparsers(dest="benchmark", required=True, metavar="{vqa,caption,nlvr2,retrieval}")
+    benchmarks = parser.add_subparsers(
+        dest="benchmark", required=True, metavar="{vqa,caption,nlvr2,retrieval,classification}"
+    )
 
     vqa = benchmarks.add_parser("vqa", help="VQAv2 accuracy (GT-Vision-Lab/VQA vqaEval.py)")
     vqa.add_argument("--questions", required=True, help="v2_OpenEnded_mscoco_<split>_questions.json")
@@ -93,6 +102,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--chunk", type=positive_int, default=DEFAULT_CHUNK, help=f"queries scored at once (default {DEFAULT_CHUNK})"
     )
     retrieval.set_defaults(run=_retrieval)
+
+    classification = benchmarks.add_parser("classification", help="ImageNet top-1 / top-5 accuracy")
+    classification.add_argument("--predictions", required=True, help="the predictions file `mmoe predict` writes")
+    classification.add_argument(
+        "--solution",
+        required=True,
+        help="LOC_val_solution.csv (ImageId,PredictionString; ImageId = a prediction's image, its file name)",
+    )
+    classification.set_defaults(run=_classification)
     return parser
 
 

@@ -1,7 +1,7 @@
 """Task heads over the multiway backbone, BEiT-3 style (Wang et al., 2023, §3.1; unilm ``beit3/modeling_finetune.py``):
-the pooler, the VQAv2 classifier, the NLVR2 pair classifier, the captioning token head and the retrieval projections,
-with BEiT-3's head initialisation. Pure torch; the Lightning tasks in :mod:`mmoe.tasks` own them as attributes, so the
-parameter names (``pooler.*``, ``head.*``) are the tasks'.
+the pooler, the VQAv2 classifier, the NLVR2 pair classifier, the captioning token head, the retrieval projections and
+the ImageNet classifier, with BEiT-3's head initialisation. Pure torch; the Lightning tasks in :mod:`mmoe.tasks` own
+them as attributes, so the parameter names (``pooler.*``, ``head.*``) are the tasks'.
 
 Each builder constructs its modules and then initialises them, in that order: the default initialisers and
 :func:`init_head` draw from torch's generator, so the order fixes the initial weights under a seed.
@@ -98,3 +98,18 @@ def retrieval_heads(dim: int) -> tuple[nn.Linear, nn.Linear]:
     init_head(vision_head)
     init_head(language_head)
     return vision_head, language_head
+
+
+def classification_head(
+    dim: int, num_classes: int, eps: float = 1e-5, init_scale: float = BEIT3_HEAD_INIT_SCALE
+) -> tuple[nn.LayerNorm, nn.Linear]:
+    """BEiT-3's ImageNet classifier (``BEiT3ForImageClassification``) over the mean of the image-only pass's patch
+    tokens (no CLS): ``fc_norm`` = LayerNorm(D), then ``head`` = Linear(D, num_classes); both :func:`init_head`
+    initialised, then the linear weight and bias multiplied by ``init_scale`` (BEiT-3: 1e-3)."""
+    fc_norm, head = nn.LayerNorm(dim, eps=eps), nn.Linear(dim, num_classes)
+    init_head(fc_norm)
+    init_head(head)
+    with torch.no_grad():
+        head.weight.mul_(init_scale)
+        head.bias.mul_(init_scale)
+    return fc_norm, head

@@ -9,8 +9,9 @@ What ``mmoe infer`` needs of it lives beside it, in its :class:`mmoe.tasks.infer
 from __future__ import annotations
 
 from mmoe.tasks.captioning import CaptioningFineTuning
+from mmoe.tasks.classification import ImageClassificationFineTuning
 from mmoe.tasks.finetuning import FineTuningTask
-from mmoe.tasks.infer_specs import CAPTIONING_INFER, NLVR2_INFER, RETRIEVAL_INFER, VQA_INFER
+from mmoe.tasks.infer_specs import CAPTIONING_INFER, CLASSIFICATION_INFER, NLVR2_INFER, RETRIEVAL_INFER, VQA_INFER
 from mmoe.tasks.inference import InferSpec
 from mmoe.tasks.nlvr2 import NLVR2FineTuning
 from mmoe.tasks.retrieval import RetrievalFineTuning
@@ -18,12 +19,19 @@ from mmoe.tasks.vqa import VQAFineTuning
 
 #: Task name -> task class, in the order the demo runs them.
 FINETUNING_TASKS: dict[str, type[FineTuningTask]] = {
-    task.name: task for task in (VQAFineTuning, NLVR2FineTuning, CaptioningFineTuning, RetrievalFineTuning)
+    task.name: task
+    for task in (
+        VQAFineTuning,
+        NLVR2FineTuning,
+        CaptioningFineTuning,
+        RetrievalFineTuning,
+        ImageClassificationFineTuning,
+    )
 }
 
 #: Task name -> what ``mmoe infer <name>`` needs of the task, one subcommand each, in the catalog's order.
 INFER_SPECS: dict[str, InferSpec] = {
-    spec.task.name: spec for spec in (VQA_INFER, NLVR2_INFER, CAPTIONING_INFER, RETRIEVAL_INFER)
+    spec.task.name: spec for spec in (VQA_INFER, NLVR2_INFER, CAPTIONING_INFER, RETRIEVAL_INFER, CLASSIFICATION_INFER)
 }
 
 

@@ -15,13 +15,16 @@ import dataclasses
 import json
 import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import ClassVar, Literal
 
 import torch
 from lightning.pytorch.trainer.states import TrainerFn
+from PIL import Image
 
 from mmoe.atomic import write_text_atomic
+from mmoe.data.transforms import eval_transform
 from mmoe.model import MultiwayConfig, MultiwayTransformer
 from mmoe.model.backbone import resize_vision_positions
 from mmoe.moe import RoutingRecord
@@ -85,6 +88,10 @@ class FineTuningTask(BackboneTask):
     #: are then refused, since either decides over the whole batch and an earlier token's routing would depend on later
     #: ones.
     causal_text: ClassVar[bool] = False
+    #: The backbone's final LayerNorm (``MultiwayConfig.output_norm``, torchscale's ``normalize_output``) as the task
+    #: needs it, over the configured or pre-trained backbone's; None = the backbone's own. BEiT-3's ImageNet model
+    #: turns it off, its pre-trained weights' final LayerNorm left unused.
+    output_norm: ClassVar[bool | None] = None
 
     def __init__(
         self,
@@ -106,7 +113,7 @@ class FineTuningTask(BackboneTask):
         # which would otherwise reset a ``predictions_file`` given there to the training run's value.
         self.save_hyperparameters(ignore=list(OUTPUT_ARGUMENTS))
         weights = read_pretrained(pretrained) if pretrained is not None else None
-        self.backbone = build_backbone(backbone, weights, frozen_routing, eval_capacity_factor)
+        self.backbone = build_backbone(backbone, weights, frozen_routing, eval_capacity_factor, self.output_norm)
         if self.causal_text:
             refuse_batch_dependent_routing(self.name, self.backbone.config)
         # A released BEiT-3 file's heads, until the subclass has built its own (load_beit3_head).
@@ -134,6 +141,11 @@ class FineTuningTask(BackboneTask):
         """The head (as :meth:`head_parameters` names it) a state-dict key outside the backbone belongs to: ``head``
         unless the task has several."""
         return "head"
+
+    def image_transform(self) -> Callable[[Image.Image], torch.Tensor]:
+        """How the task's evaluation images are made from a decoded RGB image (``mmoe infer``): resize, center crop
+        and mmoe's 0.5 / 0.5 normalisation (:func:`mmoe.data.transforms.eval_transform`) at the backbone's size."""
+        return eval_transform(self.backbone.config.image_size)
 
     def text_attention_mask(self, text_len: int, device: torch.device | str = "cpu") -> torch.Tensor | None:
         """The attention mask of the backbone pass the task reads a text of ``text_len`` tokens in, (1, L, L) with
@@ -322,10 +334,12 @@ def build_backbone(
     pretrained: str | PretrainedWeights | None,
     frozen_routing: bool = False,
     eval_capacity_factor: float | None = None,
+    output_norm: bool | None = None,
 ) -> MultiwayTransformer:
     """The backbone of a fine-tuning task (see :class:`FineTuningTask`'s ``backbone``, ``pretrained``: a file, or
-    what :func:`read_pretrained` read from it, ``frozen_routing`` and ``eval_capacity_factor``); a dict ``config`` is
-    a checkpoint's saved hyper-parameter (``load_from_checkpoint``)."""
+    what :func:`read_pretrained` read from it, ``frozen_routing``, ``eval_capacity_factor`` and the task's
+    ``output_norm``: without it, a pre-trained final LayerNorm is left out); a dict ``config`` is a checkpoint's saved
+    hyper-parameter (``load_from_checkpoint``)."""
     if isinstance(config, dict):
         config = config_from_dict(config)
     weights = None
@@ -338,6 +352,10 @@ def build_backbone(
         elif config.image_size != stored.image_size or config.patch_size != stored.patch_size:
             weights = dict(weights)
             weights["vision_positions"] = resize_vision_positions(weights["vision_positions"], stored, config)
+    if output_norm is not None and config.output_norm != output_norm:
+        config = dataclasses.replace(config, output_norm=output_norm)
+        if weights is not None and not output_norm:
+            weights = {key: value for key, value in weights.items() if not key.startswith("final_norm.")}
     if frozen_routing and config.moe is not None:
         config = dataclasses.replace(config, moe=dataclasses.replace(config.moe, frozen=True))
     if eval_capacity_factor is not None and config.moe is not None:

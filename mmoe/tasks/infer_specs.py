@@ -4,6 +4,8 @@
 * NLVR2: true / false for the pair and the probability of true.
 * Captioning: the caption (beam search, the checkpoint's length settings; ``--beam`` replaces its beams).
 * Retrieval: the cosine similarity of the image's and the text's embeddings (the searches: :mod:`mmoe.infer.search`).
+* Classification: the ``--top-k`` classes (names from the checkpoint's ``classes.json``) with their softmax
+  probabilities.
 """
 
 from __future__ import annotations
@@ -13,11 +15,23 @@ from typing import Any
 
 import torch
 
+from mmoe.data import classification
 from mmoe.data.decoders import CaptionDecoder, NLVR2Decoder, RetrievalDecoder, VQADecoder
 from mmoe.data.transforms import eval_transform
 from mmoe.io import positive_int
 from mmoe.tasks.captioning import CaptioningFineTuning
-from mmoe.tasks.inference import Answer, Answers, Caption, InferOption, InferSpec, Similarity, Tokenize, Verdict
+from mmoe.tasks.classification import ImageClassificationFineTuning
+from mmoe.tasks.inference import (
+    Answer,
+    Answers,
+    Caption,
+    Classes,
+    InferOption,
+    InferSpec,
+    Similarity,
+    Tokenize,
+    Verdict,
+)
 from mmoe.tasks.nlvr2 import NLVR2FineTuning
 from mmoe.tasks.retrieval import RetrievalFineTuning
 from mmoe.tasks.vqa import VQAFineTuning
@@ -127,4 +141,41 @@ RETRIEVAL_INFER = InferSpec(
         ),
     ),
     folder_entry=similarity_folder_entry,
+)
+
+
+@torch.no_grad()
+def classify(
+    task: ImageClassificationFineTuning,
+    images: torch.Tensor,
+    text: str | None,
+    tokenize: Tokenize,
+    options: dict[str, Any],
+) -> tuple[Classes, str | None]:
+    """The image's ``top_k`` most probable classes (the checkpoint's ``top_k`` when not given)."""
+    logits, _ = task(images[:1], task.evaluated_parts())
+    probabilities, indices = task.ranked(logits, options.get("top_k") or task.top_k)
+    return Classes(**task.described(indices[0].tolist(), probabilities[0].tolist())), None
+
+
+def classify_folder_entry(image: Path, result: Classes, text: str | None) -> dict:
+    best = result.classes[0]
+    return {
+        "image": image.name,
+        "label": best.index,
+        "wnid": best.wnid,
+        "name": best.name,
+        "probability": best.probability,
+    }
+
+
+CLASSIFICATION_INFER = InferSpec(
+    task=ImageClassificationFineTuning,
+    run=classify,
+    shard_decoder=lambda size, tokenizer: classification.ClassificationDecoder(
+        classification.eval_transform(size), min_side=size
+    ),
+    aliases=("classify",),
+    options=(InferOption("top-k", "classes to list (default: the checkpoint's top_k)", positive_int),),
+    folder_entry=classify_folder_entry,
 )

@@ -150,3 +150,18 @@ class Similarity(FieldsRecord):
 
     def formatted(self) -> str:
         return f"cosine similarity {self.similarity:.4f}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Classes(FieldsRecord):
+    """An image's most probable classes, best first: their indices, WordNet ids, names and softmax probabilities (as
+    a classification predictions entry holds them)."""
+
+    labels: list[int]
+    wnids: list[str]
+    names: list[str]
+    probabilities: list[float]
+
+    def formatted(self) -> str:
+        rows = zip(self.names, self.wnids, self.probabilities, strict=True)
+        return "\n".join(f"{name}\t{wnid}\t{probability:.4f}" for name, wnid, probability in rows)

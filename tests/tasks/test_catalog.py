@@ -43,4 +43,5 @@ def test_mmoe_infer_has_one_subcommand_per_task_and_the_old_names_as_aliases():
         "vqa",
         "caption",
         "retrieve",
+        "classify",
     }

@@ -1,5 +1,5 @@
 """Lightning DataModules reading webdataset shards: pre-training (image / text / pair streams with BEiT-3 masks) and
-fine-tuning on VQAv2, NLVR2, COCO captioning and image-text retrieval.
+fine-tuning on VQAv2, NLVR2, COCO captioning, image-text retrieval and image classification.
 
 Shard arguments accept what :func:`mmoe.data.shards.resolve_shards` accepts: a converter's output folder, a glob, a
 brace pattern, or a list of these. Loaders yield ready batches (``batch_size=None`` DataLoaders over iterable
@@ -11,6 +11,7 @@ The classes live in :mod:`~mmoe.data.datamodules.base` (what they share), :mod:`
 """
 
 from mmoe.data.datamodules.base import ShardDataModule, ShardSpec
+from mmoe.data.datamodules.classification import ClassificationDataModule
 from mmoe.data.datamodules.finetune import (
     CaptioningDataModule,
     FinetuneDataModule,
@@ -22,6 +23,7 @@ from mmoe.data.datamodules.pretrain import PretrainDataModule
 
 __all__ = [
     "CaptioningDataModule",
+    "ClassificationDataModule",
     "FinetuneDataModule",
     "NLVR2DataModule",
     "PretrainDataModule",

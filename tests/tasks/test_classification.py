@@ -1,0 +1,228 @@
+"""Image classification (BEiT-3's ImageNet task): the head's shape and initial scale, an image-only pass that leaves
+the text weights without gradient, top-1 / top-5 against a hand count, timm's augmentations and losses, and a short
+``mmoe fit`` / ``mmoe predict`` / ``mmoe eval`` / ``mmoe infer classify`` run with Mixup, CutMix and EMA."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from PIL import Image
+from timm.utils import accuracy
+
+from mmoe.cli import main
+from mmoe.data.classification import ClassificationDecoder, eval_transform
+from mmoe.data.samples import CorruptSampleError
+from mmoe.metrics.classification import top_k_accuracy
+from mmoe.model import MultiwayTransformer
+from mmoe.model.heads import classification_head, init_head
+from mmoe.runtime.checkpoint import export_backbone
+from mmoe.safe_load import load_checkpoint_file
+from mmoe.tasks.classification import ImageClassificationFineTuning
+from mmoe.tasks.classification_ema import EMA_KEY
+from tests.cli_fixtures import run_mmoe
+from tests.tasks.classification_fixtures import BACKBONE, CLASSES, fit_config, png, write_split
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def splits(tmp_path_factory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("classification")
+    return write_split(root / "train", "cls-train", 6), write_split(root / "val", "cls-val", 2, seed=100)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, splits):
+    """A 4-step fit with Mixup + CutMix and an EMA, then ``mmoe predict`` on the val split: (config, checkpoint,
+    predictions)."""
+    root = tmp_path_factory.mktemp("classification-run")
+    config = root / "fit.yaml"
+    model = {"mixup": {"mixup_alpha": 0.8, "cutmix_alpha": 1.0}, "ema_decay": 0.5}
+    config.write_text(yaml.safe_dump(fit_config(root / "run", *splits, steps=4, **model)))
+    assert main(["fit", "--config", str(config)]) == 0
+    checkpoint = next((root / "run" / "checkpoints").glob("*.ckpt"))
+    predictions = root / "predictions.json"
+    argv = ["predict", "--config", str(config), "--ckpt_path", str(checkpoint)]
+    assert main([*argv, "--model.init_args.predictions_file", str(predictions)]) == 0
+    return config, checkpoint, json.loads(predictions.read_text())
+
+
+def test_the_head_is_beit3s_and_starts_a_thousand_times_smaller():
+    torch.manual_seed(0)
+    fc_norm, head = classification_head(32, 7, init_scale=1e-3)
+    assert (head.in_features, head.out_features) == (32, 7)
+    assert torch.equal(fc_norm.weight, torch.ones(32)) and torch.equal(fc_norm.bias, torch.zeros(32))
+    torch.manual_seed(0)
+    reference = torch.nn.Linear(32, 7)
+    init_head(reference)  # what the head is before the scaling: the same draws
+    assert torch.equal(head.weight, reference.weight * 1e-3)
+    assert 0 < head.weight.abs().max() <= 0.02 * 1e-3
+
+
+def test_logits_are_the_head_over_the_mean_of_the_patch_tokens(splits):
+    task = ImageClassificationFineTuning(classes=str(splits[0] / "classes.json"), backbone=BACKBONE).eval()
+    assert task.backbone.final_norm is None  # BEiT-3's normalize_output=False
+    counted = task.head_parameters(BACKBONE, {"classes": str(splits[0] / "classes.json")})  # mmoe info's count
+    assert counted == {"head": sum(p.numel() for p in [*task.fc_norm.parameters(), *task.head.parameters()])}
+    image = torch.randn(2, 3, 32, 32)
+    logits, _ = task(image)
+    hidden = task.backbone(image=image).hidden
+    assert logits.shape == (2, len(CLASSES))
+    assert torch.allclose(logits, task.head(task.fc_norm(hidden[:, 1:].mean(dim=1))))
+    assert not torch.allclose(logits, task.head(task.fc_norm(hidden.mean(dim=1))))  # the CLS is left out
+
+
+def test_an_image_only_pass_gives_the_text_weights_no_gradient(splits):
+    task = ImageClassificationFineTuning(classes=str(splits[0] / "classes.json"), backbone=BACKBONE)
+    logits, routing = task(torch.randn(2, 3, 32, 32))
+    (logits.sum() + task.balance_loss(routing)).backward()
+    grads = {name: p.grad for name, p in task.backbone.named_parameters()}
+    # Multiway modules index their ways 0 = vision, 1 = language.
+    way = r"(^|\.)(norm|qkv|inner_norm|out|ffn|ffn_norm|final_norm)\.{}\."
+    text = [n for n in grads if n.startswith(("text_embed", "text_positions")) or re.search(way.format(1), n)]
+    vision = [n for n in grads if n.startswith("patch_embed") or re.search(way.format(0), n)]
+    assert text and vision
+    assert all(grads[name] is None for name in text), [name for name in text if grads[name] is not None]
+    assert all(grads[name] is not None for name in vision if "mask_token" not in name)
+    assert {record.modality for record in routing} == {"vision"}
+
+
+def test_top_k_accuracy_equals_a_count_by_hand():
+    generator = torch.Generator().manual_seed(0)
+    logits, labels = torch.randn(50, 10, generator=generator), torch.randint(10, (50,), generator=generator)
+    ranked = logits.argsort(dim=-1, descending=True).tolist()
+    scores = top_k_accuracy([row[:5] for row in ranked], labels.tolist())
+    for k in (1, 5):
+        hits = 0
+        for i in range(50):
+            better = sum(1 for j in range(10) if logits[i, j] > logits[i, labels[i]])
+            hits += better < k
+        assert scores[f"top{k}"] == hits / 50
+    top1, top5 = accuracy(logits, labels, topk=(1, 5))  # timm's, BEiT-3's Acc@1 / Acc@5 (percent)
+    assert (scores["top1"] * 100, scores["top5"] * 100) == pytest.approx((float(top1), float(top5)))
+
+
+def test_mixup_cutmix_and_randaugment_are_timms():
+    """The augmentations, the soft-target loss and the EMA are timm's; mmoe defines none of them, only the config that
+    hands timm its arguments. (mmoe's other RandAugment, BEiT-3's vision-language one, never reaches this task.)"""
+    text = "\n".join(path.read_text() for path in (ROOT / "mmoe").rglob("*.py"))
+    assert "from timm.data import Mixup" in text and "from timm.loss import LabelSmoothingCrossEntropy, Soft" in text
+    assert "from timm.utils import ModelEmaV3" in text and "from timm.data import create_transform" in text
+    names = r"^\s*(?:class|def) (\w*(?:mixup|cutmix|softtarget|erasing|modelema|labelsmoothing)\w*)"
+    assert set(re.findall(names, text, re.M | re.I)) <= {"MixupConfig", "timm_mixup"}
+    assert not re.search(r"np\.random\.beta|rand_bbox|lam \* ", text)  # Mixup's lambda and CutMix's box
+    classification = (ROOT / "mmoe" / "data" / "classification.py").read_text()
+    assert "mmoe.data.transforms" not in classification  # not mmoe's vision-language RandAugment
+    assert 'auto_augment: str | None = "rand-m9-mstd0.5-inc1"' in classification  # timm's policy string
+
+
+def test_a_fit_with_mixup_and_ema_predicts_every_image_with_its_top_classes(run, splits):
+    _, checkpoint, predictions = run
+    assert sorted(entry["key"] for entry in predictions) == [f"cls-val_{i:04d}" for i in range(6)]
+    for entry in predictions:
+        assert len(entry["labels"]) == len(CLASSES) and sorted(entry["labels"]) == [0, 1, 2]  # top_k 5 > 3 classes
+        assert entry["wnids"] == [CLASSES[i][0] for i in entry["labels"]]
+        assert entry["names"] == [CLASSES[i][1] for i in entry["labels"]]
+        assert entry["probabilities"] == sorted(entry["probabilities"], reverse=True)
+        assert sum(entry["probabilities"]) == pytest.approx(1, abs=1e-5)
+    state = load_checkpoint_file(checkpoint, "checkpoint")
+    assert set(state[EMA_KEY]) == {key for key in state["state_dict"] if not key.startswith("train_loss")}
+    averaged = state[EMA_KEY]["head.weight"]
+    assert not torch.equal(averaged, state["state_dict"]["head.weight"])  # the EMA, not the trained weights
+
+
+def test_predictions_use_the_ema_weights(run, splits):
+    _, checkpoint, predictions = run
+    state = load_checkpoint_file(checkpoint, "checkpoint")
+    task = ImageClassificationFineTuning(classes=str(splits[0] / "classes.json"), backbone=BACKBONE, ema_decay=0.5)
+    task.load_state_dict(state["state_dict"])
+    task.on_load_checkpoint({EMA_KEY: state[EMA_KEY]})
+    task.eval()
+
+    image = eval_transform(32)(Image.open(io.BytesIO(png(CLASSES[0][2], 100)))).unsqueeze(0)
+    logits, _ = task(image, task.evaluated_parts())
+    expected = [e for e in predictions if e["key"] == "cls-val_0000"][0]
+    assert logits.softmax(-1)[0].max().item() == pytest.approx(expected["probabilities"][0], abs=1e-5)
+    trained, _ = task(image)  # the trained weights themselves predict otherwise
+    assert trained.softmax(-1)[0].max().item() != pytest.approx(expected["probabilities"][0], abs=1e-5)
+
+
+def test_mmoe_eval_scores_the_predictions_against_a_solution_file(run, capsys, tmp_path):
+    _, _, predictions = run
+    solution = tmp_path / "LOC_val_solution.csv"
+    truth = {f"cls-val_{i:04d}": CLASSES[i % 3][0] for i in range(6)}
+    solution.write_text("ImageId,PredictionString\n" + "".join(f"{k},{w} 1 2 3 4 \n" for k, w in truth.items()))
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(predictions))
+    code, out, err = run_mmoe(
+        ["eval", "classification", "--predictions", str(path), "--solution", str(solution)], capsys
+    )
+    assert code == 0, err
+    scores = json.loads(out)
+    by_key = {entry["key"]: entry["wnids"] for entry in predictions}
+    assert scores["top1"] == sum(by_key[k][0] == w for k, w in truth.items()) / 6
+    assert scores["top5"] == 1.0 and scores["images"] == 6
+
+
+def test_mmoe_infer_classify_names_the_top_classes(run, capsys, tmp_path):
+    _, checkpoint, _ = run
+    image = tmp_path / "blue.png"
+    image.write_bytes(png(CLASSES[2][2], 7, size=50))
+    code, out, err = run_mmoe(
+        ["infer", "classify", "--ckpt", str(checkpoint), "--image", str(image), "--top-k", "2", "--json"], capsys
+    )
+    assert code == 0, err
+    result = json.loads(out)
+    assert len(result["labels"]) == 2 and result["names"] == [CLASSES[i][1] for i in result["labels"]]
+    assert result["probabilities"] == sorted(result["probabilities"], reverse=True)
+
+
+def test_a_bad_classes_file_is_one_line_and_exit_2(splits, tmp_path):
+    bad = tmp_path / "classes.json"
+    bad.write_text(
+        json.dumps({"classes": [{"index": 0, "wnid": "n1", "name": "a"}, {"index": 2, "wnid": "n2", "name": "b"}]})
+    )
+    config = fit_config(tmp_path / "run", *splits, classes=str(bad))
+    path = tmp_path / "fit.yaml"
+    path.write_text(yaml.safe_dump(config))
+    done = subprocess.run(
+        [sys.executable, "-m", "mmoe.cli", "fit", "--config", str(path)], capture_output=True, text=True, cwd=ROOT
+    )
+    assert done.returncode == 2
+    lines = [line for line in done.stderr.splitlines() if "error" in line]
+    assert len(lines) == 1 and str(bad) in lines[0] and "index 2" in lines[0], done.stderr
+
+
+def test_the_decoder_names_an_image_by_its_file_and_refuses_a_class_out_of_range():
+    sample = {"__key__": "000000007", "__url__": "s.tar", "png": png(CLASSES[0][2], 0), "cls": b"2",
+              "json": json.dumps({"path": "ILSVRC2012_val_00000007.JPEG", "wnid": "n0"}).encode()}  # fmt: skip
+    decode = ClassificationDecoder(eval_transform(32), num_classes=3)
+    item = decode(sample)
+    assert (item["label"], item["key"], item["name"]) == (2, "000000007", "ILSVRC2012_val_00000007")
+    assert item["image"].shape == (3, 32, 32)
+    assert decode({k: v for k, v in sample.items() if k != "json"})["name"] == "000000007"
+    for bad, reason in ((b"3", "outside the classes 0..2"), (b"-1", "outside"), (b"x", "not an integer")):
+        with pytest.raises(CorruptSampleError, match=reason):
+            decode(sample | {"cls": bad})
+
+
+def test_a_pretrained_backbone_loads_without_its_final_layernorm(splits, tmp_path):
+    """BEiT-3 fine-tunes ImageNet with ``normalize_output=False``: the pre-trained final LayerNorm is left out."""
+    pretrained = MultiwayTransformer(BACKBONE)
+    assert pretrained.final_norm is not None
+    export_backbone(pretrained, tmp_path / "backbone.pt")
+    task = ImageClassificationFineTuning(
+        classes=str(splits[0] / "classes.json"), pretrained=str(tmp_path / "backbone.pt")
+    )
+    assert task.backbone.final_norm is None and not task.backbone.config.output_norm
+    loaded = task.backbone.state_dict()
+    assert loaded.keys() == {key for key in pretrained.state_dict() if not key.startswith("final_norm.")}
+    assert all(torch.equal(loaded[key], pretrained.state_dict()[key]) for key in loaded)
