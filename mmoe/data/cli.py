@@ -14,6 +14,7 @@ mmoe data convert nlvr2 (--data dev.json --images DIR | --parquet F.parquet [...
 mmoe data convert images --images DIR --out OUT [--name images]
 mmoe data convert tsv --tsv pairs.tsv --images DIR --out OUT [--name pairs]
 mmoe data convert text --text corpus.txt [more.txt ...] --out OUT [--name text]
+mmoe data convert imagenet --images DIR [--val-solution CSV | --devkit DIR --devkit-synsets F] --out OUT   (cli_imagenet)
 mmoe data convert pairs | captions | vqa --table T.csv|.jsonl|.json --images DIR --out OUT   (mmoe.data.cli_own)
 mmoe data check-overlap TRAIN EVAL [--strict]
 mmoe data synth --out DIR [--size tiny|small|medium|large] [--seed 0] [--shards] [--workers N]
@@ -40,6 +41,7 @@ from pathlib import Path
 
 from mmoe.atomic import write_text_atomic
 from mmoe.data.answers import ANSWERS_FILE
+from mmoe.data.cli_imagenet import add_imagenet_source, convert_imagenet
 from mmoe.data.cli_own import OWN_SOURCES, add_overlap_command, add_own_sources, convert_own, overlap_command
 from mmoe.data.converters import (
     ConversionError,
@@ -205,6 +207,7 @@ def _parser() -> argparse.ArgumentParser:
 
     _caption_sources(sources)
     _other_sources(sources)
+    add_imagenet_source(sources, _common)
     add_own_sources(sources, _common)
     add_overlap_command(commands)
     _synth_command(commands)
@@ -313,6 +316,8 @@ def _convert(args: argparse.Namespace):
         return convert_coco_captions(args.annotations, args.images, args.out, args.shard_size, args.name, tokenizer)
     if args.source in OWN_SOURCES:
         return convert_own(args, _tokenizer)
+    if args.source == "imagenet":
+        return convert_imagenet(args)
     if args.source == "nlvr2":
         return convert_nlvr2(args.data, args.images, args.out, args.shard_size, args.name)
     if args.source == "images":
