@@ -7,15 +7,15 @@ mmoe data convert imagenet --images val/ (--val-solution LOC_val_solution.csv
     | --devkit ILSVRC2012_devkit_t12 --devkit-synsets ids.txt) --classes TRAIN/classes.json --out OUT
 ```
 
-The converters are :mod:`mmoe.data.converters.imagenet` (class folders) and :mod:`mmoe.data.converters.imagenet_val`
-(the flat validation folder's labels); the class index is :mod:`mmoe.data.converters.class_index`.
+The converter is :func:`mmoe.data.converters.imagenet_val.convert_imagenet` (class folders:
+:mod:`mmoe.data.converters.imagenet`; the flat validation folder's labels: :mod:`mmoe.data.converters.imagenet_val`);
+the class index is :mod:`mmoe.data.converters.class_index`.
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from pathlib import Path
 
 from mmoe.data.shards import Manifest
 
@@ -39,31 +39,17 @@ def add_imagenet_source(sources: argparse._SubParsersAction, common: Callable[..
 
 def convert_imagenet(args: argparse.Namespace) -> Manifest:
     """Runs ``convert imagenet``."""
-    from mmoe.data.converters.class_index import class_index_option, classes_file
-    from mmoe.data.converters.common import ConversionError, images_folder
-    from mmoe.data.converters.imagenet import convert_classification
-    from mmoe.data.converters.imagenet_val import devkit_labels, solution_labels
+    from mmoe.data.converters.imagenet_val import convert_imagenet as convert
 
-    classes = class_index_option(args.classes, args.synsets)
-    classes_from = str(classes_file(args.classes)) if args.classes else args.synsets or ""
-    root = images_folder(args.images)
-    labels, seed = None, args.seed
-    if args.devkit_synsets and not args.devkit:
-        raise ConversionError("--devkit-synsets applies to --devkit only")
-    if args.devkit or args.val_solution:
-        if classes is None:
-            raise ConversionError("a flat folder's labels need the training split's --classes (or --synsets)")
-        if args.devkit and not args.devkit_synsets:
-            raise ConversionError(
-                "--devkit needs --devkit-synsets FILE: the WNID of each ILSVRC2012_ID, which the devkit keeps in "
-                "data/meta.mat, a MATLAB file mmoe does not read (data/README.md shows how to write the file)"
-            )
-        if args.devkit:
-            labels = devkit_labels(root, Path(args.devkit), Path(args.devkit_synsets), classes, classes_from)
-        else:
-            labels = solution_labels(root, Path(args.val_solution), classes, classes_from)
-        seed = None
-    extra_files = [classes_from] if classes_from else []
-    return convert_classification(
-        root, args.out, labels, classes, classes_from, seed, args.shard_size, args.name, extra_files
+    return convert(
+        args.images,
+        args.out,
+        classes=args.classes,
+        synsets=args.synsets,
+        val_solution=args.val_solution,
+        devkit=args.devkit,
+        devkit_synsets=args.devkit_synsets,
+        seed=args.seed,
+        shard_size=args.shard_size,
+        name=args.name,
     )

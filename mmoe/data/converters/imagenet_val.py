@@ -6,17 +6,26 @@ The devkit's ``data/ILSVRC2012_validation_ground_truth.txt`` holds one ILSVRC201
 that mmoe does not read (SciPy, its reader, is not a dependency of mmoe): a text file gives it instead, line ``i``
 beginning with the WNID of ILSVRC2012_ID ``i`` (``--devkit-synsets``; ``data/README.md`` shows how to write it once
 from ``meta.mat``). ``LOC_val_solution.csv`` (``ImageId,PredictionString``) names each image's WNID as the first
-token of its boxes.
+token of its boxes. :func:`convert_imagenet` converts a folder of either kind as its options say (``mmoe data convert
+imagenet``).
 """
 
 from __future__ import annotations
 
 import csv
+import os
 from pathlib import Path
 
-from mmoe.data.converters.class_index import ClassIndex
-from mmoe.data.converters.common import ConversionError, first_existing, path_under, read_lines
-from mmoe.data.converters.imagenet import LabelledImage, Labels, labelled_folder_check, missing_synset
+from mmoe.data.converters.class_index import ClassIndex, class_index_option, classes_file
+from mmoe.data.converters.common import ConversionError, first_existing, images_folder, path_under, read_lines
+from mmoe.data.converters.imagenet import (
+    LabelledImage,
+    Labels,
+    convert_classification,
+    labelled_folder_check,
+    missing_synset,
+)
+from mmoe.data.shards import Manifest
 
 #: Where the devkit keeps the validation labels.
 GROUND_TRUTH = Path("data") / "ILSVRC2012_validation_ground_truth.txt"
@@ -108,3 +117,55 @@ def solution_labels(root: Path, solution: Path, classes: ClassIndex, classes_fro
     labels = Labels(images, {"images": str(root), "val_solution": str(solution)}, rule, [solution])
     labelled_folder_check(root, labels, solution)
     return labels
+
+
+def convert_imagenet(
+    images: str | os.PathLike,
+    out: str | os.PathLike,
+    classes: str | os.PathLike | None = None,
+    synsets: str | os.PathLike | None = None,
+    val_solution: str | os.PathLike | None = None,
+    devkit: str | os.PathLike | None = None,
+    devkit_synsets: str | os.PathLike | None = None,
+    seed: int = 0,
+    shard_size: int = 1000,
+    name: str | None = None,
+) -> Manifest:
+    """Converts ImageNet's train folder (or any ImageFolder tree) or, labelled by ``val_solution`` or ``devkit``, its
+    flat val folder (:func:`mmoe.data.converters.imagenet.convert_classification`).
+
+    Args:
+        images: the class folders, or the flat val folder.
+        out: output folder for this split.
+        classes: a ``classes.json`` (or a split folder holding one): the class index, the training split's.
+        synsets: Kaggle's ``LOC_synset_mapping.txt``: the class index, with names (not with ``classes``).
+        val_solution: Kaggle's ``LOC_val_solution.csv`` labelling the flat folder.
+        devkit: the ILSVRC2012 devkit folder (or its validation ground-truth file) labelling the flat folder.
+        devkit_synsets: with ``devkit``, the WNID of ILSVRC2012_ID ``i`` on line ``i``.
+        seed: seeds the order class folders' images are written in.
+        shard_size: samples per shard.
+        name: shard name; default ``imagenet-<folder name>``.
+    """
+    index = class_index_option(classes, synsets)
+    classes_from = str(classes_file(classes)) if classes else str(synsets or "")
+    root = images_folder(images)
+    if devkit_synsets and not devkit:
+        raise ConversionError("--devkit-synsets applies to --devkit only")
+    if val_solution and devkit:
+        raise ConversionError("give --val-solution or --devkit, not both (each labels the whole folder)")
+    labels = None
+    if devkit or val_solution:
+        if index is None:
+            raise ConversionError("a flat folder's labels need the training split's --classes (or --synsets)")
+        if devkit and not devkit_synsets:
+            raise ConversionError(
+                "--devkit needs --devkit-synsets FILE: the WNID of each ILSVRC2012_ID, which the devkit keeps in "
+                "data/meta.mat, a MATLAB file mmoe does not read (data/README.md shows how to write the file)"
+            )
+        if devkit:
+            labels = devkit_labels(root, Path(devkit), Path(devkit_synsets), index, classes_from)
+        else:
+            labels = solution_labels(root, Path(val_solution), index, classes_from)
+    label_files = [classes_from] if classes_from else []
+    seed = None if labels else seed
+    return convert_classification(root, out, labels, index, classes_from, seed, shard_size, name, label_files)
