@@ -196,3 +196,35 @@ def test_a_train_class_missing_from_the_given_index_and_an_unlabelled_val_image_
         str(tmp_path / "b"),
     )
     one_line(done, val_name(1), "has no label in", "1 of the folder's images")
+
+
+def test_shards_carrying_cls_are_indexed_in_place_and_read_with_the_same_labels(imagenet, tmp_path):
+    import shutil
+
+    converted = imagenet / "out-train"
+    for tar in converted.glob("*.tar"):
+        shutil.copy(tar, tmp_path / tar.name)
+    before = {tar.name: tar.read_bytes() for tar in tmp_path.glob("*.tar")}
+    assert convert("--shards", str(tmp_path), "--classes", str(converted / CLASSES_FILE)) == 0
+    assert {tar.name: tar.read_bytes() for tar in tmp_path.glob("*.tar")} == before
+    manifest = json.loads((tmp_path / MANIFEST).read_text())
+    assert manifest["samples"] == sum(TRAIN.values()) and manifest["images_per_class"] == [3, 2, 4]
+    assert labels_by_path(tmp_path) == labels_by_path(converted)
+    assert (tmp_path / CLASSES_FILE).read_text() == (converted / CLASSES_FILE).read_text()
+
+
+def test_shards_with_a_cls_out_of_range_or_without_cls_are_refused_with_one_line(imagenet, tmp_path, capsys):
+    from mmoe.data.shards import ShardWriter
+
+    jpeg = next((imagenet / "train" / "n01440764").glob("*.JPEG")).read_bytes()
+    with ShardWriter(tmp_path / "range", "mine") as writer:
+        writer.write({"__key__": "a", "jpg": jpeg, "cls": "2"})
+        writer.write({"__key__": "b", "jpg": jpeg, "cls": "3"})
+    done = run("--shards", str(tmp_path / "range"), "--classes", str(imagenet / "out-train"))
+    one_line(done, "mine-000000.tar: sample 'b'", "cls 3 is out of range", "3 classes (0 to 2)")
+    assert sorted(path.name for path in (tmp_path / "range").iterdir()) == ["mine-000000.tar"]
+    with ShardWriter(tmp_path / "none", "mine") as writer:
+        writer.write({"__key__": "a", "jpg": jpeg, "txt": "no class"})
+    assert convert("--shards", str(tmp_path / "none"), "--synsets", str(imagenet / "LOC_synset_mapping.txt")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "sample 'a': no .cls member" in err[0]

@@ -105,7 +105,8 @@ def labelled_folder_check(root: Path, labels: Labels, label_file: Path) -> None:
         )
 
 
-def _default_name(root: Path) -> str:
+def default_name(root: Path) -> str:
+    """The split's default shard name: ``imagenet-<folder name>`` (``imagenet`` where that is not a valid name)."""
     name = f"imagenet-{root.resolve().name}"
     try:
         return check_shard_name(name)
@@ -177,4 +178,4 @@ def convert_classification(
         other_files=labels.other_files,
     )
     files = {CLASSES_FILE: classes.text()}
-    return write_split(out, name or _default_name(root), samples(), shard_size, extra, files)
+    return write_split(out, name or default_name(root), samples(), shard_size, extra, files)
