@@ -226,3 +226,32 @@ def test_a_pretrained_backbone_loads_without_its_final_layernorm(splits, tmp_pat
     loaded = task.backbone.state_dict()
     assert loaded.keys() == {key for key in pretrained.state_dict() if not key.startswith("final_norm.")}
     assert all(torch.equal(loaded[key], pretrained.state_dict()[key]) for key in loaded)
+
+
+def test_the_shipped_tiny_config_runs_on_the_synthetic_split_and_scores_against_its_solution(
+    synthetic_corpus, tmp_path, capsys
+):
+    """configs/finetune/imagenet_tiny.yaml, a few steps, on the synthetic corpus's classification split; ``mmoe eval``
+    then scores every val image against the corpus's ``LOC_val_solution.csv`` as validation did."""
+    shards = synthetic_corpus / "shards"
+    config = ["--config", str(ROOT / "configs" / "finetune" / "imagenet_tiny.yaml")]
+    options = ["--data.init_args.data_root", str(synthetic_corpus), "--trainer.default_root_dir", str(tmp_path / "run"),
+               "--model.init_args.classes", str(shards / "classification-train" / "classes.json"),
+               "--data.init_args.num_workers", "0", "--trainer.enable_progress_bar", "false"]  # fmt: skip
+    steps = ["--trainer.max_steps", "3", "--trainer.val_check_interval", "3", "--data.init_args.batch_size", "8"]
+    small = [f"--model.init_args.backbone.{name}" for name in ("dim", "depth", "num_heads", "ffn_dim", "image_size")]
+    options += [word for pair in zip(small, ["32", "2", "2", "64", "32"], strict=True) for word in pair]
+    assert main(["fit", *config, *options, *steps]) == 0
+    predictions = tmp_path / "predictions.json"
+    predict = ["--ckpt_path", str(tmp_path / "run" / "checkpoints" / "last.ckpt")]
+    assert main(["predict", *config, *options, *predict, "--model.init_args.predictions_file", str(predictions)]) == 0
+    solution = synthetic_corpus / "imagenet" / "LOC_val_solution.csv"
+    capsys.readouterr()
+    code, out, err = run_mmoe(
+        ["eval", "classification", "--predictions", str(predictions), "--solution", str(solution)], capsys
+    )
+    assert code == 0, err
+    scores = json.loads(out)
+    assert scores["images"] == len(json.loads(predictions.read_text())) == len(solution.read_text().splitlines()) - 1
+    state = load_checkpoint_file(tmp_path / "run" / "checkpoints" / "last.ckpt", "checkpoint")
+    assert 0.0 <= scores["top1"] <= scores["top5"] <= 1.0 and "val/top1_accuracy" in str(state["callbacks"])
