@@ -56,6 +56,7 @@ def export_task(state: dict, ckpt: Path, out: Path) -> dict[str, Any]:
         raise ValueError(
             f"checkpoint {ckpt} is {kind}, not of a fine-tuning task: pass --backbone-only to export its backbone"
         )
+    weights = task.evaluated_weights(state)  # a classification fit's EMA where it kept one
     arguments = task_arguments(hyper_parameters, ckpt)
     files = task_files(task, arguments, ckpt)
     try:

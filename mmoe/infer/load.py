@@ -94,7 +94,7 @@ def load_fine_tuned(
     arguments |= {name: value for name, value in (replaced or {}).items() if name in arguments}
     try:
         model = task(**arguments)
-        model.load_state_dict(weights)
+        model.load_state_dict(task.evaluated_weights(state))
     except (FileNotFoundError, ValueError, RuntimeError) as error:
         named = [f"--{name.replace('_', '-')}" for name in task.file_arguments if arguments.get(name)]
         hint = f" (a moved file: {', '.join(named)} name its new path)" if isinstance(error, FileNotFoundError) else ""

@@ -33,7 +33,7 @@ from mmoe.metrics.classification import TOP_K, top_k_accuracy
 from mmoe.model import MultiwayConfig
 from mmoe.model.heads import BEIT3_HEAD_INIT_SCALE, classification_head
 from mmoe.moe import RoutingRecord
-from mmoe.tasks.classification_ema import EmaWeights
+from mmoe.tasks.classification_ema import EMA_KEY, EmaWeights
 from mmoe.tasks.finetuning import FineTuningTask, required_argument
 
 
@@ -220,6 +220,12 @@ class ImageClassificationFineTuning(FineTuningTask):
             "names": [self.classes[i].name for i in indices],
             "probabilities": [round(p, 6) for p in probabilities],
         }
+
+    @classmethod
+    def evaluated_weights(cls, checkpoint: dict) -> dict[str, torch.Tensor]:
+        """The checkpoint's EMA of the weights where its fit kept one (validation and ``mmoe predict`` use it), else
+        its trained weights."""
+        return checkpoint["state_dict"] | (checkpoint.get(EMA_KEY) or {})
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_save_checkpoint(checkpoint)

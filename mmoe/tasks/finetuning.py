@@ -137,6 +137,12 @@ class FineTuningTask(BackboneTask):
         raise NotImplementedError
 
     @classmethod
+    def evaluated_weights(cls, checkpoint: dict) -> dict[str, torch.Tensor]:
+        """The weights a Lightning checkpoint of the task is evaluated with (what ``mmoe infer`` and ``mmoe export``
+        take): its ``state_dict``, unless the task keeps other weights for evaluation (an EMA of them)."""
+        return checkpoint["state_dict"]
+
+    @classmethod
     def head_of(cls, key: str) -> str:
         """The head (as :meth:`head_parameters` names it) a state-dict key outside the backbone belongs to: ``head``
         unless the task has several."""

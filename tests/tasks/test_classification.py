@@ -172,17 +172,21 @@ def test_mmoe_eval_scores_the_predictions_against_a_solution_file(run, capsys, t
     assert scores["top5"] == 1.0 and scores["images"] == 6
 
 
-def test_mmoe_infer_classify_names_the_top_classes(run, capsys, tmp_path):
-    _, checkpoint, _ = run
-    image = tmp_path / "blue.png"
-    image.write_bytes(png(CLASSES[2][2], 7, size=50))
-    code, out, err = run_mmoe(
-        ["infer", "classify", "--ckpt", str(checkpoint), "--image", str(image), "--top-k", "2", "--json"], capsys
-    )
+def test_mmoe_infer_classify_answers_as_predict_did_from_the_checkpoint_and_its_export(run, capsys, tmp_path):
+    """``mmoe infer classify`` and an ``mmoe export`` folder use the EMA weights, as ``mmoe predict`` did."""
+    _, checkpoint, predictions = run
+    image = tmp_path / "red.png"
+    image.write_bytes(png(CLASSES[0][2], 100))  # the bytes of cls-val_0000
+    expected = next(entry for entry in predictions if entry["key"] == "cls-val_0000")
+    code, _, err = run_mmoe(["export", "--ckpt", str(checkpoint), "--out", str(tmp_path / "exported")], capsys)
     assert code == 0, err
-    result = json.loads(out)
-    assert len(result["labels"]) == 2 and result["names"] == [CLASSES[i][1] for i in result["labels"]]
-    assert result["probabilities"] == sorted(result["probabilities"], reverse=True)
+    for source in (checkpoint, tmp_path / "exported"):
+        argv = ["infer", "classify", "--ckpt", str(source), "--image", str(image), "--top-k", "2", "--json"]
+        code, out, err = run_mmoe(argv, capsys)
+        assert code == 0, err
+        result = json.loads(out)
+        assert result["labels"] == expected["labels"][:2] and result["names"] == expected["names"][:2]
+        assert result["probabilities"] == pytest.approx(expected["probabilities"][:2], abs=1e-5)
 
 
 def test_a_bad_classes_file_is_one_line_and_exit_2(splits, tmp_path):
@@ -255,3 +259,26 @@ def test_the_shipped_tiny_config_runs_on_the_synthetic_split_and_scores_against_
     assert scores["images"] == len(json.loads(predictions.read_text())) == len(solution.read_text().splitlines()) - 1
     state = load_checkpoint_file(tmp_path / "run" / "checkpoints" / "last.ckpt", "checkpoint")
     assert 0.0 <= scores["top1"] <= scores["top5"] <= 1.0 and "val/top1_accuracy" in str(state["callbacks"])
+
+
+def test_the_ema_continues_across_a_resume_as_in_one_run(splits, tmp_path):
+    """2 steps, then a resume to 4, ends with the EMA of one 4-step run (and the same trained weights)."""
+    model = {"mixup": {"mixup_alpha": 0.8, "cutmix_alpha": 1.0}, "ema_decay": 0.5}
+    model["optimizer"] = {"warmup_steps": 1, "learning_rate": 1e-3, "total_steps": 4}
+
+    def fit(name: str, steps: int, *resume: str) -> dict:
+        config = tmp_path / f"{name}.yaml"
+        config.write_text(yaml.safe_dump(fit_config(tmp_path / name, *splits, steps=steps, **model)))
+        assert main(["fit", "--config", str(config), *resume]) == 0
+        return load_checkpoint_file(
+            max((tmp_path / name / "checkpoints").glob("*.ckpt"), key=lambda p: p.stat().st_mtime), "checkpoint"
+        )
+
+    whole = fit("whole", 4)
+    first = fit("halves", 2)
+    resumed = fit("halves", 4, "--ckpt_path", str(next((tmp_path / "halves" / "checkpoints").glob("*step=2.ckpt"))))
+    assert first["global_step"] == 2 and resumed["global_step"] == whole["global_step"] == 4
+    for kind in ("state_dict", EMA_KEY):
+        assert whole[kind].keys() == resumed[kind].keys()
+        assert all(torch.equal(whole[kind][key], resumed[kind][key]) for key in whole[kind]), kind
+    assert not torch.equal(first[EMA_KEY]["head.weight"], resumed[EMA_KEY]["head.weight"])
