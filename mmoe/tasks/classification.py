@@ -20,10 +20,12 @@ unilm ``BEiT3ForImageClassification``, ``ImageNetHandler``).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
+from PIL import Image
 from timm.data import Mixup
 from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 from torch import nn
@@ -139,7 +141,7 @@ class ImageClassificationFineTuning(FineTuningTask):
         classes = len(read_classes(required_argument(init_args, "classes")))
         return {"head": 2 * config.dim + (config.dim + 1) * classes}
 
-    def image_transform(self):
+    def image_transform(self) -> Callable[[Image.Image], torch.Tensor]:
         """timm's evaluation transform at the backbone's size, ImageNet's mean and std (the DataModule's, at its
         default ``eval_crop_pct`` 1)."""
         return eval_transform(self.backbone.config.image_size)
