@@ -18,6 +18,7 @@ from PIL import Image
 from timm.utils import accuracy
 
 from mmoe.cli import main
+from mmoe.config.launch import read_config
 from mmoe.data.classification import ClassificationDecoder, eval_transform
 from mmoe.data.samples import CorruptSampleError
 from mmoe.metrics.classification import top_k_accuracy
@@ -282,3 +283,21 @@ def test_the_ema_continues_across_a_resume_as_in_one_run(splits, tmp_path):
         assert whole[kind].keys() == resumed[kind].keys()
         assert all(torch.equal(whole[kind][key], resumed[kind][key]) for key in whole[kind]), kind
     assert not torch.equal(first[EMA_KEY]["head.weight"], resumed[EMA_KEY]["head.weight"])
+
+
+def test_the_base_config_is_the_guides_recipe():
+    """beit3/get_started/get_started_for_image_classification.md (base): 8 GPUs x batch 128, lr 7e-4, layer decay
+    0.65, 50 epochs with 5 of warm-up, drop path 0.15, weight decay 0.05, mixup 0.8, CutMix 1.0; the rest from
+    run_beit3_finetuning.py's defaults. 1,281,167 ImageNet-1K training images."""
+    config = read_config([ROOT / "configs" / "finetune" / "imagenet_base.yaml"]).fit
+    model, data, trainer = config.model.init_args, config.data.init_args, config.trainer
+    batch = data.batch_size * trainer.accumulate_grad_batches * trainer.devices
+    steps_per_epoch = 1_281_167 // batch
+    assert batch == 8 * 128 and model.backbone.image_size == 224 and model.backbone.drop_path == 0.15
+    assert (trainer.max_steps, model.optimizer.warmup_steps) == (50 * steps_per_epoch, 5 * steps_per_epoch)
+    optimizer = model.optimizer
+    assert (optimizer.learning_rate, optimizer.layer_decay, optimizer.weight_decay) == (7e-4, 0.65, 0.05)
+    assert optimizer.learning_rate * optimizer.min_lr_ratio == pytest.approx(1e-6, rel=1e-3)  # --min_lr
+    assert (model.mixup.mixup_alpha, model.mixup.cutmix_alpha, model.label_smoothing) == (0.8, 1.0, 0.1)
+    assert (data.augmentation.auto_augment, data.augmentation.re_prob) == ("rand-m9-mstd0.5-inc1", 0.25)
+    assert model.head_init_scale == 1e-3 and model.ema_decay is None and not model.backbone.output_norm
