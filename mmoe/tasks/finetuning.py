@@ -344,8 +344,8 @@ def build_backbone(
 ) -> MultiwayTransformer:
     """The backbone of a fine-tuning task (see :class:`FineTuningTask`'s ``backbone``, ``pretrained``: a file, or
     what :func:`read_pretrained` read from it, ``frozen_routing``, ``eval_capacity_factor`` and the task's
-    ``output_norm``: without it, a pre-trained final LayerNorm is left out); a dict ``config`` is a checkpoint's saved
-    hyper-parameter (``load_from_checkpoint``)."""
+    ``output_norm`` over the config's; a backbone without the final LayerNorm leaves a pre-trained one out); a dict
+    ``config`` is a checkpoint's saved hyper-parameter (``load_from_checkpoint``)."""
     if isinstance(config, dict):
         config = config_from_dict(config)
     weights = None
@@ -360,8 +360,8 @@ def build_backbone(
             weights["vision_positions"] = resize_vision_positions(weights["vision_positions"], stored, config)
     if output_norm is not None and config.output_norm != output_norm:
         config = dataclasses.replace(config, output_norm=output_norm)
-        if weights is not None and not output_norm:
-            weights = {key: value for key, value in weights.items() if not key.startswith("final_norm.")}
+    if weights is not None and not config.output_norm:  # a pre-trained final LayerNorm is left unused
+        weights = {key: value for key, value in weights.items() if not key.startswith("final_norm.")}
     if frozen_routing and config.moe is not None:
         config = dataclasses.replace(config, moe=dataclasses.replace(config.moe, frozen=True))
     if eval_capacity_factor is not None and config.moe is not None:

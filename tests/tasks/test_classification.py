@@ -4,6 +4,7 @@ the text weights without gradient, top-1 / top-5 against a hand count, timm's au
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import re
@@ -224,13 +225,15 @@ def test_a_pretrained_backbone_loads_without_its_final_layernorm(splits, tmp_pat
     pretrained = MultiwayTransformer(BACKBONE)
     assert pretrained.final_norm is not None
     export_backbone(pretrained, tmp_path / "backbone.pt")
-    task = ImageClassificationFineTuning(
-        classes=str(splits[0] / "classes.json"), pretrained=str(tmp_path / "backbone.pt")
-    )
-    assert task.backbone.final_norm is None and not task.backbone.config.output_norm
-    loaded = task.backbone.state_dict()
-    assert loaded.keys() == {key for key in pretrained.state_dict() if not key.startswith("final_norm.")}
-    assert all(torch.equal(loaded[key], pretrained.state_dict()[key]) for key in loaded)
+    # The checkpoint's own architecture, and one given as the configs give it (output_norm: false).
+    for backbone in (None, dataclasses.replace(BACKBONE, output_norm=False)):
+        task = ImageClassificationFineTuning(
+            classes=str(splits[0] / "classes.json"), pretrained=str(tmp_path / "backbone.pt"), backbone=backbone
+        )
+        assert task.backbone.final_norm is None and not task.backbone.config.output_norm
+        loaded = task.backbone.state_dict()
+        assert loaded.keys() == {key for key in pretrained.state_dict() if not key.startswith("final_norm.")}
+        assert all(torch.equal(loaded[key], pretrained.state_dict()[key]) for key in loaded)
 
 
 def test_the_shipped_tiny_config_runs_on_the_synthetic_split_and_scores_against_its_solution(
