@@ -12,9 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mmoe.data.converters.class_index import CLASSES_FILE
 from mmoe.data.synth.chance import ChanceLevels
 from mmoe.data.synth.layout import (
     CAPTION_TEST_SPLIT,
+    CLASSIFICATION_TRAIN_SPLIT,
+    CLASSIFICATION_VAL_SPLIT,
     NLVR2_DEV_SPLIT,
     RETRIEVAL_TEST_SPLIT,
     VQA_VAL_SPLIT,
@@ -29,6 +32,7 @@ from mmoe.pipeline.items import (
     ItemMetric,
     caption_items,
     caption_test_files,
+    classification_items,
     mean_recall,
     nlvr2_items,
     percent_of_items,
@@ -42,6 +46,7 @@ from mmoe.pipeline.layout import PipelineRun
 from mmoe.pipeline.settings import TrainingSettings
 from mmoe.pipeline.tables import row
 from mmoe.tasks.captioning import CaptioningFineTuning
+from mmoe.tasks.classification import ImageClassificationFineTuning
 from mmoe.tasks.finetuning import FineTuningTask
 from mmoe.tasks.nlvr2 import NLVR2FineTuning
 from mmoe.tasks.retrieval import RetrievalFineTuning
@@ -85,6 +90,13 @@ def score_retrieval(run: PipelineRun, predictions: Path) -> dict:
     split = read_json(run.corpus.karpathy_flickr, "Karpathy split file")
     captions_per_image = [len(image["sentences"]) for image in split["images"] if image["split"] == "test"]
     return evaluate_retrieval_file(predictions) | {"random_ranking": random_recall(captions_per_image)}
+
+
+def score_classification(run: PipelineRun, predictions: Path) -> dict:
+    """What ``mmoe eval classification`` computes against the corpus's ``LOC_val_solution.csv``: top-1 and top-5."""
+    from mmoe.metrics.classification import evaluate_classification_files
+
+    return evaluate_classification_files(predictions, run.corpus.imagenet_val_solution)
 
 
 def vqa_rows(scores: dict, chance: ChanceLevels) -> list[dict]:
@@ -137,6 +149,19 @@ def retrieval_rows(scores: dict, chance: ChanceLevels) -> list[dict]:
     ]
 
 
+def classification_rows(scores: dict, chance: ChanceLevels) -> list[dict]:
+    """Top-1 and top-5 accuracy (%) beside the most common training class's top-1 and five random classes' top-5."""
+    task = "Classification val"
+    return [
+        row(
+            task, "top-1 accuracy (%)", 100 * scores["top1"], 100 * chance.classification_majority, "most common class"
+        ),
+        row(
+            task, "top-5 accuracy (%)", 100 * scores["top5"], 500 * chance.classification_uniform, "five random classes"
+        ),
+    ]
+
+
 def vqa_chance(chance: ChanceLevels) -> float:
     """The VQA paper's prior (top training answer per question type)."""
     return chance.vqa_prior
@@ -152,6 +177,11 @@ def caption_chance(chance: ChanceLevels) -> float:
     return chance.caption_constant["CIDEr"]
 
 
+def classification_chance(chance: ChanceLevels) -> float:
+    """The most common training class's top-1 accuracy (a fraction, as the headline score)."""
+    return chance.classification_majority
+
+
 def no_files(corpus: CorpusLayout) -> dict[str, Path]:
     return {}
 
@@ -159,6 +189,11 @@ def no_files(corpus: CorpusLayout) -> dict[str, Path]:
 def vqa_files(corpus: CorpusLayout) -> dict[str, Path]:
     """The training split's answer vocabulary, the classifier's outputs."""
     return {"answer_vocab": corpus.vqa_answer_vocab}
+
+
+def classification_files(corpus: CorpusLayout) -> dict[str, Path]:
+    """The training split's class index, the head's classes."""
+    return {"classes": corpus.shard(CLASSIFICATION_TRAIN_SPLIT) / CLASSES_FILE}
 
 
 def caption_files(corpus: CorpusLayout) -> dict[str, Path]:
@@ -266,6 +301,18 @@ BENCHMARKS = (
             ItemMetric("Flickr30K Karpathy test", "mean recall (R@1/5/10)", mean_recall),
             ItemMetric("Flickr30K Karpathy test", "text->image R@1", text_to_image_r1),
         ),
+    ),
+    Benchmark(
+        ImageClassificationFineTuning,
+        CLASSIFICATION_VAL_SPLIT,
+        "val_predictions.json",
+        score_classification,
+        classification_rows,
+        ("top1", "classification top-1"),
+        classification_chance,
+        classification_items,
+        (ItemMetric("Classification val", "top-1 accuracy (%)", percent_share),),
+        classification_files,
     ),
 )
 

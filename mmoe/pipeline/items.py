@@ -111,6 +111,18 @@ def nlvr2_items(run: PipelineRun, predictions: Path) -> ItemCounts:
     return ItemCounts(list(correct), counts, [consistency_group(pair) for pair in correct], STATEMENT_SETS)
 
 
+def classification_items(run: PipelineRun, predictions: Path) -> ItemCounts:
+    """Per val image of the classification split: 1 if its first-ranked class is its label, else 0, and 1; each image
+    is its own cluster (the labels of the corpus's ``LOC_val_solution.csv``)."""
+    from mmoe.metrics.classification import read_predictions, read_solution, score_predictions
+
+    ranked, labels = read_predictions(predictions), read_solution(run.corpus.imagenet_val_solution)
+    score_predictions(ranked, labels, str(predictions))  # every labelled image predicted, or a named error
+    images = list(labels)
+    correct = [float(ranked[image][:1] == [labels[image]]) for image in images]
+    return ItemCounts(images, np.column_stack([correct, np.ones(len(images))]), images, IMAGES)
+
+
 def caption_items(run: PipelineRun, predictions: Path) -> ItemCounts:
     """Per test image: its caption's colour words right and written
     (:func:`~mmoe.metrics.caption_words.word_counts`); each image is its own cluster."""
