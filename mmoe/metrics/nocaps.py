@@ -106,8 +106,8 @@ def load_nocaps_file(path: str | Path) -> NocapsSplit:
         uncaptioned = [image_id for image_id, captions in references.items() if not captions]
         if uncaptioned:
             raise EvalInputError(
-                f"{path}: {len(uncaptioned)} images have no caption in 'annotations' (first: image id "
-                f"{uncaptioned[0]}); expected captions for every image"
+                f"{path}: no caption in 'annotations' for {len(uncaptioned)} of the {len(references)} images (first: "
+                f"image id {uncaptioned[0]}); expected captions for every image"
             )
     return NocapsSplit(path, references, domains)
 
