@@ -149,11 +149,29 @@ def test_intermediates_normed_and_with_their_cls_token(model, images, reference)
     output, layer_outputs = reference
     with torch.no_grad():
         pairs = model.forward_intermediates(images, indices=[-1], norm=True, return_prefix_tokens=True)[1]
-        early = model.forward_intermediates(images, indices=1, stop_early=True, intermediates_only=True)
+        early = model.forward_intermediates(images, indices=[1], stop_early=True, intermediates_only=True)
+    assert [(r.layer, r.modality) for r in model.routing] == [(1, "vision")]  # layers 2 and 3 not run
     ((grid, cls_token),) = pairs
     assert torch.equal(cls_token, output.hidden[:, :1])
     assert torch.equal(grid, output.hidden[:, 1:].reshape(BATCH, 4, 4, -1).permute(0, 3, 1, 2))
-    assert torch.equal(early[0], layer_outputs[-1][:, 1:].reshape(BATCH, 4, 4, -1).permute(0, 3, 1, 2))
+    assert torch.equal(early[0], layer_outputs[1][:, 1:].reshape(BATCH, 4, 4, -1).permute(0, 3, 1, 2))
+
+
+def test_grad_checkpointing_recomputes_the_same_layers(model, images):
+    """timm's ``set_grad_checkpointing`` is the backbone's ``checkpoint_activations``: in training, the same tokens
+    and gradients as without it (the tiny config has no dropout or drop path, X-MoE routing no jitter)."""
+    results = []
+    for checkpointing in (False, True):
+        trained = copy.deepcopy(model).train()
+        trained.set_grad_checkpointing(checkpointing)
+        calls, layer = [], trained.backbone.layers[0]
+        layer.forward = lambda *args, calls=calls, run=layer.forward: calls.append(1) or run(*args)
+        final, _ = trained.forward_intermediates(images)
+        final.square().mean().backward()
+        assert len(calls) == (2 if checkpointing else 1)  # run again in the backward pass where checkpointed
+        results.append((final.detach(), trained.backbone.patch_embed.weight.grad))
+    (plain, plain_grad), (recomputed, recomputed_grad) = results
+    assert torch.equal(plain, recomputed) and torch.equal(plain_grad, recomputed_grad)
 
 
 def test_pretrained_cfg_is_the_folder_s_input_and_mmoe_s_normalisation(model, folder):
