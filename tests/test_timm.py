@@ -12,13 +12,14 @@ import pytest
 import timm
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file
 from timm.data import resolve_model_data_config
 from torch import nn
 
 import mmoe.timm  # noqa: F401  (registers the mmoe_<size>_<router> names)
 from mmoe.data.transforms import IMAGE_MEAN, IMAGE_STD
 from mmoe.model import MultiwayConfig, MultiwayTransformer
-from mmoe.model.pretrained import PretrainedFolderError, from_pretrained, save_pretrained
+from mmoe.model.pretrained import PretrainedFolderError, from_pretrained, save_pretrained, write_folder
 from mmoe.timm import named_difference, shipped_config
 
 NAME = "mmoe_tiny_xmoe"
@@ -174,13 +175,16 @@ def test_grad_checkpointing_recomputes_the_same_layers(model, images):
     assert torch.equal(plain, recomputed) and torch.equal(plain_grad, recomputed_grad)
 
 
-def test_pretrained_cfg_is_the_folder_s_input_and_mmoe_s_normalisation(model, folder):
+def test_pretrained_cfg_is_the_folder_s_input_and_mmoe_s_normalisation(model, folder, tmp_path):
     data = resolve_model_data_config(model)
     assert data["mean"] == IMAGE_MEAN and data["std"] == IMAGE_STD and data["interpolation"] == "bicubic"
     assert data["input_size"] == model.pretrained_cfg["input_size"] == (3, 64, 64)  # the folder's side
-    # at another side: the same weights, the position table's patch rows resized (as BEiT-3 fine-tunes at other
-    # resolutions)
-    larger = create(folder, img_size=96)
+    # A task model's folder (its backbone under "backbone.", a head beside it) at another side: the same backbone
+    # weights, the position table's patch rows resized (as BEiT-3 fine-tunes at other resolutions).
+    config = json.loads((folder / "config.json").read_text()) | {"task": {"name": "a task"}}
+    weights = {f"backbone.{name}": value for name, value in load_file(folder / "model.safetensors").items()}
+    task_folder = write_folder(tmp_path / "task", config, weights | {"head.weight": torch.ones(2, 192)})
+    larger = create(task_folder, img_size=96)
     ours, theirs = model.backbone.state_dict(), larger.backbone.state_dict()
     assert [name for name in ours if not torch.equal(ours[name], theirs[name])] == ["vision_positions"]
     assert torch.equal(ours["vision_positions"][:1], theirs["vision_positions"][:1])  # the CLS row kept
@@ -201,6 +205,8 @@ def test_a_folder_of_another_architecture_is_refused_in_one_line(folder, tmp_pat
     assert f"{other / 'config.json'}: backbone.moe.num_experts is 16, {NAME} has 8" in message
     with pytest.raises(PretrainedFolderError, match="backbone.moe sets MoE layers, mmoe_tiny_dense is dense"):
         timm.create_model("mmoe_tiny_dense", pretrained=True, pretrained_cfg_overlay=dict(file=str(folder)))
+    with pytest.raises(PretrainedFolderError, match=f"{tmp_path / 'absent'} does not exist"):
+        create(tmp_path / "absent")
     with pytest.raises(PretrainedFolderError, match="pretrained=True needs an mmoe export folder") as unnamed:
         timm.create_model(NAME, pretrained=True)
     assert "\n" not in str(unnamed.value)
