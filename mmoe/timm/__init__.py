@@ -15,16 +15,16 @@ config must agree with the name's shipped config in what the name fixes: the bac
 (:data:`NAMED_FIELDS`), dense or MoE, which layers are MoE layers, and how they route (:data:`NAMED_MOE_FIELDS`);
 a folder that differs is refused in one line naming the field and both values. Everything else comes from the
 folder's config: the image side (the model's ``pretrained_cfg["input_size"]``), drop path and dropout, the final
-LayerNorm (``output_norm``; BEiT-3's classifiers run without it), position offset, text vocabulary, capacity and the
-training-only routing settings (balance losses, selection-bias rate, frozen routing, expert kernels). The head is
-new (the folder holds none for it); ``num_classes=0`` leaves it out. Without ``pretrained`` the model is the shipped
-config's, freshly initialised.
+LayerNorm (``output_norm``; BEiT-3's ImageNet classifier runs without it), position offset, text vocabulary,
+capacity and the training-only routing settings (balance losses, selection-bias rate, frozen routing, expert
+kernels). The head is new (the folder holds none for it); ``num_classes=0`` leaves it out. Without ``pretrained``
+the model is the shipped config's, freshly initialised.
 
 ``pretrained_cfg``: ``input_size`` the config's image side, mean = std = 0.5 per channel, bicubic resize and centre
 crop of the whole side (``crop_pct`` 1), as mmoe's own evaluation transform (:mod:`mmoe.data.transforms`, BEiT-3's
-IMAGENET_INCEPTION constants, which timm names ``IMAGENET_INCEPTION_MEAN`` / ``_STD``); ``timm.data.
-resolve_model_data_config(model)`` reads them. ``features_only=True`` gives the patch grid after the last three
-layers (all of a shallower backbone; ``out_indices`` to choose) as ``(B, D, H/16, W/16)`` maps.
+IMAGENET_INCEPTION constants, which timm names ``IMAGENET_INCEPTION_MEAN`` / ``_STD``), what
+``timm.data.resolve_model_data_config(model)`` reads. ``features_only=True`` gives the patch grid after the last
+three layers (all of a shallower backbone; ``out_indices`` to choose) as ``(B, D, H/p, W/p)`` maps, p the patch size.
 """
 
 from __future__ import annotations
