@@ -235,3 +235,16 @@ def test_shards_with_a_cls_out_of_range_or_without_cls_are_refused_with_one_line
     assert convert("--shards", converted, "--classes", converted) == 2  # a converted split is not indexed again
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "manifest.json: exists and is not an index of shards with cls" in err[0]
+
+
+def test_an_empty_class_folder_keeps_its_index_as_in_torchvision(tmp_path):
+    from torchvision.datasets.folder import find_classes
+
+    picture(tmp_path / "tree" / "cat" / "1.png", 5)
+    picture(tmp_path / "tree" / "dog" / "deep" / "2.jpg", 9)
+    (tmp_path / "tree" / "bird").mkdir()
+    assert convert("--images", str(tmp_path / "tree"), "--out", str(tmp_path / "out"), "--name", "pets") == 0
+    _, reference = find_classes(str(tmp_path / "tree"))
+    assert labels_by_path(tmp_path / "out") == {"cat/1.png": reference["cat"], "dog/deep/2.jpg": reference["dog"]}
+    classes = json.loads((tmp_path / "out" / CLASSES_FILE).read_text())["classes"]
+    assert [entry["wnid"] for entry in classes] == sorted(reference, key=reference.get) == ["bird", "cat", "dog"]

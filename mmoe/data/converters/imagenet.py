@@ -56,6 +56,7 @@ class Labels:
     rule: str
     label_files: list[Path]
     other_files: int = 0
+    folders: tuple[str, ...] = ()  # an ImageFolder tree's class folders, empty ones included
 
 
 def _is_image(name: str) -> bool:
@@ -91,7 +92,7 @@ def folder_labels(root: Path) -> Labels:
                 else:
                     other += 1
     rule = "every image under each class folder (ImageFolder's suffixes), in a seeded random order"
-    return Labels(images, {"images": str(root)}, rule, [], other)
+    return Labels(images, {"images": str(root)}, rule, [], other, tuple(folders))
 
 
 def labelled_folder_check(root: Path, labels: Labels, label_file: Path) -> None:
@@ -115,10 +116,14 @@ def default_name(root: Path) -> str:
 
 
 def _checked_classes(labels: Labels, classes: ClassIndex | None, classes_from: str) -> ClassIndex:
-    """``classes``, holding every class ``labels`` name; None: the classes of the labels' folders."""
+    """``classes``, holding every class ``labels`` name; None: the labels' class folders (as ImageFolder numbers them,
+    empty ones included)."""
     if classes is None:
-        return ClassIndex.of_folders(sorted({image.wnid for image in labels.images}))
+        return ClassIndex.of_folders(labels.folders)
     index = classes.index_of()
+    for folder in labels.folders:
+        if folder not in index:
+            raise missing_synset(folder, f"--images {labels.source['images']}: {folder}/", classes_from, classes)
     for image in labels.images:
         if image.wnid not in index:
             raise missing_synset(image.wnid, image.where, classes_from, classes)
