@@ -248,3 +248,48 @@ def test_an_empty_class_folder_keeps_its_index_as_in_torchvision(tmp_path):
     assert labels_by_path(tmp_path / "out") == {"cat/1.png": reference["cat"], "dog/deep/2.jpg": reference["dog"]}
     classes = json.loads((tmp_path / "out" / CLASSES_FILE).read_text())["classes"]
     assert [entry["wnid"] for entry in classes] == sorted(reference, key=reference.get) == ["bird", "cat", "dog"]
+
+
+def _solution(imagenet: Path, tmp_path: Path, text: str) -> list[str]:
+    (tmp_path / "solution.csv").write_text(text)
+    train = str(imagenet / "out-train")
+    return ["--images", str(imagenet / "val"), "--classes", train, "--val-solution", str(tmp_path / "solution.csv")]
+
+
+def _devkit(imagenet: Path, tmp_path: Path, text: str, synsets: bool = True) -> list[str]:
+    (tmp_path / "truth.txt").write_text(text)
+    options = ["--images", str(imagenet / "val"), "--classes", str(imagenet / "out-train"), "--devkit"]
+    options.append(str(tmp_path / "truth.txt"))
+    return options + (["--devkit-synsets", str(imagenet / "devkit_synsets.txt")] if synsets else [])
+
+
+def _bad_classes(imagenet: Path, tmp_path: Path) -> list[str]:
+    (tmp_path / "classes.json").write_text('{"classes": [{"index": 1, "wnid": "n01440764", "name": "tench"}]}')
+    return ["--images", str(imagenet / "train"), "--classes", str(tmp_path / "classes.json")]
+
+
+@pytest.mark.parametrize(
+    "case, parts",
+    [
+        (lambda i, t: _solution(i, t, "ImageId,PredictionString\nILSVRC2012_val_00000001,\n"), [":2: expected"]),
+        (lambda i, t: _solution(i, t, "Id,Labels\n"), [":1: expected the header ImageId,PredictionString"]),
+        (
+            lambda i, t: _solution(i, t, "ImageId,PredictionString\nA,n01440764 1 1 2 2 n01443537 1 1 2 2\n"),
+            [":2: boxes of two classes (n01440764, n01443537)"],
+        ),
+        (
+            lambda i, t: _solution(i, t, "ImageId,PredictionString\nA,n01440764 1 1 2 2\nA,n01440764 0 0 1 1\n"),
+            [":3: image A is labelled twice", ":2)"],
+        ),
+        (lambda i, t: _devkit(i, t, "1\nx\n"), ["truth.txt:2: expected an ILSVRC2012_ID", "got 'x'"]),
+        (lambda i, t: _devkit(i, t, "1\n", synsets=False), ["--devkit needs --devkit-synsets", "meta.mat"]),
+        (lambda i, t: _solution(i, t, "")[:2] + _solution(i, t, "")[4:], ["need the training split's --classes"]),
+        (_bad_classes, ["classes[0]: field 'index' = 1, expected 0"]),
+        (lambda i, t: ["--shards", str(i / "out-train"), "--out", str(t)], ["--out does not apply to --shards"]),
+    ],
+)
+def test_bad_options_and_label_files_are_one_line_naming_file_line_and_value(imagenet, tmp_path, capsys, case, parts):
+    options = case(imagenet, tmp_path)
+    done = run(*options, *([] if "--shards" in options else ["--out", str(tmp_path / "out")]), capsys=capsys)
+    one_line(done, *parts)
+    assert not (tmp_path / "out").exists()

@@ -37,14 +37,14 @@ from mmoe.data.shards import Manifest, check_shard_name
 FOLDER_IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class LabelledImage:
     """One image and its class: ``relative`` is its path under the image folder, ``where`` names its label (a label
-    file's line, or the image's class folder) in errors."""
+    file's line) in errors; empty for an image labelled by its class folder, which its path names."""
 
     relative: str
     wnid: str
-    where: str
+    where: str = ""
 
 
 @dataclass(frozen=True)
@@ -87,8 +87,7 @@ def folder_labels(root: Path) -> Labels:
             subfolders.sort()
             for name in sorted(files):
                 if _is_image(name):
-                    relative = Path(folder, name).relative_to(root).as_posix()
-                    images.append(LabelledImage(relative, wnid, f"--images {root}: {relative}"))
+                    images.append(LabelledImage(Path(folder, name).relative_to(root).as_posix(), wnid))
                 else:
                     other += 1
     rule = "every image under each class folder (ImageFolder's suffixes), in a seeded random order"
@@ -126,7 +125,8 @@ def _checked_classes(labels: Labels, classes: ClassIndex | None, classes_from: s
             raise missing_synset(folder, f"--images {labels.source['images']}: {folder}/", classes_from, classes)
     for image in labels.images:
         if image.wnid not in index:
-            raise missing_synset(image.wnid, image.where, classes_from, classes)
+            where = image.where or f"--images {labels.source['images']}: {image.relative}"
+            raise missing_synset(image.wnid, where, classes_from, classes)
     return classes
 
 
