@@ -15,6 +15,7 @@ mmoe data convert nlvr2 (--data dev.json --images DIR | --parquet F.parquet [...
 mmoe data convert images --images DIR --out OUT [--name images]
 mmoe data convert tsv --tsv pairs.tsv --images DIR --out OUT [--name pairs]
 mmoe data convert text --text corpus.txt [more.txt ...] --out OUT [--name text]
+mmoe data convert imagenet (--images DIR [--val-solution CSV | --devkit DIR ...] --out OUT | --shards DIR)  (cli_imagenet)
 mmoe data convert pairs | captions | vqa --table T.csv|.jsonl|.json --images DIR --out OUT   (mmoe.data.cli_own)
 mmoe data check-overlap TRAIN EVAL [--strict]
 mmoe data synth --out DIR [--size tiny|small|medium|large] [--seed 0] [--shards] [--workers N]
@@ -41,6 +42,7 @@ from pathlib import Path
 
 from mmoe.atomic import write_text_atomic
 from mmoe.data.answers import ANSWERS_FILE
+from mmoe.data.cli_imagenet import add_imagenet_source, convert_imagenet
 from mmoe.data.cli_own import OWN_SOURCES, add_overlap_command, add_own_sources, convert_own, overlap_command
 from mmoe.data.converters import (
     ConversionError,
@@ -61,8 +63,8 @@ from mmoe.data.tokenizer import TextTokenizer
 from mmoe.io import positive_int
 
 
-def _common(parser: argparse.ArgumentParser, name_default: str | None = None) -> None:
-    parser.add_argument("--out", required=True, help="output folder for this split's shards and manifest.json")
+def _common(parser: argparse.ArgumentParser, name_default: str | None = None, out_required: bool = True) -> None:
+    parser.add_argument("--out", required=out_required, help="output folder for this split's shards and manifest.json")
     parser.add_argument("--shard-size", type=int, default=1000, help="samples per shard (default 1000)")
     hint = f"(default {name_default})" if name_default else "(default: dataset and split, e.g. vqav2-val2014)"
     parser.add_argument("--name", default=name_default, help=f"shard name prefix {hint}")
@@ -213,6 +215,7 @@ def _parser() -> argparse.ArgumentParser:
 
     _caption_sources(sources)
     _other_sources(sources)
+    add_imagenet_source(sources, _common)
     add_own_sources(sources, _common)
     add_overlap_command(commands)
     _synth_command(commands)
@@ -289,6 +292,8 @@ def _check_official(args: argparse.Namespace) -> None:
 
 
 def _convert(args: argparse.Namespace):
+    if args.source == "imagenet":
+        return convert_imagenet(args, check_arguments)
     check_arguments(args)
     if args.source in _OFFICIAL_ONLY:
         if args.parquet:

@@ -98,7 +98,7 @@ def _record(key: str, status: str, meta: dict[str, Any], where: str) -> SampleRe
     return SampleRecord(key, status, uid=None if uid is None else str(uid))
 
 
-def _tar_groups(path: Path, cuts: dict[str, str]) -> Iterator[tuple[str, dict[str, tarfile.TarInfo], tarfile.TarFile]]:
+def tar_groups(path: Path, cuts: dict[str, str]) -> Iterator[tuple[str, dict[str, tarfile.TarInfo], tarfile.TarFile]]:
     """(key, extension -> member) per sample, grouped as webdataset groups consecutive members. A tar cut short (a
     truncated download, or one img2dataset is still writing) gives the samples before the cut, the last one with its
     members that are whole, and ``cuts[path.name]`` says where it ends."""
@@ -153,9 +153,9 @@ def _json_meta(archive: tarfile.TarFile, member: tarfile.TarInfo | None) -> dict
 
 def records_from_tar(path: Path, cuts: dict[str, str]) -> list[SampleRecord]:
     """The samples of a tar from its member headers, with status, size and uid from each small ``.json`` member
-    (a sample without one counts as a success of unknown size); a cut tar's in ``cuts`` (:func:`_tar_groups`)."""
+    (a sample without one counts as a success of unknown size); a cut tar's in ``cuts`` (:func:`tar_groups`)."""
     records = []
-    for key, members, archive in _tar_groups(path, cuts):
+    for key, members, archive in tar_groups(path, cuts):
         meta = _json_meta(archive, members.get("json"))
         status = meta.get("status", SUCCESS)
         status = status if isinstance(status, str) else str(status)
@@ -166,7 +166,7 @@ def records_from_tar(path: Path, cuts: dict[str, str]) -> list[SampleRecord]:
 def tar_keys(path: Path, cuts: dict[str, str]) -> list[str]:
     """The sample keys of a tar from its member headers, in order (a cut tar: the keys before the cut, and the cut in
     ``cuts``; the reader counts the samples after it as lost against the parquet's count)."""
-    return [key for key, _, _ in _tar_groups(path, cuts)]
+    return [key for key, _, _ in tar_groups(path, cuts)]
 
 
 def parquet_shard(tar: Path, parquet: Path, cuts: dict[str, str]) -> list[tuple[SampleRecord, bool]]:

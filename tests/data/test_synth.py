@@ -24,7 +24,8 @@ from mmoe.data.synth.language import (
     statement,
 )
 from mmoe.data.synth.layout import SUMMARY_FILE, CorpusLayout
-from mmoe.data.synth.scenes import COLORS, render, sample_scene
+from mmoe.data.synth.scenes import COLORS, SHAPES, render, sample_scene
+from tests.data.test_converters import read_all
 
 TINY = SIZES["tiny"]
 
@@ -48,8 +49,11 @@ def test_same_seed_same_files_other_seed_other_files(corpus, tmp_path):
     build_corpus(tmp_path / "again", seed=0, sizes=TINY)
     assert digest(tmp_path / "again") == digest(corpus)
     build_corpus(tmp_path / "other", seed=1, sizes=TINY)
-    other = digest(tmp_path / "other")
-    assert other.keys() == digest(corpus).keys() and other != digest(corpus)
+    other, first = digest(tmp_path / "other"), digest(corpus)
+    # ImageNet's train layout names each image's class folder, which the scene decides.
+    named_by_class = lambda files: {p for p in files if p.startswith("imagenet/train/")}  # noqa: E731
+    assert other.keys() - named_by_class(other) == first.keys() - named_by_class(first) and other != first
+    assert len(named_by_class(other)) == len(named_by_class(first)) == TINY.train_images
 
 
 def test_worker_processes_write_the_same_files(corpus, tmp_path):
@@ -77,8 +81,10 @@ def test_the_layout_names_every_file_the_writer_writes(corpus):
     files += [layout.vqa_questions(subtype) for subtype in ("train2014", "val2014", "test2015", "test-dev2015")]
     files += [layout.vqa_annotations(subtype) for subtype in ("train2014", "val2014")]
     files += [layout.nlvr2_records(split) for split in ("train", "dev", "test1")]
+    files += [layout.imagenet_val_solution, layout.imagenet_synsets]
     image_folders = [layout.coco_split_images(subtype) for subtype in ("train2014", "val2014", "test2015")]
     image_folders += [layout.flickr_images, layout.nlvr2_images]
+    image_folders += [layout.imagenet_images(split) for split in ("train", "val")]
     written = {path for path in corpus.rglob("*") if path.is_file()}
     images = {path for path in written if any(folder in path.parents for folder in image_folders)}
     assert set(files) <= written and images and written == set(files) | images
@@ -119,6 +125,7 @@ def test_the_summary_reads_back_as_chance_levels(corpus):
     assert 0 < chance.vqa_prior < 100 and 0 < chance.vqa_question_prior < 100
     assert chance.nlvr2_constant == 0.5 and chance.nlvr2_random_consistency == 1 / 16
     assert {"Bleu_4", "CIDEr"} <= set(chance.caption_constant)
+    assert chance.classification_uniform == round(1 / 24, 4) and 0 < chance.classification_majority <= 1
 
 
 def test_nlvr2_sets_are_balanced_and_named_officially(corpus):
@@ -196,9 +203,42 @@ def test_synth_cli_builds_and_converts(tmp_path, capsys):
         manifest = json.loads((tmp_path / "shards" / name / "manifest.json").read_text())
         assert manifest["skipped"] == 0 and manifest["name"] == name
     assert (tmp_path / "shards/vqav2-train2014/answers.json").exists()
+    assert_classification_recounted(tmp_path, summary, train_images=10)
     with pytest.raises(SystemExit) as refused:
         main(["data", "synth", "--out", str(tmp_path / "other"), "--workers", "0"])
     assert refused.value.code == 2 and "--workers: 0 is below 1" in capsys.readouterr().err
+
+
+def assert_classification_recounted(root: Path, summary: dict, train_images: int) -> None:
+    """Each classification sample's class is its COCO image's top object's colour and shape, recounted from the scene
+    the generator draws for that image (seeded by seed 0, the COCO split's code and the image's index); the sample's
+    image is the COCO image's bytes; the chance levels are the val split's."""
+    classes = sorted(f"{color}-{shape}" for color in COLORS for shape in SHAPES)
+
+    def top_class(code: int, index: int) -> str:
+        top = sample_scene(np.random.default_rng([0, code, index])).shapes[0]
+        return f"{top.color}-{top.shape}"
+
+    counted = {}
+    for split, code, count in (("train", 1, train_images), ("val", 2, TINY.val_images)):
+        folder = root / "shards" / f"classification-{split}"
+        index = json.loads((folder / "classes.json").read_text())["classes"]
+        assert index == [{"index": i, "wnid": c, "name": c.replace("-", " ")} for i, c in enumerate(classes)]
+        samples = read_all(folder)
+        assert len(samples) == count == summary["counts"]["classification_images"][split]
+        for sample in samples:
+            path = sample["meta"]["path"]
+            number = int(path.rsplit("_", 1)[1].split(".")[0])  # the image id (train) or val image number
+            image_id = number if split == "train" else 100_000 + number
+            subtype = "train2014" if split == "train" else "val2014"
+            assert sample["jpg"] == (root / "coco" / subtype / f"COCO_{subtype}_{image_id:012d}.jpg").read_bytes()
+            assert classes[int(sample["cls"])] == top_class(code, image_id - 1 if split == "train" else number - 1)
+        counted[split] = Counter(classes[int(sample["cls"])] for sample in samples)
+    chance = summary["chance"]["classification_val"]
+    most = max(counted["train"].values())
+    majority = min(name for name, count in counted["train"].items() if count == most)
+    assert chance["majority_class"] == majority and chance["accuracy_uniform"] == round(1 / 24, 4)
+    assert chance["accuracy_majority_class"] == round(counted["val"][majority] / TINY.val_images, 4)
 
 
 def annotation(question_id: int, question_type: str, answer_type: str, answers: list[str]) -> dict:

@@ -33,10 +33,15 @@ _IMAGE_EXTENSIONS = {"jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff"}
 _NLVR2_SIDES = {"left.png": "left", "right.png": "right"}
 
 
+def is_image_entry(entry: str) -> bool:
+    """Whether a sample entry (``jpg``, ``left.png``, ...) holds an image, by its extension."""
+    return not entry.startswith("__") and entry.rsplit(".", 1)[-1].lower() in _IMAGE_EXTENSIONS
+
+
 def image_entries(sample: Mapping[str, Any]) -> Iterator[tuple[str, bytes]]:
     """(entry, bytes) of every image of a sample (``jpg``, ``png``, ``left.png``, ...)."""
     for entry, value in sample.items():
-        if not entry.startswith("__") and entry.rsplit(".", 1)[-1].lower() in _IMAGE_EXTENSIONS:
+        if is_image_entry(entry):
             if isinstance(value, bytes):
                 yield entry, value
 

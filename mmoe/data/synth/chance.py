@@ -1,6 +1,7 @@
 """Each task's chance level on the synthetic corpus, written under ``chance`` in its summary: the VQA accuracy of an
 answerer that never looks at the image, the NLVR2 accuracy and consistency of constant or random answers, the caption
-metrics of one constant caption and retrieval's recall of a random ranking."""
+metrics of one constant caption, retrieval's recall of a random ranking; the classification split's levels
+(majority class, uniform guess) are :func:`mmoe.data.synth.classification.classification_chance`'s."""
 
 from __future__ import annotations
 
@@ -119,6 +120,9 @@ class ChanceLevels:
         nlvr2_constant: NLVR2 accuracy of a constant answer.
         nlvr2_random_consistency: NLVR2 consistency of random answers.
         caption_constant: each caption metric of the most common training caption on the Karpathy test split.
+        classification_majority: classification val accuracy of the most common training class (None in a summary
+            written before the classification split).
+        classification_uniform: classification val accuracy of a uniform random guess (None as above).
     """
 
     vqa_prior: float
@@ -126,14 +130,19 @@ class ChanceLevels:
     nlvr2_constant: float
     nlvr2_random_consistency: float
     caption_constant: dict[str, float]
+    classification_majority: float | None = None
+    classification_uniform: float | None = None
 
     @classmethod
     def from_summary(cls, chance: dict[str, Any]) -> ChanceLevels:
         """The levels of a summary's ``chance`` entry."""
+        classification = chance.get("classification_val") or {}
         return cls(
             vqa_prior=chance["vqav2_val_prior_accuracy"]["overall"],
             vqa_question_prior=chance["vqav2_val_question_prior_accuracy"]["overall"],
             nlvr2_constant=chance["nlvr2"]["accuracy_constant_answer"],
             nlvr2_random_consistency=chance["nlvr2"]["consistency_random"],
             caption_constant=chance["captioning_karpathy_test_constant_caption"],
+            classification_majority=classification.get("accuracy_majority_class"),
+            classification_uniform=classification.get("accuracy_uniform"),
         )

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from mmoe.data.converters import (
     convert_coco_captions,
+    convert_imagenet,
     convert_images,
     convert_karpathy,
     convert_nlvr2,
@@ -25,6 +26,7 @@ from mmoe.data.synth.layout import (
     PRETRAIN_TEXT_SPLIT,
     CorpusLayout,
     answer_vocab_in,
+    classification_split,
     coco_captions_split,
     flickr30k_split,
     karpathy_split,
@@ -106,6 +108,21 @@ def _pretrain_jobs(layout: CorpusLayout, out: Path, shard_size: int) -> list[Job
     return jobs
 
 
+def _classification_jobs(layout: CorpusLayout, out: Path, shard_size: int) -> list[Job]:
+    """The classification train and val folders present, both labelled in the class list's index."""
+    synsets = layout.imagenet_synsets
+    if not synsets.exists():
+        return []
+    jobs: list[Job] = []
+    for split in ("train", "val"):
+        images, name = layout.imagenet_images(split), classification_split(split)
+        solution = layout.imagenet_val_solution if split == "val" else None
+        if images.is_dir():
+            convert = partial(convert_imagenet, images, out / name, synsets=synsets, val_solution=solution)
+            jobs.append(partial(convert, shard_size=shard_size, name=name))
+    return jobs
+
+
 def convert_layout(
     root: str | os.PathLike, out: str | os.PathLike, shard_size: int = 1000, workers: int = 1
 ) -> dict[str, Manifest]:
@@ -119,5 +136,6 @@ def convert_layout(
     vqa_training, vqa_after_vocabulary = _vqa_jobs(layout, out, shard_size)
     first = vqa_training + _caption_jobs(layout, out, shard_size)
     first += _nlvr2_jobs(layout, out, shard_size) + _pretrain_jobs(layout, out, shard_size)
+    first += _classification_jobs(layout, out, shard_size)
     manifests = run_in_processes(first, workers) + run_in_processes(vqa_after_vocabulary, workers)
     return {manifest.name: manifest for manifest in manifests}

@@ -23,6 +23,7 @@ from mmoe.data.processes import run_in_processes
 from mmoe.data.synth.chance import (
     chance_summary,
 )
+from mmoe.data.synth.classification import RenderedImage, write_classification_files
 from mmoe.data.synth.karpathy import coco_document, flickr30k_document
 from mmoe.data.synth.language import captions, human_answers, majority_answer, questions, statement
 from mmoe.data.synth.layout import CorpusLayout
@@ -257,11 +258,16 @@ class _CocoFiles:
     vqa_train: list[dict[str, Any]]
     vqa_val: list[dict[str, Any]]
     questions: dict[int, str]
+    classification_chance: dict[str, Any]
+
+
+def _rendered(layout: CorpusLayout, images: list[_Image]) -> list[RenderedImage]:
+    return [RenderedImage(i.image_id, layout.coco_split_images(i.subtype) / i.file_name, i.scene) for i in images]
 
 
 def _coco_files(layout: CorpusLayout, seed: int, sizes: SynthSizes) -> _CocoFiles:
-    """The COCO images and everything written from them: captions, Karpathy and Flickr30K layouts, VQAv2 and the
-    pre-training text and pairs."""
+    """The COCO images and everything written from them: captions, Karpathy and Flickr30K layouts, VQAv2, the
+    pre-training text and pairs, and the classification folders in ImageNet's layouts."""
     train = _coco_images(layout, seed, "train2014", sizes.train_images, sizes.image_size)
     val = _coco_images(layout, seed, "val2014", sizes.val_images, sizes.image_size)
     test = _coco_images(layout, seed, "test2015", sizes.test_images, sizes.image_size)
@@ -274,7 +280,11 @@ def _coco_files(layout: CorpusLayout, seed: int, sizes: SynthSizes) -> _CocoFile
     vqa_val, val_questions = _vqa_files(layout, seed, "val2014", val, per_image, annotated=True)
     _vqa_files(layout, seed, "test2015", test, per_image, annotated=False)
     _pretrain_files(layout, seed, train, sizes.texts)
-    return _CocoFiles(train, val, test, retrieval_test_images, vqa_train, vqa_val, train_questions | val_questions)
+    classification = write_classification_files(
+        layout, _rendered(layout, train), _rendered(layout, val), sizes.image_size
+    )
+    questions = train_questions | val_questions
+    return _CocoFiles(train, val, test, retrieval_test_images, vqa_train, vqa_val, questions, classification)
 
 
 def build_corpus(
@@ -302,10 +312,14 @@ def build_corpus(
             "coco_images": {"train2014": len(train), "val2014": len(val), "test2015": len(coco.test)},
             "vqav2_questions": {"train2014": len(coco.vqa_train), "val2014": len(coco.vqa_val)},
             "nlvr2_pairs": {split: len(records) for split, records in nlvr2.items()},
+            "classification_images": {"train": len(train), "val": len(val)},
         },
-        "chance": chance_summary(
-            coco.vqa_train, coco.vqa_val, coco.questions, train, val[third : 2 * third], coco.retrieval_test_images
-        ),
+        "chance": {
+            **chance_summary(
+                coco.vqa_train, coco.vqa_val, coco.questions, train, val[third : 2 * third], coco.retrieval_test_images
+            ),
+            "classification_val": coco.classification_chance,
+        },
     }
     _write_json(layout.summary, summary)
     return summary

@@ -12,6 +12,10 @@ vqav2/v2_mscoco_<subtype>_annotations.json               train2014, val2014 (10 
 nlvr2/{train,dev,test1}.json                             NLVR2 JSON lines
 nlvr2/images/{train/<directory>,dev,test1}/<split>-<set>-<pair>-img{0,1}.png
 pretrain/text.txt, pretrain/pairs.tsv                    text-only corpus; image<TAB>caption (paths under coco/)
+imagenet/train/<class>/<class>_<image_id>.JPEG            ImageNet's train layout (the COCO train2014 images, each in
+                                                         its top object's class: mmoe.data.synth.classification)
+imagenet/val/ILSVRC2012_val_<n:08d>.JPEG                 ImageNet's val layout (the val2014 images)
+imagenet/LOC_val_solution.csv, LOC_synset_mapping.txt    Kaggle's val labels and class list
 synth.json                                               seed, sizes, counts and chance levels
 shards/<split>/                                          each split converted (mmoe.data.synth.convert)
 ```
@@ -51,6 +55,11 @@ def nlvr2_split(split: str) -> str:
     return f"nlvr2-{split}"
 
 
+def classification_split(split: str) -> str:
+    """The folder of a classification split (``train``, ``val``), whose shard name it also is."""
+    return f"classification-{split}"
+
+
 def coco_captions_split(subtype: str) -> str:
     """The folder of an official COCO captions split (``train2014``, ``val2014``)."""
     return f"coco-captions-{subtype}"
@@ -65,6 +74,8 @@ CAPTION_TRAIN_SPLIT = karpathy_split("train,restval")
 CAPTION_TEST_SPLIT = karpathy_split("test")
 RETRIEVAL_TRAIN_SPLIT = flickr30k_split("train")
 RETRIEVAL_TEST_SPLIT = flickr30k_split("test")
+CLASSIFICATION_TRAIN_SPLIT = classification_split("train")
+CLASSIFICATION_VAL_SPLIT = classification_split("val")
 PRETRAIN_IMAGE_SPLIT = "pretrain-images"
 PRETRAIN_PAIR_SPLIT = "pretrain-pairs"
 PRETRAIN_TEXT_SPLIT = "pretrain-text"
@@ -151,6 +162,21 @@ class CorpusLayout:
     def pretrain_pairs(self) -> Path:
         """The pre-training image-text pairs, ``image<TAB>caption`` lines with image paths under ``coco/``."""
         return self.root / "pretrain" / "pairs.tsv"
+
+    def imagenet_images(self, split: str) -> Path:
+        """ImageNet's image folder of ``train`` (class folders) or ``val`` (flat, labelled by
+        :attr:`imagenet_val_solution`)."""
+        return self.root / "imagenet" / split
+
+    @property
+    def imagenet_val_solution(self) -> Path:
+        """Kaggle's ``LOC_val_solution.csv``: each val image's class."""
+        return self.root / "imagenet" / "LOC_val_solution.csv"
+
+    @property
+    def imagenet_synsets(self) -> Path:
+        """Kaggle's ``LOC_synset_mapping.txt``: the class index (every class, with its name)."""
+        return self.root / "imagenet" / "LOC_synset_mapping.txt"
 
     @property
     def summary(self) -> Path:
