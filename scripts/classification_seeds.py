@@ -6,11 +6,12 @@ images (``scripts/demo_seed_compare.py``), then the per-seed top-1 differences' 
 
     .venv/bin/python scripts/classification_seeds.py runs/demo /tmp/classification_seeds --seeds 0 1 2
     .venv/bin/python scripts/classification_seeds.py runs/demo /tmp/classification_seeds --report-only \
-        --markdown docs/classification_seeds/results.md
+        --ship docs/classification_seeds --page tasks/imagenet/README.md
 
 ``DEMO`` is a demo run folder with the corpus and the exported mhmoe backbone (``mmoe demo --out DEMO --stages corpus
 codebook mhmoe/pretrain mhmoe/export``). Each seed's two runs and their comparison stay under ``OUT/seed<s>/``;
-``OUT/results.json`` holds every number the Markdown shows. A seed already scored is not run again.
+``OUT/results.json`` holds every number the table shows; ``--ship`` copies it beside the plan and ``--page`` writes
+the table between the page's ``classification-seeds`` markers. A seed already scored is not run again.
 """
 
 from __future__ import annotations
@@ -29,10 +30,15 @@ from mmoe.pipeline.stages import StageKey
 from mmoe.pipeline.standard_stages import random_backbone_stage
 from mmoe.stats import t_975
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from marked_block import page_block, with_block  # noqa: E402, F401 (page_block: the tests read the page)
+
 SCRIPTS = Path(__file__).resolve().parent
 TASK = "imagenet"
 VARIANT = "mhmoe"
 STEPS = 300  # configs/finetune/imagenet_tiny.yaml's max_steps, the recipe under comparison
+BEGIN, END = "<!-- classification-seeds:begin -->", "<!-- classification-seeds:end -->"
+RESULTS = "results.json"
 
 
 def fine_tune(backbone: Path, out: Path, corpus: Path, seed: int) -> dict:
@@ -105,11 +111,12 @@ def main() -> None:
     parser.add_argument("out", type=Path, help="folder of the runs and results.json")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--report-only", action="store_true", help="read OUT/results.json, run nothing")
-    parser.add_argument("--markdown", type=Path, help="write the results table here")
+    parser.add_argument("--ship", type=Path, help="copy results.json into this folder (docs/classification_seeds)")
+    parser.add_argument("--page", type=Path, help="write the table between this page's classification-seeds markers")
     args = parser.parse_args()
     demo, out = args.demo.resolve(), args.out.resolve()
     if args.report_only:
-        results = read_json(out / "results.json", "results")
+        results = read_json(out / RESULTS, "results")
     else:
         runs = [run_seed(demo, out, seed) for seed in args.seeds]
         chance = read_json(demo / "data" / "synth.json", "corpus summary")["chance"]["classification_val"]
@@ -120,10 +127,12 @@ def main() -> None:
             "over_seeds": over_seeds([run["paired"]["difference"] for run in runs]),
             "chance_majority": 100 * chance["accuracy_majority_class"],
         }
-        write_json(out / "results.json", results)
+        write_json(out / RESULTS, results)
     text = markdown(results)
-    if args.markdown:
-        args.markdown.write_text(text)
+    if args.ship:
+        write_json(args.ship / RESULTS, results)
+    if args.page:
+        args.page.write_text(with_block(args.page, BEGIN, END, text.rstrip("\n")), encoding="utf-8")
     print(text, end="")
     print(json.dumps(results["over_seeds"]))
 

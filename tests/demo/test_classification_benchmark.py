@@ -4,8 +4,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import random
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -80,3 +82,36 @@ def test_two_runs_compare_image_by_image(scored_run, tmp_path):
     )
     assert row["difference"] == pytest.approx(expected) and row["verdict"] == "pre-trained ahead"
     assert row["interval"][0] > 0
+
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "classification_seeds.py"
+SHIPPED = Path(__file__).resolve().parents[2] / "docs" / "classification_seeds"
+PAGE = Path(__file__).resolve().parents[2] / "tasks" / "imagenet" / "README.md"
+
+
+def seeds_script():
+    spec = importlib.util.spec_from_file_location("classification_seeds", SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
+
+
+def test_the_rule_over_seeds_is_the_paired_t_interval_of_the_differences():
+    script = seeds_script()
+    summary = script.over_seeds([4.0, 6.0, 8.0])  # mean 6, sd 2: 6 ± 4.303 · 2 / sqrt(3)
+    half = 4.303 * 2 / 3**0.5  # t_975 with 2 degrees of freedom, as mmoe.stats tabulates it
+    assert summary["interval"] == pytest.approx([6 - half, 6 + half]) and summary["verdict"] == "pre-trained ahead"
+    assert script.over_seeds([4.0, -6.0, 8.0])["verdict"] == "not separated"
+    assert script.over_seeds([-4.0, -6.0, -5.0])["verdict"] == "random init ahead"
+
+
+def test_the_shipped_table_is_the_shipped_results_under_the_plan():
+    script = seeds_script()
+    results = json.loads((SHIPPED / "results.json").read_text())
+    plan = json.loads((SHIPPED / "plan.json").read_text())
+    assert [run["seed"] for run in results["runs"]] == plan["seeds"] and results["steps"] == script.STEPS
+    assert results["over_seeds"] == script.over_seeds([run["paired"]["difference"] for run in results["runs"]])
+    for run in results["runs"]:
+        paired = run["paired"]
+        assert paired["difference"] == pytest.approx(run["top1"]["pretrained"] - run["top1"]["random_init"])
+    assert script.page_block(PAGE, script.BEGIN, script.END) == script.markdown(results).rstrip("\n")
