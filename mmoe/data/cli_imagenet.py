@@ -74,15 +74,5 @@ def convert_imagenet(args: argparse.Namespace, check_arguments: Callable[[argpar
     if not args.out:
         raise ConversionError("--images needs --out (the split folder to write)")
     check_arguments(args)
-    return convert(
-        args.images,
-        args.out,
-        classes=args.classes,
-        synsets=args.synsets,
-        val_solution=args.val_solution,
-        devkit=args.devkit,
-        devkit_synsets=args.devkit_synsets,
-        seed=args.seed,
-        shard_size=args.shard_size,
-        name=args.name,
-    )
+    options = ("classes", "synsets", "val_solution", "devkit", "devkit_synsets", "seed", "shard_size", "name")
+    return convert(args.images, args.out, **{option: getattr(args, option) for option in options})

@@ -106,7 +106,8 @@ def shard_tars(folder: Path) -> list[Path]:
     return tars
 
 
-def _check_replaceable(folder: Path) -> None:
+def check_replaceable_index(folder: Path, index_format: str = INDEX_FORMAT, what: str = "an img2dataset index") -> None:
+    """An index may write ``folder``'s manifest: there is none, or it is an index of ``index_format`` (``what``)."""
     path = folder / MANIFEST
     if not path.exists():
         return
@@ -114,8 +115,8 @@ def _check_replaceable(folder: Path) -> None:
         existing = parse_json(path.read_text())
     except (ValueError, OSError):
         existing = None
-    if not isinstance(existing, dict) or existing.get("format") != INDEX_FORMAT:
-        raise ConversionError(f"{path}: exists and is not an img2dataset index; it is left as it is")
+    if not isinstance(existing, dict) or existing.get("format") != index_format:
+        raise ConversionError(f"{path}: exists and is not {what}; it is left as it is")
 
 
 def _index_shard(tar: Path, exclusions: Exclusions, cuts: dict[str, str]) -> tuple[str, int, dict[str, str]]:
@@ -142,7 +143,7 @@ def index_folder(folder: str | os.PathLike, min_side: int = DEFAULT_MIN_SIDE) ->
     where no sample is kept is a ConversionError (nothing is written); tars cut short are named on stderr."""
     folder = Path(folder)
     tars = shard_tars(folder)
-    _check_replaceable(folder)
+    check_replaceable_index(folder)
     exclusions = Exclusions(min_side)
     shard_samples: list[int] = []
     excluded: dict[str, dict[str, str]] = {}

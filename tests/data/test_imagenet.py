@@ -128,9 +128,17 @@ def test_synset_mapping_gives_names_and_an_imagefolder_tree_numbers_as_torchvisi
     assert labels_by_path(tmp_path / "named") == reference
 
 
-def run(*options: str) -> subprocess.CompletedProcess:
+def run(*options: str, capsys=None) -> subprocess.CompletedProcess:
+    """The real command in a subprocess; with ``capsys``, the same command line in this process (the cases beside
+    the ones each refusal is shown in a subprocess by, to keep the test fast)."""
+    argv = ["data", "convert", "imagenet", *options]
+    if capsys is not None:
+        capsys.readouterr()
+        status = main(argv)
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(argv, status, out, err)
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    command = [sys.executable, "-m", "mmoe.cli", "data", "convert", "imagenet", *options]
+    command = [sys.executable, "-m", "mmoe.cli", *argv]
     return subprocess.run(command, capture_output=True, text=True, env=environment, timeout=120)
 
 
@@ -142,7 +150,7 @@ def one_line(done: subprocess.CompletedProcess, *parts: str) -> str:
     return lines[0]
 
 
-def test_bad_val_labels_are_one_line_each_and_exit_2(imagenet, tmp_path):
+def test_bad_val_labels_are_one_line_each_and_exit_2(imagenet, tmp_path, capsys):
     devkit = tmp_path / "ILSVRC2012_devkit_t12" / "data" / "ILSVRC2012_validation_ground_truth.txt"
     devkit.parent.mkdir(parents=True)
     devkit.write_text("1\n7\n1\n1\n1\n")
@@ -156,12 +164,13 @@ def test_bad_val_labels_are_one_line_each_and_exit_2(imagenet, tmp_path):
     solution = tmp_path / "LOC_val_solution.csv"
     text = (imagenet / "LOC_val_solution.csv").read_text()
     solution.write_text(text.replace("n01440764", "n07777777"))
-    done = run("--images", val, "--classes", train, "--val-solution", str(solution), "--out", str(tmp_path / "c"))
+    options = ["--images", val, "--classes", train, "--val-solution", str(solution), "--out", str(tmp_path / "c")]
+    done = run(*options, capsys=capsys)
     one_line(done, str(solution), "'n07777777' is not in the class index", "3 classes")
     assert not any((tmp_path / name).exists() for name in "abc")
 
 
-def test_unreadable_images_are_skipped_and_counted_and_a_folder_of_them_refused(tmp_path):
+def test_unreadable_images_are_skipped_and_counted_and_a_folder_of_them_refused(tmp_path, capsys):
     picture(tmp_path / "train" / "n01440764" / "a.JPEG", 10)
     (tmp_path / "train" / "n01443537").mkdir()
     (tmp_path / "train" / "n01443537" / "b.JPEG").write_bytes(b"not a jpeg")
@@ -172,29 +181,23 @@ def test_unreadable_images_are_skipped_and_counted_and_a_folder_of_them_refused(
     manifest = json.loads(done.stdout)
     assert (manifest["samples"], manifest["skipped"], manifest["classes"]) == (1, 1, 2)
     (tmp_path / "train" / "n01440764" / "a.JPEG").write_bytes(b"\xff\xd8 cut")
-    done = run("--images", str(tmp_path / "train"), "--out", str(tmp_path / "none"))
+    done = run("--images", str(tmp_path / "train"), "--out", str(tmp_path / "none"), capsys=capsys)
     assert done.returncode == 2 and "all 2 samples were skipped" in done.stderr.strip().splitlines()[-1]
     assert not (tmp_path / "none").exists()
 
 
-def test_a_train_class_missing_from_the_given_index_and_an_unlabelled_val_image_are_refused(imagenet, tmp_path):
+def test_a_train_class_missing_from_the_given_index_and_an_unlabelled_val_image_are_refused(imagenet, tmp_path, capsys):
     mapping = tmp_path / "LOC_synset_mapping.txt"
     mapping.write_text("n01440764 tench\nn01443537 goldfish\n")
-    done = run("--images", str(imagenet / "train"), "--synsets", str(mapping), "--out", str(tmp_path / "a"))
+    done = run(
+        "--images", str(imagenet / "train"), "--synsets", str(mapping), "--out", str(tmp_path / "a"), capsys=capsys
+    )
     one_line(done, "n01484850", "is not in the class index", str(mapping))
     solution = tmp_path / "LOC_val_solution.csv"
     solution.write_text("\n".join((imagenet / "LOC_val_solution.csv").read_text().splitlines()[:-1]) + "\n")
     train = str(imagenet / "out-train")
-    done = run(
-        "--images",
-        str(imagenet / "val"),
-        "--classes",
-        train,
-        "--val-solution",
-        str(solution),
-        "--out",
-        str(tmp_path / "b"),
-    )
+    options = ["--images", str(imagenet / "val"), "--classes", train, "--val-solution", str(solution)]
+    done = run(*options, "--out", str(tmp_path / "b"), capsys=capsys)
     one_line(done, val_name(1), "has no label in", "1 of the folder's images")
 
 
@@ -228,3 +231,65 @@ def test_shards_with_a_cls_out_of_range_or_without_cls_are_refused_with_one_line
     assert convert("--shards", str(tmp_path / "none"), "--synsets", str(imagenet / "LOC_synset_mapping.txt")) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "sample 'a': no .cls member" in err[0]
+    converted = str(imagenet / "out-train")
+    assert convert("--shards", converted, "--classes", converted) == 2  # a converted split is not indexed again
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "manifest.json: exists and is not an index of shards with cls" in err[0]
+
+
+def test_an_empty_class_folder_keeps_its_index_as_in_torchvision(tmp_path):
+    from torchvision.datasets.folder import find_classes
+
+    picture(tmp_path / "tree" / "cat" / "1.png", 5)
+    picture(tmp_path / "tree" / "dog" / "deep" / "2.jpg", 9)
+    (tmp_path / "tree" / "bird").mkdir()
+    assert convert("--images", str(tmp_path / "tree"), "--out", str(tmp_path / "out"), "--name", "pets") == 0
+    _, reference = find_classes(str(tmp_path / "tree"))
+    assert labels_by_path(tmp_path / "out") == {"cat/1.png": reference["cat"], "dog/deep/2.jpg": reference["dog"]}
+    classes = json.loads((tmp_path / "out" / CLASSES_FILE).read_text())["classes"]
+    assert [entry["wnid"] for entry in classes] == sorted(reference, key=reference.get) == ["bird", "cat", "dog"]
+
+
+def _solution(imagenet: Path, tmp_path: Path, text: str) -> list[str]:
+    (tmp_path / "solution.csv").write_text(text)
+    train = str(imagenet / "out-train")
+    return ["--images", str(imagenet / "val"), "--classes", train, "--val-solution", str(tmp_path / "solution.csv")]
+
+
+def _devkit(imagenet: Path, tmp_path: Path, text: str, synsets: bool = True) -> list[str]:
+    (tmp_path / "truth.txt").write_text(text)
+    options = ["--images", str(imagenet / "val"), "--classes", str(imagenet / "out-train"), "--devkit"]
+    options.append(str(tmp_path / "truth.txt"))
+    return options + (["--devkit-synsets", str(imagenet / "devkit_synsets.txt")] if synsets else [])
+
+
+def _bad_classes(imagenet: Path, tmp_path: Path) -> list[str]:
+    (tmp_path / "classes.json").write_text('{"classes": [{"index": 1, "wnid": "n01440764", "name": "tench"}]}')
+    return ["--images", str(imagenet / "train"), "--classes", str(tmp_path / "classes.json")]
+
+
+@pytest.mark.parametrize(
+    "case, parts",
+    [
+        (lambda i, t: _solution(i, t, "ImageId,PredictionString\nILSVRC2012_val_00000001,\n"), [":2: expected"]),
+        (lambda i, t: _solution(i, t, "Id,Labels\n"), [":1: expected the header ImageId,PredictionString"]),
+        (
+            lambda i, t: _solution(i, t, "ImageId,PredictionString\nA,n01440764 1 1 2 2 n01443537 1 1 2 2\n"),
+            [":2: boxes of two classes (n01440764, n01443537)"],
+        ),
+        (
+            lambda i, t: _solution(i, t, "ImageId,PredictionString\nA,n01440764 1 1 2 2\nA,n01440764 0 0 1 1\n"),
+            [":3: image A is labelled twice", ":2)"],
+        ),
+        (lambda i, t: _devkit(i, t, "1\nx\n"), ["truth.txt:2: expected an ILSVRC2012_ID", "got 'x'"]),
+        (lambda i, t: _devkit(i, t, "1\n", synsets=False), ["--devkit needs --devkit-synsets", "meta.mat"]),
+        (lambda i, t: _solution(i, t, "")[:2] + _solution(i, t, "")[4:], ["need the training split's --classes"]),
+        (_bad_classes, ["classes[0]: field 'index' = 1, expected 0"]),
+        (lambda i, t: ["--shards", str(i / "out-train"), "--out", str(t)], ["--out does not apply to --shards"]),
+    ],
+)
+def test_bad_options_and_label_files_are_one_line_naming_file_line_and_value(imagenet, tmp_path, capsys, case, parts):
+    options = case(imagenet, tmp_path)
+    done = run(*options, *([] if "--shards" in options else ["--out", str(tmp_path / "out")]), capsys=capsys)
+    one_line(done, *parts)
+    assert not (tmp_path / "out").exists()

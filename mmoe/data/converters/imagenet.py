@@ -37,14 +37,14 @@ from mmoe.data.shards import Manifest, check_shard_name
 FOLDER_IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class LabelledImage:
     """One image and its class: ``relative`` is its path under the image folder, ``where`` names its label (a label
-    file's line, or the image's class folder) in errors."""
+    file's line) in errors; empty for an image labelled by its class folder, which its path names."""
 
     relative: str
     wnid: str
-    where: str
+    where: str = ""
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,7 @@ class Labels:
     rule: str
     label_files: list[Path]
     other_files: int = 0
+    folders: tuple[str, ...] = ()  # an ImageFolder tree's class folders, empty ones included
 
 
 def _is_image(name: str) -> bool:
@@ -86,12 +87,11 @@ def folder_labels(root: Path) -> Labels:
             subfolders.sort()
             for name in sorted(files):
                 if _is_image(name):
-                    relative = Path(folder, name).relative_to(root).as_posix()
-                    images.append(LabelledImage(relative, wnid, f"--images {root}: {relative}"))
+                    images.append(LabelledImage(Path(folder, name).relative_to(root).as_posix(), wnid))
                 else:
                     other += 1
     rule = "every image under each class folder (ImageFolder's suffixes), in a seeded random order"
-    return Labels(images, {"images": str(root)}, rule, [], other)
+    return Labels(images, {"images": str(root)}, rule, [], other, tuple(folders))
 
 
 def labelled_folder_check(root: Path, labels: Labels, label_file: Path) -> None:
@@ -115,13 +115,18 @@ def default_name(root: Path) -> str:
 
 
 def _checked_classes(labels: Labels, classes: ClassIndex | None, classes_from: str) -> ClassIndex:
-    """``classes``, holding every class ``labels`` name; None: the classes of the labels' folders."""
+    """``classes``, holding every class ``labels`` name; None: the labels' class folders (as ImageFolder numbers them,
+    empty ones included)."""
     if classes is None:
-        return ClassIndex.of_folders(sorted({image.wnid for image in labels.images}))
+        return ClassIndex.of_folders(labels.folders)
     index = classes.index_of()
+    for folder in labels.folders:
+        if folder not in index:
+            raise missing_synset(folder, f"--images {labels.source['images']}: {folder}/", classes_from, classes)
     for image in labels.images:
         if image.wnid not in index:
-            raise missing_synset(image.wnid, image.where, classes_from, classes)
+            where = image.where or f"--images {labels.source['images']}: {image.relative}"
+            raise missing_synset(image.wnid, where, classes_from, classes)
     return classes
 
 

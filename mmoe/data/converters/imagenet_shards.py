@@ -22,10 +22,9 @@ from mmoe.data.converters.common import ConversionError
 from mmoe.data.converters.image_digests import is_image_entry
 from mmoe.data.converters.imagenet import default_name
 from mmoe.data.converters.provenance import provenance
-from mmoe.data.img2dataset import shard_tars
+from mmoe.data.img2dataset import check_replaceable_index, shard_tars
 from mmoe.data.img2dataset_records import tar_groups
 from mmoe.data.shards import MANIFEST, Manifest
-from mmoe.io import parse_json
 
 #: The manifest's ``format`` of a folder of shards indexed in place.
 CLASS_SHARDS_FORMAT = "webdataset-cls"
@@ -51,14 +50,7 @@ def _label(archive: tarfile.TarFile, member: tarfile.TarInfo | None, where: str,
 
 def _check_replaceable(folder: Path, classes_text: str) -> None:
     """The folder holds no manifest of another kind and no other class index."""
-    manifest = folder / MANIFEST
-    if manifest.exists():
-        try:
-            existing = parse_json(manifest.read_text())
-        except (ValueError, OSError):
-            existing = None
-        if not isinstance(existing, dict) or existing.get("format") != CLASS_SHARDS_FORMAT:
-            raise ConversionError(f"{manifest}: exists and is not an index of shards with cls; it is left as it is")
+    check_replaceable_index(folder, CLASS_SHARDS_FORMAT, "an index of shards with cls")
     written = folder / CLASSES_FILE
     if written.exists() and written.read_text() != classes_text:
         raise ConversionError(f"{written}: holds another class index; it is left as it is")

@@ -96,8 +96,10 @@ def solution_labels(root: Path, solution: Path, classes: ClassIndex, classes_fro
     found: dict[str, LabelledImage] = {}
     for number, row in enumerate(rows[1:], start=2):
         where = f"{solution}:{number}"
+        if not row:
+            continue
         tokens = row[1].split() if len(row) >= 2 else []
-        if not row or not row[0] or not tokens:
+        if not row[0] or not tokens:
             raise ConversionError(f"{where}: expected 'ImageId,<WNID> <box> ...', got {lines[number - 1][:80]!r}")
         image_id, wnid = row[0], tokens[0]
         if image_id in found:
