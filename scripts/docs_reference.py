@@ -93,6 +93,7 @@ API_PAGES = {
         ],
     ),
     "pipeline": ("mmoe.pipeline", ["mmoe.pipeline"]),
+    "timm": ("mmoe.timm", ["mmoe.timm", "mmoe.timm.tower.MMoEVisionTower"]),
 }
 
 

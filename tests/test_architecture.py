@@ -93,6 +93,11 @@ RULES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
         ("mmoe.tasks", "mmoe.config", "mmoe.viz", "matplotlib", *TOP),
         (),
     ),
+    "mmoe.timm builds on the model alone": (
+        "mmoe.timm",
+        ("mmoe.data", "mmoe.metrics", *TRAINING, *TOP, *LIGHTNING),
+        (),
+    ),
     "mmoe.tasks are not configured, drawn or run by a pipeline": ("mmoe.tasks", ("mmoe.config", "mmoe.viz", *TOP), ()),
     "mmoe.config runs no pipeline and draws nothing": ("mmoe.config", ("mmoe.viz", *TOP), ()),
     "the pipeline kit knows no recipe": (

@@ -52,7 +52,14 @@ def upcycle_command(argv: Sequence[str]) -> int:
     )
     parser.add_argument("--out", required=True, help="backbone file to write (atomically)")
     parser.add_argument("--noise", type=float, default=0.0, help="expert noise, a share of each weight's std")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the noise and of the new routers")
+    parser.add_argument(
+        "--drop-ratio",
+        type=float,
+        default=0.0,
+        help="Drop-Upcycling: the share r of each expert's intermediate units drawn again from the dense weights' "
+        "statistics (0 = plain copies; the paper's best: 0.5)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the noise, the dropped units and the new routers")
     args = parser.parse_args(list(argv))
 
     from mmoe.model.upcycle import upcycle
@@ -63,7 +70,7 @@ def upcycle_command(argv: Sequence[str]) -> int:
         plan = moe_plan_of(args.config)
         dense = load_backbone(args.ckpt)
         torch.manual_seed(args.seed)
-        moe = upcycle(dense, plan, noise=args.noise, seed=args.seed)
+        moe = upcycle(dense, plan, noise=args.noise, seed=args.seed, drop_ratio=args.drop_ratio)
         with writing_output(args.out):
             export_backbone(moe, args.out)
     except (FileNotFoundError, ValueError) as error:

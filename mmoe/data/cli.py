@@ -10,6 +10,7 @@ mmoe data convert coco-captions (--annotations captions_*.json | --karpathy data
 mmoe data convert coco-captions --parquet F.parquet [...] --split S --out OUT [--test-images 5000]
 mmoe data convert flickr30k --karpathy dataset_flickr30k.json --split S (--images DIR | --parquet F.parquet [...]) --out OUT
     [--text-tokenizer beit3.spm]
+mmoe data convert nocaps --annotations nocaps_val_4500_captions.json|nocaps_test_image_info.json --images DIR --out OUT
 mmoe data convert nlvr2 (--data dev.json --images DIR | --parquet F.parquet [...]) --out OUT
 mmoe data convert images --images DIR --out OUT [--name images]
 mmoe data convert tsv --tsv pairs.tsv --images DIR --out OUT [--name pairs]
@@ -54,6 +55,7 @@ from mmoe.data.converters import (
     convert_vqav2,
 )
 from mmoe.data.converters.common import check_shard_size, json_text
+from mmoe.data.converters.nocaps import convert_nocaps
 from mmoe.data.converters.staging import OutputFolderError, output_folder
 from mmoe.data.converters.vqav2 import answer_vocab_of
 from mmoe.data.shards import check_shard_name
@@ -119,6 +121,12 @@ def _caption_sources(sources: argparse._SubParsersAction) -> None:
     _parquet(which, "lmms-lab/flickr30k: images matched to --karpathy by filename")
     _text_tokenizer(flickr)
     _common(flickr)
+
+    nocaps = sources.add_parser("nocaps", help="NoCaps val captions or test image info (each image's domain)")
+    nocaps.add_argument("--annotations", required=True, help="nocaps_val_4500_captions.json or test image info")
+    nocaps.add_argument("--images", required=True, help="the image folder (images in it or in its val/ or test/)")
+    _text_tokenizer(nocaps)
+    _common(nocaps)
 
 
 def _other_sources(sources: argparse._SubParsersAction) -> None:
@@ -316,6 +324,9 @@ def _convert(args: argparse.Namespace):
         if args.split:
             raise ConversionError("--split applies to --karpathy only")
         return convert_coco_captions(args.annotations, args.images, args.out, args.shard_size, args.name, tokenizer)
+    if args.source == "nocaps":
+        options = {"shard_size": args.shard_size, "name": args.name, "tokenizer": _tokenizer(args)}
+        return convert_nocaps(args.annotations, args.images, args.out, **options)
     if args.source in OWN_SOURCES:
         return convert_own(args, _tokenizer)
     if args.source == "nlvr2":

@@ -60,11 +60,39 @@ def score_captions(
         EvalInputError: no prediction, a prediction for an image without references, or a non-string caption.
         ScorerUnavailableError: Java is missing, or the PTB tokenizer or METEOR failed.
     """
+    gts, res = tokenize_captions(references, predictions)
+    report = score_tokenized(gts, res, meteor=meteor, spice=spice, spice_timeout=spice_timeout)
+    report["images_scored"], report["images_total"] = len(gts), len(references)
+    return report
+
+
+def tokenize_captions(
+    references: Mapping[Hashable, Sequence[str]], predictions: Mapping[Hashable, str]
+) -> tuple[dict[Hashable, list[str]], dict[Hashable, list[str]]]:
+    """The checked images' PTB-tokenized reference and predicted captions (``gts``, ``res``), in the order of
+    ``references``: the input of :func:`score_tokenized`. The tokenizer treats each caption on its own (one per
+    line), so the captions of a subset of the images are those of the whole set.
+
+    Raises:
+        EvalInputError, ScorerUnavailableError: as :func:`score_captions`.
+    """
     image_ids = _checked_image_ids(references, predictions)
     if shutil.which("java") is None:
         raise ScorerUnavailableError("java not found on PATH: the PTB tokenizer and METEOR of pycocoevalcap need it")
     gts = _tokenize({i: references[i] for i in image_ids}, "reference")
     res = _tokenize({i: [predictions[i]] for i in image_ids}, "predicted")
+    return gts, res
+
+
+def score_tokenized(
+    gts: dict[Hashable, list[str]],
+    res: dict[Hashable, list[str]],
+    *,
+    meteor: bool = True,
+    spice: bool = True,
+    spice_timeout: float = DEFAULT_SPICE_TIMEOUT,
+) -> dict[str, Any]:
+    """The metrics of :func:`score_captions` (without the image counts) over tokenized captions, one result each."""
     report = _score_tokenized(gts, res, meteor)
     if not meteor:
         report["METEOR_unavailable"] = "not requested"
@@ -74,7 +102,6 @@ def score_captions(
         report["SPICE"], reason = None, "not requested"
     if reason is not None:
         report["SPICE_unavailable"] = reason
-    report["images_scored"], report["images_total"] = len(image_ids), len(references)
     return report
 
 
@@ -96,7 +123,7 @@ def _checked_image_ids(references: Mapping[Hashable, Sequence[str]], predictions
         warnings.warn(
             f"{missing} of {len(references)} ground-truth images have no predicted caption; scoring the "
             f"{len(image_ids)} images that have one, as the official COCO caption evaluation does",
-            stacklevel=3,
+            stacklevel=4,
         )
     return image_ids
 

@@ -4,6 +4,10 @@
   (:mod:`mmoe.metrics.vqa`).
 * ``mmoe eval caption (--annotations captions_*.json | --karpathy dataset_coco.json [--split test]) --results R.json``
   — COCO caption metrics as fractions (:mod:`mmoe.metrics.captions`).
+* ``mmoe eval nocaps --annotations nocaps_val_4500_captions.json --results R.json [--submission S.json]`` — the
+  caption metrics per NoCaps domain (in, near, out and ``entire``), the table on stderr; with ``--submission`` the
+  evaluation server's results file, every image once; an image-info file without captions is counted, not scored
+  (:mod:`mmoe.metrics.nocaps`).
 * ``mmoe eval nlvr2 --data dev.json --predictions predictions.csv`` — accuracy and consistency as fractions
   (:mod:`mmoe.metrics.nlvr2`).
 * ``mmoe eval retrieval --embeddings E.pt [--results ranks.json]`` — image -> text and text -> image R@1/5/10 and
@@ -30,6 +34,7 @@ from mmoe.metrics.captions import DEFAULT_SPICE_TIMEOUT, ScorerUnavailableError,
 from mmoe.metrics.classification import evaluate_classification_files
 from mmoe.metrics.files import EvalInputError
 from mmoe.metrics.nlvr2 import evaluate_nlvr2_files
+from mmoe.metrics.nocaps import ENTIRE, domain_table, evaluate_nocaps_files
 from mmoe.metrics.retrieval import DEFAULT_CHUNK, evaluate_retrieval_file
 from mmoe.metrics.vqa import evaluate_vqa_files
 
@@ -39,15 +44,19 @@ def _vqa(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _caption(args: argparse.Namespace) -> dict[str, Any]:
-    return evaluate_caption_files(
-        args.results,
-        args.annotations,
-        args.karpathy,
-        args.split,
-        meteor=not args.no_meteor,
-        spice=not args.no_spice,
-        spice_timeout=args.spice_timeout,
-    )
+    return evaluate_caption_files(args.results, args.annotations, args.karpathy, args.split, **_scorers(args))
+
+
+def _scorers(args: argparse.Namespace) -> dict[str, Any]:
+    """The options of :func:`_caption_scorers` as the caption scorers' keyword arguments."""
+    return {"meteor": not args.no_meteor, "spice": not args.no_spice, "spice_timeout": args.spice_timeout}
+
+
+def _nocaps(args: argparse.Namespace) -> dict[str, Any]:
+    report = evaluate_nocaps_files(args.results, args.annotations, args.submission, **_scorers(args))
+    if ENTIRE in report:
+        print(domain_table({name: report[name] for name in report if name != "submission"}))  # stdout is stderr here
+    return report
 
 
 def _nlvr2(args: argparse.Namespace) -> dict[str, Any]:
@@ -62,13 +71,21 @@ def _classification(args: argparse.Namespace) -> dict[str, Any]:
     return evaluate_classification_files(args.predictions, args.solution)
 
 
+def _caption_scorers(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--no-meteor", action="store_true", help="skip METEOR (reported as not requested)")
+    parser.add_argument("--no-spice", action="store_true", help="skip SPICE (reported as not requested)")
+    parser.add_argument(
+        "--spice-timeout", type=float, default=DEFAULT_SPICE_TIMEOUT, help="seconds before SPICE gives up"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mmoe eval",
         description="Score a predictions file against the official annotation files; one JSON object on stdout.",
     )
     benchmarks = parser.add_subparsers(
-        dest="benchmark", required=True, metavar="{vqa,caption,nlvr2,retrieval,classification}"
+        dest="benchmark", required=True, metavar="{vqa,caption,nocaps,nlvr2,retrieval,classification}"
     )
 
     vqa = benchmarks.add_parser("vqa", help="VQAv2 accuracy (GT-Vision-Lab/VQA vqaEval.py)")
@@ -83,12 +100,17 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--karpathy", help="Karpathy's dataset_coco.json (image id = cocoid, references = raw)")
     caption.add_argument("--split", default="test", help="Karpathy split to score against (default: test)")
     caption.add_argument("--results", required=True, help='[{"image_id": int, "caption": str}, ...]')
-    caption.add_argument("--no-meteor", action="store_true", help="skip METEOR (reported as not requested)")
-    caption.add_argument("--no-spice", action="store_true", help="skip SPICE (reported as not requested)")
-    caption.add_argument(
-        "--spice-timeout", type=float, default=DEFAULT_SPICE_TIMEOUT, help="seconds before SPICE gives up"
-    )
+    _caption_scorers(caption)
     caption.set_defaults(run=_caption)
+
+    nocaps = benchmarks.add_parser("nocaps", help="NoCaps caption metrics per domain, the evaluation server's file")
+    nocaps.add_argument(
+        "--annotations", required=True, help="nocaps_val_4500_captions.json (scored) or nocaps_test_image_info.json"
+    )
+    nocaps.add_argument("--results", required=True, help='[{"image_id": int, "caption": str}, ...]')
+    nocaps.add_argument("--submission", help="write the evaluation server's results file here (every image once)")
+    _caption_scorers(nocaps)
+    nocaps.set_defaults(run=_nocaps)
 
     nlvr2 = benchmarks.add_parser("nlvr2", help="NLVR2 accuracy and consistency (lil-lab/nlvr metrics.py)")
     nlvr2.add_argument("--data", required=True, help="dev.json / test1.json (JSON lines with identifier and label)")

@@ -26,7 +26,9 @@ global mean, so the ranks' mean loss is one process's loss on the global batch.
 
 Auxiliary-loss-free balancing (Wang et al., 2024, §3, Eq. 3, Algorithm 1; ``MoEConfig.bias_update_rate > 0``): a
 per-expert bias b is added to the gate scores for the top-k selection only; the gate weights are the unbiased scores.
-After each optimiser step :meth:`Router.update_selection_bias` moves b by ``u * sign(mean load - load)``.
+After each optimiser step :meth:`Router.update_selection_bias` moves b by ``u * sign(mean load - load)``, or, with
+``bias_update_rule="z_score"`` (MoE-ViE), by ``u * (mean load - load) / std(load)``: the step follows how far each
+expert's load is from the mean in units of the loads' spread, instead of only its side.
 
 Router z-loss (ST-MoE, Zoph et al., 2022, Eq. 5): ``mean over non-padding rows of (log sum_i exp(x_i))^2`` of the
 gate logits x (s / tau for X-MoE), which keeps them small; computed always, weighted by the task's
@@ -93,6 +95,7 @@ class Router(nn.Module):
         self.top_k = min(config.top_k, num_experts)
         self.renormalize = config.renormalize
         self.bias_update_rate = config.bias_update_rate
+        self.bias_update_rule = config.bias_update_rule
         self.balance_batch = config.balance_batch
         self.deepseek_v3_scores = config.gate == "sigmoid" and (
             config.balance_choices == "all" or config.balance_batch == "sequence"
@@ -160,9 +163,17 @@ class Router(nn.Module):
     @torch.no_grad()
     def update_selection_bias(self, load_E: torch.Tensor) -> None:
         """Wang et al. (2024), Algorithm 1: ``b_i += u * sign(mean_j c_j - c_i)`` for the loads ``load_E`` (choices
-        per expert) of one training step; experts above the mean load get a lower bias, those below a higher one."""
+        per expert) of one training step; experts above the mean load get a lower bias, those below a higher one.
+        The z-score rule (MoE-ViE): ``b_i += u * (mean_j c_j - c_i) / std_j c_j``, the loads' population standard
+        deviation; equal loads (std 0) leave the bias as it is."""
         load_E = load_E.to(self.selection_bias)
-        self.selection_bias.add_(self.bias_update_rate * torch.sign(load_E.mean() - load_E))
+        error_E = load_E.mean() - load_E
+        if self.bias_update_rule == "z_score":
+            spread = load_E.std(correction=0)
+            step_E = error_E / spread if spread > 0 else torch.zeros_like(error_E)
+        else:
+            step_E = torch.sign(error_E)
+        self.selection_bias.add_(self.bias_update_rate * step_E)
 
 
 def _row_weights(probs_SE: torch.Tensor, valid_S: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -19,7 +19,8 @@ def test_a_layer_config_takes_every_routing_choice_of_its_plan():
     plans = [
         MoEPlan(num_experts=6, top_k=3, renormalize=False, router="linear", gate="sigmoid", heads=2,
                 capacity_factor=1.5, eval_capacity_factor=2.0, frozen=True, routing_dim=4, beta=0.5,
-                shared_experts=1, bias_update_rate=1e-3, balance_batch="global", expert_kernels="triton", every=1),
+                shared_experts=1, bias_update_rate=1e-3, bias_update_rule="z_score", balance_batch="global",
+                expert_kernels="triton", every=1),
         MoEPlan(num_experts=4, top_k=2, strata=[1, 3], routing_dim=8),
         MoEPlan(num_experts=4, routing="expert_choice", capacity_factor=2.0, routing_dim=8),
         MoEPlan(num_experts=8, top_k=4, capacity_factor=1.0, routing_dim=8, local_entropy_weight=0.1,

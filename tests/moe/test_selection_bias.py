@@ -38,6 +38,20 @@ def test_bias_update_by_hand():
     torch.testing.assert_close(router.selection_bias, torch.tensor([0.0, 0.0, -0.01, -0.01], dtype=torch.double))
 
 
+def test_z_score_bias_update_by_hand():
+    layer = make_layer(bias_update_rate=0.01, bias_update_rule="z_score")
+    router = layer.router
+    router.update_selection_bias(torch.tensor([5, 1, 3, 3]))  # mean 3: errors -2, 2, 0, 0; spread sqrt(8 / 4)
+    step = 0.01 / 2**0.5
+    torch.testing.assert_close(router.selection_bias, torch.tensor([-2 * step, 2 * step, 0.0, 0.0], dtype=torch.double))
+    router.update_selection_bias(torch.tensor([3, 3, 3, 3]))  # equal loads: no spread, no move
+    torch.testing.assert_close(router.selection_bias, torch.tensor([-2 * step, 2 * step, 0.0, 0.0], dtype=torch.double))
+    router.update_selection_bias(torch.tensor([0, 4, 4, 4]))  # mean 3: errors 3, -1, -1, -1; spread sqrt(12 / 4)
+    expected = torch.tensor([-2 * step, 2 * step, 0.0, 0.0], dtype=torch.double)
+    expected += 0.01 * torch.tensor([3.0, -1.0, -1.0, -1.0], dtype=torch.double) / 3**0.5
+    torch.testing.assert_close(router.selection_bias, expected)
+
+
 def test_bias_is_saved_in_the_state_dict_and_only_when_on():
     layer = make_layer(bias_update_rate=0.01)
     layer.router.update_selection_bias(torch.tensor([1, 2, 3, 6]))
@@ -53,5 +67,11 @@ def test_bias_is_saved_in_the_state_dict_and_only_when_on():
 def test_bad_rate_and_strata_are_refused():
     with pytest.raises(ValueError, match="bias_update_rate must be a finite number >= 0, got -0.1"):
         MoEConfig(dim=16, ffn_dim=32, num_experts=4, bias_update_rate=-0.1)
+    with pytest.raises(
+        ValueError, match=r"bias_update_rule='z_score': moves the loss-free bias, which bias_update_rate"
+    ):
+        MoEConfig(dim=16, ffn_dim=32, num_experts=4, bias_update_rule="z_score")
+    with pytest.raises(ValueError, match=r"bias_update_rule must be one of \('sign', 'z_score'\), got 'zscore'"):
+        MoEConfig(dim=16, ffn_dim=32, num_experts=4, bias_update_rate=0.01, bias_update_rule="zscore")
     with pytest.raises(ValueError, match="bias_update_rate=0.01 with strata"):
         MoEConfig(dim=16, ffn_dim=32, num_experts=4, top_k=2, strata=[2, 2], bias_update_rate=0.01)

@@ -27,10 +27,22 @@ class RecordLoads(L.Callback):
         self.batches.append({(r.layer, r.modality): r.expert_counts.clone() for r in outputs["routing"]})
 
 
-def test_biases_follow_the_sign_of_each_steps_load_error(codebook_path, tmp_path):  # noqa: F811
+def hand_step(load: torch.Tensor, rule: str) -> torch.Tensor:
+    """One step's bias move per unit rate: the sign of each expert's load error (Wang et al., 2024) or its z-score
+    (MoE-ViE), the loads' spread their root mean squared deviation."""
+    error = load.mean() - load
+    if rule == "sign":
+        return torch.sign(error)
+    spread = float(((load - load.mean()) ** 2).mean()) ** 0.5
+    return error / spread if spread else torch.zeros_like(error)
+
+
+@pytest.mark.parametrize("rule", ["sign", "z_score"])
+def test_biases_follow_each_steps_load_error_by_the_update_rule(codebook_path, tmp_path, rule):  # noqa: F811
     torch.manual_seed(0)
     rate = 0.01
-    config = MultiwayConfig(**BACKBONE, moe=MoEPlan(num_experts=4, top_k=2, every=1, bias_update_rate=rate))
+    plan = MoEPlan(num_experts=4, top_k=2, every=1, bias_update_rate=rate, bias_update_rule=rule)
+    config = MultiwayConfig(**BACKBONE, moe=plan)
     task = MaskedPretraining(config, codebook_path, balance_coefficient=0.0)
     recorder = RecordLoads()
     trainer = L.Trainer(
@@ -48,7 +60,7 @@ def test_biases_follow_the_sign_of_each_steps_load_error(codebook_path, tmp_path
             load = sum(
                 batch.get(key, torch.zeros(4, dtype=torch.long)) for batch in recorder.batches[2 * step : 2 * step + 2]
             )
-            expected += rate * torch.sign(load.float().mean() - load.float())
+            expected += rate * hand_step(load.float(), rule)
         biases[key] = slot.layer.router.selection_bias
         torch.testing.assert_close(biases[key], expected, msg=str(key))
     assert any(bias.abs().sum() > 0 for bias in biases.values())

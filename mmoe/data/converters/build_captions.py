@@ -3,10 +3,11 @@ with all its captions (the captioning and the retrieval tasks' shards), whicheve
 files, Karpathy's split files, HF parquet rows, a user's own table).
 
 Each sample: the image, ``txt`` = the first caption, ``json`` = ``image_id``, ``captions``, ``file_name`` and, from a
-Karpathy split, ``split``. Each image's captions are its distinct captions (:class:`CaptionSet`: the same caption
-twice is kept once, counted as ``duplicate_captions`` in the manifest). Next to the shards, ``caption_tokens.json``
-lists the tokenizer ids the split's captions use (:func:`mmoe.data.tokenizer.token_ids_of`): the output vocabulary a
-captioning head can be restricted to (``CaptioningFineTuning(output_vocab=...)``).
+Karpathy split, ``split``, from NoCaps, ``domain``. Each image's captions are its distinct captions
+(:class:`CaptionSet`: the same caption twice is kept once, counted as ``duplicate_captions`` in the manifest). Next to
+the shards, ``caption_tokens.json`` lists the tokenizer ids the split's captions use
+(:func:`mmoe.data.tokenizer.token_ids_of`): the output vocabulary a captioning head can be restricted to
+(``CaptioningFineTuning(output_vocab=...)``).
 """
 
 from __future__ import annotations
@@ -79,6 +80,8 @@ def caption_sample(image: CaptionedImage) -> dict[str, Any]:
     meta: dict[str, Any] = {"image_id": image.image_id, "captions": image.captions, "file_name": image.file_name}
     if image.split is not None:
         meta["split"] = image.split
+    if image.domain is not None:
+        meta["domain"] = image.domain
     return {"__key__": str(image.image_id), "txt": image.captions[0] if image.captions else "", "json": meta}
 
 

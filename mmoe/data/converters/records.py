@@ -92,9 +92,11 @@ class NLVR2Pair:
 
 @dataclass(frozen=True)
 class CaptionedImage:
-    """One image with all its captions (captioning and retrieval); ``split`` is the Karpathy split it comes from."""
+    """One image with all its captions (captioning and retrieval); ``split`` is the Karpathy split it comes from,
+    ``domain`` its NoCaps domain (:data:`mmoe.metrics.nocaps.DOMAINS`)."""
 
     image_id: int
     captions: list[str]
     file_name: str
     split: str | None = None
+    domain: str | None = None

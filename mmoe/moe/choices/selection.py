@@ -10,6 +10,7 @@ from typing import Literal
 from mmoe.moe.choices.values import finite_at_least, finite_or_none, is_int, refuse, require
 
 ROUTINGS = ("token_choice", "expert_choice")
+BIAS_UPDATE_RULES = ("sign", "z_score")
 GROUP_SCORES = ("max", "top_sum")
 
 
@@ -38,6 +39,9 @@ class Selection:
             ``b_i += u * sign(mean load - load_i)`` with u this rate (the paper's u = 0.001), the loads counted over
             the step's (sub-)token choices on every data-parallel rank. 0 = off. The balance-loss weight can then
             be 0. Not defined for Stratified MoE gates (refused).
+        bias_update_rule: how the loss-free bias moves: ``"sign"`` (Wang et al., 2024, Algorithm 1, above) or
+            ``"z_score"`` (MoE-ViE's update): ``b_i += u * (mean load - load_i) / std(load)``, the loads' population
+            standard deviation over the experts, no move when every load is equal. Needs ``bias_update_rate > 0``.
         routed_scaling_factor: DeepSeek-V2/V3's routed scaling factor: the routed experts' combined output (the gate
             weights, after any renormalisation) is multiplied by this constant; shared experts are not scaled.
             1.0 = none (the default; DeepSeek-V2's released config uses 16.0, DeepSeek-V3's 2.5).
@@ -55,6 +59,7 @@ class Selection:
     renormalize: bool = True
     routing: Literal["token_choice", "expert_choice"] = "token_choice"
     bias_update_rate: float = 0.0
+    bias_update_rule: Literal["sign", "z_score"] = "sign"
     routed_scaling_factor: float = 1.0
     expert_groups: int = 1
     top_groups: int | None = None
@@ -71,6 +76,7 @@ class Selection:
             self,
             [
                 ("bias_update_rate", finite_at_least(self.bias_update_rate, 0.0), "a finite number >= 0"),
+                ("bias_update_rule", self.bias_update_rule in BIAS_UPDATE_RULES, f"one of {BIAS_UPDATE_RULES}"),
                 ("routing", self.routing in ROUTINGS, f"one of {ROUTINGS}"),
                 ("routed_scaling_factor", finite_at_least(scaling, 0.0) and scaling != 0, "a finite number > 0"),
                 ("group_score", self.group_score in GROUP_SCORES, f"one of {GROUP_SCORES}"),
@@ -86,7 +92,12 @@ class Selection:
                     "routed_scaling_factor",
                     scaling != 1 and self.routing != "token_choice",
                     "DeepSeek's routed scaling applies to token-choice routing",
-                )
+                ),
+                (
+                    "bias_update_rule",
+                    self.bias_update_rule != "sign" and not self.bias_update_rate,
+                    "moves the loss-free bias, which bias_update_rate 0 turns off",
+                ),
             ],
         )
 
