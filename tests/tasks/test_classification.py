@@ -304,3 +304,21 @@ def test_the_base_config_is_the_guides_recipe():
     assert (model.mixup.mixup_alpha, model.mixup.cutmix_alpha, model.label_smoothing) == (0.8, 1.0, 0.1)
     assert (data.augmentation.auto_augment, data.augmentation.re_prob) == ("rand-m9-mstd0.5-inc1", 0.25)
     assert model.head_init_scale == 1e-3 and model.ema_decay is None and not model.backbone.output_norm
+
+
+@pytest.mark.parametrize(
+    ("solution", "expected"),
+    [
+        ("Image,Labels\nx_0,n00000001 1 2 3 4\n", "expected the header ImageId,PredictionString"),
+        ("ImageId,PredictionString\nunseen,n00000001 1 2 3 4\n", "no prediction for 1 labelled images, e.g. 'unseen'"),
+        ("ImageId,PredictionString\nx_0,\n", "line 2: no class for image 'x_0'"),
+    ],
+)
+def test_mmoe_eval_classification_refuses_a_bad_solution_in_one_line(tmp_path, solution, expected):
+    predictions = tmp_path / "p.json"
+    predictions.write_text(json.dumps([{"key": "0", "image": "x_0", "labels": [0], "wnids": ["n00000001"]}]))
+    (tmp_path / "solution.csv").write_text(solution)
+    argv = ["eval", "classification", "--predictions", str(predictions), "--solution", str(tmp_path / "solution.csv")]
+    done = subprocess.run([sys.executable, "-m", "mmoe.cli", *argv], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.count("\n") == 1 and expected in done.stderr, done.stderr
