@@ -29,7 +29,7 @@ from torch.utils.checkpoint import checkpoint
 
 from mmoe.model.backbone import BackboneOutput, MultiwayTransformer, resize_vision_positions
 from mmoe.model.config import MultiwayConfig
-from mmoe.model.heads import BEIT3_HEAD_INIT_SCALE, init_head
+from mmoe.model.heads import classification_head, init_head
 from mmoe.model.pretrained import WEIGHTS_FILE, PretrainedFolderError, load_weights, read_backbone
 from mmoe.moe import RoutingRecord
 
@@ -90,16 +90,14 @@ class MMoEVisionTower(nn.Module):
         self.routing: list[RoutingRecord] = []
 
     def _new_head(self, num_classes: int) -> nn.Module:
-        """BEiT-3's ImageNet classifier: :func:`mmoe.model.heads.init_head`, then weight and bias x 0.001."""
+        """BEiT-3's ImageNet classifier as the classification task builds it
+        (:func:`mmoe.model.heads.classification_head`: weight and bias x 0.001 after :func:`init_head`), on the
+        backbone's device and dtype."""
         if num_classes <= 0:
             return nn.Identity()
-        like = self.backbone.patch_embed.weight  # the head's device and dtype are the backbone's
-        head = nn.Linear(self.embed_dim, num_classes, device=like.device, dtype=like.dtype)
-        init_head(head)
-        with torch.no_grad():
-            head.weight.mul_(BEIT3_HEAD_INIT_SCALE)
-            head.bias.mul_(BEIT3_HEAD_INIT_SCALE)
-        return head
+        like = self.backbone.patch_embed.weight
+        _, head = classification_head(self.embed_dim, num_classes, self.backbone.config.layernorm_eps)
+        return head.to(device=like.device, dtype=like.dtype)
 
     def load_pretrained(self, checkpoint_path: str | Path) -> None:
         """Loads the backbone of an ``mmoe export`` folder (or of the folder of its ``model.safetensors``), read by
