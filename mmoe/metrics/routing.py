@@ -304,6 +304,23 @@ def valid_tokens(record: RoutingRecord) -> torch.Tensor:
     return (record.expert_index >= 0).flatten(2).any(-1)
 
 
+def active_experts_histogram(record: RoutingRecord, buckets: int) -> torch.Tensor:
+    """(buckets,) long: how many non-padding (sub-)tokens used 0, 1, 2, ... experts (the choices kept in
+    ``expert_index``; more than ``buckets - 1`` go in the last bucket). A top-k router without drops fills bucket k
+    only; an adaptive one (top-p, ReLU gates, null experts) spreads over several. No host sync."""
+    used = (record.expert_index >= 0).sum(-1)  # (B, L, heads)
+    valid = valid_tokens(record).to(used.device)[..., None].expand_as(used)
+    histogram = torch.zeros(buckets, dtype=torch.long, device=used.device)
+    return histogram.index_add_(0, used.clamp_max(buckets - 1).reshape(-1), valid.reshape(-1).long())
+
+
+def mean_active_experts(histogram: torch.Tensor) -> torch.Tensor:
+    """The mean experts per (sub-)token of an :func:`active_experts_histogram` (0 when it counted nothing)."""
+    histogram = histogram.to(torch.float64)
+    used = torch.arange(histogram.numel(), dtype=torch.float64, device=histogram.device)
+    return (used @ histogram) / histogram.sum().clamp_min(1.0)
+
+
 class RoutingTotals:
     """Per-layer routing statistics accumulated over many records, on the records' device, without host syncs.
 
@@ -315,6 +332,8 @@ class RoutingTotals:
         self.counts: dict[str, torch.Tensor] = {}
         #: per key: (tokens, tokens * entropy, tokens * dropped fraction, tokens * requested capacity)
         self.sums: dict[str, torch.Tensor] = {}
+        #: per key: (E + 1,) the (sub-)tokens that used 0 to E experts (:func:`active_experts_histogram`)
+        self.active: dict[str, torch.Tensor] = {}
 
     def add(self, records: Iterable[RoutingRecord]) -> None:
         for record in records:
@@ -329,11 +348,13 @@ class RoutingTotals:
                     tokens * record.requested_capacity.detach().to(torch.float64),
                 ]
             )
+            active = active_experts_histogram(record, counts.numel() + 1)
             if key in self.counts:
                 self.counts[key] = self.counts[key] + counts
                 self.sums[key] = self.sums[key] + sums
+                self.active[key] = self.active[key] + active
             else:
-                self.counts[key], self.sums[key] = counts.clone(), sums
+                self.counts[key], self.sums[key], self.active[key] = counts.clone(), sums, active
 
     def tokens(self) -> dict[str, float]:
         """Per key: the tokens routed (padding excluded)."""
@@ -341,7 +362,8 @@ class RoutingTotals:
 
     def summary(self, threshold: float = DEFAULT_ACTIVATION_THRESHOLD) -> dict[str, dict[str, float]]:
         """Per key: activation_ratio (MH-MoE's, per token), choice_activation_ratio, entropy, load_min, load_max,
-        load_cv, dropped_fraction, requested_capacity, tokens."""
+        load_cv, dropped_fraction, requested_capacity, tokens, and active_experts (the mean experts a (sub-)token
+        used) where the key's histogram was counted."""
         out = {}
         for key in sorted(self.counts, key=_layer_order):
             counts, sums = self.counts[key], self.sums[key]
@@ -357,6 +379,8 @@ class RoutingTotals:
                 "dropped_fraction": sums[2] / tokens,
                 "requested_capacity": sums[3] / tokens,
             }
+            if key in self.active:
+                stats["active_experts"] = mean_active_experts(self.active[key])
             out[key] = {name: float(value) for name, value in stats.items()}
         return out
 

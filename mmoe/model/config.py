@@ -66,6 +66,11 @@ class MoEPlan(RoutingChoices):
                 f"MoEPlan.strata={self.strata!r} with MoEPlan.expert_parallel={self.expert_parallel}: Stratified MoE "
                 "layers are not expert-sharded (every gate pass indexes all experts); set expert_parallel: 1"
             )
+        if self.may_choose_no_expert and self.expert_parallel > 1:
+            raise ValueError(
+                f"MoEPlan.expert_parallel={self.expert_parallel} with an adaptive router (a (sub-)token may use fewer "
+                "than top_k experts): its rows are not expert-sharded; set expert_parallel: 1"
+            )
         if self.mode not in ("per_modality", "shared"):
             raise ValueError(f"MoEPlan.mode must be 'per_modality' or 'shared', got {self.mode!r}")
         if self.experts_by_modality is not None:

@@ -43,7 +43,9 @@ def balance_loss(probs_SE, chosen_SK, weights_S, global_batch: bool = False) -> 
     rows and P_i this rank's share of the global mean (Qiu et al., 2025)."""
     num_experts, counted = probs_SE.shape[-1], chosen_SK.shape[-1]
     weights_SK = weights_S[:, None].expand_as(chosen_SK)
-    counts_E = probs_SE.new_zeros(num_experts).index_add_(0, chosen_SK.reshape(-1), weights_SK.reshape(-1))
+    # E + 1 bins: the id E, an adaptive router's "no expert", is counted apart and left out (f sums to below 1).
+    counts_E = probs_SE.new_zeros(num_experts + 1).index_add_(0, chosen_SK.reshape(-1), weights_SK.reshape(-1))
+    counts_E = counts_E[:num_experts]
     local_rows = weights_S.sum()
     if global_batch:
         totals = torch.cat([counts_E, local_rows[None]]).detach()
@@ -59,10 +61,10 @@ def balance_loss(probs_SE, chosen_SK, weights_S, global_batch: bool = False) -> 
 def sequence_balance_loss(probs_SE, chosen_SK, weights_S, sequence_S, num_sequences: int) -> torch.Tensor:
     """DeepSeek-V3 Eq. 17-20: :func:`balance_loss` of each sequence's rows, averaged over the sequences with rows."""
     num_experts, counted = probs_SE.shape[-1], chosen_SK.shape[-1]
-    slots_SK = sequence_S[:, None] * num_experts + chosen_SK
-    counts_BE = probs_SE.new_zeros(num_sequences * num_experts)
+    slots_SK = sequence_S[:, None] * (num_experts + 1) + chosen_SK  # E + 1 bins per sequence: E is no expert
+    counts_BE = probs_SE.new_zeros(num_sequences * (num_experts + 1))
     counts_BE = counts_BE.index_add_(0, slots_SK.reshape(-1), weights_S[:, None].expand_as(chosen_SK).reshape(-1))
-    counts_BE = counts_BE.view(num_sequences, num_experts)
+    counts_BE = counts_BE.view(num_sequences, num_experts + 1)[:, :num_experts]
     rows_B = probs_SE.new_zeros(num_sequences).index_add_(0, sequence_S, weights_S)
     prob_sums_BE = probs_SE.new_zeros(num_sequences, num_experts)
     prob_sums_BE = prob_sums_BE.index_add_(0, sequence_S, weights_S[:, None] * probs_SE)

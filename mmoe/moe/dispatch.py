@@ -18,6 +18,10 @@ combine weight (they add nothing and get no gradient), so the row count is alway
 Capacity (GShard): expert e keeps at most ``C = ceil(cf * K * T / E)`` choices, T the non-padding (sub-)tokens;
 first choices come before second choices, then earlier tokens before later ones.
 
+No expert: an adaptive router (top-p, ReLU gates, null experts) leaves some of a (sub-)token's K choices empty by
+choosing the id ``E`` (one past the last expert). Those choices sort after every real expert's slice, so the rows the
+experts run are the first ``offsets_E[-1]``; they are neither kept, nor counted, nor dropped.
+
 Shape legend: S (sub-)tokens, K choices per token, C = K*S choices, E experts, D width.
 """
 
@@ -64,7 +68,7 @@ def plan_dispatch(
     """Sort the choices ``expert_SK`` by expert and decide which are kept.
 
     Args:
-        expert_SK: chosen expert of every choice, ids in ``[0, num_experts)``.
+        expert_SK: chosen expert of every choice, ids in ``[0, num_experts]``; ``num_experts`` is no expert.
         valid_S: bool, True = real (sub-)token; None = all real.
         num_experts: E, the experts the ids index.
         capacity_factor: None = dropless; else each expert keeps ``ceil(cf * K * T / capacity_experts)`` choices.
@@ -77,7 +81,8 @@ def plan_dispatch(
     # Sort keys in as few bits as E needs: CUDA's sort (a stable radix sort, for every integer dtype) reads only the
     # key's bits, 8 instead of 64 for E <= 256 (MegaBlocks sorts with an end bit of ceil(log2 E)); the CPU sort is
     # stable for these dtypes too. The sorted ids go back to expert_SK's dtype, so the plan's tensors do not change.
-    key_C, order_C = torch.sort(expert_flat_C.to(sort_key_dtype(num_experts)), stable=True)
+    # E + 1 ids: the id E is "no expert" (module docstring).
+    key_C, order_C = torch.sort(expert_flat_C.to(sort_key_dtype(num_experts + 1)), stable=True)
     expert_C = key_C.to(expert_SK.dtype)
     token_C = order_C % num_tokens
     inverse_C = torch.empty_like(order_C).scatter_(0, order_C, torch.arange(order_C.numel(), device=device))
@@ -85,13 +90,14 @@ def plan_dispatch(
     offsets_E = torch.searchsorted(expert_C, experts_E, right=True, out_int32=True)  # slice ends of the sorted ids
 
     valid_SK = torch.ones_like(expert_SK, dtype=torch.bool) if valid_S is None else valid_S[:, None].expand(-1, top_k)
+    valid_SK = valid_SK & (expert_SK < num_experts)  # a choice of no expert is no choice
     if capacity_factor is None:
         kept_SK = valid_SK
     else:
         valid_sorted_C = valid_SK.t().reshape(-1).index_select(0, order_C).long()
         # Position of each valid choice within its expert's slice, counting valid choices only.
         valid_before_C = valid_sorted_C.cumsum(0) - valid_sorted_C
-        valid_per_expert_E = torch.zeros_like(experts_E).index_add_(0, expert_C, valid_sorted_C)
+        valid_per_expert_E = expert_C.new_zeros(num_experts + 1).index_add_(0, expert_C, valid_sorted_C)
         slice_start_E = valid_per_expert_E.cumsum(0) - valid_per_expert_E
         position_C = valid_before_C - slice_start_E.index_select(0, expert_C)
         num_valid = valid_S.sum() if valid_S is not None else expert_SK.new_full((), num_tokens)
@@ -102,7 +108,8 @@ def plan_dispatch(
         kept_SK = kept_flat_C.view(top_k, num_tokens).t()
 
     kept_flat_C = kept_SK.t().reshape(-1)
-    expert_counts_E = torch.zeros_like(experts_E).index_add_(0, expert_flat_C, kept_flat_C.long())
+    expert_counts_E = experts_E.new_zeros(num_experts + 1).index_add_(0, expert_flat_C, kept_flat_C.long())
+    expert_counts_E = expert_counts_E[:num_experts]
     num_valid_choices = valid_SK.sum()
     dropped = (num_valid_choices - kept_flat_C.sum()).float()
     dropped_fraction = dropped / num_valid_choices.clamp_min(1).float()

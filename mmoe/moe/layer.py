@@ -184,7 +184,7 @@ class MoELayer(MoEFeedForward):
             plan = plan_token_dispatch(
                 routed.expert_SK, priority_S, valid_S, config.num_experts, config.active_capacity_factor(self.training)
             )
-        if self.shard is None and self.use_fused_kernels(x_SD):
+        if self.shard is None and not config.may_choose_no_expert and self.use_fused_kernels(x_SD):
             with record_function("mmoe.moe.experts"):
                 y_CD = self.experts.forward_fused(x_SD.to(compute_dtype(x_SD)), plan)
             with record_function("mmoe.moe.combine"):
@@ -192,11 +192,22 @@ class MoELayer(MoEFeedForward):
         else:
             with record_function("mmoe.moe.permute"):
                 rows_CD = dispatch_rows(x_SD.to(compute_dtype(x_SD)), plan)
-            y_CD = self._run_experts(rows_CD, plan.expert_C, plan.offsets_E)
+            if config.may_choose_no_expert:
+                y_CD = self._run_chosen_rows(rows_CD, plan)
+            else:
+                y_CD = self._run_experts(rows_CD, plan.expert_C, plan.offsets_E)
             with record_function("mmoe.moe.combine"):
                 y_SD = combine(y_CD, plan, routed.weight_SK)
         expert_index_SK = torch.where(plan.kept_SK, routed.expert_SK, torch.full_like(routed.expert_SK, -1))
         return y_SD, plan.expert_counts_E, expert_index_SK, plan.dropped_fraction
+
+    def _run_chosen_rows(self, rows_CD: torch.Tensor, plan) -> torch.Tensor:
+        """The experts on the rows of real choices only, zeros for the choices of no expert (an adaptive router's,
+        sorted last by the plan): the experts' work follows the experts chosen. Reads the row count on the host (the
+        rows' number changes from batch to batch)."""
+        used = int(plan.offsets_E[-1])
+        y_CD = self._run_experts(rows_CD[:used], plan.expert_C[:used], plan.offsets_E)
+        return torch.cat([y_CD, y_CD.new_zeros(rows_CD.shape[0] - used, y_CD.shape[-1])])
 
     def _expert_choice(self, x_SD: torch.Tensor, valid_S: torch.Tensor | None, routed: RouterOutput):
         """Each expert's top-C (sub-)tokens (Zhou et al., 2022): (y, expert counts, expert index, dropped fraction 0,

@@ -16,10 +16,11 @@ batches it sums them over the ranks (``trainer.strategy.reduce``), logs per laye
     routing/layer{i}/{modality}/requested_capacity  Stratified MoE RC (1 for a plain layer)
     routing/layer{i}/{modality}/dead_experts        experts that took no choice in the window
     routing/layer{i}/{modality}/busiest_share       the busiest expert's share of the choices
+    routing/layer{i}/{modality}/active_experts      mean experts a (sub-)token used (adaptive routers vary it)
     routing/activation_ratio                        mean over the MoE layers
 
 and, to TensorBoard and Weights & Biases loggers, a load heatmap image per window; ``tier="detailed"`` adds per-layer
-expert-load and utilisation histograms and the sub-token maps of a few held-out images
+expert-load, utilisation and active-experts histograms and the sub-token maps of a few held-out images
 (:mod:`mmoe.runtime.routing_logging`). Per-expert values are never scalar keys: the number of keys is bounded by the
 MoE layers, whatever the number of experts (:func:`mmoe.runtime.routing_logging.metric_key_bound`). With
 ``save_dir``, it also appends the window's loads to ``save_dir/routing_stats.json``
@@ -47,6 +48,7 @@ from mmoe.atomic import write_json_atomic
 from mmoe.metrics.routing import (
     DEFAULT_ACTIVATION_THRESHOLD,
     RoutingTotals,
+    active_experts_histogram,
     layer_key,
     record_key,
     sort_keys,
@@ -110,6 +112,7 @@ class RoutingStatsCallback(L.Callback):
         self._num_experts: dict[str, int] = {}
         self._counts: torch.Tensor | None = None  # (K, max E) long
         self._sums: torch.Tensor | None = None  # (K, 4): tokens, tokens * entropy, * dropped, * requested capacity
+        self._active: torch.Tensor | None = None  # (K, max E + 1) long: (sub-)tokens by the experts they used
         self._batches = 0
         self._windows: list[dict] = []
         self._total_loads: dict[str, list[int]] = {}
@@ -146,6 +149,7 @@ class RoutingStatsCallback(L.Callback):
         max_experts = max(self._num_experts.values(), default=1)
         self._counts = torch.zeros(len(self._keys), max_experts, dtype=torch.long, device=device)
         self._sums = torch.zeros(len(self._keys), 4, dtype=torch.float64, device=device)
+        self._active = torch.zeros(len(self._keys), max_experts + 1, dtype=torch.long, device=device)
 
     def _add_key(self, record: RoutingRecord, trainer: L.Trainer) -> None:
         """A record of a layer not found in the model's structure (single process only: shapes must match)."""
@@ -157,10 +161,11 @@ class RoutingStatsCallback(L.Callback):
             )
         num_experts = record.expert_counts.numel()
         self._num_experts[key], self._keys[key] = num_experts, len(self._keys)
-        old_counts, old_sums = self._counts, self._sums
+        old_counts, old_sums, old_active = self._counts, self._sums, self._active
         self._allocate(old_counts.device)
         self._counts[: old_counts.shape[0], : old_counts.shape[1]] = old_counts
         self._sums[: old_sums.shape[0]] = old_sums
+        self._active[: old_active.shape[0], : old_active.shape[1]] = old_active
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
         records = outputs.get("routing") if isinstance(outputs, Mapping) else None
@@ -184,6 +189,9 @@ class RoutingStatsCallback(L.Callback):
             row = self._keys[record_key(record)]
             counts = record.expert_counts.detach()
             self._counts[row, : counts.numel()] += counts.to(self._counts.device)
+            self._active[row, : counts.numel() + 1] += active_experts_histogram(record, counts.numel() + 1).to(
+                self._active.device
+            )
             tokens = valid_tokens(record).sum().to(self._sums)
             values = torch.stack([record.router_entropy, record.dropped_fraction, record.requested_capacity])
             self._sums[row, 0] += tokens
@@ -196,12 +204,18 @@ class RoutingStatsCallback(L.Callback):
         the ranks: every rank saves a checkpoint, global rank 0 writes it), and the windows and totals so far."""
         open_window = {}
         if self._counts is not None:
-            counts, sums = self._counts, self._sums
+            counts, sums, active = self._counts, self._sums, self._active
             if self._strategy is not None and self._strategy.world_size > 1:
                 counts = self._strategy.reduce(counts.clone(), reduce_op="sum")
                 sums = self._strategy.reduce(sums.clone(), reduce_op="sum")
+                active = self._strategy.reduce(active.clone(), reduce_op="sum")
             for key, row in self._keys.items():
-                open_window[key] = {"counts": counts[row, : self._num_experts[key]].cpu(), "sums": sums[row].cpu()}
+                experts = self._num_experts[key]
+                open_window[key] = {
+                    "counts": counts[row, :experts].cpu(),
+                    "sums": sums[row].cpu(),
+                    "active": active[row, : experts + 1].cpu(),
+                }
         return {
             "batches": self._batches,
             "open_window": open_window,
@@ -230,6 +244,8 @@ class RoutingStatsCallback(L.Callback):
                 counts = window["counts"]
                 self._counts[self._keys[key], : counts.numel()] = counts.to(self._counts)
                 self._sums[self._keys[key]] = window["sums"].to(self._sums)
+                if "active" in window:  # a checkpoint written before the active experts were counted has none
+                    self._active[self._keys[key], : window["active"].numel()] = window["active"].to(self._active)
 
     # -- reporting ---------------------------------------------------------------------------------------------------
 
@@ -242,14 +258,17 @@ class RoutingStatsCallback(L.Callback):
             return
         counts = trainer.strategy.reduce(self._counts.clone(), reduce_op="sum")
         sums = trainer.strategy.reduce(self._sums.clone(), reduce_op="sum")
+        active = trainer.strategy.reduce(self._active.clone(), reduce_op="sum")
         totals = RoutingTotals()
         for key, row in self._keys.items():
             if counts[row].sum() > 0 or sums[row, 0] > 0:
                 totals.counts[key] = counts[row, : self._num_experts[key]]
                 totals.sums[key] = sums[row]
+                totals.active[key] = active[row, : self._num_experts[key] + 1]
         summary = totals.summary(self.activation_threshold)
         self._counts.zero_()
         self._sums.zero_()
+        self._active.zero_()
         if not summary:
             return
         if log:
@@ -262,12 +281,14 @@ class RoutingStatsCallback(L.Callback):
                 self._total_loads[key] = [a + b for a, b in zip(previous, values, strict=True)]
                 self._total_tokens[key] = self._total_tokens.get(key, 0.0) + tokens[key]
             window = {"step": trainer.global_step, "batches": self._batches, "loads": loads, "tokens": tokens}
+            window["active_experts"] = {key: totals.active[key].tolist() for key in summary}
             self._windows.append(window | {"stats": summary})
             self.save(self.save_dir / STATS_FILENAME)
 
     def _log(self, trainer: L.Trainer, pl_module: L.LightningModule, summary: dict, totals: RoutingTotals) -> None:
         """The window's scalars to every logger (``log_dict``), its media to TensorBoard and W&B (rank 0)."""
         loads = {key: totals.counts[key].cpu() for key in summary}  # one copy to the host per layer
+        active = {key: totals.active[key].cpu().numpy() for key in summary}
         metrics = {}
         for key, stats in summary.items():
             for name, value in (stats | load_scalars(loads[key])).items():
@@ -278,6 +299,7 @@ class RoutingStatsCallback(L.Callback):
         maps = self.held_out.diversity_grid(trainer, pl_module) if self.tier == "detailed" else None
         if trainer.is_global_zero and trainer.loggers:
             media = window_media(trainer.global_step, {k: v.numpy() for k, v in loads.items()}, maps, self.tier)
+            media.active = active
             log_media(trainer.loggers, media, self.prefix)
 
     def save(self, path: str | Path) -> None:

@@ -8,15 +8,17 @@ on global rank 0. Two tiers (``RoutingStatsCallback(tier=...)``):
   every logger, CSV included, gets them) and one image, ``{prefix}/load_heatmap`` (layers x experts per modality,
   :func:`mmoe.routing.render.load_heatmap`).
 * ``detailed``: also, per MoE layer and modality, ``{prefix}/{key}/expert_load`` (a histogram with one bucket per
-  expert holding the choices it took in the window) and ``{prefix}/{key}/utilisation`` (the distribution of the
-  experts' load over the uniform share), and one image ``{prefix}/subtoken_maps`` (the sub-token diversity maps of a
-  few held-out images fixed at the start of the fit, MH-MoE Fig. 1b; :class:`HeldOutImages`).
+  expert holding the choices it took in the window), ``{prefix}/{key}/utilisation`` (the distribution of the
+  experts' load over the uniform share) and ``{prefix}/{key}/active_experts`` (bucket n holds the (sub-)tokens that
+  used n experts: one bucket for top-k, several for an adaptive router), and one image ``{prefix}/subtoken_maps``
+  (the sub-token diversity maps of a few held-out images fixed at the start of the fit, MH-MoE Fig. 1b;
+  :class:`HeldOutImages`).
 
 The images are :mod:`mmoe.routing.render`'s arrays, the pixels ``mmoe viz`` shows with axes and labels afterwards.
 
 Per-expert values never become scalar keys: the number of keys depends on the MoE layers, never on the experts
-(:func:`metric_key_bound`: at most ``len(LAYER_SCALARS) * K + 1`` scalars, 2 images and ``2 * K`` histograms for K
-MoE (layer, modality) keys: 55 keys (46 brief) for the tiny config's 2 MoE layers x 2 modalities, whether they have
+(:func:`metric_key_bound`: at most ``len(LAYER_SCALARS) * K + 1`` scalars, 2 images and ``3 * K`` histograms for K
+MoE (layer, modality) keys: 63 keys (50 brief) for the tiny config's 2 MoE layers x 2 modalities, whether they have
 8 experts or 32). Images and histograms go to a ``TensorBoardLogger`` (``experiment.add_image``, ``add_histogram_raw``,
 ``add_histogram``) and a ``WandbLogger`` (``log_image``, ``experiment.log`` with ``wandb.Histogram``); other loggers
 (CSV) and a run without logger get the scalars only. Media are written at ``trainer.global_step`` (the optimiser
@@ -27,7 +29,7 @@ logging step, which counts the steps before this one (one lower).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import lightning as L
@@ -56,9 +58,10 @@ LAYER_SCALARS = (
     "requested_capacity",
     "dead_experts",
     "busiest_share",
+    "active_experts",
 )
 #: The histograms per MoE layer and modality of the detailed tier.
-LAYER_HISTOGRAMS = ("expert_load", "utilisation")
+LAYER_HISTOGRAMS = ("expert_load", "utilisation", "active_experts")
 #: The images of each tier.
 IMAGES: dict[str, tuple[str, ...]] = {"brief": ("load_heatmap",), "detailed": ("load_heatmap", "subtoken_maps")}
 #: Bucket edges of the utilisation histogram: 0 (dead) to 4 x the uniform share, busier experts in the last bucket.
@@ -156,6 +159,7 @@ class WindowMedia:
         heatmap: (H, W, 3) uint8, :func:`load_heatmap` of ``loads``.
         subtoken_maps: (H, W, 3) uint8 or None (brief tier, no held-out image).
         detailed: whether the histograms are sent.
+        active: key -> (E + 1,) the (sub-)tokens that used 0 to E experts in the window; empty: none sent.
     """
 
     step: int
@@ -163,6 +167,7 @@ class WindowMedia:
     heatmap: np.ndarray
     subtoken_maps: np.ndarray | None = None
     detailed: bool = False
+    active: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def window_media(
@@ -190,22 +195,30 @@ def to_tensorboard(writer: Any, media: WindowMedia, prefix: str) -> None:
     if not media.detailed:
         return
     for key, counts in media.loads.items():
+        _integer_histogram(writer, f"{prefix}/{key}/expert_load", counts, media.step)
+        if key in media.active:
+            _integer_histogram(writer, f"{prefix}/{key}/active_experts", media.active[key], media.step)
         counts = np.asarray(counts, dtype=np.float64)
-        experts = np.arange(counts.size, dtype=np.float64)
-        writer.add_histogram_raw(
-            f"{prefix}/{key}/expert_load",
-            min=0.0,
-            max=float(counts.size - 1),
-            num=float(counts.sum()),
-            sum=float(experts @ counts),
-            sum_squares=float(experts**2 @ counts),
-            bucket_limits=(experts + 0.5).tolist(),
-            bucket_counts=counts.tolist(),
-            global_step=media.step,
-        )
         if counts.sum() > 0:
             share = np.minimum(utilisation(counts), UTILISATION_EDGES[-1])
             writer.add_histogram(f"{prefix}/{key}/utilisation", share, media.step, bins=UTILISATION_EDGES)
+
+
+def _integer_histogram(writer: Any, tag: str, counts: np.ndarray, step: int) -> None:
+    """``counts[n]`` items of value n as a TensorBoard histogram of one bucket per n (bucket n ends at n + 0.5)."""
+    counts = np.asarray(counts, dtype=np.float64)
+    values = np.arange(counts.size, dtype=np.float64)
+    writer.add_histogram_raw(
+        tag,
+        min=0.0,
+        max=float(counts.size - 1),
+        num=float(counts.sum()),
+        sum=float(values @ counts),
+        sum_squares=float(values**2 @ counts),
+        bucket_limits=(values + 0.5).tolist(),
+        bucket_counts=counts.tolist(),
+        global_step=step,
+    )
 
 
 def to_wandb(logger: WandbLogger, media: WindowMedia, prefix: str) -> None:
@@ -224,6 +237,10 @@ def to_wandb(logger: WandbLogger, media: WindowMedia, prefix: str) -> None:
         counts = np.asarray(counts, dtype=np.float64)
         edges = np.arange(counts.size + 1, dtype=np.float64) - 0.5
         payload[f"{prefix}/{key}/expert_load"] = wandb.Histogram(np_histogram=(counts, edges))
+        if key in media.active:
+            used = np.asarray(media.active[key], dtype=np.float64)
+            used_edges = np.arange(used.size + 1, dtype=np.float64) - 0.5
+            payload[f"{prefix}/{key}/active_experts"] = wandb.Histogram(np_histogram=(used, used_edges))
         if counts.sum() > 0:
             share = np.minimum(utilisation(counts), UTILISATION_EDGES[-1])
             payload[f"{prefix}/{key}/utilisation"] = wandb.Histogram(

@@ -65,6 +65,13 @@ class Selection:
     top_groups: int | None = None
     group_score: Literal["max", "top_sum"] = "max"
 
+    @property
+    def may_choose_no_expert(self) -> bool:
+        """Whether the router may leave some of a (sub-)token's ``top_k`` choices empty (an adaptive router: the
+        number of experts a (sub-)token uses then varies); such a choice names the expert id ``num_experts``, which
+        the dispatch never runs (:mod:`mmoe.moe.dispatch`)."""
+        return False
+
     def _check_selection(self) -> None:
         """Each choice's range, then the combinations (reads ``num_experts``, ``strata`` and the capacity)."""
         owner = type(self).__name__
