@@ -53,7 +53,9 @@ def upcycle_command(argv: Sequence[str]) -> int:
     parser.add_argument("--out", required=True, help="backbone file to write (atomically)")
     parser.add_argument("--noise", type=float, default=0.0, help="expert noise, a share of each weight's std")
     parser.add_argument(
+        "--drop-rate",
         "--drop-ratio",
+        dest="drop_ratio",
         type=float,
         default=0.0,
         help="Drop-Upcycling: the share r of each expert's intermediate units drawn again from the dense weights' "

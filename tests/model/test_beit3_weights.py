@@ -8,11 +8,14 @@ import warnings
 
 import pytest
 import torch
+import yaml
 
 from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
 from mmoe.model.beit3 import BEiT3Weights, beit3_config, from_beit3, load_beit3, read_beit3, to_beit3
-from mmoe.runtime.checkpoint import export_backbone
+from mmoe.model.layers import LANGUAGE, VISION
+from mmoe.runtime.checkpoint import export_backbone, load_backbone
 from mmoe.vocabulary import VOCAB_SIZE
+from tests.cli_fixtures import run_mmoe
 
 with warnings.catch_warnings():  # the reference implementation: scripts/setup.sh installs it beside mmoe
     warnings.simplefilter("ignore")
@@ -287,3 +290,39 @@ def test_backbone_keys_without_a_place_are_reported():
     assert load_beit3(state).unexpected == ["encoder.layers.0.self_attn.relative_bias.A.weight"]
     with pytest.warns(UserWarning, match="BEiT-3 keys left unused: 1 \\(encoder.layers.0.self_attn.relative_bias"):
         from_beit3(state)
+
+
+def test_drop_upcycling_a_released_file_keeps_half_of_each_expert_s_units_and_redraws_the_rest(tmp_path, capsys):
+    """``mmoe upcycle --drop-rate 0.5`` on a released file: each expert keeps half of its intermediate units (one unit
+    either way) equal to the dense FFN's, and the others are drawn from the dense tensors' mean and std."""
+    path, _ = unilm_task_file(tmp_path, "beit3_base_patch16_224.pth", {})
+    plan = {"num_experts": 4, "top_k": 1, "router": "linear", "every": 2}
+    config = {"model": {"class_path": "mmoe.tasks.nlvr2.NLVR2FineTuning", "init_args": {"backbone": {"moe": plan}}}}
+    (tmp_path / "moe.yaml").write_text(yaml.safe_dump(config))
+    argv = ["upcycle", "--ckpt", str(path), "--config", str(tmp_path / "moe.yaml"), "--drop-rate", "0.5"]
+    code, _, err = run_mmoe([*argv, "--out", str(tmp_path / "init.pt")], capsys)
+    assert code == 0, err
+    moe, dense = load_backbone(tmp_path / "init.pt"), load_backbone(path)
+    hidden = SMALL["ffn"]
+    for slot in moe.moe_layers():
+        ffn = dense.layers[slot.index].ffn[VISION if slot.modality == "vision" else LANGUAGE]
+        experts = slot.layer.experts
+        for expert in range(experts.num_experts):
+            copied = {  # per unit, whether each of its tensors is the dense FFN's
+                "fc1_weight": (experts.fc1_weight[expert].T == ffn.fc1.weight).all(1),
+                "fc1_bias": experts.fc1_bias[expert] == ffn.fc1.bias,
+                "fc2_weight": (experts.fc2_weight[expert] == ffn.fc2.weight.T).all(1),
+                "ln_weight": experts.ln_weight[expert] == ffn.norm.weight,
+                "ln_bias": experts.ln_bias[expert] == ffn.norm.bias,
+            }
+            kept = copied["fc1_weight"]
+            assert all(torch.equal(flags, kept) for flags in copied.values())  # a unit is kept or redrawn whole
+            assert abs(int(kept.sum()) - hidden // 2) <= 1
+            redrawn = experts.fc1_weight[expert].T[~kept]
+            dense_weight = ffn.fc1.weight
+            assert (
+                abs(float(redrawn.mean() - dense_weight.mean()))
+                < 4 * float(dense_weight.std()) / redrawn.numel() ** 0.5
+            )
+            assert float(redrawn.std()) == pytest.approx(float(dense_weight.std()), rel=0.05)
+            assert torch.equal(experts.fc2_bias[expert], ffn.fc2.bias)  # the output bias has no units: copied
