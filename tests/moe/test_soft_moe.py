@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from mmoe.commands.info import variant_name
 from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
 from mmoe.model.cost import attention_way_parameters, backbone_parameters, layer_cost
 from mmoe.moe import MoEConfig, SoftMoELayer, build_moe_layer
@@ -206,6 +207,7 @@ def test_mmoe_info_counts_each_pool_at_the_tokens_it_mixes(mode):
     flops = [attention + flops_per_token(moe, tokens=m) for m in tokens]
     assert (layer["flops_per_token"], layer["max_flops_per_token"]) == (min(flops), max(flops))
     assert layer["active_parameters_per_token"] == attention_way_parameters(config) + moe_parameter_count(moe) + norm
+    assert variant_name(config) == "Soft MoE, 4 experts x 2 slots per sequence"
 
 
 @pytest.mark.parametrize(
