@@ -44,14 +44,17 @@ from mmoe.moe.router import Router
 NORMALIZE_EPS = 1e-6
 
 
-def l2_normalize(x: torch.Tensor, dim: int) -> torch.Tensor:
-    """``x / sqrt(sum(x**2) + 1e-6)`` along ``dim`` (the authors' ``normalize``)."""
-    return x * torch.rsqrt(x.square().sum(dim=dim, keepdim=True) + NORMALIZE_EPS)
+def inverse_norm(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """``1 / sqrt(sum(x**2) + 1e-6)`` along ``dim``, kept: ``x * inverse_norm(x, dim)`` is the authors'
+    ``normalize``."""
+    return torch.rsqrt(torch.linalg.vector_norm(x, dim=dim, keepdim=True).square() + NORMALIZE_EPS)
 
 
-def dispatch_weights(logits_BLS: torch.Tensor, valid_BL: torch.Tensor) -> torch.Tensor:
+def dispatch_weights(logits_BLS: torch.Tensor, valid_BL: torch.Tensor | None) -> torch.Tensor:
     """D: per sequence and slot, a softmax over the real tokens (§2.1 Eq. 1); padding gets exactly 0, and a
-    sequence of padding only gets no weight at all (not NaN)."""
+    sequence of padding only gets no weight at all (not NaN). ``valid_BL`` None: no padding."""
+    if valid_BL is None:
+        return torch.softmax(logits_BLS, dim=1)
     lowest = torch.finfo(logits_BLS.dtype).min
     dispatch_BLS = torch.softmax(logits_BLS.masked_fill(~valid_BL[..., None], lowest), dim=1)
     return dispatch_BLS * valid_BL[..., None]
@@ -102,10 +105,14 @@ class SoftMoELayer(MoEFeedForward):
         return []
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """L = normalize(X) (scale * normalize(Phi)), (B, L, S), in float32 at least (§2.3)."""
+        """L = normalize(X) (scale * normalize(Phi)), (B, L, S), in float32 at least (§2.3). Computed as
+        (X Phi') / |X| with Phi' = Phi * scale / |Phi|: the same logits, the token norms applied to the (B, L, S)
+        product rather than to X, one elementwise pass fewer over the wider of the two."""
         dtype = torch.promote_types(x.dtype, torch.float32)
-        phi = self.scale.to(dtype) * l2_normalize(self.slot_embeddings.to(dtype), dim=0)
-        return l2_normalize(x.to(dtype), dim=-1) @ phi
+        phi = self.slot_embeddings.to(dtype)
+        phi = phi * (self.scale.to(dtype) * inverse_norm(phi, dim=0))
+        x = x.to(dtype)
+        return (x @ phi) * inverse_norm(x, dim=-1)
 
     def forward(self, x: torch.Tensor, padding_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, RoutingRecord]:
         """Args:
@@ -116,14 +123,17 @@ class SoftMoELayer(MoEFeedForward):
             ``(y, routing)`` with y of x's shape, in the compute dtype (the autocast dtype under autocast).
         """
         batch, length, dim = x.shape
-        valid_BL = x.new_ones((batch, length), dtype=torch.bool) if padding_mask is None else ~padding_mask
+        valid_BL = None if padding_mask is None else ~padding_mask
         logits_BLS = self.logits(x)
         dispatch_BLS, combine_BLS = dispatch_weights(logits_BLS, valid_BL), combine_weights(logits_BLS)
         dtype = compute_dtype(x)
         slots_BSD = dispatch_BLS.transpose(1, 2).to(dtype) @ x.to(dtype)
         outputs_BSD = self.run_experts(slots_BSD)
         y = (combine_BLS.to(dtype) @ outputs_BSD).to(dtype)
-        y = torch.where(valid_BL[..., None], y, torch.zeros_like(y))
+        if valid_BL is None:
+            valid_BL = x.new_ones((batch, length), dtype=torch.bool)
+        else:
+            y = torch.where(valid_BL[..., None], y, torch.zeros_like(y))
         return y, self._record(combine_BLS.detach(), valid_BL)
 
     def run_experts(self, slots_BSD: torch.Tensor) -> torch.Tensor:
@@ -141,7 +151,7 @@ class SoftMoELayer(MoEFeedForward):
         expert_index = torch.where(valid_BL, top_expert_BL, torch.full_like(top_expert_BL, -1))
         fed_sequences = valid_BL.any(dim=1).sum()
         counts_E = (fed_sequences * config.slots_per_expert).expand(config.num_experts).clone()
-        entropy_BL = -(combine_BLS * combine_BLS.clamp_min(1e-30).log()).sum(-1)
+        entropy_BL = torch.special.entr(combine_BLS).sum(-1)
         real = valid_BL.sum().clamp_min(1)
         zero = torch.zeros((), device=device)
         return RoutingRecord(

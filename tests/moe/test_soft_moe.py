@@ -78,12 +78,15 @@ def padding_mask() -> torch.Tensor:
     return mask
 
 
-def compare_with_reference(layer: SoftMoELayer, subln: bool = False) -> None:
+def compare_with_reference(layer: SoftMoELayer, padded: bool = True) -> None:
+    """Outputs and the gradients of every parameter and of the input, with :func:`padding_mask` or none."""
+    layer.zero_grad()
     torch.manual_seed(1)
     mask = padding_mask()
     x = torch.randn(3, 5, 8, dtype=torch.double, requires_grad=True)
     target = torch.randn(3, 5, 8, dtype=torch.double)
-    y, _ = layer(x, mask)
+    y, _ = layer(x, mask if padded else None)
+    mask = mask if padded else torch.zeros_like(mask)
     (y * target).sum().backward()
     got = {name: p.grad.clone() for name, p in layer.named_parameters()} | {"x": x.grad.clone()}
     layer.zero_grad()
@@ -103,6 +106,7 @@ def test_soft_moe_matches_the_per_slot_reference_outputs_and_every_gradient(subl
         logits = layer.logits(torch.randn(4, 5, 8, dtype=torch.double))
     assert logits.abs().max() > 1.0
     compare_with_reference(layer)
+    compare_with_reference(layer, padded=False)
 
 
 def test_the_reference_comparison_fails_when_the_dispatch_softmax_runs_over_slots(monkeypatch):
@@ -110,7 +114,7 @@ def test_the_reference_comparison_fails_when_the_dispatch_softmax_runs_over_slot
     compare_with_reference(layer)  # as built, equal
 
     def over_slots(logits_BLS, valid_BL):
-        return torch.softmax(logits_BLS, dim=-1) * valid_BL[..., None]
+        return torch.softmax(logits_BLS, dim=-1) * (1.0 if valid_BL is None else valid_BL[..., None])
 
     monkeypatch.setattr(soft_moe_module, "dispatch_weights", over_slots)
     with pytest.raises(AssertionError):
@@ -119,7 +123,7 @@ def test_the_reference_comparison_fails_when_the_dispatch_softmax_runs_over_slot
 
 def test_the_reference_comparison_fails_without_the_normalisation(monkeypatch):
     layer = make_soft_layer()
-    monkeypatch.setattr(soft_moe_module, "l2_normalize", lambda x, dim: x)
+    monkeypatch.setattr(soft_moe_module, "inverse_norm", lambda x, dim: torch.ones_like(x.sum(dim, keepdim=True)))
     with pytest.raises(AssertionError):
         compare_with_reference(layer)
 
