@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from mmoe.commands.info import variant_name
+from mmoe.metrics.routing_collect import RouterInputs
 from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
 from mmoe.model.cost import attention_way_parameters, backbone_parameters, layer_cost
 from mmoe.moe import MoEConfig, SoftMoELayer, build_moe_layer
@@ -183,6 +184,7 @@ def test_a_multiway_backbone_trains_with_soft_moe_slot_pools(mode):
     assert seen == expected
     assert {record.modality for record in out.routing} == set(expected)
     assert all(not torch.equal(before[name], p) for name, p in model.named_parameters() if name in before)
+    assert RouterInputs(model).layers == {}  # no router to capture: Soft MoE layers are left out
 
 
 def test_cost_counts_the_layer_and_scales_with_the_sequence():
@@ -230,10 +232,17 @@ def test_mmoe_info_counts_each_pool_at_the_tokens_it_mixes(mode):
     ],
 )
 def test_combinations_soft_moe_has_no_use_for_are_one_line(fields, named):
-    fields = {"routing": "soft"} | fields
-    with pytest.raises(ValueError, match=named) as error:
+    message = refusal({"routing": "soft"} | fields)
+    assert named in message and "\n" not in message
+
+
+def refusal(fields: dict) -> str:
+    """The one-line error of a Soft MoE layer config with ``fields``."""
+    try:
         MoEConfig(dim=16, ffn_dim=32, num_experts=4, **fields)
-    assert "\n" not in str(error.value)
+    except ValueError as error:
+        return str(error)
+    raise AssertionError(f"{fields} was accepted")
 
 
 def test_expert_parallel_and_captioning_refuse_soft_moe():
@@ -266,3 +275,37 @@ def test_mmoe_fit_refuses_soft_moe_captioning_in_one_line(tmp_path):
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("mmoe fit: error: model.backbone.moe.routing='soft' is refused for captioning")
     assert list(tmp_path.iterdir()) == [part]
+
+
+def test_pretraining_with_soft_moe_fits_and_logs_its_routing(tmp_path):
+    """A few masked pre-training steps (image, text and image-text batches, text padding) with the routing
+    statistics callback on: finite losses, statistics written for every Soft MoE layer."""
+    import lightning as L
+    from torch.utils.data import DataLoader
+
+    from mmoe.runtime.routing_callback import RoutingStatsCallback
+    from mmoe.tasks.pretraining import MaskedPretraining
+    from mmoe.tasks.visual_codebook import fit_codebook
+    from tests.tasks.test_pretraining import BACKBONE, images, make_batches
+
+    torch.manual_seed(0)
+    codebook = tmp_path / "codebook.pt"
+    fit_codebook([images(64)], size=16, patch_size=16, pool=2, iterations=5).save(codebook)
+    plan = MoEPlan(num_experts=4, routing="soft", slots_per_expert=2, every=1)
+    task = MaskedPretraining(MultiwayConfig(**BACKBONE, moe=plan), str(codebook))
+    batches = make_batches(3)
+    trainer = L.Trainer(
+        max_steps=6,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        default_root_dir=tmp_path,
+        callbacks=[RoutingStatsCallback(every_n_steps=3, save_dir=tmp_path)],
+    )
+    trainer.fit(task, DataLoader(batches * 2, batch_size=None, shuffle=False))
+    for batch in batches:
+        losses, routing = task.masked_losses(batch)
+        assert all(torch.isfinite(loss) for loss in losses.values()) and routing
+    assert (tmp_path / "routing_stats.json").is_file()
