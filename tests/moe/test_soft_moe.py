@@ -294,16 +294,9 @@ def test_pretraining_with_soft_moe_fits_and_logs_its_routing(tmp_path):
     plan = MoEPlan(num_experts=4, routing="soft", slots_per_expert=2, every=1)
     task = MaskedPretraining(MultiwayConfig(**BACKBONE, moe=plan), str(codebook))
     batches = make_batches(3)
-    trainer = L.Trainer(
-        max_steps=6,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        accelerator="cpu",
-        default_root_dir=tmp_path,
-        callbacks=[RoutingStatsCallback(every_n_steps=3, save_dir=tmp_path)],
-    )
+    quiet = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False}
+    callbacks = [RoutingStatsCallback(every_n_steps=3, save_dir=tmp_path)]
+    trainer = L.Trainer(max_steps=6, accelerator="cpu", default_root_dir=tmp_path, callbacks=callbacks, **quiet)
     trainer.fit(task, DataLoader(batches * 2, batch_size=None, shuffle=False))
     for batch in batches:
         losses, routing = task.masked_losses(batch)
