@@ -9,6 +9,10 @@ routing forced to be balanced, and the grouped-GEMM floor of its experts.
 * :class:`ExpertFloor`: the layer's expert GEMMs alone (``GroupedExperts.forward_batched``: one batched GEMM per
   linear, biases fused) on an already sorted, perfectly balanced batch of the rows the layer routes (K*S choices,
   E*C rows for expert choice), plus the shared experts on the S (sub-)tokens: no routing, no permutation, no combine.
+* :class:`SoftMoEFloor`: a Soft MoE layer's plain-GEMM floor: the dispatch matmul X~ = D^T X and the combine matmul
+  Y = C Y~ per sequence (``bmm``, with fixed dispatch and combine weights that take gradients as the layer's do), and
+  between them the experts' batched GEMMs on the B*p rows of each expert's slots: no logits, normalisation, softmax
+  or padding mask.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from mmoe.moe import MoELayer
+from mmoe.moe import MoELayer, SoftMoELayer
 from mmoe.moe.expert_choice import expert_capacity
 from mmoe.moe.router import Router, RouterOutput
 
@@ -86,3 +90,20 @@ class ExpertFloor(nn.Module):
         if self.shared_experts is None:
             return y_RD
         return torch.cat([y_RD, self.shared_experts.forward_every_expert(x_RD[self.routed :])])
+
+
+class SoftMoEFloor(nn.Module):
+    """The plain-GEMM floor of a Soft MoE ``layer`` on (B, L, D) inputs of ``batch`` x ``length`` tokens (module
+    docstring); ``forward(x_BLD)``."""
+
+    def __init__(self, layer: SoftMoELayer, batch: int, length: int) -> None:
+        super().__init__()
+        self.layer = layer
+        slots = layer.num_slots
+        weights = torch.softmax(torch.randn(batch, length, slots), dim=1)
+        self.dispatch_BSL = nn.Parameter(weights.transpose(1, 2).contiguous())
+        self.combine_BLS = nn.Parameter(torch.softmax(torch.randn(batch, length, slots), dim=-1))
+
+    def forward(self, x_BLD: torch.Tensor) -> torch.Tensor:
+        slots_BSD = torch.bmm(self.dispatch_BSL.to(x_BLD.dtype), x_BLD)
+        return torch.bmm(self.combine_BLS.to(x_BLD.dtype), self.layer.run_experts(slots_BSD))

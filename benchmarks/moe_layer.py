@@ -5,7 +5,9 @@ median of each and their ratios. Baseline: ``Linear(D, k*H) -> GELU -> Linear(k*
 equal the MoE's active FLOPs (k = top-k plus shared experts, or expert choice's c; H the expert width, so fine-grained
 experts compare with the dense FFN of the coarse layer they split). An MoELayer case also times the layer with
 forced-balanced routing and its experts' grouped-GEMM floor (:mod:`moe_balanced`), so that imbalance and routing
-overhead show apart. fwd+bwd in fp32 on CPU unless noted; X-MoE routing (d_e = 16), dropless unless noted.
+overhead show apart; a Soft MoE case (balanced by construction) its plain-GEMM floor, the dispatch and combine matmuls
+around the experts' batched GEMMs on their slots (``moe_balanced.SoftMoEFloor``). fwd+bwd in fp32 on CPU unless
+noted; X-MoE routing (d_e = 16), dropless unless noted.
 ``load_cv`` (std / mean of the expert loads) and ``load_max_over_mean`` are the layer's at initialisation.
 
 The ``train_`` cases time the layer as a training step sees it: a batch of 4 sequences of 1,024 tokens with their
@@ -47,11 +49,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from mmoe.moe import MoEConfig, MoEFeedForward, MoELayer, build_moe_layer
-from mmoe.moe.cost import routed_experts
+from mmoe.moe import MoEConfig, MoEFeedForward, MoELayer, SoftMoELayer, build_moe_layer
+from mmoe.moe.cost import routed_experts, soft_slots
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from moe_balanced import ExpertFloor, forced_balanced  # noqa: E402
+from moe_balanced import ExpertFloor, SoftMoEFloor, forced_balanced  # noqa: E402
 from timing import interleaved_medians, labelled_seconds  # noqa: E402
 
 #: The layer's ``record_function`` labels (``mmoe.moe.<label>``) in forward order, and the autograd engine's range
@@ -164,6 +166,8 @@ def make_case(
     config = MoEConfig(dim, hidden, num_experts=experts, top_k=top_k, heads=heads, capacity_factor=capacity_factor,
                        strata=strata, expert_kernels=expert_kernels, **routing)  # fmt: skip
     active_hidden = round((routed_experts(config) + config.shared_experts) * config.expert_dim)
+    if config.routing == "soft":  # n*p slots per sequence of tokens / batch tokens
+        active_hidden = round(soft_slots(config) * batch / tokens * config.expert_dim)
     moe = build_moe_layer(config).to(device, dtype)
     shape = (batch, tokens // batch, dim)
     x = torch.randn(shape, device=device, dtype=dtype, requires_grad=backward)
@@ -220,6 +224,9 @@ def make_case(
     case = Case(name, target, moe_step, baseline_step, info, eager_step, floor_target=floor_target)
     if isinstance(moe, MoELayer):
         case.balanced, case.floor = balanced_and_floor_steps(moe, x, grad, padding, graphed, accumulate)
+    elif isinstance(moe, SoftMoELayer):  # balanced by construction: every expert takes its slots
+        floor = SoftMoEFloor(moe, batch, tokens // batch).to(device, dtype)
+        case.floor = step(floor, x, grad, False, accumulate)
     return case
 
 
@@ -310,6 +317,15 @@ def cpu_cases() -> list[partial[Case]]:
         partial(make_case, "loss_free_bias_top1_4096", None, d, h, 8, 4096, bias_update_rate=1e-3),
         partial(make_case, "expert_choice_c1_4096", None, d, h, 8, 4096, capacity_factor=1.0, **expert_choice),
         partial(make_case, "expert_choice_c2_4096", None, d, h, 8, 4096, capacity_factor=2.0, **expert_choice),
+        # Soft MoE (Puigcerver et al., 2024): 16 sequences of 256 tokens (ViT-like), 8 experts; n*p = 256 slots per
+        # sequence (the experts' FLOPs of a dense FFN of width H) or 128 (the paper's B/16: 128 slots per ~200
+        # tokens). Against the dense FFN of those FLOPs and the plain-GEMM floor (moe_balanced.SoftMoEFloor).
+        partial(
+            make_case, "soft_e8_p32_16x256", None, d, h, 8, 4096, batch=16, routing="soft", slots_per_expert=32, **floor
+        ),
+        partial(
+            make_case, "soft_e8_p16_16x256", None, d, h, 8, 4096, batch=16, routing="soft", slots_per_expert=16, **floor
+        ),
     ]
 
 

@@ -25,7 +25,8 @@ Subcommands:
   of a whole model (per layer, with its task head).
 * ``mmoe moe-info --moe.dim 768 --moe.ffn_dim 3072 --moe.num_experts 8 [--moe.heads 4 ...]`` — parameters, active
   parameters and forward FLOPs per token of one MoE layer against the dense FFN it replaces (JSON on stdout). Every
-  :class:`mmoe.moe.MoEConfig` field is an option; ``--moe config.yaml`` reads them from a file.
+  :class:`mmoe.moe.MoEConfig` field is an option; ``--moe config.yaml`` reads them from a file; ``--tokens M``: the
+  tokens per sequence a Soft MoE layer's FLOPs per token assume (197).
 * ``mmoe viz subtoken-map|heatmap --ckpt C ... --out DIR`` — routing figures (MH-MoE Fig. 1b / 8 / 10, Fig. 5).
 * ``mmoe analyze routing|consistency ...`` — routing metrics of checkpoints on data, or of runs' saved statistics,
   as one JSON object (X-MoE Eq. 11, §4.5; MH-MoE Fig. 1a).
@@ -78,6 +79,9 @@ def moe_info(argv: Sequence[str]) -> int:
     install_config_safety()
     parser = ArgumentParser(prog="mmoe moe-info", description="Parameter and FLOP counts of one MoE layer.")
     parser.add_class_arguments(MoEConfig, "moe")
+    parser.add_argument(
+        "--tokens", type=int, default=197, help="tokens per sequence a Soft MoE layer's FLOPs assume (197: 14x14+1)"
+    )
     with parse_errors_in_one_line([parser], ["moe-info", *argv]):
         args = parser.parse_args(list(argv))
     try:
@@ -89,7 +93,7 @@ def moe_info(argv: Sequence[str]) -> int:
         "parameters": moe_parameter_count(config),
         "parameters_counted": sum(p.numel() for p in build_moe_layer(config).parameters()),
         "active_parameters_per_token": active_parameters_per_token(config),
-        "flops_per_token": flops_per_token(config),
+        "flops_per_token": flops_per_token(config, tokens=args.tokens),
         "dense_ffn_parameters": ffn_parameters(config.dim, config.ffn_dim, config.subln),
         "dense_ffn_flops_per_token": ffn_flops_per_token(config.dim, config.ffn_dim),
     }

@@ -146,6 +146,28 @@ def test_moe_layer_case_times_the_routed_and_forced_balanced_layer_and_the_group
     assert stratified.balanced is None and stratified.floor is None
 
 
+def test_soft_moe_case_times_the_layer_against_the_dense_ffn_of_its_flops_and_its_plain_gemm_floor():
+    """Soft MoE: the dense FFN of n*p/m of an expert's width, and the dispatch / experts / combine GEMMs as the floor,
+    equal to the layer when given the layer's own weights."""
+    moe_layer = load_benchmark("moe_layer")
+    from moe_balanced import SoftMoEFloor
+
+    case = moe_layer.make_case("soft", None, 32, 16, 4, 64, batch=4, routing="soft", slots_per_expert=2)
+    assert case.balanced is None and case.floor is not None and case.info["baseline_hidden"] == 8  # 8 slots / 16
+    result = moe_layer.measure(case, rounds=1)
+    assert result["balanced_s"] == result["moe_s"] and result["floor_ratio"] > 0
+    from mmoe.moe import MoEConfig, build_moe_layer
+
+    layer = build_moe_layer(MoEConfig(32, 16, num_experts=4, routing="soft", slots_per_expert=2))
+    floor = SoftMoEFloor(layer, 4, 16)
+    x = torch.randn(4, 16, 32)
+    with torch.no_grad():
+        logits = layer.logits(x)
+        floor.dispatch_BSL.copy_(torch.softmax(logits, dim=1).transpose(1, 2))
+        floor.combine_BLS.copy_(torch.softmax(logits, dim=-1))
+        torch.testing.assert_close(floor(x), layer(x)[0])
+
+
 def test_expert_floor_runs_the_routed_rows_balanced():
     load_benchmark("moe_layer")
     from moe_balanced import ExpertFloor

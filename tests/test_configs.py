@@ -66,6 +66,7 @@ TINY_MOE = {
                  "gate": "sigmoid",
                  "renormalize": True, "routed_scaling_factor": 2.5, "bias_update_rate": 0.001,
                  "balance_batch": "sequence", "balance_choices": "all", "every": 2, "mode": "per_modality"},
+    "soft_moe": {"num_experts": 8, "routing": "soft", "slots_per_expert": 1, "layers": [2, 3], "mode": "per_modality"},
 }  # fmt: skip
 #: What each base part sets: the MoE plan of the base backbone (BEiT-3 base; the dense base has none).
 BASE_MOE = {
@@ -79,6 +80,8 @@ BASE_MOE = {
     "limoe": TINY_MOE["limoe"],
     "moma": TINY_MOE["moma"] | {"num_experts": 4, "experts_by_modality": {"vision": 4, "language": 4}},
     "deepseek": TINY_MOE["deepseek"] | {"num_experts": 64, "top_k": 7, "beta": 0.125},
+    "soft_moe": {"num_experts": 8, "routing": "soft", "slots_per_expert": 16, "layers": [6, 7, 8, 9, 10, 11],
+                 "mode": "per_modality"},
 }  # fmt: skip
 #: Each size's MoE plans, by variant.
 MOE_PLANS = {"tiny": TINY_MOE, "base": BASE_MOE}

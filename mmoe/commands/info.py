@@ -183,6 +183,9 @@ def variant_name(config: MultiwayConfig) -> str:
         return "dense"
     if moe.strata is not None:
         return f"Stratified MoE, strata {moe.strata}"
+    if moe.routing == "soft":
+        slots = f"{moe.slots_per_expert} slot" + ("s" if moe.slots_per_expert > 1 else "")
+        return f"Soft MoE, {moe.num_experts} experts x {slots} per sequence"
     router = SCORERS[moe.router].label
     heads = f" MH-MoE h={moe.heads}" if moe.heads > 1 else ""
     shared = f" + {moe.shared_experts} shared" if moe.shared_experts else ""

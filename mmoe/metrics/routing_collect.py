@@ -44,9 +44,11 @@ def moe_layers_by_key(backbone: nn.Module) -> dict[str, MoEFeedForward]:
     return found
 
 
-def first_router(layer: MoEFeedForward) -> Router:
-    """The router every (sub-)token of ``layer`` meets first: a plain layer's router, a Stratified layer's gate 1."""
-    return layer.gate_routers()[0]
+def first_router(layer: MoEFeedForward) -> Router | None:
+    """The router every (sub-)token of ``layer`` meets first: a plain layer's router, a Stratified layer's gate 1;
+    None for a Soft MoE layer, which has slots, not a router."""
+    routers = layer.gate_routers()
+    return routers[0] if routers else None
 
 
 @dataclass
@@ -70,7 +72,9 @@ class RouterInputs:
     """
 
     def __init__(self, module: nn.Module, max_rows: int = 10_000) -> None:
-        self.layers = moe_layers_by_key(module)
+        # A Soft MoE layer has no router to capture.
+        layers = moe_layers_by_key(module).items()
+        self.layers = {key: layer for key, layer in layers if first_router(layer) is not None}
         self.max_rows = max_rows
         self.captures: dict[str, RouterCapture] = {key: RouterCapture() for key in self.layers}
         self._handles: list = []

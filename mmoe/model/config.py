@@ -34,7 +34,10 @@ class MoEPlan(RoutingChoices):
             2 = every other layer.
         layers: explicit 0-based MoE layer indices; overrides ``every`` when given.
         mode: ``"per_modality"`` turns the vision FFN and the language FFN each into its own MoE; ``"shared"`` routes
-            all tokens of both modalities through one MoE.
+            all tokens of both modalities through one MoE. With Soft MoE (``routing: soft``) this chooses the slot
+            pools: per modality, each modality's FFN has its own slots and sees only its own tokens (image tokens go
+            to image slots, text to text slots); shared, one pool of slots mixes the image and text tokens of each
+            sequence, as a VL-FFN (``vl_layers``) on image-text input always does.
         experts_by_modality: MoMa's modality-aware expert pools (Lin et al., 2024): with ``mode: per_modality``, the
             number of experts of each modality's MoE FFN, e.g. ``{vision: 4, language: 8}``; each pool routes only
             its modality's tokens, by the plan's routing (MoMa: expert choice inside each pool). A modality left out,
@@ -70,6 +73,11 @@ class MoEPlan(RoutingChoices):
             raise ValueError(
                 f"MoEPlan.expert_parallel={self.expert_parallel} with an adaptive router (a (sub-)token may use fewer "
                 "than top_k experts): its rows are not expert-sharded; set expert_parallel: 1"
+            )
+        if self.routing == "soft" and self.expert_parallel > 1:
+            raise ValueError(
+                f"MoEPlan.expert_parallel={self.expert_parallel} with routing='soft': Soft MoE layers are not "
+                "expert-sharded (every sequence feeds every expert's slots); set expert_parallel: 1"
             )
         if self.mode not in ("per_modality", "shared"):
             raise ValueError(f"MoEPlan.mode must be 'per_modality' or 'shared', got {self.mode!r}")

@@ -11,7 +11,10 @@ App. D, :mod:`mmoe.moe.cost`). FLOPs count a multiply-add as 2 and cover the wei
 depend on L. A VL-FFN (``vl_layers``) serves image + text input in place of the modality FFN, with the same count.
 With MoMa's modality-aware pools (``MoEPlan.experts_by_modality``) the two modality paths differ in their experts: a
 layer's parameters count each pool, and the per-token numbers are the least and the most over the modalities, each
-modality's own under ``by_modality``.
+modality's own under ``by_modality``. A Soft MoE layer's FLOPs per token depend on the m tokens it mixes
+(:func:`mmoe.moe.cost.soft_moe_flops_per_token`, :func:`soft_moe_tokens`): ``mmoe info`` counts an image FFN at the
+image's tokens (patches + CLS), a text FFN at the text length it reports, and a shared FFN or VL-FFN at the whole
+image-text sequence.
 """
 
 from __future__ import annotations
@@ -94,18 +97,32 @@ def attention_way_parameters(config: MultiwayConfig) -> int:
     return 2 * dim + 3 * dim * dim + 3 * dim + (2 * dim if config.subln else 0) + dim * dim + dim
 
 
-def layer_cost(config: MultiwayConfig, index: int) -> dict:
+def soft_moe_tokens(config: MultiwayConfig, modality: str, sequence_length: int, shared: bool) -> int:
+    """m, the tokens a Soft MoE FFN mixes per sequence in a sequence of ``sequence_length`` tokens (image tokens
+    first): a shared FFN or VL-FFN (``shared``) all of them; a vision FFN the image's patches and CLS; a language FFN
+    the rest (all of them when the sequence is shorter than an image: text alone)."""
+    image = config.num_patches + 1
+    if shared:
+        return sequence_length
+    if modality == "vision":
+        return image
+    return sequence_length - image if sequence_length > image else sequence_length
+
+
+def layer_cost(config: MultiwayConfig, index: int, sequence_length: int | None = None) -> dict:
     """Layer ``index``: its parameters, and the active parameters and forward FLOPs (weights) of one token.
 
     ``active_parameters_per_token`` / ``flops_per_token`` are what every token takes; the ``max_`` fields are the
     most one token can take, which differ in a Stratified MoE layer (a token passes gate 1, then up to all gates:
     Stratified MoE §3) and between modalities whose pools differ (``MoEPlan.experts_by_modality``; each modality's
-    numbers then under ``by_modality``).
+    numbers then under ``by_modality``). ``sequence_length``: the image-text sequence a Soft MoE layer's count
+    assumes (:func:`soft_moe_tokens`); None = an image and a 64-token text.
     """
     attention = attention_way_parameters(config), 2 * 4 * config.dim * config.dim  # q, k, v and output projections
     is_moe = config.moe is not None and config.moe.is_moe_layer(index)
     pooled = is_moe and config.moe.experts_by_modality is not None
-    by_modality = {modality: _ffn_cost(config, index, modality) for modality in MODALITIES}
+    length = config.num_patches + 1 + 64 if sequence_length is None else sequence_length
+    by_modality = {modality: _ffn_cost(config, index, modality, length) for modality in MODALITIES}
     least = min(cost[0] for cost in by_modality.values()), min(cost[1] for cost in by_modality.values())
     most = max(cost[2] for cost in by_modality.values()), max(cost[3] for cost in by_modality.values())
     cost = {
@@ -129,9 +146,9 @@ def layer_cost(config: MultiwayConfig, index: int) -> dict:
     return cost
 
 
-def _ffn_cost(config: MultiwayConfig, index: int, modality: str) -> tuple[int, int, int, int]:
-    """One ``modality`` token's pre-FFN LayerNorm and FFN at layer ``index``: (least active parameters, least
-    FLOPs, most active parameters, most FLOPs)."""
+def _ffn_cost(config: MultiwayConfig, index: int, modality: str, length: int) -> tuple[int, int, int, int]:
+    """One ``modality`` token's pre-FFN LayerNorm and FFN at layer ``index`` in a sequence of ``length`` tokens:
+    (least active parameters, least FLOPs, most active parameters, most FLOPs)."""
     dim = config.dim
     if config.moe is None or not config.moe.is_moe_layer(index):
         dense = dense_ffn_parameters(config) + 2 * dim, ffn_flops_per_token(dim, config.ffn_dim)
@@ -140,7 +157,9 @@ def _ffn_cost(config: MultiwayConfig, index: int, modality: str) -> tuple[int, i
     if moe.strata is not None:  # the layer's own LayerNorms replace the block's pre-FFN LayerNorm
         least = active_parameters_per_token(moe, gates=[0]), flops_per_token(moe, gates=[0])
         return *least, active_parameters_per_token(moe), flops_per_token(moe)
-    routed = active_parameters_per_token(moe) + 2 * dim, flops_per_token(moe)
+    shared = config.moe.mode == "shared" or index >= config.depth - config.vl_layers
+    tokens = soft_moe_tokens(config, modality, length, shared) if moe.routing == "soft" else None
+    routed = active_parameters_per_token(moe) + 2 * dim, flops_per_token(moe, tokens=tokens)
     return *routed, *routed
 
 
@@ -149,7 +168,7 @@ def backbone_cost(config: MultiwayConfig, sequence_length: int) -> dict:
     parameters (:func:`backbone_parameters`), active parameters per token (the layers and the final LayerNorm; as
     MH-MoE App. D, the embedding tables are left out), forward FLOPs per token in the weights and in the attention
     scores; with modality pools, each modality's token under ``by_modality``."""
-    layers = [layer_cost(config, index) for index in range(config.depth)]
+    layers = [layer_cost(config, index, sequence_length) for index in range(config.depth)]
     final_norm = 2 * config.dim if config.output_norm else 0
     totals = {
         key: sum(layer[key] for layer in layers) + (final_norm if "active" in key else 0)

@@ -5,7 +5,7 @@ Public API::
     from mmoe.moe import MoEConfig, build_moe_layer
     layer = build_moe_layer(MoEConfig(dim=768, ffn_dim=3072, num_experts=8))  # a MoELayer (StratifiedMoELayer
     y, routing = layer(x, padding_mask=None)                                   # with MoEConfig.strata set)
-    first_router = layer.gate_routers()[0]
+    first_router = layer.gate_routers()[0]                                     # (none in a SoftMoELayer)
 
 Both layers are :class:`MoEFeedForward` ("any MoE layer"); only a :class:`MoELayer` can be expert-sharded.
 """
@@ -16,6 +16,7 @@ from mmoe.moe.experts import GroupedExperts
 from mmoe.moe.factory import build_moe_layer
 from mmoe.moe.layer import MoELayer, restore_expert_embedding_norm
 from mmoe.moe.router import Router
+from mmoe.moe.soft_moe import SoftMoELayer
 from mmoe.moe.stratified import StratifiedMoELayer
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "Router",
     "RoutingChoices",
     "RoutingRecord",
+    "SoftMoELayer",
     "StratifiedMoELayer",
     "build_moe_layer",
     "restore_expert_embedding_norm",

@@ -8,7 +8,9 @@ expert. DeepSeekMoE's shared experts (Dai et al., 2024,
 §3.2, Eq. 9) are K_s more experts of the same shape that every sub-token passes through; fine-grained experts
 (§3.1) are the same formulas at a smaller H = beta * ffn_dim. With expert-choice routing (Zhou et al., 2022) a token
 is taken by a data-dependent number of experts, c on average (the capacity factor): the per-token counts use that
-mean, rounded. FLOPs count a multiply-add as 2.
+mean, rounded. Soft MoE (Puigcerver et al., 2024, :mod:`mmoe.moe.soft_moe`) has slot parameters Phi (d x n*p) and a
+scale in place of a router, and its per-token FLOPs depend on the m tokens of the sequence
+(:func:`soft_moe_flops_per_token`). FLOPs count a multiply-add as 2.
 """
 
 from __future__ import annotations
@@ -32,7 +34,9 @@ def expert_parameters(config: MoEConfig) -> int:
 
 
 def moe_parameter_count(config: MoEConfig) -> int:
-    """All parameters of a plain, multi-head or Stratified MoE layer (:class:`mmoe.moe.MoEFeedForward`)."""
+    """All parameters of a plain, multi-head, Stratified or Soft MoE layer (:class:`mmoe.moe.MoEFeedForward`)."""
+    if config.routing == "soft":  # Phi (d x n*p), the scale, the experts
+        return config.dim * soft_slots(config) + 1 + config.num_experts * expert_parameters(config)
     if config.strata is not None:
         # One LayerNorm and one gate over the visible experts per stratum, one shared expert list.
         gates = sum(
@@ -54,15 +58,22 @@ def active_parameters_per_token(config: MoEConfig, gates: Sequence[int] | None =
     """
     if config.strata is not None:
         return sum(gate_cost(config, gate)[0] for gate in _gates(config, gates))
+    if config.routing == "soft":  # every token's output mixes every expert's slots
+        return moe_parameter_count(config)
     split_merge = 2 * (config.dim * config.dim + config.dim) if config.heads > 1 else 0
     experts_touched = min(config.num_experts, round(config.heads * routed_experts(config))) + config.shared_experts
     return split_merge + router_parameters(config) + experts_touched * expert_parameters(config)
 
 
-def flops_per_token(config: MoEConfig, gates: Sequence[int] | None = None) -> int:
+def flops_per_token(config: MoEConfig, gates: Sequence[int] | None = None, tokens: int | None = None) -> int:
     """Forward FLOPs per token: split/merge (MH-MoE Eq. 14, 17), router (MH-MoE Eq. 12, 15), experts (MH-MoE Eq. 13,
     16: top_k routed and the shared ones per sub-token); a multiply-add counts as 2 FLOPs. Stratified MoE: the sum
-    over ``gates`` as in :func:`active_parameters_per_token`."""
+    over ``gates`` as in :func:`active_parameters_per_token`. Soft MoE: :func:`soft_moe_flops_per_token` for
+    sequences of ``tokens`` tokens (required there, unused elsewhere)."""
+    if config.routing == "soft":
+        if tokens is None:
+            raise ValueError("a Soft MoE layer's FLOPs per token depend on the tokens per sequence; give tokens")
+        return soft_moe_flops_per_token(config, tokens)
     if config.strata is not None:
         return sum(gate_cost(config, gate)[1] for gate in _gates(config, gates))
     dim, heads = config.dim, config.heads
@@ -71,6 +82,24 @@ def flops_per_token(config: MoEConfig, gates: Sequence[int] | None = None) -> in
         2 * heads * (routed_experts(config) + config.shared_experts) * 2 * config.head_dim * config.expert_dim
     )
     return split_merge + router_flops(config, config.num_experts) + experts
+
+
+def soft_slots(config: MoEConfig) -> int:
+    """n * p, the slots of a Soft MoE layer."""
+    return config.num_experts * config.slots_per_expert
+
+
+def soft_moe_flops_per_token(config: MoEConfig, tokens: int) -> int:
+    """Soft MoE's forward FLOPs per token of a sequence of m = ``tokens`` tokens (Puigcerver et al., 2024, §2): the
+    logits (2 d n p), the dispatch X~ = D^T X and the combine Y = C Y~ (2 d n p each, per token: 2 m d n p per
+    sequence), and the experts' n p slots shared by the m tokens, (n p / m) x one expert's 4 d H; the L2
+    normalisations and softmaxes are left out (O(d + n p) per token). It falls as the sequence grows: the same n p
+    slots serve more tokens."""
+    if tokens < 1:
+        raise ValueError(f"tokens must be a positive number of tokens per sequence, got {tokens!r}")
+    slots = soft_slots(config)
+    expert = 2 * 2 * config.dim * config.expert_dim
+    return 3 * 2 * config.dim * slots + round(slots * expert / tokens)
 
 
 def routed_experts(config: MoEConfig) -> float:

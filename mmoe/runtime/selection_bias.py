@@ -26,9 +26,10 @@ class SelectionLoads:
     def __init__(self, backbone: MultiwayTransformer) -> None:
         self.routers: dict[tuple[int, str], Router] = {}
         for slot in backbone.moe_layers():
-            router = slot.layer.gate_routers()[0]
-            if router.selection_bias is None or slot.layer.config.frozen:
+            routers = slot.layer.gate_routers()  # none in a Soft MoE layer
+            if not routers or routers[0].selection_bias is None or slot.layer.config.frozen:
                 continue
+            router = routers[0]
             key = (slot.index, slot.modality)
             if key in self.routers:
                 raise ValueError(

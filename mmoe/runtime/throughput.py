@@ -86,8 +86,10 @@ class BackboneTokens:
 
 def forward_flops(config: MultiwayConfig, tokens: float, squared_lengths: float) -> float:
     """Model forward FLOPs of ``tokens`` real tokens in sequences whose squared lengths sum to ``squared_lengths``:
-    the weights' FLOPs per token times the tokens, plus the attention scores (module docstring)."""
-    per_token = backbone_cost(config, sequence_length=1)["flops_per_token"]
+    the weights' FLOPs per token times the tokens, plus the attention scores (module docstring). A Soft MoE layer's
+    per-token FLOPs are counted at the token-weighted mean length ``squared_lengths / tokens``."""
+    length = max(1, round(squared_lengths / tokens)) if tokens else 1
+    per_token = backbone_cost(config, sequence_length=length)["flops_per_token"]
     return per_token * tokens + 4 * config.depth * config.dim * squared_lengths
 
 

@@ -80,7 +80,7 @@ def router_variant_measures(backbone_path: Path, batches: Sequence[Batch]) -> di
             if record.unrouted_fraction is not None:
                 unrouted.setdefault(record_key(record), []).append(float(record.unrouted_fraction))
     layers = moe_layers_by_key(backbone)
-    biases = {key: first_router(layer).selection_bias for key, layer in layers.items()}
+    biases = {key: getattr(first_router(layer), "selection_bias", None) for key, layer in layers.items()}
     return loads_of(totals) | {
         "experts": {key: layers[key].config.num_experts for key in sort_keys(layers)},
         "unrouted": {key: unrouted[key] for key in sort_keys(unrouted)},

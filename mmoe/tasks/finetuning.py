@@ -308,7 +308,14 @@ def later_choices_drop_earlier(config: MultiwayConfig) -> str | None:
 
 def refuse_batch_dependent_routing(task: str, config: MultiwayConfig) -> None:
     """One-line ``ValueError``, for a task whose text is causal, when ``config`` routes over the batch
-    (:func:`routes_over_the_batch`), naming which of the two it does."""
+    (:func:`routes_over_the_batch`), naming which of the two it does, or mixes every token of a sequence (Soft MoE)."""
+    if config.moe is not None and config.moe.routing == "soft":
+        raise ValueError(
+            f"model.backbone.moe.routing='soft' is refused for {task}: its text is causal (a token sees only earlier "
+            "ones), but each Soft MoE slot mixes every token of the sequence and every token takes every slot's "
+            "output, so an earlier token's output would depend on later ones; give model.backbone with "
+            "moe.routing: token_choice and capacity_factor: null"
+        )
     if not routes_over_the_batch(config):
         return
     capacity = later_choices_drop_earlier(config)

@@ -1,6 +1,7 @@
-"""Which experts a router picks and how their outputs are weighed: top-k token choice or expert choice (Zhou et al.,
-2022, :mod:`mmoe.moe.expert_choice`), loss-free balancing's selection bias (Wang et al., 2024), DeepSeek-V2/V3's
-group-limited top-k (:mod:`mmoe.moe.group_limited`) and routed scaling factor."""
+"""Which experts a router picks and how their outputs are weighed: top-k token choice, expert choice (Zhou et al.,
+2022, :mod:`mmoe.moe.expert_choice`) or Soft MoE's slots (Puigcerver et al., 2024, :mod:`mmoe.moe.soft_moe`),
+loss-free balancing's selection bias (Wang et al., 2024), DeepSeek-V2/V3's group-limited top-k
+(:mod:`mmoe.moe.group_limited`) and routed scaling factor."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Literal
 
 from mmoe.moe.choices.values import finite_at_least, finite_or_none, is_int, refuse, require
 
-ROUTINGS = ("token_choice", "expert_choice")
+ROUTINGS = ("token_choice", "expert_choice", "soft")
 BIAS_UPDATE_RULES = ("sign", "z_score")
 GROUP_SCORES = ("max", "top_sum")
 
@@ -33,6 +34,14 @@ class Selection:
             A token's routing depends on the other tokens of its batch: evaluation results change with the
             evaluation batch size (and which samples share a batch), and tasks whose text is causal (captioning)
             refuse it, since an earlier token's routing would depend on later ones.
+            ``"soft"`` (Soft MoE, Puigcerver et al., 2024, §2, :mod:`mmoe.moe.soft_moe`): each expert processes
+            ``slots_per_expert`` slots per sequence, each slot a softmax-weighted mix of the sequence's tokens, and
+            each token's output a softmax-weighted mix of every slot's output. No token is dropped and no balance loss
+            exists. Per sequence, not per batch; captioning refuses it (every token of a sequence reaches every slot).
+            Refused with top_k != 1, capacity factors, strata, heads > 1, shared experts, Triton kernels, router
+            jitter, the loss-free bias and the balance options, which it has no use for.
+        slots_per_expert: Soft MoE's p, the slots each expert processes per sequence (the paper's LAION recipe:
+            1). Must stay 1 unless ``routing: soft``.
         bias_update_rate: auxiliary-loss-free load balancing (Wang et al., 2024, §3, Eq. 3 and Algorithm 1): each
             router keeps a per-expert bias b (a buffer, saved in checkpoints) added to the gate scores for the top-k
             selection only (the gate weights stay the unbiased scores) and updated after each optimiser step by
@@ -57,7 +66,8 @@ class Selection:
 
     top_k: int = 1
     renormalize: bool = True
-    routing: Literal["token_choice", "expert_choice"] = "token_choice"
+    routing: Literal["token_choice", "expert_choice", "soft"] = "token_choice"
+    slots_per_expert: int = 1
     bias_update_rate: float = 0.0
     bias_update_rule: Literal["sign", "z_score"] = "sign"
     routed_scaling_factor: float = 1.0
@@ -87,10 +97,16 @@ class Selection:
                 ("routing", self.routing in ROUTINGS, f"one of {ROUTINGS}"),
                 ("routed_scaling_factor", finite_at_least(scaling, 0.0) and scaling != 0, "a finite number > 0"),
                 ("group_score", self.group_score in GROUP_SCORES, f"one of {GROUP_SCORES}"),
+                ("slots_per_expert", is_int(self.slots_per_expert) and self.slots_per_expert > 0, "a positive integer"),
             ],
         )
         if self.routing == "expert_choice":
             self._check_expert_choice()
+        if self.routing == "soft":
+            self._check_soft()
+        refuse(
+            self, [("slots_per_expert", self.slots_per_expert != 1 and self.routing != "soft", "needs routing: soft")]
+        )
         refuse(self, self._group_refusals())
         refuse(
             self,
@@ -127,6 +143,26 @@ class Selection:
                 ("balance_batch", self.balance_batch != "local", "expert choice has no balance loss"),
             ],
             context=" with routing='expert_choice'",
+        )
+
+    def _check_soft(self) -> None:
+        mixed = "Soft MoE gives every expert its slots, a mix of every token"
+        refuse(
+            self,
+            [
+                ("strata", self.strata is not None, "Stratified MoE gates route by token choice"),
+                ("top_k", self.top_k != 1, "Soft MoE has no top-k; leave top_k at 1"),
+                ("capacity_factor", self.capacity_factor is not None, f"{mixed}: nothing is dropped; give null"),
+                ("eval_capacity_factor", self.eval_capacity_factor is not None, f"{mixed}: give null"),
+                ("heads", self.heads != 1, "MH-MoE sub-tokens are not implemented for Soft MoE; give heads: 1"),
+                ("shared_experts", self.shared_experts != 0, "not implemented for Soft MoE; give shared_experts: 0"),
+                ("expert_kernels", self.expert_kernels != "torch", "Soft MoE's slots run batched; give torch"),
+                ("router_jitter", self.router_jitter > 0, "Soft MoE's logits are not a router's; give 0"),
+                ("bias_update_rate", self.bias_update_rate > 0, "every expert takes its slots: no load to balance"),
+                ("balance_batch", self.balance_batch != "local", "Soft MoE has no balance loss"),
+                ("balance_choices", self.balance_choices != "first", "Soft MoE has no balance loss"),
+            ],
+            context=" with routing='soft'",
         )
 
     def _group_refusals(self) -> list[tuple[str, bool, str]]:
