@@ -41,7 +41,7 @@ class DepthRouting:
 
     Args:
         capacity: C in (0, 1], the share of an image's patches that run a routed layer: ceil(C · n_patches) of them
-            (Raposo et al.: 12.5% of the tokens; p-MoD and γ-MoD keep far more of the vision tokens).
+            (Raposo et al. route 12.5% of the tokens).
         every: layer i (0-based) is routed iff ``(i + 1) % every == 0``; 2 = every other layer (Raposo et al.).
         layers: explicit 0-based routed layers; overrides ``every`` when given.
         weight: the factor of a kept patch's block update: ``"sigmoid"`` of its router score (default), or the
