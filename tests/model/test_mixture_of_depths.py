@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer
+from mmoe.model import MoEPlan, MultiwayConfig, MultiwayTransformer, from_pretrained, save_pretrained
 from mmoe.model.config import config_from_dict, config_to_dict
 from mmoe.model.cost import backbone_cost
 from mmoe.model.depth_router import DepthRoute, DepthRouting
@@ -293,9 +293,18 @@ def test_info_counts_the_router_and_the_expected_flops_of_a_patch_as_a_counted_r
     assert (counted - batch * cls) / (batch * PATCHES) == pytest.approx(expected)
 
 
-def test_a_saved_config_reads_back_with_its_depth_routing():
+def test_a_saved_backbone_reads_back_with_its_routers_and_routes_as_before(tmp_path):
     config = routed_config(capacity=0.125)
     assert config_from_dict(config_to_dict(config)).depth_routing == config.depth_routing
+    torch.manual_seed(0)
+    backbone = MultiwayTransformer(config).eval()
+    realistic_(backbone)
+    loaded = from_pretrained(save_pretrained(backbone, tmp_path / "mod"))
+    image = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        before, after = backbone(image=image), loaded(image=image)
+    assert loaded.config.depth_routing == config.depth_routing
+    assert torch.equal(before.hidden, after.hidden) and torch.equal(before.image_depth, after.image_depth)
 
 
 @pytest.mark.parametrize(
