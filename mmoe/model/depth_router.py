@@ -118,7 +118,7 @@ class DepthRoute:
         """The layer's output on all image tokens: x_i + g(r_i) (block(x̃)_i - x̃_i) at the kept positions (the
         block's update, weighted), x_i elsewhere. An index_add onto x: its gradient passes to x unchanged."""
         batch, length, dim = image_x.shape
-        update = self.weights[..., None].to(kept_out.dtype) * (kept_out - kept)  # (B, K, D)
+        update = (self.weights[..., None] * (kept_out - kept)).to(image_x.dtype)  # (B, K, D)
         merged = image_x.reshape(batch * length, dim).index_add(0, self._flat(length), update.reshape(-1, dim))
         return merged.view(batch, length, dim)
 
