@@ -357,3 +357,6 @@ def test_the_router_scores_in_float32_under_autocast():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         route = block.depth_router(image)
     assert route.weights.dtype == torch.float32
+    backbone = MultiwayTransformer(routed_config()).bfloat16()  # fp32 router weights onto a bf16 residual stream
+    out = backbone(image=torch.randn(2, 3, 64, 64, dtype=torch.bfloat16))
+    assert out.hidden.dtype == torch.bfloat16 and out.image_depth[:, 1:].sum(1).tolist() == [PATCHES + 4] * 2
