@@ -42,6 +42,7 @@ CONFIGS = {
     "mmoe.moe.MoEConfig": "one MoE layer (``mmoe moe-info --moe.*``, :func:`mmoe.moe.build_moe_layer`)",
     "mmoe.model.MoEPlan": "a backbone's MoE layers (``model.init_args.backbone.moe`` of a config)",
     "mmoe.model.MultiwayConfig": "the backbone (``model.init_args.backbone`` of a config)",
+    "mmoe.model.DepthRouting": "a backbone's depth-routed layers (``model.init_args.backbone.depth_routing``)",
     "mmoe.runtime.optimizer.OptimizerConfig": "a task's optimiser (``model.init_args.optimizer`` of a config)",
     "mmoe.pipeline.settings.TrainingSettings": "a pipeline run: the demo's presets and the study's runs",
     "mmoe.study.settings.StudySettings": "``mmoe study claims``' presets",

@@ -318,3 +318,11 @@ def test_moe_layer_training_cases_pad_their_sequences_and_accumulate_gradients_w
             first = [g.clone() for g in first]
             run()
             assert all(torch.allclose(p.grad, 2 * f, atol=1e-6) for p, f in zip(layer.parameters(), first, strict=True))
+
+
+def test_depth_routing_benchmark_times_the_routed_block_against_its_floor(run_main):
+    lines = run_main("benchmarks/depth_routing.py", "--rounds", "1", "--capacities", "0.25")
+    cases = [(line["case"], line["capacity"]) for line in lines if "case" in line]
+    assert cases == [("plain", 0.25), ("routed", 0.25), ("floor", 0.25)]
+    comparisons = [line["comparison"] for line in lines if "comparison" in line]
+    assert comparisons == ["C=0.25: routed step / floor step", "C=0.25: plain step / routed step"]

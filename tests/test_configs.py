@@ -84,7 +84,14 @@ BASE_MOE = {
                  "mode": "per_modality"},
 }  # fmt: skip
 #: Each size's MoE plans, by variant.
+# Mixture-of-Depths over the image patches (Raposo et al. 2024): dense FFNs, depth routing in every other layer.
+TINY_MOE["mod"] = BASE_MOE["mod"] = None
 MOE_PLANS = {"tiny": TINY_MOE, "base": BASE_MOE}
+#: The backbone fields a part sets beside the MoE plan.
+PART_BACKBONE = {
+    ("tiny", "mod"): {"depth_routing": {"capacity": 0.5, "every": 2, "weight": "sigmoid"}},
+    ("base", "mod"): {"depth_routing": {"capacity": 0.125, "every": 2, "weight": "sigmoid"}},
+}
 #: The model arguments a part sets beside the MoE plan: Stratified MoE averages its balance loss over the SMoE blocks
 #: (Xu et al. 2023, §3.2).
 PART_MODEL_ARGUMENTS = {
@@ -148,6 +155,7 @@ def without_variant(config, model_arguments=()) -> dict:
     config = config.clone()
     del config["config"]
     config.model.init_args.backbone.moe = None
+    config.model.init_args.backbone.depth_routing = None
     config.trainer.default_root_dir = None
     for name in model_arguments:
         config.model.init_args[name] = None
@@ -162,12 +170,15 @@ def test_a_part_sets_the_moe_layers_and_the_run_folder_and_nothing_else(size, va
     part = yaml.safe_load(PARTS[size, variant].read_text())
     assert part == {
         "trainer": {"default_root_dir": f"runs/pretrain/{size}_{variant}"},
-        "model": {"init_args": {"backbone": {"moe": plan}, **arguments}},
+        "model": {"init_args": {"backbone": {"moe": plan, **PART_BACKBONE.get((size, variant), {})}, **arguments}},
     }
     whole = PRETRAIN / f"{size}.yaml"
     base, composed = read_config([whole]).fit, read_config([whole, PARTS[size, variant]]).fit
-    moe = composed.model.init_args.backbone.moe.as_dict()
-    assert {name: moe[name] for name in plan} == plan
+    backbone = composed.model.init_args.backbone
+    moe = backbone.moe.as_dict() if plan is not None else None
+    assert moe is None if plan is None else {name: moe[name] for name in plan} == plan
+    for name, fields in PART_BACKBONE.get((size, variant), {}).items():
+        assert {field: backbone[name][field] for field in fields} == fields
     assert {name: composed.model.init_args[name] for name in arguments} == arguments
     assert without_variant(composed, arguments) == without_variant(base, arguments)
     assert base.model.init_args.backbone.moe is None and base.trainer.default_root_dir == f"runs/pretrain/{size}_dense"

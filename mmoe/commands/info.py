@@ -178,6 +178,15 @@ def report(
 
 
 def variant_name(config: MultiwayConfig) -> str:
+    """The backbone's FFNs and routers in words; Mixture-of-Depths' routed layers after them."""
+    name = moe_name(config)
+    routing = config.depth_routing
+    if routing is not None:
+        name += f", MoD of the image patches C={routing.capacity:g} in layers {config.depth_routed_layers()}"
+    return name
+
+
+def moe_name(config: MultiwayConfig) -> str:
     moe = config.moe
     if moe is None:
         return "dense"
@@ -225,9 +234,11 @@ def table(result: dict) -> str:
         f"{mflops(backbone['attention_score_flops_per_token'])} in attention scores "
         f"({backbone['sequence_length']} tokens)",
     ]
+    depth_routed = any("depth_routing" in layer for layer in backbone["layers"])
     for modality, counts in backbone.get("by_modality", {}).items():
+        token = "an image patch (expected under depth routing)" if depth_routed and modality == "vision" else ""
         lines.append(
-            f"  a {modality} token: {millions(counts['active_parameters_per_token'])} active parameters, "
+            f"  {token or f'a {modality} token'}: {millions(counts['active_parameters_per_token'])} active parameters, "
             f"{mflops(counts['flops_per_token'])} MFLOPs in the weights"
         )
     tokenizer = result["visual_tokenizer"]

@@ -14,10 +14,12 @@ Public API::
 from mmoe.model.backbone import BackboneOutput, MoELayerSlot, MultiwayTransformer
 from mmoe.model.beit3 import from_beit3, to_beit3
 from mmoe.model.config import MoEPlan, MultiwayConfig
+from mmoe.model.depth_router import DepthRouting
 from mmoe.model.pretrained import from_pretrained, save_pretrained
 
 __all__ = [
     "BackboneOutput",
+    "DepthRouting",
     "MoELayerSlot",
     "MoEPlan",
     "MultiwayConfig",

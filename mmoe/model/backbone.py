@@ -13,7 +13,7 @@ at ``nn.Embedding``'s N(0, 1)). Routers and the MH-MoE split/merge layers keep t
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -22,8 +22,9 @@ from torch.utils.checkpoint import checkpoint
 
 from mmoe.model.config import MultiwayConfig
 from mmoe.model.cost import refuse_beyond_host_memory
+from mmoe.model.depth_router import DepthRecord
 from mmoe.model.initialization import BEIT3_INIT_STD, init_beit3_
-from mmoe.model.layers import FeedForward, KeysValues, MultiwayBlock
+from mmoe.model.layers import FeedForward, ImageContext, MultiwayBlock
 from mmoe.moe import GroupedExperts, MoEFeedForward, RoutingRecord, build_moe_layer
 
 
@@ -34,12 +35,18 @@ class BackboneOutput:
     image_len: number of image tokens (CLS included), 0 without an image.
     text_len: number of text tokens, 0 without text.
     routing: routing records of the MoE layers in depth order (vision before language within a layer).
+    depth_routing: what each depth-routed layer (Mixture-of-Depths, ``MultiwayConfig.depth_routing``) did with the
+        image tokens, in depth order: per layer the (B, L_i) image tokens that ran it (``DepthRecord.processed``).
+    image_depth: (B, L_i) the number of layers each image token ran (``depth`` for a token no router skipped);
+        None without depth-routed layers or without an image.
     """
 
     hidden: torch.Tensor
     image_len: int
     text_len: int
     routing: list[RoutingRecord]
+    depth_routing: list[DepthRecord] = field(default_factory=list)
+    image_depth: torch.Tensor | None = None
 
     @property
     def image_hidden(self) -> torch.Tensor:
@@ -192,26 +199,30 @@ class MultiwayTransformer(nn.Module):
             text_padding_mask = None
         mask = _attention_mask(image_x, text_x, text_padding_mask, attn_mask)
 
-        routing: list[RoutingRecord] = []
+        records: list[RoutingRecord | DepthRecord] = []
         for layer in self.layers:
             if self.config.checkpoint_activations and self.training:
-                image_x, text_x, records = checkpoint(
+                image_x, text_x, layer_records = checkpoint(
                     layer, image_x, text_x, text_padding_mask, mask, use_reentrant=False
                 )
             else:
-                image_x, text_x, records = layer(image_x, text_x, text_padding_mask, mask)
-            routing.extend(records)
+                image_x, text_x, layer_records = layer(image_x, text_x, text_padding_mask, mask)
+            records.extend(layer_records)
+        return self._output(image_x, text_x, records)
 
-        return self._output(image_x, text_x, routing)
-
-    def _output(self, image_x: torch.Tensor | None, text_x: torch.Tensor | None, routing: list) -> BackboneOutput:
+    def _output(self, image_x: torch.Tensor | None, text_x: torch.Tensor | None, records: list) -> BackboneOutput:
         parts = [x for x in (image_x, text_x) if x is not None]
         if self.final_norm is not None:
             parts = [norm(x) for norm, x in zip(self.final_norm, (image_x, text_x), strict=True) if x is not None]
         hidden = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
         image_len = 0 if image_x is None else image_x.shape[1]
         text_len = 0 if text_x is None else text_x.shape[1]
-        return BackboneOutput(hidden, image_len, text_len, routing)
+        routing = [record for record in records if not isinstance(record, DepthRecord)]
+        depths = [record for record in records if isinstance(record, DepthRecord)]
+        image_depth = None
+        if depths:  # each routed layer a token skipped takes one layer off its depth
+            image_depth = self.config.depth - sum((~record.processed).long() for record in depths)
+        return BackboneOutput(hidden, image_len, text_len, routing, depths, image_depth)
 
     def routes_each_token_alone(self) -> bool:
         """Whether, in the current mode (training or eval), every MoE layer routes each token on its own
@@ -219,11 +230,12 @@ class MultiwayTransformer(nn.Module):
         attends to, so a decoder may keep earlier tokens' keys and values (:meth:`image_context`)."""
         return all(slot.layer.config.routes_each_token_alone(self.training) for slot in self.moe_layers())
 
-    def image_context(self, image: torch.Tensor) -> list[KeysValues]:
+    def image_context(self, image: torch.Tensor) -> list[ImageContext]:
         """Per layer, the keys and values of ``image``'s tokens in an image-text sequence whose image tokens attend
         to the image only (BEiT-3 captioning's mask, :func:`mmoe.tasks.captioning.caption_attention_mask`). Computed
         once per image, they let each decoding step run its text tokens alone (:meth:`forward_text`); the result is
-        that of :meth:`forward` on the whole sequence where :meth:`routes_each_token_alone` holds."""
+        that of :meth:`forward` on the whole sequence where :meth:`routes_each_token_alone` holds (depth routing
+        included: its router ranks the image's patches only)."""
         image_x = self.embed_dropout(self.embed_image(image))
         context = []
         for layer in self.layers:
@@ -232,7 +244,7 @@ class MultiwayTransformer(nn.Module):
         return context
 
     def forward_text(
-        self, text: torch.Tensor, image_context: list[KeysValues], attn_mask: torch.Tensor | None = None
+        self, text: torch.Tensor, image_context: list[ImageContext], attn_mask: torch.Tensor | None = None
     ) -> BackboneOutput:
         """The text tokens of an image-text sequence whose image's keys and values are ``image_context``
         (:meth:`image_context`, expanded to the text's batch): their hidden states (``image_len`` 0) and routing.
@@ -241,8 +253,8 @@ class MultiwayTransformer(nn.Module):
         text_x = self.embed_dropout(self.embed_text(text))
         mask = _attention_mask(None, text_x, None, attn_mask)
         routing: list[RoutingRecord] = []
-        for layer, keys_values in zip(self.layers, image_context, strict=True):
-            _, text_x, records = layer(None, text_x, None, mask, image_context=keys_values)
+        for layer, context in zip(self.layers, image_context, strict=True):
+            _, text_x, records = layer(None, text_x, None, mask, image_context=context)
             routing.extend(records)
         return self._output(None, text_x, routing)
 

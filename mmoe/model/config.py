@@ -11,6 +11,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
+from mmoe.model.depth_router import DepthRouting
 from mmoe.moe import MoEConfig, RoutingChoices
 from mmoe.moe.choices.values import finite_at_least
 from mmoe.vocabulary import VOCAB_SIZE
@@ -163,6 +164,8 @@ class MultiwayConfig:
         output_norm: the final per-modality LayerNorm (torchscale's ``normalize_output``); BEiT-3's VQAv2 models are
             released without it.
         moe: where MoE layers go and how they route; None = dense.
+        depth_routing: Mixture-of-Depths over the image patches (Raposo et al., 2024): which layers run only a
+            router's top share of each image's patches (:class:`DepthRouting`); None = every token runs every layer.
         checkpoint_activations: recompute each layer's activations in the backward pass to save memory.
     """
 
@@ -184,6 +187,7 @@ class MultiwayConfig:
     layernorm_eps: float = 1e-5
     output_norm: bool = True
     moe: MoEPlan | None = None
+    depth_routing: DepthRouting | None = None
     checkpoint_activations: bool = False
     num_patches: int = field(init=False, repr=False)
 
@@ -215,6 +219,8 @@ class MultiwayConfig:
                 raise ValueError(f"MoEPlan.layers={self.moe.layers} has indices outside [0, {self.depth}): {bad}")
         if self.moe is not None:
             self.moe.require_divisible_width(self.dim, "MultiwayConfig")  # the one MoE fact that needs the width
+        if self.depth_routing is not None:
+            self.depth_routing.require_layers_within(self.depth)
         self.num_patches = (self.image_size // self.patch_size) ** 2
 
     @classmethod
@@ -236,6 +242,12 @@ class MultiwayConfig:
         if self.moe is None:
             return []
         return [i for i in range(self.depth) if self.moe.is_moe_layer(i)]
+
+    def depth_routed_layers(self) -> list[int]:
+        """The 0-based layers whose image patches are depth-routed (:class:`DepthRouting`); [] without it."""
+        if self.depth_routing is None:
+            return []
+        return [i for i in range(self.depth) if self.depth_routing.is_routed(i)]
 
 
 PRESETS: dict[str, dict] = {
@@ -259,7 +271,8 @@ PRESETS: dict[str, dict] = {
 def config_to_dict(config: MultiwayConfig) -> dict:
     """``config`` as plain JSON-safe values: what checkpoints' hyper-parameters and ``config.json`` files hold."""
     return {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.init} | {
-        "moe": None if config.moe is None else dataclasses.asdict(config.moe)
+        "moe": None if config.moe is None else dataclasses.asdict(config.moe),
+        "depth_routing": None if config.depth_routing is None else dataclasses.asdict(config.depth_routing),
     }
 
 
@@ -271,10 +284,12 @@ def config_from_dict(fields: dict) -> MultiwayConfig:
     CLI's parser, not here, and keeps the saved size unless the command line names one.
 
     Raises:
-        TypeError: a field this :class:`MultiwayConfig` or :class:`MoEPlan` does not have.
+        TypeError: a field this :class:`MultiwayConfig`, :class:`MoEPlan` or :class:`DepthRouting` does not have.
         ValueError: a value the config refuses.
     """
     fields = dict(fields)
     if isinstance(fields.get("moe"), dict):
         fields["moe"] = MoEPlan(**{key: value for key, value in fields["moe"].items() if key != "expert_parallel"})
+    if isinstance(fields.get("depth_routing"), dict):
+        fields["depth_routing"] = DepthRouting(**fields["depth_routing"])
     return MultiwayConfig(**fields)

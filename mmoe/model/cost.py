@@ -15,6 +15,11 @@ modality's own under ``by_modality``. A Soft MoE layer's FLOPs per token depend 
 (:func:`mmoe.moe.cost.soft_moe_flops_per_token`, :func:`soft_moe_tokens`): ``mmoe info`` counts an image FFN at the
 image's tokens (patches + CLS), a text FFN at the text length it reports, and a shared FFN or VL-FFN at the whole
 image-text sequence.
+
+A depth-routed layer (Mixture-of-Depths, ``MultiwayConfig.depth_routing``) adds its router (D -> 1, with a bias) to
+the parameters; an image patch's FLOPs there are expected values: the router's 2 D plus the kept share
+ceil(C n) / n of the block's FLOPs (under the layer's ``depth_routing`` and, summed, ``by_modality["vision"]``); the
+CLS and the text run every layer as before.
 """
 
 from __future__ import annotations
@@ -58,7 +63,8 @@ def layer_parameters(config: MultiwayConfig, index: int) -> int:
     stratified = config.moe is not None and config.moe.strata is not None and config.moe.is_moe_layer(index)
     norm = 0 if stratified else 2 * dim
     vision_language = norm + one_ffn if index >= config.depth - config.vl_layers else 0
-    return attention + 2 * norm + ffns + vision_language
+    router = config.dim + 1 if index in config.depth_routed_layers() else 0
+    return attention + 2 * norm + ffns + vision_language + router
 
 
 def backbone_parameters(config: MultiwayConfig) -> int:
@@ -134,6 +140,9 @@ def layer_cost(config: MultiwayConfig, index: int, sequence_length: int | None =
         "max_active_parameters_per_token": attention[0] + most[0],
         "max_flops_per_token": attention[1] + most[1],
     }
+    if index in config.depth_routed_layers():
+        vision = by_modality["vision"]
+        cost["depth_routing"] = _patch_cost(config, attention[0] + vision[0], attention[1] + vision[1])
     if pooled:
         cost["by_modality"] = {
             modality: {
@@ -144,6 +153,36 @@ def layer_cost(config: MultiwayConfig, index: int, sequence_length: int | None =
             for modality, (active, flops, _, _) in by_modality.items()
         }
     return cost
+
+
+def _patch_cost(config: MultiwayConfig, active: int, flops: int) -> dict:
+    """An image patch's expected cost in a depth-routed layer whose block takes ``active`` parameters and ``flops``
+    FLOPs per token: the router on every patch, the block on the kept share ceil(C n) / n of them."""
+    patches = config.num_patches
+    share = config.depth_routing.kept(patches) / patches
+    router = config.dim + 1
+    return {
+        "capacity": config.depth_routing.capacity,
+        "kept_share": share,
+        "router_parameters": router,
+        "patch_active_parameters_per_token": router + share * active,
+        "patch_flops_per_token": 2 * config.dim + share * flops,
+    }
+
+
+def _modality_totals(layers: list[dict], modality: str, final_norm: int) -> dict:
+    """One ``modality`` token's totals over ``layers``: its pool's numbers where the layer has pools, an image
+    patch's expected numbers in a depth-routed layer, the layer's otherwise."""
+    totals = {}
+    for key in ("active_parameters_per_token", "flops_per_token"):
+        total = final_norm * ("active" in key)
+        for layer in layers:
+            if modality == "vision" and "depth_routing" in layer:
+                total += layer["depth_routing"][f"patch_{key}"]
+            else:
+                total += layer.get("by_modality", {}).get(modality, layer)[key]
+        totals[key] = total
+    return totals
 
 
 def _ffn_cost(config: MultiwayConfig, index: int, modality: str, length: int) -> tuple[int, int, int, int]:
@@ -167,7 +206,8 @@ def backbone_cost(config: MultiwayConfig, sequence_length: int) -> dict:
     """Every layer's :func:`layer_cost` and the backbone's totals for a sequence of ``sequence_length`` tokens:
     parameters (:func:`backbone_parameters`), active parameters per token (the layers and the final LayerNorm; as
     MH-MoE App. D, the embedding tables are left out), forward FLOPs per token in the weights and in the attention
-    scores; with modality pools, each modality's token under ``by_modality``."""
+    scores; with modality pools or depth routing, each modality's token under ``by_modality`` (an image patch's
+    expected numbers with depth routing)."""
     layers = [layer_cost(config, index, sequence_length) for index in range(config.depth)]
     final_norm = 2 * config.dim if config.output_norm else 0
     totals = {
@@ -179,15 +219,9 @@ def backbone_cost(config: MultiwayConfig, sequence_length: int) -> dict:
             "max_flops_per_token",
         )
     }
-    if config.moe is not None and config.moe.experts_by_modality is not None:
-        totals["by_modality"] = {
-            modality: {
-                key: final_norm * ("active" in key)
-                + sum(layer.get("by_modality", {}).get(modality, layer)[key] for layer in layers)
-                for key in ("active_parameters_per_token", "flops_per_token")
-            }
-            for modality in MODALITIES
-        }
+    pooled = config.moe is not None and config.moe.experts_by_modality is not None
+    if pooled or config.depth_routing is not None:
+        totals["by_modality"] = {modality: _modality_totals(layers, modality, final_norm) for modality in MODALITIES}
     return {
         "layers": layers,
         "parameters": backbone_parameters(config),

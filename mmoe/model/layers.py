@@ -10,12 +10,16 @@ FFN returns the update that the block adds, so the block has one FFN path.
 
 The modality split is positional: the image tokens ([CLS, patches]) come first, the text tokens after them. The two
 modalities are carried as two tensors through the layer, so no split position is ever stored on a module.
+
+A depth-routed layer (Mixture-of-Depths, :mod:`mmoe.model.depth_router`) runs all this on the image tokens its router
+keeps and the text; the other image tokens pass the layer unchanged.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -23,12 +27,28 @@ from timm.layers import DropPath
 from torch import nn
 
 from mmoe.model.config import MODALITIES, MultiwayConfig
+from mmoe.model.depth_router import DepthRecord, DepthRouter, select_attention, sequence_positions
 from mmoe.moe import MoEFeedForward, MoELayer, RoutingRecord
 
 VISION, LANGUAGE = 0, 1
 MODALITY_NAMES = MODALITIES
 #: One layer's attention keys and values of some tokens, (B, H, L, d) each.
 KeysValues = tuple[torch.Tensor, torch.Tensor]
+
+
+class ImageContext(NamedTuple):
+    """One layer's keys and values of an image's tokens, (B, H, L_k, d) each, for text that attends to them; ``kept``:
+    (B, L_k) the positions among the image tokens that they belong to in a depth-routed layer (its kept tokens), None
+    where they are all the image's tokens."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    kept: torch.Tensor | None = None
+
+    def repeat_interleave(self, repeats: int) -> ImageContext:
+        """Each image's context ``repeats`` times in a row (its beams)."""
+        parts = [None if part is None else part.repeat_interleave(repeats, dim=0) for part in self]
+        return ImageContext(*parts)
 
 
 class FeedForward(nn.Module):
@@ -136,6 +156,8 @@ class MultiwayBlock(nn.Module):
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         # Residual dropout (MultiwayConfig.dropout), before drop path as torchscale's encoder layer does it.
         self.dropout = nn.Dropout(config.dropout) if config.dropout > 0 else nn.Identity()
+        routed = index in config.depth_routed_layers()
+        self.depth_router = DepthRouter(config.dim, config.depth_routing) if routed else None
 
     def moe_ffns_by_modality(self) -> Iterator[tuple[str, MoEFeedForward]]:
         """``(modality, layer)`` for each MoE FFN of this block, modality as in its routing records ("vision",
@@ -153,22 +175,57 @@ class MultiwayBlock(nn.Module):
         text_x: torch.Tensor | None,
         text_padding_mask: torch.Tensor | None,
         attn_mask: torch.Tensor | None,
-        image_context: KeysValues | None = None,
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None, list[RoutingRecord]]:
+        image_context: ImageContext | None = None,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, list[RoutingRecord | DepthRecord]]:
         """The layer on the image and text tokens present; ``image_context`` (with ``image_x`` None): the keys and
         values of the sequence's image tokens in this layer (:meth:`image_keys_values`), which the text attends to
-        (``attn_mask`` spanning them first) without running them again."""
+        (``attn_mask`` spanning all the image's tokens first) without running them again. Returns the image and text
+        outputs and the layer's records: its MoE FFNs' routing records, then, where the layer routed image tokens by
+        depth, its :class:`DepthRecord` (the backbone returns the two kinds apart)."""
+        if self.depth_router is not None and image_x is not None:
+            return self._routed(image_x, text_x, text_padding_mask, attn_mask)
         present = [(m, x) for m, x in ((VISION, image_x), (LANGUAGE, text_x)) if x is not None]
+        context = None
+        if image_context is not None:
+            context = image_context.keys, image_context.values
+            if image_context.kept is not None and attn_mask is not None:  # the keys of the image tokens kept
+                text_len = text_x.shape[1]
+                positions = sequence_positions(image_context.kept, attn_mask.shape[-1] - text_len, text_len)
+                attn_mask = select_attention(attn_mask, positions, queries=False)
         image_text = len(present) == 2 or image_context is not None
-        out, records, _ = self._layer(present, text_padding_mask, attn_mask, image_context, image_text)
+        out, records, _ = self._layer(present, text_padding_mask, attn_mask, context, image_text)
         return out.get(VISION), out.get(LANGUAGE), records
 
-    def image_keys_values(self, image_x: torch.Tensor) -> tuple[torch.Tensor, KeysValues]:
+    def _routed(
+        self,
+        image_x: torch.Tensor,
+        text_x: torch.Tensor | None,
+        text_padding_mask: torch.Tensor | None,
+        attn_mask: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, list[RoutingRecord | DepthRecord]]:
+        """The layer on the image tokens its depth router keeps and the text (:mod:`mmoe.model.depth_router`): a
+        skipped image token is neither a query nor a key; its output is its input."""
+        route = self.depth_router(image_x)
+        kept = route.gather(image_x)  # (B, K, D)
+        text_len = 0 if text_x is None else text_x.shape[1]
+        mask = select_attention(attn_mask, sequence_positions(route.indices, image_x.shape[1], text_len), True)
+        present = [(m, x) for m, x in ((VISION, kept), (LANGUAGE, text_x)) if x is not None]
+        out, records, _ = self._layer(present, text_padding_mask, mask, None, image_text=text_x is not None)
+        image_out = route.merge(image_x, kept, out[VISION])
+        return image_out, out.get(LANGUAGE), [*records, route.record(self.index, image_x.shape[1])]
+
+    def image_keys_values(self, image_x: torch.Tensor) -> tuple[torch.Tensor, ImageContext]:
         """The layer's output on the image tokens of an image-text sequence whose image tokens attend to the image
         only (BEiT-3 captioning's mask), and their keys and values: what every decoding step's text attends to in
-        this layer. The image takes the FFN it takes beside text (the VL-FFN where the layer has one)."""
-        out, _, keys_values = self._layer([(VISION, image_x)], None, None, None, image_text=True)
-        return out[VISION], keys_values
+        this layer. The image takes the FFN it takes beside text (the VL-FFN where the layer has one); a depth-routed
+        layer runs its kept tokens only, and only they are keys."""
+        if self.depth_router is None:
+            out, _, keys_values = self._layer([(VISION, image_x)], None, None, None, image_text=True)
+            return out[VISION], ImageContext(*keys_values)
+        route = self.depth_router(image_x)
+        kept = route.gather(image_x)
+        out, _, keys_values = self._layer([(VISION, kept)], None, None, None, image_text=True)
+        return route.merge(image_x, kept, out[VISION]), ImageContext(*keys_values, route.indices)
 
     def _layer(
         self,

@@ -210,11 +210,8 @@ class CaptioningFineTuning(FineTuningTask):
         if not self.backbone.routes_each_token_alone():
             expanded = image.repeat_interleave(beams, dim=0) if beams > 1 else image
             return lambda text: self(expanded, text)[0]
-        context = [
-            (keys.repeat_interleave(beams, dim=0), values.repeat_interleave(beams, dim=0))
-            for keys, values in self.backbone.image_context(image)
-        ]
-        image_len = context[0][0].shape[2]
+        context = [layer.repeat_interleave(beams) for layer in self.backbone.image_context(image)]
+        image_len = 1 + self.backbone.config.num_patches  # a depth-routed layer's context holds fewer keys
 
         def logits_of(text: torch.Tensor) -> torch.Tensor:
             mask = self.text_attention_mask(text.shape[1], text.device)[:, image_len:]  # the text rows
