@@ -80,6 +80,9 @@ class MultiwayTransformer(nn.Module):
         if torch.get_default_device().type == "cpu":  # built in host memory (not on the meta device: shapes only)
             refuse_beyond_host_memory(config)
         self.config = config
+        #: (depth + 1,) long: the image patches of the training forwards since the last take, by the layers they ran
+        #: (Mixture-of-Depths); a plain attribute, not a buffer, so that DDP never overwrites a rank's own counts.
+        self._patch_depth_counts: torch.Tensor | None = None
         dim, eps = config.dim, config.layernorm_eps
         self.patch_embed = nn.Conv2d(config.in_channels, dim, kernel_size=config.patch_size, stride=config.patch_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
@@ -222,7 +225,23 @@ class MultiwayTransformer(nn.Module):
         image_depth = None
         if depths:  # each routed layer a token skipped takes one layer off its depth
             image_depth = self.config.depth - sum((~record.processed).long() for record in depths)
+            if self.training:
+                self._count_patch_depths(image_depth)
         return BackboneOutput(hidden, image_len, text_len, routing, depths, image_depth)
+
+    @torch.no_grad()
+    def _count_patch_depths(self, image_depth: torch.Tensor) -> None:
+        patches = image_depth[:, 1:].reshape(-1)  # the CLS runs every layer
+        if self._patch_depth_counts is None:
+            self._patch_depth_counts = patches.new_zeros(self.config.depth + 1)
+        self._patch_depth_counts.index_add_(0, patches, torch.ones_like(patches))
+
+    def take_patch_depth_counts(self) -> torch.Tensor | None:
+        """(depth + 1,) long: how many image patches ran 0, 1, ..., depth layers in the training forwards since the
+        last call (Mixture-of-Depths' routed layers let a patch skip some), then starts the count again; None when
+        nothing was counted (no depth routing, no training forward with an image). No host sync."""
+        counts, self._patch_depth_counts = self._patch_depth_counts, None
+        return counts
 
     def routes_each_token_alone(self) -> bool:
         """Whether, in the current mode (training or eval), every MoE layer routes each token on its own

@@ -18,6 +18,7 @@ batches it sums them over the ranks (``trainer.strategy.reduce``), logs per laye
     routing/layer{i}/{modality}/busiest_share       the busiest expert's share of the choices
     routing/layer{i}/{modality}/active_experts      mean experts a (sub-)token used (adaptive routers vary it)
     routing/activation_ratio                        mean over the MoE layers
+    routing/patch_depth                             mean layers an image patch ran (Mixture-of-Depths only)
 
 and, to TensorBoard and Weights & Biases loggers, a load heatmap image per window; ``tier="detailed"`` adds per-layer
 expert-load, utilisation and active-experts histograms and the sub-token maps of a few held-out images
@@ -57,6 +58,7 @@ from mmoe.metrics.routing import (
 from mmoe.metrics.routing_stats import STATS_FILENAME, STATS_FORMAT
 from mmoe.model import MultiwayTransformer
 from mmoe.moe import RoutingRecord
+from mmoe.runtime.depth_logging import PATCH_DEPTH, PatchDepths, log_depth_histogram, mean_depth
 from mmoe.runtime.routing_logging import TIERS, HeldOutImages, Tier, load_scalars, log_media, window_media
 
 
@@ -113,6 +115,7 @@ class RoutingStatsCallback(L.Callback):
         self._counts: torch.Tensor | None = None  # (K, max E) long
         self._sums: torch.Tensor | None = None  # (K, 4): tokens, tokens * entropy, * dropped, * requested capacity
         self._active: torch.Tensor | None = None  # (K, max E + 1) long: (sub-)tokens by the experts they used
+        self._depths = PatchDepths()  # the image patches by the layers they ran (Mixture-of-Depths)
         self._batches = 0
         self._windows: list[dict] = []
         self._total_loads: dict[str, list[int]] = {}
@@ -130,6 +133,7 @@ class RoutingStatsCallback(L.Callback):
         self._num_experts = moe_experts(pl_module)
         self._keys = {key: row for row, key in enumerate(sort_keys(self._num_experts))}
         self._allocate(pl_module.device)
+        self._depths.allocate(pl_module, pl_module.device)
         self._strategy = trainer.strategy
         self._global_zero = trainer.is_global_zero
         if self._restored is not None:
@@ -177,6 +181,7 @@ class RoutingStatsCallback(L.Callback):
                 self._warned_no_routing = True
         else:
             self._accumulate(records, trainer)
+        self._depths.take(pl_module)
         self._batches += 1
         if self._batches % self.every_n_steps == 0:
             self._flush(trainer, pl_module, log=True)
@@ -222,6 +227,7 @@ class RoutingStatsCallback(L.Callback):
             "windows": copy.deepcopy(self._windows),
             "total_loads": copy.deepcopy(self._total_loads),
             "total_tokens": dict(self._total_tokens),
+            "open_patch_depth": self._depths.state(self._strategy),
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -239,6 +245,7 @@ class RoutingStatsCallback(L.Callback):
         self._total_tokens = dict(state["total_tokens"])
         if not self._global_zero:
             return  # the open window's sums over all ranks go to one rank only, so that their sum stays the same
+        self._depths.restore(state.get("open_patch_depth"))
         for key, window in state["open_window"].items():
             if key in self._keys:
                 counts = window["counts"]
@@ -254,25 +261,19 @@ class RoutingStatsCallback(L.Callback):
             self._flush(trainer, pl_module, log=False)  # save the last partial window; logging is over by now
 
     def _flush(self, trainer: L.Trainer, pl_module: L.LightningModule, log: bool) -> None:
-        if self._counts is None or not self._keys:
+        depth = self._depths.reduce(trainer.strategy)
+        summary, totals = self._window_totals(trainer)
+        if depth is not None and depth.sum() > 0:
+            if log:
+                pl_module.log(f"{self.prefix}/{PATCH_DEPTH}", mean_depth(depth), on_step=True, batch_size=1)
+        else:
+            depth = None
+        if not summary and depth is None:
             return
-        counts = trainer.strategy.reduce(self._counts.clone(), reduce_op="sum")
-        sums = trainer.strategy.reduce(self._sums.clone(), reduce_op="sum")
-        active = trainer.strategy.reduce(self._active.clone(), reduce_op="sum")
-        totals = RoutingTotals()
-        for key, row in self._keys.items():
-            if counts[row].sum() > 0 or sums[row, 0] > 0:
-                totals.counts[key] = counts[row, : self._num_experts[key]]
-                totals.sums[key] = sums[row]
-                totals.active[key] = active[row, : self._num_experts[key] + 1]
-        summary = totals.summary(self.activation_threshold)
-        self._counts.zero_()
-        self._sums.zero_()
-        self._active.zero_()
-        if not summary:
-            return
-        if log:
+        if log and summary:
             self._log(trainer, pl_module, summary, totals)
+        if log and depth is not None and self.tier == "detailed" and trainer.is_global_zero:
+            log_depth_histogram(trainer.loggers, depth.cpu().numpy(), trainer.global_step, self.prefix)
         if self.save_dir is not None and trainer.is_global_zero:
             loads = {key: totals.counts[key].tolist() for key in summary}
             tokens = {key: stats["tokens"] for key, stats in summary.items()}
@@ -282,8 +283,29 @@ class RoutingStatsCallback(L.Callback):
                 self._total_tokens[key] = self._total_tokens.get(key, 0.0) + tokens[key]
             window = {"step": trainer.global_step, "batches": self._batches, "loads": loads, "tokens": tokens}
             window["active_experts"] = {key: totals.active[key].tolist() for key in summary}
+            if depth is not None:
+                window[PATCH_DEPTH] = depth.tolist()
             self._windows.append(window | {"stats": summary})
             self.save(self.save_dir / STATS_FILENAME)
+
+    def _window_totals(self, trainer: L.Trainer) -> tuple[dict, RoutingTotals]:
+        """The window's routing totals summed over the ranks and their summary; the accumulators start again."""
+        totals = RoutingTotals()
+        if self._counts is None or not self._keys:
+            return {}, totals
+        counts = trainer.strategy.reduce(self._counts.clone(), reduce_op="sum")
+        sums = trainer.strategy.reduce(self._sums.clone(), reduce_op="sum")
+        active = trainer.strategy.reduce(self._active.clone(), reduce_op="sum")
+        for key, row in self._keys.items():
+            if counts[row].sum() > 0 or sums[row, 0] > 0:
+                totals.counts[key] = counts[row, : self._num_experts[key]]
+                totals.sums[key] = sums[row]
+                totals.active[key] = active[row, : self._num_experts[key] + 1]
+        summary = totals.summary(self.activation_threshold)
+        self._counts.zero_()
+        self._sums.zero_()
+        self._active.zero_()
+        return summary, totals
 
     def _log(self, trainer: L.Trainer, pl_module: L.LightningModule, summary: dict, totals: RoutingTotals) -> None:
         """The window's scalars to every logger (``log_dict``), its media to TensorBoard and W&B (rank 0)."""

@@ -70,12 +70,14 @@ UTILISATION_EDGES = np.linspace(0.0, 4.0, 17)
 TILE_SIDE = 96
 
 
-def metric_key_bound(layer_keys: int, tier: Tier) -> int:
+def metric_key_bound(layer_keys: int, tier: Tier, depth_routed: bool = False) -> int:
     """The most metric keys (scalars, images, histograms) a run logs with ``layer_keys`` MoE (layer, modality) keys:
     :data:`LAYER_SCALARS` per key and their mean activation ratio, the tier's images, and in the detailed tier
-    :data:`LAYER_HISTOGRAMS` per key. It does not grow with the number of experts."""
+    :data:`LAYER_HISTOGRAMS` per key; ``depth_routed`` (Mixture-of-Depths) adds the patches' mean depth and, in the
+    detailed tier, its histogram (:mod:`mmoe.runtime.depth_logging`). It does not grow with the number of experts."""
     histograms = len(LAYER_HISTOGRAMS) * layer_keys if tier == "detailed" else 0
-    return len(LAYER_SCALARS) * layer_keys + 1 + len(IMAGES[tier]) + histograms
+    depth = (2 if tier == "detailed" else 1) if depth_routed else 0
+    return len(LAYER_SCALARS) * layer_keys + 1 + len(IMAGES[tier]) + histograms + depth
 
 
 def load_scalars(counts_E: torch.Tensor) -> dict[str, float]:
@@ -195,16 +197,16 @@ def to_tensorboard(writer: Any, media: WindowMedia, prefix: str) -> None:
     if not media.detailed:
         return
     for key, counts in media.loads.items():
-        _integer_histogram(writer, f"{prefix}/{key}/expert_load", counts, media.step)
+        integer_histogram(writer, f"{prefix}/{key}/expert_load", counts, media.step)
         if key in media.active:
-            _integer_histogram(writer, f"{prefix}/{key}/active_experts", media.active[key], media.step)
+            integer_histogram(writer, f"{prefix}/{key}/active_experts", media.active[key], media.step)
         counts = np.asarray(counts, dtype=np.float64)
         if counts.sum() > 0:
             share = np.minimum(utilisation(counts), UTILISATION_EDGES[-1])
             writer.add_histogram(f"{prefix}/{key}/utilisation", share, media.step, bins=UTILISATION_EDGES)
 
 
-def _integer_histogram(writer: Any, tag: str, counts: np.ndarray, step: int) -> None:
+def integer_histogram(writer: Any, tag: str, counts: np.ndarray, step: int) -> None:
     """``counts[n]`` items of value n as a TensorBoard histogram of one bucket per n (bucket n ends at n + 0.5)."""
     counts = np.asarray(counts, dtype=np.float64)
     values = np.arange(counts.size, dtype=np.float64)
