@@ -17,6 +17,7 @@ modality's own under ``by_modality``.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 from mmoe.model.config import MODALITIES, MultiwayConfig
 from mmoe.moe.cost import active_parameters_per_token, flops_per_token, moe_parameter_count
@@ -99,7 +100,8 @@ def layer_cost(config: MultiwayConfig, index: int) -> dict:
 
     ``active_parameters_per_token`` / ``flops_per_token`` are what every token takes; the ``max_`` fields are the
     most one token can take, which differ in a Stratified MoE layer (a token passes gate 1, then up to all gates:
-    Stratified MoE §3) and between modalities whose pools differ (``MoEPlan.experts_by_modality``; each modality's
+    Stratified MoE §3), in a top-p layer with a target (the expected experts at the target; up to every expert: Huang
+    et al., 2024) and between modalities whose pools differ (``MoEPlan.experts_by_modality``; each modality's
     numbers then under ``by_modality``).
     """
     attention = attention_way_parameters(config), 2 * 4 * config.dim * config.dim  # q, k, v and output projections
@@ -141,6 +143,9 @@ def _ffn_cost(config: MultiwayConfig, index: int, modality: str) -> tuple[int, i
         least = active_parameters_per_token(moe, gates=[0]), flops_per_token(moe, gates=[0])
         return *least, active_parameters_per_token(moe), flops_per_token(moe)
     routed = active_parameters_per_token(moe) + 2 * dim, flops_per_token(moe)
+    if moe.target_active_experts is not None:  # top-p: the expected value at the target; a token may use every expert
+        every = replace(moe, target_active_experts=None)
+        return *routed, active_parameters_per_token(every) + 2 * dim, flops_per_token(every)
     return *routed, *routed
 
 

@@ -212,3 +212,27 @@ def test_mmoe_fit_refuses_a_bad_top_p_in_one_line(tmp_path) -> None:
     lines = result.stderr.strip().splitlines()
     assert (result.returncode, "Traceback" in result.stderr) == (2, False), result.stderr[-2000:]
     assert "MoEPlan.target_active_experts=9.0" in lines[-1] and "num_experts=8" in lines[-1], lines[-1]
+
+
+def test_cost_counts_the_expected_experts_at_the_target_and_every_expert_at_most() -> None:
+    from mmoe.model import MoEPlan, MultiwayConfig
+    from mmoe.model.cost import layer_cost
+    from mmoe.moe.cost import active_parameters_per_token, flops_per_token
+
+    top_2 = MoEConfig(dim=64, ffn_dim=256, num_experts=8, top_k=2, router="linear")
+    every = MoEConfig(dim=64, ffn_dim=256, num_experts=8, top_k=8, router="linear")
+    top_p = MoEConfig(dim=64, ffn_dim=256, num_experts=8, router="linear", top_p=0.4, target_active_experts=2.0)
+    assert flops_per_token(top_p) == flops_per_token(top_2)
+    assert active_parameters_per_token(top_p) == active_parameters_per_token(top_2)
+    fixed = MoEConfig(dim=64, ffn_dim=256, num_experts=8, router="linear", top_p=0.4)  # no target: the most
+    assert flops_per_token(fixed) == flops_per_token(every)
+
+    def moe_layer_cost(**fields):
+        plan = MoEPlan(num_experts=8, every=2, router="linear", **fields)
+        return layer_cost(MultiwayConfig.preset("tiny", moe=plan), 1)
+
+    controlled, reference = moe_layer_cost(top_p=0.4, target_active_experts=2.0), moe_layer_cost(top_k=2)
+    assert controlled["flops_per_token"] == reference["flops_per_token"]
+    assert (
+        controlled["max_flops_per_token"] == moe_layer_cost(top_k=8)["flops_per_token"] > reference["flops_per_token"]
+    )
