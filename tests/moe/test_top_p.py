@@ -236,3 +236,20 @@ def test_cost_counts_the_expected_experts_at_the_target_and_every_expert_at_most
     assert (
         controlled["max_flops_per_token"] == moe_layer_cost(top_k=8)["flops_per_token"] > reference["flops_per_token"]
     )
+
+
+def test_active_experts_window_script_reads_the_last_window(tmp_path, capsys) -> None:
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("active_experts_window", ROOT / "scripts/active_experts_window.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    windows = [
+        {"step": 50, "active_experts": {"layer1/vision": [0, 10, 0]}},
+        {"step": 100, "active_experts": {"layer1/vision": [0, 1, 3], "layer1/language": [0, 2, 2]}},
+    ]
+    (tmp_path / "routing_stats.json").write_text(json.dumps({"windows": windows}))
+    assert script.main([str(tmp_path), "--target", "1.625", "--tolerance", "0.01"]) == 0  # (1 + 6 + 2 + 4) / 8
+    assert "layer1/vision: 1.7500" in capsys.readouterr().out
+    assert script.main([str(tmp_path), "--target", "1.0", "--tolerance", "0.05"]) == 1
