@@ -66,6 +66,9 @@ TINY_MOE = {
                  "gate": "sigmoid",
                  "renormalize": True, "routed_scaling_factor": 2.5, "bias_update_rate": 0.001,
                  "balance_batch": "sequence", "balance_choices": "all", "every": 2, "mode": "per_modality"},
+    "top_p": {"num_experts": 8, "top_k": 1, "router": "linear", "gate": "softmax", "renormalize": False, "top_p": 0.4,
+              "target_active_experts": 2.0, "top_p_rate": 0.5, "dynamic_loss_weight": 1.0e-4, "every": 2,
+              "mode": "per_modality"},
 }  # fmt: skip
 #: What each base part sets: the MoE plan of the base backbone (BEiT-3 base; the dense base has none).
 BASE_MOE = {
@@ -79,6 +82,7 @@ BASE_MOE = {
     "limoe": TINY_MOE["limoe"],
     "moma": TINY_MOE["moma"] | {"num_experts": 4, "experts_by_modality": {"vision": 4, "language": 4}},
     "deepseek": TINY_MOE["deepseek"] | {"num_experts": 64, "top_k": 7, "beta": 0.125},
+    "top_p": TINY_MOE["top_p"],
 }  # fmt: skip
 #: Each size's MoE plans, by variant.
 MOE_PLANS = {"tiny": TINY_MOE, "base": BASE_MOE}
