@@ -41,8 +41,9 @@ P_FLOOR = 1e-6
 
 
 def top_p_choices(probs_SE: torch.Tensor, p: float | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Huang et al. §3.1: (expert_SE, weight_SE), every expert in descending probability, the unused ones replaced by
-    the id E (no expert) with weight 0; the weights are the used experts' probabilities (differentiable)."""
+    """Huang et al. §3.1: (expert_SK, weight_SK), the experts in descending probability, the unused ones replaced by
+    the id E (no expert) with weight 0; the weights are the used experts' probabilities (differentiable). K, at
+    most E, is the most experts any of the S (sub-)tokens uses."""
     num_experts = probs_SE.shape[-1]
     sorted_SE, expert_SE = probs_SE.sort(dim=-1, descending=True)
     before_SE = sorted_SE.detach().cumsum(dim=-1) - sorted_SE.detach()  # what the experts ranked above sum to
@@ -50,7 +51,10 @@ def top_p_choices(probs_SE: torch.Tensor, p: float | torch.Tensor) -> tuple[torc
     used_SE[:, 0] = True  # the top expert, also for p <= 0 or a rounding of the sums
     expert_SE = torch.where(used_SE, expert_SE, torch.full_like(expert_SE, num_experts))
     weight_SE = torch.where(used_SE, sorted_SE, torch.zeros_like(sorted_SE))
-    return expert_SE, weight_SE
+    # Columns no (sub-)token uses are dropped (one host sync): the dispatch then moves K rows per (sub-)token with K
+    # the most any of them uses, not E.
+    width = max(int(used_SE.sum(dim=-1).max()), 1) if used_SE.numel() else 1
+    return expert_SE[:, :width], weight_SE[:, :width]
 
 
 def dynamic_loss(logits_SE: torch.Tensor, weights_S: torch.Tensor, count: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,7 @@ import torch
 
 import mmoe.moe.top_p as top_p_module
 from mmoe.moe import MoEConfig, MoELayer
-from mmoe.moe.top_p import TopPThreshold, controlled_p
+from mmoe.moe.top_p import TopPThreshold, controlled_p, top_p_choices
 from tests.moe.reference import reference_expert, reference_scores
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -112,7 +112,7 @@ def test_the_reference_fails_when_the_expert_reaching_p_is_left_out(monkeypatch)
     def without_the_crossing_expert(probs_SE, p):
         expert_SE, weight_SE = original(probs_SE, p)
         sorted_SE = probs_SE.sort(dim=-1, descending=True).values
-        crossed_SE = sorted_SE.cumsum(dim=-1) >= p
+        crossed_SE = (sorted_SE.cumsum(dim=-1) >= p)[:, : expert_SE.shape[1]]
         crossed_SE[:, 0] = False
         expert_SE = torch.where(crossed_SE, torch.full_like(expert_SE, probs_SE.shape[-1]), expert_SE)
         return expert_SE, torch.where(crossed_SE, torch.zeros_like(weight_SE), weight_SE)
@@ -121,6 +121,15 @@ def test_the_reference_fails_when_the_expert_reaching_p_is_left_out(monkeypatch)
     monkeypatch.setattr(top_p_module, "top_p_choices", without_the_crossing_expert)
     with pytest.raises(AssertionError):
         assert_matches_reference(make_layer())
+
+
+def test_choices_include_the_expert_reaching_p_and_keep_the_columns_used() -> None:
+    probs = torch.tensor([[0.125, 0.75, 0.125, 0.0], [0.25, 0.125, 0.5, 0.125], [0.0625, 0.0625, 0.125, 0.75]])
+    expert, weight = top_p_choices(probs, 0.625)
+    # 0.75 reaches 0.625 alone; 0.5 does not, 0.5 + 0.25 does; K = 2, the most used, not E = 4.
+    assert expert.tolist() == [[1, 4], [2, 0], [3, 4]]
+    assert weight.tolist() == [[0.75, 0.0], [0.5, 0.25], [0.75, 0.0]]
+    assert top_p_choices(probs, 0.75)[0].tolist() == [[1, 4], [2, 0], [3, 4]]  # a sum equal to p reaches it
 
 
 def _stream(steps: int, seed: int = 0):
