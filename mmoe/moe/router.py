@@ -31,8 +31,9 @@ After each optimiser step :meth:`Router.update_selection_bias` moves b by ``u * 
 expert's load is from the mean in units of the loads' spread, instead of only its side.
 
 Top-p routing (Huang et al., 2024; ``MoEConfig.top_p``; :mod:`mmoe.moe.top_p`): each (sub-)token takes its experts in
-descending probability until they sum to p; K = E, the unused choices the id E (no expert) with weight 0; with
-``target_active_experts`` a controller moves p in training; the dynamic loss is an auxiliary loss.
+descending probability until they sum to p; K = the most experts any (sub-)token uses (at most E), the unused
+choices the id E (no expert) with weight 0; with ``target_active_experts`` a controller moves p in training; the
+dynamic loss is an auxiliary loss.
 
 Router z-loss (ST-MoE, Zoph et al., 2022, Eq. 5): ``mean over non-padding rows of (log sum_i exp(x_i))^2`` of the
 gate logits x (s / tau for X-MoE), which keeps them small; computed always, weighted by the task's
@@ -131,7 +132,7 @@ class Router(nn.Module):
                 x_SD = x_SD * torch.empty_like(x_SD).uniform_(1 - config.router_jitter, 1 + config.router_jitter)
             gate_logits_SE, balance_logits_SE = self.scorer(x_SD)
             scores_SE = gate_logits_SE.softmax(dim=-1) if self.gate == "softmax" else gate_logits_SE.sigmoid()
-            if self.top_p is not None:  # Huang et al. (2024): K = E, the unused choices the id E, weight 0
+            if self.top_p is not None:  # Huang et al. (2024): K <= E, the unused choices the id E, weight 0
                 expert_SK, weight_SK = self.top_p(scores_SE, valid_S)
             else:
                 expert_SK = self._select(scores_SE)

@@ -58,15 +58,15 @@ class Selection:
         top_p: top-p (dynamic) routing (Huang et al., 2024, §3.1, :mod:`mmoe.moe.top_p`): each (sub-)token uses its
             experts in descending gate probability until their sum reaches this p (the expert that reaches it
             included), between 1 and num_experts of them, weighted by their raw probabilities with
-            ``renormalize: false`` (the paper's mix). The paper's p = 0.4. The router's K is num_experts; top_k
+            ``renormalize: false`` (the paper's mix). The paper's p = 0.4. K is the most any (sub-)token uses; top_k
             stays 1 (unused). Needs a softmax gate and token-choice routing; dropless (no capacity factor). With
             ``target_active_experts`` it is the controller's starting value. None = top-k routing.
         target_active_experts: k*, the mean number of experts per non-padding (sub-)token that a controller holds
             by moving p in training (``logit(p) += top_p_rate * (k* - measured) / k*`` after each backward; mmoe's
             rule after DTop-p, arXiv 2512.13996; :mod:`mmoe.moe.top_p`); evaluation uses the frozen p, a buffer
             saved in checkpoints. 1 < k* < num_experts. None = p fixed.
-        top_p_rate: the controller's step on logit(p) per unit of relative error (0.5 = a 10% shortfall raises
-            logit(p) by 0.05 per step).
+        top_p_rate: the controller's step on logit(p) per unit of relative error (0.5: measuring a tenth fewer
+            experts than the target raises logit(p) by 0.05).
         dynamic_loss_weight: Huang et al.'s dynamic loss (§3.2): the mean entropy of the (sub-)tokens' routing
             distributions, minimised with this weight (the paper's 1e-4), returned as the router's
             ``dynamic_loss``. 0 = off. Needs ``top_p``.
