@@ -100,8 +100,9 @@ class Router(nn.Module):
         num_experts = config.num_experts if num_experts is None else num_experts
         self.top_k = num_experts if config.top_p is not None else min(config.top_k, num_experts)
         self.top_p = None
-        if config.top_p is not None:  # Huang et al.'s p, moved by its controller toward a target (saved in checkpoints)
-            self.top_p = TopPThreshold(config.top_p, config.target_active_experts, config.top_p_rate)
+        if config.top_p is not None:  # Huang et al.'s p, moved toward a target unless the routing is frozen (X-MoE)
+            target = None if config.frozen else config.target_active_experts
+            self.top_p = TopPThreshold(config.top_p, target, config.top_p_rate)
         self.renormalize = config.renormalize
         self.bias_update_rate = config.bias_update_rate
         self.bias_update_rule = config.bias_update_rule

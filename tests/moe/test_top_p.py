@@ -173,6 +173,16 @@ def test_p_moves_in_training_only_and_after_a_backward() -> None:
     assert float(threshold.p) == moved  # evaluation routes with the frozen p
 
 
+@pytest.mark.parametrize("frozen", [False, True])
+def test_frozen_routing_keeps_p(frozen: bool) -> None:
+    """X-MoE's frozen routing (fine-tuning) freezes p with the router; otherwise three steps move it."""
+    layer = make_layer(target_active_experts=4.0, frozen=frozen).train()
+    x = torch.randn(2, 7, 16, dtype=torch.double, requires_grad=True)
+    for _ in range(3):
+        layer(x, None)[0].sum().backward()
+    assert (float(layer.router.top_p.p) == 0.6) == frozen
+
+
 def test_controlled_p_stays_a_probability_and_the_buffer_is_saved() -> None:
     p = torch.tensor(0.5, dtype=torch.double)
     assert 0 < float(controlled_p(p, torch.tensor(1.0), 8.0, 1e3)) < 1
