@@ -296,3 +296,18 @@ def test_moe_layer_training_cases_pad_their_sequences_and_accumulate_gradients_w
             first = [g.clone() for g in first]
             run()
             assert all(torch.allclose(p.grad, 2 * f, atol=1e-6) for p, f in zip(layer.parameters(), first, strict=True))
+
+
+def test_moe_layer_top_p_case_runs_at_its_target_and_balances_only_the_real_choices():
+    moe_layer = load_benchmark("moe_layer")
+    from moe_balanced import forced_balanced
+
+    case = moe_layer.make_case("p", None, 32, 16, 8, 64, top_p=0.4, target_active_experts=2.0, renormalize=False)
+    assert case.info["baseline_hidden"] == 2 * 16 and 0 < case.info["calibrated_top_p"] < 1
+    case.moe(), case.balanced(), case.floor()
+    layer = moe_layer.build_moe_layer(moe_layer.MoEConfig(32, 16, num_experts=8, router="linear", top_p=0.5))
+    x = torch.randn(1, 64, 32)
+    used = (layer(x)[1].expert_index >= 0).sum(-1)
+    balanced = forced_balanced(layer)(x)[1]
+    assert torch.equal((balanced.expert_index >= 0).sum(-1), used)  # the same number of experts per token
+    assert balanced.expert_counts.max() - balanced.expert_counts.min() <= 1  # spread over the experts in turn
