@@ -88,9 +88,18 @@ class TopPThreshold(nn.Module):
         self.rate = rate
         self.register_buffer("p", torch.tensor(float(p), dtype=torch.float64))
         # Experts chosen and (sub-)tokens counted since the last move (not saved: a resumed run measures anew).
-        self.register_buffer("chosen", torch.zeros((), dtype=torch.float64), persistent=False)
-        self.register_buffer("rows", torch.zeros((), dtype=torch.float64), persistent=False)
+        self.register_buffer("chosen", torch.zeros((), dtype=torch.long), persistent=False)
+        self.register_buffer("rows", torch.zeros((), dtype=torch.long), persistent=False)
         self.backward_seen = False
+
+    def _apply(self, fn, recurse: bool = True):
+        """p follows the module to its device but stays float64 when the module is cast (``.to(torch.bfloat16)``,
+        ``bf16-true``): in bf16 the controller's small steps on p would round away."""
+        p = self.p
+        super()._apply(fn, recurse)
+        if self.p.dtype != p.dtype:
+            self.p = p.to(self.p.device)
+        return self
 
     def forward(self, probs_SE: torch.Tensor, valid_S: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """Choose by the current p (moved first when a backward has closed a measurement), then, in training with a
@@ -100,7 +109,7 @@ class TopPThreshold(nn.Module):
             self.move()
         expert_SE, weight_SE = top_p_choices(probs_SE, self.p.to(probs_SE.dtype))
         if controlled:
-            used_S = (expert_SE < probs_SE.shape[-1]).sum(dim=-1).to(self.chosen.dtype)
+            used_S = (expert_SE < probs_SE.shape[-1]).sum(dim=-1)
             valid = torch.ones_like(used_S) if valid_S is None else valid_S.to(used_S.dtype)
             self.chosen += (valid * used_S).sum()
             self.rows += valid.sum()
@@ -116,7 +125,7 @@ class TopPThreshold(nn.Module):
     def move(self) -> None:
         """Move p toward the target from the choices counted since the last move (none counted: no move)."""
         if self.rows > 0:
-            self.p.copy_(controlled_p(self.p, self.chosen / self.rows, self.target, self.rate))
+            self.p.copy_(controlled_p(self.p, self.chosen.double() / self.rows, self.target, self.rate))
         self.chosen.zero_()
         self.rows.zero_()
         self.backward_seen = False

@@ -189,6 +189,8 @@ def test_controlled_p_stays_a_probability_and_the_buffer_is_saved() -> None:
     assert 0 < float(controlled_p(p, torch.tensor(8.0), 1.0, 1e3)) < 1
     layer = make_layer(target_active_experts=2.0)
     layer.router.top_p.p.fill_(0.73)
+    layer.to(torch.bfloat16)  # a cast leaves p float64: bf16 would round the controller's steps away
+    assert layer.router.top_p.p.dtype == torch.float64 and float(layer.router.top_p.p) == 0.73
     restored = make_layer(target_active_experts=2.0)
     restored.load_state_dict(layer.state_dict())
     assert float(restored.router.top_p.p) == 0.73
