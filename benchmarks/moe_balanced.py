@@ -5,7 +5,8 @@ routing forced to be balanced, and the grouped-GEMM floor of its experts.
   still scores every (sub-)token, so its cost counts, but whose k choices per (sub-)token are replaced by a round robin:
   choice j of (sub-)token s goes to expert ``(s * K + j) % E`` (K distinct experts per token, every expert the same
   K*S/E rows when E divides K*S), weighted by the router's own gate values for those experts (renormalised as the
-  router would). Nothing in the library changes: the copy exists only here.
+  router would); an adaptive router's empty choices stay empty and the round robin counts the real ones only.
+  Nothing in the library changes: the copy exists only here.
 * :class:`ExpertFloor`: the layer's expert GEMMs alone (``GroupedExperts.forward_batched``: one batched GEMM per
   linear, biases fused) on an already sorted, perfectly balanced batch of the rows the layer routes (K*S choices,
   E*C rows for expert choice), plus the shared experts on the S (sub-)tokens: no routing, no permutation, no combine.
@@ -40,12 +41,13 @@ class RoundRobinRouter(nn.Module):
     def forward(self, x_SD: torch.Tensor, *context) -> RouterOutput:
         """``context``: the router's further arguments (padding, layout), passed on."""
         routed = self.router(x_SD, *context)
-        num_tokens, top_k = routed.expert_SK.shape
+        top_k = routed.expert_SK.shape[1]
         num_experts = routed.scores_SE.shape[-1]
-        device = routed.expert_SK.device
-        rank_SK = torch.arange(num_tokens, device=device)[:, None] * top_k + torch.arange(top_k, device=device)
-        expert_SK = rank_SK % num_experts
-        weight_SK = routed.scores_SE.gather(-1, expert_SK)
+        # The round robin runs over the real choices: an adaptive router's empty ones (the id E) stay empty.
+        real_SK = routed.expert_SK < num_experts
+        rank_SK = real_SK.reshape(-1).cumsum(0).view_as(real_SK) - 1
+        expert_SK = torch.where(real_SK, rank_SK % num_experts, num_experts)
+        weight_SK = routed.scores_SE.gather(-1, expert_SK.clamp_max(num_experts - 1)) * real_SK
         if top_k > 1 and self.router.renormalize:
             weight_SK = weight_SK / weight_SK.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(weight_SK.dtype).tiny)
         return replace(routed, expert_SK=expert_SK, weight_SK=weight_SK)
@@ -69,6 +71,8 @@ def routed_rows(layer: MoELayer, tokens: int) -> int:
     if config.routing == "expert_choice":
         capacity_factor = config.active_capacity_factor(layer.training)
         return config.num_experts * expert_capacity(sub_tokens, config.num_experts, capacity_factor)
+    if config.target_active_experts is not None:  # top-p held at its target (the case sets p to reach it)
+        return round(sub_tokens * config.target_active_experts)
     return sub_tokens * layer.router.top_k
 
 

@@ -173,6 +173,8 @@ def make_case(
     x = torch.randn(shape, device=device, dtype=dtype, requires_grad=backward)
     grad = torch.randn(shape, device=device, dtype=dtype) if backward else None
     padding = training_padding(batch, tokens // batch, padded, device)
+    if config.target_active_experts is not None:
+        routing["calibrated_top_p"] = calibrate_top_p(moe, x, padding, config.target_active_experts)
     if strata is not None:
         versus_experts = experts  # a plain top-2 MoE over the same experts
     if versus_experts is not None:
@@ -230,6 +232,21 @@ def make_case(
     return case
 
 
+def calibrate_top_p(moe: MoELayer, x: torch.Tensor, padding: torch.Tensor | None, target: float) -> float:
+    """Top-p routing at its target, as its controller holds it in training: the p (bisection) at which the layer
+    routes ``x`` to ``target`` experts per non-padding (sub-)token on average, set as the router's p and returned."""
+    low, high = 0.0, 1.0
+    moe.eval()  # the controller moves p in training only
+    with torch.no_grad():
+        for _ in range(30):
+            moe.router.top_p.p.fill_((low + high) / 2)
+            used = moe(x, padding)[1].expert_index >= 0
+            mean = used.sum() / used[..., 0].sum()
+            low, high = (low, (low + high) / 2) if mean > target else ((low + high) / 2, high)
+    moe.train()
+    return round(float(moe.router.top_p.p), 4)
+
+
 def balanced_and_floor_steps(
     moe: MoELayer,
     x: torch.Tensor,
@@ -282,6 +299,7 @@ def cpu_cases() -> list[partial[Case]]:
     floor = dict(floor_target=1.25)
     expert_choice = dict(routing="expert_choice", **floor)
     training = dict(batch=4, padded=0.25)
+    top_p = dict(top_p=0.4, target_active_experts=2.0, renormalize=False)
     return [
         partial(make_case, "top1_4096", 1.25, d, h, 8, 4096),
         partial(make_case, "top2_4096", 1.15, d, h, 8, 4096, top_k=2),
@@ -326,6 +344,10 @@ def cpu_cases() -> list[partial[Case]]:
         partial(
             make_case, "soft_e8_p16_16x256", None, d, h, 8, 4096, batch=16, routing="soft", slots_per_expert=16, **floor
         ),
+        # configs/pretrain/tiny/top_p.yaml's router (Huang et al., 2024) with p set where it holds 2 experts per token,
+        # against the dense FFN of 2H and the floor on the 2 * 4096 rows it computes.
+        partial(make_case, "top_p_target2_4096", None, d, h, 8, 4096, **top_p, **floor),
+        partial(make_case, "train_top_p_target2_4x1024", None, d, h, 8, 4096, **top_p, **floor, **training),
     ]
 
 

@@ -326,3 +326,18 @@ def test_depth_routing_benchmark_times_the_routed_block_against_its_floor(run_ma
     assert cases == [("plain", 0.25), ("routed", 0.25), ("floor", 0.25)]
     comparisons = [line["comparison"] for line in lines if "comparison" in line]
     assert comparisons == ["C=0.25: routed step / floor step", "C=0.25: plain step / routed step"]
+
+
+def test_moe_layer_top_p_case_runs_at_its_target_and_balances_only_the_real_choices():
+    moe_layer = load_benchmark("moe_layer")
+    from moe_balanced import forced_balanced
+
+    case = moe_layer.make_case("p", None, 32, 16, 8, 64, top_p=0.4, target_active_experts=2.0, renormalize=False)
+    assert case.info["baseline_hidden"] == 2 * 16 and 0 < case.info["calibrated_top_p"] < 1
+    case.moe(), case.balanced(), case.floor()
+    layer = moe_layer.build_moe_layer(moe_layer.MoEConfig(32, 16, num_experts=8, router="linear", top_p=0.5))
+    x = torch.randn(1, 64, 32)
+    used = (layer(x)[1].expert_index >= 0).sum(-1)
+    balanced = forced_balanced(layer)(x)[1]
+    assert torch.equal((balanced.expert_index >= 0).sum(-1), used)  # the same number of experts per token
+    assert balanced.expert_counts.max() - balanced.expert_counts.min() <= 1  # spread over the experts in turn

@@ -67,6 +67,9 @@ TINY_MOE = {
                  "renormalize": True, "routed_scaling_factor": 2.5, "bias_update_rate": 0.001,
                  "balance_batch": "sequence", "balance_choices": "all", "every": 2, "mode": "per_modality"},
     "soft_moe": {"num_experts": 8, "routing": "soft", "slots_per_expert": 1, "layers": [2, 3], "mode": "per_modality"},
+    "top_p": {"num_experts": 8, "top_k": 1, "router": "linear", "gate": "softmax", "renormalize": False, "top_p": 0.4,
+              "target_active_experts": 2.0, "top_p_rate": 0.5, "dynamic_loss_weight": 1.0e-4, "every": 2,
+              "mode": "per_modality"},
 }  # fmt: skip
 #: What each base part sets: the MoE plan of the base backbone (BEiT-3 base; the dense base has none).
 BASE_MOE = {
@@ -82,6 +85,7 @@ BASE_MOE = {
     "deepseek": TINY_MOE["deepseek"] | {"num_experts": 64, "top_k": 7, "beta": 0.125},
     "soft_moe": {"num_experts": 8, "routing": "soft", "slots_per_expert": 16, "layers": [6, 7, 8, 9, 10, 11],
                  "mode": "per_modality"},
+    "top_p": TINY_MOE["top_p"],
 }  # fmt: skip
 #: Each size's MoE plans, by variant.
 # Mixture-of-Depths over the image patches (Raposo et al. 2024): dense FFNs, depth routing in every other layer.

@@ -25,6 +25,7 @@ CLS and the text run every layer as before.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 from mmoe.model.config import MODALITIES, MultiwayConfig
 from mmoe.moe.cost import active_parameters_per_token, flops_per_token, moe_parameter_count
@@ -120,7 +121,8 @@ def layer_cost(config: MultiwayConfig, index: int, sequence_length: int | None =
 
     ``active_parameters_per_token`` / ``flops_per_token`` are what every token takes; the ``max_`` fields are the
     most one token can take, which differ in a Stratified MoE layer (a token passes gate 1, then up to all gates:
-    Stratified MoE §3) and between modalities whose pools differ (``MoEPlan.experts_by_modality``; each modality's
+    Stratified MoE §3), in a top-p layer with a target (the expected experts at the target; up to every expert: Huang
+    et al., 2024) and between modalities whose pools differ (``MoEPlan.experts_by_modality``; each modality's
     numbers then under ``by_modality``). ``sequence_length``: the image-text sequence a Soft MoE layer's count
     assumes (:func:`soft_moe_tokens`); None = an image and a 64-token text.
     """
@@ -199,6 +201,9 @@ def _ffn_cost(config: MultiwayConfig, index: int, modality: str, length: int) ->
     shared = config.moe.mode == "shared" or index >= config.depth - config.vl_layers
     tokens = soft_moe_tokens(config, modality, length, shared) if moe.routing == "soft" else None
     routed = active_parameters_per_token(moe) + 2 * dim, flops_per_token(moe, tokens=tokens)
+    if moe.target_active_experts is not None:  # top-p: the expected value at the target; a token may use every expert
+        every = replace(moe, target_active_experts=None)
+        return *routed, active_parameters_per_token(every) + 2 * dim, flops_per_token(every)
     return *routed, *routed
 
 

@@ -8,9 +8,10 @@ expert. DeepSeekMoE's shared experts (Dai et al., 2024,
 §3.2, Eq. 9) are K_s more experts of the same shape that every sub-token passes through; fine-grained experts
 (§3.1) are the same formulas at a smaller H = beta * ffn_dim. With expert-choice routing (Zhou et al., 2022) a token
 is taken by a data-dependent number of experts, c on average (the capacity factor): the per-token counts use that
-mean, rounded. Soft MoE (Puigcerver et al., 2024, :mod:`mmoe.moe.soft_moe`) has slot parameters Phi (d x n*p) and a
+mean, rounded; so do they with top-p routing (Huang et al., 2024) at its controller's target mean. Soft MoE (Puigcerver et al., 2024, :mod:`mmoe.moe.soft_moe`) has slot parameters Phi (d x n*p) and a
 scale in place of a router, and its per-token FLOPs depend on the m tokens of the sequence
-(:func:`soft_moe_flops_per_token`). FLOPs count a multiply-add as 2.
+(:func:`soft_moe_flops_per_token`). FLOPs count a
+multiply-add as 2.
 """
 
 from __future__ import annotations
@@ -103,7 +104,11 @@ def soft_moe_flops_per_token(config: MoEConfig, tokens: int) -> int:
 
 
 def routed_experts(config: MoEConfig) -> float:
-    """Routed experts per sub-token: top_k, or with expert choice the mean c (Zhou et al., 2022, §3.2)."""
+    """Routed experts per sub-token: top_k, or with expert choice the mean c (Zhou et al., 2022, §3.2); with top-p
+    routing (Huang et al., 2024) the expected number, the controller's target, or without one every expert (the
+    most a sub-token may use)."""
+    if config.top_p is not None:
+        return config.num_experts if config.target_active_experts is None else config.target_active_experts
     return config.capacity_factor if config.routing == "expert_choice" else config.top_k
 
 

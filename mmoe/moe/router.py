@@ -30,6 +30,11 @@ After each optimiser step :meth:`Router.update_selection_bias` moves b by ``u * 
 ``bias_update_rule="z_score"`` (MoE-ViE), by ``u * (mean load - load) / std(load)``: the step follows how far each
 expert's load is from the mean in units of the loads' spread, instead of only its side.
 
+Top-p routing (Huang et al., 2024; ``MoEConfig.top_p``; :mod:`mmoe.moe.top_p`): each (sub-)token takes its experts in
+descending probability until they sum to p; K = the most experts any (sub-)token uses (at most E), the unused
+choices the id E (no expert) with weight 0; with ``target_active_experts`` a controller moves p in training; the
+dynamic loss is an auxiliary loss.
+
 Router z-loss (ST-MoE, Zoph et al., 2022, Eq. 5): ``mean over non-padding rows of (log sum_i exp(x_i))^2`` of the
 gate logits x (s / tau for X-MoE), which keeps them small; computed always, weighted by the task's
 ``z_loss_coefficient`` (0 = off, ST-MoE uses 1e-3). X-MoE's logits are bounded (|s| <= 1), so there it mainly
@@ -53,6 +58,7 @@ from mmoe.moe.entropy_losses import entropy_losses
 from mmoe.moe.group_limited import group_limited_top_k
 from mmoe.moe.scorers import SCORERS
 from mmoe.moe.token_layout import TokenLayout
+from mmoe.moe.top_p import TopPThreshold, dynamic_loss
 
 
 @dataclass
@@ -92,7 +98,11 @@ class Router(nn.Module):
         self.config = config
         self.gate = config.gate
         num_experts = config.num_experts if num_experts is None else num_experts
-        self.top_k = min(config.top_k, num_experts)
+        self.top_k = num_experts if config.top_p is not None else min(config.top_k, num_experts)
+        self.top_p = None
+        if config.top_p is not None:  # Huang et al.'s p, moved toward a target unless the routing is frozen (X-MoE)
+            target = None if config.frozen else config.target_active_experts
+            self.top_p = TopPThreshold(config.top_p, target, config.top_p_rate)
         self.renormalize = config.renormalize
         self.bias_update_rate = config.bias_update_rate
         self.bias_update_rule = config.bias_update_rule
@@ -123,8 +133,11 @@ class Router(nn.Module):
                 x_SD = x_SD * torch.empty_like(x_SD).uniform_(1 - config.router_jitter, 1 + config.router_jitter)
             gate_logits_SE, balance_logits_SE = self.scorer(x_SD)
             scores_SE = gate_logits_SE.softmax(dim=-1) if self.gate == "softmax" else gate_logits_SE.sigmoid()
-            expert_SK = self._select(scores_SE)
-            weight_SK = scores_SE.gather(-1, expert_SK)
+            if self.top_p is not None:  # Huang et al. (2024): K <= E, the unused choices the id E, weight 0
+                expert_SK, weight_SK = self.top_p(scores_SE, valid_S)
+            else:
+                expert_SK = self._select(scores_SE)
+                weight_SK = scores_SE.gather(-1, expert_SK)
             priority_S = weight_SK[:, 0].detach()  # V-MoE batch priority: the top gate value, before renormalisation
             if self.top_k > 1 and self.renormalize:  # GShard; MH-MoE Eq. 2 / 6 and Stratified Eq. 6 keep raw values
                 weight_SK = weight_SK / weight_SK.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(weight_SK.dtype).tiny)
@@ -141,6 +154,8 @@ class Router(nn.Module):
             entropy = (weights_S @ torch.special.entr(balance_probs_SE.detach()).sum(-1)) / count
             segment_S = layout.segment_S(x_SD.device)
             auxiliary = entropy_losses(gate_logits_SE, weights_S, segment_S, layout.num_segments, config)
+            if config.dynamic_loss_weight > 0:  # Huang et al. (2024) §3.2
+                auxiliary["dynamic_loss"] = config.dynamic_loss_weight * dynamic_loss(gate_logits_SE, weights_S, count)
         return RouterOutput(expert_SK, weight_SK, scores_SE, balance, z_loss, entropy, priority_S, auxiliary)
 
     def _select(self, scores_SE: torch.Tensor) -> torch.Tensor:

@@ -1,13 +1,15 @@
 """Which experts a router picks and how their outputs are weighed: top-k token choice, expert choice (Zhou et al.,
 2022, :mod:`mmoe.moe.expert_choice`) or Soft MoE's slots (Puigcerver et al., 2024, :mod:`mmoe.moe.soft_moe`),
 loss-free balancing's selection bias (Wang et al., 2024), DeepSeek-V2/V3's group-limited top-k
-(:mod:`mmoe.moe.group_limited`) and routed scaling factor."""
+(:mod:`mmoe.moe.group_limited`) and routed scaling factor, and top-p routing (Huang et al.,
+2024, :mod:`mmoe.moe.top_p`) with its controller."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal
 
+from mmoe.moe.choices.top_p import top_p_refusals
 from mmoe.moe.choices.values import finite_at_least, finite_or_none, is_int, refuse, require
 
 ROUTINGS = ("token_choice", "expert_choice", "soft")
@@ -62,6 +64,21 @@ class Selection:
         group_score: how a group is ranked. ``"max"`` (DeepSeek-V2): its best expert's score. ``"top_sum"``
             (DeepSeek-V3): the sum of its K/M highest scores (2 in V3: K = 8, M = 4). Scores are the gate values,
             plus the loss-free selection bias when set (as DeepSeek-V3 ranks with the biased scores).
+        top_p: top-p (dynamic) routing (Huang et al., 2024, §3.1, :mod:`mmoe.moe.top_p`): each (sub-)token uses its
+            experts in descending gate probability until their sum reaches this p (the expert that reaches it
+            included), between 1 and num_experts of them, weighted by their raw probabilities with
+            ``renormalize: false`` (the paper's mix). The paper's p = 0.4. K is the most any (sub-)token uses; top_k
+            stays 1 (unused). Needs a softmax gate and token-choice routing; dropless (no capacity factor). With
+            ``target_active_experts`` it is the controller's starting value. None = top-k routing.
+        target_active_experts: k*, the mean number of experts per non-padding (sub-)token that a controller holds
+            by moving p in training (``logit(p) += top_p_rate * (k* - measured) / k*`` after each backward; mmoe's
+            rule after DTop-p, arXiv 2512.13996; :mod:`mmoe.moe.top_p`); evaluation uses the frozen p, a buffer
+            saved in checkpoints. 1 < k* < num_experts. None = p fixed.
+        top_p_rate: the controller's step on logit(p) per unit of relative error (0.5: measuring a tenth fewer
+            experts than the target raises logit(p) by 0.05).
+        dynamic_loss_weight: Huang et al.'s dynamic loss (§3.2): the mean entropy of the (sub-)tokens' routing
+            distributions, minimised with this weight (the paper's 1e-4), returned as the router's
+            ``dynamic_loss``. 0 = off. Needs ``top_p``.
     """
 
     top_k: int = 1
@@ -74,13 +91,17 @@ class Selection:
     expert_groups: int = 1
     top_groups: int | None = None
     group_score: Literal["max", "top_sum"] = "max"
+    top_p: float | None = None
+    target_active_experts: float | None = None
+    top_p_rate: float = 0.5
+    dynamic_loss_weight: float = 0.0
 
     @property
     def may_choose_no_expert(self) -> bool:
         """Whether the router may leave some of a (sub-)token's ``top_k`` choices empty (an adaptive router: the
         number of experts a (sub-)token uses then varies); such a choice names the expert id ``num_experts``, which
         the dispatch never runs (:mod:`mmoe.moe.dispatch`)."""
-        return False
+        return self.top_p is not None
 
     def _check_selection(self) -> None:
         """Each choice's range, then the combinations (reads ``num_experts``, ``strata`` and the capacity)."""
@@ -108,6 +129,7 @@ class Selection:
             self, [("slots_per_expert", self.slots_per_expert != 1 and self.routing != "soft", "needs routing: soft")]
         )
         refuse(self, self._group_refusals())
+        refuse(self, top_p_refusals(self))
         refuse(
             self,
             [
