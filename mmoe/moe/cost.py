@@ -4,14 +4,13 @@ MH-MoE App. D counts weights only, with a linear router: Gamma = 2d^2 + dN/h + 8
 width 4d (MH-MoE Eq. 21-24). mmoe's layer also has biases (experts: H + D/h each; multi-head layer: d; merge layer:
 d), each router counts its own scorer (:mod:`mmoe.moe.scorers`: an X-MoE router has a (D/h x d_e) projection, N x d_e
 expert embeddings and a temperature in place of the (D/h x N) linear router), and an optional Sub-LN adds 2H per
-expert. DeepSeekMoE's shared experts (Dai et al., 2024,
-§3.2, Eq. 9) are K_s more experts of the same shape that every sub-token passes through; fine-grained experts
-(§3.1) are the same formulas at a smaller H = beta * ffn_dim. With expert-choice routing (Zhou et al., 2022) a token
-is taken by a data-dependent number of experts, c on average (the capacity factor): the per-token counts use that
-mean, rounded; so do they with top-p routing (Huang et al., 2024) at its controller's target mean. Soft MoE (Puigcerver et al., 2024, :mod:`mmoe.moe.soft_moe`) has slot parameters Phi (d x n*p) and a
-scale in place of a router, and its per-token FLOPs depend on the m tokens of the sequence
-(:func:`soft_moe_flops_per_token`). FLOPs count a
-multiply-add as 2.
+expert. DeepSeekMoE's shared experts (Dai et al., 2024, §3.2, Eq. 9) are K_s more experts of the same shape that every
+sub-token passes through; fine-grained experts (§3.1) are the same formulas at a smaller H = beta * ffn_dim. With
+expert-choice routing (Zhou et al., 2022) a token is taken by a data-dependent number of experts, c on average (the
+capacity factor): the per-token counts use that mean, rounded; so do they with top-p routing (Huang et al., 2024) at
+its controller's target mean. Soft MoE (Puigcerver et al., 2024, :mod:`mmoe.moe.soft_moe`) has slot parameters Phi (d
+x n*p) and a scale in place of a router, and its per-token FLOPs depend on the m tokens of the sequence
+(:func:`soft_moe_flops_per_token`). FLOPs count a multiply-add as 2.
 """
 
 from __future__ import annotations
