@@ -5,10 +5,13 @@ routing forced to be balanced, and the grouped-GEMM floor of its experts.
   still scores every (sub-)token, so its cost counts, but whose k choices per (sub-)token are replaced by a round robin:
   choice j of (sub-)token s goes to expert ``(s * K + j) % E`` (K distinct experts per token, every expert the same
   K*S/E rows when E divides K*S), weighted by the router's own gate values for those experts (renormalised as the
-  router would). Nothing in the library changes: the copy exists only here.
+  router would). With null / zero-computation experts the round robin runs over the whole pool (E real then Z
+  zero-computation experts), and the choices are split as the router splits them (``split_choices``): a share
+  E / (E + Z) of the rows reaches the real experts. Nothing in the library changes: the copy exists only here.
 * :class:`ExpertFloor`: the layer's expert GEMMs alone (``GroupedExperts.forward_batched``: one batched GEMM per
   linear, biases fused) on an already sorted, perfectly balanced batch of the rows the layer routes (K*S choices,
-  E*C rows for expert choice), plus the shared experts on the S (sub-)tokens: no routing, no permutation, no combine.
+  K*S*E/(E+Z) with zero-computation experts, E*C rows for expert choice), plus the shared experts on the S
+  (sub-)tokens: no routing, no permutation, no combine.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from torch import nn
 
 from mmoe.moe import MoELayer
 from mmoe.moe.expert_choice import expert_capacity
+from mmoe.moe.null_experts import split_choices
 from mmoe.moe.router import Router, RouterOutput
 
 
@@ -42,7 +46,11 @@ class RoundRobinRouter(nn.Module):
         rank_SK = torch.arange(num_tokens, device=device)[:, None] * top_k + torch.arange(top_k, device=device)
         expert_SK = rank_SK % num_experts
         weight_SK = routed.scores_SE.gather(-1, expert_SK)
-        if top_k > 1 and self.router.renormalize:
+        renormalize = top_k > 1 and self.router.renormalize
+        if self.router.config.zero_computation_experts:
+            expert_SK, weight_SK, cheap = split_choices(expert_SK, weight_SK, self.router.config, renormalize)
+            return replace(routed, expert_SK=expert_SK, weight_SK=weight_SK, zero_computation=cheap)
+        if renormalize:
             weight_SK = weight_SK / weight_SK.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(weight_SK.dtype).tiny)
         return replace(routed, expert_SK=expert_SK, weight_SK=weight_SK)
 
@@ -59,13 +67,15 @@ def forced_balanced(layer: MoELayer) -> MoELayer:
 
 
 def routed_rows(layer: MoELayer, tokens: int) -> int:
-    """The rows the layer's experts compute for ``tokens`` tokens: K per (sub-)token, or E*C for expert choice."""
+    """The rows the layer's experts compute for ``tokens`` tokens: K per (sub-)token (K * E / (E + Z) with Z
+    zero-computation experts, balanced over the pool), or E*C for expert choice."""
     config = layer.config
     sub_tokens = tokens * config.heads
     if config.routing == "expert_choice":
         capacity_factor = config.active_capacity_factor(layer.training)
         return config.num_experts * expert_capacity(sub_tokens, config.num_experts, capacity_factor)
-    return sub_tokens * layer.router.top_k
+    pool = config.num_experts + config.zero_computation_experts
+    return round(sub_tokens * layer.router.top_k * config.num_experts / pool)
 
 
 class ExpertFloor(nn.Module):

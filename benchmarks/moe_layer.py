@@ -275,6 +275,7 @@ def cpu_cases() -> list[partial[Case]]:
     floor = dict(floor_target=1.25)
     expert_choice = dict(routing="expert_choice", **floor)
     training = dict(batch=4, padded=0.25)
+    moe_plus_plus = dict(null_experts=2, copy_experts=2, constant_experts=4, **floor)
     return [
         partial(make_case, "top1_4096", 1.25, d, h, 8, 4096),
         partial(make_case, "top2_4096", 1.15, d, h, 8, 4096, top_k=2),
@@ -310,6 +311,10 @@ def cpu_cases() -> list[partial[Case]]:
         partial(make_case, "loss_free_bias_top1_4096", None, d, h, 8, 4096, bias_update_rate=1e-3),
         partial(make_case, "expert_choice_c1_4096", None, d, h, 8, 4096, capacity_factor=1.0, **expert_choice),
         partial(make_case, "expert_choice_c2_4096", None, d, h, 8, 4096, capacity_factor=2.0, **expert_choice),
+        # configs/pretrain/tiny/{null_experts,moe_plus_plus}.yaml: top-2 over 8 experts and 8 zero-computation
+        # experts, one real expert per token at balance (the dense FFN of H, the floor on those rows).
+        partial(make_case, "null_experts_e8_n8_top2_4096", None, d, h, 8, 4096, top_k=2, null_experts=8, **floor),
+        partial(make_case, "moe_plus_plus_e8_z8_top2_4096", None, d, h, 8, 4096, top_k=2, **moe_plus_plus),
     ]
 
 

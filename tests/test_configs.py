@@ -66,6 +66,10 @@ TINY_MOE = {
                  "gate": "sigmoid",
                  "renormalize": True, "routed_scaling_factor": 2.5, "bias_update_rate": 0.001,
                  "balance_batch": "sequence", "balance_choices": "all", "every": 2, "mode": "per_modality"},
+    "null_experts": {"num_experts": 8, "top_k": 2, "null_experts": 8, "router": "linear", "gate": "softmax",
+                     "every": 2, "mode": "per_modality"},
+    "moe_plus_plus": {"num_experts": 8, "top_k": 2, "null_experts": 2, "copy_experts": 2, "constant_experts": 4,
+                      "router": "linear", "gate": "softmax", "every": 2, "mode": "per_modality"},
 }  # fmt: skip
 #: What each base part sets: the MoE plan of the base backbone (BEiT-3 base; the dense base has none).
 BASE_MOE = {
@@ -79,6 +83,8 @@ BASE_MOE = {
     "limoe": TINY_MOE["limoe"],
     "moma": TINY_MOE["moma"] | {"num_experts": 4, "experts_by_modality": {"vision": 4, "language": 4}},
     "deepseek": TINY_MOE["deepseek"] | {"num_experts": 64, "top_k": 7, "beta": 0.125},
+    "null_experts": TINY_MOE["null_experts"],
+    "moe_plus_plus": TINY_MOE["moe_plus_plus"],
 }  # fmt: skip
 #: Each size's MoE plans, by variant.
 MOE_PLANS = {"tiny": TINY_MOE, "base": BASE_MOE}

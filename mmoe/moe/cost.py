@@ -8,7 +8,11 @@ expert. DeepSeekMoE's shared experts (Dai et al., 2024,
 §3.2, Eq. 9) are K_s more experts of the same shape that every sub-token passes through; fine-grained experts
 (§3.1) are the same formulas at a smaller H = beta * ffn_dim. With expert-choice routing (Zhou et al., 2022) a token
 is taken by a data-dependent number of experts, c on average (the capacity factor): the per-token counts use that
-mean, rounded. FLOPs count a multiply-add as 2.
+mean, rounded. With null / zero-computation experts (AdaMoE, MoE++: :mod:`mmoe.moe.null_experts`) the router scores
+E + Z experts, the constant experts add their vectors and 2 x D/h mixing matrices, and a sub-token's routed experts
+are counted at their expected number when the balance loss has spread the choices evenly over the pool,
+``top_k * E / (E + Z)`` (the most is top_k); the copy and constant experts' element-wise work is not counted, as
+biases and activations are not. FLOPs count a multiply-add as 2.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from mmoe.moe.scorers import SCORERS
 
 def router_parameters(config: MoEConfig, num_experts: int | None = None) -> int:
     """One router's parameters, as its scorer counts them (:meth:`mmoe.moe.scorers.Scorer.parameter_count`)."""
-    num_experts = config.num_experts if num_experts is None else num_experts
+    num_experts = config.num_experts + config.zero_computation_experts if num_experts is None else num_experts
     return SCORERS[config.router].parameter_count(config, num_experts)
 
 
@@ -42,7 +46,12 @@ def moe_parameter_count(config: MoEConfig) -> int:
     # MH-MoE Eq. 21 and 24, with biases
     split_merge = 2 * (config.dim * config.dim + config.dim) if config.heads > 1 else 0
     experts = (config.num_experts + config.shared_experts) * expert_parameters(config)
-    return split_merge + router_parameters(config) + experts
+    return split_merge + router_parameters(config) + experts + constant_expert_parameters(config)
+
+
+def constant_expert_parameters(config: MoEConfig) -> int:
+    """MoE++'s constant experts: a vector v and a 2 x D/h mixing matrix each (:mod:`mmoe.moe.null_experts`)."""
+    return config.constant_experts * 3 * config.head_dim
 
 
 def active_parameters_per_token(config: MoEConfig, gates: Sequence[int] | None = None) -> int:
@@ -56,7 +65,8 @@ def active_parameters_per_token(config: MoEConfig, gates: Sequence[int] | None =
         return sum(gate_cost(config, gate)[0] for gate in _gates(config, gates))
     split_merge = 2 * (config.dim * config.dim + config.dim) if config.heads > 1 else 0
     experts_touched = min(config.num_experts, round(config.heads * routed_experts(config))) + config.shared_experts
-    return split_merge + router_parameters(config) + experts_touched * expert_parameters(config)
+    touched = experts_touched * expert_parameters(config) + constant_expert_parameters(config)
+    return split_merge + router_parameters(config) + touched
 
 
 def flops_per_token(config: MoEConfig, gates: Sequence[int] | None = None) -> int:
@@ -70,12 +80,16 @@ def flops_per_token(config: MoEConfig, gates: Sequence[int] | None = None) -> in
     experts = round(
         2 * heads * (routed_experts(config) + config.shared_experts) * 2 * config.head_dim * config.expert_dim
     )
-    return split_merge + router_flops(config, config.num_experts) + experts
+    mixing = heads * config.constant_experts * 2 * 2 * config.head_dim  # MoE++'s softmax(W x) of each constant expert
+    return split_merge + router_flops(config, config.num_experts + config.zero_computation_experts) + experts + mixing
 
 
 def routed_experts(config: MoEConfig) -> float:
-    """Routed experts per sub-token: top_k, or with expert choice the mean c (Zhou et al., 2022, §3.2)."""
-    return config.capacity_factor if config.routing == "expert_choice" else config.top_k
+    """Routed experts per sub-token: top_k, or with expert choice the mean c (Zhou et al., 2022, §3.2), or with null /
+    zero-computation experts the expected top_k * E / (E + Z) of a router balanced over the pool (AdaMoE, MoE++)."""
+    if config.routing == "expert_choice":
+        return config.capacity_factor
+    return config.top_k * config.num_experts / (config.num_experts + config.zero_computation_experts)
 
 
 def router_flops(config: MoEConfig, num_experts: int) -> int:
