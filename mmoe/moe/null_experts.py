@@ -80,17 +80,19 @@ class ZeroComputationExperts(nn.Module):
 
     def __init__(self, config: MoEConfig) -> None:
         super().__init__()
-        self.copy_experts = config.copy_experts
+        self.copy_experts, self.constant_experts = config.copy_experts, config.constant_experts
         width, constants = config.head_dim, config.constant_experts
-        self.constant_CD = nn.Parameter(torch.randn(constants, width))  # v
-        bound = 1 / math.sqrt(width)
-        self.mix_weight_C2D = nn.Parameter(torch.empty(constants, 2, width).uniform_(-bound, bound))  # W
+        self.constant_CD = self.mix_weight_C2D = None  # no zero-size parameters (FSDP2 refuses them)
+        if constants:
+            self.constant_CD = nn.Parameter(torch.randn(constants, width))  # v
+            bound = 1 / math.sqrt(width)
+            self.mix_weight_C2D = nn.Parameter(torch.empty(constants, 2, width).uniform_(-bound, bound))  # W
 
     def forward(
         self, x_SD: torch.Tensor, choices: ZeroComputationChoices, valid_S: torch.Tensor | None
     ) -> torch.Tensor:
         """The copy and constant experts' weighted outputs of every (sub-)token (0 for padding), x's dtype."""
-        experts = self.copy_experts + self.constant_CD.shape[0]
+        experts = self.copy_experts + self.constant_experts
         chosen_SK = choices.index_SK >= 0
         weight_SK = choices.weight_SK.to(x_SD.dtype)
         if valid_S is not None:
@@ -98,7 +100,7 @@ class ZeroComputationExperts(nn.Module):
         weight_SJ = weight_SK.new_zeros(x_SD.shape[0], experts)
         weight_SJ = weight_SJ.scatter_add(1, choices.index_SK.clamp_min(0), torch.where(chosen_SK, weight_SK, 0.0))
         y_SD = weight_SJ[:, : self.copy_experts].sum(-1, keepdim=True) * x_SD  # copy experts
-        if self.constant_CD.shape[0]:
+        if self.constant_CD is not None:
             mix_SC2 = torch.einsum("sd,cmd->scm", x_SD, self.mix_weight_C2D.to(x_SD.dtype)).softmax(dim=-1)
             weight_SC = weight_SJ[:, self.copy_experts :]
             y_SD = y_SD + (weight_SC * mix_SC2[..., 0]).sum(-1, keepdim=True) * x_SD

@@ -210,3 +210,20 @@ def test_the_benchmark_balances_the_pool_and_floors_on_the_real_rows() -> None:
     # 18 tokens x 3 choices round-robin over the pool of 9: each real expert 6 rows, zero-computation ones off
     assert routing.expert_counts.tolist() == [18 * 3 // POOL] * NUM_EXPERTS
     assert ExpertFloor(layer, 18).routed == NUM_EXPERTS * 6  # 18 * 3 * 4 / 9 = 24 rows, a multiple of E
+
+
+def test_copy_experts_alone_add_the_weighted_token_and_no_empty_parameters() -> None:
+    torch.manual_seed(0)
+    layer = MoELayer(_config(null_experts=0, constant_experts=0, router="linear")).double()
+    with torch.no_grad():
+        layer.router.scorer.weight.normal_(0.0, 1.0)
+    assert [name for name, _ in layer.zero_computation.named_parameters()] == []
+    x, padding = _inputs()
+    y, _ = layer(x, padding)
+    routed = layer.router(x.reshape(-1, 12), ~padding.reshape(-1))
+    copy_weight = (routed.zero_computation.weight_SK.sum(-1).view(2, 9, 1) * ~padding[..., None]).detach()
+    assert (copy_weight > 0).any()
+    copies = layer.zero_computation
+    layer.zero_computation = None  # the routed experts alone
+    torch.testing.assert_close(y, layer(x, padding)[0] + copy_weight * x)
+    layer.zero_computation = copies
