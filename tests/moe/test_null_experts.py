@@ -227,3 +227,11 @@ def test_copy_experts_alone_add_the_weighted_token_and_no_empty_parameters() -> 
     layer.zero_computation = None  # the routed experts alone
     torch.testing.assert_close(y, layer(x, padding)[0] + copy_weight * x)
     layer.zero_computation = copies
+
+
+def test_mmoe_info_names_the_pool_and_the_expected_real_experts() -> None:
+    from mmoe.commands.info import variant_name
+    from mmoe.model import MoEPlan, MultiwayConfig
+
+    plan = MoEPlan(num_experts=8, top_k=2, null_experts=6, copy_experts=2, router="linear")
+    assert variant_name(MultiwayConfig(moe=plan)) == "Switch, 8 experts + 8 zero-computation (1 real per token), top-2"
