@@ -1,7 +1,7 @@
 """Null and zero-computation experts (:class:`mmoe.moe.choices.ZeroComputation`): experts that cost no FFN, routed
 beside the real ones, so that a (sub-)token may use fewer real experts.
 
-* AdaMoE (Zeng et al., EMNLP Findings 2024, §3; released code ``CengZihao/AdaMoE``): N null experts whose output is
+* AdaMoE (Zeng et al., EMNLP Findings 2024; released code ``CengZihao/AdaMoE``): N null experts whose output is
   0 join the pool; the router scores the E + N experts, takes the top-k of them all, and the balance loss counts all
   E + N (the Switch / GShard loss over the larger pool). A (sub-)token choosing j null experts uses k - j real ones.
   The released code renormalises the weights over the real choices only.

@@ -135,7 +135,7 @@ class Router(nn.Module):
             expert_SK = self._select(scores_SE)
             weight_SK = scores_SE.gather(-1, expert_SK)
             priority_S = weight_SK[:, 0].detach()  # V-MoE batch priority: the top gate value, before renormalisation
-            pool_SK, zero_computation = expert_SK, None  # the balance loss counts the whole pool (AdaMoE §3)
+            pool_SK, zero_computation = expert_SK, None  # the balance loss counts the whole pool (AdaMoE)
             if config.zero_computation_experts:
                 renormalize = self.top_k > 1 and self.renormalize
                 expert_SK, weight_SK, zero_computation = split_choices(expert_SK, weight_SK, config, renormalize)

@@ -15,8 +15,8 @@ class ZeroComputation:
     The router scores ``num_experts`` real experts and then these, in this order (ids E.., null first, then copy,
     then constant), takes the top-k of them all, renormalises the weights over the choices that are not null experts
     (AdaMoE's released code; MoE++'s zeroes its zero expert's gate before renormalising), and counts all of them
-    in the balance loss (AdaMoE §3: the loss over real and null experts). ``top_k`` is then the most real experts a
-    (sub-)token may use; ``num_experts`` stays the number of FFN experts.
+    in the balance loss (AdaMoE: its released loss counts real and null experts). ``top_k`` is then the most real
+    experts a (sub-)token may use; ``num_experts`` stays the number of FFN experts.
 
     Args:
         null_experts: AdaMoE's null experts, MoE++'s zero experts: their output is 0, so a (sub-)token that chooses
