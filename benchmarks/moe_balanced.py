@@ -6,10 +6,13 @@ routing forced to be balanced, and the grouped-GEMM floor of its experts.
   choice j of (sub-)token s goes to expert ``(s * K + j) % E`` (K distinct experts per token, every expert the same
   K*S/E rows when E divides K*S), weighted by the router's own gate values for those experts (renormalised as the
   router would); an adaptive router's empty choices stay empty and the round robin counts the real ones only.
-  Nothing in the library changes: the copy exists only here.
+  With null / zero-computation experts the round robin runs over the whole pool (E real then Z zero-computation
+  experts), and the choices are split as the router splits them (``split_choices``): a share E / (E + Z) of the rows
+  reaches the real experts. Nothing in the library changes: the copy exists only here.
 * :class:`ExpertFloor`: the layer's expert GEMMs alone (``GroupedExperts.forward_batched``: one batched GEMM per
   linear, biases fused) on an already sorted, perfectly balanced batch of the rows the layer routes (K*S choices,
-  E*C rows for expert choice), plus the shared experts on the S (sub-)tokens: no routing, no permutation, no combine.
+  K*S*E/(E+Z) with zero-computation experts, E*C rows for expert choice), plus the shared experts on the S
+  (sub-)tokens: no routing, no permutation, no combine.
 * :class:`SoftMoEFloor`: a Soft MoE layer's plain-GEMM floor: the dispatch matmul X~ = D^T X and the combine matmul
   Y = C Y~ per sequence (``bmm``, with fixed dispatch and combine weights that take gradients as the layer's do), and
   between them the experts' batched GEMMs on the B*p rows of each expert's slots: no logits, normalisation, softmax
@@ -27,6 +30,7 @@ from torch import nn
 
 from mmoe.moe import MoELayer, SoftMoELayer
 from mmoe.moe.expert_choice import expert_capacity
+from mmoe.moe.null_experts import split_choices
 from mmoe.moe.router import Router, RouterOutput
 
 
@@ -48,7 +52,11 @@ class RoundRobinRouter(nn.Module):
         rank_SK = real_SK.reshape(-1).cumsum(0).view_as(real_SK) - 1
         expert_SK = torch.where(real_SK, rank_SK % num_experts, num_experts)
         weight_SK = routed.scores_SE.gather(-1, expert_SK.clamp_max(num_experts - 1)) * real_SK
-        if top_k > 1 and self.router.renormalize:
+        renormalize = top_k > 1 and self.router.renormalize
+        if self.router.config.zero_computation_experts:
+            expert_SK, weight_SK, cheap = split_choices(expert_SK, weight_SK, self.router.config, renormalize)
+            return replace(routed, expert_SK=expert_SK, weight_SK=weight_SK, zero_computation=cheap)
+        if renormalize:
             weight_SK = weight_SK / weight_SK.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(weight_SK.dtype).tiny)
         return replace(routed, expert_SK=expert_SK, weight_SK=weight_SK)
 
@@ -65,7 +73,8 @@ def forced_balanced(layer: MoELayer) -> MoELayer:
 
 
 def routed_rows(layer: MoELayer, tokens: int) -> int:
-    """The rows the layer's experts compute for ``tokens`` tokens: K per (sub-)token, or E*C for expert choice."""
+    """The rows the layer's experts compute for ``tokens`` tokens: K per (sub-)token (K * E / (E + Z) with Z
+    zero-computation experts, balanced over the pool), or E*C for expert choice."""
     config = layer.config
     sub_tokens = tokens * config.heads
     if config.routing == "expert_choice":
@@ -73,7 +82,8 @@ def routed_rows(layer: MoELayer, tokens: int) -> int:
         return config.num_experts * expert_capacity(sub_tokens, config.num_experts, capacity_factor)
     if config.target_active_experts is not None:  # top-p held at its target (the case sets p to reach it)
         return round(sub_tokens * config.target_active_experts)
-    return sub_tokens * layer.router.top_k
+    pool = config.num_experts + config.zero_computation_experts
+    return round(sub_tokens * layer.router.top_k * config.num_experts / pool)
 
 
 class ExpertFloor(nn.Module):

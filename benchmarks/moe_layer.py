@@ -300,6 +300,7 @@ def cpu_cases() -> list[partial[Case]]:
     expert_choice = dict(routing="expert_choice", **floor)
     training = dict(batch=4, padded=0.25)
     top_p = dict(top_p=0.4, target_active_experts=2.0, renormalize=False)
+    moe_plus_plus = dict(null_experts=2, copy_experts=2, constant_experts=4, **floor)
     return [
         partial(make_case, "top1_4096", 1.25, d, h, 8, 4096),
         partial(make_case, "top2_4096", 1.15, d, h, 8, 4096, top_k=2),
@@ -348,6 +349,10 @@ def cpu_cases() -> list[partial[Case]]:
         # against the dense FFN of 2H and the floor on the 2 * 4096 rows it computes.
         partial(make_case, "top_p_target2_4096", None, d, h, 8, 4096, **top_p, **floor),
         partial(make_case, "train_top_p_target2_4x1024", None, d, h, 8, 4096, **top_p, **floor, **training),
+        # configs/pretrain/tiny/{null_experts,moe_plus_plus}.yaml: top-2 over 8 experts and 8 zero-computation
+        # experts, one real expert per token at balance (the dense FFN of H, the floor on those rows).
+        partial(make_case, "null_experts_e8_n8_top2_4096", None, d, h, 8, 4096, top_k=2, null_experts=8, **floor),
+        partial(make_case, "moe_plus_plus_e8_z8_top2_4096", None, d, h, 8, 4096, top_k=2, **moe_plus_plus),
     ]
 
 

@@ -70,6 +70,10 @@ TINY_MOE = {
     "top_p": {"num_experts": 8, "top_k": 1, "router": "linear", "gate": "softmax", "renormalize": False, "top_p": 0.4,
               "target_active_experts": 2.0, "top_p_rate": 0.5, "dynamic_loss_weight": 1.0e-4, "every": 2,
               "mode": "per_modality"},
+    "null_experts": {"num_experts": 8, "top_k": 2, "null_experts": 8, "router": "linear", "gate": "softmax",
+                     "every": 2, "mode": "per_modality"},
+    "moe_plus_plus": {"num_experts": 8, "top_k": 2, "null_experts": 2, "copy_experts": 2, "constant_experts": 4,
+                      "router": "linear", "gate": "softmax", "every": 2, "mode": "per_modality"},
 }  # fmt: skip
 #: What each base part sets: the MoE plan of the base backbone (BEiT-3 base; the dense base has none).
 BASE_MOE = {
@@ -86,6 +90,8 @@ BASE_MOE = {
     "soft_moe": {"num_experts": 8, "routing": "soft", "slots_per_expert": 16, "layers": [6, 7, 8, 9, 10, 11],
                  "mode": "per_modality"},
     "top_p": TINY_MOE["top_p"],
+    "null_experts": TINY_MOE["null_experts"],
+    "moe_plus_plus": TINY_MOE["moe_plus_plus"],
 }  # fmt: skip
 #: Each size's MoE plans, by variant.
 # Mixture-of-Depths over the image patches (Raposo et al. 2024): dense FFNs, depth routing in every other layer.

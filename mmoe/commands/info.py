@@ -28,6 +28,7 @@ from mmoe.model.config import MODALITIES
 from mmoe.model.cost import backbone_cost
 from mmoe.model.output_vocab import load_output_vocab
 from mmoe.model.vqkd import read_vqkd_shape, vqkd_cost
+from mmoe.moe.cost import routed_experts
 from mmoe.moe.scorers import SCORERS
 from mmoe.runtime.checkpoint import PREFIX, config_from_dict, read_pretrained
 from mmoe.safe_load import load_checkpoint_file
@@ -198,6 +199,8 @@ def moe_name(config: MultiwayConfig) -> str:
     router = SCORERS[moe.router].label
     heads = f" MH-MoE h={moe.heads}" if moe.heads > 1 else ""
     shared = f" + {moe.shared_experts} shared" if moe.shared_experts else ""
+    if moe.zero_computation_experts:  # AdaMoE / MoE++: expected real experts per token, as the counts below
+        shared += f" + {moe.zero_computation_experts} zero-computation ({routed_experts(moe):g} real per token)"
     width = f", expert width {moe.beta:g} x FFN" if moe.beta != 1.0 else ""
     choice = f"expert choice c={moe.capacity_factor:g}" if moe.routing == "expert_choice" else f"top-{moe.top_k}"
     balancing = ", loss-free bias" if moe.bias_update_rate else ""

@@ -17,8 +17,9 @@ Every MoE variant mmoe implements is a value of this one dataclass:
 * LIMoE's entropy losses (:class:`mmoe.moe.choices.Balance`), V-MoE's batch-priority routing
   (:class:`mmoe.moe.choices.Capacity`), DeepSeek's balance-loss conventions, routed scaling and group-limited top-k
   (:class:`mmoe.moe.choices.Selection`), Switch Transformer's router jitter (:class:`mmoe.moe.choices.Scoring`).
+* AdaMoE's null experts and MoE++'s zero, copy and constant experts (:class:`mmoe.moe.choices.ZeroComputation`).
 
-The routing choices, with their defaults and their checks, are :class:`RoutingChoices`: the five parts of
+The routing choices, with their defaults and their checks, are :class:`RoutingChoices`: the six parts of
 :mod:`mmoe.moe.choices`. :class:`MoEConfig` adds one layer's widths to them, and a backbone's plan of MoE layers adds
 where the layers go. A router's scorer is one module of :mod:`mmoe.moe.scorers`, named by ``router``.
 """
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import KW_ONLY, dataclass, field
 
-from mmoe.moe.choices import Balance, Capacity, ExpertPool, Scoring, Selection
+from mmoe.moe.choices import Balance, Capacity, ExpertPool, Scoring, Selection, ZeroComputation
 from mmoe.moe.choices.values import finite_at_least, is_int
 
 #: X-MoE App. A: the gating temperature starts at 0.3 for softmax gates and 0.07 for sigmoid gates; the balance loss
@@ -39,8 +40,8 @@ DEFAULT_ROUTING_DIM = 16
 
 
 @dataclass(frozen=True, kw_only=True)
-class RoutingChoices(ExpertPool, Scoring, Selection, Capacity, Balance):
-    """How MoE layers route, whatever their width: the five parts of :mod:`mmoe.moe.choices` (see each for its
+class RoutingChoices(ExpertPool, Scoring, Selection, Capacity, Balance, ZeroComputation):
+    """How MoE layers route, whatever their width: the six parts of :mod:`mmoe.moe.choices` (see each for its
     fields), checked in turn. Errors name the field as ``<class>.<field>`` of the config that holds it."""
 
     def __post_init__(self) -> None:
@@ -51,6 +52,7 @@ class RoutingChoices(ExpertPool, Scoring, Selection, Capacity, Balance):
         if self.strata is not None:
             self._check_strata()
         self._check_balance()
+        self._check_zero_computation()
 
 
 @dataclass(frozen=True)

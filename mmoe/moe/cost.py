@@ -10,7 +10,11 @@ expert-choice routing (Zhou et al., 2022) a token is taken by a data-dependent n
 capacity factor): the per-token counts use that mean, rounded; so do they with top-p routing (Huang et al., 2024) at
 its controller's target mean. Soft MoE (Puigcerver et al., 2024, :mod:`mmoe.moe.soft_moe`) has slot parameters Phi (d
 x n*p) and a scale in place of a router, and its per-token FLOPs depend on the m tokens of the sequence
-(:func:`soft_moe_flops_per_token`). FLOPs count a multiply-add as 2.
+(:func:`soft_moe_flops_per_token`). With null / zero-computation experts (AdaMoE, MoE++: :mod:`mmoe.moe.null_experts`) the router scores
+E + Z experts, the constant experts add their vectors and 2 x D/h mixing matrices, and a sub-token's routed experts
+are counted at their expected number when the balance loss has spread the choices evenly over the pool,
+``top_k * E / (E + Z)`` (the most is top_k); the copy and constant experts' element-wise work is not counted, as
+biases and activations are not. FLOPs count a multiply-add as 2.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from mmoe.moe.scorers import SCORERS
 
 def router_parameters(config: MoEConfig, num_experts: int | None = None) -> int:
     """One router's parameters, as its scorer counts them (:meth:`mmoe.moe.scorers.Scorer.parameter_count`)."""
-    num_experts = config.num_experts if num_experts is None else num_experts
+    num_experts = config.num_experts + config.zero_computation_experts if num_experts is None else num_experts
     return SCORERS[config.router].parameter_count(config, num_experts)
 
 
@@ -46,7 +50,12 @@ def moe_parameter_count(config: MoEConfig) -> int:
     # MH-MoE Eq. 21 and 24, with biases
     split_merge = 2 * (config.dim * config.dim + config.dim) if config.heads > 1 else 0
     experts = (config.num_experts + config.shared_experts) * expert_parameters(config)
-    return split_merge + router_parameters(config) + experts
+    return split_merge + router_parameters(config) + experts + constant_expert_parameters(config)
+
+
+def constant_expert_parameters(config: MoEConfig) -> int:
+    """MoE++'s constant experts: a vector v and a 2 x D/h mixing matrix each (:mod:`mmoe.moe.null_experts`)."""
+    return config.constant_experts * 3 * config.head_dim
 
 
 def active_parameters_per_token(config: MoEConfig, gates: Sequence[int] | None = None) -> int:
@@ -62,7 +71,8 @@ def active_parameters_per_token(config: MoEConfig, gates: Sequence[int] | None =
         return moe_parameter_count(config)
     split_merge = 2 * (config.dim * config.dim + config.dim) if config.heads > 1 else 0
     experts_touched = min(config.num_experts, round(config.heads * routed_experts(config))) + config.shared_experts
-    return split_merge + router_parameters(config) + experts_touched * expert_parameters(config)
+    touched = experts_touched * expert_parameters(config) + constant_expert_parameters(config)
+    return split_merge + router_parameters(config) + touched
 
 
 def flops_per_token(config: MoEConfig, gates: Sequence[int] | None = None, tokens: int | None = None) -> int:
@@ -81,7 +91,8 @@ def flops_per_token(config: MoEConfig, gates: Sequence[int] | None = None, token
     experts = round(
         2 * heads * (routed_experts(config) + config.shared_experts) * 2 * config.head_dim * config.expert_dim
     )
-    return split_merge + router_flops(config, config.num_experts) + experts
+    mixing = heads * config.constant_experts * 2 * 2 * config.head_dim  # MoE++'s softmax(W x) of each constant expert
+    return split_merge + router_flops(config, config.num_experts + config.zero_computation_experts) + experts + mixing
 
 
 def soft_slots(config: MoEConfig) -> int:
@@ -105,10 +116,13 @@ def soft_moe_flops_per_token(config: MoEConfig, tokens: int) -> int:
 def routed_experts(config: MoEConfig) -> float:
     """Routed experts per sub-token: top_k, or with expert choice the mean c (Zhou et al., 2022, §3.2); with top-p
     routing (Huang et al., 2024) the expected number, the controller's target, or without one every expert (the
-    most a sub-token may use)."""
+    most a sub-token may use); with null / zero-computation experts the expected top_k * E / (E + Z) of a router
+    balanced over the pool (AdaMoE, MoE++)."""
     if config.top_p is not None:
         return config.num_experts if config.target_active_experts is None else config.target_active_experts
-    return config.capacity_factor if config.routing == "expert_choice" else config.top_k
+    if config.routing == "expert_choice":
+        return config.capacity_factor
+    return config.top_k * config.num_experts / (config.num_experts + config.zero_computation_experts)
 
 
 def router_flops(config: MoEConfig, num_experts: int) -> int:

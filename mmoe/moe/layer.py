@@ -9,6 +9,8 @@ Forward of :class:`MoELayer` (one dispatch path for every variant; they differ i
    :mod:`mmoe.moe.experts`), then combine with the gate weights (MH-MoE Eq. 6 without its residual: Algorithm 1 and
    the public code have none, the block's residual is outside the layer), and add the shared experts' outputs
    (DeepSeekMoE, Dai et al., 2024, §3.2, Eq. 9: every (sub-)token passes through them with weight 1).
+   MoE++'s copy and constant experts (:mod:`mmoe.moe.null_experts`), chosen by the router but never dispatched, add
+   their weighted outputs after the combine.
    Expert-choice routing (Zhou et al., 2022, :mod:`mmoe.moe.expert_choice`) replaces this step: each expert takes
    its top-C (sub-)tokens, and the outputs are summed back with their gate values.
 4. MH-MoE: merge the sub-tokens back in head order and apply the merge linear D -> D (MH-MoE Eq. 7-9).
@@ -32,6 +34,7 @@ from mmoe.moe.dispatch import combine, combine_unsorted, dispatch_rows
 from mmoe.moe.expert_choice import combine_expert_choice, plan_expert_choice
 from mmoe.moe.expert_parallel import ExpertShard, exchange
 from mmoe.moe.experts import GroupedExperts
+from mmoe.moe.null_experts import ZeroComputationExperts
 from mmoe.moe.priority import plan_token_dispatch
 from mmoe.moe.router import Router, RouterOutput
 from mmoe.moe.scorers import XMoEScorer
@@ -82,11 +85,15 @@ class MoELayer(MoEFeedForward):
             if config.shared_experts
             else None
         )
+        #: MoE++'s copy and constant experts (:mod:`mmoe.moe.null_experts`), added here without the dispatch.
+        cheap = config.copy_experts or config.constant_experts
+        self.zero_computation = ZeroComputationExperts(config) if cheap else None
         if config.frozen:
             self.router.requires_grad_(False)
             self.experts.requires_grad_(False)
-            if self.shared_experts is not None:
-                self.shared_experts.requires_grad_(False)
+            for cheap_experts in (self.shared_experts, self.zero_computation):
+                if cheap_experts is not None:
+                    cheap_experts.requires_grad_(False)
 
     def use_fused_kernels(self, x: torch.Tensor) -> bool:
         """``expert_kernels: triton`` and a device the kernels run on; otherwise a one-time warning (the reference
@@ -152,6 +159,8 @@ class MoELayer(MoEFeedForward):
         else:
             y_SD, counts_E, expert_index_SK, dropped = self._token_choice(x_SD, valid_S, routed)
             balance_loss, unrouted = routed.balance_loss, None
+            if self.zero_computation is not None:  # MoE++'s copy and constant experts: O(D) per (sub-)token
+                y_SD = y_SD + self.zero_computation(x_SD.to(y_SD.dtype), routed.zero_computation, valid_S)
 
         if self.shared_experts is not None:
             with record_function("mmoe.moe.shared_experts"):

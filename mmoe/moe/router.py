@@ -41,6 +41,10 @@ gate logits x (s / tau for X-MoE), which keeps them small; computed always, weig
 acts on the learned temperature tau; with the sigmoid gate logsumexp is not the gate's normaliser, but it still
 penalises large logits.
 
+Null and zero-computation experts (AdaMoE; MoE++; :mod:`mmoe.moe.null_experts`): the scorer scores E + Z experts, the
+top-k is over all of them and so is the balance loss; :func:`mmoe.moe.null_experts.split_choices` turns the
+zero-computation choices into the "no expert" id E and hands the copy and constant experts' choices to the layer.
+
 Shape legend: S (sub-)tokens, E experts, K top-k choices, R routing dim.
 """
 
@@ -56,6 +60,7 @@ from mmoe.moe.balance import balance_loss, counted_choices, deepseek_v3_scores, 
 from mmoe.moe.config import MoEConfig
 from mmoe.moe.entropy_losses import entropy_losses
 from mmoe.moe.group_limited import group_limited_top_k
+from mmoe.moe.null_experts import ZeroComputationChoices, split_choices
 from mmoe.moe.scorers import SCORERS
 from mmoe.moe.token_layout import TokenLayout
 from mmoe.moe.top_p import TopPThreshold, dynamic_loss
@@ -75,6 +80,8 @@ class RouterOutput:
         entropy: mean entropy of the routing distribution over the non-padding (sub-)tokens (detached, for logs).
         priority_S: the top gate value of each (sub-)token (batch-priority routing's score; V-MoE batch priority).
         auxiliary_losses: the config's further weighted losses by name (LIMoE's entropy losses); empty when none.
+        zero_computation: the choices of MoE++'s copy and constant experts (:mod:`mmoe.moe.null_experts`); None
+            without zero-computation experts. Their choices, and null experts', are the id E in ``expert_SK``.
     """
 
     expert_SK: torch.Tensor
@@ -85,6 +92,7 @@ class RouterOutput:
     entropy: torch.Tensor
     priority_S: torch.Tensor | None = None
     auxiliary_losses: dict[str, torch.Tensor] = field(default_factory=dict)
+    zero_computation: ZeroComputationChoices | None = None
 
 
 class Router(nn.Module):
@@ -116,7 +124,8 @@ class Router(nn.Module):
             self.register_buffer("selection_bias", torch.zeros(num_experts))
         else:
             self.selection_bias = None
-        self.scorer = SCORERS[config.router](config, num_experts)
+        # AdaMoE / MoE++: the null, copy and constant experts are scored after the real ones
+        self.scorer = SCORERS[config.router](config, num_experts + config.zero_computation_experts)
 
     def forward(
         self, x_SD: torch.Tensor, valid_S: torch.Tensor | None, layout: TokenLayout | None = None
@@ -139,7 +148,11 @@ class Router(nn.Module):
                 expert_SK = self._select(scores_SE)
                 weight_SK = scores_SE.gather(-1, expert_SK)
             priority_S = weight_SK[:, 0].detach()  # V-MoE batch priority: the top gate value, before renormalisation
-            if self.top_k > 1 and self.renormalize:  # GShard; MH-MoE Eq. 2 / 6 and Stratified Eq. 6 keep raw values
+            pool_SK, zero_computation = expert_SK, None  # the balance loss counts the whole pool (AdaMoE)
+            if config.zero_computation_experts:
+                renormalize = self.top_k > 1 and self.renormalize
+                expert_SK, weight_SK, zero_computation = split_choices(expert_SK, weight_SK, config, renormalize)
+            elif self.top_k > 1 and self.renormalize:  # GShard; MH-MoE Eq. 2 / 6 and Stratified Eq. 6 keep raw values
                 weight_SK = weight_SK / weight_SK.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(weight_SK.dtype).tiny)
             if config.routed_scaling_factor != 1:  # DeepSeek-V2/V3: the routed experts' mix times a constant
                 weight_SK = weight_SK * config.routed_scaling_factor
@@ -149,14 +162,16 @@ class Router(nn.Module):
                 affinity_SE, counted_SK = deepseek_v3_scores(balance_logits_SE, self.top_k)
                 balance = self._balance_loss(affinity_SE, counted_SK, weights_S, layout)
             else:
-                balance = self._balance_loss(balance_probs_SE, expert_SK, weights_S, layout)
+                balance = self._balance_loss(balance_probs_SE, pool_SK, weights_S, layout)
             z_loss = (weights_S @ gate_logits_SE.logsumexp(dim=-1).square()) / count  # ST-MoE Eq. 5
             entropy = (weights_S @ torch.special.entr(balance_probs_SE.detach()).sum(-1)) / count
             segment_S = layout.segment_S(x_SD.device)
             auxiliary = entropy_losses(gate_logits_SE, weights_S, segment_S, layout.num_segments, config)
             if config.dynamic_loss_weight > 0:  # Huang et al. (2024) §3.2
                 auxiliary["dynamic_loss"] = config.dynamic_loss_weight * dynamic_loss(gate_logits_SE, weights_S, count)
-        return RouterOutput(expert_SK, weight_SK, scores_SE, balance, z_loss, entropy, priority_S, auxiliary)
+        return RouterOutput(
+            expert_SK, weight_SK, scores_SE, balance, z_loss, entropy, priority_S, auxiliary, zero_computation
+        )
 
     def _select(self, scores_SE: torch.Tensor) -> torch.Tensor:
         """The top-k experts by the gate values, plus the loss-free selection bias when set (Wang et al. Eq. 3: the

@@ -1,8 +1,9 @@
-"""The routing choices of a MoE layer in five small typed parts, each with its defaults and its checks:
+"""The routing choices of a MoE layer in six small typed parts, each with its defaults and its checks:
 :class:`ExpertPool` (the experts), :class:`Scoring` (the scorer and gate), :class:`Selection` (which experts, how
-weighed), :class:`Capacity` (what a full expert drops) and :class:`Balance` (the balance and entropy losses).
+weighed), :class:`Capacity` (what a full expert drops), :class:`Balance` (the balance and entropy losses) and
+:class:`ZeroComputation` (null, copy and constant experts beside the FFN experts).
 
-:class:`mmoe.moe.RoutingChoices` is all five at once, their fields side by side, so that a config names each choice
+:class:`mmoe.moe.RoutingChoices` is all six at once, their fields side by side, so that a config names each choice
 by its field alone (``moe.top_k``, ``moe.router``) as every mmoe version has. A check across parts lives with the
 choice that makes the combination: expert choice's refusals in :class:`Selection`, batch priority's in
 :class:`Capacity`, Stratified MoE's in :class:`ExpertPool`, LIMoE's entropy losses' in :class:`Balance`.
@@ -13,5 +14,6 @@ from mmoe.moe.choices.capacity import Capacity
 from mmoe.moe.choices.experts import ExpertPool
 from mmoe.moe.choices.scoring import Scoring
 from mmoe.moe.choices.selection import Selection
+from mmoe.moe.choices.zero_computation import ZeroComputation
 
-__all__ = ["Balance", "Capacity", "ExpertPool", "Scoring", "Selection"]
+__all__ = ["Balance", "Capacity", "ExpertPool", "Scoring", "Selection", "ZeroComputation"]
