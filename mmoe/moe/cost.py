@@ -10,9 +10,9 @@ expert-choice routing (Zhou et al., 2022) a token is taken by a data-dependent n
 capacity factor): the per-token counts use that mean, rounded; so do they with top-p routing (Huang et al., 2024) at
 its controller's target mean. Soft MoE (Puigcerver et al., 2024, :mod:`mmoe.moe.soft_moe`) has slot parameters Phi (d
 x n*p) and a scale in place of a router, and its per-token FLOPs depend on the m tokens of the sequence
-(:func:`soft_moe_flops_per_token`). With null / zero-computation experts (AdaMoE, MoE++: :mod:`mmoe.moe.null_experts`) the router scores
-E + Z experts, the constant experts add their vectors and 2 x D/h mixing matrices, and a sub-token's routed experts
-are counted at their expected number when the balance loss has spread the choices evenly over the pool,
+(:func:`soft_moe_flops_per_token`). With null / zero-computation experts (AdaMoE, MoE++: :mod:`mmoe.moe.null_experts`)
+the router scores E + Z experts, the constant experts add their vectors and 2 x D/h mixing matrices, and a sub-token's
+routed experts are counted at their expected number when the balance loss has spread the choices evenly over the pool,
 ``top_k * E / (E + Z)`` (the most is top_k); the copy and constant experts' element-wise work is not counted, as
 biases and activations are not. FLOPs count a multiply-add as 2.
 """
