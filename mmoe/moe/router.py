@@ -30,6 +30,10 @@ After each optimiser step :meth:`Router.update_selection_bias` moves b by ``u * 
 ``bias_update_rule="z_score"`` (MoE-ViE), by ``u * (mean load - load) / std(load)``: the step follows how far each
 expert's load is from the mean in units of the loads' spread, instead of only its side.
 
+ReLU gates (ReMoE, Wang et al., 2025; ``gate="relu"``, :mod:`mmoe.moe.relu_routing`): every expert whose gate
+ReLU(W_r x) is positive, best first, the rest of the E choices empty; the adaptive L1 penalty, weighted by the
+router's ``relu_l1_coefficient`` buffer, is the auxiliary loss ``relu_l1_loss``.
+
 Router z-loss (ST-MoE, Zoph et al., 2022, Eq. 5): ``mean over non-padding rows of (log sum_i exp(x_i))^2`` of the
 gate logits x (s / tau for X-MoE), which keeps them small; computed always, weighted by the task's
 ``z_loss_coefficient`` (0 = off, ST-MoE uses 1e-3). X-MoE's logits are bounded (|s| <= 1), so there it mainly
@@ -51,6 +55,7 @@ from mmoe.moe.balance import balance_loss, counted_choices, deepseek_v3_scores, 
 from mmoe.moe.config import MoEConfig
 from mmoe.moe.entropy_losses import entropy_losses
 from mmoe.moe.group_limited import group_limited_top_k
+from mmoe.moe.relu_routing import l1_penalty, relu_choices
 from mmoe.moe.scorers import SCORERS
 from mmoe.moe.token_layout import TokenLayout
 
@@ -107,6 +112,8 @@ class Router(nn.Module):
         else:
             self.selection_bias = None
         self.scorer = SCORERS[config.router](config, num_experts)
+        if config.gate == "relu":  # ReMoE's lambda: moved after training steps (mmoe.runtime.relu_sparsity), saved
+            self.register_buffer("relu_l1_coefficient", torch.tensor(config.relu_l1_initial))
 
     def forward(
         self, x_SD: torch.Tensor, valid_S: torch.Tensor | None, layout: TokenLayout | None = None
@@ -122,9 +129,12 @@ class Router(nn.Module):
             if self.training and config.router_jitter > 0:  # Switch Transformer's input jitter: the router's only
                 x_SD = x_SD * torch.empty_like(x_SD).uniform_(1 - config.router_jitter, 1 + config.router_jitter)
             gate_logits_SE, balance_logits_SE = self.scorer(x_SD)
-            scores_SE = gate_logits_SE.softmax(dim=-1) if self.gate == "softmax" else gate_logits_SE.sigmoid()
-            expert_SK = self._select(scores_SE)
-            weight_SK = scores_SE.gather(-1, expert_SK)
+            if self.gate == "relu":  # ReMoE: K = E choices, the zero gates' left empty
+                scores_SE, expert_SK, weight_SK = relu_choices(gate_logits_SE)
+            else:
+                scores_SE = gate_logits_SE.softmax(dim=-1) if self.gate == "softmax" else gate_logits_SE.sigmoid()
+                expert_SK = self._select(scores_SE)
+                weight_SK = scores_SE.gather(-1, expert_SK)
             priority_S = weight_SK[:, 0].detach()  # V-MoE batch priority: the top gate value, before renormalisation
             if self.top_k > 1 and self.renormalize:  # GShard; MH-MoE Eq. 2 / 6 and Stratified Eq. 6 keep raw values
                 weight_SK = weight_SK / weight_SK.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(weight_SK.dtype).tiny)
@@ -141,6 +151,9 @@ class Router(nn.Module):
             entropy = (weights_S @ torch.special.entr(balance_probs_SE.detach()).sum(-1)) / count
             segment_S = layout.segment_S(x_SD.device)
             auxiliary = entropy_losses(gate_logits_SE, weights_S, segment_S, layout.num_segments, config)
+            if self.gate == "relu":
+                penalty = l1_penalty(scores_SE, weights_S, self.top_k, config.relu_l1_balanced)
+                auxiliary["relu_l1_loss"] = self.relu_l1_coefficient.to(penalty.dtype) * penalty
         return RouterOutput(expert_SK, weight_SK, scores_SE, balance, z_loss, entropy, priority_S, auxiliary)
 
     def _select(self, scores_SE: torch.Tensor) -> torch.Tensor:

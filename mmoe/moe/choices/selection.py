@@ -70,7 +70,7 @@ class Selection:
         """Whether the router may leave some of a (sub-)token's ``top_k`` choices empty (an adaptive router: the
         number of experts a (sub-)token uses then varies); such a choice names the expert id ``num_experts``, which
         the dispatch never runs (:mod:`mmoe.moe.dispatch`)."""
-        return False
+        return self.gate == "relu"  # ReMoE: the zero gates' choices
 
     def _check_selection(self) -> None:
         """Each choice's range, then the combinations (reads ``num_experts``, ``strata`` and the capacity)."""
