@@ -310,6 +310,22 @@ def cpu_cases() -> list[partial[Case]]:
         partial(make_case, "loss_free_bias_top1_4096", None, d, h, 8, 4096, bias_update_rate=1e-3),
         partial(make_case, "expert_choice_c1_4096", None, d, h, 8, 4096, capacity_factor=1.0, **expert_choice),
         partial(make_case, "expert_choice_c2_4096", None, d, h, 8, 4096, capacity_factor=2.0, **expert_choice),
+        # ReMoE's ReLU gates at their target: at initialisation about half of the 8 gates are open, so k = 4 (the
+        # dense FFN 4H wide, the floor on 4 rows a token); the experts run on the open gates' rows only.
+        partial(
+            make_case,
+            "relu_e8_target4_4096",
+            None,
+            d,
+            h,
+            8,
+            4096,
+            top_k=4,
+            router="linear",
+            gate="relu",
+            renormalize=False,
+            **floor,
+        ),
     ]
 
 

@@ -66,6 +66,9 @@ TINY_MOE = {
                  "gate": "sigmoid",
                  "renormalize": True, "routed_scaling_factor": 2.5, "bias_update_rate": 0.001,
                  "balance_batch": "sequence", "balance_choices": "all", "every": 2, "mode": "per_modality"},
+    "remoe": {"num_experts": 8, "top_k": 1, "router": "linear", "gate": "relu", "renormalize": False,
+              "relu_l1_initial": 1.0e-4, "relu_l1_multiplier": 1.2, "relu_l1_balanced": True, "every": 2,
+              "mode": "per_modality"},
 }  # fmt: skip
 #: What each base part sets: the MoE plan of the base backbone (BEiT-3 base; the dense base has none).
 BASE_MOE = {
@@ -79,6 +82,7 @@ BASE_MOE = {
     "limoe": TINY_MOE["limoe"],
     "moma": TINY_MOE["moma"] | {"num_experts": 4, "experts_by_modality": {"vision": 4, "language": 4}},
     "deepseek": TINY_MOE["deepseek"] | {"num_experts": 64, "top_k": 7, "beta": 0.125},
+    "remoe": TINY_MOE["remoe"] | {"relu_l1_initial": 1.0e-8},
 }  # fmt: skip
 #: Each size's MoE plans, by variant.
 MOE_PLANS = {"tiny": TINY_MOE, "base": BASE_MOE}
@@ -89,6 +93,9 @@ PART_MODEL_ARGUMENTS = {
     # DeepSeek-V3's sequence-wise balance loss weight, beside its loss-free bias.
     ("tiny", "deepseek"): {"balance_coefficient": 1.0e-4},
     ("base", "deepseek"): {"balance_coefficient": 1.0e-4},
+    # ReMoE: the load-balanced L1 penalty replaces the balance loss.
+    ("tiny", "remoe"): {"balance_coefficient": 0.0},
+    ("base", "remoe"): {"balance_coefficient": 0.0},
 }
 
 

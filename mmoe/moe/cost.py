@@ -74,7 +74,9 @@ def flops_per_token(config: MoEConfig, gates: Sequence[int] | None = None) -> in
 
 
 def routed_experts(config: MoEConfig) -> float:
-    """Routed experts per sub-token: top_k, or with expert choice the mean c (Zhou et al., 2022, §3.2)."""
+    """Routed experts per sub-token: top_k, or with expert choice the mean c (Zhou et al., 2022, §3.2). ReLU gates
+    (ReMoE) use a varying number: top_k is the mean their adaptive L1 penalty holds, so their cost is the expected
+    value at that target."""
     return config.capacity_factor if config.routing == "expert_choice" else config.top_k
 
 

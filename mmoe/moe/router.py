@@ -68,7 +68,7 @@ class RouterOutput:
         expert_SK: chosen experts, first choice first.
         weight_SK: gate weight of each choice (top-k renormalised to sum to one unless ``renormalize`` is off), times
             the routed scaling factor.
-        scores_SE: the gate values of every expert (softmax or sigmoid; what expert-choice routing ranks).
+        scores_SE: the gate values of every expert (softmax, sigmoid or ReLU; what expert-choice routing ranks).
         balance_loss: X-MoE Eq. 9 (or DeepSeek's conventions) over the non-padding (sub-)tokens; zero when none.
         z_loss: ST-MoE Eq. 5 over the non-padding (sub-)tokens; zero when there are none.
         entropy: mean entropy of the routing distribution over the non-padding (sub-)tokens (detached, for logs).

@@ -44,7 +44,7 @@ class Scoring:
     """
 
     router: str = "xmoe"
-    gate: Literal["softmax", "sigmoid"] = "softmax"
+    gate: Literal["softmax", "sigmoid", "relu"] = "softmax"
     routing_dim: int | None = None
     router_jitter: float = 0.0
     relu_l1_initial: float = 1e-8
