@@ -28,11 +28,11 @@ class ReLUSparsity:
     """
 
     def __init__(self, backbone: MultiwayTransformer) -> None:
-        self.routers: dict[tuple[int, str], Router] = {}
-        for slot in backbone.moe_layers():
-            router = slot.layer.gate_routers()[0]
-            if slot.layer.config.gate == "relu" and not slot.layer.config.frozen:
-                self.routers[(slot.index, slot.modality)] = router
+        self.routers: dict[tuple[int, str], Router] = {
+            (slot.index, slot.modality): slot.layer.gate_routers()[0]
+            for slot in backbone.moe_layers()
+            if slot.layer.config.gate == "relu" and not slot.layer.config.frozen
+        }
         self.counts: dict[tuple[int, str], torch.Tensor] = {}
         #: The model's mean sparsity over the last step's routers (for logs); None before the first step.
         self.sparsity: float | None = None

@@ -35,10 +35,9 @@ def test_coefficient_moves_once_per_step_from_the_steps_sparsity(codebook_path, 
     )  # fmt: skip
     task = MaskedPretraining(MultiwayConfig(**BACKBONE, moe=plan), codebook_path, balance_coefficient=0.0)
     recorder = RecordUse()
-    trainer = L.Trainer(
-        max_steps=3, accumulate_grad_batches=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, accelerator="cpu", default_root_dir=tmp_path, callbacks=[recorder],
-    )  # fmt: skip
+    quiet = dict.fromkeys(("logger", "enable_checkpointing", "enable_progress_bar", "enable_model_summary"), False)
+    steps = dict(max_steps=3, accumulate_grad_batches=2)  # two micro-batches per optimiser step
+    trainer = L.Trainer(**steps, **quiet, accelerator="cpu", default_root_dir=tmp_path, callbacks=[recorder])
     trainer.fit(task, DataLoader(make_batches(6), batch_size=None, shuffle=False))
     assert len(recorder.batches) == 6
 
