@@ -5,6 +5,9 @@ the right way and holds a toy stream at its target, and bad combinations are ref
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -192,3 +195,13 @@ def test_coefficient_is_a_buffer_saved_only_with_relu_gates():
     plain = MoELayer(MoEConfig(dim=DIM, ffn_dim=20, num_experts=EXPERTS, router="linear"))
     assert "router.relu_l1_coefficient" not in plain.state_dict()
     assert not plain.config.may_choose_no_expert and layer.config.may_choose_no_expert
+
+
+def test_the_command_refuses_relu_gates_on_the_xmoe_scorer_in_one_line():
+    """The real ``mmoe`` command, in a subprocess: exit 2 and one line naming the field, its value and why."""
+    argv = ["moe-info", "--moe.dim", "64", "--moe.ffn_dim", "256", "--moe.num_experts", "8", "--moe.gate", "relu"]
+    argv += ["--moe.renormalize", "false"]  # the scorer stays X-MoE's default: refused
+    done = subprocess.run([sys.executable, "-m", "mmoe.cli", *argv], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "router='xmoe' with gate='relu'" in lines[0] and "linear scorer" in lines[0], lines
