@@ -6,7 +6,8 @@ layer and over all of them (token-weighted), against the target, from the ``acti
         --config configs/pretrain/tiny/remoe.yaml --trainer.max_steps 100 --trainer.default_root_dir /tmp/remoe
     .venv/bin/python scripts/active_experts_vs_target.py /tmp/remoe --target 1
 
-Prints one line per layer and the total, each with its ratio to the target; exit 1 when the total is outside
+Prints one line per layer, the total over every layer's (sub-)tokens and the plain mean over the layers (what ReMoE's
+model-wide controller compares with its target), each with its ratio to the target; exit 1 when the total is outside
 ``--tolerance`` (0.05 = +-5%) of the target.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import torch
 
@@ -24,7 +26,7 @@ from mmoe.runtime.layout import RunLayout
 
 def last_window_histograms(run_dir: str) -> tuple[int, dict[str, torch.Tensor]]:
     """(step, per layer key the (E + 1,) histogram of experts used) of the run's last window."""
-    payload = read_stats(RunLayout(run_dir).routing_stats)
+    payload = read_stats(RunLayout(Path(run_dir)).routing_stats)
     windows = [window for window in payload.get("windows", []) if window.get("active_experts")]
     if not windows:
         raise SystemExit(f"{run_dir}: no routing window with active_experts histograms")
@@ -45,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {key:<24} {mean:.3f}  ({mean / args.target:.3f} x target)  histogram {histograms[key].tolist()}")
     used = sum(float(torch.arange(len(h)).double() @ h.double()) for h in histograms.values())
     total = used / max(1.0, sum(float(h.sum()) for h in histograms.values()))  # pools may differ in size
+    over_layers = sum(float(mean_active_experts(h)) for h in histograms.values()) / len(histograms)
+    print(f"  {'mean over layers':<24} {over_layers:.3f}  ({over_layers / args.target:.3f} x target)")
     held = abs(total / args.target - 1) <= args.tolerance
     print(f"  {'all layers':<24} {total:.3f}  ({total / args.target:.3f} x target): {'held' if held else 'missed'}")
     return 0 if held else 1
