@@ -63,8 +63,9 @@ class RoundRobinRouter(nn.Module):
 
 def forced_balanced(layer: MoELayer) -> MoELayer:
     """``layer`` with round-robin choices (module docstring), sharing its parameters; expert choice is balanced by
-    construction, so such a layer comes back as it is."""
-    if layer.config.routing == "expert_choice":
+    construction, and an adaptive router (ReLU gates) has no fixed K to deal round, so such a layer comes back as it
+    is."""
+    if layer.config.routing == "expert_choice" or layer.config.may_choose_no_expert:
         return layer
     balanced = copy.copy(layer)  # a shallow copy: the same submodules and parameters
     balanced._modules = dict(layer._modules)

@@ -353,6 +353,22 @@ def cpu_cases() -> list[partial[Case]]:
         # experts, one real expert per token at balance (the dense FFN of H, the floor on those rows).
         partial(make_case, "null_experts_e8_n8_top2_4096", None, d, h, 8, 4096, top_k=2, null_experts=8, **floor),
         partial(make_case, "moe_plus_plus_e8_z8_top2_4096", None, d, h, 8, 4096, top_k=2, **moe_plus_plus),
+        # ReMoE's ReLU gates at their target: at initialisation about half of the 8 gates are open, so k = 4 (the
+        # dense FFN 4H wide, the floor on 4 rows a token); the experts run on the open gates' rows only.
+        partial(
+            make_case,
+            "relu_e8_target4_4096",
+            None,
+            d,
+            h,
+            8,
+            4096,
+            top_k=4,
+            router="linear",
+            gate="relu",
+            renormalize=False,
+            **floor,
+        ),
     ]
 
 

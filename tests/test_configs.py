@@ -74,6 +74,9 @@ TINY_MOE = {
                      "every": 2, "mode": "per_modality"},
     "moe_plus_plus": {"num_experts": 8, "top_k": 2, "null_experts": 2, "copy_experts": 2, "constant_experts": 4,
                       "router": "linear", "gate": "softmax", "every": 2, "mode": "per_modality"},
+    "remoe": {"num_experts": 8, "top_k": 1, "router": "linear", "gate": "relu", "renormalize": False,
+              "relu_l1_initial": 1.0e-4, "relu_l1_multiplier": 1.2, "relu_l1_balanced": True, "every": 2,
+              "mode": "per_modality"},
 }  # fmt: skip
 #: What each base part sets: the MoE plan of the base backbone (BEiT-3 base; the dense base has none).
 BASE_MOE = {
@@ -92,6 +95,7 @@ BASE_MOE = {
     "top_p": TINY_MOE["top_p"],
     "null_experts": TINY_MOE["null_experts"],
     "moe_plus_plus": TINY_MOE["moe_plus_plus"],
+    "remoe": TINY_MOE["remoe"] | {"relu_l1_initial": 1.0e-8},
 }  # fmt: skip
 #: Each size's MoE plans, by variant.
 # Mixture-of-Depths over the image patches (Raposo et al. 2024): dense FFNs, depth routing in every other layer.
@@ -109,6 +113,9 @@ PART_MODEL_ARGUMENTS = {
     # DeepSeek-V3's sequence-wise balance loss weight, beside its loss-free bias.
     ("tiny", "deepseek"): {"balance_coefficient": 1.0e-4},
     ("base", "deepseek"): {"balance_coefficient": 1.0e-4},
+    # ReMoE: the load-balanced L1 penalty replaces the balance loss.
+    ("tiny", "remoe"): {"balance_coefficient": 0.0},
+    ("base", "remoe"): {"balance_coefficient": 0.0},
 }
 
 

@@ -94,7 +94,7 @@ class MoEConfig(RoutingChoices):
             "routing_dim": self.routing_dim or max(1, DEFAULT_ROUTING_DIM // self.heads),
             "head_dim": self.dim // self.heads,
             "expert_dim": max(1, round(self.ffn_dim * self.beta)),
-            "initial_temperature": INITIAL_TEMPERATURE[self.gate],
+            "initial_temperature": INITIAL_TEMPERATURE.get(self.gate, 1.0),  # ReLU gates: linear scorer, none
         }
         for name, value in derived.items():
             object.__setattr__(self, name, value)  # frozen: derived once, here

@@ -116,8 +116,9 @@ def soft_moe_flops_per_token(config: MoEConfig, tokens: int) -> int:
 def routed_experts(config: MoEConfig) -> float:
     """Routed experts per sub-token: top_k, or with expert choice the mean c (Zhou et al., 2022, §3.2); with top-p
     routing (Huang et al., 2024) the expected number, the controller's target, or without one every expert (the
-    most a sub-token may use); with null / zero-computation experts the expected top_k * E / (E + Z) of a router
-    balanced over the pool (AdaMoE, MoE++)."""
+    most a sub-token may use); ReLU gates (ReMoE) use a varying number, top_k the mean their adaptive L1 penalty
+    holds, so their cost is the expected value at that target; with null / zero-computation experts the expected
+    top_k * E / (E + Z) of a router balanced over the pool (AdaMoE, MoE++)."""
     if config.top_p is not None:
         return config.num_experts if config.target_active_experts is None else config.target_active_experts
     if config.routing == "expert_choice":

@@ -35,6 +35,10 @@ descending probability until they sum to p; K = the most experts any (sub-)token
 choices the id E (no expert) with weight 0; with ``target_active_experts`` a controller moves p in training; the
 dynamic loss is an auxiliary loss.
 
+ReLU gates (ReMoE, Wang et al., 2025; ``gate="relu"``, :mod:`mmoe.moe.relu_routing`): every expert whose gate
+ReLU(W_r x) is positive, best first, the rest of the E choices empty; the adaptive L1 penalty, weighted by the
+router's ``relu_l1_coefficient`` buffer, is the auxiliary loss ``relu_l1_loss``.
+
 Router z-loss (ST-MoE, Zoph et al., 2022, Eq. 5): ``mean over non-padding rows of (log sum_i exp(x_i))^2`` of the
 gate logits x (s / tau for X-MoE), which keeps them small; computed always, weighted by the task's
 ``z_loss_coefficient`` (0 = off, ST-MoE uses 1e-3). X-MoE's logits are bounded (|s| <= 1), so there it mainly
@@ -61,6 +65,7 @@ from mmoe.moe.config import MoEConfig
 from mmoe.moe.entropy_losses import entropy_losses
 from mmoe.moe.group_limited import group_limited_top_k
 from mmoe.moe.null_experts import ZeroComputationChoices, split_choices
+from mmoe.moe.relu_routing import l1_penalty, relu_choices
 from mmoe.moe.scorers import SCORERS
 from mmoe.moe.token_layout import TokenLayout
 from mmoe.moe.top_p import TopPThreshold, dynamic_loss
@@ -74,7 +79,7 @@ class RouterOutput:
         expert_SK: chosen experts, first choice first.
         weight_SK: gate weight of each choice (top-k renormalised to sum to one unless ``renormalize`` is off), times
             the routed scaling factor.
-        scores_SE: the gate values of every expert (softmax or sigmoid; what expert-choice routing ranks).
+        scores_SE: the gate values of every expert (softmax, sigmoid or ReLU; what expert-choice routing ranks).
         balance_loss: X-MoE Eq. 9 (or DeepSeek's conventions) over the non-padding (sub-)tokens; zero when none.
         z_loss: ST-MoE Eq. 5 over the non-padding (sub-)tokens; zero when there are none.
         entropy: mean entropy of the routing distribution over the non-padding (sub-)tokens (detached, for logs).
@@ -126,6 +131,8 @@ class Router(nn.Module):
             self.selection_bias = None
         # AdaMoE / MoE++: the null, copy and constant experts are scored after the real ones
         self.scorer = SCORERS[config.router](config, num_experts + config.zero_computation_experts)
+        if config.gate == "relu":  # ReMoE's lambda: moved after training steps (mmoe.runtime.relu_sparsity), saved
+            self.register_buffer("relu_l1_coefficient", torch.tensor(config.relu_l1_initial))
 
     def forward(
         self, x_SD: torch.Tensor, valid_S: torch.Tensor | None, layout: TokenLayout | None = None
@@ -141,10 +148,13 @@ class Router(nn.Module):
             if self.training and config.router_jitter > 0:  # Switch Transformer's input jitter: the router's only
                 x_SD = x_SD * torch.empty_like(x_SD).uniform_(1 - config.router_jitter, 1 + config.router_jitter)
             gate_logits_SE, balance_logits_SE = self.scorer(x_SD)
-            scores_SE = gate_logits_SE.softmax(dim=-1) if self.gate == "softmax" else gate_logits_SE.sigmoid()
-            if self.top_p is not None:  # Huang et al. (2024): K <= E, the unused choices the id E, weight 0
+            if self.gate == "relu":  # ReMoE: K = E choices, the zero gates' left empty
+                scores_SE, expert_SK, weight_SK = relu_choices(gate_logits_SE)
+            elif self.top_p is not None:  # Huang et al. (2024): K <= E, the unused choices the id E, weight 0
+                scores_SE = gate_logits_SE.softmax(dim=-1)
                 expert_SK, weight_SK = self.top_p(scores_SE, valid_S)
             else:
+                scores_SE = gate_logits_SE.softmax(dim=-1) if self.gate == "softmax" else gate_logits_SE.sigmoid()
                 expert_SK = self._select(scores_SE)
                 weight_SK = scores_SE.gather(-1, expert_SK)
             priority_S = weight_SK[:, 0].detach()  # V-MoE batch priority: the top gate value, before renormalisation
@@ -169,6 +179,9 @@ class Router(nn.Module):
             auxiliary = entropy_losses(gate_logits_SE, weights_S, segment_S, layout.num_segments, config)
             if config.dynamic_loss_weight > 0:  # Huang et al. (2024) §3.2
                 auxiliary["dynamic_loss"] = config.dynamic_loss_weight * dynamic_loss(gate_logits_SE, weights_S, count)
+            if self.gate == "relu":
+                penalty = l1_penalty(scores_SE, weights_S, self.top_k, config.relu_l1_balanced)
+                auxiliary["relu_l1_loss"] = self.relu_l1_coefficient.to(penalty.dtype) * penalty
         return RouterOutput(
             expert_SK, weight_SK, scores_SE, balance, z_loss, entropy, priority_S, auxiliary, zero_computation
         )

@@ -4,7 +4,8 @@ Routers with ``MoEConfig.bias_update_rate > 0`` select experts on their scores p
 (:class:`mmoe.moe.Router`). The task counts each such router's load (the choices its experts processed, from the
 routing records) over the micro-batches of one optimiser step, sums the counts over every data-parallel rank, and
 after the step moves each bias by the sign of its load error (:meth:`mmoe.moe.Router.update_selection_bias`), so
-every rank keeps the same biases.
+every rank keeps the same biases. The same step's routing records move ReMoE's L1 coefficient of ReLU-gated routers
+(:mod:`mmoe.runtime.relu_sparsity`), which this class runs beside the biases.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import torch.distributed as dist
 
 from mmoe.model import MultiwayTransformer
 from mmoe.moe import Router, RoutingRecord
+from mmoe.runtime.relu_sparsity import ReLUSparsity
 
 
 class SelectionLoads:
@@ -38,9 +40,11 @@ class SelectionLoads:
                 )
             self.routers[key] = router
         self.loads: dict[tuple[int, str], torch.Tensor] = {}
+        self.relu_sparsity = ReLUSparsity(backbone)
 
     def add(self, routing: list[RoutingRecord]) -> None:
         """Count one micro-batch's routing records."""
+        self.relu_sparsity.add(routing)
         for record in routing:
             key = (record.layer, record.modality)
             if key in self.routers:
@@ -51,6 +55,7 @@ class SelectionLoads:
     def update(self) -> None:
         """Sum the loads over the data-parallel ranks, move every bias (Algorithm 1) and start the next step's count.
         A collective where a process group exists: every rank calls it after each optimiser step."""
+        self.relu_sparsity.update()
         if not self.routers:
             return
         zero = {key: torch.zeros_like(router.selection_bias) for key, router in self.routers.items()}

@@ -235,3 +235,9 @@ def test_mmoe_info_names_the_pool_and_the_expected_real_experts() -> None:
 
     plan = MoEPlan(num_experts=8, top_k=2, null_experts=6, copy_experts=2, router="linear")
     assert variant_name(MultiwayConfig(moe=plan)) == "Switch, 8 experts + 8 zero-computation (1 real per token), top-2"
+
+
+@pytest.mark.parametrize("adaptive", [{"top_p": 0.4}, {"gate": "relu", "renormalize": False}], ids=["top_p", "relu"])
+def test_zero_computation_experts_are_refused_beside_another_adaptive_router(adaptive):
+    with pytest.raises(ValueError, match=r"^MoEConfig.null_experts=2 .*not combined"):
+        MoEConfig(dim=16, ffn_dim=24, num_experts=4, router="linear", null_experts=2, **adaptive)

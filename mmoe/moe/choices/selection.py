@@ -101,8 +101,8 @@ class Selection:
         """Whether the router may leave some of a (sub-)token's ``top_k`` choices empty (an adaptive router: the
         number of experts a (sub-)token uses then varies); such a choice names the expert id ``num_experts``, which
         the dispatch never runs (:mod:`mmoe.moe.dispatch`)."""
-        # top-p (mmoe.moe.top_p); null / zero-computation experts (mmoe.moe.null_experts)
-        return self.top_p is not None or self.zero_computation_experts > 0
+        # top-p (mmoe.moe.top_p); ReLU gates (ReMoE: the zero gates' choices); null / zero-computation experts
+        return self.top_p is not None or self.gate == "relu" or self.zero_computation_experts > 0
 
     def _check_selection(self) -> None:
         """Each choice's range, then the combinations (reads ``num_experts``, ``strata`` and the capacity)."""

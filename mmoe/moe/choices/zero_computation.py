@@ -51,6 +51,8 @@ class ZeroComputation:
                 (name, self.bias_update_rate > 0, "the loss-free bias moves the FFN experts' loads only"),
                 (name, self.expert_groups > 1, "group-limited top-k groups the FFN experts only"),
                 (name, self.routed_scaling_factor != 1, "DeepSeek's routed scaling is not defined with them"),
+                (name, self.top_p is not None, "top-p routing already varies the experts a token uses; not combined"),
+                (name, self.gate == "relu", "ReLU gates (ReMoE) already vary the experts a token uses; not combined"),
             ],
         )
 
