@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -62,13 +63,11 @@ def router_flops(settings: TrainingSettings, overrides: Mapping[str, Any]) -> di
 #: the training settings the ``cpu`` preset shares (width 192, batch 32, masked data modelling alone, the small corpus;
 #: the claims study's default run took 56.7 min against the 57 min they estimate), one training at a time; a run's
 #: measurement (the routing pass and the masked image modelling pass over the held-out batches) 5 s.
-BAKEOFF_CPU_COSTS = dataclasses.replace(
-    CPU_COSTS, machine="the 2-core CPU, one training at a time", snapshot=0.0, measure=5.0
-)
+BAKEOFF_CPU_COSTS = dataclasses.replace(CPU_COSTS, machine="the 2-core CPU", snapshot=0.0, measure=5.0)
 #: The claims study's GPU step costs (the tiny configs on one H100 in bf16, docs/tutorials/demo_details.md), one
 #: training at a time: ``mmoe study routers`` runs no lanes.
 BAKEOFF_GPU_COSTS = dataclasses.replace(
-    GPU_COSTS, machine="one H100, one training at a time, at the claims study's GPU step costs", snapshot=0.0, streams=1
+    GPU_COSTS, machine="one H100 (the claims study's GPU step costs)", snapshot=0.0, streams=1
 )
 
 
@@ -80,23 +79,27 @@ class Estimate:
         trainings: pre-trainings and fine-tunings.
         seconds: the whole run's estimated seconds on ``machine`` (the corpus and codebook stages left out).
         machine: the step costs' machine, in words.
+        lanes: runs at once.
     """
 
     trainings: int
     seconds: float
     machine: str
+    lanes: int = 1
 
     def text(self) -> str:
         hours = f" ({self.seconds / 3600:.2f} GPU-hours)" if "H100" in self.machine else ""
+        lanes = f", {self.lanes} lanes at once" if self.lanes > 1 else ", one run at a time"
         return (
-            f"{self.trainings} trainings, about {self.seconds / 60:.0f} min{hours} on {self.machine} (estimated from "
-            "seconds per step and per training, `mmoe.study.bakeoff_cost`; not a measurement)"
+            f"{self.trainings} trainings, about {self.seconds / 60:.0f} min{hours} on {self.machine}{lanes} (estimated "
+            "from seconds per step and per training, `mmoe.study.bakeoff_cost`; not a measurement)"
         )
 
 
-def estimate(runs: int, pretrain_steps: int, finetune_steps: int, costs: StepCosts) -> Estimate:
+def estimate(runs: int, pretrain_steps: int, finetune_steps: int, costs: StepCosts, jobs: int = 1) -> Estimate:
     """The cost of ``runs`` (router, seed) runs: each a pre-training with its held-out validation, a VQA fine-tuning
-    with its scored prediction and the routing measurement of its backbone."""
+    with its scored prediction and the routing measurement of its backbone; ``jobs`` lanes at once each take their
+    share, as if they did not slow each other (on the 2-core CPU, 2 at most: the demo's measurement)."""
     per_run = (
         pretrain_steps * costs.pretrain
         + finetune_steps * costs.finetune
@@ -104,4 +107,5 @@ def estimate(runs: int, pretrain_steps: int, finetune_steps: int, costs: StepCos
         + costs.evaluation
         + costs.measure
     )
-    return Estimate(2 * runs, runs * per_run, costs.machine)
+    lanes = max(1, min(jobs, runs))
+    return Estimate(2 * runs, math.ceil(runs / lanes) * per_run, costs.machine, lanes)

@@ -34,9 +34,9 @@ class BakeoffPreset:
     costs: StepCosts
     notes: tuple[str, ...] = ()
 
-    def estimate(self, seeds: int, routers: int) -> Estimate:
+    def estimate(self, seeds: int, routers: int, jobs: int = 1) -> Estimate:
         steps = self.training.finetune_steps["vqav2"]
-        return estimate(seeds * routers, self.training.pretrain_steps, steps, self.costs)
+        return estimate(seeds * routers, self.training.pretrain_steps, steps, self.costs, jobs)
 
 
 #: The claims study's default training (BEiT-3's masked data modelling alone, the tiny configs' width 192 and learning

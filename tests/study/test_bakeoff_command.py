@@ -1,7 +1,7 @@
 """``mmoe study routers`` through the real command in a subprocess: a bad plan file, a plan edited after it was
 fixed and a work folder made under another plan are refused in one line with exit 2; a dry run writes the plan
-with its hash and prints the runs and the estimated cost, training nothing; the fast preset runs end to end, its
-report generated from the results files, and a re-run reuses every stage."""
+with its hash and prints the runs and the estimated cost, training nothing; the fast preset runs end to end in two
+lanes, its report generated from the results files, and a re-run reuses every stage."""
 
 from __future__ import annotations
 
@@ -51,6 +51,8 @@ def test_a_dry_run_fixes_the_plan_and_prints_the_runs_and_their_cost(tmp_path, c
     assert "\n" not in error and "plan.seeds is [0, 1]" in error and str(bad) in error
     assert main(["study", "routers", "--plan", str(plan), "--scale", "cpu", "--dry-run"]) == 2
     assert "preset is 'fast', but --scale cpu" in capsys.readouterr().err
+    assert main(["study", "routers", "--plan", str(plan), "--dry-run", "--jobs", "2"]) == 0
+    assert f"plan {digest}" in capsys.readouterr().out
 
 
 def test_an_edited_plan_and_a_folder_of_another_plan_are_refused_by_the_command(tmp_path):
@@ -68,9 +70,9 @@ def test_an_edited_plan_and_a_folder_of_another_plan_are_refused_by_the_command(
 
 
 @pytest.mark.slow
-def test_the_fast_preset_runs_end_to_end_and_resumes(tmp_path):
+def test_the_fast_preset_runs_end_to_end_in_two_lanes_and_resumes(tmp_path):
     plan, out = tmp_path / "plan.json", tmp_path / "out"
-    done = _study("--plan", str(plan), "--out", str(out), "--scale", "fast", cwd=tmp_path)
+    done = _study("--plan", str(plan), "--out", str(out), "--scale", "fast", "--jobs", "2", cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     fixed, digest = read_plan_file(plan)
     results = sorted((out / "results").glob("*.json"))
