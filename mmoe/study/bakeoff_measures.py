@@ -4,11 +4,11 @@ after its last step, on the Karpathy-val pairs, :func:`mmoe.pipeline.probes.last
 fixed fine-tuning (``scores.json``), and per modality the load CV and the experts per token of its MoE layers on the
 held-out Karpathy-test pairs no run trains on.
 
-Experts per token are counted from the routing records alone: a token's non-negative entries of
-:attr:`mmoe.moe.RoutingRecord.expert_index` (its kept choices over heads and slots; -1 marks padding, drops and, under
-expert choice, the experts that did not take it), over the layer's non-padding tokens
-(:func:`mmoe.metrics.routing.valid_tokens`, tokens no expert took included). A router that gives tokens different
-numbers of experts needs nothing new here: its records say how many each took.
+Experts per token are counted from the routing records alone, as the routing logger counts its ``active_experts``
+(:func:`mmoe.metrics.routing.active_experts_histogram`): a (sub-)token's non-negative entries of
+:attr:`mmoe.moe.RoutingRecord.expert_index` (its kept choices; -1 marks padding, drops, empty choices and, under expert
+choice, the experts that did not take it), over the layer's non-padding tokens, those no expert took included. A
+router that gives tokens different numbers of experts needs nothing new here: its records say how many each took.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mmoe.metrics.routing import load_summary, record_key, valid_tokens
+from mmoe.metrics.routing import active_experts_histogram, load_summary, mean_active_experts, record_key
 from mmoe.moe.base import RoutingRecord
 from mmoe.pipeline.probes import last_validation
 from mmoe.runtime.layout import RunLayout
@@ -40,36 +40,30 @@ POOLED = "pooled_"
 ROUTED_MODALITIES = ("vision", "language")
 
 
-def experts_chosen(record: RoutingRecord) -> tuple[int, int]:
-    """(the kept expert choices of the record's non-padding tokens, those tokens): their ratio is the mean experts
-    per token."""
-    valid = valid_tokens(record)
-    chosen = (record.expert_index >= 0).flatten(2).sum(-1)  # (B, L): choices per token, over heads and slots
-    return int(chosen[valid].sum()), int(valid.sum())
-
-
 class RoutingTally:
-    """Per MoE layer (``layer<i>/<modality>``): the expert counts, kept choices and tokens summed over batches."""
+    """Per MoE layer (``layer<i>/<modality>``): the expert counts and the histogram of experts per (sub-)token
+    (:func:`mmoe.metrics.routing.active_experts_histogram`, the routing logger's), summed over batches."""
 
     def __init__(self) -> None:
         self.counts: dict[str, torch.Tensor] = {}
-        self.choices: dict[str, list[int]] = {}
+        self.used: dict[str, torch.Tensor] = {}
 
     def add(self, records: Sequence[RoutingRecord]) -> None:
         for record in records:
             key = record_key(record)
-            chosen, tokens = experts_chosen(record)
             counts = record.expert_counts.detach().to(torch.float64).cpu()
-            self.counts[key] = self.counts[key] + counts if key in self.counts else counts
-            before = self.choices.get(key, [0, 0])
-            self.choices[key] = [before[0] + chosen, before[1] + tokens]
+            # one bucket per possible count: a (sub-)token's slots are the last dimension of expert_index, a layer's own
+            used = active_experts_histogram(record, record.expert_index.shape[-1] + 1).cpu()
+            if key in self.counts:
+                counts, used = self.counts[key] + counts, self.used[key] + used
+            self.counts[key], self.used[key] = counts, used
 
     def layers(self) -> dict[str, dict[str, float]]:
         """Per layer: its ``load_cv`` (:func:`mmoe.metrics.routing.load_summary`) and ``experts_per_token``."""
         return {
             key: {
                 "load_cv": float(load_summary(self.counts[key])["load_cv"]),
-                "experts_per_token": self.choices[key][0] / max(1, self.choices[key][1]),
+                "experts_per_token": float(mean_active_experts(self.used[key])),
             }
             for key in self.counts
         }

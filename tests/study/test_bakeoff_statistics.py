@@ -13,7 +13,7 @@ import torch
 from mmoe.moe import MoEConfig, build_moe_layer
 from mmoe.moe.base import RoutingRecord
 from mmoe.stats import NOT_SEPARATED
-from mmoe.study.bakeoff_measures import RoutingTally, experts_chosen, modality_means
+from mmoe.study.bakeoff_measures import RoutingTally, modality_means
 from mmoe.study.bakeoff_plan import MEASURES, design
 from mmoe.study.bakeoff_presets import PRESETS
 from mmoe.study.bakeoff_statistics import NOT_MEASURED, bakeoff_decisions, decision, measure_decisions
@@ -102,12 +102,19 @@ def _record(index, mask, modality="vision"):
     return RoutingRecord(zero, zero, counts, index, zero, zero, zero, layer=1, modality=modality, token_mask=mask)
 
 
+def _experts_per_token(records):
+    tally = RoutingTally()
+    tally.add(records)
+    return [layer["experts_per_token"] for layer in tally.layers().values()]
+
+
 def test_experts_per_token_count_the_kept_choices_of_the_real_tokens():
-    # (B=1, L=3, heads=1, slots=2): 2 experts, 1 (a drop), 0 (a token no expert took), then padding
+    # (B=1, L=3, heads=1, slots=2): 2 experts, 1 (a drop), 0 (a token no expert took)
     index = torch.tensor([[[[0, 3]], [[2, -1]], [[-1, -1]]]])
     mask = torch.tensor([[True, True, True]])
-    assert experts_chosen(_record(index, mask)) == (3, 3)
-    assert experts_chosen(_record(index, torch.tensor([[True, True, False]]))) == (3, 2)
+    assert _experts_per_token([_record(index, mask)]) == [pytest.approx(1.0)]
+    assert _experts_per_token([_record(index, torch.tensor([[True, True, False]]))]) == [pytest.approx(1.5)]
+    assert _experts_per_token([_record(index, mask), _record(index[:, :2], mask[:, :2])]) == [pytest.approx(6 / 5)]
     tally = RoutingTally()
     tally.add([_record(index, mask), _record(index[:, :2], mask[:, :2], "language")])
     means = modality_means(tally.layers())
@@ -125,5 +132,4 @@ def test_real_layers_give_the_experts_their_routing_fixes(fields, expected):
     config = MoEConfig(dim=16, ffn_dim=32, **({"num_experts": 8} | fields))
     layer = build_moe_layer(config)
     _, record = layer(torch.randn(2, 8, 16))
-    chosen, tokens = experts_chosen(record)
-    assert tokens == 16 and chosen / tokens == pytest.approx(expected)
+    assert _experts_per_token([record]) == [pytest.approx(expected)]
