@@ -35,6 +35,8 @@ Subcommands:
 * ``mmoe study claims [--out DIR] [--fast | --scale gpu] [--dry-run] [--jobs N] [--plan FILE]`` — the X-MoE /
   MH-MoE analysis claims trained and measured at tiny scale over runs per arm, one report (Markdown, PNG, JSON);
   ``mmoe study report FOLDER [--markdown FILE]`` writes a report again from its files, training nothing.
+  ``mmoe study routers --plan FILE [--out DIR] [--scale fast|cpu|gpu] [--seeds S ...] [--dry-run]`` — the routers
+  compared at equal active compute over seeds, under a plan fixed with its hash before the runs.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ EVAL_PYTHON = ROOT / ".venv-eval" / "bin" / "python"
 #: The tests that skip without the extra, each a test id pytest takes.
 NEEDS_THE_EXTRA = [
     "tests/harness/test_clip_benchmark.py",
+    "tests/study/test_bakeoff_statistics.py::test_the_welch_p_values_equal_scipys",
     "tests/study/test_scale_runs.py::test_claim_6_is_decided_over_the_pre_trainings_means_with_holm",
     "tests/test_stats.py::test_the_t_tests_equal_scipys",
 ]

@@ -10,19 +10,26 @@ from mmoe.runtime.layout import RunLayout
 from mmoe.tasks.zero_shot_probes import PREFIX, probe_chance
 
 
-def logged_probes(layout: RunLayout) -> dict | None:
-    """``{"step", "values", "chance"}`` of the last validation row of the pre-training in ``layout`` that holds probe
-    values (``val/probe/...`` -> value, and the chance level of each); None when none was logged (a run made without
-    probes, or one stopped before its validation)."""
+def last_validation(layout: RunLayout) -> dict[str, float] | None:
+    """The last validation row of the pre-training in ``layout`` that holds probe values: every value it logged there
+    (``step``, ``val/<loss>``, ``val/probe/...``) as a number; None when none was logged (a run made without probes,
+    or one stopped before its validation)."""
     path = metrics_csv(layout)
     if not path.is_file():
         return None
     with open(path, newline="", encoding="utf-8") as file:
         rows = [row for row in csv.DictReader(file) if row.get(f"{PREFIX}pairs")]
-    if not rows:
+    return {key: float(value) for key, value in rows[-1].items() if value} if rows else None
+
+
+def logged_probes(layout: RunLayout) -> dict | None:
+    """``{"step", "values", "chance"}`` of :func:`last_validation`: its probe values (``val/probe/...`` -> value) and
+    the chance level of each; None when none was logged."""
+    row = last_validation(layout)
+    if row is None:
         return None
-    values = {key: float(value) for key, value in rows[-1].items() if key.startswith(PREFIX) and value}
-    return {"step": int(float(rows[-1]["step"])), "values": values, "chance": probe_chance(values)}
+    values = {key: value for key, value in row.items() if key.startswith(PREFIX)}
+    return {"step": int(row["step"]), "values": values, "chance": probe_chance(values)}
 
 
 def probes_text(probes: dict) -> str:

@@ -15,6 +15,8 @@ from pathlib import Path
 from mmoe.io import capped_jobs, positive_int, read_json, report_error
 from mmoe.pipeline.settings import refuse_other_settings, upgraded_settings
 from mmoe.pipeline.stages import PipelineError, print_progress, run_stage
+from mmoe.study.bakeoff_command import add_parser as add_bakeoff_parser
+from mmoe.study.bakeoff_command import routers_command
 from mmoe.study.claim_settings import claim_settings
 from mmoe.study.decisions import run_decisions
 from mmoe.study.judged import claims_from, rule_change_verdicts
@@ -83,6 +85,7 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
         default=None,
         help="Lightning precision of every stage (default 32-true; bf16-mixed with --scale gpu)",
     )
+    add_bakeoff_parser(sub)
     report = sub.add_parser("report", help="write a claims report again from its files, training nothing")
     report.add_argument("folder", type=Path, help="the report's folder: report.json and measures.json (docs/claims)")
     report.add_argument("--markdown", type=Path, default=None, help="where the Markdown goes (FOLDER/report.md)")
@@ -106,6 +109,8 @@ def study_command(argv: Sequence[str]) -> int:
     args = parse(argv)
     if args.study == "report":
         return report_command(args.folder, args.markdown)
+    if args.study == "routers":
+        return routers_command(args, list(argv))
     args.jobs = capped_jobs(args.jobs, "study")
     preset, settings = chosen_settings(args)
     if args.dry_run:

@@ -17,7 +17,6 @@ from mmoe.pipeline.benchmarks import trained_benchmarks
 from mmoe.pipeline.items import VQA_EVAL_SUBTYPE
 from mmoe.pipeline.stages import Stage, StageKey
 from mmoe.study.runs import (
-    ANALYSIS_SHARDS,
     COMPARED_ROUTERS,
     CONSISTENCY_TASK,
     MEASURES_FILE,
@@ -213,17 +212,14 @@ def per_image_mean(images: list[dict]) -> np.ndarray:
 
 def analysis_stage(study: StudyRun, settings: StudySettings, runs: list[Pretraining]) -> Stage:
     """Every routing measurement on the held-out batches and every score, saved as ``analysis/measures.json``."""
-    from mmoe.study.measures import held_out_batches
+    from mmoe.study.measures import analysis_pairs
 
     target = study.analysis / MEASURES_FILE
 
     def measure() -> dict:
-        batches = held_out_batches(
-            study.corpus.shard(ANALYSIS_SHARDS),
-            settings.training.image_size,
-            settings.analysis_batches,
-            settings.analysis_batch_size,
-            max_text_length=CAPTION_MAX_TEXT_LENGTH,
+        training = settings.training
+        batches = analysis_pairs(
+            study.corpus, training.image_size, settings.analysis_batches, settings.analysis_batch_size
         )
         measures = measure_runs(study, settings, runs, batches)
         write_json(target, measures.to_json())

@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mmoe.data.synth.layout import CAPTION_TEST_SPLIT, CorpusLayout
+from mmoe.data.tokenizer import CAPTION_MAX_TEXT_LENGTH
 from mmoe.metrics.routing import RoutingTotals, image_diversity_maps, record_key, representation_collapse, sort_keys
 from mmoe.metrics.routing_collect import (
     finite_or_none,
@@ -36,6 +38,13 @@ def held_out_batches(shards: Path, image_size: int, batches: int, batch_size: in
     which no run trains on), as batches with their pixels."""
     samples = find_samples([str(shards)], limit=batches * batch_size)
     return list(make_batches(samples, image_size, batch_size, TextEncoder(max_text_length)))
+
+
+def analysis_pairs(corpus: CorpusLayout, image_size: int, batches: int, batch_size: int) -> list[Batch]:
+    """:func:`held_out_batches` of the corpus's Karpathy-test split, captions at their tokenized length: the held-out
+    pairs every routing measurement of the studies runs on."""
+    shards = corpus.shard(CAPTION_TEST_SPLIT)
+    return held_out_batches(shards, image_size, batches, batch_size, max_text_length=CAPTION_MAX_TEXT_LENGTH)
 
 
 def inputs(batches: Sequence[Batch]) -> list[dict[str, torch.Tensor]]:
