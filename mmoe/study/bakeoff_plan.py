@@ -21,7 +21,7 @@ from mmoe.pipeline.settings import TrainingSettings
 from mmoe.stats import ALPHA, LEVEL
 from mmoe.study.bakeoff_cost import router_flops
 from mmoe.study.bakeoff_presets import BakeoffPreset
-from mmoe.study.bakeoff_routers import BASELINE, ROUTERS
+from mmoe.study.bakeoff_routers import BASELINE, ROUTERS, RouterPreset
 from mmoe.study.plan import PlanError, _Reader, plan_hash
 
 BAKEOFF_PLAN_VERSION = 1
@@ -130,13 +130,15 @@ class BakeoffPlan:
         return int(self.training["finetune_steps"][FINETUNE_TASK])
 
 
-def design(preset: BakeoffPreset, seeds: tuple[int, ...] | None = None) -> BakeoffPlan:
-    """The plan of ``preset`` (at ``seeds`` where given): every router of :data:`ROUTERS` with its FLOPs counted;
-    PlanError naming a router off the dense FLOPs."""
+def design(
+    preset: BakeoffPreset, seeds: tuple[int, ...] | None = None, presets: tuple[RouterPreset, ...] = ROUTERS
+) -> BakeoffPlan:
+    """The plan of ``preset`` (at ``seeds`` where given): every router of ``presets`` (all of :data:`ROUTERS`; a
+    subset keeps a test short) with its FLOPs counted; PlanError naming a router off the dense FLOPs."""
     settings = preset.training
     routers = tuple(
         PlannedRouter(router.name, json.loads(json.dumps(router.backbone)), **router_flops(settings, router.backbone))
-        for router in ROUTERS
+        for router in presets
     )
     plan = BakeoffPlan(
         preset=preset.name,

@@ -11,6 +11,17 @@ softmax gate) and changes only how tokens meet experts, so that the routers diff
   token passes two half-width experts (the same expert parameters as Switch's 8 full-width ones).
 * ``expert_choice`` (Zhou et al., 2022, §3.2): each of 8 experts takes its top C = c n / E tokens, capacity factor
   c = 1, one full-width expert per token on average.
+* ``remoe`` (Wang et al., ICLR 2025): ReLU gates over 8 full-width experts, the adaptive L1 penalty holding k = 1
+  expert per token on average (its target, which ``mmoe info`` counts).
+* ``top_p`` (Huang et al., 2024, with mmoe's controller): 16 half-width experts as ``top2``'s, each token taking its
+  experts up to a cumulative probability p that a controller moves to hold 2 of them on average (one full-width
+  expert's FLOPs); the dynamic loss at the paper's 1e-4.
+* ``null_experts`` (AdaMoE, Zeng et al., 2024): top-2 over 8 full-width experts and 8 null experts that output 0, one
+  real expert per token at balance over the pool.
+
+Soft MoE and Mixture-of-Depths are not in the bake-off: a Soft MoE layer's FLOPs per token follow each modality's
+sequence length (its slots are per sequence, so one slot count cannot give both the image and the text pools the
+dense FFN's FLOPs), and Mixture-of-Depths changes the block's compute, not the FFN's.
 """
 
 from __future__ import annotations
@@ -54,4 +65,22 @@ ROUTERS = (
         "expert_choice",
         {"moe": {**SWITCH_LAYOUT, "num_experts": 8, "routing": "expert_choice", "capacity_factor": 1.0}},
     ),
+    RouterPreset(
+        "remoe", {"moe": {**SWITCH_LAYOUT, "num_experts": 8, "top_k": 1, "gate": "relu", "renormalize": False}}
+    ),
+    RouterPreset(
+        "top_p",
+        {
+            "moe": {
+                **SWITCH_LAYOUT,
+                "num_experts": 8 * TOP2_SEGMENTS,
+                "beta": 1 / TOP2_SEGMENTS,
+                "top_p": 0.4,
+                "target_active_experts": float(TOP2_SEGMENTS),
+                "renormalize": False,
+                "dynamic_loss_weight": 1.0e-4,
+            }
+        },
+    ),
+    RouterPreset("null_experts", {"moe": {**SWITCH_LAYOUT, "num_experts": 8, "top_k": 2, "null_experts": 8}}),
 )
