@@ -65,7 +65,7 @@ def forced_balanced(layer: MoELayer) -> MoELayer:
     """``layer`` with round-robin choices (module docstring), sharing its parameters; expert choice is balanced by
     construction, and an adaptive router (ReLU gates) has no fixed K to deal round, so such a layer comes back as it
     is."""
-    if layer.config.routing == "expert_choice" or layer.config.may_choose_no_expert:
+    if layer.config.routing == "expert_choice" or layer.config.gate == "relu":
         return layer
     balanced = copy.copy(layer)  # a shallow copy: the same submodules and parameters
     balanced._modules = dict(layer._modules)

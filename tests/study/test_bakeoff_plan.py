@@ -33,7 +33,8 @@ def test_every_routers_experts_take_the_dense_ffns_flops(cpu_plan):
     for router in ROUTERS[1:]:
         config = trained_backbone(settings, router.backbone)
         layer = config.moe.layer_config(config.dim, config.ffn_dim, config.subln)
-        experts = flops_per_token(layer) - router_flops(layer, layer.num_experts)
+        scored = layer.num_experts + layer.zero_computation_experts  # null experts are scored too
+        experts = flops_per_token(layer) - router_flops(layer, scored)
         assert experts == ffn_flops_per_token(dense.dim, dense.ffn_dim), router.name
     assert [router.name for router in cpu_plan.routers] == [router.name for router in ROUTERS]
     gaps = {router.name: router.flops_gap for router in cpu_plan.routers}
