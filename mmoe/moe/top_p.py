@@ -86,20 +86,20 @@ class TopPThreshold(nn.Module):
         super().__init__()
         self.target = target_active_experts
         self.rate = rate
-        self.register_buffer("p", torch.tensor(float(p), dtype=torch.float64))
+        # p's float64 bits in an int64 buffer: it follows the module to its device and into checkpoints, but a dtype
+        # cast (``.to(torch.bfloat16)``, ``bf16-true``) leaves integer buffers alone, and in bf16 the controller's
+        # small steps on p would round away.
+        bits = torch.tensor(float(p), dtype=torch.float64).view(torch.int64)
+        self.register_buffer("p_bits", bits)
         # Experts chosen and (sub-)tokens counted since the last move (not saved: a resumed run measures anew).
         self.register_buffer("chosen", torch.zeros((), dtype=torch.long), persistent=False)
         self.register_buffer("rows", torch.zeros((), dtype=torch.long), persistent=False)
         self.backward_seen = False
 
-    def _apply(self, fn, recurse: bool = True):
-        """p follows the module to its device but stays float64 when the module is cast (``.to(torch.bfloat16)``,
-        ``bf16-true``): in bf16 the controller's small steps on p would round away."""
-        p = self.p
-        super()._apply(fn, recurse)
-        if self.p.dtype != p.dtype:
-            self.p = p.to(self.p.device)
-        return self
+    @property
+    def p(self) -> torch.Tensor:
+        """The threshold, a float64 0-dim view of ``p_bits`` (writing to it moves p)."""
+        return self.p_bits.view(torch.float64)
 
     def forward(self, probs_SE: torch.Tensor, valid_S: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """Choose by the current p (moved first when a backward has closed a measurement), then, in training with a

@@ -27,6 +27,13 @@ def test_a_layer_config_takes_every_routing_choice_of_its_plan():
                 global_entropy_weight=0.2, global_entropy_min_experts=2.0, capacity_priority="batch_priority",
                 balance_choices="all", routed_scaling_factor=2.5, expert_groups=4, top_groups=2,
                 group_score="top_sum", router_jitter=0.01),
+        MoEPlan(num_experts=4, routing="soft", slots_per_expert=2, routing_dim=8),
+        MoEPlan(num_experts=8, router="linear", top_p=0.3, target_active_experts=2.0, top_p_rate=0.2, routing_dim=8,
+                dynamic_loss_weight=1e-4),
+        MoEPlan(num_experts=4, router="linear", gate="relu", renormalize=False, relu_l1_initial=1e-4,
+                relu_l1_multiplier=1.1, relu_l1_balanced=False, routing_dim=8),
+        MoEPlan(num_experts=4, top_k=2, router="linear", null_experts=2, copy_experts=1, constant_experts=1,
+                routing_dim=8),
     ]  # fmt: skip
     defaults = RoutingChoices()
     changed = {name for plan in plans for name in routing if getattr(plan, name) != getattr(defaults, name)}
