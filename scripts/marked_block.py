@@ -11,16 +11,18 @@ class MarkerError(ValueError):
     """A page without exactly one begin marker followed by one end marker."""
 
 
-def page_block(page: Path, begin: str, end: str) -> str:
-    """The block between the markers ``begin`` and ``end`` of ``page``."""
-    text = page.read_text(encoding="utf-8")
+def page_block(page: Path, begin: str, end: str, text: str | None = None) -> str:
+    """The block between the markers ``begin`` and ``end`` of ``page`` (of ``text``, the page's text, where given)."""
+    text = page.read_text(encoding="utf-8") if text is None else text
     if text.count(begin) != 1 or text.count(end) != 1 or text.index(begin) > text.index(end):
         raise MarkerError(f"{page}: expected one {begin} line and then one {end} line around the generated block")
     return text.split(begin)[1].split(end)[0].strip("\n")
 
 
-def with_block(page: Path, begin: str, end: str, block: str) -> str:
-    """``page``'s text with ``block`` between its markers (checked to be there)."""
-    page_block(page, begin, end)
-    head, rest = page.read_text(encoding="utf-8").split(begin)
+def with_block(page: Path, begin: str, end: str, block: str, text: str | None = None) -> str:
+    """``page``'s text (or ``text``, the page's text with earlier blocks already written) with ``block`` between its
+    markers (checked to be there)."""
+    text = page.read_text(encoding="utf-8") if text is None else text
+    page_block(page, begin, end, text)
+    head, rest = text.split(begin)
     return f"{head}{begin}\n{block}\n{end}{rest.split(end)[1]}"

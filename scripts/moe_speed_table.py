@@ -1,8 +1,10 @@
-"""The idle-machine table of docs/moe_layer_speed.md, written from the shipped ``benchmarks/moe_layer.py`` output.
+"""The idle-machine tables of docs/moe_layer_speed.md, written from the shipped ``benchmarks/moe_layer.py`` output.
 
 ``docs/moe_layer_speed/idle_threads1.jsonl`` and ``idle_threads2.jsonl`` are the JSON lines of one run at one and at
 two torch threads; each cell of the table reads "one thread / two threads". The table lies between the page's
-``<!-- moe-idle:begin -->`` and ``<!-- moe-idle:end -->`` markers.
+``<!-- moe-idle:begin -->`` and ``<!-- moe-idle:end -->`` markers. The routers of 2023-25 (Soft MoE, top-p, null and
+zero-computation experts, ReLU gates) have their own pair of runs, ``idle_routers_threads{1,2}.jsonl``, and table,
+between ``<!-- moe-routers-idle:begin -->`` and ``<!-- moe-routers-idle:end -->``.
 
 Run: ``.venv/bin/python scripts/moe_speed_table.py`` (rewrite the block) or ``--check`` (exit 1 when it is stale).
 """
@@ -23,6 +25,9 @@ DOCS = Path(__file__).resolve().parents[1] / "docs"
 PAGE = DOCS / "moe_layer_speed.md"
 RUNS = (DOCS / "moe_layer_speed" / "idle_threads1.jsonl", DOCS / "moe_layer_speed" / "idle_threads2.jsonl")
 BEGIN, END = "<!-- moe-idle:begin -->", "<!-- moe-idle:end -->"
+ROUTER_RUNS = tuple(DOCS / "moe_layer_speed" / f"idle_routers_threads{threads}.jsonl" for threads in (1, 2))
+#: (runs, begin marker, end marker) of each table.
+TABLES = ((RUNS, BEGIN, END), (ROUTER_RUNS, "<!-- moe-routers-idle:begin -->", "<!-- moe-routers-idle:end -->"))
 
 
 def cases(path: Path) -> dict[str, dict]:
@@ -57,7 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 when the page's table differs from the files")
     args = parser.parse_args(argv)
     try:
-        wanted = with_block(PAGE, BEGIN, END, table())
+        wanted = PAGE.read_text(encoding="utf-8")
+        for runs, begin, end in TABLES:
+            wanted = with_block(PAGE, begin, end, table(runs), wanted)
     except (OSError, KeyError, ValueError) as error:  # ValueError: the page's markers (MarkerError) or a JSON line
         print(f"moe_speed_table.py: error: {error}", file=sys.stderr)
         return 2
