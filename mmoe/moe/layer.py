@@ -160,7 +160,7 @@ class MoELayer(MoEFeedForward):
             y_SD, counts_E, expert_index_SK, dropped = self._token_choice(x_SD, valid_S, routed)
             balance_loss, unrouted = routed.balance_loss, None
             if self.zero_computation is not None:  # MoE++'s copy and constant experts: O(D) per (sub-)token
-                y_SD = y_SD + self.zero_computation(x_SD.to(y_SD.dtype), routed.zero_computation, valid_S)
+                y_SD = self.zero_computation(y_SD, x_SD.to(y_SD.dtype), routed.zero_computation, valid_S)
 
         if self.shared_experts is not None:
             with record_function("mmoe.moe.shared_experts"):

@@ -89,9 +89,13 @@ class ZeroComputationExperts(nn.Module):
             self.mix_weight_C2D = nn.Parameter(torch.empty(constants, 2, width).uniform_(-bound, bound))  # W
 
     def forward(
-        self, x_SD: torch.Tensor, choices: ZeroComputationChoices, valid_S: torch.Tensor | None
+        self, y_SD: torch.Tensor, x_SD: torch.Tensor, choices: ZeroComputationChoices, valid_S: torch.Tensor | None
     ) -> torch.Tensor:
-        """The copy and constant experts' weighted outputs of every (sub-)token (0 for padding), x's dtype."""
+        """``y_SD`` plus the copy and constant experts' weighted outputs of every (sub-)token (none for padding).
+
+        Both kinds scale x per (sub-)token, so their weights are summed into one scale first and x is read once:
+        ``y + s * x + (w_C * a_2) @ v`` with ``s = w_copy + sum_c w_c a_1,c`` (two full-width operations, forward,
+        where one per term wrote (S, D) temporaries)."""
         experts = self.copy_experts + self.constant_experts
         chosen_SK = choices.index_SK >= 0
         weight_SK = choices.weight_SK.to(x_SD.dtype)
@@ -99,10 +103,12 @@ class ZeroComputationExperts(nn.Module):
             weight_SK = weight_SK * valid_S[:, None].to(weight_SK.dtype)
         weight_SJ = weight_SK.new_zeros(x_SD.shape[0], experts)
         weight_SJ = weight_SJ.scatter_add(1, choices.index_SK.clamp_min(0), torch.where(chosen_SK, weight_SK, 0.0))
-        y_SD = weight_SJ[:, : self.copy_experts].sum(-1, keepdim=True) * x_SD  # copy experts
+        scale_S = weight_SJ[:, : self.copy_experts].sum(-1)  # copy experts
         if self.constant_CD is not None:
-            mix_SC2 = torch.einsum("sd,cmd->scm", x_SD, self.mix_weight_C2D.to(x_SD.dtype)).softmax(dim=-1)
+            constants = self.constant_experts
+            mix_weight_MD = self.mix_weight_C2D.to(x_SD.dtype).flatten(0, 1)  # M = 2C rows: (c, a_1), (c, a_2)
+            mix_SC2 = (x_SD @ mix_weight_MD.T).view(-1, constants, 2).softmax(dim=-1)
             weight_SC = weight_SJ[:, self.copy_experts :]
-            y_SD = y_SD + (weight_SC * mix_SC2[..., 0]).sum(-1, keepdim=True) * x_SD
-            y_SD = y_SD + (weight_SC * mix_SC2[..., 1]) @ self.constant_CD.to(x_SD.dtype)
-        return y_SD
+            scale_S = scale_S + (weight_SC * mix_SC2[..., 0]).sum(-1)
+            y_SD = torch.addmm(y_SD, weight_SC * mix_SC2[..., 1], self.constant_CD.to(x_SD.dtype))
+        return torch.addcmul(y_SD, scale_S[:, None], x_SD)
