@@ -6,8 +6,10 @@ for the whole model and moves once per optimiser step: the task counts each ReLU
 and its non-padding (sub-)tokens over the step's micro-batches (gradient accumulation) and, with a process group, over
 every data-parallel rank (one all-reduce), takes each router's sparsity ``S_l = 1 - used / (tokens * E)``, and moves
 every router's lambda by ``alpha^sign(mean_l (S_target,l - S_l))`` (:func:`mmoe.moe.relu_routing.next_coefficient`),
-so every rank and every layer keep the same lambda. Evaluation never moves it. (Their code averages the micro-batches'
-sparsities; summing the counts weighs each micro-batch by its tokens, the same for equal micro-batches.)
+so every rank and every layer keep the same lambda; with ``relu_l1_per_router`` each router's lambda moves by its
+own ``S_l`` against its own target instead (every rank still the same). Evaluation never moves it. (Their code
+averages the micro-batches' sparsities; summing the counts weighs each micro-batch by its tokens, the same for equal
+micro-batches.)
 """
 
 from __future__ import annotations
@@ -67,8 +69,16 @@ class ReLUSparsity:
         sparsity = 1 - counts[:, 0].cpu() / (counts[:, 1].cpu().clamp_min(1) * experts)
         mask = seen.cpu()
         self.sparsity = float(sparsity[mask].mean())
-        mean_target = float(targets.double()[mask].mean())
         multiplier = next(iter(self.routers.values())).config.relu_l1_multiplier
+        if next(iter(self.routers.values())).config.relu_l1_per_router:  # each router by its own sparsity
+            for router, seen_here, own, target in zip(self.routers.values(), mask, sparsity, targets, strict=True):
+                if seen_here:
+                    coefficient = next_coefficient(
+                        float(router.relu_l1_coefficient), float(own), float(target), multiplier
+                    )
+                    router.relu_l1_coefficient.fill_(coefficient)
+            return
+        mean_target = float(targets.double()[mask].mean())
         coefficient = next_coefficient(float(first), self.sparsity, mean_target, multiplier)
         for router in self.routers.values():
             router.relu_l1_coefficient.fill_(coefficient)

@@ -31,7 +31,7 @@ def test_a_layer_config_takes_every_routing_choice_of_its_plan():
         MoEPlan(num_experts=8, router="linear", top_p=0.3, target_active_experts=2.0, top_p_rate=0.2, routing_dim=8,
                 dynamic_loss_weight=1e-4),
         MoEPlan(num_experts=4, router="linear", gate="relu", renormalize=False, relu_l1_initial=1e-4,
-                relu_l1_multiplier=1.1, relu_l1_balanced=False, routing_dim=8),
+                relu_l1_multiplier=1.1, relu_l1_balanced=False, relu_l1_per_router=True, routing_dim=8),
         MoEPlan(num_experts=4, top_k=2, router="linear", null_experts=2, copy_experts=1, constant_experts=1,
                 routing_dim=8),
     ]  # fmt: skip
