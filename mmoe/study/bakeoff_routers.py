@@ -12,7 +12,10 @@ softmax gate) and changes only how tokens meet experts, so that the routers diff
 * ``expert_choice`` (Zhou et al., 2022, §3.2): each of 8 experts takes its top C = c n / E tokens, capacity factor
   c = 1, one full-width expert per token on average.
 * ``remoe`` (Wang et al., ICLR 2025): ReLU gates over 8 full-width experts, the adaptive L1 penalty holding k = 1
-  expert per token on average (its target, which ``mmoe info`` counts).
+  expert per token on average (its target, which ``mmoe info`` counts), its coefficient starting from
+  ``configs/pretrain/tiny/remoe.yaml``'s lambda_0 (:data:`REMOE_L1_INITIAL`, not the paper's 1e-8: from 1e-8 the
+  coefficient only matters after about 60 of the plan's 100 steps, so the router would run near 4 experts per token
+  for most of the training).
 * ``top_p`` (Huang et al., 2024, with mmoe's controller): 16 half-width experts as ``top2``'s, each token taking its
   experts up to a cumulative probability p that a controller moves to hold 2 of them on average (one full-width
   expert's FLOPs); the dynamic loss at the paper's 1e-4.
@@ -48,6 +51,9 @@ class RouterPreset:
 #: The MoE layout every MoE entry shares: Switch's in ``configs/pretrain/tiny/switch.yaml``.
 SWITCH_LAYOUT = {"router": "linear", "gate": "softmax", "every": 2, "mode": "per_modality"}
 
+#: ReMoE's lambda_0 at tiny scale, as ``configs/pretrain/tiny/remoe.yaml`` sets it (a test holds the two equal).
+REMOE_L1_INITIAL = 3.0e-4
+
 #: The router every other is tested against.
 BASELINE = "switch"
 
@@ -66,7 +72,17 @@ ROUTERS = (
         {"moe": {**SWITCH_LAYOUT, "num_experts": 8, "routing": "expert_choice", "capacity_factor": 1.0}},
     ),
     RouterPreset(
-        "remoe", {"moe": {**SWITCH_LAYOUT, "num_experts": 8, "top_k": 1, "gate": "relu", "renormalize": False}}
+        "remoe",
+        {
+            "moe": {
+                **SWITCH_LAYOUT,
+                "num_experts": 8,
+                "top_k": 1,
+                "gate": "relu",
+                "renormalize": False,
+                "relu_l1_initial": REMOE_L1_INITIAL,
+            }
+        },
     ),
     RouterPreset(
         "top_p",

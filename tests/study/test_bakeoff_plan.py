@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from mmoe.model.cost import ffn_flops_per_token
 from mmoe.moe.cost import flops_per_token, router_flops
@@ -16,7 +17,7 @@ from mmoe.study.bakeoff_cost import router_flops as counted_flops
 from mmoe.study.bakeoff_cost import trained_backbone
 from mmoe.study.bakeoff_plan import check_plan, design, read_plan_file, write_plan_file
 from mmoe.study.bakeoff_presets import PRESETS
-from mmoe.study.bakeoff_routers import BASELINE, ROUTERS
+from mmoe.study.bakeoff_routers import BASELINE, REMOE_L1_INITIAL, ROUTERS
 from mmoe.study.plan import PlanError, plan_hash
 
 COMMITTED = Path(__file__).resolve().parents[2] / "docs" / "routers_bakeoff" / "plan.json"
@@ -74,3 +75,10 @@ def test_the_plan_file_round_trips_and_an_edited_one_is_refused(cpu_plan, tmp_pa
 def test_the_committed_cpu_plan_is_the_designs(cpu_plan):
     plan, digest = read_plan_file(COMMITTED)
     assert plan == cpu_plan and digest == plan_hash(cpu_plan)
+
+
+def test_the_bakeoffs_remoe_starts_from_the_tiny_recipes_coefficient():
+    recipe = yaml.safe_load((COMMITTED.parents[2] / "configs" / "pretrain" / "tiny" / "remoe.yaml").read_text())
+    remoe = next(router for router in ROUTERS if router.name == "remoe")
+    initial = recipe["model"]["init_args"]["backbone"]["moe"]["relu_l1_initial"]
+    assert remoe.backbone["moe"]["relu_l1_initial"] == REMOE_L1_INITIAL == initial
