@@ -113,6 +113,8 @@ def dry_run_text(plan: BakeoffPlan, digest: str, jobs: int = 1) -> str:
 
 def routers_command(args: argparse.Namespace, argv: list[str]) -> int:
     """Runs ``mmoe study routers``; 0, 1 when a stage fails, 2 for a bad plan or a folder of another plan."""
+    # Absolute, as the stages' configs name their shards both under the data root and from the work folder.
+    args.out = args.out.resolve()
     try:
         plan, digest, written = fixed_plan(args.plan, args.scale, args.seeds)
         if written:
