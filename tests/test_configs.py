@@ -73,6 +73,7 @@ TINY_MOE = {
     "null_experts": {"num_experts": 8, "top_k": 2, "null_experts": 8, "router": "linear", "gate": "softmax",
                      "every": 2, "mode": "per_modality"},
     "moe_plus_plus": {"num_experts": 8, "top_k": 2, "null_experts": 2, "copy_experts": 2, "constant_experts": 4,
+                      "gating_residual": True,
                       "router": "linear", "gate": "softmax", "every": 2, "mode": "per_modality"},
     "remoe": {"num_experts": 8, "top_k": 1, "router": "linear", "gate": "relu", "renormalize": False,
               "relu_l1_initial": 3.0e-4, "relu_l1_multiplier": 1.2, "relu_l1_balanced": True, "every": 2,

@@ -23,8 +23,9 @@ from torch.utils.checkpoint import checkpoint
 from mmoe.model.config import MultiwayConfig
 from mmoe.model.cost import refuse_beyond_host_memory
 from mmoe.model.depth_router import DepthRecord
+from mmoe.model.gate_residuals import GateResiduals, initial_gate_residuals, next_gate_residuals
 from mmoe.model.initialization import BEIT3_INIT_STD, init_beit3_
-from mmoe.model.layers import FeedForward, ImageContext, MultiwayBlock
+from mmoe.model.layers import LANGUAGE, VISION, FeedForward, ImageContext, MultiwayBlock
 from mmoe.moe import GroupedExperts, MoEFeedForward, RoutingRecord, build_moe_layer
 
 
@@ -203,15 +204,33 @@ class MultiwayTransformer(nn.Module):
         mask = _attention_mask(image_x, text_x, text_padding_mask, attn_mask)
 
         records: list[RoutingRecord | DepthRecord] = []
+        carried = initial_gate_residuals(self.config, {VISION: image_x, LANGUAGE: text_x})
         for layer in self.layers:
-            if self.config.checkpoint_activations and self.training:
-                image_x, text_x, layer_records = checkpoint(
-                    layer, image_x, text_x, text_padding_mask, mask, use_reentrant=False
-                )
-            else:
-                image_x, text_x, layer_records = layer(image_x, text_x, text_padding_mask, mask)
+            image_x, text_x, layer_records, carried = self.run_layer(
+                layer, image_x, text_x, text_padding_mask, mask, carried
+            )
             records.extend(layer_records)
         return self._output(image_x, text_x, records)
+
+    def run_layer(
+        self,
+        layer: MultiwayBlock,
+        image_x: torch.Tensor | None,
+        text_x: torch.Tensor | None,
+        text_padding_mask: torch.Tensor | None,
+        mask: torch.Tensor | None,
+        gate_residuals: GateResiduals | None = None,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, list, GateResiduals | None]:
+        """One of :attr:`layers` as :meth:`forward` runs it: recomputed in the backward pass where the config asks
+        (``checkpoint_activations``, in training), and MoE++'s carried logits handed on
+        (:mod:`mmoe.model.gate_residuals`; None without them). Returns the outputs, the records and the logits."""
+        if self.config.checkpoint_activations and self.training:
+            image_x, text_x, records = checkpoint(
+                layer, image_x, text_x, text_padding_mask, mask, None, gate_residuals, use_reentrant=False
+            )
+        else:
+            image_x, text_x, records = layer(image_x, text_x, text_padding_mask, mask, None, gate_residuals)
+        return image_x, text_x, records, next_gate_residuals(gate_residuals, records)
 
     def _output(self, image_x: torch.Tensor | None, text_x: torch.Tensor | None, records: list) -> BackboneOutput:
         parts = [x for x in (image_x, text_x) if x is not None]
@@ -256,9 +275,11 @@ class MultiwayTransformer(nn.Module):
         that of :meth:`forward` on the whole sequence where :meth:`routes_each_token_alone` holds (depth routing
         included: its router ranks the image's patches only)."""
         image_x = self.embed_dropout(self.embed_image(image))
+        carried = initial_gate_residuals(self.config, {VISION: image_x})
         context = []
         for layer in self.layers:
-            image_x, keys_values = layer.image_keys_values(image_x)
+            image_x, keys_values, records = layer.image_keys_values(image_x, carried)
+            carried = next_gate_residuals(carried, records)
             context.append(keys_values)
         return context
 
@@ -272,8 +293,10 @@ class MultiwayTransformer(nn.Module):
         text_x = self.embed_dropout(self.embed_text(text))
         mask = _attention_mask(None, text_x, None, attn_mask)
         routing: list[RoutingRecord] = []
+        carried = initial_gate_residuals(self.config, {LANGUAGE: text_x})
         for layer, context in zip(self.layers, image_context, strict=True):
-            _, text_x, records = layer(None, text_x, None, mask, image_context=context)
+            _, text_x, records = layer(None, text_x, None, mask, image_context=context, gate_residuals=carried)
+            carried = next_gate_residuals(carried, records)
             routing.extend(records)
         return self._output(None, text_x, routing)
 

@@ -84,6 +84,11 @@ class MoEPlan(RoutingChoices):
             raise ValueError(f"MoEPlan.mode must be 'per_modality' or 'shared', got {self.mode!r}")
         if self.experts_by_modality is not None:
             self._validate_pools()
+        if self.gating_residual and self.experts_by_modality is not None:
+            raise ValueError(
+                f"MoEPlan.experts_by_modality={self.experts_by_modality!r} with gating_residual=True: the carried "
+                "logits need one pool size in every MoE layer; leave experts_by_modality null"
+            )
 
     def _validate_pools(self) -> None:
         """Each modality's pool: a known modality, a positive count, and the plan's routing choices valid at it."""
@@ -221,6 +226,11 @@ class MultiwayConfig:
             self.moe.require_divisible_width(self.dim, "MultiwayConfig")  # the one MoE fact that needs the width
         if self.depth_routing is not None:
             self.depth_routing.require_layers_within(self.depth)
+            if self.moe is not None and self.moe.gating_residual:
+                raise ValueError(
+                    "MultiwayConfig.depth_routing with MoEPlan.gating_residual=True: a patch that skips a layer "
+                    "would carry no logits through it; use one of the two"
+                )
         self.num_patches = (self.image_size // self.patch_size) ** 2
 
     @classmethod

@@ -28,6 +28,7 @@ from torch import nn
 
 from mmoe.model.config import MODALITIES, MultiwayConfig
 from mmoe.model.depth_router import DepthRecord, DepthRouter, select_attention, sequence_positions
+from mmoe.model.gate_residuals import GateResiduals, gate_residual_argument
 from mmoe.moe import MoEFeedForward, MoELayer, RoutingRecord
 
 VISION, LANGUAGE = 0, 1
@@ -176,12 +177,14 @@ class MultiwayBlock(nn.Module):
         text_padding_mask: torch.Tensor | None,
         attn_mask: torch.Tensor | None,
         image_context: ImageContext | None = None,
+        gate_residuals: GateResiduals | None = None,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None, list[RoutingRecord | DepthRecord]]:
         """The layer on the image and text tokens present; ``image_context`` (with ``image_x`` None): the keys and
         values of the sequence's image tokens in this layer (:meth:`image_keys_values`), which the text attends to
         (``attn_mask`` spanning all the image's tokens first) without running them again. Returns the image and text
         outputs and the layer's records: its MoE FFNs' routing records, then, where the layer routed image tokens by
-        depth, its :class:`DepthRecord` (the backbone returns the two kinds apart)."""
+        depth, its :class:`DepthRecord` (the backbone returns the two kinds apart). ``gate_residuals``: each present
+        modality's logits in its previous MoE layer (:mod:`mmoe.model.gate_residuals`), for MoE++'s gating residuals."""
         if self.depth_router is not None and image_x is not None:
             return self._routed(image_x, text_x, text_padding_mask, attn_mask)
         present = [(m, x) for m, x in ((VISION, image_x), (LANGUAGE, text_x)) if x is not None]
@@ -193,7 +196,7 @@ class MultiwayBlock(nn.Module):
                 positions = sequence_positions(image_context.kept, attn_mask.shape[-1] - text_len, text_len)
                 attn_mask = select_attention(attn_mask, positions, queries=False)
         image_text = len(present) == 2 or image_context is not None
-        out, records, _ = self._layer(present, text_padding_mask, attn_mask, context, image_text)
+        out, records, _ = self._layer(present, text_padding_mask, attn_mask, context, image_text, gate_residuals)
         return out.get(VISION), out.get(LANGUAGE), records
 
     def _routed(
@@ -214,18 +217,21 @@ class MultiwayBlock(nn.Module):
         image_out = route.merge(image_x, kept, out[VISION])
         return image_out, out.get(LANGUAGE), [*records, route.record(self.index, image_x.shape[1])]
 
-    def image_keys_values(self, image_x: torch.Tensor) -> tuple[torch.Tensor, ImageContext]:
+    def image_keys_values(
+        self, image_x: torch.Tensor, gate_residuals: GateResiduals | None = None
+    ) -> tuple[torch.Tensor, ImageContext, list[RoutingRecord]]:
         """The layer's output on the image tokens of an image-text sequence whose image tokens attend to the image
         only (BEiT-3 captioning's mask), and their keys and values: what every decoding step's text attends to in
         this layer. The image takes the FFN it takes beside text (the VL-FFN where the layer has one); a depth-routed
-        layer runs its kept tokens only, and only they are keys."""
+        layer runs its kept tokens only, and only they are keys. Also returns the layer's routing records (MoE++'s
+        carried logits are read from them, ``gate_residuals`` the image's in its previous MoE layer)."""
         if self.depth_router is None:
-            out, _, keys_values = self._layer([(VISION, image_x)], None, None, None, image_text=True)
-            return out[VISION], ImageContext(*keys_values)
+            out, records, keys_values = self._layer([(VISION, image_x)], None, None, None, True, gate_residuals)
+            return out[VISION], ImageContext(*keys_values), records
         route = self.depth_router(image_x)
         kept = route.gather(image_x)
-        out, _, keys_values = self._layer([(VISION, kept)], None, None, None, image_text=True)
-        return route.merge(image_x, kept, out[VISION]), ImageContext(*keys_values, route.indices)
+        out, records, keys_values = self._layer([(VISION, kept)], None, None, None, image_text=True)
+        return route.merge(image_x, kept, out[VISION]), ImageContext(*keys_values, route.indices), records
 
     def _layer(
         self,
@@ -234,6 +240,7 @@ class MultiwayBlock(nn.Module):
         attn_mask: torch.Tensor | None,
         context: KeysValues | None,
         image_text: bool,
+        gate_residuals: GateResiduals | None = None,
     ) -> tuple[dict[int, torch.Tensor], list[RoutingRecord], KeysValues]:
         modalities = [m for m, _ in present]
         padding = [text_padding_mask if m == LANGUAGE else None for m in modalities]
@@ -248,20 +255,24 @@ class MultiwayBlock(nn.Module):
         elif len(self.ffn) == 1:
             joint = self.ffn[0], self.ffn_norm
         if joint is not None:
-            updates, record = self._joint_ffn(*joint, hidden, modalities, padding)
+            carried = gate_residual_argument(joint[0], gate_residuals, modalities)
+            updates, record = self._joint_ffn(*joint, hidden, modalities, padding, carried)
             if record is not None:
                 records.append(_tag(record, self.index, "shared"))
         else:
             updates = []
             for m, h, mask in zip(modalities, hidden, padding, strict=True):
-                update, record = self.ffn[m](self.ffn_norm[m](h), mask)
+                carried = gate_residual_argument(self.ffn[m], gate_residuals, [m])
+                update, record = self.ffn[m](self.ffn_norm[m](h), mask, **carried)
                 updates.append(update)
                 if record is not None:
                     records.append(_tag(record, self.index, MODALITY_NAMES[m]))
         out = {m: h + self.drop_path(self.dropout(u)) for m, h, u in zip(modalities, hidden, updates, strict=True)}
         return out, records, keys_values
 
-    def _joint_ffn(self, ffn, norms, hidden, modalities, padding) -> tuple[list[torch.Tensor], RoutingRecord | None]:
+    def _joint_ffn(
+        self, ffn, norms, hidden, modalities, padding, carried
+    ) -> tuple[list[torch.Tensor], RoutingRecord | None]:
         """One FFN over the concatenated modalities (each normed by its own LayerNorm): the per-modality updates and
         the FFN's routing record (None for a dense FFN). A :class:`MoELayer` with LIMoE's entropy losses is told the
         modalities' lengths in sequence order (image tokens, then text tokens): the losses are per modality."""
@@ -276,7 +287,7 @@ class MultiwayBlock(nn.Module):
             )
         joint = torch.cat([norms[m](h) for m, h in zip(modalities, hidden, strict=True)], dim=1)
         lengths = [h.shape[1] for h in hidden]
-        update, record = ffn(joint, joint_mask, **_modality_segments(ffn, lengths))
+        update, record = ffn(joint, joint_mask, **_modality_segments(ffn, lengths), **carried)
         return list(torch.split(update, lengths, dim=1)), record
 
 

@@ -41,6 +41,8 @@ class RoutingRecord:
         auxiliary_losses: the config's further differentiable losses by name, already weighted, for the task to add
             to its objective and log as ``<stage>/<name>`` (LIMoE's ``local_entropy_loss`` and
             ``global_entropy_loss``, :mod:`mmoe.moe.entropy_losses`); empty when the config turns none on.
+        gate_logits: (B, L, heads, E + Z) float, differentiable: the router's logits with MoE++'s gating residual
+            added, which the backbone hands to each token's next MoE layer; None unless ``gating_residual``.
     """
 
     balance_loss: torch.Tensor
@@ -56,6 +58,7 @@ class RoutingRecord:
     unrouted_fraction: torch.Tensor | None = None
     token_mask: torch.Tensor | None = None
     auxiliary_losses: dict[str, torch.Tensor] = field(default_factory=dict)
+    gate_logits: torch.Tensor | None = None
 
 
 class MoEFeedForward(nn.Module):

@@ -26,9 +26,11 @@ from mmoe.moe.scorers import SCORERS
 
 
 def router_parameters(config: MoEConfig, num_experts: int | None = None) -> int:
-    """One router's parameters, as its scorer counts them (:meth:`mmoe.moe.scorers.Scorer.parameter_count`)."""
+    """One router's parameters, as its scorer counts them (:meth:`mmoe.moe.scorers.Scorer.parameter_count`), plus
+    MoE++'s P x P gating-residual map W_g."""
     num_experts = config.num_experts + config.zero_computation_experts if num_experts is None else num_experts
-    return SCORERS[config.router].parameter_count(config, num_experts)
+    residual = num_experts * num_experts if config.gating_residual else 0
+    return SCORERS[config.router].parameter_count(config, num_experts) + residual
 
 
 def expert_parameters(config: MoEConfig) -> int:
@@ -128,8 +130,10 @@ def routed_experts(config: MoEConfig) -> float:
 
 def router_flops(config: MoEConfig, num_experts: int) -> int:
     """Scores of one token's h sub-tokens over ``num_experts`` experts (MH-MoE Eq. 12, 15), each as its scorer
-    counts them (:meth:`mmoe.moe.scorers.Scorer.flops_per_sub_token`)."""
-    return config.heads * SCORERS[config.router].flops_per_sub_token(config, num_experts)
+    counts them (:meth:`mmoe.moe.scorers.Scorer.flops_per_sub_token`), plus MoE++'s gating residual W_g G_{j-1}
+    (2 P^2 per sub-token)."""
+    residual = 2 * num_experts * num_experts if config.gating_residual else 0
+    return config.heads * (SCORERS[config.router].flops_per_sub_token(config, num_experts) + residual)
 
 
 def gate_cost(config: MoEConfig, gate: int) -> tuple[int, int]:

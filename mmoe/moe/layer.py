@@ -129,13 +129,19 @@ class MoELayer(MoEFeedForward):
         return [self.router]
 
     def forward(
-        self, x: torch.Tensor, padding_mask: torch.Tensor | None = None, segment_lengths: list[int] | None = None
+        self,
+        x: torch.Tensor,
+        padding_mask: torch.Tensor | None = None,
+        segment_lengths: list[int] | None = None,
+        gate_residual: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, RoutingRecord]:
         """Args:
             x: (B, L, D) tokens.
             padding_mask: (B, L) bool, True = padding; padding neither counts nor changes other tokens.
             segment_lengths: the lengths of the modalities the sequence is made of, in order (a shared FFN's image
                 and text tokens), for LIMoE's per-modality entropy losses; None = one modality.
+            gate_residual: (B, L, heads, E + Z): each (sub-)token's logits in its previous MoE layer (MoE++'s
+                ``gating_residual``; that layer's record's ``gate_logits``); None = none.
 
         Returns:
             ``(y, routing)`` with y of x's shape and dtype (the autocast dtype under autocast).
@@ -152,7 +158,8 @@ class MoELayer(MoEFeedForward):
 
         # The record_function labels name the phases in profiles (benchmarks/moe_layer.py, expert_parallel.py sum them).
         with record_function("mmoe.moe.route"):
-            routed = self.router(x_SD, valid_S, TokenLayout(batch, length, heads, segment_lengths))
+            previous = () if gate_residual is None else (gate_residual.reshape(x_SD.shape[0], -1),)  # MoE++
+            routed = self.router(x_SD, valid_S, TokenLayout(batch, length, heads, segment_lengths), *previous)
         if config.routing == "expert_choice":
             y_SD, counts_E, expert_index_SK, dropped, unrouted = self._expert_choice(x_SD, valid_S, routed)
             balance_loss = torch.zeros((), device=x.device)  # balanced by construction: every expert takes C
@@ -163,11 +170,7 @@ class MoELayer(MoEFeedForward):
                 y_SD = self.zero_computation(y_SD, x_SD.to(y_SD.dtype), routed.zero_computation, valid_S)
 
         if self.shared_experts is not None:
-            with record_function("mmoe.moe.shared_experts"):
-                shared_SD = self.shared_experts.forward_every_expert(x_SD.to(compute_dtype(x_SD)))
-                if valid_S is not None:  # padding gets nothing from any expert
-                    shared_SD = torch.where(valid_S[:, None], shared_SD, torch.zeros_like(shared_SD))
-                y_SD = y_SD + shared_SD  # DeepSeekMoE Eq. 9
+            y_SD = y_SD + self._shared_experts(x_SD, valid_S)  # DeepSeekMoE Eq. 9
         y = y_SD.reshape(batch, length, dim)  # MH-MoE Eq. 7-8: sub-tokens merged back in head order
         if self.merge is not None:
             y = self.merge(y)  # MH-MoE Eq. 9
@@ -182,8 +185,17 @@ class MoELayer(MoEFeedForward):
             unrouted_fraction=unrouted,
             token_mask=x.new_ones((batch, length), dtype=torch.bool) if padding_mask is None else ~padding_mask,
             auxiliary_losses=routed.auxiliary_losses,
+            gate_logits=None if routed.gate_logits_SE is None else routed.gate_logits_SE.view(batch, length, heads, -1),
         )
         return y, routing
+
+    def _shared_experts(self, x_SD: torch.Tensor, valid_S: torch.Tensor | None) -> torch.Tensor:
+        """DeepSeekMoE's always-on experts on every (sub-)token, summed; nothing for padding."""
+        with record_function("mmoe.moe.shared_experts"):
+            shared_SD = self.shared_experts.forward_every_expert(x_SD.to(compute_dtype(x_SD)))
+            if valid_S is not None:  # padding gets nothing from any expert
+                shared_SD = torch.where(valid_S[:, None], shared_SD, torch.zeros_like(shared_SD))
+            return shared_SD
 
     def _token_choice(self, x_SD: torch.Tensor, valid_S: torch.Tensor | None, routed: RouterOutput):
         """Each (sub-)token's top-k experts, sorted dispatch: (y, expert counts, expert index, dropped fraction)."""

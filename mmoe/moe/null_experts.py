@@ -10,8 +10,8 @@ beside the real ones, so that a (sub-)token may use fewer real experts.
   ``a_1 x + a_2 v``, ``[a_1, a_2] = softmax(W x)``, v a learned vector, W a learned 2 x D matrix without bias).
   The released code zeroes the zero expert's gate and renormalises over the other choices (copy and constant
   experts included). Its "gating residuals" (each layer's router logits plus a learned map of the previous layer's)
-  are left out: in a multiway backbone a token's previous MoE layer may be another modality's FFN, a dense FFN or
-  none, and a layer's router would need the other layer's logits passed through the blocks. MoE++'s heterogeneous
+  are the router's (``gating_residual``, :class:`mmoe.moe.Router`), carried by the backbone
+  (:mod:`mmoe.model.gate_residuals`). MoE++'s heterogeneous
   balance loss (a smaller weight on the zero-computation experts' terms) is not implemented: every expert of the
   pool weighs 1, as AdaMoE's loss has it. The released code's ``inputs *= top_k`` scaling is not taken either.
 

@@ -48,6 +48,8 @@ penalises large logits.
 Null and zero-computation experts (AdaMoE; MoE++; :mod:`mmoe.moe.null_experts`): the scorer scores E + Z experts, the
 top-k is over all of them and so is the balance loss; :func:`mmoe.moe.null_experts.split_choices` turns the
 zero-computation choices into the "no expert" id E and hands the copy and constant experts' choices to the layer.
+MoE++'s gating residual adds ``W_g`` times the (sub-)token's logits in its previous MoE layer to the gate and balance
+logits (X-MoE's scorer: to both s / tau and s / tau_0).
 
 Shape legend: S (sub-)tokens, E experts, K top-k choices, R routing dim.
 """
@@ -87,6 +89,8 @@ class RouterOutput:
         auxiliary_losses: the config's further weighted losses by name (LIMoE's entropy losses); empty when none.
         zero_computation: the choices of MoE++'s copy and constant experts (:mod:`mmoe.moe.null_experts`); None
             without zero-computation experts. Their choices, and null experts', are the id E in ``expert_SK``.
+        gate_logits_SE: the gate logits (MoE++'s gating residual added), differentiable, for the next MoE layer's
+            residual; None unless ``gating_residual``.
     """
 
     expert_SK: torch.Tensor
@@ -98,6 +102,7 @@ class RouterOutput:
     priority_S: torch.Tensor | None = None
     auxiliary_losses: dict[str, torch.Tensor] = field(default_factory=dict)
     zero_computation: ZeroComputationChoices | None = None
+    gate_logits_SE: torch.Tensor | None = None
 
 
 class Router(nn.Module):
@@ -133,30 +138,30 @@ class Router(nn.Module):
         self.scorer = SCORERS[config.router](config, num_experts + config.zero_computation_experts)
         if config.gate == "relu":  # ReMoE's lambda: moved after training steps (mmoe.runtime.relu_sparsity), saved
             self.register_buffer("relu_l1_coefficient", torch.tensor(config.relu_l1_initial))
+        self.gate_map = None
+        if config.gating_residual:  # MoE++'s W_g: nn.Linear's default initialisation, as the released code's
+            pool = num_experts + config.zero_computation_experts
+            self.gate_map = nn.Linear(pool, pool, bias=False)
 
     def forward(
-        self, x_SD: torch.Tensor, valid_S: torch.Tensor | None, layout: TokenLayout | None = None
+        self,
+        x_SD: torch.Tensor,
+        valid_S: torch.Tensor | None,
+        layout: TokenLayout | None = None,
+        previous_logits_SE: torch.Tensor | None = None,
     ) -> RouterOutput:
         """Route S (sub-)tokens; ``valid_S`` (bool, True = real token) excludes padding from the statistics;
-        ``layout`` gives each (sub-)token's sequence and modality (None: one sequence, one modality)."""
+        ``layout`` gives each (sub-)token's sequence and modality (None: one sequence, one modality);
+        ``previous_logits_SE``: with ``gating_residual``, the (sub-)tokens' logits in their previous MoE layer
+        (None: no residual)."""
         config = self.config
         layout = TokenLayout(batch=1, length=x_SD.shape[0]) if layout is None else layout
         # Routing runs in fp32 even under autocast: top-k choices and the balance loss are sensitive to the rounding
         # of near-tied bf16 logits, and the router costs ~0.1% of the expert FLOPs.
         with torch.autocast(device_type=x_SD.device.type, enabled=False):
             x_SD = x_SD.to(torch.promote_types(x_SD.dtype, torch.float32))
-            if self.training and config.router_jitter > 0:  # Switch Transformer's input jitter: the router's only
-                x_SD = x_SD * torch.empty_like(x_SD).uniform_(1 - config.router_jitter, 1 + config.router_jitter)
-            gate_logits_SE, balance_logits_SE = self.scorer(x_SD)
-            if self.gate == "relu":  # ReMoE: K = E choices, the zero gates' left empty
-                scores_SE, expert_SK, weight_SK = relu_choices(gate_logits_SE)
-            elif self.top_p is not None:  # Huang et al. (2024): K <= E, the unused choices the id E, weight 0
-                scores_SE = gate_logits_SE.softmax(dim=-1)
-                expert_SK, weight_SK = self.top_p(scores_SE, valid_S)
-            else:
-                scores_SE = gate_logits_SE.softmax(dim=-1) if self.gate == "softmax" else gate_logits_SE.sigmoid()
-                expert_SK = self._select(scores_SE)
-                weight_SK = scores_SE.gather(-1, expert_SK)
+            gate_logits_SE, balance_logits_SE = self._logits(x_SD, previous_logits_SE)
+            scores_SE, expert_SK, weight_SK = self._choose(gate_logits_SE, valid_S)
             priority_S = weight_SK[:, 0].detach()  # V-MoE batch priority: the top gate value, before renormalisation
             pool_SK, zero_computation = expert_SK, None  # the balance loss counts the whole pool (AdaMoE)
             if config.zero_computation_experts:
@@ -182,9 +187,46 @@ class Router(nn.Module):
             if self.gate == "relu":
                 penalty = l1_penalty(scores_SE, weights_S, self.top_k, config.relu_l1_balanced)
                 auxiliary["relu_l1_loss"] = self.relu_l1_coefficient.to(penalty.dtype) * penalty
+        carried_SE = gate_logits_SE if self.gate_map is not None else None
         return RouterOutput(
-            expert_SK, weight_SK, scores_SE, balance, z_loss, entropy, priority_S, auxiliary, zero_computation
+            expert_SK,
+            weight_SK,
+            scores_SE,
+            balance,
+            z_loss,
+            entropy,
+            priority_S,
+            auxiliary,
+            zero_computation,
+            carried_SE,
         )
+
+    def _choose(
+        self, gate_logits_SE: torch.Tensor, valid_S: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(gate values of every expert, chosen experts, their gate values) by the gate: ReLU, top-p or top-k."""
+        if self.gate == "relu":  # ReMoE: K = E choices, the zero gates' left empty
+            scores_SE, expert_SK, weight_SK = relu_choices(gate_logits_SE)
+        elif self.top_p is not None:  # Huang et al. (2024): K <= E, the unused choices the id E, weight 0
+            scores_SE = gate_logits_SE.softmax(dim=-1)
+            expert_SK, weight_SK = self.top_p(scores_SE, valid_S)
+        else:
+            scores_SE = gate_logits_SE.softmax(dim=-1) if self.gate == "softmax" else gate_logits_SE.sigmoid()
+            expert_SK = self._select(scores_SE)
+            weight_SK = scores_SE.gather(-1, expert_SK)
+        return scores_SE, expert_SK, weight_SK
+
+    def _logits(self, x_SD: torch.Tensor, previous_logits_SE: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The scorer's (gate, balance) logits of fp32 (sub-)tokens: Switch Transformer's input jitter first (in
+        training), MoE++'s gating residual ``W_g G_{j-1}`` added to both after."""
+        jitter = self.config.router_jitter
+        if self.training and jitter > 0:  # the router's input only
+            x_SD = x_SD * torch.empty_like(x_SD).uniform_(1 - jitter, 1 + jitter)
+        gate_logits_SE, balance_logits_SE = self.scorer(x_SD)
+        if self.gate_map is not None and previous_logits_SE is not None:  # MoE++: G_j = W_j x + W_g G_{j-1}
+            residual_SE = self.gate_map(previous_logits_SE.to(gate_logits_SE.dtype))
+            gate_logits_SE, balance_logits_SE = gate_logits_SE + residual_SE, balance_logits_SE + residual_SE
+        return gate_logits_SE, balance_logits_SE
 
     def _select(self, scores_SE: torch.Tensor) -> torch.Tensor:
         """The top-k experts by the gate values, plus the loss-free selection bias when set (Wang et al. Eq. 3: the

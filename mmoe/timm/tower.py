@@ -25,11 +25,12 @@ from pathlib import Path
 import torch
 from timm.models._features import feature_take_indices  # in that module's __all__; timm.models leaves it out
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from mmoe.model.backbone import BackboneOutput, MultiwayTransformer, resize_vision_positions
 from mmoe.model.config import MultiwayConfig
+from mmoe.model.gate_residuals import initial_gate_residuals
 from mmoe.model.heads import classification_head, init_head
+from mmoe.model.layers import VISION
 from mmoe.model.pretrained import WEIGHTS_FILE, PretrainedFolderError, load_weights, read_backbone
 from mmoe.moe import RoutingRecord
 
@@ -172,8 +173,9 @@ class MMoEVisionTower(nn.Module):
         batch, _, height, width = x.shape
         x = self.backbone.embed_dropout(self.backbone.embed_image(x))
         intermediates, routing = [], []
+        carried = initial_gate_residuals(self.backbone.config, {VISION: x})
         for index, layer in enumerate(layers[: max_index + 1] if stop_early else layers):
-            x, records = self._image_layer(layer, x)
+            x, _, records, carried = self.backbone.run_layer(layer, x, None, None, None, carried)
             routing.extend(records)
             if index in take_indices:
                 intermediates.append(self.final_norm(x) if norm else x)
@@ -187,15 +189,6 @@ class MMoEVisionTower(nn.Module):
         if return_prefix_tokens:
             intermediates = list(zip(intermediates, prefix, strict=True))
         return intermediates if intermediates_only else (self.final_norm(x), intermediates)
-
-    def _image_layer(self, layer: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, list[RoutingRecord]]:
-        """One layer on image tokens alone (no text, no attention mask), recomputed in the backward pass where the
-        backbone's config asks (``checkpoint_activations``), as its forward does."""
-        if self.backbone.config.checkpoint_activations and self.training:
-            x, _, records = checkpoint(layer, x, None, None, None, use_reentrant=False)
-        else:
-            x, _, records = layer(x, None, None, None)
-        return x, records
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         """timm's switch for activation checkpointing: the backbone's ``checkpoint_activations``."""

@@ -33,6 +33,7 @@ def test_a_layer_config_takes_every_routing_choice_of_its_plan():
         MoEPlan(num_experts=4, router="linear", gate="relu", renormalize=False, relu_l1_initial=1e-4,
                 relu_l1_multiplier=1.1, relu_l1_balanced=False, relu_l1_per_router=True, routing_dim=8),
         MoEPlan(num_experts=4, top_k=2, router="linear", null_experts=2, copy_experts=1, constant_experts=1,
+                gating_residual=True,
                 routing_dim=8),
     ]  # fmt: skip
     defaults = RoutingChoices()

@@ -18,6 +18,20 @@ LAYOUTS = {
     "shared_ffn_vl_layer": dict(moe=MoEPlan(num_experts=4, every=1, mode="shared", top_k=2), vl_layers=1),
     "vl_layers_shared_attention": dict(moe=MoEPlan(num_experts=4, every=2), vl_layers=2, attention="shared"),
     "stratified": dict(moe=MoEPlan(num_experts=4, strata=[2, 2], top_k=2, every=1)),
+    # MoE++'s gating residual: each token's logits carried from layer 0's modality FFN into layer 1's VL-FFN.
+    "moe_plus_plus_gating_residual": dict(
+        moe=MoEPlan(
+            num_experts=4,
+            every=1,
+            top_k=2,
+            router="linear",
+            null_experts=1,
+            copy_experts=1,
+            constant_experts=1,
+            gating_residual=True,
+        ),
+        vl_layers=1,
+    ),
     # LIMoE's entropy losses read the modalities' lengths of a shared FFN's sequence; a text-only step gives one.
     "limoe_shared_ffn": dict(
         moe=MoEPlan(num_experts=4, every=1, mode="shared", local_entropy_weight=0.1, global_entropy_weight=0.1)

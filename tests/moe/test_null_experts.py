@@ -29,9 +29,9 @@ def _config(**overrides) -> MoEConfig:
     return MoEConfig(dim=12, ffn_dim=20, **(fields | {"constant_experts": CONSTANT} | overrides))
 
 
-def _layer(heads: int, router: str, renormalize: bool) -> MoELayer:
+def _layer(heads: int, router: str, renormalize: bool, **overrides) -> MoELayer:
     torch.manual_seed(0)
-    layer = MoELayer(_config(heads=heads, router=router, renormalize=renormalize)).double()
+    layer = MoELayer(_config(heads=heads, router=router, renormalize=renormalize, **overrides)).double()
     with torch.no_grad():
         if router == "linear":  # scores of order 1-4 over the pool: every kind of expert gets chosen
             layer.router.scorer.weight.normal_(0.0, 1.0)
@@ -39,8 +39,9 @@ def _layer(heads: int, router: str, renormalize: bool) -> MoELayer:
     return layer
 
 
-def reference_forward(layer: MoELayer, x: torch.Tensor, padding: torch.Tensor):
-    """(y, balance loss, z-loss, expert index) token by token: AdaMoE's and MoE++'s routing over the pool."""
+def reference_forward(layer: MoELayer, x: torch.Tensor, padding: torch.Tensor, previous=None):
+    """(y, balance loss, z-loss, expert index) token by token: AdaMoE's and MoE++'s routing over the pool;
+    ``previous`` (B, L, heads, pool): MoE++'s gating residual, W_g times these logits added to the (sub-)token's."""
     config = layer.config
     batch, length, dim = x.shape
     heads, width, k, real = config.heads, config.head_dim, config.top_k, config.num_experts
@@ -57,6 +58,9 @@ def reference_forward(layer: MoELayer, x: torch.Tensor, padding: torch.Tensor):
                     continue
                 vector = x[b, t, h * width : (h + 1) * width]
                 gate_logits, balance_logits = layer.router.scorer.reference_scores(vector)
+                if previous is not None:  # MoE++: G_j = W_j x + W_g G_{j-1}
+                    residual = layer.router.gate_map.weight @ previous[b, t, h]
+                    gate_logits, balance_logits = gate_logits + residual, balance_logits + residual
                 p = gate_logits.softmax(-1)
                 ranked = sorted(range(POOL), key=lambda e: -float(p[e].detach()))[:k]
                 null = [real <= e < real + NULL for e in ranked]

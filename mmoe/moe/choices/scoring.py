@@ -44,8 +44,8 @@ class Scoring:
         relu_l1_per_router: false (ReMoE's released code): one lambda for the whole model, moved by the mean over
             the routers of their sparsities, so single layers may drift far from the target while the mean holds it
             (in a 300-step tiny run, layer 1's image tokens came to use 0.01 experts and its text tokens 2). True:
-            each router's lambda moves by its own sparsity against its own target, so every layer and modality is
-            held at ``top_k``.
+            each router's lambda moves by its own sparsity against its own target, each layer and modality
+            driven toward ``top_k`` (not ReMoE's; how each held its target in 100 steps: docs/routers.md).
     """
 
     router: str = "xmoe"

@@ -25,11 +25,18 @@ class ZeroComputation:
         constant_experts: MoE++'s constant experts: ``a_1 x + a_2 v`` with v a learned vector and
             ``[a_1, a_2] = softmax(W x)``, W a learned 2 x D' matrix (the released code's ``ConstantExpert``),
             times its gate weight. 0 = none.
+        gating_residual: MoE++'s gating residuals (§3.3; the released code's ``Router.gate_map``): the router's logits
+            plus a learned map of the logits of the (sub-)token's previous MoE layer, ``G_j = W_j x + W_g G_{j-1}``,
+            W_g a bias-free (E + Z) x (E + Z) linear map and G_{j-1} that layer's logits with its own residual. The
+            backbone hands each (sub-)token's logits on from MoE layer to MoE layer (its first one gets G_0 = 0),
+            through dense layers, and split or joined where a VL-FFN serves both modalities
+            (:mod:`mmoe.model.gate_residuals`). Token choice only; every MoE layer of the plan the same pool and heads.
     """
 
     null_experts: int = 0
     copy_experts: int = 0
     constant_experts: int = 0
+    gating_residual: bool = False
 
     @property
     def zero_computation_experts(self) -> int:
@@ -40,6 +47,16 @@ class ZeroComputation:
         """Each count's range, then what the pool does not combine with (reads the other parts' fields)."""
         count = "a non-negative integer"
         require(self, [(name, is_int(getattr(self, name)) and getattr(self, name) >= 0, count) for name in NAMES])
+        require(self, [("gating_residual", isinstance(self.gating_residual, bool), "true or false")])
+        if self.gating_residual:
+            refuse(
+                self,
+                [
+                    ("strata", self.strata is not None, "Stratified MoE's gates have no one logit vector to carry"),
+                    ("routing", self.routing != "token_choice", "the residual adds to a token-choice router's logits"),
+                ],
+                context=" with gating_residual=True",
+            )
         if not self.zero_computation_experts:
             return
         name = next(name for name in NAMES if getattr(self, name))
