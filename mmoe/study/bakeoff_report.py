@@ -100,7 +100,7 @@ def _measure_table(report: dict, measure: dict) -> list[str]:
         mean = f"{_number(cell.get('mean'))} {_interval(cell.get('interval'))}" if cell["values"] else "—"
         row = rows.get(name)
         welch = (row or {}).get("welch")
-        gap = "baseline" if row is None else "—"
+        gap = "baseline" if name == report["plan"]["test"]["against"] and measure["tested"] else "—"
         if welch is not None:
             gap = f"{welch['difference']:+.4g} {_interval(welch['interval'])}"
         p = "—" if welch is None else f"{welch['p_value']:.3g}"
