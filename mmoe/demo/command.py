@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import logging
 import os
 import sys
 import time
@@ -28,7 +27,16 @@ from mmoe.pipeline.launch import VARIANTS
 from mmoe.pipeline.layout import PipelineRun
 from mmoe.pipeline.probes import probes_text
 from mmoe.pipeline.settings import DEMO, DEMO_FAST, record_demo_settings
-from mmoe.pipeline.stages import PipelineError, Stage, is_done, lanes_by_cost, print_progress, run_parallel, run_stage
+from mmoe.pipeline.stages import (
+    PipelineError,
+    Stage,
+    is_done,
+    lanes_by_cost,
+    print_progress,
+    quiet_lightning,
+    run_parallel,
+    run_stage,
+)
 from mmoe.pipeline.standard_stages import codebook_stage, corpus_stage
 from mmoe.pipeline.tables import format_table
 
@@ -77,12 +85,6 @@ def earlier_layout(out: Path) -> Path | None:
     when nothing does."""
     earlier = [out / variant / name for variant in VARIANTS for name in ("pretrain", "backbone_pretrained.pt")]
     return next((path for path in earlier if path.exists()), None)
-
-
-def quiet_lightning() -> None:
-    """Lightning's info lines (devices, parameter counts) off: the demo prints its own progress."""
-    for name in ("lightning.pytorch", "lightning.fabric"):
-        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def demo_stages(run: PipelineRun, variants: Sequence[str], random_init: bool) -> list[Stage]:

@@ -4,6 +4,7 @@ what the demo and the claims study are built from."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import multiprocessing
 import os
 import sys
@@ -31,6 +32,12 @@ class PipelineError(RuntimeError):
 def print_progress(message: str) -> None:
     """One line of a pipeline's progress on stdout, flushed at once (lanes in other processes print beside it)."""
     print(message, flush=True)
+
+
+def quiet_lightning() -> None:
+    """Lightning's info lines (devices, parameter counts) off in this process: a pipeline prints its own progress."""
+    for name in ("lightning.pytorch", "lightning.fabric"):
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 @dataclass(frozen=True)

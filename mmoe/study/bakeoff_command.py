@@ -13,13 +13,12 @@ input: one line, exit 2; a failed stage: exit 1."""
 from __future__ import annotations
 
 import argparse
-import logging
 import shlex
 import sys
 from pathlib import Path
 
 from mmoe.io import capped_jobs, positive_int, read_json, report_error
-from mmoe.pipeline.stages import PipelineError, print_progress, run_stage
+from mmoe.pipeline.stages import PipelineError, print_progress, quiet_lightning, run_stage
 from mmoe.study.bakeoff_lanes import run_in_lanes
 from mmoe.study.bakeoff_plan import BakeoffPlan, design, read_plan_file, write_plan_file
 from mmoe.study.bakeoff_presets import PRESETS
@@ -125,8 +124,7 @@ def routers_command(args: argparse.Namespace, argv: list[str]) -> int:
         refuse_other_plan(args.out, digest)
     except PlanError as error:
         return report_error("study routers", error)
-    for name in ("lightning.pytorch", "lightning.fabric"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+    quiet_lightning()
     run = BakeoffRun(args.out, plan.settings())
     write_plan_file(plan, args.out / FOLDER_PLAN)
     jobs = capped_jobs(args.jobs, "study routers")

@@ -7,11 +7,10 @@ of one (a tiny training's step takes about as long on one thread as on two: the 
 from __future__ import annotations
 
 import functools
-import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from mmoe.pipeline.stages import is_done, lanes_by_cost, run_parallel, run_stage
+from mmoe.pipeline.stages import is_done, lanes_by_cost, quiet_lightning, run_parallel, run_stage
 from mmoe.study.bakeoff_plan import BakeoffPlan
 from mmoe.study.bakeoff_runs import BakeoffRun, bakeoff_stages, run_name, run_stages
 from mmoe.study.plan_runs import under_plan
@@ -19,8 +18,7 @@ from mmoe.study.plan_runs import under_plan
 
 def run_groups(out: Path, plan: BakeoffPlan, digest: str, names: Sequence[str]) -> None:
     """A lane's process: the stages of the runs ``names`` (``<router>-seed<s>``) in turn."""
-    for logger in ("lightning.pytorch", "lightning.fabric"):
-        logging.getLogger(logger).setLevel(logging.WARNING)
+    quiet_lightning()
     run = BakeoffRun(out, plan.settings())
     for router in plan.routers:
         for seed in plan.seeds:

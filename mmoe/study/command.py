@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import logging
 import shlex
 import sys
 import time
@@ -14,7 +13,7 @@ from pathlib import Path
 
 from mmoe.io import capped_jobs, positive_int, read_json, report_error
 from mmoe.pipeline.settings import refuse_other_settings, upgraded_settings
-from mmoe.pipeline.stages import PipelineError, print_progress, run_stage
+from mmoe.pipeline.stages import PipelineError, print_progress, quiet_lightning, run_stage
 from mmoe.study.bakeoff_command import add_parser as add_bakeoff_parser
 from mmoe.study.bakeoff_command import routers_command
 from mmoe.study.claim_settings import claim_settings
@@ -116,8 +115,7 @@ def study_command(argv: Sequence[str]) -> int:
     if args.dry_run:
         return dry_run(settings, preset, args.plan)
     study = StudyRun(Path(args.out), settings.training)
-    for name in ("lightning.pytorch", "lightning.fabric"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+    quiet_lightning()
     start = time.perf_counter()
     try:
         plan = plan_of_run(settings, preset, args.plan)

@@ -7,12 +7,11 @@ The measurements and the report then run in this process, every training reused.
 from __future__ import annotations
 
 import functools
-import logging
 from collections.abc import Sequence
 from pathlib import Path
 
 from mmoe.pipeline.layout import RANDOM_INIT
-from mmoe.pipeline.stages import Stage, is_done, lanes_by_cost, run_parallel, run_stage
+from mmoe.pipeline.stages import Stage, is_done, lanes_by_cost, quiet_lightning, run_parallel, run_stage
 from mmoe.pipeline.standard_stages import codebook_stage, corpus_stage
 from mmoe.study.plan_runs import under_plan
 from mmoe.study.runs import StudyRun, finetune_stages, pretrain_stages, pretrainings
@@ -41,8 +40,7 @@ def group_of(stage: Stage) -> str | None:
 
 def run_groups(out: Path, settings: StudySettings, digest: str, groups: Sequence[str]) -> None:
     """A lane's process: the stages of ``groups`` in turn, each recording the plan's hash ``digest``."""
-    for name in ("lightning.pytorch", "lightning.fabric"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+    quiet_lightning()
     study = StudyRun(out, settings.training)
     for stage in study_stages(study, settings):
         if group_of(stage) in groups:
