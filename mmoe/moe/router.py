@@ -134,13 +134,12 @@ class Router(nn.Module):
             self.register_buffer("selection_bias", torch.zeros(num_experts))
         else:
             self.selection_bias = None
-        # AdaMoE / MoE++: the null, copy and constant experts are scored after the real ones
-        self.scorer = SCORERS[config.router](config, num_experts + config.zero_computation_experts)
+        pool = num_experts + config.zero_computation_experts  # AdaMoE / MoE++: the zero-computation experts last
+        self.scorer = SCORERS[config.router](config, pool)
         if config.gate == "relu":  # ReMoE's lambda: moved after training steps (mmoe.runtime.relu_sparsity), saved
             self.register_buffer("relu_l1_coefficient", torch.tensor(config.relu_l1_initial))
         self.gate_map = None
         if config.gating_residual:  # MoE++'s W_g: nn.Linear's default initialisation, as the released code's
-            pool = num_experts + config.zero_computation_experts
             self.gate_map = nn.Linear(pool, pool, bias=False)
 
     def forward(

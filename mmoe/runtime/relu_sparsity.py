@@ -55,8 +55,8 @@ class ReLUSparsity:
         next step's count. A collective where a process group exists: every rank calls it after each step."""
         if not self.routers:
             return
-        first = next(iter(self.routers.values())).relu_l1_coefficient
-        zero = torch.zeros(2, dtype=torch.float64, device=first.device)
+        lead = next(iter(self.routers.values()))  # every router shares the plan's choices and, model-wide, lambda
+        zero = torch.zeros(2, dtype=torch.float64, device=lead.relu_l1_coefficient.device)
         counts = torch.stack([self.counts.get(key, zero).to(zero) for key in self.routers])
         if dist.is_available() and dist.is_initialized():
             dist.all_reduce(counts)
@@ -65,12 +65,14 @@ class ReLUSparsity:
         if not seen.any():
             return
         experts = torch.tensor([router.config.num_experts for router in self.routers.values()], dtype=torch.float64)
-        targets = torch.tensor([target_sparsity(r.config.top_k, r.config.num_experts) for r in self.routers.values()])
+        targets = torch.tensor(
+            [target_sparsity(r.config.top_k, r.config.num_experts) for r in self.routers.values()], dtype=torch.float64
+        )
         sparsity = 1 - counts[:, 0].cpu() / (counts[:, 1].cpu().clamp_min(1) * experts)
         mask = seen.cpu()
         self.sparsity = float(sparsity[mask].mean())
-        multiplier = next(iter(self.routers.values())).config.relu_l1_multiplier
-        if next(iter(self.routers.values())).config.relu_l1_per_router:  # each router by its own sparsity
+        multiplier = lead.config.relu_l1_multiplier
+        if lead.config.relu_l1_per_router:  # each router by its own sparsity
             for router, seen_here, own, target in zip(self.routers.values(), mask, sparsity, targets, strict=True):
                 if seen_here:
                     coefficient = next_coefficient(
@@ -78,7 +80,7 @@ class ReLUSparsity:
                     )
                     router.relu_l1_coefficient.fill_(coefficient)
             return
-        mean_target = float(targets.double()[mask].mean())
-        coefficient = next_coefficient(float(first), self.sparsity, mean_target, multiplier)
+        mean_target = float(targets[mask].mean())
+        coefficient = next_coefficient(float(lead.relu_l1_coefficient), self.sparsity, mean_target, multiplier)
         for router in self.routers.values():
             router.relu_l1_coefficient.fill_(coefficient)
