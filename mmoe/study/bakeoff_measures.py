@@ -19,8 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mmoe.metrics.routing import active_experts_histogram, load_summary, mean_active_experts, record_key
-from mmoe.moe.base import RoutingRecord
+from mmoe.metrics.routing import RoutingTotals, load_summary, mean_active_experts
 from mmoe.pipeline.probes import last_validation
 from mmoe.runtime.layout import RunLayout
 from mmoe.tasks.zero_shot_probes import PREFIX
@@ -40,33 +39,17 @@ POOLED = "pooled_"
 ROUTED_MODALITIES = ("vision", "language")
 
 
-class RoutingTally:
-    """Per MoE layer (``layer<i>/<modality>``): the expert counts and the histogram of experts per (sub-)token
-    (:func:`mmoe.metrics.routing.active_experts_histogram`, the routing logger's), summed over batches."""
-
-    def __init__(self) -> None:
-        self.counts: dict[str, torch.Tensor] = {}
-        self.used: dict[str, torch.Tensor] = {}
-
-    def add(self, records: Sequence[RoutingRecord]) -> None:
-        for record in records:
-            key = record_key(record)
-            counts = record.expert_counts.detach().to(torch.float64).cpu()
-            # one bucket per possible count: a (sub-)token's slots are the last dimension of expert_index, a layer's own
-            used = active_experts_histogram(record, record.expert_index.shape[-1] + 1).cpu()
-            if key in self.counts:
-                counts, used = self.counts[key] + counts, self.used[key] + used
-            self.counts[key], self.used[key] = counts, used
-
-    def layers(self) -> dict[str, dict[str, float]]:
-        """Per layer: its ``load_cv`` (:func:`mmoe.metrics.routing.load_summary`) and ``experts_per_token``."""
-        return {
-            key: {
-                "load_cv": float(load_summary(self.counts[key])["load_cv"]),
-                "experts_per_token": float(mean_active_experts(self.used[key])),
-            }
-            for key in self.counts
+def layer_measures(totals: RoutingTotals) -> dict[str, dict[str, float]]:
+    """Per MoE layer (``layer<i>/<modality>``) of the routing ``totals``: its ``load_cv``
+    (:func:`mmoe.metrics.routing.load_summary`) and ``experts_per_token`` (the mean of its histogram of experts per
+    (sub-)token, the routing logger's ``active_experts``)."""
+    return {
+        key: {
+            "load_cv": float(load_summary(totals.counts[key])["load_cv"]),
+            "experts_per_token": float(mean_active_experts(totals.active[key])),
         }
+        for key in totals.counts
+    }
 
 
 def modality_means(layers: dict[str, dict[str, float]]) -> dict[str, float | None]:
@@ -87,10 +70,10 @@ def routing_measures(backbone: Path, batches: Sequence) -> dict[str, dict[str, f
     from mmoe.runtime.checkpoint import load_backbone
 
     model = load_backbone(backbone).eval()
-    tally = RoutingTally()
+    totals = RoutingTotals()
     for batch in batches:
-        tally.add(model(**batch.inputs).routing)
-    return tally.layers()
+        totals.add(model(**batch.inputs).routing)
+    return layer_measures(totals)
 
 
 def validation_values(layout: RunLayout) -> dict[str, float | None]:
