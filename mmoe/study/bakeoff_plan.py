@@ -22,7 +22,7 @@ from mmoe.stats import ALPHA, LEVEL
 from mmoe.study.bakeoff_cost import router_flops
 from mmoe.study.bakeoff_presets import BakeoffPreset
 from mmoe.study.bakeoff_routers import BASELINE, ROUTERS, RouterPreset
-from mmoe.study.plan import PlanError, _Reader, plan_hash
+from mmoe.study.plan import PlanError, PlanReader, plan_hash
 
 BAKEOFF_PLAN_VERSION = 1
 #: The largest |FLOPs gap| a router may have, as a share of the dense FFNs' FLOPs per token: a router's scores cost
@@ -193,7 +193,7 @@ def read_plan_file(path: Path) -> tuple[BakeoffPlan, str]:
     """The plan in ``path`` and its hash; PlanError (one line naming the file and the field) for a file that is not
     a plan, or whose hash is not that of its plan."""
     value = read_json(path, "bake-off plan", PlanError)
-    reader = _Reader(str(path))
+    reader = PlanReader(str(path))
     fields = reader.mapping(value, "file", ("sha256", "plan"))
     plan = plan_from_json(fields["plan"], str(path))
     digest = plan_hash(plan)
@@ -204,7 +204,7 @@ def read_plan_file(path: Path) -> tuple[BakeoffPlan, str]:
 
 def plan_from_json(value: Any, where: str) -> BakeoffPlan:
     """The plan of a decoded ``plan`` object; PlanError naming ``where`` and the first invalid field."""
-    reader = _Reader(where)
+    reader = PlanReader(where)
     names = tuple(field.name for field in dataclasses.fields(BakeoffPlan))
     fields = reader.mapping(value, "plan", names)
     if fields["version"] != BAKEOFF_PLAN_VERSION:
@@ -239,7 +239,7 @@ def plan_from_json(value: Any, where: str) -> BakeoffPlan:
     return plan
 
 
-def _router(reader: _Reader, value: Any, path: str) -> PlannedRouter:
+def _router(reader: PlanReader, value: Any, path: str) -> PlannedRouter:
     fields = reader.mapping(value, path, tuple(field.name for field in dataclasses.fields(PlannedRouter)))
     if not isinstance(fields["backbone"], dict):
         raise reader.fail(f"{path}.backbone", fields["backbone"], "an object of backbone fields")
@@ -251,7 +251,7 @@ def _router(reader: _Reader, value: Any, path: str) -> PlannedRouter:
     )
 
 
-def _measure(reader: _Reader, value: Any, path: str) -> Measure:
+def _measure(reader: PlanReader, value: Any, path: str) -> Measure:
     fields = reader.mapping(value, path, tuple(field.name for field in dataclasses.fields(Measure)))
     known = {measure.name for measure in MEASURES}
     if not isinstance(fields["tested"], bool):
@@ -265,7 +265,7 @@ def _measure(reader: _Reader, value: Any, path: str) -> Measure:
     )
 
 
-def _test(reader: _Reader, value: Any) -> BakeoffTest:
+def _test(reader: PlanReader, value: Any) -> BakeoffTest:
     fields = reader.mapping(value, "plan.test", tuple(field.name for field in dataclasses.fields(BakeoffTest)))
     return BakeoffTest(
         reader.text(fields["name"], "plan.test.name", ("welch",)),
@@ -276,7 +276,7 @@ def _test(reader: _Reader, value: Any) -> BakeoffTest:
     )
 
 
-def _training(reader: _Reader, value: Any) -> dict[str, Any]:
+def _training(reader: PlanReader, value: Any) -> dict[str, Any]:
     """The plan's training settings, checked by building them."""
     names = tuple(field.name for field in dataclasses.fields(TrainingSettings))
     fields = reader.mapping(value, "plan.training", names)

@@ -218,8 +218,9 @@ def read_plan(path: Path) -> StudyPlan:
 # -- reading a plan ---------------------------------------------------------------------------------------------------
 
 
-class _Reader:
-    """Checks the fields of a decoded plan, each error naming the file and the field's path."""
+class PlanReader:
+    """Checks the fields of a decoded plan, each error naming the file and the field's path (the claims study's plan
+    and the bake-off's)."""
 
     def __init__(self, where: str) -> None:
         self.where = where
@@ -259,7 +260,7 @@ class _Reader:
         return value
 
 
-def _arm(reader: _Reader, value: Any, path: str) -> Arm:
+def _arm(reader: PlanReader, value: Any, path: str) -> Arm:
     fields = reader.mapping(value, path, ("name", "runs", "seeds", "steps", "measured_at"))
     # no runs: the claim is not run under this preset (its row says which preset runs it)
     runs = tuple(reader.text(run, f"{path}.runs[{i}]") for i, run in enumerate(reader.items(fields["runs"], path)))
@@ -273,7 +274,7 @@ def _arm(reader: _Reader, value: Any, path: str) -> Arm:
     return Arm(reader.text(fields["name"], f"{path}.name"), runs, seeds, steps, measured_at)
 
 
-def _noise_rule(reader: _Reader, value: Any, path: str) -> NoiseRule:
+def _noise_rule(reader: PlanReader, value: Any, path: str) -> NoiseRule:
     fields = reader.mapping(value, path, ("unit", "within_run", "level", "alpha", "power"))
     return NoiseRule(
         reader.text(fields["unit"], f"{path}.unit"),
@@ -287,7 +288,7 @@ def _noise_rule(reader: _Reader, value: Any, path: str) -> NoiseRule:
 CLAIM_FIELDS = tuple(field.name for field in dataclasses.fields(ClaimPlan))
 
 
-def _claim(reader: _Reader, value: Any, path: str) -> ClaimPlan:
+def _claim(reader: PlanReader, value: Any, path: str) -> ClaimPlan:
     fields = reader.mapping(value, path, CLAIM_FIELDS)
     modalities = reader.items(fields["modalities"], f"{path}.modalities", 1)
     gates = fields["gates"]
@@ -308,7 +309,7 @@ def _claim(reader: _Reader, value: Any, path: str) -> ClaimPlan:
     )
 
 
-def _rule_change(reader: _Reader, value: Any, path: str, claims: dict[str, ClaimPlan]) -> RuleChange:
+def _rule_change(reader: PlanReader, value: Any, path: str, claims: dict[str, ClaimPlan]) -> RuleChange:
     fields = reader.mapping(value, path, ("claim", "rule", "old", "new", "why", "date"))
     claim = reader.text(fields["claim"], f"{path}.claim", tuple(claims))
     rule = reader.text(fields["rule"], f"{path}.rule")
@@ -335,7 +336,7 @@ def _rule_change(reader: _Reader, value: Any, path: str, claims: dict[str, Claim
 
 def plan_from_json(value: Any, where: str = "plan") -> StudyPlan:
     """The plan of a decoded plan file; PlanError naming ``where`` and the first invalid field."""
-    reader = _Reader(where)
+    reader = PlanReader(where)
     fields = reader.mapping(value, "plan", ("preset", "claims", "rule_changes", "version"), ("design_notes",))
     if fields["version"] != PLAN_VERSION:
         raise reader.fail("plan.version", fields["version"], f"{PLAN_VERSION}")
