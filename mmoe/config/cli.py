@@ -33,7 +33,7 @@ from mmoe.config.trainer_values import non_finite_trainer_field
 from mmoe.io import one_line, report_error
 from mmoe.runtime.checkpoint_saving import checkpoint_saving_arguments
 from mmoe.runtime.layout import RunLayout, blocked_run_path
-from mmoe.runtime.lightning_internals import HookedLightningCLI, leaf_spec_deprecation_ignored
+from mmoe.runtime.lightning_internals import HookedLightningCLI, leaf_spec_deprecation_ignored, parse_config
 from mmoe.runtime.non_finite import NonFiniteGuard, NonFiniteTraining, report_divergence
 from mmoe.runtime.optimizer import nest_optimizer_arguments
 from mmoe.runtime.preemption import with_preemption
@@ -137,7 +137,7 @@ class MMoECLI(HookedLightningCLI):
             self.run_folder_locks.release()
 
     @staticmethod
-    def subcommands() -> dict[str, set[str]]:
+    def every_subcommand() -> dict[str, set[str]]:
         # No ``--weights_only`` option: checkpoints are always loaded with weights_only=True.
         return {name: skip | {"weights_only"} for name, skip in LightningCLI.subcommands().items()}
 
@@ -177,10 +177,12 @@ class MMoECLI(HookedLightningCLI):
         ):
             # LightningCLI's parse, less its warning when ``args`` comes with a command line of the process's own:
             # mmoe gives ``args`` from Python by design (the demo and pipeline run inside ``mmoe demo``'s process).
-            self.config = parser.parse_object(args) if isinstance(args, dict | Namespace) else parser.parse_args(args)
+            # Options laid over the files are checked with them in the second parse: the first leaves the check out.
+            laid_over = callable(self.overrides) or bool(self.overrides)
+            self.config = parse_config(parser, args, validate=not laid_over)
             subcommand = self.config["subcommand"]
             overrides = overrides_for(self.overrides, self.config[subcommand])
-            if overrides:
+            if overrides or laid_over:
                 self.command_line_model_arguments |= model_argument_names(overrides)
                 self.config = parser.parse_object({subcommand: overrides}, self.config)
 

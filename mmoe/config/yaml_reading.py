@@ -19,6 +19,7 @@ float, dates stay strings).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -29,6 +30,10 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 MAX_CONFIG_NODES = 100_000
 
 MERGE_TAG = "tag:yaml.org,2002:merge"
+
+#: What YAML needs to read a text as more than one scalar: a line break, a key (``:``, ``?``), an anchor or alias
+#: (``&``, ``*``), a flow collection, or a sequence entry (``-`` before a space or at the end).
+STRUCTURE = re.compile(r"[\n\r\x85\u2028\u2029:?&*{}\[\]]|-(\s|$)")
 
 
 class ConfigFileError(yaml.YAMLError):
@@ -56,7 +61,13 @@ def load_yaml_config(text: str, path: str = "", build: Callable[[str], Any] | No
 def check_yaml_config(text: str, where: str) -> None:
     """Raises :class:`ConfigFileError` (its message starting with ``where``) when the YAML ``text`` gives a key twice
     in one mapping or expands to more than :data:`MAX_CONFIG_NODES` values, and ``yaml.YAMLError`` when it is not
-    YAML; builds no value. The expansion is bounded first: the key check walks what the aliases expand to."""
+    YAML; builds no value. The expansion is bounded first: the key check walks what the aliases expand to.
+
+    A text without a line break, a key, an anchor, an alias, a flow collection or a sequence entry (most values
+    jsonargparse reads, such as ``shards/pretrain-images`` or ``1e-4``) is one scalar: it passes without being
+    composed (jsonargparse reads about a thousand such values in each parse)."""
+    if not STRUCTURE.search(text):
+        return
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
         if root is not None:

@@ -63,6 +63,9 @@ class OpenClipVocabulary:
 
     ids = OPEN_CLIP_IDS
 
+    def load(self) -> None:
+        _open_clip_bpe()
+
     def encode(self, text: str) -> list[int]:
         return _open_clip_bpe().encode(text)
 
@@ -108,6 +111,9 @@ class SentencePieceVocabulary:
     def __setstate__(self, state: dict) -> None:
         self.path, self.ids = state["path"], state["ids"]
 
+    def load(self) -> None:
+        _sentencepiece(self.path)
+
     def encode(self, text: str) -> list[int]:
         processor = _sentencepiece(self.path)
         unk = processor.unk_id()
@@ -150,6 +156,11 @@ class TextTokenizer:
             if not path.is_file():
                 raise FileNotFoundError(f"text tokenizer {path} does not exist (a SentencePiece model, e.g. beit3.spm)")
             self.vocabulary = SentencePieceVocabulary(str(path))
+
+    def load(self) -> None:
+        """Reads the vocabulary's tables now if this process has not (each process reads them once, on first use):
+        DataLoader workers forked after it inherit them instead of each reading them (about 0.3 s for the BPE)."""
+        self.vocabulary.load()
 
     @property
     def ids(self) -> TextIds:

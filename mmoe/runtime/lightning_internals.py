@@ -7,11 +7,13 @@ reaches them only here, and ``tests/tasks/test_lightning_internals.py`` checks e
 that changes one fails that test, naming the API and the version.
 
 * :class:`HookedLightningCLI`: LightningCLI's private steps (the subcommand parsers, the merge of a checkpoint's
-  hyper-parameters, the seed, the run of a subcommand and its arguments) as methods with public names.
+  hyper-parameters, the seed, the run of a subcommand and its arguments) as methods with public names, and the
+  parser of the named subcommand alone built.
 * :data:`SignalConnector`, :func:`replace_signal_connector`: the trainer's handler of termination signals.
 * :class:`KeepingExperimentWriter`, :func:`csv_logger_experiment`: a ``CSVLogger`` whose writer keeps
   ``metrics.csv``.
 * :func:`save_last_checkpoint`: a ``ModelCheckpoint``'s last checkpoint saved now.
+* :func:`parse_config`: a jsonargparse parse, its final validation optional.
 * :func:`config_file_being_read`: the config file jsonargparse is reading.
 * :func:`config_before_file`: what jsonargparse parsed before the ``--config`` file it is reading.
 * :func:`leaf_spec_deprecation_ignored`: Lightning's own use of a deprecated torch class, kept off the console
@@ -21,12 +23,13 @@ that changes one fails that test, naming the API and the version.
 from __future__ import annotations
 
 import contextlib
+import sys
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import lightning as L
-from jsonargparse import Namespace
+from jsonargparse import ArgumentParser, Namespace
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger
@@ -40,7 +43,30 @@ SignalConnector = _SignalConnector
 
 class HookedLightningCLI(LightningCLI):
     """LightningCLI with its private steps turned into public methods a subclass overrides; each does what
-    LightningCLI does unless overridden."""
+    LightningCLI does unless overridden.
+
+    LightningCLI builds a parser for every subcommand (fit, validate, test, predict), each with the trainer's, the
+    model's and the data's arguments, whichever one the arguments name. Here, when the first argument names a
+    subcommand, only that one's parser is built (a quarter of the parse's time per parser); otherwise (``--help``
+    alone, a misspelt name) all of them are, so the help and the error list every subcommand."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        arguments = kwargs.get("args")
+        self.named_subcommand = named_subcommand(
+            sys.argv[1:] if arguments is None else arguments, self.every_subcommand()
+        )
+        super().__init__(*args, **kwargs)
+
+    @staticmethod
+    def every_subcommand() -> dict[str, set[str]]:
+        """Every subcommand and the trainer method's arguments it does not take from the config."""
+        return LightningCLI.subcommands()
+
+    def subcommands(self) -> dict[str, set[str]]:  # LightningCLI's is static; it calls it on the instance
+        every = self.every_subcommand()
+        if self.named_subcommand is None:
+            return every
+        return {self.named_subcommand: every[self.named_subcommand]}
 
     def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs: Any) -> LightningArgumentParser:
         parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
@@ -89,6 +115,14 @@ class HookedLightningCLI(LightningCLI):
         return self._get(config, key, default)
 
 
+def named_subcommand(arguments: Any, subcommands: dict[str, set[str]]) -> str | None:
+    """The subcommand a command line (a list of arguments) starts with; None for any other arguments (a parsed
+    config, options before the subcommand, none)."""
+    if isinstance(arguments, list | tuple) and arguments and arguments[0] in subcommands:
+        return arguments[0]
+    return None
+
+
 def replace_signal_connector(trainer: L.Trainer, connector: SignalConnector) -> None:
     """Makes ``connector`` the one ``trainer`` installs at the start of a run and tears down at its end."""
     trainer._signal_connector = connector
@@ -114,6 +148,14 @@ def save_last_checkpoint(callback: ModelCheckpoint, trainer: L.Trainer) -> None:
     the last file and its loggers' notifications (``ModelCheckpoint`` has no public way to)."""
     if callback._last_global_step_saved < trainer.global_step:
         callback._save_last_checkpoint(trainer, callback._monitor_candidates(trainer))
+
+
+def parse_config(parser: ArgumentParser, args: Any, validate: bool = True) -> Namespace:
+    """``args`` (a command line, or a config as a dict or a Namespace) parsed by ``parser``; ``validate=False`` leaves
+    out the check of the whole config at the end (jsonargparse's private ``_skip_validation``), for a config that is
+    parsed again with options laid over it and checked then: the check costs a third of a parse."""
+    parse = parser.parse_object if isinstance(args, dict | Namespace) else parser.parse_args
+    return parse(args) if validate else parse(args, _skip_validation=True)
 
 
 def config_file_being_read() -> str:

@@ -12,6 +12,7 @@ import yaml
 
 from mmoe.cli import main
 from mmoe.config.cli import init_parameters
+from mmoe.config.launch import run_lightning
 from mmoe.model import MultiwayConfig, MultiwayTransformer
 from mmoe.model.config import PRESETS
 from mmoe.runtime.checkpoint import export_backbone
@@ -89,6 +90,31 @@ def test_an_unknown_key_or_a_wrong_type_is_named_by_the_parser(capsys, monkeypat
     code, err = mmoe(["fit", *configs, "--model.init_args.optimizer.learning_rate=fast"], capsys)
     assert code == 2
     assert "Traceback" not in err and 'Parser key "optimizer.learning_rate"' in err and "Got value: fast" in err
+
+
+BAD_FILES = {
+    "unknown key": {"model": {"init_args": {"backbone": {"moe": {"num_expert": 4}}}}},
+    "wrong type": {"model": {"init_args": {"optimizer": {"learning_rate": "fast"}}}},
+    "unknown trainer key": {"trainer": {"max_step": 4}},
+    "missing data root": {"data": {"init_args": {"data_root": None, "image_shards": None}}},
+}
+
+
+@pytest.mark.parametrize("bad", BAD_FILES)
+def test_a_bad_file_under_options_laid_over_it_from_python_is_the_error_it_is_without_them(bad, tmp_path, capsys):
+    """A run from Python with options over the files (``overrides``) parses the files without validating them, then
+    validates the whole once the options are laid over: each bad file is refused with the line it gets alone."""
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(BAD_FILES[bad]))
+    configs = [CONFIGS / XMOE[0], CONFIGS / XMOE[1], tmp_path / "bad.yaml"]
+    code, alone = mmoe(["fit", *(f"--config={config}" for config in configs)], capsys)
+    assert code == 2 and "Traceback" not in alone and alone.strip().splitlines()[-1].startswith("mmoe fit: error: ")
+    for overrides in ({"trainer": {"default_root_dir": str(tmp_path / "run")}}, lambda config: {"seed_everything": 3}):
+        with pytest.raises(SystemExit) as stopped:
+            run_lightning("fit", configs, overrides)
+        assert stopped.value.code == 2
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and err.strip().splitlines()[-1] == alone.strip().splitlines()[-1]
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_missing_or_foreign_vqkd_tokenizer_file_is_one_line(capsys, monkeypatch, tmp_path):

@@ -15,7 +15,7 @@ import yaml
 
 from mmoe.config.launch import read_config
 from mmoe.config.safety import ALLOWED_PACKAGES, MAX_ERROR_CHARACTERS
-from mmoe.config.yaml_reading import MAX_CONFIG_NODES, ConfigFileError, load_yaml_config
+from mmoe.config.yaml_reading import MAX_CONFIG_NODES, STRUCTURE, ConfigFileError, load_yaml_config
 from tests.cli_fixtures import run_mmoe
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -125,6 +125,31 @@ def test_aliases_that_expand_to_a_config_sized_value_are_read(tmp_path, capsys):
     printed = yaml.safe_load(out)["trainer"]["callbacks"]
     monitors = [callback for callback in printed if callback["class_path"] == monitor]
     assert [callback["init_args"]["logging_interval"] for callback in monitors] == ["step", "step"]
+
+
+def yaml_texts() -> list[str]:
+    """Short texts around every printable ASCII character and YAML's line breaks: alone, first, inside and last, with
+    and without a space after, doubled, and a few values jsonargparse reads."""
+    marks = [chr(code) for code in range(32, 127)] + ["\t", "\n", "\r", "\x85", "\u2028", "\u2029"]
+    texts = ["shards/pretrain-images", "1e-4", "bf16-mixed", "a - b", "- - a", "'a: b'", '"a\\nb"', "a #: b", "!tag x"]
+    for mark in marks:
+        texts += [mark, f"{mark}a", f"{mark} a", f"a{mark}b", f"a {mark} b", f"a{mark}", f"a {mark}", mark * 2]
+    return texts
+
+
+def test_a_text_read_without_being_composed_is_one_scalar_when_composed():
+    """The shortcut of :func:`check_yaml_config` (a text without structure passes without being composed) may only
+    pass texts YAML reads as one scalar: any mapping, sequence or alias among the texts is structure."""
+    shortcut = 0
+    for text in yaml_texts():
+        try:
+            node = yaml.compose(text, Loader=yaml.SafeLoader)
+        except yaml.YAMLError:
+            continue  # not YAML: building the value fails the same way
+        if STRUCTURE.search(text) is None:
+            shortcut += 1
+            assert node is None or isinstance(node, yaml.ScalarNode), repr(text)
+    assert shortcut > 300  # most texts take it
 
 
 def test_an_anchor_inside_itself_and_a_merge_key_are_told_apart():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import lightning as L
 import pytest
 import torch
 
+from mmoe.data import tokenizer
 from mmoe.data.datamodules import (
     CaptioningDataModule,
     NLVR2DataModule,
@@ -150,6 +152,23 @@ def test_nlvr2_batches(shards, num_workers):
     labels = torch.cat([b["label"] for b in val])
     assert labels.float().mean().item() == 0.5
     assert module.test_dataloader() == []
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_the_tokenizer_is_read_before_workers_start_so_that_they_inherit_it(shards, num_workers, monkeypatch):
+    """A loader with workers reads the BPE tables in this process first (workers forked after it reuse them); one
+    without workers reads them at its first text, as before."""
+    monkeypatch.setattr(
+        tokenizer, "_open_clip_bpe", functools.lru_cache(maxsize=1)(tokenizer._open_clip_bpe.__wrapped__)
+    )
+    module = NLVR2DataModule(
+        train_shards=str(shards / "nlvr2-train"), image_size=64, batch_size=4, num_workers=num_workers
+    )
+    loader = module.train_dataloader()
+    assert tokenizer._open_clip_bpe.cache_info().currsize == num_workers
+    check_text(next(iter(loader)))
+    # Read once in this process: before the worker started, or at the first text without one.
+    assert tokenizer._open_clip_bpe.cache_info()[1:] == (1, 1, 1)  # misses, maxsize, currsize
 
 
 def karpathy_module(module_class, shards):

@@ -33,6 +33,8 @@ from mmoe.runtime.lightning_internals import (
     config_file_being_read,
     csv_logger_experiment,
     leaf_spec_deprecation_ignored,
+    named_subcommand,
+    parse_config,
     replace_signal_connector,
     save_last_checkpoint,
 )
@@ -100,6 +102,40 @@ def test_the_lookup_of_a_value_reads_the_running_subcommands_section():
     assert cli.subcommand_value(config, "seed_everything", 7) == 7
     cli.subcommand = None
     assert cli.subcommand_value(config, "trainer") == "top level"
+
+
+@pytest.mark.parametrize(
+    "caller",
+    [LightningCLI._setup_parser_kwargs, LightningCLI._add_subcommands, LightningCLI._prepare_subcommand_parser],
+)
+def test_lightning_still_asks_the_cli_instance_for_its_subcommands(caller):
+    require_called(LightningCLI, "subcommands", "lightning", caller)
+
+
+def test_a_command_line_naming_a_subcommand_builds_that_subcommands_parser_alone():
+    from mmoe.config.cli import MMoECLI, cli_arguments
+
+    class ParserOnly(MMoECLI):
+        def parse_arguments(self, parser, args) -> None:
+            raise SystemExit(0)
+
+    every = set(MMoECLI.every_subcommand())
+    assert every == {"fit", "validate", "test", "predict"}
+    for argv, built in ((["predict", "--print_config"], {"predict"}), (["--help"], every), (["fitt"], every)):
+        cli = ParserOnly.__new__(ParserOnly)
+        with pytest.raises(SystemExit):
+            cli.__init__(**cli_arguments(args=argv), overrides={})
+        assert set(cli.subcommand_parsers) == built
+    assert named_subcommand({"fit": {}}, MMoECLI.every_subcommand()) is None  # a parsed config: every parser
+
+
+def test_a_parse_may_leave_out_its_final_check():
+    parser = jsonargparse.ArgumentParser(exit_on_error=False)
+    parser.add_argument("--steps", type=int, required=True)
+    assert parse_config(parser, [], validate=False).steps is None
+    with pytest.raises(jsonargparse.ArgumentError, match="steps"):
+        parse_config(parser, [])
+    assert parse_config(parser, {"steps": 3}, validate=False).steps == parse_config(parser, ["--steps", "3"]).steps
 
 
 def test_the_signal_connector_is_still_the_trainers_and_replaceable():

@@ -159,6 +159,8 @@ class ShardDataModule(L.LightningDataModule):
 
     def _loader(self, split: str, dataset) -> EpochDataLoader:
         self.skipped[split] = {}
+        if self.num_workers > 0:
+            self.tokenizer.load()  # once per process, before the workers start: they inherit it
         return EpochDataLoader(
             dataset,
             batch_size=None,
