@@ -341,3 +341,12 @@ def test_moe_layer_top_p_case_runs_at_its_target_and_balances_only_the_real_choi
     balanced = forced_balanced(layer)(x)[1]
     assert torch.equal((balanced.expert_index >= 0).sum(-1), used)  # the same number of experts per token
     assert balanced.expert_counts.max() - balanced.expert_counts.min() <= 1  # spread over the experts in turn
+
+
+def test_config_parse_benchmark_compares_the_named_parser_with_every_parser_and_a_parse_with_its_check(run_main):
+    lines = run_main("benchmarks/config_parse.py", "--rounds", "1")
+    cases = {line["case"]: line["cpu_s"] for line in lines if "case" in line}
+    assert set(cases) == {"named_parser", "every_parser", "checked", "unchecked"} and min(cases.values()) > 0
+    ratios = {line["comparison"]: line["ratio"] for line in lines if "comparison" in line}
+    assert ratios["named_parser / every_parser"] == pytest.approx(cases["named_parser"] / cases["every_parser"])
+    assert ratios["unchecked / checked"] == pytest.approx(cases["unchecked"] / cases["checked"])
