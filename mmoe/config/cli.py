@@ -182,7 +182,7 @@ class MMoECLI(HookedLightningCLI):
             self.config = parse_config(parser, args, validate=not laid_over)
             subcommand = self.config["subcommand"]
             overrides = overrides_for(self.overrides, self.config[subcommand])
-            if overrides or laid_over:
+            if laid_over:
                 self.command_line_model_arguments |= model_argument_names(overrides)
                 self.config = parser.parse_object({subcommand: overrides}, self.config)
 

@@ -47,8 +47,9 @@ class HookedLightningCLI(LightningCLI):
 
     LightningCLI builds a parser for every subcommand (fit, validate, test, predict), each with the trainer's, the
     model's and the data's arguments, whichever one the arguments name. Here, when the first argument names a
-    subcommand, only that one's parser is built (a quarter of the parse's time per parser); otherwise (``--help``
-    alone, a misspelt name) all of them are, so the help and the error list every subcommand."""
+    subcommand, only that one's parser is built (the other three cost about 15% of a pipeline stage's parse:
+    ``benchmarks/config_parse.py``); otherwise (``--help`` alone, a misspelt name) all of them are, so the help and
+    the error list every subcommand."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         arguments = kwargs.get("args")
