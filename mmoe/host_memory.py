@@ -7,7 +7,7 @@ at the demo's size, is 38 MB; activations of several MB), so every step touched 
 zeroes each page on its first touch, a minor page fault for every 4 kB. :func:`keep_freed_memory` raises both
 thresholds (``mallopt(M_MMAP_THRESHOLD)``, ``mallopt(M_TRIM_THRESHOLD)``), so those blocks come from the heap and stay
 in it for the next step. The ``mmoe`` command calls it before it runs a subcommand, and so does each lane process of
-:func:`mmoe.pipeline.stages.run_parallel`.
+:class:`mmoe.pipeline.pool.WorkerPool`.
 
 Measured by ``benchmarks/host_memory.py`` (``docs/benchmarks.md``): training steps of the demo's captioning task with
 and without it. The weights are the same bit for bit (the allocator decides only where tensors live); the price is

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import os
@@ -12,9 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from mmoe.demo.recipe import (
-    fine_tuning_groups,
     in_group,
-    needs_fine_tunings,
+    pool_jobs,
     random_init_stages,
     variant_rows,
     variant_stages,
@@ -25,18 +25,10 @@ from mmoe.pipeline.compare import format_comparison, rows_from_items
 from mmoe.pipeline.comparison_items import ITEMS_FILE, comparison_items
 from mmoe.pipeline.launch import VARIANTS
 from mmoe.pipeline.layout import PipelineRun
+from mmoe.pipeline.pool import WorkerPool
 from mmoe.pipeline.probes import probes_text
 from mmoe.pipeline.settings import DEMO, DEMO_FAST, record_demo_settings
-from mmoe.pipeline.stages import (
-    PipelineError,
-    Stage,
-    is_done,
-    lanes_by_cost,
-    print_progress,
-    quiet_lightning,
-    run_parallel,
-    run_stage,
-)
+from mmoe.pipeline.stages import PipelineError, Stage, StageKey, is_done, print_progress, quiet_lightning, run_stage
 from mmoe.pipeline.standard_stages import codebook_stage, corpus_stage
 from mmoe.pipeline.tables import format_table
 
@@ -60,7 +52,7 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
         "--jobs",
         type=positive_int,
         default=min(2, os.cpu_count() or 1),
-        help="lanes of fine-tunings run at once, each lane in its own process with cores / jobs torch threads "
+        help="processes that run the fine-tunings and evaluations at once, each with cores / jobs torch threads "
         "(default: 2 where there are 2 cores; 1 runs every stage in this process, one after the other)",
     )
     parser.add_argument(
@@ -107,33 +99,35 @@ def stages_under(stages: Sequence[Stage], prefixes: Sequence[str]) -> list[Stage
     return [stage for named in chosen.values() for stage in named]
 
 
-def run_groups(run: PipelineRun, variants: Sequence[str], random_init: bool, prefixes: Sequence[str]) -> None:
-    """Runs the stages under ``prefixes`` (:func:`stages_under`; the stages before them must be done): one lane of
-    fine-tunings, or ``mmoe demo --stages``."""
+def run_job(run: PipelineRun, variants: Sequence[str], random_init: bool, name: str) -> None:
+    """Runs the stage named ``name`` (the stages it needs must be done): a job of the pool's processes."""
     quiet_lightning()
-    for stage in stages_under(demo_stages(run, variants, random_init), prefixes):
-        run_stage(run, stage)
+    run_stage(run, next(stage for stage in demo_stages(run, variants, random_init) if str(stage.key) == name))
+
+
+#: What the pool's processes import while the main process still runs the pre-training.
+POOL_PRELOAD = ("mmoe.config.cli", __name__)
 
 
 def run_demo(run: PipelineRun, variants: Sequence[str], random_init: bool = False, jobs: int = 1) -> dict:
-    """Runs the stages not done yet, the fine-tunings in ``jobs`` lanes at once, each lane a process that runs its
-    groups one after the other (:func:`mmoe.pipeline.stages.lanes_by_cost`, with a group's fine-tuning steps as its
-    cost, and :func:`mmoe.pipeline.stages.run_parallel` over :func:`run_groups`), after the stages they need and before
-    the figures; returns every stage's marker by key."""
+    """Runs the stages not done yet, with ``jobs`` > 1 the fine-tunings, their evaluations and the routing figures as
+    jobs of a pool of ``jobs`` processes (:func:`mmoe.demo.recipe.pool_jobs`, :class:`mmoe.pipeline.pool.WorkerPool`)
+    that start after the corpus and codebook, beside the stages before those jobs; returns every stage's marker by
+    key."""
     stages = demo_stages(run, variants, random_init)
     done_before = {stage.key for stage in stages if is_done(run, stage)}
     if jobs > 1:
-        steps = {
-            group: count
-            for variant in variants
-            for group, count in fine_tuning_groups(run, variant, random_init).items()
-            if any(in_group(stage, group) and stage.key not in done_before for stage in stages)
-        }
-        for stage in stages:
-            if not any(in_group(stage, group) for group in steps) and not needs_fine_tunings(stage):
+        every_job = [job for variant in variants for job in pool_jobs(run, variant, random_init)]
+        pooled = {job.name for job in every_job}
+        here = [stage for stage in stages if str(stage.key) not in pooled]
+        pending = [job for job in every_job if StageKey.of(job.name) not in done_before]
+        for stage in here[:2]:  # corpus and codebook
+            run_stage(run, stage, reused_by="")
+        with WorkerPool(jobs, POOL_PRELOAD) if pending else contextlib.nullcontext() as pool:
+            for stage in here[2:]:
                 run_stage(run, stage, reused_by="")
-        lanes = lanes_by_cost(list(steps), steps.__getitem__, jobs)
-        run_parallel(lanes, functools.partial(run_groups, run, tuple(variants), random_init), jobs)
+            if pool is not None:
+                pool.run(pending, functools.partial(run_job, run, tuple(variants), random_init))
     return {
         stage.key: run_stage(run, stage, reused_by="an earlier run" if stage.key in done_before else "")
         for stage in stages

@@ -8,6 +8,7 @@ from mmoe.data.synth.chance import ChanceLevels
 from mmoe.data.synth.layout import CAPTION_TEST_SPLIT
 from mmoe.pipeline.benchmarks import trained_benchmarks
 from mmoe.pipeline.layout import BACKBONE, RANDOM_INIT, PipelineRun, random_init_name
+from mmoe.pipeline.pool import Job
 from mmoe.pipeline.stages import Stage, StageKey
 from mmoe.pipeline.standard_stages import (
     FineTuning,
@@ -83,27 +84,32 @@ def random_init_stages(run: PipelineRun, variant: str, seed: int = 0) -> list[St
     return stages + fine_tunings(run, start, (variant, RANDOM_INIT))
 
 
-def fine_tuning_groups(run: PipelineRun, variant: str, random_init: bool = False) -> dict[str, int]:
-    """The stage-name prefixes of ``variant``'s fine-tunings (each a fit and its evaluation; from random init too when
-    ``random_init``) and their fine-tuning steps: they need the exported backbones and nothing of each other, so they
-    may run at once. In the benchmarks' order, the pre-trained start's first (:func:`mmoe.pipeline.stages
-    .lanes_by_cost` deals them by steps, this order settling ties)."""
+#: The cost of an evaluation or of the routing figures among jobs whose fine-tunings cost their optimiser steps: seconds
+#: against a fine-tuning's minutes, so each runs when no fine-tuning is ready to start.
+SHORT_JOB = 1.0
+
+
+def pool_jobs(run: PipelineRun, variant: str, random_init: bool = False) -> list[Job]:
+    """The stages of ``variant`` that the pool's processes run (:class:`mmoe.pipeline.pool.WorkerPool`), in the
+    benchmarks' order: each fine-tuning (its optimiser steps its cost) and after it its scored evaluation, from the
+    pre-trained backbone (and from random init with ``random_init``), and the routing figures after the
+    :data:`FIGURES_TASK` fine-tuning (a dense backbone has none). They need the exported backbones, which the stages
+    before them make, and nothing of each other beyond what they wait for."""
     starts = [(variant,), (variant, RANDOM_INIT)] if random_init else [(variant,)]
-    return {
-        str(StageKey.of(*start, benchmark.name)): run.settings.steps(benchmark.name)
-        for start in starts
-        for benchmark in trained_benchmarks(run.settings)
-    }
+    jobs = []
+    for start in starts:
+        for benchmark in trained_benchmarks(run.settings):
+            fit = str(StageKey.of(*start, benchmark.name))
+            jobs += [Job(fit, run.settings.steps(benchmark.name)), Job(f"{fit}/eval", SHORT_JOB, (fit,))]
+    if variant != "dense":
+        figures_after = str(StageKey.of(variant, FIGURES_TASK))
+        jobs.append(Job(str(StageKey.of(variant, FIGURES)), SHORT_JOB, (figures_after,)))
+    return jobs
 
 
 def in_group(stage: Stage, group: str) -> bool:
     """Whether ``stage`` is ``group`` or under it (``mhmoe/nlvr2``: ``mhmoe/nlvr2`` and ``mhmoe/nlvr2/eval``)."""
     return str(stage.key) == group or str(stage.key).startswith(f"{group}/")
-
-
-def needs_fine_tunings(stage: Stage) -> bool:
-    """Whether ``stage`` reads a fine-tuning's output (the routing figures read the VQA fine-tuning)."""
-    return stage.key.parts[-1] == FIGURES
 
 
 def variant_rows(

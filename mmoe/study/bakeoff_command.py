@@ -50,7 +50,8 @@ def add_parser(sub) -> None:
         "--jobs",
         type=positive_int,
         default=1,
-        help="(router, seed) runs at once, each lane a process (default 1; 2 on a 2-core CPU take about half the time)",
+        help="(router, seed) runs at once, each in a process of a pool (default 1; 2 on a 2-core CPU take about "
+        "half the time)",
     )
     routers.add_argument(
         "--dry-run",

@@ -76,7 +76,8 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
         "--jobs",
         type=positive_int,
         default=1,
-        help="trainings run at once, each lane a process (default 1; about 8 on a GPU, 2 at most on a 2-core CPU)",
+        help="trainings run at once, each in a process of a pool (default 1; about 8 on a GPU, 2 at most on a "
+        "2-core CPU)",
     )
     claims.add_argument(
         "--precision",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import multiprocessing
 from pathlib import Path
 
 import lightning as L
@@ -258,3 +259,62 @@ def test_constructor_arguments_are_typed_and_documented_for_lightning_cli(cls):
     if cls is PretrainDataModule:
         args = parser.parse_args(["--data.pair_shards", "x", "--data.masking.image_ratio", "0.3"])
         assert args.data.masking.image_ratio == 0.3
+
+
+def train_module(kind: str, shards: Path):
+    """A DataModule of ``kind`` over the tiny corpus with one worker."""
+    if kind == "pretrain":
+        return PretrainDataModule(
+            image_shards=str(shards / "pretrain-images"),
+            text_shards=str(shards / "pretrain-text"),
+            pair_shards=str(shards / "pretrain-pairs"),
+            batch_size=4,
+            image_size=64,
+            patch_size=16,
+            batches_per_epoch=6,
+            num_workers=1,
+            shuffle_buffer=16,
+        )
+    if kind == "vqa":
+        answers = str(shards / "vqav2-train2014/answers.json")
+        train = str(shards / "vqav2-train2014")
+        return VQADataModule(answer_vocab=answers, train_shards=train, image_size=64, batch_size=4, num_workers=1)
+    if kind == "nlvr2":
+        return NLVR2DataModule(train_shards=str(shards / "nlvr2-train"), image_size=64, batch_size=4, num_workers=1)
+    module_class = CaptioningDataModule if kind == "captioning" else RetrievalDataModule
+    train = str(shards / "coco-karpathy-train-restval")
+    return module_class(train_shards=train, image_size=64, batch_size=6, num_workers=1)
+
+
+def same_batches(first, second) -> bool:
+    if isinstance(first, torch.Tensor):
+        return isinstance(second, torch.Tensor) and first.dtype == second.dtype and torch.equal(first, second)
+    if isinstance(first, dict):
+        return first.keys() == second.keys() and all(same_batches(first[key], second[key]) for key in first)
+    if isinstance(first, list | tuple):
+        return len(first) == len(second) and all(map(same_batches, first, second))
+    return first == second
+
+
+@pytest.mark.parametrize("kind", ["pretrain", "vqa", "nlvr2", "captioning", "retrieval"])
+def test_workers_forked_from_a_fork_server_give_the_batches_of_workers_forked_from_this_process(shards, kind):
+    """The pool's processes fork their DataLoader workers from a fork server (mmoe.pipeline.pool), which unpickle
+    the dataset instead of inheriting it: two epochs of training batches are the same either way."""
+    from mmoe.pipeline.pool import start_data_workers_from_a_server
+
+    before = multiprocessing.get_start_method()
+
+    def two_epochs(method: str) -> list:
+        multiprocessing.set_start_method(method, force=True)
+        torch.manual_seed(0)
+        loader = train_module(kind, shards).train_dataloader()
+        return [list(loader) for _ in range(2)]
+
+    try:
+        start_data_workers_from_a_server(before)
+        served = two_epochs("forkserver")
+        forked = two_epochs("fork")
+    finally:
+        multiprocessing.set_start_method(before, force=True)
+    assert len(forked[0]) > 1 and not same_batches(forked[0], forked[1])  # each epoch draws anew
+    assert same_batches(served, forked)

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import io
 import json
-import multiprocessing
 import os
 import re
 import shutil
@@ -46,7 +44,6 @@ from mmoe.pipeline.settings import DEMO_FAST as FAST
 from mmoe.pipeline.settings import record_demo_settings
 from mmoe.pipeline.tables import format_table
 from mmoe.runtime.routing_callback import RoutingStatsCallback
-from tests.demo import lane_marks
 from tests.tutorial_commands import tutorial_demo_argv
 
 #: The benchmarks the demo fine-tunes (both presets give the same steps).
@@ -338,56 +335,35 @@ def test_fine_tuning_learning_rate_overrides_replace_only_their_tasks_rate(tmp_p
     assert shipped["vqav2"].head_lr_multiplier == 1.0 == shipped["vqav2"].layer_decay
 
 
-def test_fine_tunings_form_groups_that_run_at_once_and_a_failed_group_is_named(tmp_path, capfd):
-    """The parallel fine-tunings: one group per benchmark (and per benchmark from random init), each its fit and its
-    evaluation and nothing else, dealt to lanes by their steps; a lane's process that fails is named after the others
-    ended."""
-    from mmoe.demo.recipe import fine_tuning_groups, in_group, needs_fine_tunings, random_init_stages, variant_stages
-    from mmoe.pipeline.stages import lanes_by_cost, run_parallel
+def test_fine_tunings_evaluations_and_figures_are_the_pool_jobs_and_wait_for_what_they_read(tmp_path, capfd):
+    """The jobs of the pool's processes: each benchmark's fit (its steps its cost), its evaluation after it, and the
+    routing figures after the VQA fit; every other stage runs before them in the main process. The pool then hands
+    the long fits out first and an evaluation when no fit is ready."""
+    from mmoe.demo.recipe import SHORT_JOB, pool_jobs, random_init_stages, variant_stages
+    from mmoe.pipeline.pool import chain_costs
 
     run = PipelineRun(tmp_path, FAST)
-    groups = fine_tuning_groups(run, "mhmoe", random_init=True)
+    jobs = pool_jobs(run, "mhmoe", random_init=True)
     benchmarks = ["vqav2", "nlvr2", "captioning", "retrieval"]
     assert [FAST.steps(name) for name in benchmarks] == [300, 150, 500, 100]
-    assert list(groups) == [f"mhmoe/{name}" for name in benchmarks] + [
-        f"mhmoe/random-init/{name}" for name in benchmarks
-    ]
-    assert list(groups.values()) == [300, 150, 500, 100] * 2
+    fits = [f"mhmoe/{name}" for name in benchmarks] + [f"mhmoe/random-init/{name}" for name in benchmarks]
+    expected = []
+    for fit, steps in zip(fits, [300, 150, 500, 100] * 2, strict=True):
+        expected += [(fit, steps, ()), (f"{fit}/eval", SHORT_JOB, (fit,))]
+    expected.append(("mhmoe/figures", SHORT_JOB, ("mhmoe/vqav2",)))
+    assert [(job.name, job.cost, job.after) for job in jobs] == expected
     stages = variant_stages(run, "mhmoe") + random_init_stages(run, "mhmoe")
-    members = {group: [str(stage.key) for stage in stages if in_group(stage, group)] for group in groups}
-    assert all(names == [group, f"{group}/eval"] for group, names in members.items())
-    alone = [str(stage.key) for stage in stages if not any(in_group(stage, group) for group in groups)]
-    assert alone == ["mhmoe/pretrain", "mhmoe/export", "mhmoe/figures", "mhmoe/random-init/init"]
-    assert [str(stage.key) for stage in stages if needs_fine_tunings(stage)] == ["mhmoe/figures"]
-
-    # The default run's two lanes: captioning (500 steps) beside VQA, NLVR2 and retrieval (550).
-    pretrained = {group: steps for group, steps in groups.items() if "random-init" not in group}
-    assert lanes_by_cost(list(pretrained), pretrained.__getitem__, 2) == [
-        ["mhmoe/captioning"],
-        ["mhmoe/vqav2", "mhmoe/nlvr2", "mhmoe/retrieval"],
+    assert sorted(str(stage.key) for stage in stages) == sorted(
+        [job.name for job in jobs] + ["mhmoe/pretrain", "mhmoe/export", "mhmoe/random-init/init"]
+    )
+    assert [job.name for job in pool_jobs(run, "dense")][-1] == "dense/retrieval/eval"  # no routing to draw
+    chains = chain_costs(pool_jobs(run, "mhmoe"))
+    assert sorted(chains, key=lambda name: -chains[name])[:4] == [
+        "mhmoe/captioning",
+        "mhmoe/vqav2",
+        "mhmoe/nlvr2",
+        "mhmoe/retrieval",
     ]
-    both = lanes_by_cost(list(groups), groups.__getitem__, 2)
-    assert sorted(sum(both, [])) == sorted(groups) and [sum(groups[g] for g in lane) for lane in both] == [1050, 1050]
-    assert lanes_by_cost(list(groups), groups.__getitem__, 1) == [sorted(groups, key=lambda g: -groups[g])]
-    assert lanes_by_cost(["a"], lambda group: 1, 2) == [["a"]]
-
-    marks = tmp_path / "lanes"
-    marks.mkdir()
-    with pytest.raises(PipelineError, match=r"stages b c \(exit status 1\) failed"):
-        run_parallel([["a"], ["b", "c"]], functools.partial(lane_marks.mark_lane, marks), jobs=2)
-    assert "mmoe: error: lane b c failed" in capfd.readouterr().err
-    run_parallel([["a"], ["c"]], functools.partial(lane_marks.mark_lane, marks), jobs=2)
-    # each lane ran in its own process, with the threads of its share of the cores
-    seen = {path.name: json.loads(path.read_text()) for path in marks.iterdir()}
-    assert set(seen) == {"a", "c"} and seen["a"]["pid"] != seen["c"]["pid"] != os.getpid()
-    assert seen["a"]["threads"] == seen["a"]["omp"] == max(1, (os.cpu_count() or 1) // 2)
-    # ... and freed host memory kept for reuse (mmoe.host_memory): a 38 MB tensor allocated again is not faulted in
-    # anew, 9,263 pages each time with glibc's defaults
-    assert all(lane["faults"] < 5 * 9263 // 2 for lane in seen.values()), seen
-    # ... and its objects frozen at exit (mmoe.process_exit)
-    assert all(lane["freezes_at_exit"] for lane in seen.values()), seen
-    # ... and its DataLoader workers started as this process's are, not spawned (each importing torch again)
-    assert all(lane["start_method"] == multiprocessing.get_start_method() for lane in seen.values()), seen
 
     assert main(["demo", "--fast", "--out", str(tmp_path), "--stages", "mhmoe/nope"]) == 2
     assert "--stages mhmoe/nope: no stage of this run" in capfd.readouterr().err
