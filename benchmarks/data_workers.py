@@ -74,36 +74,18 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
 
-    from mmoe.data.converters.build_captions import CAPTION_TOKENS_FILE, write_caption_tokens
     from mmoe.data.synth.convert import convert_layout
     from mmoe.data.synth.corpus import SIZES, build_corpus
     from mmoe.host_memory import keep_freed_memory
     from mmoe.pipeline.pool import start_data_workers_from_a_server
-    from mmoe.pipeline.settings import DEMO
-    from mmoe.runtime.optimizer import parameter_groups
-    from mmoe.tasks.captioning import CaptioningFineTuning
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from caption_head import masked_caption_batch, synthetic_captions
-    from optimizer_step import demo_backbone
+    from optimizer_step import demo_captioning_step
 
     keep_freed_memory()
     start_data_workers_from_a_server("fork")
     torch.set_num_threads(args.threads)
-    texts = synthetic_captions(2000)
-    torch.manual_seed(0)
-    with tempfile.TemporaryDirectory() as tmp:
-        write_caption_tokens(tmp, texts)
-        model = CaptioningFineTuning(backbone=demo_backbone(), output_vocab=str(Path(tmp) / CAPTION_TOKENS_FILE))
-    optimizer = torch.optim.AdamW(parameter_groups(model, model.optimizer_config), lr=2e-4, fused=True)
-    batch = masked_caption_batch(texts, 32, DEMO.image_size, torch.Generator().manual_seed(0))
-
-    def step() -> None:
-        optimizer.zero_grad(set_to_none=True)
-        logits, _ = model.forward_batch(batch)
-        model.task_loss(logits, batch).backward()
-        optimizer.step()
-
+    step = demo_captioning_step()
     with tempfile.TemporaryDirectory() as tmp:
         shards = Path(tmp) / "shards"
         build_corpus(Path(tmp), seed=0, sizes=dataclasses.replace(SIZES["tiny"], nlvr2_train_sets=100))

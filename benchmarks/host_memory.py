@@ -24,7 +24,6 @@ import resource
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -34,31 +33,14 @@ SETTINGS = {"default": "0", "kept": "1"}  # MMOE_KEEP_FREED_MEMORY
 def child(steps: int, threads: int) -> dict:
     import torch
 
-    from mmoe.data.converters.build_captions import CAPTION_TOKENS_FILE, write_caption_tokens
     from mmoe.host_memory import keep_freed_memory
-    from mmoe.pipeline.settings import DEMO
-    from mmoe.runtime.optimizer import parameter_groups
-    from mmoe.tasks.captioning import CaptioningFineTuning
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from caption_head import masked_caption_batch, synthetic_captions
-    from optimizer_step import demo_backbone
+    from optimizer_step import demo_captioning_step
 
     kept = keep_freed_memory()
     torch.set_num_threads(threads)
-    texts = synthetic_captions(2000)
-    torch.manual_seed(0)
-    with tempfile.TemporaryDirectory() as tmp:
-        write_caption_tokens(tmp, texts)
-        model = CaptioningFineTuning(backbone=demo_backbone(), output_vocab=str(Path(tmp) / CAPTION_TOKENS_FILE))
-    optimizer = torch.optim.AdamW(parameter_groups(model, model.optimizer_config), lr=2e-4, fused=True)
-    batch = masked_caption_batch(texts, 32, DEMO.image_size, torch.Generator().manual_seed(0))
-
-    def step() -> None:
-        optimizer.zero_grad(set_to_none=True)
-        logits, _ = model.forward_batch(batch)
-        model.task_loss(logits, batch).backward()
-        optimizer.step()
+    step = demo_captioning_step()
 
     for _ in range(3):
         step()

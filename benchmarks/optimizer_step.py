@@ -20,6 +20,7 @@ import argparse
 import json
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -34,7 +35,7 @@ from mmoe.runtime.optimizer import parameter_groups
 from mmoe.tasks.captioning import CaptioningFineTuning
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from caption_head import synthetic_captions  # noqa: E402
+from caption_head import masked_caption_batch, synthetic_captions  # noqa: E402
 from timing import interleaved_medians  # noqa: E402
 
 IMPLEMENTATIONS = {"fused": {"fused": True}, "foreach": {"foreach": True}, "default": {"foreach": False}}
@@ -44,6 +45,27 @@ def demo_backbone() -> MultiwayConfig:
     """The backbone the default demo pre-trains and fine-tunes: the tiny MH-MoE configs with ``DEMO``'s overrides."""
     configured = read_config(pretrain_configs("mhmoe")).fit.model.init_args.backbone.as_dict()
     return config_from_dict(configured | dict(DEMO.backbone) | {"image_size": DEMO.image_size})
+
+
+def demo_captioning_step() -> Callable[[], None]:
+    """One training step of the default demo's captioning on the CPU, as a function: forward, backward of the
+    masked-token loss and the fused AdamW update (the demo's backbone, image size and batch 32 over the synthetic
+    captions' output vocabulary), gradients set to None before each step as Lightning does."""
+    texts = synthetic_captions(2000)
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        write_caption_tokens(tmp, texts)
+        model = CaptioningFineTuning(backbone=demo_backbone(), output_vocab=str(Path(tmp) / CAPTION_TOKENS_FILE))
+    optimizer = torch.optim.AdamW(parameter_groups(model, model.optimizer_config), lr=2e-4, fused=True)
+    batch = masked_caption_batch(texts, 32, DEMO.image_size, torch.Generator().manual_seed(0))
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        logits, _ = model.forward_batch(batch)
+        model.task_loss(logits, batch).backward()
+        optimizer.step()
+
+    return step
 
 
 def main() -> None:
