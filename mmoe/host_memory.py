@@ -6,7 +6,7 @@ training step allocates and frees the same large tensors every step (a gradient 
 at the demo's size, is 38 MB; activations of several MB), so every step touched its buffers' pages anew: the kernel
 zeroes each page on its first touch, a minor page fault for every 4 kB. :func:`keep_freed_memory` raises both
 thresholds (``mallopt(M_MMAP_THRESHOLD)``, ``mallopt(M_TRIM_THRESHOLD)``), so those blocks come from the heap and stay
-in it for the next step. The ``mmoe`` command calls it before it runs a subcommand, and so does each lane process of
+in it for the next step. The ``mmoe`` command calls it before it runs a subcommand, and so does each process of
 :class:`mmoe.pipeline.pool.WorkerPool`.
 
 Measured by ``benchmarks/host_memory.py`` (``docs/benchmarks.md``): training steps of the demo's captioning task with

@@ -1,14 +1,11 @@
-"""The pipeline kit below the demo and the claims study: restartable stages and lanes of them in processes
-(:mod:`~mmoe.pipeline.stages`), training settings and their presets (:mod:`~mmoe.pipeline.settings`), the
-work-folder layout both recipes share (:mod:`~mmoe.pipeline.layout`), the run specs of ``mmoe fit`` / ``predict`` on
-the shipped configs (:mod:`~mmoe.pipeline.launch`), the stages both recipes share
-(:mod:`~mmoe.pipeline.standard_stages`), one record per benchmark (:mod:`~mmoe.pipeline.benchmarks`, item by item in
-:mod:`~mmoe.pipeline.items`), the paired comparison of two runs (:mod:`~mmoe.pipeline.compare`) and result tables
-(:mod:`~mmoe.pipeline.tables`).
-
-The demo and the study import this package and never each other; scripts, benchmarks and tests reach the pipeline
-through it.
-"""
+"""The pipeline kit below the demo and the claims study: restartable stages (:mod:`~mmoe.pipeline.stages`) and a pool
+of processes that runs them at once (:mod:`~mmoe.pipeline.pool`), training settings and their presets
+(:mod:`~mmoe.pipeline.settings`), the work-folder layout both recipes share (:mod:`~mmoe.pipeline.layout`), the run
+specs of ``mmoe fit`` / ``predict`` on the shipped configs (:mod:`~mmoe.pipeline.launch`), the stages both recipes
+share (:mod:`~mmoe.pipeline.standard_stages`), one record per benchmark (:mod:`~mmoe.pipeline.benchmarks`, item by
+item in :mod:`~mmoe.pipeline.items`), the paired comparison of two runs (:mod:`~mmoe.pipeline.compare`) and result
+tables (:mod:`~mmoe.pipeline.tables`). The demo and the study import this package and never each other; scripts,
+benchmarks and tests reach the pipeline through it."""
 
 from mmoe.pipeline.benchmarks import BENCHMARKS, Benchmark, benchmark_named, trained_benchmarks
 from mmoe.pipeline.launch import CONFIGS, VARIANTS, finetune_spec, predict_spec, pretrain_spec

@@ -82,7 +82,7 @@ DEMO = TrainingSettings(
     codebook_size=256,
     image_size=64,
     pretrain_steps=80,
-    # Captioning's steps fill one of the two fine-tuning lanes while VQA, NLVR2 and retrieval fill the other.
+    # Captioning's steps fill one of the two fine-tuning processes while VQA, NLVR2 and retrieval fill the other.
     finetune_steps={"vqav2": 300, "nlvr2": 150, "captioning": 500, "retrieval": 100},
     batch_size=32,
     num_beams=3,

@@ -24,7 +24,7 @@ class PipelineError(RuntimeError):
 
 
 def print_progress(message: str) -> None:
-    """One line of a pipeline's progress on stdout, flushed at once (lanes in other processes print beside it)."""
+    """One line of a pipeline's progress on stdout, flushed at once (pool processes print beside it)."""
     print(message, flush=True)
 
 
